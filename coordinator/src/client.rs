@@ -1,0 +1,281 @@
+//! The client side of the CLI: shares and seals templates to the pinned party keys, sends
+//! sealed batches to the coordinator, and reports results.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment};
+use privmatch_core::seal::PartyPublicKey;
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::input::{for_each_record, validate_file};
+use crate::server::EnrolResponse;
+
+/// Options of `privmatch iris enroll`.
+#[derive(Args, Clone, Debug)]
+pub struct EnrollArgs {
+    /// NDJSON input file.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Records per distributed transaction.
+    #[arg(long, default_value_t = 250)]
+    pub batch_size: usize,
+    /// What to do with a subject+eye that is already enrolled: `skip` (re-running an input is
+    /// idempotent) or `error` (abort that batch, nothing written).
+    #[arg(long, default_value = "skip", value_parser = ["skip", "error"])]
+    pub on_duplicate: String,
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Totals of an enrolment run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EnrolTotals {
+    /// Newly enrolled.
+    pub enrolled: usize,
+    /// Already present, skipped.
+    pub skipped: usize,
+}
+
+/// Sends one framed batch; returns the coordinator's answer or its error message.
+async fn post_batch(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<EnrolResponse> {
+    let response = http
+        .post(url)
+        .header("content-type", "application/octet-stream")
+        .body(body)
+        .send()
+        .await
+        .context("cannot reach the coordinator (is `privmatch cluster up` running?)")?;
+    let status = response.status();
+    if status.is_success() {
+        return response
+            .json()
+            .await
+            .context("unreadable answer from the coordinator");
+    }
+    let text = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or(text);
+    bail!("{message}")
+}
+
+struct SealedBatch {
+    first_line: usize,
+    last_line: usize,
+    records: usize,
+    body: Vec<u8>,
+}
+
+/// Reads, shares and seals the file on a blocking thread, one batch at a time.
+fn spawn_sealer(
+    input: PathBuf,
+    keys: [PartyPublicKey; 3],
+    batch_size: usize,
+    tx: mpsc::Sender<Result<SealedBatch>>,
+) {
+    std::thread::spawn(move || {
+        let mut rng = rand::rngs::OsRng;
+        let mut sealed = Vec::with_capacity(batch_size);
+        let mut first_line = 0;
+        let mut last_line = 0;
+        let flush = |sealed: &mut Vec<[Vec<u8>; 3]>, first: usize, last: usize| {
+            let batch = SealedBatch {
+                first_line: first,
+                last_line: last,
+                records: sealed.len(),
+                body: encode_enrol_batch(sealed),
+            };
+            sealed.clear();
+            tx.blocking_send(Ok(batch)).is_ok()
+        };
+        let outcome = for_each_record(&input, |record| {
+            let (bundles, _) = seal_iris_enrolment(
+                &record.template,
+                &record.subject,
+                record.eye,
+                &keys,
+                &mut rng,
+            )
+            .with_context(|| format!("line {}", record.line))?;
+            if sealed.is_empty() {
+                first_line = record.line;
+            }
+            last_line = record.line;
+            sealed.push(bundles);
+            if sealed.len() == batch_size && !flush(&mut sealed, first_line, last_line) {
+                bail!("the sender stopped");
+            }
+            Ok(())
+        });
+        let outcome = outcome.and_then(|()| {
+            if !sealed.is_empty() && !flush(&mut sealed, first_line, last_line) {
+                bail!("the sender stopped");
+            }
+            Ok(())
+        });
+        if let Err(e) = outcome {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+}
+
+fn progress_bar(total: usize, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} enrolling [{bar:40}] {pos}/{len} records ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Enrols a whole file. Validates every line first (nothing is sent if any line is bad),
+/// then seals and sends batches; each batch is atomic across the parties. On an error, the
+/// batches before it are enrolled and the message says from which line to resume (re-running
+/// with the default `--on-duplicate skip` is safe).
+pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTotals, usize)> {
+    if args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let total = validate_file(&args.input)?;
+    let keys = config.pinned_keys()?;
+    let http = reqwest::Client::new();
+    let url = format!(
+        "{}/v1/iris/enroll?on_duplicate={}",
+        config.coordinator_url(),
+        args.on_duplicate
+    );
+    let (tx, mut rx) = mpsc::channel(2);
+    spawn_sealer(args.input.clone(), keys, args.batch_size, tx);
+    let bar = progress_bar(total, args.no_progress);
+    let mut totals = EnrolTotals::default();
+    // Keep one batch in flight while the next is sealed.
+    let mut in_flight: Option<(SealedBatch, tokio::task::JoinHandle<Result<EnrolResponse>>)> = None;
+    loop {
+        let next = rx.recv().await;
+        if let Some((batch, handle)) = in_flight.take() {
+            let answer = handle.await.context("sender task failed")?;
+            account(&batch, answer, &mut totals, &bar)?;
+        }
+        let Some(next) = next else { break };
+        let mut batch = next?;
+        let body = std::mem::take(&mut batch.body);
+        let (http, url) = (http.clone(), url.clone());
+        let handle = tokio::spawn(async move { post_batch(&http, &url, body).await });
+        in_flight = Some((batch, handle));
+    }
+    bar.finish_and_clear();
+    Ok((totals, total))
+}
+
+fn account(
+    batch: &SealedBatch,
+    answer: Result<EnrolResponse>,
+    totals: &mut EnrolTotals,
+    bar: &ProgressBar,
+) -> Result<()> {
+    let response = answer.with_context(|| {
+        format!(
+            "batch of lines {}..={} was not enrolled (nothing of it was written; {} records before it were enrolled; resume from line {})",
+            batch.first_line,
+            batch.last_line,
+            totals.enrolled + totals.skipped,
+            batch.first_line
+        )
+    })?;
+    if response.results.len() != batch.records {
+        bail!(
+            "the coordinator answered {} results for a batch of {} records",
+            response.results.len(),
+            batch.records
+        );
+    }
+    for result in &response.results {
+        if result.enrolled {
+            totals.enrolled += 1;
+        } else {
+            totals.skipped += 1;
+        }
+    }
+    for pending in &response.pending_recovery {
+        eprintln!("warning: batch committed; recovery will complete it at {pending}");
+    }
+    bar.inc(batch.records as u64);
+    Ok(())
+}
+
+/// `privmatch iris enroll`.
+pub async fn enroll(config: &Config, args: &EnrollArgs) -> Result<()> {
+    let started = Instant::now();
+    let (totals, total) = enroll_file(config, args).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "enrolled {} records, {} already enrolled (skipped), {} lines, in {:.2} s ({:.0} records/s)",
+        totals.enrolled,
+        totals.skipped,
+        total,
+        seconds,
+        total as f64 / seconds.max(1e-9)
+    );
+    Ok(())
+}
+
+async fn post_json(
+    config: &Config,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let response = reqwest::Client::new()
+        .post(format!("{}{path}", config.coordinator_url()))
+        .json(&body)
+        .send()
+        .await
+        .context("cannot reach the coordinator (is `privmatch cluster up` running?)")?;
+    let ok = response.status().is_success();
+    let value: serde_json::Value = response
+        .json()
+        .await
+        .context("unreadable answer from the coordinator")?;
+    if !ok {
+        bail!(
+            "{}",
+            value
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("coordinator error")
+        );
+    }
+    Ok(value)
+}
+
+/// `privmatch iris delete`.
+pub async fn delete(config: &Config, subject: &str, eye: Option<&str>) -> Result<()> {
+    let answer = post_json(
+        config,
+        "/v1/iris/delete",
+        serde_json::json!({ "subject": subject, "eye": eye }),
+    )
+    .await?;
+    println!(
+        "deleted {} record(s) of subject {subject:?} at all three parties",
+        answer.get("deleted").and_then(|d| d.as_i64()).unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// `privmatch recover`.
+pub async fn recover(config: &Config) -> Result<()> {
+    let answer = post_json(config, "/v1/recover", serde_json::json!({})).await?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}

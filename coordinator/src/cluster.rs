@@ -1,0 +1,519 @@
+//! `privmatch cluster up|down|status`: three local parties — PostgreSQL clusters on loopback
+//! ports, each with the extension and its own identity — and the coordinator, all under one
+//! home directory. PostgreSQL refuses to run as root, so when invoked as root the clusters run
+//! as an unprivileged user (`postgres` by default). `up` on a running cluster changes nothing;
+//! `down` keeps the data unless `--purge` is given.
+//!
+//! Layout of the home directory: `p0/`, `p1/`, `p2/` (each: `data/`, `run/` socket directory,
+//! `postgres.log`), `privmatch.toml` (the configuration the other commands read),
+//! `coordinator.log`, `coordinator.pid`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use tokio_postgres::NoTls;
+
+use crate::config::{Config, PartyConfig};
+
+/// Actions of `privmatch cluster`.
+#[derive(Subcommand, Clone, Debug)]
+pub enum ClusterAction {
+    /// Create (first time) and start the three parties and the coordinator.
+    Up {
+        /// Port of P0; P1 and P2 use the next two.
+        #[arg(long, default_value_t = 54320)]
+        base_port: u16,
+        /// Port of the coordinator's HTTP API.
+        #[arg(long, default_value_t = 54329)]
+        coordinator_port: u16,
+        /// Unprivileged user the clusters run as when invoked as root.
+        #[arg(long, default_value = "postgres")]
+        run_as: String,
+        /// Directory of initdb/pg_ctl (default: `pg_config --bindir`).
+        #[arg(long)]
+        pg_bin: Option<PathBuf>,
+    },
+    /// Stop the coordinator and the parties.
+    Down {
+        /// Also delete all data, keys and configuration.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Show whether each part runs, and the records each party holds.
+    Status,
+}
+
+/// How to run PostgreSQL's programs for this cluster.
+struct Runner {
+    pg_bin: PathBuf,
+    /// Some(user) when we are root and must drop privileges.
+    run_as: Option<String>,
+}
+
+impl Runner {
+    fn new(pg_bin: Option<PathBuf>, run_as: &str) -> Result<Self> {
+        let pg_bin = match pg_bin {
+            Some(dir) => dir,
+            None => {
+                let out = Command::new("pg_config")
+                    .arg("--bindir")
+                    .output()
+                    .context("cannot run pg_config: install PostgreSQL (e.g. apt-get install postgresql-15) or pass --pg-bin")?;
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            }
+        };
+        if !pg_bin.join("initdb").exists() {
+            bail!(
+                "{} has no initdb: pass --pg-bin with PostgreSQL's bin directory",
+                pg_bin.display()
+            );
+        }
+        let run_as = (unsafe { libc::geteuid() } == 0).then(|| run_as.to_owned());
+        Ok(Runner { pg_bin, run_as })
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let path = self.pg_bin.join(program);
+        match &self.run_as {
+            Some(user) => {
+                let mut cmd = Command::new("runuser");
+                cmd.args(["-u", user, "--"]).arg(path);
+                cmd
+            }
+            None => Command::new(path),
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Result<String> {
+        let out = self
+            .command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {program}"))?;
+        if !out.status.success() {
+            bail!(
+                "{program} {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Makes `dir` belong to the cluster user.
+    fn own(&self, dir: &Path) -> Result<()> {
+        if let Some(user) = &self.run_as {
+            let status = Command::new("chown")
+                .args(["-R", &format!("{user}:"), &dir.display().to_string()])
+                .status()
+                .context("cannot run chown")?;
+            if !status.success() {
+                bail!(
+                    "chown {} to {user} failed (does the user exist?)",
+                    dir.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn party_dir(home: &Path, index: usize) -> PathBuf {
+    home.join(format!("p{index}"))
+}
+
+fn data_dir(home: &Path, index: usize) -> PathBuf {
+    party_dir(home, index).join("data")
+}
+
+fn random_password() -> String {
+    let mut bytes = [0u8; 18];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut bytes);
+    hex::encode(bytes)
+}
+
+const SERVER_SETTINGS: &str = "
+# --- privmatch local party ---
+listen_addresses = '127.0.0.1'
+max_prepared_transactions = 64
+max_connections = 64
+shared_buffers = 256MB
+max_wal_size = 4GB
+checkpoint_timeout = 15min
+wal_buffers = 16MB
+";
+
+fn initdb(runner: &Runner, home: &Path, index: usize, port: u16, password: &str) -> Result<()> {
+    let dir = party_dir(home, index);
+    std::fs::create_dir_all(dir.join("run"))?;
+    let pwfile = dir.join("pwfile");
+    std::fs::write(&pwfile, format!("{password}\n"))?;
+    runner.own(&dir)?;
+    let data = data_dir(home, index);
+    let result = runner.run(
+        "initdb",
+        &[
+            "-D",
+            &data.display().to_string(),
+            "-U",
+            "privmatch",
+            "--auth=scram-sha-256",
+            "--pwfile",
+            &pwfile.display().to_string(),
+            "--no-locale",
+            "-E",
+            "UTF8",
+        ],
+    );
+    std::fs::remove_file(&pwfile).ok();
+    result?;
+    let settings = format!(
+        "{SERVER_SETTINGS}port = {port}\nunix_socket_directories = '{}'\n",
+        dir.join("run").display()
+    );
+    let conf = data.join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf)?;
+    text.push_str(&settings);
+    std::fs::write(&conf, text)?;
+    Ok(())
+}
+
+fn is_running(runner: &Runner, home: &Path, index: usize) -> bool {
+    runner
+        .command("pg_ctl")
+        .args(["status", "-D", &data_dir(home, index).display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn start_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
+    if is_running(runner, home, index) {
+        return Ok(());
+    }
+    let log = party_dir(home, index).join("postgres.log");
+    runner
+        .run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-t",
+                "120",
+                "-D",
+                &data_dir(home, index).display().to_string(),
+                "-l",
+                &log.display().to_string(),
+            ],
+        )
+        .with_context(|| format!("starting P{index} (see {})", log.display()))?;
+    Ok(())
+}
+
+fn stop_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
+    if !is_running(runner, home, index) {
+        return Ok(());
+    }
+    runner.run(
+        "pg_ctl",
+        &[
+            "stop",
+            "-w",
+            "-m",
+            "fast",
+            "-D",
+            &data_dir(home, index).display().to_string(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Creates the database, the extension and the party identity; returns the public key.
+async fn provision(party: &PartyConfig) -> Result<String> {
+    let mut admin = party.clone();
+    admin.dbname = "postgres".into();
+    let (client, conn) = tokio_postgres::connect(&admin.connection_string(), NoTls).await?;
+    tokio::spawn(conn);
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[&party.dbname],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{}\"", party.dbname))
+            .await?;
+    }
+    drop(client);
+    let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls).await?;
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS privmatch")
+        .await
+        .context(
+            "CREATE EXTENSION privmatch failed: is the extension installed (cargo pgrx install)?",
+        )?;
+    let row = client
+        .query_one(
+            "SELECT privmatch.init_party($1)",
+            &[&i32::from(party.index)],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn pin_peers(config: &Config) -> Result<()> {
+    for party in &config.parties {
+        let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls).await?;
+        tokio::spawn(conn);
+        for peer in config.parties.iter().filter(|p| p.index != party.index) {
+            client
+                .query_one(
+                    "SELECT privmatch.pin_peer($1, $2)",
+                    &[&i32::from(peer.index), &peer.public_key],
+                )
+                .await
+                .with_context(|| format!("pinning P{}'s key at P{}", peer.index, party.index))?;
+        }
+    }
+    Ok(())
+}
+
+async fn coordinator_healthy(config: &Config) -> bool {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build();
+    let Ok(client) = client else { return false };
+    client
+        .get(format!("{}/v1/health", config.coordinator_url()))
+        .send()
+        .await
+        .map(|r| r.status().is_success())
+        .unwrap_or(false)
+}
+
+fn start_coordinator(home: &Path, config_path: &Path) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("coordinator.log"))?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--config")
+        .arg(config_path)
+        .args(["coordinator", "serve"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Detach from our session so the coordinator outlives this command.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start the coordinator")?;
+    std::fs::write(home.join("coordinator.pid"), child.id().to_string())?;
+    Ok(())
+}
+
+fn stop_coordinator(home: &Path) {
+    let pidfile = home.join("coordinator.pid");
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && unsafe { libc::kill(pid, 0) } == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if unsafe { libc::kill(pid, 0) } == 0 {
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+    std::fs::remove_file(pidfile).ok();
+}
+
+async fn up(
+    home: &Path,
+    config_path: &Path,
+    base_port: u16,
+    coordinator_port: u16,
+    runner: &Runner,
+) -> Result<()> {
+    std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
+    let existing = Config::load(config_path).ok();
+    let mut parties = Vec::new();
+    for index in 0..3usize {
+        let previous = existing.as_ref().map(|c| c.parties[index].clone());
+        let port = previous
+            .as_ref()
+            .map_or(base_port + index as u16, |p| p.port);
+        let password = previous
+            .as_ref()
+            .map_or_else(random_password, |p| p.password.clone());
+        if !data_dir(home, index).join("PG_VERSION").exists() {
+            eprintln!(
+                "creating party P{index} in {}",
+                party_dir(home, index).display()
+            );
+            initdb(runner, home, index, port, &password)?;
+        }
+        start_party(runner, home, index)?;
+        parties.push(PartyConfig {
+            index: index as u8,
+            host: "127.0.0.1".into(),
+            port,
+            dbname: "privmatch".into(),
+            user: "privmatch".into(),
+            password,
+            public_key: String::new(),
+        });
+    }
+    for party in &mut parties {
+        let key = provision(party).await?;
+        if let Some(previous) = existing
+            .as_ref()
+            .map(|c| &c.parties[usize::from(party.index)])
+        {
+            if !previous.public_key.is_empty() && previous.public_key != key {
+                bail!(
+                    "P{} reports key {key}, but {} pins {}: refusing to continue",
+                    party.index,
+                    config_path.display(),
+                    previous.public_key
+                );
+            }
+        }
+        party.public_key = key;
+    }
+    let config = Config {
+        coordinator_addr: existing.as_ref().map_or_else(
+            || format!("127.0.0.1:{coordinator_port}"),
+            |c| c.coordinator_addr.clone(),
+        ),
+        parties,
+    };
+    pin_peers(&config).await?;
+    config.save(config_path)?;
+    if !coordinator_healthy(&config).await {
+        start_coordinator(home, config_path)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !coordinator_healthy(&config).await {
+            if Instant::now() > deadline {
+                bail!(
+                    "the coordinator did not come up; see {}",
+                    home.join("coordinator.log").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    println!("privmatch cluster is up (home {})", home.display());
+    for party in &config.parties {
+        let key = party.pinned_key()?;
+        println!(
+            "  P{}  127.0.0.1:{}  key fingerprint {}",
+            party.index,
+            party.port,
+            key.fingerprint_hex()
+        );
+    }
+    println!("  coordinator  {}", config.coordinator_url());
+    println!("  configuration {}", config_path.display());
+    Ok(())
+}
+
+async fn status(home: &Path, config_path: &Path, runner: &Runner) -> Result<()> {
+    let config = Config::load(config_path)?;
+    for index in 0..3 {
+        println!(
+            "P{index}: {}",
+            if is_running(runner, home, index) {
+                "running"
+            } else {
+                "stopped"
+            }
+        );
+    }
+    if !coordinator_healthy(&config).await {
+        println!("coordinator: not running");
+        return Ok(());
+    }
+    println!("coordinator: running at {}", config.coordinator_url());
+    let statuses: Vec<crate::server::PartyStatus> =
+        reqwest::get(format!("{}/v1/status", config.coordinator_url()))
+            .await?
+            .json()
+            .await?;
+    for s in statuses {
+        match (s.iris_records, s.error) {
+            (Some(records), _) => println!(
+                "  P{}: {records} iris records, {} prepared transaction(s) in doubt, fingerprint {}",
+                s.party,
+                s.prepared_transactions.unwrap_or(0),
+                s.fingerprint.unwrap_or_default()
+            ),
+            (None, error) => println!("  P{}: unreachable: {}", s.party, error.unwrap_or_default()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs a `privmatch cluster` action.
+pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Result<()> {
+    match action {
+        ClusterAction::Up {
+            base_port,
+            coordinator_port,
+            run_as,
+            pg_bin,
+        } => {
+            let runner = Runner::new(pg_bin.clone(), run_as)?;
+            up(home, config_path, *base_port, *coordinator_port, &runner).await
+        }
+        ClusterAction::Down { purge } => {
+            stop_coordinator(home);
+            let runner = Runner::new(None, "postgres")?;
+            for index in 0..3 {
+                if data_dir(home, index).exists() {
+                    stop_party(&runner, home, index)?;
+                }
+            }
+            if *purge {
+                for index in 0..3 {
+                    let dir = party_dir(home, index);
+                    if dir.exists() {
+                        std::fs::remove_dir_all(&dir)?;
+                    }
+                }
+                for file in ["coordinator.log", crate::config::CONFIG_FILE] {
+                    std::fs::remove_file(home.join(file)).ok();
+                }
+                println!("privmatch cluster stopped and purged ({})", home.display());
+            } else {
+                println!("privmatch cluster stopped; data kept in {}", home.display());
+            }
+            Ok(())
+        }
+        ClusterAction::Status => {
+            let runner = Runner::new(None, "postgres")?;
+            status(home, config_path, &runner).await
+        }
+    }
+}

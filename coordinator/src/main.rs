@@ -1,0 +1,153 @@
+//! `privmatch`: the coordinator service and the command-line client.
+//!
+//! * `privmatch cluster up|down|status` — three local parties (PostgreSQL clusters with the
+//!   extension) and the coordinator, for development and demos.
+//! * `privmatch coordinator serve` — the coordinator's HTTP API.
+//! * `privmatch iris enroll|delete|synth` — client side: templates are secret-shared and sealed
+//!   here, so the coordinator only ever relays ciphertext.
+//! * `privmatch recover` — finish distributed transactions a crash left in doubt.
+//! * `privmatch bench enroll` — the bulk-enrolment benchmark.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod client;
+mod cluster;
+mod config;
+mod input;
+mod parties;
+mod server;
+mod synth;
+mod twophase;
+
+#[derive(Parser)]
+#[command(
+    name = "privmatch",
+    version,
+    about = "Secret-shared biometric matching across three parties"
+)]
+struct Cli {
+    /// Home directory of a local cluster (default: $PRIVMATCH_HOME, /var/lib/privmatch for root,
+    /// ~/.local/share/privmatch otherwise).
+    #[arg(long, global = true)]
+    home: Option<PathBuf>,
+    /// Configuration file (default: HOME/privmatch.toml).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Three local parties and a coordinator on this machine.
+    Cluster {
+        #[command(subcommand)]
+        action: cluster::ClusterAction,
+    },
+    /// The coordinator service.
+    Coordinator {
+        #[command(subcommand)]
+        action: CoordinatorAction,
+    },
+    /// Iris templates: enrol, delete, synthesise.
+    Iris {
+        #[command(subcommand)]
+        action: IrisAction,
+    },
+    /// Finish distributed transactions left in doubt by a crash (also runs automatically in the
+    /// coordinator every few seconds).
+    Recover,
+    /// Benchmarks (programs that print figures, not tests).
+    Bench {
+        #[command(subcommand)]
+        action: bench::BenchAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum CoordinatorAction {
+    /// Serve the HTTP API in the foreground.
+    Serve,
+}
+
+#[derive(Subcommand)]
+enum IrisAction {
+    /// Enrol templates from an NDJSON file: one
+    /// {"subject": "...", "eye": "left"|"right", "iris_codes": "<b64>", "mask_codes": "<b64>"}
+    /// per line. Shares are sealed here, per party.
+    Enroll(client::EnrollArgs),
+    /// Delete a subject's templates at all three parties, atomically.
+    Delete {
+        /// Subject id.
+        #[arg(long)]
+        subject: String,
+        /// Only this eye (default: both).
+        #[arg(long)]
+        eye: Option<String>,
+    },
+    /// Write synthetic templates as enrolment NDJSON.
+    Synth(synth::SynthArgs),
+}
+
+impl Cli {
+    fn home(&self) -> PathBuf {
+        self.home.clone().unwrap_or_else(config::default_home)
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.config
+            .clone()
+            .unwrap_or_else(|| self.home().join(config::CONFIG_FILE))
+    }
+
+    fn load_config(&self) -> Result<config::Config> {
+        config::Config::load(&self.config_path())
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Command::Cluster { action } => cluster::run(action, &cli.home(), &cli.config_path()).await,
+        Command::Coordinator {
+            action: CoordinatorAction::Serve,
+        } => server::serve(cli.load_config()?).await,
+        Command::Iris { action } => match action {
+            IrisAction::Enroll(args) => client::enroll(&cli.load_config()?, args).await,
+            IrisAction::Delete { subject, eye } => {
+                client::delete(&cli.load_config()?, subject, eye.as_deref()).await
+            }
+            IrisAction::Synth(args) => synth::run(args),
+        },
+        Command::Recover => client::recover(&cli.load_config()?).await,
+        Command::Bench { action } => bench::run(action, &cli.load_config()?).await,
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PRIVMATCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(err) = runtime.block_on(run(cli)) {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,122 @@
+//! Connections from the coordinator to the three parties: a small pool per party that drops
+//! connections a party restart has broken, and errors that say which party failed and why.
+
+use std::sync::Arc;
+
+use privmatch_core::party::PartyIndex;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+use crate::config::{Config, PartyConfig};
+
+/// A failure at one party, as reported to the user.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{party}: {message}{}", sqlstate.as_ref().map(|s| format!(" [SQLSTATE {s}]")).unwrap_or_default())]
+pub struct PartyError {
+    /// Which party.
+    pub party: PartyIndex,
+    /// SQLSTATE when the party reported an error (None: it could not be reached).
+    pub sqlstate: Option<String>,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl PartyError {
+    /// Wraps a tokio-postgres error from `party`.
+    pub fn from_pg(party: PartyIndex, err: &tokio_postgres::Error) -> Self {
+        match err.as_db_error() {
+            Some(db) => {
+                let mut message = db.message().to_owned();
+                if let Some(hint) = db.hint() {
+                    message.push_str(&format!(" (hint: {hint})"));
+                }
+                PartyError {
+                    party,
+                    sqlstate: Some(db.code().code().to_owned()),
+                    message,
+                }
+            }
+            None => PartyError {
+                party,
+                sqlstate: None,
+                message: format!("unreachable or connection lost: {err}"),
+            },
+        }
+    }
+
+    /// True when the party rejected the request's content (class 22 data exception or 23
+    /// integrity violation), as opposed to being unavailable.
+    pub fn is_client_error(&self) -> bool {
+        self.sqlstate
+            .as_deref()
+            .is_some_and(|s| s.starts_with("22") || s.starts_with("23"))
+    }
+}
+
+/// A connection pool for one party.
+pub struct Party {
+    /// Which party.
+    pub index: PartyIndex,
+    config: PartyConfig,
+    idle: Mutex<Vec<Client>>,
+}
+
+impl Party {
+    /// Takes an idle connection or opens a new one.
+    pub async fn connect(&self) -> Result<Client, PartyError> {
+        while let Some(client) = self.idle.lock().await.pop() {
+            if !client.is_closed() {
+                return Ok(client);
+            }
+        }
+        let (client, connection) = tokio_postgres::connect(&self.config.connection_string(), NoTls)
+            .await
+            .map_err(|e| PartyError::from_pg(self.index, &e))?;
+        tokio::spawn(async move {
+            // Ends when the connection closes; errors surface on the next query.
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// Returns a healthy connection (outside any transaction) to the pool.
+    pub async fn give_back(&self, client: Client) {
+        if !client.is_closed() {
+            let mut idle = self.idle.lock().await;
+            if idle.len() < 8 {
+                idle.push(client);
+            }
+        }
+    }
+}
+
+/// The three parties.
+pub struct Parties {
+    parties: [Arc<Party>; 3],
+}
+
+impl Parties {
+    /// Pools for the parties of `config` (no connection is opened yet).
+    pub fn new(config: &Config) -> Self {
+        let make = |i: usize| {
+            Arc::new(Party {
+                index: PartyIndex::ALL[i],
+                config: config.parties[i].clone(),
+                idle: Mutex::new(Vec::new()),
+            })
+        };
+        Parties {
+            parties: [make(0), make(1), make(2)],
+        }
+    }
+
+    /// The pool of one party.
+    pub fn get(&self, index: PartyIndex) -> &Arc<Party> {
+        &self.parties[index.as_usize()]
+    }
+
+    /// All three, in index order.
+    pub fn all(&self) -> &[Arc<Party>; 3] {
+        &self.parties
+    }
+}

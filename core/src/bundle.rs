@@ -1,0 +1,429 @@
+//! Iris enrolment bundles: what a client sends each party to enrol one template.
+//!
+//! A bundle is one party's Shamir share of one template (code and mask, see
+//! [`crate::iris::encoding`]) with the record's metadata, encoded in a fixed binary layout and
+//! sealed to that party ([`crate::seal::seal_to_party`], purpose [`IRIS_ENROL_PURPOSE`]). The
+//! coordinator routes the three sealed bundles of a record but can open none of them.
+//!
+//! Plaintext layout (all integers little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `PMIE` |
+//! | 4 | 1 | layout version (1) |
+//! | 5 | 1 | party index the share belongs to |
+//! | 6 | 16 | bundle id: random, the same in the three bundles of one record; parties record it to refuse replays |
+//! | 22 | 1 | eye: 0 left, 1 right |
+//! | 23 | 2 | subject length n (1..=[`MAX_SUBJECT_LEN`]) |
+//! | 25 | n | subject id, UTF-8 |
+//! | 25+n | 2·12,800 | code share coefficients (u16) |
+//! | … | 2·6,400 | mask share coefficients (u16) |
+
+use rand_core::{CryptoRng, RngCore};
+
+use crate::iris::encoding::{
+    share_template, EncodingError, IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS,
+};
+use crate::iris::template::IrisTemplate;
+use crate::party::PartyIndex;
+use crate::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey, SealError};
+
+/// The sealing purpose label of iris enrolment bundles.
+pub const IRIS_ENROL_PURPOSE: &str = "iris-enrol";
+/// Longest accepted subject id, in bytes.
+pub const MAX_SUBJECT_LEN: usize = 256;
+
+const MAGIC: &[u8; 4] = b"PMIE";
+const VERSION: u8 = 1;
+const FIXED_HEADER_LEN: usize = 4 + 1 + 1 + 16 + 1 + 2;
+
+/// Which eye a template belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Eye {
+    /// The left eye (the default when input does not say).
+    Left,
+    /// The right eye.
+    Right,
+}
+
+impl Eye {
+    /// Parses `"left"` or `"right"` (exactly, lower case).
+    pub fn parse(text: &str) -> Result<Self, BundleError> {
+        match text {
+            "left" => Ok(Eye::Left),
+            "right" => Ok(Eye::Right),
+            other => Err(BundleError::BadEye(other.chars().take(32).collect())),
+        }
+    }
+
+    /// `"left"` or `"right"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Eye::Left => "left",
+            Eye::Right => "right",
+        }
+    }
+
+    fn to_byte(self) -> u8 {
+        match self {
+            Eye::Left => 0,
+            Eye::Right => 1,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Result<Self, BundleError> {
+        match byte {
+            0 => Ok(Eye::Left),
+            1 => Ok(Eye::Right),
+            _ => Err(BundleError::Malformed("eye byte is neither 0 nor 1")),
+        }
+    }
+}
+
+/// Errors building, sealing or opening an enrolment bundle. Never contains share values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BundleError {
+    /// The subject id is empty, too long, or contains control characters.
+    #[error("invalid subject id: {0}")]
+    BadSubject(String),
+    /// The eye is not "left" or "right".
+    #[error("invalid eye {0:?}: expected \"left\" or \"right\"")]
+    BadEye(String),
+    /// The opened bytes do not follow the bundle layout.
+    #[error("malformed iris enrolment bundle: {0}")]
+    Malformed(&'static str),
+    /// The bundle opened, but carries another party's share.
+    #[error("iris enrolment bundle carries the share of {inside}, but was opened by {me}")]
+    PartyMismatch {
+        /// The party index written inside the bundle.
+        inside: PartyIndex,
+        /// The party that opened it.
+        me: PartyIndex,
+    },
+    /// Sealing or opening failed.
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    /// The template could not be encoded.
+    #[error(transparent)]
+    Encoding(#[from] EncodingError),
+}
+
+/// Checks a subject id: 1..=256 bytes of UTF-8 without control characters.
+pub fn validate_subject(subject: &str) -> Result<(), BundleError> {
+    if subject.is_empty() {
+        return Err(BundleError::BadSubject("it is empty".into()));
+    }
+    if subject.len() > MAX_SUBJECT_LEN {
+        return Err(BundleError::BadSubject(format!(
+            "it is {} bytes long; the limit is {MAX_SUBJECT_LEN}",
+            subject.len()
+        )));
+    }
+    if subject.chars().any(char::is_control) {
+        return Err(BundleError::BadSubject(
+            "it contains control characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// One party's share of one enrolled template, with its metadata.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IrisEnrolBundle {
+    /// Random id shared by the three bundles of one record; used to refuse replays.
+    pub bundle_id: [u8; 16],
+    /// The subject the template belongs to.
+    pub subject: String,
+    /// Which eye.
+    pub eye: Eye,
+    /// The party's share (code 12,800 and mask 6,400 coefficients).
+    pub share: IrisShare,
+}
+
+impl std::fmt::Debug for IrisEnrolBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "IrisEnrolBundle {{ id: {}, subject: {:?}, eye: {}, party: {}, share: <redacted> }}",
+            hex::encode(self.bundle_id),
+            self.subject,
+            self.eye.as_str(),
+            self.share.party
+        )
+    }
+}
+
+fn push_coefs(out: &mut Vec<u8>, coefs: &[u16]) {
+    for c in coefs {
+        out.extend_from_slice(&c.to_le_bytes());
+    }
+}
+
+fn read_coefs(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+        .collect()
+}
+
+impl IrisEnrolBundle {
+    /// Serialises the bundle in the documented layout.
+    pub fn encode(&self) -> Vec<u8> {
+        let subject = self.subject.as_bytes();
+        let mut out = Vec::with_capacity(
+            FIXED_HEADER_LEN + subject.len() + 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS),
+        );
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.push(self.share.party.as_u8());
+        out.extend_from_slice(&self.bundle_id);
+        out.push(self.eye.to_byte());
+        out.extend_from_slice(&(subject.len() as u16).to_le_bytes());
+        out.extend_from_slice(subject);
+        push_coefs(&mut out, &self.share.code);
+        push_coefs(&mut out, &self.share.mask);
+        out
+    }
+
+    /// Parses and validates a serialised bundle.
+    pub fn decode(bytes: &[u8]) -> Result<Self, BundleError> {
+        if bytes.len() < FIXED_HEADER_LEN || &bytes[..4] != MAGIC {
+            return Err(BundleError::Malformed("bad magic or truncated header"));
+        }
+        if bytes[4] != VERSION {
+            return Err(BundleError::Malformed("unsupported layout version"));
+        }
+        let party = PartyIndex::new(i64::from(bytes[5]))
+            .map_err(|_| BundleError::Malformed("party index out of range"))?;
+        let mut bundle_id = [0u8; 16];
+        bundle_id.copy_from_slice(&bytes[6..22]);
+        let eye = Eye::from_byte(bytes[22])?;
+        let subject_len = usize::from(u16::from_le_bytes([bytes[23], bytes[24]]));
+        let expected = FIXED_HEADER_LEN + subject_len + 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
+        if bytes.len() != expected {
+            return Err(BundleError::Malformed("length does not match the layout"));
+        }
+        let subject_end = FIXED_HEADER_LEN + subject_len;
+        let subject = std::str::from_utf8(&bytes[FIXED_HEADER_LEN..subject_end])
+            .map_err(|_| BundleError::Malformed("subject id is not UTF-8"))?
+            .to_owned();
+        validate_subject(&subject)?;
+        let code_end = subject_end + 2 * CODE_SHARE_COEFS;
+        Ok(IrisEnrolBundle {
+            bundle_id,
+            subject,
+            eye,
+            share: IrisShare {
+                party,
+                code: read_coefs(&bytes[subject_end..code_end]),
+                mask: read_coefs(&bytes[code_end..]),
+            },
+        })
+    }
+}
+
+/// Client side: splits `template` into three Shamir shares and seals each party's bundle to
+/// that party's pinned key. Returns the sealed bundles indexed by party, and the bundle id.
+pub fn seal_iris_enrolment<R: RngCore + CryptoRng>(
+    template: &IrisTemplate,
+    subject: &str,
+    eye: Eye,
+    party_keys: &[PartyPublicKey; 3],
+    rng: &mut R,
+) -> Result<([Vec<u8>; 3], [u8; 16]), BundleError> {
+    validate_subject(subject)?;
+    let mut bundle_id = [0u8; 16];
+    rng.fill_bytes(&mut bundle_id);
+    let shares = share_template(template, rng)?;
+    let sealed = shares.map(|share| {
+        let party = share.party;
+        let plaintext = IrisEnrolBundle {
+            bundle_id,
+            subject: subject.to_owned(),
+            eye,
+            share,
+        }
+        .encode();
+        seal_to_party(
+            party,
+            &party_keys[party.as_usize()],
+            IRIS_ENROL_PURPOSE,
+            &plaintext,
+            rng,
+        )
+    });
+    Ok((sealed, bundle_id))
+}
+
+/// Party side: opens a sealed enrolment bundle as party `me` and checks that the share inside
+/// is this party's.
+pub fn open_iris_enrolment(
+    me: PartyIndex,
+    secret: &PartySecretKey,
+    sealed: &[u8],
+) -> Result<IrisEnrolBundle, BundleError> {
+    let plaintext = open_sealed_box(me, secret, IRIS_ENROL_PURPOSE, sealed)?;
+    let bundle = IrisEnrolBundle::decode(&plaintext)?;
+    if bundle.share.party != me {
+        return Err(BundleError::PartyMismatch {
+            inside: bundle.share.party,
+            me,
+        });
+    }
+    Ok(bundle)
+}
+
+const BATCH_MAGIC: &[u8; 4] = b"PMEB";
+
+/// Frames the sealed bundles of a batch of records for transport from client to coordinator:
+/// magic `PMEB`, u32 record count, then per record and party a u32 length and the sealed
+/// bundle (little-endian). The coordinator only splits it by party; it cannot open anything.
+pub fn encode_enrol_batch(records: &[[Vec<u8>; 3]]) -> Vec<u8> {
+    let size: usize = records.iter().flatten().map(|b| 4 + b.len()).sum();
+    let mut out = Vec::with_capacity(8 + size);
+    out.extend_from_slice(BATCH_MAGIC);
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for bundle in records.iter().flatten() {
+        out.extend_from_slice(&(bundle.len() as u32).to_le_bytes());
+        out.extend_from_slice(bundle);
+    }
+    out
+}
+
+/// Splits a framed batch into the bundles for each party, in record order.
+pub fn decode_enrol_batch(bytes: &[u8]) -> Result<[Vec<Vec<u8>>; 3], BundleError> {
+    let malformed = || BundleError::Malformed("enrolment batch framing is truncated or corrupt");
+    if bytes.len() < 8 || &bytes[..4] != BATCH_MAGIC {
+        return Err(malformed());
+    }
+    let count = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    let mut per_party: [Vec<Vec<u8>>; 3] = Default::default();
+    let mut rest = &bytes[8..];
+    for _ in 0..count {
+        for party in per_party.iter_mut() {
+            if rest.len() < 4 {
+                return Err(malformed());
+            }
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            if rest.len() < 4 + len {
+                return Err(malformed());
+            }
+            party.push(rest[4..4 + len].to_vec());
+            rest = &rest[4 + len..];
+        }
+    }
+    if !rest.is_empty() {
+        return Err(malformed());
+    }
+    Ok(per_party)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iris::encoding::reconstruct_template;
+    use crate::iris::synth::random_template;
+    use rand_chacha::rand_core::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    fn setup() -> (ChaCha20Rng, Vec<PartySecretKey>, [PartyPublicKey; 3]) {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let secrets: Vec<PartySecretKey> =
+            (0..3).map(|_| PartySecretKey::generate(&mut rng)).collect();
+        let publics = [
+            secrets[0].public_key(),
+            secrets[1].public_key(),
+            secrets[2].public_key(),
+        ];
+        (rng, secrets, publics)
+    }
+
+    #[test]
+    fn sealed_bundles_open_and_reconstruct() {
+        let (mut rng, secrets, publics) = setup();
+        let template = random_template(&mut rng);
+        let (sealed, id) =
+            seal_iris_enrolment(&template, "subject-1", Eye::Right, &publics, &mut rng)
+                .expect("seal");
+        let opened: Vec<IrisEnrolBundle> = PartyIndex::ALL
+            .iter()
+            .map(|&p| {
+                open_iris_enrolment(p, &secrets[p.as_usize()], &sealed[p.as_usize()]).expect("open")
+            })
+            .collect();
+        for b in &opened {
+            assert_eq!(b.bundle_id, id);
+            assert_eq!(b.subject, "subject-1");
+            assert_eq!(b.eye, Eye::Right);
+        }
+        let shares: Vec<IrisShare> = opened.into_iter().map(|b| b.share).collect();
+        assert!(reconstruct_template(&shares).expect("reconstruct") == template.with_masked_code());
+    }
+
+    #[test]
+    fn misdirected_bundle_is_refused() {
+        let (mut rng, secrets, publics) = setup();
+        let template = random_template(&mut rng);
+        let (sealed, _) =
+            seal_iris_enrolment(&template, "s", Eye::Left, &publics, &mut rng).expect("seal");
+        let err = open_iris_enrolment(PartyIndex::ALL[0], &secrets[0], &sealed[1]);
+        assert!(matches!(
+            err,
+            Err(BundleError::Seal(SealError::WrongRecipient { .. }))
+        ));
+    }
+
+    #[test]
+    fn decode_rejects_malformed() {
+        let (mut rng, _, _) = setup();
+        let template = random_template(&mut rng);
+        let share = share_template(&template, &mut rng).expect("share")[0].clone();
+        let bundle = IrisEnrolBundle {
+            bundle_id: [3; 16],
+            subject: "abc".into(),
+            eye: Eye::Left,
+            share,
+        };
+        let good = bundle.encode();
+        assert!(IrisEnrolBundle::decode(&good).expect("decode") == bundle);
+        assert!(IrisEnrolBundle::decode(&good[..good.len() - 1]).is_err());
+        let mut bad_eye = good.clone();
+        bad_eye[22] = 7;
+        assert!(IrisEnrolBundle::decode(&bad_eye).is_err());
+        let mut bad_version = good.clone();
+        bad_version[4] = 2;
+        assert!(IrisEnrolBundle::decode(&bad_version).is_err());
+        let mut bad_party = good;
+        bad_party[5] = 3;
+        assert!(IrisEnrolBundle::decode(&bad_party).is_err());
+    }
+
+    #[test]
+    fn batch_framing_round_trips_and_rejects_truncation() {
+        let records = vec![
+            [vec![1u8, 2], vec![3], vec![]],
+            [vec![4u8; 100], vec![5; 7], vec![6; 3]],
+        ];
+        let framed = encode_enrol_batch(&records);
+        let parties = decode_enrol_batch(&framed).expect("decode");
+        for (p, bundles) in parties.iter().enumerate() {
+            assert_eq!(bundles.len(), 2);
+            assert_eq!(bundles[1], records[1][p]);
+        }
+        assert!(decode_enrol_batch(&framed[..framed.len() - 1]).is_err());
+        let mut extra = framed.clone();
+        extra.push(0);
+        assert!(decode_enrol_batch(&extra).is_err());
+        assert!(decode_enrol_batch(b"PMEB").is_err());
+    }
+
+    #[test]
+    fn subjects_are_validated() {
+        assert!(validate_subject("").is_err());
+        assert!(validate_subject("a\nb").is_err());
+        assert!(validate_subject(&"x".repeat(257)).is_err());
+        assert!(validate_subject("ok-subject ✓").is_ok());
+        assert_eq!(Eye::parse("left"), Ok(Eye::Left));
+        assert!(Eye::parse("Left").is_err());
+    }
+}

@@ -1,0 +1,6 @@
+//! Iris codes: the plaintext template, its interchange format, the fractional Hamming
+//! distance, the per-party share encoding, and synthetic template generation.
+
+pub mod encoding;
+pub mod synth;
+pub mod template;

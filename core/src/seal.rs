@@ -1,0 +1,710 @@
+//! Sealing: how secrets travel between privmatch's client, parties and coordinator.
+//!
+//! The coordinator is untrusted for privacy (DESIGN §2): everything secret that passes
+//! through it is sealed with a key it does not have.
+//!
+//! * **Party keys.** Each party owns a long-term X25519 key pair, generated inside the party.
+//!   Others pin its public key from configuration ([`PartyPublicKey::fingerprint`] is what
+//!   operators compare out of band); a key offered by the coordinator is never trusted.
+//! * **Sealed boxes** (client → party), HPKE-style: a fresh ephemeral X25519 key, HKDF-SHA256
+//!   over the shared secret (salted with both public keys), ChaCha20-Poly1305 under that
+//!   single-use key. The header (recipient index, recipient key fingerprint, ephemeral key)
+//!   and a purpose label are authenticated, so a box sealed to P1 cannot be opened by P0, and a
+//!   box sealed for one purpose cannot be passed off as another. Sealed boxes are not
+//!   replay-protected by themselves: the payloads carry a unique id that the receiving party
+//!   records (see [`crate::bundle`]).
+//! * **Pairwise channels** (party ↔ party): static-static Diffie-Hellman between the two
+//!   parties' long-term keys, expanded with HKDF into one AEAD key per direction and one PRF
+//!   seed. Messages are XChaCha20-Poly1305 with random nonces (so a counter reset after a
+//!   restart can never repeat a nonce); session id, round, sequence number, sender and receiver
+//!   are authenticated and the receiver insists on the next expected sequence number, so a
+//!   replayed, reordered, misrouted or tampered message is rejected.
+//! * **Pairwise PRF seeds** give correlated randomness without interaction, e.g. the
+//!   zero-sharing r_i = F(k_{i,i+1}) − F(k_{i−1,i}) used to re-randomise additive shares
+//!   (seed 002 §2, ABY3 resharing).
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, XChaCha20Poly1305};
+use hkdf::Hkdf;
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use rand_core::{CryptoRng, RngCore};
+use sha2::{Digest, Sha256};
+use x25519_dalek::{PublicKey, StaticSecret};
+use zeroize::{Zeroize, ZeroizeOnDrop};
+
+use crate::party::PartyIndex;
+
+/// Errors of the sealing layer. Messages never contain key material or plaintext.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// The bytes are not a privmatch sealed object of the expected kind or version.
+    #[error("not a privmatch {0}: bad magic, version or length")]
+    Malformed(&'static str),
+    /// A sealed box addressed to another party reached this one.
+    #[error("sealed box is addressed to {addressed}, but this party is {me}")]
+    WrongRecipient {
+        /// The party named in the box's header.
+        addressed: PartyIndex,
+        /// The party that tried to open it.
+        me: PartyIndex,
+    },
+    /// The box was sealed to a different public key than this party's (e.g. a stale or
+    /// swapped pinned key).
+    #[error("sealed box was sealed to key {sealed_to}, but this party's key is {mine}")]
+    WrongKey {
+        /// Fingerprint in the box header.
+        sealed_to: String,
+        /// This party's fingerprint.
+        mine: String,
+    },
+    /// Authentication failed: tampered, truncated, or sealed under another key or purpose.
+    #[error("authentication failed: the {0} was tampered with or was not sealed for this recipient and purpose")]
+    Tampered(&'static str),
+    /// A channel message arrived out of order or twice.
+    #[error("channel message out of sequence (expected #{expected}, got #{got}): replayed, dropped or reordered")]
+    OutOfSequence {
+        /// The sequence number the receiver expected.
+        expected: u64,
+        /// The sequence number in the message.
+        got: u64,
+    },
+    /// A channel message names another session, round, sender or receiver.
+    #[error("channel message belongs to another {0}")]
+    Misrouted(&'static str),
+    /// A public key in text form could not be parsed.
+    #[error("invalid party public key: {0}")]
+    BadPublicKey(String),
+}
+
+/// Length of a key fingerprint in bytes (hex-encoded for humans: 32 characters).
+pub const FINGERPRINT_LEN: usize = 16;
+
+/// A party's long-term X25519 public key, as pinned in configuration.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartyPublicKey([u8; 32]);
+
+impl std::fmt::Debug for PartyPublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PartyPublicKey({})", self.to_hex())
+    }
+}
+
+impl PartyPublicKey {
+    /// Wraps 32 raw bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        PartyPublicKey(bytes)
+    }
+
+    /// Parses 64 hex characters.
+    pub fn from_hex(text: &str) -> Result<Self, SealError> {
+        let bytes = hex::decode(text.trim())
+            .map_err(|e| SealError::BadPublicKey(format!("not hex ({e})")))?;
+        let array: [u8; 32] = bytes.try_into().map_err(|v: Vec<u8>| {
+            SealError::BadPublicKey(format!("expected 32 bytes, got {}", v.len()))
+        })?;
+        Ok(PartyPublicKey(array))
+    }
+
+    /// The raw key bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lower-case hex of the key.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// SHA-256 of the key, truncated: what operators compare out of band.
+    pub fn fingerprint(&self) -> [u8; FINGERPRINT_LEN] {
+        let digest = Sha256::digest(self.0);
+        let mut out = [0u8; FINGERPRINT_LEN];
+        out.copy_from_slice(&digest[..FINGERPRINT_LEN]);
+        out
+    }
+
+    /// The fingerprint in hex.
+    pub fn fingerprint_hex(&self) -> String {
+        hex::encode(self.fingerprint())
+    }
+}
+
+/// A party's long-term X25519 secret key. Zeroised on drop; never printed.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct PartySecretKey([u8; 32]);
+
+impl std::fmt::Debug for PartySecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PartySecretKey(<redacted>)")
+    }
+}
+
+impl PartySecretKey {
+    /// Generates a fresh key from a cryptographic RNG.
+    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> Self {
+        let mut bytes = [0u8; 32];
+        rng.fill_bytes(&mut bytes);
+        PartySecretKey(bytes)
+    }
+
+    /// Restores a key from its 32 stored bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        PartySecretKey(bytes)
+    }
+
+    /// The stored form of the key. Only the party's own storage may hold it.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
+    /// The matching public key.
+    pub fn public_key(&self) -> PartyPublicKey {
+        PartyPublicKey(*PublicKey::from(&StaticSecret::from(self.0)).as_bytes())
+    }
+
+    fn diffie_hellman(&self, peer: &PartyPublicKey) -> [u8; 32] {
+        StaticSecret::from(self.0)
+            .diffie_hellman(&PublicKey::from(peer.0))
+            .to_bytes()
+    }
+}
+
+const SEALED_BOX_MAGIC: &[u8; 4] = b"PMSB";
+const SEALED_BOX_VERSION: u8 = 1;
+/// magic, version, recipient index, recipient fingerprint, ephemeral public key.
+const SEALED_BOX_HEADER_LEN: usize = 4 + 1 + 1 + FINGERPRINT_LEN + 32;
+const AEAD_TAG_LEN: usize = 16;
+
+/// Bytes a sealed box adds to its plaintext.
+pub const SEALED_BOX_OVERHEAD: usize = SEALED_BOX_HEADER_LEN + AEAD_TAG_LEN;
+
+fn sealed_box_key(shared: &[u8; 32], header: &[u8], purpose: &str) -> chacha20poly1305::Key {
+    let hk = Hkdf::<Sha256>::new(Some(header), shared);
+    let mut key = chacha20poly1305::Key::default();
+    let info = [b"privmatch sealed box v1/".as_slice(), purpose.as_bytes()].concat();
+    // 32 bytes is always a valid HKDF-SHA256 output length.
+    hk.expand(&info, &mut key)
+        .expect("HKDF-SHA256 can expand 32 bytes");
+    key
+}
+
+/// Seals `plaintext` to party `recipient` whose pinned public key is `recipient_key`, for the
+/// given `purpose` (a fixed label such as `"iris-enrol"`). Only that party can open it.
+pub fn seal_to_party<R: RngCore + CryptoRng>(
+    recipient: PartyIndex,
+    recipient_key: &PartyPublicKey,
+    purpose: &str,
+    plaintext: &[u8],
+    rng: &mut R,
+) -> Vec<u8> {
+    let ephemeral = PartySecretKey::generate(rng);
+    let mut out = Vec::with_capacity(SEALED_BOX_OVERHEAD + plaintext.len());
+    out.extend_from_slice(SEALED_BOX_MAGIC);
+    out.push(SEALED_BOX_VERSION);
+    out.push(recipient.as_u8());
+    out.extend_from_slice(&recipient_key.fingerprint());
+    out.extend_from_slice(ephemeral.public_key().as_bytes());
+    let mut shared = ephemeral.diffie_hellman(recipient_key);
+    let key = sealed_box_key(&shared, &out, purpose);
+    shared.zeroize();
+    let cipher = ChaCha20Poly1305::new(&key);
+    // The key is fresh for every box, so the all-zero nonce is used exactly once.
+    let nonce = chacha20poly1305::Nonce::default();
+    let ciphertext = cipher
+        .encrypt(
+            &nonce,
+            Payload {
+                msg: plaintext,
+                aad: &out,
+            },
+        )
+        .expect("ChaCha20-Poly1305 encryption of an in-memory buffer cannot fail");
+    out.extend_from_slice(&ciphertext);
+    out
+}
+
+/// The recipient named in a sealed box's header, without opening it (for routing and for
+/// clear errors).
+pub fn sealed_box_recipient(sealed: &[u8]) -> Result<PartyIndex, SealError> {
+    if sealed.len() < SEALED_BOX_OVERHEAD
+        || &sealed[..4] != SEALED_BOX_MAGIC
+        || sealed[4] != SEALED_BOX_VERSION
+    {
+        return Err(SealError::Malformed("sealed box"));
+    }
+    PartyIndex::new(i64::from(sealed[5])).map_err(|_| SealError::Malformed("sealed box"))
+}
+
+/// Opens a sealed box as party `me` holding `secret`, for `purpose`. Fails with
+/// [`SealError::WrongRecipient`] / [`SealError::WrongKey`] when the box was addressed
+/// elsewhere and with [`SealError::Tampered`] when authentication fails.
+pub fn open_sealed_box(
+    me: PartyIndex,
+    secret: &PartySecretKey,
+    purpose: &str,
+    sealed: &[u8],
+) -> Result<Vec<u8>, SealError> {
+    let addressed = sealed_box_recipient(sealed)?;
+    if addressed != me {
+        return Err(SealError::WrongRecipient { addressed, me });
+    }
+    let my_public = secret.public_key();
+    let fingerprint = &sealed[6..6 + FINGERPRINT_LEN];
+    if fingerprint != my_public.fingerprint() {
+        return Err(SealError::WrongKey {
+            sealed_to: hex::encode(fingerprint),
+            mine: my_public.fingerprint_hex(),
+        });
+    }
+    let (header, ciphertext) = sealed.split_at(SEALED_BOX_HEADER_LEN);
+    let mut ephemeral = [0u8; 32];
+    ephemeral.copy_from_slice(&header[6 + FINGERPRINT_LEN..]);
+    let mut shared = secret.diffie_hellman(&PartyPublicKey(ephemeral));
+    let key = sealed_box_key(&shared, header, purpose);
+    shared.zeroize();
+    ChaCha20Poly1305::new(&key)
+        .decrypt(
+            &chacha20poly1305::Nonce::default(),
+            Payload {
+                msg: ciphertext,
+                aad: header,
+            },
+        )
+        .map_err(|_| SealError::Tampered("sealed box"))
+}
+
+/// The secrets two parties share, derived from their long-term keys by static-static
+/// Diffie-Hellman: one AEAD key per direction and one PRF seed.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct PairwiseSecrets {
+    #[zeroize(skip)]
+    me: PartyIndex,
+    #[zeroize(skip)]
+    peer: PartyIndex,
+    send_key: [u8; 32],
+    recv_key: [u8; 32],
+    prf_seed: [u8; 32],
+}
+
+impl std::fmt::Debug for PairwiseSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PairwiseSecrets({} ↔ {}, <redacted>)",
+            self.me, self.peer
+        )
+    }
+}
+
+impl PairwiseSecrets {
+    /// Derives the secrets `me` shares with `peer`. Both sides derive the same values (with
+    /// send and receive keys swapped). Fails if `me == peer`.
+    pub fn derive(
+        me: PartyIndex,
+        my_secret: &PartySecretKey,
+        peer: PartyIndex,
+        peer_key: &PartyPublicKey,
+    ) -> Result<Self, SealError> {
+        if me == peer {
+            return Err(SealError::Misrouted(
+                "party: a party has no channel to itself",
+            ));
+        }
+        let my_key = my_secret.public_key();
+        let (low_key, high_key) = if me < peer {
+            (my_key, *peer_key)
+        } else {
+            (*peer_key, my_key)
+        };
+        let salt = [low_key.as_bytes().as_slice(), high_key.as_bytes()].concat();
+        let mut shared = my_secret.diffie_hellman(peer_key);
+        let hk = Hkdf::<Sha256>::new(Some(&salt), &shared);
+        shared.zeroize();
+        let (low, high) = if me < peer { (me, peer) } else { (peer, me) };
+        let expand = |label: &str| {
+            let mut out = [0u8; 32];
+            let info = format!("privmatch pairwise v1/{label}/{low}-{high}");
+            hk.expand(info.as_bytes(), &mut out)
+                .expect("HKDF-SHA256 can expand 32 bytes");
+            out
+        };
+        let low_to_high = expand("low-to-high");
+        let high_to_low = expand("high-to-low");
+        let (send_key, recv_key) = if me < peer {
+            (low_to_high, high_to_low)
+        } else {
+            (high_to_low, low_to_high)
+        };
+        Ok(PairwiseSecrets {
+            me,
+            peer,
+            send_key,
+            recv_key,
+            prf_seed: expand("prf"),
+        })
+    }
+
+    /// The pairwise PRF, shared by exactly these two parties.
+    pub fn prf(&self) -> PairwisePrf {
+        PairwisePrf {
+            seed: self.prf_seed,
+        }
+    }
+
+    /// Opens the channel of one protocol session. `session` must be fresh for every session
+    /// (it is authenticated into every message, so messages of one session are rejected in
+    /// another).
+    pub fn channel(&self, session: [u8; 16]) -> Channel {
+        Channel {
+            me: self.me,
+            peer: self.peer,
+            session,
+            send: XChaCha20Poly1305::new(&self.send_key.into()),
+            recv: XChaCha20Poly1305::new(&self.recv_key.into()),
+            next_send: 0,
+            next_recv: 0,
+        }
+    }
+}
+
+const CHANNEL_MAGIC: &[u8; 4] = b"PMCH";
+/// magic, sender, receiver, session, round, sequence, nonce.
+const CHANNEL_HEADER_LEN: usize = 4 + 1 + 1 + 16 + 4 + 8 + 24;
+
+/// An authenticated, encrypted, replay-checked channel between two parties for one session.
+pub struct Channel {
+    me: PartyIndex,
+    peer: PartyIndex,
+    session: [u8; 16],
+    send: XChaCha20Poly1305,
+    recv: XChaCha20Poly1305,
+    next_send: u64,
+    next_recv: u64,
+}
+
+impl Channel {
+    /// Seals `payload` as this side's next message of `round`.
+    pub fn seal<R: RngCore + CryptoRng>(
+        &mut self,
+        round: u32,
+        payload: &[u8],
+        rng: &mut R,
+    ) -> Vec<u8> {
+        let mut nonce = [0u8; 24];
+        rng.fill_bytes(&mut nonce);
+        let mut out = Vec::with_capacity(CHANNEL_HEADER_LEN + payload.len() + AEAD_TAG_LEN);
+        out.extend_from_slice(CHANNEL_MAGIC);
+        out.push(self.me.as_u8());
+        out.push(self.peer.as_u8());
+        out.extend_from_slice(&self.session);
+        out.extend_from_slice(&round.to_le_bytes());
+        out.extend_from_slice(&self.next_send.to_le_bytes());
+        out.extend_from_slice(&nonce);
+        let ciphertext = self
+            .send
+            .encrypt(
+                &nonce.into(),
+                Payload {
+                    msg: payload,
+                    aad: &out,
+                },
+            )
+            .expect("XChaCha20-Poly1305 encryption of an in-memory buffer cannot fail");
+        out.extend_from_slice(&ciphertext);
+        self.next_send += 1;
+        out
+    }
+
+    /// Opens the peer's next message, which must belong to this session and `round`, be
+    /// addressed from the peer to this party, and carry the next expected sequence number.
+    pub fn open(&mut self, round: u32, message: &[u8]) -> Result<Vec<u8>, SealError> {
+        if message.len() < CHANNEL_HEADER_LEN + AEAD_TAG_LEN || &message[..4] != CHANNEL_MAGIC {
+            return Err(SealError::Malformed("channel message"));
+        }
+        let (header, ciphertext) = message.split_at(CHANNEL_HEADER_LEN);
+        if header[4] != self.peer.as_u8() || header[5] != self.me.as_u8() {
+            return Err(SealError::Misrouted("sender or receiver"));
+        }
+        if header[6..22] != self.session {
+            return Err(SealError::Misrouted("session"));
+        }
+        let mut round_bytes = [0u8; 4];
+        round_bytes.copy_from_slice(&header[22..26]);
+        if u32::from_le_bytes(round_bytes) != round {
+            return Err(SealError::Misrouted("round"));
+        }
+        let mut seq_bytes = [0u8; 8];
+        seq_bytes.copy_from_slice(&header[26..34]);
+        let seq = u64::from_le_bytes(seq_bytes);
+        if seq != self.next_recv {
+            return Err(SealError::OutOfSequence {
+                expected: self.next_recv,
+                got: seq,
+            });
+        }
+        let mut nonce = [0u8; 24];
+        nonce.copy_from_slice(&header[34..58]);
+        let plaintext = self
+            .recv
+            .decrypt(
+                &nonce.into(),
+                Payload {
+                    msg: ciphertext,
+                    aad: header,
+                },
+            )
+            .map_err(|_| SealError::Tampered("channel message"))?;
+        self.next_recv += 1;
+        Ok(plaintext)
+    }
+}
+
+/// A PRF keyed by a seed that exactly two parties share. Outputs are ChaCha20 streams keyed
+/// by HKDF(seed, context), so distinct contexts give independent streams.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct PairwisePrf {
+    seed: [u8; 32],
+}
+
+impl std::fmt::Debug for PairwisePrf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PairwisePrf(<redacted>)")
+    }
+}
+
+impl PairwisePrf {
+    /// A PRF from an explicit seed (tests and key ceremonies).
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        PairwisePrf { seed }
+    }
+
+    /// The pseudo-random stream for `context` (e.g. session id ‖ round ‖ purpose).
+    pub fn stream(&self, context: &[u8]) -> ChaCha20Rng {
+        let hk = Hkdf::<Sha256>::new(Some(b"privmatch prf v1"), &self.seed);
+        let mut key = [0u8; 32];
+        hk.expand(context, &mut key)
+            .expect("HKDF-SHA256 can expand 32 bytes");
+        ChaCha20Rng::from_seed(key)
+    }
+}
+
+/// Fills `out` with this party's share of a 3-party additive sharing of zero over Z_2^16:
+/// r_i = F(k_{i,i+1}) − F(k_{i−1,i}), so r_0 + r_1 + r_2 = 0 (ABY3 re-randomisation, seed
+/// 002 §2). `with_next` is the PRF shared with party i+1, `with_prev` the one shared with i−1.
+pub fn zero_share_u16(
+    with_next: &PairwisePrf,
+    with_prev: &PairwisePrf,
+    context: &[u8],
+    out: &mut [u16],
+) {
+    let mut mine = with_next.stream(context);
+    let mut theirs = with_prev.stream(context);
+    for value in out.iter_mut() {
+        *value = (mine.next_u32() as u16).wrapping_sub(theirs.next_u32() as u16);
+    }
+}
+
+/// As [`zero_share_u16`], over Z_2^32.
+pub fn zero_share_u32(
+    with_next: &PairwisePrf,
+    with_prev: &PairwisePrf,
+    context: &[u8],
+    out: &mut [u32],
+) {
+    let mut mine = with_next.stream(context);
+    let mut theirs = with_prev.stream(context);
+    for value in out.iter_mut() {
+        *value = mine.next_u32().wrapping_sub(theirs.next_u32());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng() -> ChaCha20Rng {
+        ChaCha20Rng::seed_from_u64(7)
+    }
+
+    fn keys(rng: &mut ChaCha20Rng) -> Vec<PartySecretKey> {
+        (0..3).map(|_| PartySecretKey::generate(rng)).collect()
+    }
+
+    fn p(i: i64) -> PartyIndex {
+        PartyIndex::ALL[i as usize]
+    }
+
+    #[test]
+    fn sealed_box_round_trip() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let sealed = seal_to_party(p(1), &ks[1].public_key(), "test", b"secret share", &mut rng);
+        assert_eq!(sealed.len(), b"secret share".len() + SEALED_BOX_OVERHEAD);
+        assert_eq!(
+            open_sealed_box(p(1), &ks[1], "test", &sealed).as_deref(),
+            Ok(b"secret share".as_slice())
+        );
+    }
+
+    #[test]
+    fn sealed_box_to_p1_rejected_by_p0() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let sealed = seal_to_party(p(1), &ks[1].public_key(), "test", b"x", &mut rng);
+        assert_eq!(
+            open_sealed_box(p(0), &ks[0], "test", &sealed),
+            Err(SealError::WrongRecipient {
+                addressed: p(1),
+                me: p(0)
+            })
+        );
+    }
+
+    #[test]
+    fn relabelled_box_fails_authentication_or_key_check() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let mut sealed = seal_to_party(p(1), &ks[1].public_key(), "test", b"x", &mut rng);
+        sealed[5] = 0; // a coordinator re-addressing the box to P0
+        assert!(matches!(
+            open_sealed_box(p(0), &ks[0], "test", &sealed),
+            Err(SealError::WrongKey { .. })
+        ));
+    }
+
+    #[test]
+    fn sealed_box_to_swapped_key_is_refused() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let attacker = PartySecretKey::generate(&mut rng);
+        let sealed = seal_to_party(p(0), &attacker.public_key(), "test", b"x", &mut rng);
+        assert!(matches!(
+            open_sealed_box(p(0), &ks[0], "test", &sealed),
+            Err(SealError::WrongKey { .. })
+        ));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let sealed = seal_to_party(p(2), &ks[2].public_key(), "test", b"payload", &mut rng);
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 0x04;
+            assert!(
+                open_sealed_box(p(2), &ks[2], "test", &bad).is_err(),
+                "byte {i}"
+            );
+        }
+        assert!(open_sealed_box(p(2), &ks[2], "test", &sealed[..sealed.len() - 1]).is_err());
+        assert_eq!(
+            open_sealed_box(p(2), &ks[2], "other purpose", &sealed),
+            Err(SealError::Tampered("sealed box"))
+        );
+    }
+
+    #[test]
+    fn pairwise_secrets_agree() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let a = PairwiseSecrets::derive(p(0), &ks[0], p(2), &ks[2].public_key()).expect("derive");
+        let b = PairwiseSecrets::derive(p(2), &ks[2], p(0), &ks[0].public_key()).expect("derive");
+        assert_eq!(a.send_key, b.recv_key);
+        assert_eq!(a.recv_key, b.send_key);
+        assert_ne!(a.send_key, a.recv_key);
+        assert_eq!(a.prf_seed, b.prf_seed);
+        assert!(PairwiseSecrets::derive(p(1), &ks[1], p(1), &ks[1].public_key()).is_err());
+    }
+
+    fn channel_pair(rng: &mut ChaCha20Rng, session: [u8; 16]) -> (Channel, Channel) {
+        let ks = keys(rng);
+        let a = PairwiseSecrets::derive(p(0), &ks[0], p(1), &ks[1].public_key()).expect("derive");
+        let b = PairwiseSecrets::derive(p(1), &ks[1], p(0), &ks[0].public_key()).expect("derive");
+        (a.channel(session), b.channel(session))
+    }
+
+    #[test]
+    fn channel_delivers_in_order_and_rejects_replay() {
+        let mut rng = rng();
+        let (mut a, mut b) = channel_pair(&mut rng, [9; 16]);
+        let m0 = a.seal(1, b"first", &mut rng);
+        let m1 = a.seal(1, b"second", &mut rng);
+        assert_eq!(b.open(1, &m0).as_deref(), Ok(b"first".as_slice()));
+        assert_eq!(
+            b.open(1, &m0),
+            Err(SealError::OutOfSequence {
+                expected: 1,
+                got: 0
+            })
+        );
+        assert_eq!(b.open(1, &m1).as_deref(), Ok(b"second".as_slice()));
+        let back = b.seal(2, b"reply", &mut rng);
+        assert_eq!(a.open(2, &back).as_deref(), Ok(b"reply".as_slice()));
+    }
+
+    #[test]
+    fn channel_rejects_wrong_round_session_direction_and_tamper() {
+        let mut rng = rng();
+        let (mut a, mut b) = channel_pair(&mut rng, [1; 16]);
+        let m = a.seal(3, b"data", &mut rng);
+        assert_eq!(b.open(4, &m), Err(SealError::Misrouted("round")));
+        assert_eq!(
+            a.open(3, &m),
+            Err(SealError::Misrouted("sender or receiver"))
+        );
+        let mut other_session = m.clone();
+        other_session[6] ^= 1;
+        assert_eq!(
+            b.open(3, &other_session),
+            Err(SealError::Misrouted("session"))
+        );
+        let mut tampered = m.clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        assert_eq!(
+            b.open(3, &tampered),
+            Err(SealError::Tampered("channel message"))
+        );
+        assert_eq!(b.open(3, &m).as_deref(), Ok(b"data".as_slice()));
+    }
+
+    #[test]
+    fn zero_shares_sum_to_zero() {
+        let prf01 = PairwisePrf::from_seed([1; 32]);
+        let prf12 = PairwisePrf::from_seed([2; 32]);
+        let prf20 = PairwisePrf::from_seed([3; 32]);
+        let n = 1000;
+        let (mut r0, mut r1, mut r2) = (vec![0u16; n], vec![0u16; n], vec![0u16; n]);
+        zero_share_u16(&prf01, &prf20, b"ctx", &mut r0);
+        zero_share_u16(&prf12, &prf01, b"ctx", &mut r1);
+        zero_share_u16(&prf20, &prf12, b"ctx", &mut r2);
+        for i in 0..n {
+            assert_eq!(r0[i].wrapping_add(r1[i]).wrapping_add(r2[i]), 0);
+        }
+        assert!(
+            r0.iter().filter(|&&v| v != 0).count() > n / 2,
+            "shares are not trivial"
+        );
+        let mut w = vec![0u32; n];
+        let (mut w1, mut w2) = (vec![0u32; n], vec![0u32; n]);
+        zero_share_u32(&prf01, &prf20, b"ctx32", &mut w);
+        zero_share_u32(&prf12, &prf01, b"ctx32", &mut w1);
+        zero_share_u32(&prf20, &prf12, b"ctx32", &mut w2);
+        for i in 0..n {
+            assert_eq!(w[i].wrapping_add(w1[i]).wrapping_add(w2[i]), 0);
+        }
+    }
+
+    #[test]
+    fn fingerprint_and_hex_round_trip() {
+        let mut rng = rng();
+        let key = PartySecretKey::generate(&mut rng).public_key();
+        assert_eq!(PartyPublicKey::from_hex(&key.to_hex()), Ok(key));
+        assert_eq!(key.fingerprint_hex().len(), 2 * FINGERPRINT_LEN);
+        assert!(PartyPublicKey::from_hex("abcd").is_err());
+        assert!(PartyPublicKey::from_hex("zz").is_err());
+        assert!(!format!("{:?}", PartySecretKey::from_bytes([5; 32])).contains('5'));
+    }
+}

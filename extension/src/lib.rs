@@ -1,0 +1,34 @@
+//! # privmatch — the PostgreSQL extension of one party
+//!
+//! A thin pgrx layer over `privmatch-core`: it gives a party its identity (index and X25519
+//! key, generated here and never exported), the share types (`iris_code_share`,
+//! `iris_mask_share`: hand-laid varlenas, see [`privmatch_core::storage`]), the table of enrolled
+//! templates, and the SQL functions the coordinator calls to enrol and delete records inside
+//! its two-phase-commit transactions. Every rule about bytes lives in `core/`; this crate only
+//! moves bytes between Postgres and core, and turns core's errors into SQLSTATEs.
+
+mod enrol;
+mod errors;
+mod identity;
+mod share_types;
+
+::pgrx::pg_module_magic!();
+
+// The hand-written schema (types, tables, casts) runs before any generated function.
+pgrx::extension_sql_file!(
+    "../../sql/privmatch.sql",
+    name = "privmatch_schema",
+    bootstrap
+);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    /// Per-test setup (none).
+    pub fn setup(_options: Vec<&str>) {}
+    /// Extra postgresql.conf settings for tests.
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}
