@@ -131,10 +131,27 @@ fn data_dir(home: &Path, index: usize) -> PathBuf {
     party_dir(home, index).join("data")
 }
 
-fn random_password() -> String {
+/// The password of the `privmatch` role of party `index`: generated once, kept (mode 0600) in
+/// the home directory so a half-finished `up` can be resumed.
+fn party_password(home: &Path, index: usize) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = home.join(format!(".p{index}.password"));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(text.trim().to_owned());
+    }
     let mut bytes = [0u8; 18];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut bytes);
-    hex::encode(bytes)
+    let password = hex::encode(bytes);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(password.as_bytes())?;
+    file.sync_all()?;
+    Ok(password)
 }
 
 const SERVER_SETTINGS: &str = "
@@ -364,9 +381,10 @@ async fn up(
         let port = previous
             .as_ref()
             .map_or(base_port + index as u16, |p| p.port);
-        let password = previous
-            .as_ref()
-            .map_or_else(random_password, |p| p.password.clone());
+        let password = match previous.as_ref() {
+            Some(p) => p.password.clone(),
+            None => party_password(home, index)?,
+        };
         if !data_dir(home, index).join("PG_VERSION").exists() {
             eprintln!(
                 "creating party P{index} in {}",
@@ -502,7 +520,13 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                         std::fs::remove_dir_all(&dir)?;
                     }
                 }
-                for file in ["coordinator.log", crate::config::CONFIG_FILE] {
+                for file in [
+                    "coordinator.log",
+                    crate::config::CONFIG_FILE,
+                    ".p0.password",
+                    ".p1.password",
+                    ".p2.password",
+                ] {
                     std::fs::remove_file(home.join(file)).ok();
                 }
                 println!("privmatch cluster stopped and purged ({})", home.display());

@@ -152,7 +152,7 @@ fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) 
         )
     });
     let existing: Option<Vec<u8>> = Spi::get_one_with_args(
-        "SELECT public_key FROM privmatch.peers WHERE party_index = $1",
+        "SELECT (SELECT public_key FROM privmatch.peers WHERE party_index = $1)",
         &[party_index.into()],
     )
     .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
