@@ -164,6 +164,7 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
         input: input.clone(),
         batch_size: args.batch_size,
         on_duplicate: "error".into(),
+        parallel: 2,
         no_progress: false,
     };
     let (totals, _) = enroll_file(config, &enroll_args).await?;

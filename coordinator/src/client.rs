@@ -1,6 +1,7 @@
 //! The client side of the CLI: shares and seals templates to the pinned party keys, sends
 //! sealed batches to the coordinator, and reports results.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -9,6 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment};
 use privmatch_core::seal::PartyPublicKey;
+use rand::SeedableRng;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
@@ -28,6 +30,9 @@ pub struct EnrollArgs {
     /// idempotent) or `error` (abort that batch, nothing written).
     #[arg(long, default_value = "skip", value_parser = ["skip", "error"])]
     pub on_duplicate: String,
+    /// Batches in flight at once (each is its own atomic transaction).
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
     /// Do not draw a progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -81,7 +86,10 @@ fn spawn_sealer(
     tx: mpsc::Sender<Result<SealedBatch>>,
 ) {
     std::thread::spawn(move || {
-        let mut rng = rand::rngs::OsRng;
+        // A ChaCha20 CSPRNG seeded from the OS: drawing every share coefficient from the OS
+        // directly would cost a system call per draw.
+        let mut rng = rand_chacha::ChaCha20Rng::from_rng(rand::rngs::OsRng)
+            .expect("the operating system's random source is available");
         let mut sealed = Vec::with_capacity(batch_size);
         let mut first_line = 0;
         let mut last_line = 0;
@@ -159,20 +167,26 @@ pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTot
     spawn_sealer(args.input.clone(), keys, args.batch_size, tx);
     let bar = progress_bar(total, args.no_progress);
     let mut totals = EnrolTotals::default();
-    // Keep one batch in flight while the next is sealed.
-    let mut in_flight: Option<(SealedBatch, tokio::task::JoinHandle<Result<EnrolResponse>>)> = None;
-    loop {
-        let next = rx.recv().await;
-        if let Some((batch, handle)) = in_flight.take() {
-            let answer = handle.await.context("sender task failed")?;
-            account(&batch, answer, &mut totals, &bar)?;
-        }
-        let Some(next) = next else { break };
+    // Keep a few batches in flight while the next ones are sealed; answers are accounted in
+    // order, so an error reports exactly which lines are enrolled.
+    let mut in_flight: VecDeque<(SealedBatch, tokio::task::JoinHandle<Result<EnrolResponse>>)> =
+        VecDeque::new();
+    while let Some(next) = rx.recv().await {
         let mut batch = next?;
         let body = std::mem::take(&mut batch.body);
         let (http, url) = (http.clone(), url.clone());
         let handle = tokio::spawn(async move { post_batch(&http, &url, body).await });
-        in_flight = Some((batch, handle));
+        in_flight.push_back((batch, handle));
+        if in_flight.len() >= args.parallel.max(1) {
+            if let Some((batch, handle)) = in_flight.pop_front() {
+                let answer = handle.await.context("sender task failed")?;
+                account(&batch, answer, &mut totals, &bar)?;
+            }
+        }
+    }
+    while let Some((batch, handle)) = in_flight.pop_front() {
+        let answer = handle.await.context("sender task failed")?;
+        account(&batch, answer, &mut totals, &bar)?;
     }
     bar.finish_and_clear();
     Ok((totals, total))

@@ -110,11 +110,6 @@ impl Parties {
         }
     }
 
-    /// The pool of one party.
-    pub fn get(&self, index: PartyIndex) -> &Arc<Party> {
-        &self.parties[index.as_usize()]
-    }
-
     /// All three, in index order.
     pub fn all(&self) -> &[Arc<Party>; 3] {
         &self.parties

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every privmatch test on a fresh machine: installs what is needed (scripts/setup.sh),
+# then formatting and lint checks, the pure-Rust unit and property tests, the SQL regression
+# tests of the extension against a throwaway cluster, and the end-to-end tests against three
+# real local parties and the coordinator.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "==> unit and property tests (core, coordinator)"
+cargo test --release -p privmatch-core -p privmatch-coordinator
+
+echo "==> SQL regression tests (extension)"
+bash scripts/regress.sh
+
+echo "==> end-to-end tests (three local parties + coordinator)"
+PRIVMATCH_BIN="$(pwd)/target/release/privmatch" cargo test --release -p privmatch-e2e
