@@ -8,13 +8,13 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment};
+use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment_batch, EnrolRequest};
 use privmatch_core::seal::PartyPublicKey;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::input::{for_each_record, validate_file};
+use crate::input::{for_each_record, validate_file, EnrolRecord};
 use crate::server::EnrolResponse;
 
 /// Options of `privmatch iris enroll`.
@@ -47,15 +47,42 @@ pub struct EnrolTotals {
     pub skipped: usize,
 }
 
-/// Sends one framed batch; returns the coordinator's answer or its error message.
+/// A batch the coordinator may have committed: the connection broke after the request was
+/// sent, or the coordinator answered that the outcome is in doubt. Recovery settles it (at all
+/// three parties or at none); the client cannot tell which.
+#[derive(Debug)]
+struct OutcomeUnknown(String);
+
+impl std::fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutcomeUnknown {}
+
+/// Sends one framed batch; returns the coordinator's answer or its error message
+/// ([`OutcomeUnknown`] when the batch may have been committed).
 async fn post_batch(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<EnrolResponse> {
-    let response = http
+    let response = match http
         .post(url)
         .header("content-type", "application/octet-stream")
         .body(body)
         .send()
         .await
-        .context("cannot reach the coordinator (is `privmatch cluster up` running?)")?;
+    {
+        Ok(response) => response,
+        Err(e) if e.is_connect() => {
+            return Err(anyhow::Error::new(e)
+                .context("cannot reach the coordinator (is `privmatch cluster up` running?)"))
+        }
+        Err(e) => {
+            return Err(OutcomeUnknown(format!(
+                "the connection to the coordinator broke before it answered: {e}"
+            ))
+            .into())
+        }
+    };
     let status = response.status();
     if status.is_success() {
         return response
@@ -68,6 +95,9 @@ async fn post_batch(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<
         .ok()
         .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
         .unwrap_or(text);
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        return Err(OutcomeUnknown(message).into());
+    }
     bail!("{message}")
 }
 
@@ -76,6 +106,32 @@ struct SealedBatch {
     last_line: usize,
     records: usize,
     body: Vec<u8>,
+}
+
+/// Shares and seals one batch: one envelope per party, framed for the coordinator.
+fn seal_batch(
+    pending: &[EnrolRecord],
+    keys: &[PartyPublicKey; 3],
+    rng: &mut rand_chacha::ChaCha20Rng,
+) -> Result<SealedBatch> {
+    let requests: Vec<EnrolRequest<'_>> = pending
+        .iter()
+        .map(|r| EnrolRequest {
+            template: &r.template,
+            subject: &r.subject,
+            eye: r.eye,
+        })
+        .collect();
+    let first_line = pending.first().map_or(0, |r| r.line);
+    let last_line = pending.last().map_or(0, |r| r.line);
+    let (envelopes, _) = seal_iris_enrolment_batch(&requests, keys, rng)
+        .with_context(|| format!("sealing lines {first_line}..={last_line}"))?;
+    Ok(SealedBatch {
+        first_line,
+        last_line,
+        records: pending.len(),
+        body: encode_enrol_batch(&[envelopes]),
+    })
 }
 
 /// Reads, shares and seals the file on a blocking thread, one batch at a time.
@@ -90,43 +146,28 @@ fn spawn_sealer(
         // directly would cost a system call per draw.
         let mut rng = rand_chacha::ChaCha20Rng::from_rng(rand::rngs::OsRng)
             .expect("the operating system's random source is available");
-        let mut sealed = Vec::with_capacity(batch_size);
-        let mut first_line = 0;
-        let mut last_line = 0;
-        let flush = |sealed: &mut Vec<[Vec<u8>; 3]>, first: usize, last: usize| {
-            let batch = SealedBatch {
-                first_line: first,
-                last_line: last,
-                records: sealed.len(),
-                body: encode_enrol_batch(sealed),
-            };
-            sealed.clear();
-            tx.blocking_send(Ok(batch)).is_ok()
+        let mut pending: Vec<EnrolRecord> = Vec::with_capacity(batch_size);
+        let send = |pending: &mut Vec<EnrolRecord>, rng: &mut rand_chacha::ChaCha20Rng| {
+            let batch = seal_batch(pending, &keys, rng)?;
+            pending.clear();
+            if tx.blocking_send(Ok(batch)).is_err() {
+                bail!("the sender stopped");
+            }
+            Ok(())
         };
         let outcome = for_each_record(&input, |record| {
-            let (bundles, _) = seal_iris_enrolment(
-                &record.template,
-                &record.subject,
-                record.eye,
-                &keys,
-                &mut rng,
-            )
-            .with_context(|| format!("line {}", record.line))?;
-            if sealed.is_empty() {
-                first_line = record.line;
-            }
-            last_line = record.line;
-            sealed.push(bundles);
-            if sealed.len() == batch_size && !flush(&mut sealed, first_line, last_line) {
-                bail!("the sender stopped");
+            pending.push(record);
+            if pending.len() == batch_size {
+                send(&mut pending, &mut rng)?;
             }
             Ok(())
-        });
-        let outcome = outcome.and_then(|()| {
-            if !sealed.is_empty() && !flush(&mut sealed, first_line, last_line) {
-                bail!("the sender stopped");
+        })
+        .and_then(|()| {
+            if pending.is_empty() {
+                Ok(())
+            } else {
+                send(&mut pending, &mut rng)
             }
-            Ok(())
         });
         if let Err(e) = outcome {
             let _ = tx.blocking_send(Err(e));
@@ -198,15 +239,22 @@ fn account(
     totals: &mut EnrolTotals,
     bar: &ProgressBar,
 ) -> Result<()> {
-    let response = answer.with_context(|| {
-        format!(
-            "batch of lines {}..={} was not enrolled (nothing of it was written; {} records before it were enrolled; resume from line {})",
+    let done = totals.enrolled + totals.skipped;
+    let response = match answer {
+        Ok(response) => response,
+        Err(err) if err.downcast_ref::<OutcomeUnknown>().is_some() => bail!(
+            "batch of lines {}..={} is in doubt ({err:#}): recovery enrols it at all three parties or at none; {done} records before it were enrolled; re-run from line {} with --on-duplicate skip to finish",
             batch.first_line,
             batch.last_line,
-            totals.enrolled + totals.skipped,
             batch.first_line
-        )
-    })?;
+        ),
+        Err(err) => {
+            return Err(err.context(format!(
+                "batch of lines {}..={} was not enrolled (nothing of it was written; {done} records before it were enrolled; resume from line {})",
+                batch.first_line, batch.last_line, batch.first_line
+            )))
+        }
+    };
     if response.results.len() != batch.records {
         bail!(
             "the coordinator answered {} results for a batch of {} records",

@@ -77,14 +77,18 @@ impl Runner {
 
     fn command(&self, program: &str) -> Command {
         let path = self.pg_bin.join(program);
-        match &self.run_as {
+        let mut cmd = match &self.run_as {
             Some(user) => {
                 let mut cmd = Command::new("runuser");
                 cmd.args(["-u", user, "--"]).arg(path);
                 cmd
             }
             None => Command::new(path),
-        }
+        };
+        // A server inheriting these would append Rust backtraces to error details.
+        cmd.env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE");
+        cmd
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<String> {

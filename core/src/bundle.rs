@@ -1,11 +1,17 @@
-//! Iris enrolment bundles: what a client sends each party to enrol one template.
+//! Iris enrolment bundles: what a client sends each party to enrol templates.
 //!
 //! A bundle is one party's Shamir share of one template (code and mask, see
-//! [`crate::iris::encoding`]) with the record's metadata, encoded in a fixed binary layout and
-//! sealed to that party ([`crate::seal::seal_to_party`], purpose [`IRIS_ENROL_PURPOSE`]). The
-//! coordinator routes the three sealed bundles of a record but can open none of them.
+//! [`crate::iris::encoding`]) with the record's metadata, in a fixed binary layout. The
+//! bundles of a batch of records that go to one party travel in one **envelope**: their list,
+//! sealed to that party ([`crate::seal::seal_to_party`], purpose [`IRIS_ENROL_PURPOSE`]). One
+//! envelope per party per batch keeps the public-key work (two X25519 operations) off the
+//! per-record path. The coordinator routes the three envelopes of a batch but can open none
+//! of them; a tampered, misdirected or truncated envelope is refused whole.
 //!
-//! Plaintext layout (all integers little-endian):
+//! Envelope plaintext: magic `PMBL`, layout version (1 byte, 1), u32 number of bundles, then
+//! per bundle a u32 length and the bundle.
+//!
+//! Bundle layout (all integers little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -154,9 +160,7 @@ impl std::fmt::Debug for IrisEnrolBundle {
 }
 
 fn push_coefs(out: &mut Vec<u8>, coefs: &[u16]) {
-    for c in coefs {
-        out.extend_from_slice(&c.to_le_bytes());
-    }
+    out.extend(coefs.iter().flat_map(|c| c.to_le_bytes()));
 }
 
 fn read_coefs(bytes: &[u8]) -> Vec<u16> {
@@ -222,55 +226,144 @@ impl IrisEnrolBundle {
     }
 }
 
-/// Client side: splits `template` into three Shamir shares and seals each party's bundle to
-/// that party's pinned key. Returns the sealed bundles indexed by party, and the bundle id.
+/// One template to enrol, as the client holds it.
+pub struct EnrolRequest<'a> {
+    /// The plaintext template (it never leaves the client unshared).
+    pub template: &'a IrisTemplate,
+    /// Subject id.
+    pub subject: &'a str,
+    /// Which eye.
+    pub eye: Eye,
+}
+
+/// Id of a record's three bundles (random, the same at every party).
+pub type BundleId = [u8; 16];
+
+/// The three sealed envelopes of a batch, indexed by party.
+pub type SealedEnvelopes = [Vec<u8>; 3];
+
+const ENVELOPE_MAGIC: &[u8; 4] = b"PMBL";
+const ENVELOPE_VERSION: u8 = 1;
+
+/// Builds the envelope plaintext from encoded bundles.
+fn envelope_plaintext(bundles: &[Vec<u8>]) -> Vec<u8> {
+    let size: usize = bundles.iter().map(|b| 4 + b.len()).sum();
+    let mut out = Vec::with_capacity(9 + size);
+    out.extend_from_slice(ENVELOPE_MAGIC);
+    out.push(ENVELOPE_VERSION);
+    out.extend_from_slice(&(bundles.len() as u32).to_le_bytes());
+    for bundle in bundles {
+        out.extend_from_slice(&(bundle.len() as u32).to_le_bytes());
+        out.extend_from_slice(bundle);
+    }
+    out
+}
+
+/// Splits an envelope plaintext into its bundles.
+fn envelope_bundles(plaintext: &[u8]) -> Result<Vec<&[u8]>, BundleError> {
+    let malformed = || BundleError::Malformed("envelope framing is truncated or corrupt");
+    if plaintext.len() < 9 || &plaintext[..4] != ENVELOPE_MAGIC || plaintext[4] != ENVELOPE_VERSION
+    {
+        return Err(malformed());
+    }
+    let count =
+        u32::from_le_bytes([plaintext[5], plaintext[6], plaintext[7], plaintext[8]]) as usize;
+    let mut rest = &plaintext[9..];
+    let mut out = Vec::with_capacity(count.min(rest.len() / 4));
+    for _ in 0..count {
+        if rest.len() < 4 {
+            return Err(malformed());
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if rest.len() < 4 + len {
+            return Err(malformed());
+        }
+        out.push(&rest[4..4 + len]);
+        rest = &rest[4 + len..];
+    }
+    if !rest.is_empty() || out.is_empty() {
+        return Err(malformed());
+    }
+    Ok(out)
+}
+
+/// Client side: splits every template of the batch into three Shamir shares and seals, per
+/// party, one envelope with that party's bundles to its pinned key. Returns the three sealed
+/// envelopes (indexed by party) and the bundle ids, in record order.
+pub fn seal_iris_enrolment_batch<R: RngCore + CryptoRng>(
+    records: &[EnrolRequest<'_>],
+    party_keys: &[PartyPublicKey; 3],
+    rng: &mut R,
+) -> Result<(SealedEnvelopes, Vec<BundleId>), BundleError> {
+    let mut per_party: [Vec<Vec<u8>>; 3] = Default::default();
+    let mut ids = Vec::with_capacity(records.len());
+    for record in records {
+        validate_subject(record.subject)?;
+        let mut bundle_id = [0u8; 16];
+        rng.fill_bytes(&mut bundle_id);
+        for share in share_template(record.template, rng)? {
+            let party = share.party.as_usize();
+            let bundle = IrisEnrolBundle {
+                bundle_id,
+                subject: record.subject.to_owned(),
+                eye: record.eye,
+                share,
+            };
+            per_party[party].push(bundle.encode());
+        }
+        ids.push(bundle_id);
+    }
+    let sealed = std::array::from_fn(|p| {
+        seal_to_party(
+            PartyIndex::ALL[p],
+            &party_keys[p],
+            IRIS_ENROL_PURPOSE,
+            &envelope_plaintext(&per_party[p]),
+            rng,
+        )
+    });
+    Ok((sealed, ids))
+}
+
+/// Client side, one record: as [`seal_iris_enrolment_batch`] with a batch of one. Returns the
+/// three sealed envelopes and the bundle id.
 pub fn seal_iris_enrolment<R: RngCore + CryptoRng>(
     template: &IrisTemplate,
     subject: &str,
     eye: Eye,
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
-) -> Result<([Vec<u8>; 3], [u8; 16]), BundleError> {
-    validate_subject(subject)?;
-    let mut bundle_id = [0u8; 16];
-    rng.fill_bytes(&mut bundle_id);
-    let shares = share_template(template, rng)?;
-    let sealed = shares.map(|share| {
-        let party = share.party;
-        let plaintext = IrisEnrolBundle {
-            bundle_id,
-            subject: subject.to_owned(),
-            eye,
-            share,
-        }
-        .encode();
-        seal_to_party(
-            party,
-            &party_keys[party.as_usize()],
-            IRIS_ENROL_PURPOSE,
-            &plaintext,
-            rng,
-        )
-    });
-    Ok((sealed, bundle_id))
+) -> Result<(SealedEnvelopes, BundleId), BundleError> {
+    let request = EnrolRequest {
+        template,
+        subject,
+        eye,
+    };
+    let (sealed, ids) = seal_iris_enrolment_batch(&[request], party_keys, rng)?;
+    Ok((sealed, ids[0]))
 }
 
-/// Party side: opens a sealed enrolment bundle as party `me` and checks that the share inside
-/// is this party's.
+/// Party side: opens a sealed envelope as party `me` and returns its bundles, checking that
+/// every share inside is this party's.
 pub fn open_iris_enrolment(
     me: PartyIndex,
     secret: &PartySecretKey,
     sealed: &[u8],
-) -> Result<IrisEnrolBundle, BundleError> {
+) -> Result<Vec<IrisEnrolBundle>, BundleError> {
     let plaintext = open_sealed_box(me, secret, IRIS_ENROL_PURPOSE, sealed)?;
-    let bundle = IrisEnrolBundle::decode(&plaintext)?;
-    if bundle.share.party != me {
-        return Err(BundleError::PartyMismatch {
-            inside: bundle.share.party,
-            me,
-        });
-    }
-    Ok(bundle)
+    envelope_bundles(&plaintext)?
+        .into_iter()
+        .map(|bytes| {
+            let bundle = IrisEnrolBundle::decode(bytes)?;
+            if bundle.share.party != me {
+                return Err(BundleError::PartyMismatch {
+                    inside: bundle.share.party,
+                    me,
+                });
+            }
+            Ok(bundle)
+        })
+        .collect()
 }
 
 const BATCH_MAGIC: &[u8; 4] = b"PMEB";
@@ -347,7 +440,7 @@ mod tests {
                 .expect("seal");
         let opened: Vec<IrisEnrolBundle> = PartyIndex::ALL
             .iter()
-            .map(|&p| {
+            .flat_map(|&p| {
                 open_iris_enrolment(p, &secrets[p.as_usize()], &sealed[p.as_usize()]).expect("open")
             })
             .collect();
@@ -358,6 +451,60 @@ mod tests {
         }
         let shares: Vec<IrisShare> = opened.into_iter().map(|b| b.share).collect();
         assert!(reconstruct_template(&shares).expect("reconstruct") == template.with_masked_code());
+    }
+
+    #[test]
+    fn batch_envelopes_carry_every_record_in_order() {
+        let (mut rng, secrets, publics) = setup();
+        let templates: Vec<IrisTemplate> = (0..5).map(|_| random_template(&mut rng)).collect();
+        let subjects: Vec<String> = (0..5).map(|i| format!("s{i}")).collect();
+        let requests: Vec<EnrolRequest<'_>> = templates
+            .iter()
+            .zip(&subjects)
+            .map(|(template, subject)| EnrolRequest {
+                template,
+                subject,
+                eye: Eye::Left,
+            })
+            .collect();
+        let (sealed, ids) = seal_iris_enrolment_batch(&requests, &publics, &mut rng).expect("seal");
+        let opened: Vec<Vec<IrisEnrolBundle>> = PartyIndex::ALL
+            .iter()
+            .map(|&p| {
+                open_iris_enrolment(p, &secrets[p.as_usize()], &sealed[p.as_usize()]).expect("open")
+            })
+            .collect();
+        for (r, template) in templates.iter().enumerate() {
+            let shares: Vec<IrisShare> = opened
+                .iter()
+                .map(|bundles| bundles[r].share.clone())
+                .collect();
+            assert_eq!(opened[0][r].bundle_id, ids[r]);
+            assert_eq!(opened[2][r].subject, subjects[r]);
+            assert!(
+                reconstruct_template(&shares).expect("reconstruct") == template.with_masked_code()
+            );
+        }
+        let mut truncated = sealed[0].clone();
+        truncated.truncate(truncated.len() - 100);
+        assert!(open_iris_enrolment(PartyIndex::ALL[0], &secrets[0], &truncated).is_err());
+    }
+
+    #[test]
+    fn envelope_framing_is_checked() {
+        let good = envelope_plaintext(&[vec![1, 2, 3], vec![4]]);
+        assert_eq!(
+            envelope_bundles(&good).expect("valid"),
+            vec![&[1u8, 2, 3][..], &[4u8][..]]
+        );
+        assert!(envelope_bundles(&good[..good.len() - 1]).is_err());
+        assert!(
+            envelope_bundles(&envelope_plaintext(&[])).is_err(),
+            "an empty envelope is refused"
+        );
+        let mut extra = good.clone();
+        extra.push(9);
+        assert!(envelope_bundles(&extra).is_err());
     }
 
     #[test]

@@ -60,14 +60,14 @@ fn share_datum(
     unsafe { DatumWithOid::new(pg_sys::Datum::from(payload_to_varlena(&payload)), oid) }
 }
 
-/// Opens each sealed enrolment bundle with this party's key and stores its share. Refuses
-/// (and so aborts the caller's transaction) on any bundle that is not sealed to this party,
-/// fails authentication, is malformed, or was already consumed (replay). A subject+eye that
-/// is already enrolled is skipped (`enrolled = false`) or, with `on_duplicate => 'error'`,
-/// aborts. Returns one row per bundle, in order.
+/// Opens each sealed enrolment envelope with this party's key and stores the shares of the
+/// bundles inside. Refuses (and so aborts the caller's transaction) any envelope that is not
+/// sealed to this party, fails authentication or is malformed, and any bundle that was already
+/// consumed (replay). A subject+eye that is already enrolled is skipped (`enrolled = false`)
+/// or, with `on_duplicate => 'error'`, aborts. Returns one row per record, in order.
 #[pg_extern(volatile)]
 fn iris_enroll_sealed(
-    bundles: Array<'_, &[u8]>,
+    envelopes: Array<'_, &[u8]>,
     on_duplicate: default!(&str, "'skip'"),
 ) -> TableIterator<
     'static,
@@ -81,8 +81,8 @@ fn iris_enroll_sealed(
     let me = load_identity();
     let code_oid = type_oid("privmatch.iris_code_share");
     let mask_oid = type_oid("privmatch.iris_mask_share");
-    let mut results = Vec::with_capacity(bundles.len());
-    let bundles: Vec<Option<&[u8]>> = bundles.iter().collect();
+    let envelopes: Vec<Option<&[u8]>> = envelopes.iter().collect();
+    let mut results = Vec::new();
     Spi::connect_mut(|client| {
         let consume = client
             .prepare_mut(
@@ -102,65 +102,65 @@ fn iris_enroll_sealed(
                 ],
             )
             .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
-        for (position, sealed) in bundles.iter().enumerate() {
+        let mut record = 0usize;
+        for (position, sealed) in envelopes.iter().enumerate() {
             let Some(sealed) = sealed else {
                 raise(
                     PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                    format!("bundle #{position} is NULL"),
+                    format!("envelope #{position} is NULL"),
                     None,
                 );
             };
-            let bundle = open_iris_enrolment(me.index, &me.secret, sealed)
+            let bundles = open_iris_enrolment(me.index, &me.secret, sealed)
                 .unwrap_or_else(|e| raise_bundle(position, e));
-            let fresh = client
-                .update(&consume, None, &[bundle.bundle_id.to_vec().into()])
-                .unwrap_or_else(|e| {
-                    raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
-                })
-                .len();
-            if fresh == 0 {
-                raise(
-                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                    format!(
-                        "bundle #{position} (id {}) was already consumed: refusing a replayed enrolment bundle",
-                        hex::encode(bundle.bundle_id)
-                    ),
-                    None,
-                );
+            for bundle in bundles {
+                let fresh = client
+                    .update(&consume, None, &[bundle.bundle_id.to_vec().into()])
+                    .unwrap_or_else(|e| {
+                        raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
+                    })
+                    .len();
+                if fresh == 0 {
+                    raise(
+                        PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                        format!(
+                            "record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
+                            hex::encode(bundle.bundle_id)
+                        ),
+                        None,
+                    );
+                }
+                let inserted = client
+                    .update(
+                        &insert,
+                        None,
+                        &[
+                            bundle.subject.clone().into(),
+                            bundle.eye.as_str().into(),
+                            share_datum(ShareKind::IrisCode, &bundle, code_oid),
+                            share_datum(ShareKind::IrisMask, &bundle, mask_oid),
+                        ],
+                    )
+                    .unwrap_or_else(|e| {
+                        raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
+                    })
+                    .len()
+                    == 1;
+                if !inserted && on_duplicate == OnDuplicate::Error {
+                    raise(
+                        PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                        format!(
+                            "subject {:?} ({} eye) is already enrolled",
+                            bundle.subject,
+                            bundle.eye.as_str()
+                        ),
+                        Some("delete it first, or enrol with on_duplicate => 'skip'"),
+                    );
+                }
+                results.push((bundle.subject, bundle.eye.as_str().to_owned(), inserted));
+                record += 1;
+                pg_sys::check_for_interrupts!();
             }
-            let inserted = client
-                .update(
-                    &insert,
-                    None,
-                    &[
-                        bundle.subject.clone().into(),
-                        bundle.eye.as_str().into(),
-                        share_datum(ShareKind::IrisCode, &bundle, code_oid),
-                        share_datum(ShareKind::IrisMask, &bundle, mask_oid),
-                    ],
-                )
-                .unwrap_or_else(|e| {
-                    raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
-                })
-                .len()
-                == 1;
-            if !inserted && on_duplicate == OnDuplicate::Error {
-                raise(
-                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                    format!(
-                        "subject {:?} ({} eye) is already enrolled",
-                        bundle.subject,
-                        bundle.eye.as_str()
-                    ),
-                    Some("delete it first, or enrol with on_duplicate => 'skip'"),
-                );
-            }
-            results.push((
-                bundle.subject.clone(),
-                bundle.eye.as_str().to_owned(),
-                inserted,
-            ));
-            pg_sys::check_for_interrupts!();
         }
     });
     TableIterator::new(results)

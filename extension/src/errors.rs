@@ -32,7 +32,7 @@ pub fn raise_share_layout(err: ShareLayoutError) -> ! {
     raise(share_layout_code(&err), err.to_string(), None)
 }
 
-/// Raises a bundle that could not be opened or decoded, prefixed with where it was in the batch.
+/// Raises an envelope that could not be opened or decoded, naming its position in the call.
 pub fn raise_bundle(position: usize, err: BundleError) -> ! {
     let code = match &err {
         BundleError::Seal(SealError::WrongRecipient { .. })
@@ -52,5 +52,5 @@ pub fn raise_bundle(position: usize, err: BundleError) -> ! {
         }
         _ => None,
     };
-    raise(code, format!("bundle #{position}: {err}"), hint)
+    raise(code, format!("envelope #{position}: {err}"), hint)
 }

@@ -1,1 +1,1074 @@
+//! Helpers of privmatch's end-to-end tests (`tests/tests/e2e.rs`).
+//!
+//! Every test owns a whole local deployment — three PostgreSQL parties with the extension and a
+//! coordinator, started with the real `privmatch` CLI — in its own home directory
+//! (`/tmp/pm-e2e-<name>`) on its own ports (`55000 + 10·slot` … `+2` for the parties, `+9` for
+//! the coordinator), so the tests of the binary run in parallel (cargo's default) as well as
+//! serially (`--test-threads=1`). [`Cluster`]'s `Drop` stops and purges the deployment, also
+//! when the test panics (after printing the tails of its logs); set `PRIVMATCH_E2E_KEEP=1` to
+//! stop it but keep the home directory for inspection.
+//!
+//! Requirements (the helpers fail loudly, they never skip): the CLI binary built
+//! (`cargo build --release -p privmatch-coordinator`, or `PRIVMATCH_BIN`), the extension
+//! installed in the PostgreSQL that `pg_config` names, and root (the CLI runs the clusters as
+//! the `postgres` user).
+//!
+//! The share reconstruction here ([`Cluster::read_shares`], [`reconstruct`]) is test-only: it
+//! reads every party's shares directly from the databases, which no product component does.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use privmatch_core::iris::encoding::{reconstruct_template, IrisShare};
+use privmatch_core::iris::template::{IrisBits, IrisTemplate};
+use privmatch_core::party::PartyIndex;
+use privmatch_core::seal::PartyPublicKey;
+use privmatch_core::storage::{decode_share, ShareKind};
+
+/// First port of the range the end-to-end tests may use (55000–55999).
+pub const PORT_RANGE_START: u16 = 55000;
+/// Default limit for one CLI command.
+pub const CLI_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A record's key at every party: (subject, eye).
+pub type RecordKey = (String, String);
+
+// ------------------------------------------------------------------------------------------
+// Locating programs.
+// ------------------------------------------------------------------------------------------
+
+/// The `privmatch` CLI: `$PRIVMATCH_BIN`, else `../target/release/privmatch` relative to this
+/// crate. Panics with instructions when it is missing (the tests are never skipped); warns
+/// when a source file of the CLI is newer than the binary.
+pub fn privmatch_bin() -> PathBuf {
+    let path = find_privmatch_bin().unwrap_or_else(|e| panic!("{e}"));
+    static WARN: std::sync::Once = std::sync::Once::new();
+    WARN.call_once(|| warn_if_stale(&path));
+    path
+}
+
+fn find_privmatch_bin() -> Result<PathBuf, String> {
+    let path = match std::env::var_os("PRIVMATCH_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/privmatch"),
+    };
+    if !path.is_file() {
+        return Err(format!(
+            "the privmatch CLI binary is missing at {}: build it with \
+             `cargo build --release -p privmatch-coordinator` (or point PRIVMATCH_BIN at it); \
+             the end-to-end tests need it and are never skipped",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            newest_mtime(&path)
+        } else {
+            entry.metadata().ok().and_then(|m| m.modified().ok())
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+fn warn_if_stale(bin: &Path) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(built) = std::fs::metadata(bin).ok().and_then(|m| m.modified().ok()) else {
+        return;
+    };
+    let sources = [root.join("coordinator/src"), root.join("core/src")]
+        .iter()
+        .filter_map(|d| newest_mtime(d))
+        .max();
+    if sources.is_some_and(|s| s > built) {
+        eprintln!(
+            "warning: {} is older than the coordinator/core sources: rebuild it with \
+             `cargo build --release -p privmatch-coordinator`",
+            bin.display()
+        );
+    }
+}
+
+/// PostgreSQL's bin directory (`pg_config --bindir`), where `pg_ctl` lives.
+pub fn pg_bindir() -> PathBuf {
+    let out = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .expect("cannot run pg_config: is PostgreSQL installed?");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+// ------------------------------------------------------------------------------------------
+// Running commands.
+// ------------------------------------------------------------------------------------------
+
+/// What a finished command printed and returned.
+#[derive(Clone, Debug)]
+pub struct CmdOutput {
+    /// The command line, for messages.
+    pub command: String,
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl std::fmt::Display for CmdOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` exited with {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.command, self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl CmdOutput {
+    /// True when the exit code is 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Panics (showing everything) unless it succeeded.
+    pub fn expect_success(self) -> Self {
+        assert!(self.success(), "command failed: {self}");
+        self
+    }
+
+    /// Panics (showing everything) unless it failed with a non-zero exit code.
+    pub fn expect_failure(self) -> Self {
+        assert!(
+            matches!(self.code, Some(c) if c != 0),
+            "command should have failed with a non-zero exit code: {self}"
+        );
+        self
+    }
+
+    /// Panics unless standard error contains every one of `phrases`.
+    pub fn assert_stderr_contains(&self, phrases: &[&str]) {
+        for phrase in phrases {
+            assert!(
+                self.stderr.contains(phrase),
+                "expected {phrase:?} in the standard error of: {self}"
+            );
+        }
+    }
+}
+
+/// A command running in the background.
+pub struct Background {
+    command: String,
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        let _ = tx.send(String::from_utf8_lossy(&bytes).into_owned());
+    });
+    rx
+}
+
+impl Background {
+    /// Starts `cmd` with captured output.
+    pub fn spawn(cmd: Command) -> Self {
+        Self::try_spawn(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_spawn(mut cmd: Command) -> Result<Self, String> {
+        let command = format!("{cmd:?}");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {command}: {e}"))?;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(format!("{command}: no pipes"));
+        };
+        Ok(Background {
+            command,
+            child,
+            stdout: drain(stdout),
+            stderr: drain(stderr),
+        })
+    }
+
+    /// Whether it has exited.
+    pub fn finished(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Waits for it to exit (killing it and panicking after `timeout`).
+    pub fn wait(self, timeout: Duration) -> CmdOutput {
+        self.wait_result(timeout).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn wait_result(mut self, timeout: Duration) -> Result<CmdOutput, String> {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let out = self.collect(None);
+                    return Err(format!("command timed out after {timeout:?}: {out}"));
+                }
+                Err(e) => return Err(format!("cannot wait for {}: {e}", self.command)),
+            }
+        };
+        Ok(self.collect(Some(status)))
+    }
+
+    fn collect(&self, status: Option<ExitStatus>) -> CmdOutput {
+        // A descendant that kept the pipe open must not hang the test.
+        let take = |rx: &mpsc::Receiver<String>| {
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| "<output held open by a descendant process>".into())
+        };
+        CmdOutput {
+            command: self.command.clone(),
+            code: status.and_then(|s| s.code()),
+            stdout: take(&self.stdout),
+            stderr: take(&self.stderr),
+        }
+    }
+}
+
+/// Runs `cmd` to completion (at most `timeout`).
+pub fn run(cmd: Command, timeout: Duration) -> CmdOutput {
+    Background::spawn(cmd).wait(timeout)
+}
+
+/// A `privmatch` command without `--home` (e.g. `iris synth`).
+pub fn privmatch(args: &[&str]) -> CmdOutput {
+    let mut cmd = Command::new(privmatch_bin());
+    cmd.args(args)
+        .env_remove("PRIVMATCH_FAULT")
+        .env_remove("PRIVMATCH_HOME");
+    run(cmd, CLI_TIMEOUT)
+}
+
+/// Polls `condition` every 100 ms until it holds; panics with `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // A zombie still has /proc/PID; it counts as dead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+// ------------------------------------------------------------------------------------------
+// Configuration (HOME/privmatch.toml, written by `privmatch cluster up`).
+// ------------------------------------------------------------------------------------------
+
+/// One party as configured.
+#[derive(Clone, Debug, Default)]
+pub struct PartyConfig {
+    /// 0, 1, 2.
+    pub index: u8,
+    /// PostgreSQL host.
+    pub host: String,
+    /// PostgreSQL port.
+    pub port: u16,
+    /// Database.
+    pub dbname: String,
+    /// Role.
+    pub user: String,
+    /// Password.
+    pub password: String,
+    /// Pinned public key (hex).
+    pub public_key: String,
+}
+
+impl PartyConfig {
+    fn connection_string(&self) -> String {
+        format!(
+            "host={} port={} dbname={} user={} password={} application_name=privmatch-e2e connect_timeout=10",
+            self.host, self.port, self.dbname, self.user, self.password
+        )
+    }
+}
+
+/// The configuration file, as far as the tests need it.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// host:port of the coordinator's HTTP API.
+    pub coordinator_addr: String,
+    /// The parties in index order.
+    pub parties: Vec<PartyConfig>,
+}
+
+impl Config {
+    /// Parses the subset of TOML that `privmatch cluster up` writes (top-level keys, then
+    /// `[[parties]]` tables of string and integer keys).
+    pub fn load(path: &Path) -> Config {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let mut config = Config::default();
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if line == "[[parties]]" {
+                config.parties.push(PartyConfig::default());
+                continue;
+            }
+            let (key, value) = line
+                .split_once('=')
+                .unwrap_or_else(|| panic!("unexpected line in {}: {line}", path.display()));
+            let (key, value) = (key.trim(), value.trim());
+            let string = || {
+                serde_json::from_str::<String>(value)
+                    .unwrap_or_else(|e| panic!("{key} in {}: {e}", path.display()))
+            };
+            let number = || {
+                value
+                    .parse::<u16>()
+                    .unwrap_or_else(|e| panic!("{key} in {}: {e}", path.display()))
+            };
+            match (config.parties.last_mut(), key) {
+                (None, "coordinator_addr") => config.coordinator_addr = string(),
+                (Some(p), "index") => p.index = number() as u8,
+                (Some(p), "host") => p.host = string(),
+                (Some(p), "port") => p.port = number(),
+                (Some(p), "dbname") => p.dbname = string(),
+                (Some(p), "user") => p.user = string(),
+                (Some(p), "password") => p.password = string(),
+                (Some(p), "public_key") => p.public_key = string(),
+                _ => panic!("unexpected key {key} in {}", path.display()),
+            }
+        }
+        assert_eq!(
+            config.parties.len(),
+            3,
+            "{} lists 3 parties",
+            path.display()
+        );
+        for (i, p) in config.parties.iter().enumerate() {
+            assert_eq!(usize::from(p.index), i, "parties in index order");
+        }
+        config
+    }
+
+    /// The three pinned keys.
+    pub fn pinned_keys(&self) -> [PartyPublicKey; 3] {
+        [0, 1, 2].map(|i| {
+            PartyPublicKey::from_hex(&self.parties[i].public_key).expect("pinned key parses")
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Input files.
+// ------------------------------------------------------------------------------------------
+
+/// One record of an enrolment NDJSON file, parsed independently of the CLI.
+#[derive(Clone, Debug)]
+pub struct InputRecord {
+    /// 1-based line number.
+    pub line: usize,
+    /// Subject id.
+    pub subject: String,
+    /// "left" or "right".
+    pub eye: String,
+    /// The plaintext template.
+    pub template: IrisTemplate,
+}
+
+/// Parses an enrolment NDJSON file (every line must be a valid record).
+pub fn read_ndjson(path: &Path) -> Vec<InputRecord> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, line)| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{} line {}: {e}", path.display(), i + 1));
+            let field = |name: &str| {
+                v.get(name)
+                    .and_then(|x| x.as_str())
+                    .unwrap_or_else(|| panic!("{} line {}: no {name}", path.display(), i + 1))
+                    .to_owned()
+            };
+            let bits = |name: &str| {
+                IrisBits::from_base64(&field(name))
+                    .unwrap_or_else(|e| panic!("{} line {}: {name}: {e}", path.display(), i + 1))
+            };
+            InputRecord {
+                line: i + 1,
+                subject: field("subject"),
+                eye: v
+                    .get("eye")
+                    .and_then(|x| x.as_str())
+                    .unwrap_or("left")
+                    .to_owned(),
+                template: IrisTemplate::new(bits("iris_codes"), bits("mask_codes")),
+            }
+        })
+        .collect()
+}
+
+/// The records keyed as the parties key them.
+pub fn by_key(records: &[InputRecord]) -> BTreeMap<RecordKey, IrisTemplate> {
+    records
+        .iter()
+        .map(|r| ((r.subject.clone(), r.eye.clone()), r.template))
+        .collect()
+}
+
+/// One enrolment NDJSON line.
+pub fn enrolment_line(subject: &str, eye: &str, template: &IrisTemplate) -> String {
+    serde_json::json!({
+        "subject": subject,
+        "eye": eye,
+        "iris_codes": template.code.to_base64(),
+        "mask_codes": template.mask.to_base64(),
+    })
+    .to_string()
+}
+
+/// Writes lines as a file (one per line, trailing newline).
+pub fn write_lines(path: &Path, lines: &[String]) {
+    let mut text = lines.join("\n");
+    text.push('\n');
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// Test-only: reconstructs a template from the given parties' shares.
+pub fn reconstruct(shares: &[&IrisShare]) -> IrisTemplate {
+    let owned: Vec<IrisShare> = shares.iter().map(|s| (*s).clone()).collect();
+    reconstruct_template(&owned).unwrap_or_else(|e| {
+        let parties: Vec<String> = shares.iter().map(|s| s.party.to_string()).collect();
+        panic!("reconstruction from {parties:?} failed: {e}")
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// The cluster.
+// ------------------------------------------------------------------------------------------
+
+/// Counters of one party: what "nothing was written" is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartyState {
+    /// Rows of privmatch.iris_templates.
+    pub templates: i64,
+    /// Rows of privmatch.consumed_bundles.
+    pub consumed_bundles: i64,
+    /// Rows of privmatch.distributed_transactions (one per committed distributed transaction).
+    pub transactions: i64,
+    /// Prepared transactions of the whole PostgreSQL cluster (pg_prepared_xacts).
+    pub prepared: i64,
+}
+
+/// A local deployment for one test (see the module docs).
+pub struct Cluster {
+    /// Test name (part of the home directory).
+    pub name: String,
+    /// Home directory.
+    pub home: PathBuf,
+    /// Port of P0 (P1, P2: the next two).
+    pub base_port: u16,
+    /// Port of the coordinator.
+    pub coordinator_port: u16,
+    /// The parsed configuration.
+    pub config: Config,
+    rt: tokio::runtime::Runtime,
+    /// A coordinator this test started itself (with a fault injected).
+    own_coordinator: Option<Child>,
+    started: Instant,
+}
+
+impl Cluster {
+    /// Starts a fresh deployment in `/tmp/pm-e2e-<name>` on ports `55000 + 10·slot` (parties)
+    /// and `55000 + 10·slot + 9` (coordinator). Each test must use its own `name` and `slot`.
+    /// A leftover deployment of an earlier, interrupted run of the same test is purged first.
+    pub fn start(name: &str, slot: u16) -> Cluster {
+        assert!(
+            slot < 100,
+            "slot {slot}: the tests may only use ports 55000-55999"
+        );
+        privmatch_bin();
+        let base_port = PORT_RANGE_START + 10 * slot;
+        let coordinator_port = base_port + 9;
+        let home = PathBuf::from(format!("/tmp/pm-e2e-{name}"));
+        if home.exists() {
+            eprintln!(
+                "[{name}] purging a leftover deployment in {}",
+                home.display()
+            );
+            let out = Self::cli_at(&home, &["cluster", "down", "--purge"]);
+            if !out.success() {
+                eprintln!("[{name}] leftover cleanup: {out}");
+            }
+            std::fs::remove_dir_all(&home)
+                .unwrap_or_else(|e| panic!("cannot remove {}: {e}", home.display()));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let mut cluster = Cluster {
+            name: name.to_owned(),
+            home: home.clone(),
+            base_port,
+            coordinator_port,
+            config: Config::default(),
+            rt,
+            own_coordinator: None,
+            started: Instant::now(),
+        };
+        // From here on, Drop cleans up whatever `up` managed to create.
+        let started = Instant::now();
+        cluster.cluster_up();
+        cluster.config = Config::load(&home.join("privmatch.toml"));
+        assert_eq!(cluster.config.parties[0].port, base_port);
+        assert_eq!(
+            cluster.config.coordinator_addr,
+            format!("127.0.0.1:{coordinator_port}")
+        );
+        eprintln!(
+            "[{name}] cluster up in {:.1} s ({}; ports {base_port}-{}, coordinator {coordinator_port})",
+            started.elapsed().as_secs_f64(),
+            home.display(),
+            base_port + 2
+        );
+        cluster
+    }
+
+    fn cli_at(home: &Path, args: &[&str]) -> CmdOutput {
+        let mut cmd = Command::new(privmatch_bin());
+        cmd.arg("--home")
+            .arg(home)
+            .args(args)
+            .env_remove("PRIVMATCH_FAULT")
+            .env_remove("PRIVMATCH_HOME");
+        run(cmd, CLI_TIMEOUT)
+    }
+
+    /// A `privmatch --home HOME …` command object (not started), without fault injection.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(privmatch_bin());
+        cmd.arg("--home")
+            .arg(&self.home)
+            .args(args)
+            .env_remove("PRIVMATCH_FAULT")
+            .env_remove("PRIVMATCH_HOME");
+        cmd
+    }
+
+    /// Runs `privmatch --home HOME …` to completion.
+    pub fn cli(&self, args: &[&str]) -> CmdOutput {
+        run(self.command(args), CLI_TIMEOUT)
+    }
+
+    /// Runs `privmatch --home HOME …` in the background.
+    pub fn cli_background(&self, args: &[&str]) -> Background {
+        Background::spawn(self.command(args))
+    }
+
+    /// `privmatch cluster up` with this test's ports (starts whatever is not running).
+    pub fn cluster_up(&self) -> CmdOutput {
+        self.cli(&[
+            "cluster",
+            "up",
+            "--base-port",
+            &self.base_port.to_string(),
+            "--coordinator-port",
+            &self.coordinator_port.to_string(),
+        ])
+        .expect_success()
+    }
+
+    /// A path inside the home directory (for test files; removed with the cluster).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.home.join(name)
+    }
+
+    /// `privmatch iris enroll --input FILE --no-progress EXTRA…`.
+    pub fn enroll(&self, input: &Path, extra: &[&str]) -> CmdOutput {
+        let input = input.display().to_string();
+        let mut args = vec!["iris", "enroll", "--input", &input, "--no-progress"];
+        args.extend_from_slice(extra);
+        self.cli(&args)
+    }
+
+    // --- databases ---------------------------------------------------------------------------
+
+    /// Runs one query at `party` on a fresh connection.
+    pub fn query(
+        &self,
+        party: usize,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Vec<tokio_postgres::Row> {
+        let conn = self.config.parties[party].connection_string();
+        self.rt
+            .block_on(async {
+                let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| format!("connecting: {e}"))?;
+                let driver = tokio::spawn(connection);
+                let rows = client
+                    .query(sql, params)
+                    .await
+                    .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())));
+                drop(client);
+                let _ = driver.await;
+                rows
+            })
+            .unwrap_or_else(|e| panic!("[{}] P{party}: {sql}: {e}", self.name))
+    }
+
+    /// A single bigint from a query.
+    pub fn scalar(&self, party: usize, sql: &str) -> i64 {
+        self.query(party, sql, &[])[0].get(0)
+    }
+
+    /// Records at each party.
+    pub fn record_counts(&self) -> [i64; 3] {
+        [0, 1, 2].map(|p| self.scalar(p, "SELECT count(*) FROM privmatch.iris_templates"))
+    }
+
+    /// Prepared transactions at each party's PostgreSQL cluster.
+    pub fn prepared_counts(&self) -> [i64; 3] {
+        [0, 1, 2].map(|p| self.scalar(p, "SELECT count(*) FROM pg_prepared_xacts"))
+    }
+
+    /// The counters of every party.
+    pub fn snapshot(&self) -> [PartyState; 3] {
+        [0, 1, 2].map(|p| {
+            let row = &self.query(
+                p,
+                "SELECT (SELECT count(*) FROM privmatch.iris_templates), \
+                        (SELECT count(*) FROM privmatch.consumed_bundles), \
+                        (SELECT count(*) FROM privmatch.distributed_transactions), \
+                        (SELECT count(*) FROM pg_prepared_xacts)",
+                &[],
+            )[0];
+            PartyState {
+                templates: row.get(0),
+                consumed_bundles: row.get(1),
+                transactions: row.get(2),
+                prepared: row.get(3),
+            }
+        })
+    }
+
+    /// The (subject, eye) keys a party holds.
+    pub fn keys(&self, party: usize) -> BTreeSet<RecordKey> {
+        self.query(
+            party,
+            "SELECT subject, eye::text FROM privmatch.iris_templates",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    }
+
+    /// How many records of `subject` a party holds.
+    pub fn subject_count(&self, party: usize, subject: &str) -> i64 {
+        self.query(
+            party,
+            "SELECT count(*) FROM privmatch.iris_templates WHERE subject = $1",
+            &[&subject],
+        )[0]
+        .get(0)
+    }
+
+    /// Test-only: every share a party holds, decoded and checked to carry that party's index.
+    pub fn read_shares(&self, party: usize) -> BTreeMap<RecordKey, IrisShare> {
+        let rows = self.query(
+            party,
+            "SELECT subject, eye::text, privmatch.iris_code_share_send(code_share), \
+                    privmatch.iris_mask_share_send(mask_share) FROM privmatch.iris_templates",
+            &[],
+        );
+        let mut out = BTreeMap::new();
+        for row in rows {
+            let key: RecordKey = (row.get(0), row.get(1));
+            let code: Vec<u8> = row.get(2);
+            let mask: Vec<u8> = row.get(3);
+            let code = decode_share(ShareKind::IrisCode, &code)
+                .unwrap_or_else(|e| panic!("P{party} {key:?}: code share: {e}"));
+            let mask = decode_share(ShareKind::IrisMask, &mask)
+                .unwrap_or_else(|e| panic!("P{party} {key:?}: mask share: {e}"));
+            assert_eq!(code.party.as_usize(), party, "{key:?}: code share party");
+            assert_eq!(mask.party.as_usize(), party, "{key:?}: mask share party");
+            let share = IrisShare {
+                party: PartyIndex::ALL[party],
+                code: code.coefs(),
+                mask: mask.coefs(),
+            };
+            assert!(
+                out.insert(key.clone(), share).is_none(),
+                "{key:?} twice at P{party}"
+            );
+        }
+        out
+    }
+
+    /// Test-only: checks that every party holds exactly the keys of `expected`, and that every
+    /// record reconstructs — from all three parties and from each pair — to the expected
+    /// template with its code masked ([`IrisTemplate::with_masked_code`]). Returns the number
+    /// of records checked.
+    pub fn assert_reconstructs(&self, expected: &BTreeMap<RecordKey, IrisTemplate>) -> usize {
+        let shares = [0, 1, 2].map(|p| self.read_shares(p));
+        let want: BTreeSet<&RecordKey> = expected.keys().collect();
+        for (p, s) in shares.iter().enumerate() {
+            let have: BTreeSet<&RecordKey> = s.keys().collect();
+            assert!(
+                have == want,
+                "P{p} holds {} records, expected {}; missing {:?}; unexpected {:?}",
+                have.len(),
+                want.len(),
+                want.difference(&have).take(5).collect::<Vec<_>>(),
+                have.difference(&want).take(5).collect::<Vec<_>>()
+            );
+        }
+        for (key, template) in expected {
+            let [a, b, c] = [0, 1, 2].map(|p| &shares[p][key]);
+            let reference = template.with_masked_code();
+            for (combo, parts) in [
+                ("P0+P1+P2", vec![a, b, c]),
+                ("P0+P1", vec![a, b]),
+                ("P0+P2", vec![a, c]),
+                ("P1+P2", vec![b, c]),
+            ] {
+                assert!(
+                    reconstruct(&parts) == reference,
+                    "{key:?}: reconstruction from {combo} differs from the enrolled template"
+                );
+            }
+        }
+        expected.len()
+    }
+
+    // --- the coordinator ----------------------------------------------------------------------
+
+    /// Base URL of the coordinator.
+    pub fn coordinator_url(&self) -> String {
+        format!("http://{}", self.config.coordinator_addr)
+    }
+
+    /// Whether GET /v1/health answers 200.
+    pub fn healthy(&self) -> bool {
+        let url = format!("{}/v1/health", self.coordinator_url());
+        self.rt.block_on(async {
+            let Ok(client) = reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+            else {
+                return false;
+            };
+            client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+    }
+
+    /// POSTs raw bytes; returns the HTTP status and the JSON answer.
+    pub fn post_bytes(&self, path_and_query: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+        let url = format!("{}{path_and_query}", self.coordinator_url());
+        self.rt
+            .block_on(async {
+                let response = reqwest::Client::new()
+                    .post(&url)
+                    .header("content-type", "application/octet-stream")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = response.status().as_u16();
+                let text = response.text().await?;
+                Ok::<_, reqwest::Error>((status, text))
+            })
+            .map(|(status, text)| {
+                let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+                (status, json)
+            })
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+    }
+
+    fn coordinator_pid_file(&self) -> PathBuf {
+        self.home.join("coordinator.pid")
+    }
+
+    /// Stops the running coordinator (one this test started, or the one in coordinator.pid)
+    /// and waits until its port is free.
+    pub fn stop_coordinator(&mut self) {
+        if let Some(mut child) = self.own_coordinator.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        } else if let Some(pid) = std::fs::read_to_string(self.coordinator_pid_file())
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            signal(pid, "TERM");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while process_alive(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if process_alive(pid) {
+                signal(pid, "KILL");
+            }
+        }
+        std::fs::remove_file(self.coordinator_pid_file()).ok();
+        wait_until(Duration::from_secs(15), "the coordinator to stop", || {
+            !self.healthy()
+        });
+    }
+
+    /// Starts `privmatch --config HOME/privmatch.toml coordinator serve` as this test's child,
+    /// with `PRIVMATCH_FAULT=fault` when given (output appended to HOME/coordinator-e2e.log),
+    /// and waits until it is healthy. Its pid goes to HOME/coordinator.pid so that
+    /// `cluster down` can stop it as well.
+    pub fn start_coordinator(&mut self, fault: Option<&str>) {
+        assert!(
+            self.own_coordinator.is_none(),
+            "a coordinator is already running"
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.home.join("coordinator-e2e.log"))
+            .expect("coordinator log");
+        let mut cmd = Command::new(privmatch_bin());
+        cmd.arg("--config")
+            .arg(self.home.join("privmatch.toml"))
+            .args(["coordinator", "serve"])
+            .env_remove("PRIVMATCH_FAULT")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        if let Some(fault) = fault {
+            cmd.env("PRIVMATCH_FAULT", fault);
+        }
+        let mut child = cmd.spawn().expect("cannot start the coordinator");
+        std::fs::write(self.coordinator_pid_file(), child.id().to_string()).expect("pid file");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.healthy() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "[{}] the coordinator exited at start-up ({status}); see {}",
+                    self.name,
+                    self.home.join("coordinator-e2e.log").display()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the coordinator did not become healthy"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.own_coordinator = Some(child);
+    }
+
+    /// Waits for the coordinator this test started to exit (an injected crash) and returns
+    /// its status.
+    pub fn wait_coordinator_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self
+            .own_coordinator
+            .take()
+            .expect("no coordinator started by this test");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                std::fs::remove_file(self.coordinator_pid_file()).ok();
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the coordinator did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Replaces the running coordinator with a normal one started by `cluster up` (whose
+    /// start-up recovery finishes transactions left in doubt).
+    pub fn restart_coordinator(&mut self) -> CmdOutput {
+        self.stop_coordinator();
+        self.cluster_up()
+    }
+
+    // --- parties --------------------------------------------------------------------------------
+
+    fn data_dir(&self, party: usize) -> PathBuf {
+        self.home.join(format!("p{party}/data"))
+    }
+
+    /// `kill -9` of a party's postmaster; waits until it is gone.
+    pub fn kill_party(&self, party: usize) {
+        let pidfile = self.data_dir(party).join("postmaster.pid");
+        let text = std::fs::read_to_string(&pidfile)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", pidfile.display()));
+        let pid: u32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {}", pidfile.display()));
+        signal(pid, "KILL");
+        wait_until(Duration::from_secs(10), "the postmaster to die", || {
+            !process_alive(pid)
+        });
+    }
+
+    /// Starts a party's PostgreSQL with `pg_ctl start` (as `postgres`), retrying while the
+    /// backends of a killed postmaster are still exiting.
+    pub fn start_party(&self, party: usize) {
+        let pg_ctl = pg_bindir().join("pg_ctl");
+        let log = self.home.join(format!("p{party}/postgres.log"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", "postgres", "--"])
+                .arg(&pg_ctl)
+                .args(["start", "-w", "-t", "60", "-D"])
+                .arg(self.data_dir(party))
+                .arg("-l")
+                .arg(&log);
+            let out = run(cmd, Duration::from_secs(90));
+            if out.success() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("[{}] cannot restart P{party}: {out}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Runs `privmatch recover` until no prepared transaction is left at any party.
+    pub fn recover_until_clean(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.cli(&["recover"]).expect_success();
+            if self.prepared_counts() == [0, 0, 0] {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "[{}] prepared transactions left after {timeout:?}: {:?}; last recover: {out}",
+                    self.name,
+                    self.prepared_counts()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn dump_logs(&self) {
+        let mut logs = vec![
+            self.home.join("coordinator.log"),
+            self.home.join("coordinator-e2e.log"),
+        ];
+        logs.extend((0..3).map(|p| self.home.join(format!("p{p}/postgres.log"))));
+        for log in logs {
+            if let Ok(text) = std::fs::read_to_string(&log) {
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(25)..];
+                eprintln!(
+                    "--- [{}] tail of {} ---\n{}",
+                    self.name,
+                    log.display(),
+                    tail.join("\n")
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        if let Some(mut child) = self.own_coordinator.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            std::fs::remove_file(self.coordinator_pid_file()).ok();
+        }
+        // Nothing here may panic: a panic while a failed test unwinds would abort the run.
+        let keep = std::env::var_os("PRIVMATCH_E2E_KEEP").is_some();
+        let args: &[&str] = if keep {
+            &["cluster", "down"]
+        } else {
+            &["cluster", "down", "--purge"]
+        };
+        let down = find_privmatch_bin().and_then(|bin| {
+            let mut cmd = Command::new(bin);
+            cmd.arg("--home").arg(&self.home).args(args);
+            Background::try_spawn(cmd)?.wait_result(Duration::from_secs(120))
+        });
+        match down {
+            Ok(out) if out.success() => {}
+            Ok(out) => {
+                eprintln!("[{}] teardown failed: {out}", self.name);
+                return;
+            }
+            Err(e) => {
+                eprintln!("[{}] teardown failed: {e}", self.name);
+                return;
+            }
+        }
+        if keep {
+            eprintln!(
+                "[{}] PRIVMATCH_E2E_KEEP: kept {}",
+                self.name,
+                self.home.display()
+            );
+        } else if let Err(e) = std::fs::remove_dir_all(&self.home) {
+            eprintln!("[{}] cannot remove {}: {e}", self.name, self.home.display());
+        }
+        eprintln!(
+            "[{}] done in {:.1} s, cluster torn down",
+            self.name,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
