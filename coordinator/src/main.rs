@@ -13,15 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-mod bench;
-mod client;
-mod cluster;
-mod config;
-mod input;
-mod parties;
-mod server;
-mod synth;
-mod twophase;
+use privmatch_coordinator::{bench, client, cluster, config, server, synth};
 
 #[derive(Parser)]
 #[command(

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant, SystemTime};
 use privmatch_core::iris::encoding::{reconstruct_template, IrisShare};
 use privmatch_core::iris::template::{IrisBits, IrisTemplate};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::PartyPublicKey;
 use privmatch_core::storage::{decode_share, ShareKind};
 
 /// First port of the range the end-to-end tests may use (55000–55999).
@@ -301,102 +300,7 @@ fn signal(pid: u32, sig: &str) {
 // Configuration (HOME/privmatch.toml, written by `privmatch cluster up`).
 // ------------------------------------------------------------------------------------------
 
-/// One party as configured.
-#[derive(Clone, Debug, Default)]
-pub struct PartyConfig {
-    /// 0, 1, 2.
-    pub index: u8,
-    /// PostgreSQL host.
-    pub host: String,
-    /// PostgreSQL port.
-    pub port: u16,
-    /// Database.
-    pub dbname: String,
-    /// Role.
-    pub user: String,
-    /// Password.
-    pub password: String,
-    /// Pinned public key (hex).
-    pub public_key: String,
-}
-
-impl PartyConfig {
-    fn connection_string(&self) -> String {
-        format!(
-            "host={} port={} dbname={} user={} password={} application_name=privmatch-e2e connect_timeout=10",
-            self.host, self.port, self.dbname, self.user, self.password
-        )
-    }
-}
-
-/// The configuration file, as far as the tests need it.
-#[derive(Clone, Debug, Default)]
-pub struct Config {
-    /// host:port of the coordinator's HTTP API.
-    pub coordinator_addr: String,
-    /// The parties in index order.
-    pub parties: Vec<PartyConfig>,
-}
-
-impl Config {
-    /// Parses the subset of TOML that `privmatch cluster up` writes (top-level keys, then
-    /// `[[parties]]` tables of string and integer keys).
-    pub fn load(path: &Path) -> Config {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        let mut config = Config::default();
-        for line in text.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            if line == "[[parties]]" {
-                config.parties.push(PartyConfig::default());
-                continue;
-            }
-            let (key, value) = line
-                .split_once('=')
-                .unwrap_or_else(|| panic!("unexpected line in {}: {line}", path.display()));
-            let (key, value) = (key.trim(), value.trim());
-            let string = || {
-                serde_json::from_str::<String>(value)
-                    .unwrap_or_else(|e| panic!("{key} in {}: {e}", path.display()))
-            };
-            let number = || {
-                value
-                    .parse::<u16>()
-                    .unwrap_or_else(|e| panic!("{key} in {}: {e}", path.display()))
-            };
-            match (config.parties.last_mut(), key) {
-                (None, "coordinator_addr") => config.coordinator_addr = string(),
-                (Some(p), "index") => p.index = number() as u8,
-                (Some(p), "host") => p.host = string(),
-                (Some(p), "port") => p.port = number(),
-                (Some(p), "dbname") => p.dbname = string(),
-                (Some(p), "user") => p.user = string(),
-                (Some(p), "password") => p.password = string(),
-                (Some(p), "public_key") => p.public_key = string(),
-                _ => panic!("unexpected key {key} in {}", path.display()),
-            }
-        }
-        assert_eq!(
-            config.parties.len(),
-            3,
-            "{} lists 3 parties",
-            path.display()
-        );
-        for (i, p) in config.parties.iter().enumerate() {
-            assert_eq!(usize::from(p.index), i, "parties in index order");
-        }
-        config
-    }
-
-    /// The three pinned keys.
-    pub fn pinned_keys(&self) -> [PartyPublicKey; 3] {
-        [0, 1, 2].map(|i| {
-            PartyPublicKey::from_hex(&self.parties[i].public_key).expect("pinned key parses")
-        })
-    }
-}
+pub use privmatch_coordinator::config::{Config, PartyConfig};
 
 // ------------------------------------------------------------------------------------------
 // Input files.
@@ -457,16 +361,7 @@ pub fn by_key(records: &[InputRecord]) -> BTreeMap<RecordKey, IrisTemplate> {
         .collect()
 }
 
-/// One enrolment NDJSON line.
-pub fn enrolment_line(subject: &str, eye: &str, template: &IrisTemplate) -> String {
-    serde_json::json!({
-        "subject": subject,
-        "eye": eye,
-        "iris_codes": template.code.to_base64(),
-        "mask_codes": template.mask.to_base64(),
-    })
-    .to_string()
-}
+pub use privmatch_coordinator::synth::enrolment_line;
 
 /// Writes lines as a file (one per line, trailing newline).
 pub fn write_lines(path: &Path, lines: &[String]) {
@@ -554,7 +449,10 @@ impl Cluster {
             home: home.clone(),
             base_port,
             coordinator_port,
-            config: Config::default(),
+            config: Config {
+                coordinator_addr: String::new(),
+                parties: Vec::new(),
+            },
             rt,
             own_coordinator: None,
             started: Instant::now(),
@@ -562,7 +460,8 @@ impl Cluster {
         // From here on, Drop cleans up whatever `up` managed to create.
         let started = Instant::now();
         cluster.cluster_up();
-        cluster.config = Config::load(&home.join("privmatch.toml"));
+        cluster.config = Config::load(&home.join("privmatch.toml"))
+            .unwrap_or_else(|e| panic!("{}/privmatch.toml: {e:#}", home.display()));
         assert_eq!(cluster.config.parties[0].port, base_port);
         assert_eq!(
             cluster.config.coordinator_addr,

@@ -351,7 +351,7 @@ fn bad_inputs_write_nothing() {
 #[test]
 fn sealed_bundle_attacks_rejected() {
     let c = Cluster::start("sealed", 2);
-    let keys = c.config.pinned_keys();
+    let keys = c.config.pinned_keys().expect("pinned keys parse");
     let mut rng = ChaCha20Rng::seed_from_u64(30);
     let mut expected = BTreeMap::new();
     let seal = |subject: &str, rng: &mut ChaCha20Rng| {

@@ -1,0 +1,13 @@
+//! The privmatch coordinator service and command-line client, as a library: the `privmatch`
+//! binary (`main.rs`) is a thin argument parser over these modules, and the end-to-end tests
+//! reuse the configuration and synthesis code from here.
+
+pub mod bench;
+pub mod client;
+pub mod cluster;
+pub mod config;
+pub mod input;
+pub mod parties;
+pub mod server;
+pub mod synth;
+pub mod twophase;
