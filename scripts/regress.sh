@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the privmatch extension's SQL regression tests (extension/tests: sql/, expected/ and
 # schedule) with pg_regress, against a throwaway PostgreSQL 15 cluster that this script creates
-# in a mktemp directory, listening on 127.0.0.1:${PRIVMATCH_REGRESS_PORT:-56100} and owned by an
+# in a mktemp directory, listening on 127.0.0.1:${PRIVMATCH_REGRESS_PORT:-17100} and owned by an
 # unprivileged user (postgres when run as root, otherwise the current user). The cluster is
 # always stopped and removed at the end. Exit status: 0 all passed, 1 a test failed, 2 the
 # tests could not run.
@@ -11,7 +11,7 @@
 #
 # Usage: scripts/regress.sh [TEST...]   (default: every test, in the order of the schedule)
 # Environment:
-#   PRIVMATCH_REGRESS_PORT=N   port of the throwaway cluster (default 56100)
+#   PRIVMATCH_REGRESS_PORT=N   port of the throwaway cluster (default 17100)
 #   PRIVMATCH_REGRESS_KEEP=1   keep the temporary directory (results/*.out, server log)
 #   PG_CONFIG=PATH             pg_config of the PostgreSQL to test against (default: 15)
 # To accept a deliberate change of output: run with PRIVMATCH_REGRESS_KEEP=1, review the diff,
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PORT=${PRIVMATCH_REGRESS_PORT:-56100}
+PORT=${PRIVMATCH_REGRESS_PORT:-17100}
 
 die() {
   echo "regress.sh: $*" >&2

@@ -23,11 +23,12 @@ use crate::config::{Config, PartyConfig};
 pub enum ClusterAction {
     /// Create (first time) and start the three parties and the coordinator.
     Up {
-        /// Port of P0; P1 and P2 use the next two.
-        #[arg(long, default_value_t = 54320)]
+        /// Port of P0; P1 and P2 use the next two. The defaults lie below the kernel's ephemeral
+        /// port range, so an outgoing connection can never be holding them.
+        #[arg(long, default_value_t = 15430)]
         base_port: u16,
         /// Port of the coordinator's HTTP API.
-        #[arg(long, default_value_t = 54329)]
+        #[arg(long, default_value_t = 15439)]
         coordinator_port: u16,
         /// Unprivileged user the clusters run as when invoked as root.
         #[arg(long, default_value = "postgres")]

@@ -2,7 +2,7 @@
 //!
 //! Every test owns a whole local deployment — three PostgreSQL parties with the extension and a
 //! coordinator, started with the real `privmatch` CLI — in its own home directory
-//! (`/tmp/pm-e2e-<name>`) on its own ports (`55000 + 10·slot` … `+2` for the parties, `+9` for
+//! (`/tmp/pm-e2e-<name>`) on its own ports (`16000 + 10·slot` … `+2` for the parties, `+9` for
 //! the coordinator), so the tests of the binary run in parallel (cargo's default) as well as
 //! serially (`--test-threads=1`). [`Cluster`]'s `Drop` stops and purges the deployment, also
 //! when the test panics (after printing the tails of its logs); set `PRIVMATCH_E2E_KEEP=1` to
@@ -28,8 +28,9 @@ use privmatch_core::iris::template::{IrisBits, IrisTemplate};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::storage::{decode_share, ShareKind};
 
-/// First port of the range the end-to-end tests may use (55000–55999).
-pub const PORT_RANGE_START: u16 = 55000;
+/// First port of the range the end-to-end tests may use (16000–16999): below the kernel's
+/// ephemeral range (32768–60999), so no client connection can hold a port a test server needs.
+pub const PORT_RANGE_START: u16 = 16000;
 /// Default limit for one CLI command.
 pub const CLI_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -415,13 +416,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts a fresh deployment in `/tmp/pm-e2e-<name>` on ports `55000 + 10·slot` (parties)
-    /// and `55000 + 10·slot + 9` (coordinator). Each test must use its own `name` and `slot`.
+    /// Starts a fresh deployment in `/tmp/pm-e2e-<name>` on ports `16000 + 10·slot` (parties)
+    /// and `16000 + 10·slot + 9` (coordinator). Each test must use its own `name` and `slot`.
     /// A leftover deployment of an earlier, interrupted run of the same test is purged first.
     pub fn start(name: &str, slot: u16) -> Cluster {
         assert!(
             slot < 100,
-            "slot {slot}: the tests may only use ports 55000-55999"
+            "slot {slot}: the tests may only use ports 16000-16999"
         );
         privmatch_bin();
         let base_port = PORT_RANGE_START + 10 * slot;
