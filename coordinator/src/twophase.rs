@@ -374,9 +374,26 @@ impl TwoPhase {
                     continue;
                 }
             };
+            // No decision yet: make the abort decision at P0 first. Once P0's prepared
+            // transaction is rolled back, no coordinator can commit it any more, so rolling back
+            // the others cannot race with a commit (e.g. by another coordinator instance).
+            let record = if record == DecisionRecord::StillPrepared {
+                match finish_prepared(p0, &gid, Resolution::Rollback).await {
+                    Ok(()) => DecisionRecord::Absent,
+                    Err(e) => {
+                        report.errors.push(format!(
+                            "{gid}: {} (will retry)",
+                            PartyError::from_pg(PartyIndex::ALL[0], &e)
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                record
+            };
             let resolution = resolve(record);
             let mut complete = true;
-            for (i, _) in in_doubt.iter().filter(|(_, g)| g == &gid) {
+            for (i, _) in in_doubt.iter().filter(|(i, g)| g == &gid && *i != 0) {
                 if let Some(client) = clients[*i].as_ref() {
                     if let Err(e) = finish_prepared(client, &gid, resolution).await {
                         complete = false;

@@ -7,7 +7,8 @@
 //! no coordinator log: for a transaction still prepared somewhere, P0 tells the outcome —
 //! marker visible at P0 → it committed → commit everywhere; P0 still prepared or marker
 //! absent → no decision was made (or it was rolled back) → roll back everywhere. Presumed
-//! abort, with P0 as the durable decision record.
+//! abort, with P0 as the durable decision record. A rollback by recovery starts at P0 (rolling
+//! back P0's prepared transaction *is* the abort decision), so it can never race with a commit.
 
 /// Prefix of every privmatch global transaction id.
 pub const GID_PREFIX: &str = "privmatch";
