@@ -6,6 +6,7 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod guard;
 pub mod input;
 pub mod parties;
 pub mod server;

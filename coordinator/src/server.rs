@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::guard;
 use crate::parties::{Parties, PartyError};
 use crate::twophase::{Fault, PartyWork, TwoPhase, TxnError, WorkResult};
 
@@ -255,6 +256,7 @@ fn random_instance_id() -> String {
 /// Runs the coordinator until interrupted: recovers in-doubt transactions at start-up and
 /// every few seconds, and serves the HTTP API on `config.coordinator_addr`.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let mut lock = Some(guard::acquire(&config.parties[0], Duration::from_secs(30)).await?);
     let parties = Arc::new(Parties::new(&config));
     let instance = random_instance_id();
     let state = Arc::new(AppState {
@@ -265,9 +267,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let startup = state.txns.recover().await;
     tracing::info!(?startup, "start-up recovery");
     let background = state.clone();
+    let p0 = config.parties[0].clone();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
+            if lock.as_ref().is_none_or(|client| client.is_closed()) {
+                // P0 restarted and took the lock with it: take it again before recovering.
+                match guard::try_lock(&p0).await {
+                    guard::LockAttempt::Held(client) => lock = Some(client),
+                    guard::LockAttempt::HeldByOther => {
+                        tracing::error!(
+                            "another coordinator took the coordinator lock at P0; stopping"
+                        );
+                        std::process::exit(1);
+                    }
+                    guard::LockAttempt::Unreachable(_) => {
+                        lock = None;
+                        continue;
+                    }
+                }
+            }
             let report = background.txns.recover().await;
             if !report.committed.is_empty() || !report.rolled_back.is_empty() {
                 tracing::info!(?report, "recovered in-doubt transactions");

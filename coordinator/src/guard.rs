@@ -1,0 +1,62 @@
+//! One coordinator per deployment. Recovery rolls back prepared transactions that no live
+//! coordinator of *this* process is running, so two coordinators would abort each other's
+//! in-flight batches (safely — recovery decides at P0 first — but uselessly). A coordinator
+//! therefore holds a session-level advisory lock at P0 for as long as it runs; a second one
+//! refuses to start. If P0 restarts, the lock is re-taken on the next recovery tick.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use tokio_postgres::{Client, NoTls};
+
+use crate::config::PartyConfig;
+
+/// The advisory lock key: the bytes of "privmatc" as a big-endian integer.
+const LOCK_KEY: i64 = 0x7072_6976_6d61_7463;
+
+/// What trying to take the lock found.
+pub enum LockAttempt {
+    /// Taken: the lock lives as long as this connection.
+    Held(Client),
+    /// Another session (another coordinator) holds it.
+    HeldByOther,
+    /// P0 could not be reached.
+    Unreachable(String),
+}
+
+/// One attempt to take the coordinator lock at P0.
+pub async fn try_lock(p0: &PartyConfig) -> LockAttempt {
+    let (client, connection) = match tokio_postgres::connect(&p0.connection_string(), NoTls).await {
+        Ok(pair) => pair,
+        Err(e) => return LockAttempt::Unreachable(e.to_string()),
+    };
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    match client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&LOCK_KEY])
+        .await
+    {
+        Ok(row) if row.get::<_, bool>(0) => LockAttempt::Held(client),
+        Ok(_) => LockAttempt::HeldByOther,
+        Err(e) => LockAttempt::Unreachable(e.to_string()),
+    }
+}
+
+/// Takes the lock, retrying while P0 is unreachable or the lock is held, for up to `wait`.
+pub async fn acquire(p0: &PartyConfig, wait: Duration) -> Result<Client> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let problem = match try_lock(p0).await {
+            LockAttempt::Held(client) => return Ok(client),
+            LockAttempt::HeldByOther => {
+                "another coordinator is running for these parties (it holds the coordinator lock at P0)".to_owned()
+            }
+            LockAttempt::Unreachable(e) => format!("P0 is unreachable: {e}"),
+        };
+        if Instant::now() >= deadline {
+            bail!("cannot start the coordinator: {problem}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
