@@ -11,6 +11,7 @@
 pub mod bundle;
 pub mod galois;
 pub mod iris;
+pub mod mpc;
 pub mod party;
 pub mod replicated;
 pub mod ring;

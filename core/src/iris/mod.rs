@@ -1,6 +1,8 @@
 //! Iris codes: the plaintext template, its interchange format, the fractional Hamming
 //! distance, the per-party share encoding, and synthetic template generation.
 
+pub mod dot;
 pub mod encoding;
+pub mod query;
 pub mod synth;
 pub mod template;
