@@ -3,6 +3,7 @@
 
 pub mod dot;
 pub mod encoding;
+pub mod matcher;
 pub mod query;
 pub mod synth;
 pub mod template;
