@@ -19,8 +19,8 @@
 //! (`_mm256_mullo_epi16` + `_mm256_add_epi16`, 16 lanes) when the CPU has it, otherwise a
 //! portable chunked loop the compiler auto-vectorises. The scan takes database rows four at a
 //! time and computes four dot products per pass over a query rotation, so each rotation is
-//! read once per four entries while those rows stay in cache (measured on this 2-core
-//! machine's AVX2: ≈ 17 µs per entry for 31 rotations of code and mask, one thread).
+//! read once per four entries while those rows stay in cache (figures: BENCHMARKS.md,
+//! `examples/dot_scan.rs`).
 //!
 //! No threads here: the caller owns the pool and calls [`scan_range`] on sub-ranges.
 //! Rounds: none (local).
