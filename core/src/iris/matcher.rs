@@ -23,9 +23,12 @@
 //! 3. *Reshare* (seed 001 §4.2 last step, seed 002 §2; **1 round**): both vectors are
 //!    re-randomised with PRF zero sharings and reshared into replicated Z_2^16 shares
 //!    ([`ReshareState`]); one message carries code ‖ mask (2 + 2 bytes per comparison).
-//! 4. *Lift and compare* (seed 001 §5; **15 rounds**): [`LiftCompareProgram`] lifts m to
-//!    Z_2^32 (8 rounds) and extracts MSB(A·m − B·c) (7 rounds): a bit-sliced replicated XOR
-//!    share of match_k = (fhd_k < τ_A), bit k = comparison k.
+//! 4. *Lift and compare* (seed 001 §5; **15 rounds**): [`LiftCompareProgram`] lifts c + 2^15
+//!    and m to Z_2^32 in one batch (8 rounds; c = lift − 2^15) and extracts MSB(A·m − B·c)
+//!    with A = 2Q − 4P, B = Q for τ = P/Q, Q = 10,000 (7 rounds): a bit-sliced replicated XOR
+//!    share of match_k = (fhd_k < τ), **exact** for every τ with at most four decimals
+//!    (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no match; derivation in
+//!    [`crate::mpc::compare`]), bit k = comparison k.
 //! 5. *OR reduction* (seed 002 §5 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
 //!    [`OutputMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`OutputMode::Uniqueness`]).
 //!    Identify transposes the entry-major bits locally into R rotation planes of N bits (plane
@@ -46,9 +49,10 @@
 //! sub-protocols have this shape).
 //!
 //! **Communication** (measured by the in-process driver of the tests, N = 1,000, R = 31):
-//! 1,279,776 bytes sent per party in 22 rounds, ≈ 41.3 bytes per party per comparison:
-//! reshare 4, lift and compare ≈ 37.15, OR tree ≈ 0.12, the opening N/8 bytes in all, plus a
-//! 4-byte header per round. All three parties send the same amounts.
+//! 1,988,736 bytes sent per party in 22 rounds, ≈ 64.2 bytes per party per comparison:
+//! reshare 4, lift and compare ≈ 60.0 (the lift carries both c and m, for the exact
+//! threshold), OR tree ≈ 0.12, the opening N/8 bytes in all, plus a 4-byte header per round.
+//! All three parties send the same amounts.
 //!
 //! **Wire format.** Every payload is `round: u32 LE ‖ body`, where `round` counts this
 //! session's rounds from 0 and `body` is the sub-protocol's payload (the reshare values, the
@@ -673,8 +677,8 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
 
     const P: [PartyIndex; 3] = PartyIndex::ALL;
-    /// τ = 90,440 / 2^18 ≈ 0.3450012, exactly representable (compare.rs module docs).
-    const TAU_NUM: u32 = 90_440;
+    /// The deployed τ = 0.345 = 69/200, compared exactly (compare.rs module docs).
+    const TAU: f64 = 0.345;
 
     fn keys(seed: u8, session: [u8; 16]) -> [MatchKeys; 3] {
         let prf = |i: u8| PairwisePrf::from_seed([seed.wrapping_mul(3).wrapping_add(i); 32]);
@@ -758,14 +762,16 @@ mod tests {
         drive(start_all(db, probe, config, key_seed, rng)).expect("run")
     }
 
-    /// Plaintext reference with exact integers: some rotation has hd·2^18 < τ_num·common.
+    /// Plaintext reference with exact integers: some rotation has hd/common < 69/200, i.e.
+    /// 200·hd < 69·common; checked against min_fhd_over_rotations(…) < 0.345 (the f64
+    /// quotient hd/common equals the f64 0.345 exactly when hd/common = 69/200, and is
+    /// otherwise more than 1/(200·12,800) away from it, so the two agree).
     fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32) -> bool {
         let by_counts = (-max_rotation..=max_rotation).any(|k| {
             let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
-            common > 0 && u64::from(hd) << 18 < u64::from(TAU_NUM) * u64::from(common)
+            common > 0 && 200 * u64::from(hd) < 69 * u64::from(common)
         });
-        let tau = f64::from(TAU_NUM) / f64::from(1u32 << 18);
-        let by_fhd = min_fhd_over_rotations(probe, t, max_rotation).is_some_and(|d| d < tau);
+        let by_fhd = min_fhd_over_rotations(probe, t, max_rotation).is_some_and(|d| d < TAU);
         assert_eq!(by_counts, by_fhd, "integer and f64 references agree");
         by_counts
     }
@@ -773,7 +779,7 @@ mod tests {
     fn config(mode: OutputMode, max_rotation: i32) -> MatchConfig {
         MatchConfig {
             max_rotation,
-            threshold: Threshold::from_dyadic(TAU_NUM).expect("tau"),
+            threshold: Threshold::from_ratio(TAU).expect("tau"),
             ..MatchConfig::new(mode)
         }
     }
@@ -857,10 +863,22 @@ mod tests {
     #[test]
     fn cases_near_the_threshold_match_plaintext() {
         let mut rng = ChaCha20Rng::seed_from_u64(302);
-        let probe = random_template(&mut rng);
+        let mut probe = random_template(&mut rng);
+        // Mask out duplicated (real, imaginary) pairs until common is a multiple of 200, so
+        // that h* below is fhd = 0.345 exactly (69·common/200), which must not match.
+        let mut pair = 0;
+        while probe.mask.popcount() % 200 != 0 {
+            if probe.mask.get(2 * pair) {
+                probe.mask.set(2 * pair, false);
+                probe.mask.set(2 * pair + 1, false);
+            }
+            pair += 1;
+        }
         let common = probe.mask.popcount() as i64;
-        // Smallest h with h·2^18 ≥ τ_num·common: h* − 1 matches, h* does not.
-        let h_star = (u64::from(TAU_NUM) * common as u64).div_ceil(1 << 18) as i64;
+        assert_eq!(common % 200, 0);
+        // Smallest h with 200·h ≥ 69·common: h* − 1 matches, h* (fhd = τ exactly) does not.
+        let h_star = (69 * common + 199) / 200;
+        assert_eq!(200 * h_star, 69 * common);
         let band = (common as f64 * 0.005) as i64;
         let mut templates = Vec::new();
         let mut fhds = Vec::new();
@@ -886,8 +904,12 @@ mod tests {
                 templates.push(t);
             }
         }
-        let tau = f64::from(TAU_NUM) / f64::from(1u32 << 18);
-        assert!(fhds.iter().all(|d| (d - tau).abs() <= 0.0051), "{fhds:?}");
+        assert!(fhds.iter().all(|d| (d - TAU).abs() <= 0.0051), "{fhds:?}");
+        // d = 0 (templates 18..21): fhd is τ exactly.
+        assert!(
+            fhds[18..21].iter().all(|d| (d - TAU).abs() < 1e-15),
+            "{fhds:?}"
+        );
         let db = share_db(&templates, &mut rng);
         let cfg = config(OutputMode::Identify, 15);
         let (out, _) = run(&db, &probe, &cfg, 12, &mut rng);
@@ -899,8 +921,10 @@ mod tests {
             .map(|(e, _)| e)
             .collect();
         assert_eq!(got, want);
-        // Exactly the templates with d < 0 match (fhd = (h* + d)/common).
+        // Exactly the templates with d < 0 match (fhd = (h* + d)/common); d = 0 is fhd = τ.
         assert_eq!(want.len(), 6 * 3);
+        assert_eq!(want, (0..6 * 3).collect::<Vec<_>>());
+        assert_eq!(cfg.threshold, Threshold::default());
     }
 
     #[test]
@@ -1145,7 +1169,7 @@ mod tests {
                     "N = 1000, 31 rotations: {rounds} rounds, bytes sent per party {bytes:?}, \
                      per comparison {per:.2?}; per round (P0): {lens:?}"
                 );
-                assert_eq!(bytes[0], 1_279_776, "update the module docs");
+                assert_eq!(bytes[0], 1_988_736, "update the module docs");
                 // All parties send the same amount.
                 assert!(bytes.iter().all(|&b| b == bytes[0]));
             }

@@ -1,54 +1,52 @@
 //! The threshold comparison of the deployed iris matcher (seed 001 §5, the comparison lemma;
 //! seed 002 §5 MSB extraction): from shares of the code dot product c and the mask dot product
-//! m, a bit-sliced replicated binary share of "match" = (fhd < τ).
+//! m, a bit-sliced replicated binary share of "match" = (fhd < τ), **exactly**, for every
+//! τ = P/Q with Q = 10,000 (τ given with up to four decimals, e.g. 0.345 = 3,450/10,000).
 //!
-//! **Share layout.** Input per comparison: the code dot product c as a replicated Z_2^16 share
-//! and the lifted mask dot product m as a replicated Z_2^32 share (party i holds
-//! (x_i, x_{i−1}), [`crate::replicated`]). Output: one [`BitSliced`] vector, bit k = match of
-//! comparison k, replicated XOR shares.
-//!
-//! **Free lift of B·c.** With B = 2^16, each party multiplies its 16-bit components c_j by 2^16
-//! inside Z_2^32. If c_0 + c_1 + c_2 = c + k·2^16 over the integers, then
-//! Σ 2^16·c_j = 2^16·c + k·2^32 ≡ 2^16·c (mod 2^32): the wrap-around k vanishes, so B·c is exact
-//! in Z_2^32 without a lift (this holds for the signed value of c too, since 2^16·c mod 2^32
-//! only depends on c mod 2^16).
+//! **Share layout.** Input per comparison: c and m as replicated Z_2^32 shares
+//! ([`compare_program`]) or as replicated Z_2^16 shares ([`LiftCompareProgram`], which lifts
+//! both first); party i holds (x_i, x_{i−1}), [`crate::replicated`]. Output: one
+//! [`BitSliced`] vector, bit k = match of comparison k, replicated XOR shares.
 //!
 //! **Threshold derivation.** Over the full 12,800 bits let `common` = popcount(ma ∧ mb) and
-//! `hd` = popcount((ca ⊕ cb) ∧ ma ∧ mb). The code encoding gives c = common − 2·hd; the mask is
-//! shared as its real half only, so the mask dot product is m = common / 2 (DESIGN §5,
-//! [`crate::iris::encoding`]). Then
+//! `hd` = popcount((ca ⊕ cb) ∧ ma ∧ mb). The code encoding gives c = common − 2·hd
+//! (|c| ≤ 12,800); the mask is shared as its real half only, so the mask dot product is
+//! m = common / 2 (0 ≤ m ≤ 6,400; DESIGN §5, [`crate::iris::encoding`]). Hence
+//! common = 2m and hd = (2m − c)/2. For τ = P/Q (integers, Q = 10,000, 0 ≤ P ≤ Q):
 //!
-//! fhd < τ ⇔ hd < τ·common ⇔ (2m − c)/2 < 2τ·m ⇔ c > 2(1 − 2τ)·m ⇔ 2(1 − 2τ)·B·m − B·c < 0.
+//! fhd < τ ⇔ hd·Q < P·common (common > 0) ⇔ (2m − c)·Q < 4P·m ⇔ Q·c − (2Q − 4P)·m > 0.
 //!
-//! The factor 2 is the correction for the half-size mask dot product. A must be an integer, so
-//! the constant is **A = ⌈2(1 − 2τ)·B⌉ = 2^17 − ⌊2^18·τ⌋** and x = A·m − B·c, match ⇔
-//! MSB(x) = 1. With this A the protocol computes *exactly* fhd < τ_A for the dyadic ratio
-//! τ_A = (2B − A)/(4B) = ⌊2^18·τ⌋ / 2^18 ≤ τ, because B·c > A·m ⇔ c > (A/B)·m ⇔
-//! hd/common < (2B − A)/(4B). Hence:
+//! With **A = 2Q − 4P** and **B = Q** let x = A·m − B·c. Then match ⇔ x < 0, all in exact
+//! integer arithmetic (no rounding of τ at all). The factor 2 in A is the correction for the
+//! half-size mask dot product. For τ = 0.345: P = 3,450, A = 6,200, B = 10,000 (A/B = 31/50 =
+//! 2(1 − 2τ) exactly).
 //!
-//! * for every τ that is a multiple of 2^−18 the comparison is exactly fhd < τ;
-//! * otherwise it never matches a pair with fhd ≥ τ (no false match, in particular fhd = τ
-//!   exactly is no match), and misses a match only when τ_A ≤ fhd < τ, a band narrower than
-//!   2^−18. For τ = 0.345: A = 40,633, τ_A = 90,439 / 2^18 ≈ 0.3449974, and exactly 78 pairs
-//!   (hd, common) with even common ≤ 12,800 fall in the band, the smallest being
-//!   hd = 1,331, common = 3,858 (fhd ≈ 0.3449974).
+//! * Strictness: fhd = τ exactly (hd = 69, common = 200; hd = 138, common = 400; …) gives
+//!   x = 0, whose MSB is 0: no match, as the strict fhd < τ of the plaintext matcher demands.
+//!   We therefore use x itself, never x − 1 (MSB(x − 1) = 1 ⇔ x ≤ 0 would be fhd ≤ τ).
+//! * common = 0 (no overlap): c = m = 0, x = 0, no match.
 //!
-//! Rounding A down instead (A = ⌊2(1 − 2τ)·B⌋ = 40,632, τ_A ≈ 0.3450012) would turn every
-//! pair with fhd = τ exactly (hd = 69, common = 200, …) into a false match. An exact comparison
-//! against a non-dyadic τ is impossible in Z_2^32 with the free lift: it needs A/B = 2(1 − 2τ)
-//! exactly (31/50 for τ = 0.345), and no integer A works for all m ≤ 6,400 with B = 2^16;
-//! doubling the precision (2A, 2B) overflows 2^31 for m near 6,400.
+//! **Range.** For valid inputs (0 ≤ m ≤ 6,400, |c| ≤ 2m) and 0 ≤ P ≤ Q (so |A| ≤ 2Q),
+//! |x| ≤ |A|·m + Q·|c| ≤ 2Q·m + 2Q·m = 4Q·m ≤ 2.56·10^8 < 2^31. So x computed in Z_2^32 and
+//! read as a signed 32-bit integer is exact, and its MSB is 1 exactly when x < 0, i.e. exactly
+//! when the pair matches. (The bound holds for every m < 2^31 / (4Q) ≈ 53,687.)
 //!
-//! We use x = A·m − B·c (no "− 1"): MSB(x − 1) = 1 ⇔ B·c ≥ A·m would compute fhd ≤ τ_A, not
-//! the strict fhd < τ of the plaintext matcher.
+//! **Why c must be lifted too.** The previous design used B = 2^16 so that B·c was exact in
+//! Z_2^32 straight from 16-bit shares (the wrap-around k·2^16 of the components vanishes when
+//! multiplied by 2^16), but then A = 2(1 − 2τ)·B is an integer only for τ a multiple of 2^−18,
+//! and τ = 0.345 misclassified the 78 pairs with fhd in [90,439/2^18, 0.345). With B = Q =
+//! 10,000 the wrap-around of the 16-bit components no longer vanishes, so c needs a real
+//! Z_2^32 sharing: [`LiftCompareProgram`] lifts c **in the same batch** as m (one
+//! [`crate::mpc::lift::LiftProgram`] over 2n values, hence no extra round). The lift is
+//! unsigned (values in [0, 2^16)) while c is signed, so the program lifts c + 2^15 ∈
+//! [19,968, 45,568] ⊂ [0, 2^16) (the public offset is added locally to component x0 by
+//! [`ReplicatedShare::add_constant`]) and subtracts 2^15 again in Z_2^32 after the lift.
+//! Then x = A·m − B·c is local (public constants times replicated shares).
 //!
-//! **Range.** For valid inputs (0 ≤ m < 8,192, |c| ≤ 2m) and τ ∈ [0, 1] (|A| ≤ 2B),
-//! |x| ≤ |A|·m + B·2m ≤ 4B·m < 2^31, so x read as a signed 32-bit integer is exact and its MSB
-//! is its sign. For the iris templates m ≤ 6,400.
-//!
-//! **Rounds.** 7 ([`crate::mpc::binary::CarryProgram`] into bit 31: carry-save layer 1,
-//! generate 1, carry tree ⌈log2 30⌉ = 5), each one message from party i to party i+1;
-//! [`LiftCompareProgram`] (from 16-bit mask shares: lift 8 + compare 7) 15; opening the result
+//! **Rounds.** [`MsbProgram`]: 7 ([`crate::mpc::binary::CarryProgram`] into bit 31: carry-save
+//! layer 1, generate 1, carry tree ⌈log2 30⌉ = 5), each one message from party i to party i+1;
+//! [`LiftCompareProgram`] (from 16-bit shares: lift 8 + compare 7) 15, the same as when only m
+//! was lifted (the lift's messages are twice as long); opening the result
 //! ([`crate::mpc::binary::open_message`]) is one more.
 
 use std::num::Wrapping;
@@ -60,78 +58,100 @@ use crate::party::PartyIndex;
 use crate::replicated::ReplicatedShare;
 use crate::ring::{Z16, Z32};
 
-/// The scale B = 2^16 of the code dot product (seed 001 §5).
-pub const B: i64 = 1 << 16;
+/// The denominator Q of the threshold ratio τ = P/Q (τ has at most four decimals); also the
+/// scale B of the code dot product in x = A·m − B·c (module docs).
+pub const Q: i64 = 10_000;
 
 /// The default match threshold ratio τ (DESIGN §5).
 pub const DEFAULT_TAU: f64 = 0.345;
 
-/// The comparison constants (seed 001 §5 comparison lemma, with the half-mask correction
-/// derived in the module docs).
+/// The numerator P of [`DEFAULT_TAU`] = P / [`Q`].
+pub const DEFAULT_TAU_NUMERATOR: u32 = 3_450;
+
+/// The offset 2^15 that makes the signed code dot product unsigned for the lift (module docs).
+const CODE_OFFSET: u32 = 1 << 15;
+
+/// The exact threshold ratio τ = P / [`Q`] and its comparison constants A = 2Q − 4P, B = Q
+/// (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Threshold {
-    a: i64,
+    p: i64,
 }
 
 impl Threshold {
-    /// The constants for threshold ratio `tau` ∈ [0, 1]: A = 2^17 − ⌊2^18·τ⌋ (module docs).
-    /// Fails for a non-finite or out-of-range τ.
+    /// The threshold for the ratio `tau` ∈ [0, 1] with at most four decimals:
+    /// P = round(τ·10,000), so `from_ratio(0.345)` is exactly 3,450/10,000. Fails for a
+    /// non-finite or out-of-range τ and for a τ that is not a multiple of 1/10,000 (more than
+    /// four decimals, e.g. 0.34505), rather than silently rounding it.
     pub fn from_ratio(tau: f64) -> Result<Self, MpcError> {
         if !tau.is_finite() || !(0.0..=1.0).contains(&tau) {
             return Err(MpcError::InvalidInput("threshold ratio must be in [0, 1]"));
         }
-        // 2^18·τ is exact in f64 (multiplication by a power of two), so the floor is exact.
-        let scaled = (tau * (4 * B) as f64).floor() as i64;
-        Ok(Self { a: 2 * B - scaled })
-    }
-
-    /// The constants for the exact dyadic ratio `numerator / 2^18` (0 ≤ numerator ≤ 2^18).
-    pub fn from_dyadic(numerator: u32) -> Result<Self, MpcError> {
-        let n = i64::from(numerator);
-        if n > 4 * B {
+        let scaled = tau * Q as f64;
+        let p = scaled.round();
+        // A decimal with four digits is not exact in binary; τ·Q lies within a few ulps of the
+        // integer P. Anything farther away has more than four decimals.
+        if (scaled - p).abs() > 1e-6 {
             return Err(MpcError::InvalidInput(
-                "dyadic threshold numerator must be <= 2^18",
+                "threshold ratio must have at most four decimals",
             ));
         }
-        Ok(Self { a: 2 * B - n })
+        Self::from_ten_thousandths(p as u32)
     }
 
-    /// The constant A multiplying the mask dot product.
+    /// The threshold for the exact ratio `numerator` / 10,000 (0 ≤ numerator ≤ 10,000).
+    pub fn from_ten_thousandths(numerator: u32) -> Result<Self, MpcError> {
+        let p = i64::from(numerator);
+        if p > Q {
+            return Err(MpcError::InvalidInput(
+                "threshold numerator must be <= 10,000",
+            ));
+        }
+        Ok(Self { p })
+    }
+
+    /// The numerator P of τ = P / [`Q`].
+    pub fn numerator(&self) -> i64 {
+        self.p
+    }
+
+    /// The constant A = 2Q − 4P multiplying the mask dot product.
     pub fn a(&self) -> i64 {
-        self.a
+        2 * Q - 4 * self.p
     }
 
-    /// The exact ratio the protocol compares against: fhd < `num` / 2^18 (module docs).
-    pub fn effective_numerator(&self) -> i64 {
-        2 * B - self.a
+    /// The constant B = Q multiplying the code dot product.
+    pub fn b(&self) -> i64 {
+        Q
     }
 
     /// The plaintext value x = A·m − B·c of one comparison (the reference of the MPC).
     pub fn plain_x(&self, code_dot: i64, mask_dot: i64) -> i64 {
-        self.a * mask_dot - B * code_dot
+        self.a() * mask_dot - self.b() * code_dot
     }
 
-    /// The plaintext decision of the protocol: x < 0 (with exact integers).
+    /// The plaintext decision of the protocol: x < 0 (with exact integers), which is
+    /// hd·Q < P·common, i.e. fhd < τ (module docs).
     pub fn plain_match(&self, code_dot: i64, mask_dot: i64) -> bool {
         self.plain_x(code_dot, mask_dot) < 0
     }
 }
 
 impl Default for Threshold {
-    /// The constants for [`DEFAULT_TAU`].
+    /// The threshold [`DEFAULT_TAU`] = 3,450 / 10,000.
     fn default() -> Self {
         Self {
-            a: 2 * B - (DEFAULT_TAU * (4 * B) as f64).floor() as i64,
+            p: i64::from(DEFAULT_TAU_NUMERATOR),
         }
     }
 }
 
-/// This party's replicated Z_2^32 share of x = A·m − B·c for each comparison (local; seed 001
-/// §5). `code` are the 16-bit code dot product shares, `mask` the lifted 32-bit mask dot
-/// product shares. Fails if the lengths differ.
+/// This party's replicated Z_2^32 share of x = A·m − B·c for each comparison (local; module
+/// docs). `code` and `mask` are the 32-bit code and mask dot product shares (c as a signed
+/// value in two's complement). Fails if the lengths differ.
 pub fn masked_difference(
     threshold: &Threshold,
-    code: &[ReplicatedShare<Z16>],
+    code: &[ReplicatedShare<Z32>],
     mask: &[ReplicatedShare<Z32>],
 ) -> Result<Vec<ReplicatedShare<Z32>>, MpcError> {
     if code.len() != mask.len() {
@@ -141,16 +161,13 @@ pub fn masked_difference(
             right: mask.len(),
         });
     }
-    // A as an element of Z_2^32 (two's complement for negative A).
-    let a = Wrapping(threshold.a as u32);
-    let lift = |v: Z16| Wrapping(u32::from(v.0) << 16);
+    // A and B as elements of Z_2^32 (two's complement for negative A).
+    let a = Wrapping(threshold.a() as u32);
+    let b = Wrapping(threshold.b() as u32);
     Ok(code
         .iter()
         .zip(mask)
-        .map(|(c, m)| ReplicatedShare {
-            a: a * m.a - lift(c.a),
-            b: a * m.b - lift(c.b),
-        })
+        .map(|(&c, &m)| m.mul_constant(a) - c.mul_constant(b))
         .collect())
 }
 
@@ -192,24 +209,25 @@ impl Program for MsbProgram {
     }
 }
 
-/// The comparison program of seed 001 §5: x = A·m − B·c locally, then [`MsbProgram`]
-/// (7 rounds). Output bit k = 1 ⇔ comparison k matches (fhd < τ_A, module docs).
+/// The comparison program of seed 001 §5 on 32-bit shares: x = A·m − B·c locally, then
+/// [`MsbProgram`] (7 rounds). Output bit k = 1 ⇔ comparison k matches (fhd < τ exactly,
+/// module docs).
 pub fn compare_program(
     threshold: &Threshold,
-    code: &[ReplicatedShare<Z16>],
+    code: &[ReplicatedShare<Z32>],
     mask: &[ReplicatedShare<Z32>],
     party: PartyIndex,
 ) -> Result<MsbProgram, MpcError> {
     MsbProgram::new(&masked_difference(threshold, code, mask)?, party)
 }
 
-/// The whole comparison from 16-bit shares (seed 001 §5: MPCLift of the mask dot product,
-/// then the comparison): [`crate::mpc::lift::LiftProgram`] (8 rounds) followed by
-/// [`MsbProgram`] on x = A·m − B·c (7 rounds), 15 rounds in all. Output as
-/// [`compare_program`].
+/// The whole comparison from 16-bit shares (seed 001 §5: MPCLift, then the comparison): one
+/// [`crate::mpc::lift::LiftProgram`] over c + 2^15 ‖ m (both lifted in the same batch,
+/// 8 rounds), c = lift(c + 2^15) − 2^15, then [`MsbProgram`] on x = A·m − B·c (7 rounds),
+/// 15 rounds in all. Output as [`compare_program`].
 pub struct LiftCompareProgram {
     threshold: Threshold,
-    code: Vec<ReplicatedShare<Z16>>,
+    len: usize,
     lift: crate::mpc::lift::LiftProgram,
     msb: Option<MsbProgram>,
 }
@@ -219,7 +237,7 @@ impl std::fmt::Debug for LiftCompareProgram {
         write!(
             f,
             "LiftCompareProgram({} comparisons, <redacted>)",
-            self.code.len()
+            self.len
         )
     }
 }
@@ -240,10 +258,17 @@ impl LiftCompareProgram {
                 right: mask.len(),
             });
         }
+        // c + 2^15 ∈ [0, 2^16) (unsigned, as the lift needs), then m: one batch.
+        let offset = Wrapping(CODE_OFFSET as u16);
+        let values: Vec<ReplicatedShare<Z16>> = code
+            .iter()
+            .map(|&c| c.add_constant(offset, party))
+            .chain(mask.iter().copied())
+            .collect();
         Ok(Self {
             threshold: *threshold,
-            code: code.to_vec(),
-            lift: crate::mpc::lift::LiftProgram::new(mask, party)?,
+            len: code.len(),
+            lift: crate::mpc::lift::LiftProgram::new(&values, party)?,
             msb: None,
         })
     }
@@ -262,8 +287,17 @@ impl Program for LiftCompareProgram {
         }
         match self.lift.next(party, products)? {
             ProgramStep::Gates(g) => Ok(ProgramStep::Gates(g)),
-            ProgramStep::Done(mask32) => {
-                let mut msb = compare_program(&self.threshold, &self.code, &mask32, party)?;
+            ProgramStep::Done(lifted) => {
+                if lifted.len() != 2 * self.len {
+                    return Err(MpcError::OutOfStep("lift and compare"));
+                }
+                let (code, mask) = lifted.split_at(self.len);
+                let minus_offset = Wrapping(CODE_OFFSET.wrapping_neg());
+                let code: Vec<ReplicatedShare<Z32>> = code
+                    .iter()
+                    .map(|&c| c.add_constant(minus_offset, party))
+                    .collect();
+                let mut msb = compare_program(&self.threshold, &code, mask, party)?;
                 let step = msb.next(party, Products::Start)?;
                 self.msb = Some(msb);
                 Ok(step)
@@ -289,13 +323,31 @@ mod tests {
         (common - 2 * hd, common / 2)
     }
 
-    /// Runs the MPC comparison on (code dot, mask dot) pairs and opens the result.
+    /// The exact rational reference for τ = 0.345 = 69/200: hd/common < 69/200.
+    fn rational_0345(hd: i64, common: i64) -> bool {
+        common > 0 && 200 * hd < 69 * common
+    }
+
+    /// Opens bit-sliced output shares through the message-driven opening (all three agree).
+    fn open(out: &[BitSliced; 3], len: usize) -> Vec<bool> {
+        let msgs = [0, 1, 2].map(|i| open_message(P[i], &out[i], &P).unwrap());
+        let mut opened = Vec::new();
+        for i in 0..3 {
+            let from = P[i].prev();
+            opened.push(open_receive(P[i], &out[i], from, &msgs[from.as_usize()].payload).unwrap());
+        }
+        assert!(opened.iter().all(|o| *o == opened[0]));
+        assert_eq!(reconstruct_bits(out).unwrap(), opened[0]);
+        unpack_bits(&opened[0], len)
+    }
+
+    /// Runs the MPC comparison on 32-bit shares of (code dot, mask dot) pairs and opens it.
     fn mpc_compare(threshold: &Threshold, pairs: &[(i64, i64)], seed: u64) -> Vec<bool> {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let mut code: [Vec<ReplicatedShare<Z16>>; 3] = Default::default();
+        let mut code: [Vec<ReplicatedShare<Z32>>; 3] = Default::default();
         let mut mask: [Vec<ReplicatedShare<Z32>>; 3] = Default::default();
         for &(c, m) in pairs {
-            let sc = share(Wrapping(c as u16), &mut rng);
+            let sc = share(Wrapping(c as u32), &mut rng);
             let sm = share(Wrapping(m as u32), &mut rng);
             for i in 0..3 {
                 code[i].push(sc[i]);
@@ -306,20 +358,31 @@ mod tests {
             [0, 1, 2].map(|i| compare_program(threshold, &code[i], &mask[i], P[i]).unwrap());
         let (out, stats) = run(&contexts(seed as u8, [9; 16]), b"compare", progs).unwrap();
         assert_eq!(stats.rounds, 7);
-        // Open to everyone through the message-driven opening.
-        let msgs = [0, 1, 2].map(|i| open_message(P[i], &out[i], &P).unwrap());
-        let mut opened = Vec::new();
-        for i in 0..3 {
-            let from = P[i].prev();
-            opened.push(open_receive(P[i], &out[i], from, &msgs[from.as_usize()].payload).unwrap());
-        }
-        assert!(opened.iter().all(|o| *o == opened[0]));
-        assert_eq!(reconstruct_bits(&out).unwrap(), opened[0]);
-        unpack_bits(&opened[0], pairs.len())
+        open(&out, pairs.len())
     }
 
-    /// Random valid (hd, common) pairs: half uniform, half within ±2 of the threshold.
-    fn cases(rng: &mut ChaCha20Rng, n: usize, tau_num: i64, tau_den: i64) -> Vec<(i64, i64)> {
+    /// Runs the whole comparison from 16-bit shares (lift of c and m, then MSB) and opens it.
+    fn mpc_lift_compare(threshold: &Threshold, pairs: &[(i64, i64)], seed: u64) -> Vec<bool> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut code: [Vec<ReplicatedShare<Z16>>; 3] = Default::default();
+        let mut mask: [Vec<ReplicatedShare<Z16>>; 3] = Default::default();
+        for &(c, m) in pairs {
+            let sc = share(Wrapping(c as u16), &mut rng);
+            let sm = share(Wrapping(m as u16), &mut rng);
+            for i in 0..3 {
+                code[i].push(sc[i]);
+                mask[i].push(sm[i]);
+            }
+        }
+        let progs = [0, 1, 2]
+            .map(|i| LiftCompareProgram::new(threshold, &code[i], &mask[i], P[i]).unwrap());
+        let (out, stats) = run(&contexts(seed as u8, [4; 16]), b"lift+cmp", progs).unwrap();
+        assert_eq!(stats.rounds, 15, "same rounds as lifting m alone");
+        open(&out, pairs.len())
+    }
+
+    /// Random valid (hd, common) pairs: half uniform, half within ±2 of τ = num/den.
+    fn cases(rng: &mut ChaCha20Rng, n: usize, num: i64, den: i64) -> Vec<(i64, i64)> {
         (0..n)
             .map(|k| {
                 let m = rng.gen_range(0..=6400i64);
@@ -327,7 +390,7 @@ mod tests {
                 let hd = if k % 2 == 0 {
                     rng.gen_range(0..=common)
                 } else {
-                    let edge = common * tau_num / tau_den;
+                    let edge = common * num / den;
                     (edge + rng.gen_range(-2..=2i64)).clamp(0, common)
                 };
                 (hd, common)
@@ -335,92 +398,176 @@ mod tests {
             .collect()
     }
 
+    /// The 78 pairs that the former dyadic constant A = 40,633 (τ_A = 90,439/2^18) missed:
+    /// 90,439/2^18 ≤ hd/common < 69/200, common even ≤ 12,800.
+    fn former_band() -> Vec<(i64, i64)> {
+        let mut band = Vec::new();
+        for common in (2..=12_800i64).step_by(2) {
+            for hd in 0..=common {
+                if rational_0345(hd, common) && hd * (1 << 18) >= 90_439 * common {
+                    band.push((hd, common));
+                }
+            }
+        }
+        band
+    }
+
+    /// For every even common in 2..=12,800: the pairs at ±1 around the boundary hd* (the
+    /// smallest non-matching hd, hd* = ⌈0.345·common⌉) and hd* itself; for common a multiple of
+    /// 200, hd* is fhd = τ exactly.
+    fn boundary_sweep() -> Vec<(i64, i64)> {
+        let mut cs = Vec::new();
+        for common in (2..=12_800i64).step_by(2) {
+            let edge = (69 * common + 199) / 200;
+            for hd in edge - 2..=edge + 1 {
+                if (0..=common).contains(&hd) {
+                    cs.push((hd, common));
+                }
+            }
+        }
+        cs
+    }
+
     #[test]
     fn constants() {
         let t = Threshold::default();
-        assert_eq!(
-            t.a(),
-            (2.0 * (1.0 - 2.0 * 0.345) * 65536.0f64).ceil() as i64
-        );
-        assert_eq!(t.a(), 40633);
-        assert_eq!(t.effective_numerator(), 90439);
+        assert_eq!(t.numerator(), 3450);
+        assert_eq!(t.a(), 6200);
+        assert_eq!(t.b(), 10_000);
+        // A/B = 2(1 − 2τ) = 31/50 exactly.
+        assert_eq!(t.a() * 50, t.b() * 31);
         assert_eq!(Threshold::from_ratio(0.345), Ok(t));
+        assert_eq!(Threshold::from_ten_thousandths(3450), Ok(t));
+        assert_eq!(
+            Threshold::from_ratio(0.3),
+            Threshold::from_ten_thousandths(3000)
+        );
+        assert_eq!(Threshold::from_ratio(0.0001).unwrap().numerator(), 1);
+        assert_eq!(Threshold::from_ratio(0.9999).unwrap().numerator(), 9999);
+        assert_eq!(Threshold::from_ratio(1.0).unwrap().numerator(), 10_000);
+        assert_eq!(Threshold::from_ratio(0.0).unwrap().numerator(), 0);
         assert!(Threshold::from_ratio(1.5).is_err());
+        assert!(Threshold::from_ratio(-0.1).is_err());
         assert!(Threshold::from_ratio(f64::NAN).is_err());
-        assert!(Threshold::from_dyadic(1 << 19).is_err());
-    }
-
-    #[test]
-    fn exact_for_dyadic_thresholds() {
-        // τ = 11/32 = 0.34375 and τ = 90,439/2^18: the MPC decision equals the exact rational
-        // check hd/common < τ on thousands of cases, half of them at the boundary.
-        let mut rng = ChaCha20Rng::seed_from_u64(21);
-        for (num, seed) in [(11i64 << 13, 1u64), (90439, 2), (1 << 17, 3)] {
-            let t = Threshold::from_dyadic(num as u32).unwrap();
-            let cs = cases(&mut rng, 3000, num, 1 << 18);
-            let pairs: Vec<(i64, i64)> = cs.iter().map(|&(h, c)| dots(h, c)).collect();
-            let got = mpc_compare(&t, &pairs, seed);
-            for (k, &(hd, common)) in cs.iter().enumerate() {
-                let want = common > 0 && hd * (1 << 18) < num * common;
-                assert_eq!(got[k], want, "hd {hd} common {common}");
-                let (c, m) = pairs[k];
-                assert_eq!(t.plain_match(c, m), want);
-            }
+        assert!(Threshold::from_ratio(f64::INFINITY).is_err());
+        assert!(Threshold::from_ratio(0.34505).is_err(), "five decimals");
+        assert!(Threshold::from_ratio(1.0 / 3.0).is_err());
+        assert!(Threshold::from_ten_thousandths(10_001).is_err());
+        // Every four-decimal τ is accepted with exactly its numerator.
+        for p in 0..=10_000u32 {
+            let tau: f64 = format!("0.{p:04}").parse().unwrap();
+            let tau = if p == 10_000 { 1.0 } else { tau };
+            assert_eq!(
+                Threshold::from_ratio(tau).unwrap().numerator(),
+                i64::from(p)
+            );
         }
     }
 
     #[test]
-    fn default_threshold_agrees_with_rational_check_outside_the_rounding_band() {
-        // τ = 0.345 = 69/200: the MPC computes fhd < τ_A = 90,439/2^18 exactly, and agrees with
-        // hd/common < 69/200 except for fhd in [τ_A, 0.345).
+    fn former_rounding_band_has_78_pairs() {
+        let band = former_band();
+        assert_eq!(band.len(), 78);
+        assert_eq!(band[0], (1331, 3858));
+        // The exact plaintext decision matches all of them now.
         let t = Threshold::default();
+        for &(hd, common) in &band {
+            let (c, m) = dots(hd, common);
+            assert!(t.plain_match(c, m), "hd {hd} common {common}");
+        }
+    }
+
+    #[test]
+    fn default_threshold_is_exact_on_the_whole_boundary() {
+        // τ = 0.345: zero disagreements with 200·hd < 69·common on the whole boundary sweep
+        // (every even common, ±1 around the boundary, every pair with fhd = τ exactly), the
+        // 78 pairs of the former rounding band and thousands of random cases; through the
+        // real path (lift of c and m from 16-bit shares, 15 rounds).
+        let t = Threshold::from_ratio(0.345).unwrap();
         let mut rng = ChaCha20Rng::seed_from_u64(22);
-        let mut cs = cases(&mut rng, 4000, 69, 200);
-        // Exact-threshold and just-below/above cases at large masks.
-        for m in [100i64, 200, 1929, 4096, 6300, 6329, 6400] {
-            let common = 2 * m;
-            let edge = common * 69 / 200;
-            for hd in edge - 1..=edge + 1 {
-                cs.push((hd, common));
-            }
-        }
+        let mut cs = boundary_sweep();
+        let exact: Vec<(i64, i64)> = (1..=64).map(|k| (69 * k, 200 * k)).collect();
+        cs.extend(&exact);
+        cs.extend(former_band());
+        cs.extend(cases(&mut rng, 4000, 69, 200));
+        cs.extend([(0, 0), (0, 2), (1, 2), (0, 12_800), (12_800, 12_800)]);
         let pairs: Vec<(i64, i64)> = cs.iter().map(|&(h, c)| dots(h, c)).collect();
-        let got = mpc_compare(&t, &pairs, 4);
-        let mut band = 0;
+        let got = mpc_lift_compare(&t, &pairs, 4);
+        let mut disagreements = 0;
         for (k, &(hd, common)) in cs.iter().enumerate() {
-            let effective = common > 0 && hd * (1 << 18) < 90439 * common;
-            assert_eq!(got[k], effective, "hd {hd} common {common}");
-            let rational = common > 0 && 200 * hd < 69 * common;
-            if got[k] != rational {
-                // Only inside the documented band τ_A ≤ fhd < τ: a missed match, never a
-                // false one.
-                assert!(rational && hd * (1 << 18) >= 90439 * common);
-                band += 1;
+            let want = rational_0345(hd, common);
+            let (c, m) = pairs[k];
+            assert_eq!(t.plain_match(c, m), want, "plain hd {hd} common {common}");
+            disagreements += usize::from(got[k] != want);
+        }
+        assert_eq!(disagreements, 0);
+        // Both outcomes occur, and fhd = τ exactly is never a match.
+        assert!(got.iter().any(|&b| b) && got.iter().any(|&b| !b));
+        for &(hd, common) in &exact {
+            let k = cs.iter().position(|&p| p == (hd, common)).unwrap();
+            assert!(!got[k], "fhd = τ exactly: hd {hd} common {common}");
+        }
+    }
+
+    #[test]
+    fn exact_for_other_four_decimal_thresholds() {
+        // τ ∈ {0.3, 0.32, 0.3333, 0.345, 0.4, 0.0001, 0.9999, 1}: zero disagreements with
+        // hd·10,000 < P·common on 32-bit shares (7 rounds), half the cases at the boundary.
+        let mut rng = ChaCha20Rng::seed_from_u64(21);
+        for (seed, p) in [3000i64, 3200, 3333, 3450, 4000, 1, 9999, 10_000]
+            .into_iter()
+            .enumerate()
+        {
+            let t = Threshold::from_ten_thousandths(p as u32).unwrap();
+            let mut cs = cases(&mut rng, 1500, p, Q);
+            // Pairs exactly at τ.
+            for k in 1..=20i64 {
+                let g = Q / gcd(p, Q);
+                let common = if g % 2 == 0 { g * k } else { 2 * g * k };
+                if common <= 12_800 {
+                    cs.push((common * p / Q, common));
+                }
+            }
+            let pairs: Vec<(i64, i64)> = cs.iter().map(|&(h, c)| dots(h, c)).collect();
+            let got = mpc_compare(&t, &pairs, seed as u64);
+            for (k, &(hd, common)) in cs.iter().enumerate() {
+                let want = common > 0 && hd * Q < p * common;
+                assert_eq!(got[k], want, "τ {p}/10,000: hd {hd} common {common}");
             }
         }
-        assert!(band <= cs.len() / 100, "{band} cases in the rounding band");
+    }
+
+    fn gcd(a: i64, b: i64) -> i64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
     }
 
     #[test]
     fn exact_threshold_is_not_a_match() {
-        // fhd exactly τ: 69/200 (common = 200, hd = 69) is no match; 1,331/3,858 is the
-        // smallest pair of the rounding band (a documented missed match).
+        // fhd exactly τ (69/200, 138/400, 4,416/12,800) is no match; one below is. 1,331/3,858,
+        // the smallest pair of the former rounding band, now matches.
         let t = Threshold::default();
         let pairs = vec![
             dots(69, 200),
             dots(68, 200),
+            dots(138, 400),
+            dots(137, 400),
             dots(0, 0),
             dots(0, 12800),
             dots(4416, 12800),
             dots(4415, 12800),
             dots(1331, 3858),
-            dots(1330, 3858),
+            dots(1332, 3858),
             dots(12800, 12800),
         ];
-        assert_eq!(
-            mpc_compare(&t, &pairs, 5),
-            vec![false, true, false, true, false, true, false, true, false]
-        );
+        let want = vec![
+            false, true, false, true, false, true, false, true, true, false, false,
+        ];
+        assert_eq!(mpc_compare(&t, &pairs, 5), want);
+        assert_eq!(mpc_lift_compare(&t, &pairs, 6), want);
     }
 
     #[test]
@@ -438,26 +585,26 @@ mod tests {
 
     proptest! {
         #[test]
-        fn plain_decision_is_exactly_the_dyadic_ratio(m in 0i64..8192, hd_frac in 0.0f64..=1.0, tau in 0.0f64..=1.0) {
-            // x < 0 ⇔ hd/common < ⌊2^18·τ⌋/2^18 ≤ τ (module docs), for every valid pair.
+        fn plain_decision_is_exactly_the_rational_ratio(m in 0i64..=6400, hd_frac in 0.0f64..=1.0, p in 0i64..=10_000) {
+            // x < 0 ⇔ hd/common < P/10,000 (module docs), and |x| < 2^31, for every valid pair.
             let common = 2 * m;
             let hd = ((common as f64) * hd_frac).floor() as i64;
-            let t = Threshold::from_ratio(tau).unwrap();
-            let num = t.effective_numerator();
-            prop_assert!(num as f64 <= tau * (1u64 << 18) as f64);
+            let t = Threshold::from_ten_thousandths(p as u32).unwrap();
             let (c, mm) = dots(hd, common);
-            prop_assert_eq!(t.plain_match(c, mm), common > 0 && hd * (1 << 18) < num * common);
+            let x = t.plain_x(c, mm);
+            prop_assert!(x.abs() <= 4 * Q * mm && x.abs() < 1 << 31);
+            prop_assert_eq!(t.plain_match(c, mm), common > 0 && hd * Q < p * common);
         }
 
         #[test]
-        fn mpc_equals_plain_x_sign(m in 0i64..8192, frac in 0.0f64..=1.0, tau in 0.0f64..=1.0, seed: u64) {
+        fn mpc_equals_plain_x_sign(m in 0i64..=6400, frac in 0.0f64..=1.0, p in 0i64..=10_000, seed: u64) {
             let common = 2 * m;
             let hd = ((common as f64) * frac).floor() as i64;
-            let t = Threshold::from_ratio(tau).unwrap();
+            let t = Threshold::from_ten_thousandths(p as u32).unwrap();
             let (c, mm) = dots(hd, common);
             let x = t.plain_x(c, mm);
-            prop_assert!(x > i64::from(i32::MIN) && x < i64::from(i32::MAX));
             prop_assert_eq!(mpc_compare(&t, &[(c, mm)], seed), vec![x < 0]);
+            prop_assert_eq!(mpc_lift_compare(&t, &[(c, mm)], seed), vec![x < 0]);
         }
     }
 
@@ -470,7 +617,7 @@ mod tests {
         let n = 4096;
         let transcript = |pair: (i64, i64), seed: u64| {
             let mut rng = ChaCha20Rng::seed_from_u64(seed);
-            let sc = share(Wrapping(pair.0 as u16), &mut rng);
+            let sc = share(Wrapping(pair.0 as u32), &mut rng);
             let sm = share(Wrapping(pair.1 as u32), &mut rng);
             let progs = [0, 1, 2]
                 .map(|i| compare_program(&t, &vec![sc[i]; n], &vec![sm[i]; n], P[i]).unwrap());
@@ -480,6 +627,7 @@ mod tests {
         };
         let all_match = transcript(dots(0, 12800), 1);
         let no_match = transcript(dots(12800, 12800), 2);
+        assert_eq!(all_match.len(), 7);
         assert_eq!(all_match.len(), no_match.len());
         for (r, (x, y)) in all_match.iter().zip(&no_match).enumerate() {
             for i in 0..3 {
@@ -495,37 +643,13 @@ mod tests {
     }
 
     #[test]
-    fn lift_then_compare_from_16_bit_shares() {
-        let t = Threshold::default();
-        let mut rng = ChaCha20Rng::seed_from_u64(24);
-        let cs = cases(&mut rng, 2000, 69, 200);
-        let mut code: [Vec<ReplicatedShare<Z16>>; 3] = Default::default();
-        let mut mask: [Vec<ReplicatedShare<Z16>>; 3] = Default::default();
-        for &(hd, common) in &cs {
-            let (c, m) = dots(hd, common);
-            let sc = share(Wrapping(c as u16), &mut rng);
-            let sm = share(Wrapping(m as u16), &mut rng);
-            for i in 0..3 {
-                code[i].push(sc[i]);
-                mask[i].push(sm[i]);
-            }
-        }
-        let progs =
-            [0, 1, 2].map(|i| LiftCompareProgram::new(&t, &code[i], &mask[i], P[i]).unwrap());
-        let (out, stats) = run(&contexts(10, [4; 16]), b"lift+cmp", progs).unwrap();
-        assert_eq!(stats.rounds, 15);
-        let got = unpack_bits(&reconstruct_bits(&out).unwrap(), cs.len());
-        for (k, &(hd, common)) in cs.iter().enumerate() {
-            let (c, m) = dots(hd, common);
-            assert_eq!(got[k], t.plain_match(c, m), "hd {hd} common {common}");
-        }
-    }
-
-    #[test]
     fn length_mismatch_is_an_error() {
         let t = Threshold::default();
-        let code = vec![ReplicatedShare::<Z16>::default(); 2];
+        let code = vec![ReplicatedShare::<Z32>::default(); 2];
         let mask = vec![ReplicatedShare::<Z32>::default(); 3];
         assert!(compare_program(&t, &code, &mask, P[0]).is_err());
+        let code16 = vec![ReplicatedShare::<Z16>::default(); 2];
+        let mask16 = vec![ReplicatedShare::<Z16>::default(); 3];
+        assert!(LiftCompareProgram::new(&t, &code16, &mask16, P[0]).is_err());
     }
 }
