@@ -7,7 +7,7 @@
 //! **Inputs at party i.** Its [`ShareMatrix`] of the N enrolled shares (entry e's code and
 //! mask rows), its [`IrisShare`] of the probe ([`crate::iris::query::share_query_template`]),
 //! the [`MatchConfig`] (maximum rotation 15 or 0, [`Threshold`], [`OutputMode`], the parties
-//! entitled to the opened output) and its [`MatchKeys`] (the pairwise PRFs it shares with
+//! entitled to the opened output) and its [`MpcContext`] (the pairwise PRFs it shares with
 //! parties i+1 and i−1 and the 16-byte session id, the same material as an
 //! [`MpcContext`]).
 //!
@@ -80,7 +80,6 @@ use crate::mpc::or_tree::OrTreeProgram;
 use crate::mpc::reshare::{reshare_context, ReshareError, ReshareState};
 use crate::party::PartyIndex;
 use crate::ring::Z16;
-use crate::seal::PairwisePrf;
 
 /// Bytes of the round header in front of every payload (module docs).
 pub const HEADER_BYTES: usize = 4;
@@ -195,48 +194,6 @@ impl MatchConfig {
         } else {
             2 * self.max_rotation as usize + 1
         }
-    }
-}
-
-/// One party's key material for a search: the pairwise PRFs with parties i+1 and i−1 and the
-/// session id (fresh per search).
-#[derive(Clone, Debug)]
-pub struct MatchKeys {
-    party: PartyIndex,
-    session: [u8; 16],
-    with_next: PairwisePrf,
-    with_prev: PairwisePrf,
-}
-
-impl MatchKeys {
-    /// The keys of `party`; `with_next` is shared with party i+1, `with_prev` with party i−1.
-    pub fn new(
-        party: PartyIndex,
-        session: [u8; 16],
-        with_next: PairwisePrf,
-        with_prev: PairwisePrf,
-    ) -> Self {
-        Self {
-            party,
-            session,
-            with_next,
-            with_prev,
-        }
-    }
-
-    /// The party these keys belong to.
-    pub fn party(&self) -> PartyIndex {
-        self.party
-    }
-
-    /// The [`MpcContext`] of the gate rounds.
-    pub fn context(&self) -> MpcContext {
-        MpcContext::new(
-            self.party,
-            self.session,
-            self.with_next.clone(),
-            self.with_prev.clone(),
-        )
     }
 }
 
@@ -475,12 +432,12 @@ impl IrisMatchSession {
     /// [`DotKernel::detect`] and returns the first (reshare) message. Fails if the probe
     /// belongs to another party, on a malformed probe or an invalid configuration.
     pub fn start(
-        keys: &MatchKeys,
+        keys: &MpcContext,
         config: &MatchConfig,
         db: &ShareMatrix<'_>,
         probe: &IrisShare,
     ) -> Result<Step<Self, MatchOutput>, MatchError> {
-        if probe.party != keys.party {
+        if probe.party != keys.party() {
             return Err(MatchError::InvalidInput(
                 "the probe share belongs to another party",
             ));
@@ -494,7 +451,7 @@ impl IrisMatchSession {
     /// [`crate::iris::dot::scan_range`] on a thread pool, with the query prepared for
     /// `config.max_rotation`): `dots` must hold all R rotations of every entry, entry-major.
     pub fn start_with_dots(
-        keys: &MatchKeys,
+        keys: &MpcContext,
         config: &MatchConfig,
         dots: DotShares,
     ) -> Result<Step<Self, MatchOutput>, MatchError> {
@@ -510,25 +467,25 @@ impl IrisMatchSession {
                 "dot products do not hold entries × rotations values",
             ));
         }
-        let party = keys.party;
+        let party = keys.party();
         let wrap = |v: Vec<u16>| -> Vec<Z16> { v.into_iter().map(std::num::Wrapping).collect() };
         let (code, out_code) = ReshareState::start(
             party,
             wrap(dots.code),
-            &keys.with_next,
-            &keys.with_prev,
-            &reshare_context(&keys.session, 0, "iris code"),
+            keys.with_next(),
+            keys.with_prev(),
+            &reshare_context(keys.session(), 0, "iris code"),
         );
         let (mask, out_mask) = ReshareState::start(
             party,
             wrap(dots.mask),
-            &keys.with_next,
-            &keys.with_prev,
-            &reshare_context(&keys.session, 0, "iris mask"),
+            keys.with_next(),
+            keys.with_prev(),
+            &reshare_context(keys.session(), 0, "iris mask"),
         );
         let core = Core {
             party,
-            ctx: keys.context(),
+            ctx: keys.clone(),
             mode: config.mode,
             threshold: config.threshold,
             entitled: config.entitled.clone(),
@@ -673,6 +630,7 @@ mod tests {
     use crate::iris::template::{
         masked_code_distance_counts, min_fhd_over_rotations, IrisTemplate, IRIS_CODE_BITS,
     };
+    use crate::seal::PairwisePrf;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
@@ -680,11 +638,11 @@ mod tests {
     /// The deployed τ = 0.345 = 69/200, compared exactly (compare.rs module docs).
     const TAU: f64 = 0.345;
 
-    fn keys(seed: u8, session: [u8; 16]) -> [MatchKeys; 3] {
+    fn keys(seed: u8, session: [u8; 16]) -> [MpcContext; 3] {
         let prf = |i: u8| PairwisePrf::from_seed([seed.wrapping_mul(3).wrapping_add(i); 32]);
         let prfs = [prf(0), prf(1), prf(2)];
         P.map(|p| {
-            MatchKeys::new(
+            MpcContext::new(
                 p,
                 session,
                 prfs[p.as_usize()].clone(),

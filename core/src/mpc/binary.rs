@@ -505,6 +505,21 @@ impl MpcContext {
         self.party
     }
 
+    /// The session id.
+    pub fn session(&self) -> &[u8; 16] {
+        &self.session
+    }
+
+    /// The PRF shared with party i+1.
+    pub fn with_next(&self) -> &PairwisePrf {
+        &self.with_next
+    }
+
+    /// The PRF shared with party i−1.
+    pub fn with_prev(&self) -> &PairwisePrf {
+        &self.with_prev
+    }
+
     /// The PRF context of one gate batch: domain ‖ session ‖ label length ‖ label ‖ round ‖
     /// gate kind.
     fn prf_context(&self, label: &[u8], round: u32, kind: u8) -> Vec<u8> {
