@@ -33,6 +33,7 @@ use crate::iris::encoding::{
 use crate::iris::template::IrisTemplate;
 use crate::party::PartyIndex;
 use crate::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey, SealError};
+use crate::storage::{coefs_from_le_bytes, push_coefs_le};
 
 /// The sealing purpose label of iris enrolment bundles.
 pub const IRIS_ENROL_PURPOSE: &str = "iris-enrol";
@@ -159,17 +160,6 @@ impl std::fmt::Debug for IrisEnrolBundle {
     }
 }
 
-fn push_coefs(out: &mut Vec<u8>, coefs: &[u16]) {
-    out.extend(coefs.iter().flat_map(|c| c.to_le_bytes()));
-}
-
-fn read_coefs(bytes: &[u8]) -> Vec<u16> {
-    bytes
-        .chunks_exact(2)
-        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
-        .collect()
-}
-
 impl IrisEnrolBundle {
     /// Serialises the bundle in the documented layout.
     pub fn encode(&self) -> Vec<u8> {
@@ -184,8 +174,8 @@ impl IrisEnrolBundle {
         out.push(self.eye.to_byte());
         out.extend_from_slice(&(subject.len() as u16).to_le_bytes());
         out.extend_from_slice(subject);
-        push_coefs(&mut out, &self.share.code);
-        push_coefs(&mut out, &self.share.mask);
+        push_coefs_le(&mut out, &self.share.code);
+        push_coefs_le(&mut out, &self.share.mask);
         out
     }
 
@@ -219,8 +209,8 @@ impl IrisEnrolBundle {
             eye,
             share: IrisShare {
                 party,
-                code: read_coefs(&bytes[subject_end..code_end]),
-                mask: read_coefs(&bytes[code_end..]),
+                code: coefs_from_le_bytes(&bytes[subject_end..code_end]),
+                mask: coefs_from_le_bytes(&bytes[code_end..]),
             },
         })
     }

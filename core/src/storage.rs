@@ -120,11 +120,22 @@ impl ShareView<'_> {
 
     /// The coefficients as integers.
     pub fn coefs(&self) -> Vec<u16> {
-        self.coef_bytes
-            .chunks_exact(2)
-            .map(|p| u16::from_le_bytes([p[0], p[1]]))
-            .collect()
+        coefs_from_le_bytes(self.coef_bytes)
     }
+}
+
+/// Z_2^16 coefficients from their little-endian bytes (a trailing odd byte is ignored; callers
+/// check lengths first).
+pub fn coefs_from_le_bytes(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]))
+        .collect()
+}
+
+/// Appends coefficients as little-endian bytes.
+pub fn push_coefs_le(out: &mut Vec<u8>, coefs: &[u16]) {
+    out.extend(coefs.iter().flat_map(|c| c.to_le_bytes()));
 }
 
 /// Checks a declared length (typmod) for `kind`.
@@ -167,9 +178,7 @@ fn check_coef_count(kind: ShareKind, n: usize) -> Result<(), String> {
 pub fn encode_share(kind: ShareKind, party: PartyIndex, coefs: &[u16]) -> Vec<u8> {
     let mut out = Vec::with_capacity(SHARE_HEADER_LEN + 2 * coefs.len());
     write_share_header(kind, party, coefs.len(), &mut out);
-    for c in coefs {
-        out.extend_from_slice(&c.to_le_bytes());
-    }
+    push_coefs_le(&mut out, coefs);
     out
 }
 

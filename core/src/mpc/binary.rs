@@ -643,40 +643,36 @@ fn encode_u64(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-fn decode_u64(payload: &[u8], words: usize, round: u32) -> Result<Vec<u64>, MpcError> {
-    if payload.len() != words * 8 {
+/// Decodes exactly `count` little-endian `N`-byte values, or reports the wrong length.
+fn decode_le<T, const N: usize>(
+    payload: &[u8],
+    count: usize,
+    round: u32,
+    from_le: fn([u8; N]) -> T,
+) -> Result<Vec<T>, MpcError> {
+    if payload.len() != count * N {
         return Err(MpcError::WrongLength {
             round,
-            expected: words * 8,
+            expected: count * N,
             got: payload.len(),
         });
     }
     Ok(payload
-        .chunks_exact(8)
+        .chunks_exact(N)
         .map(|c| {
-            let mut b = [0u8; 8];
+            let mut b = [0u8; N];
             b.copy_from_slice(c);
-            u64::from_le_bytes(b)
+            from_le(b)
         })
         .collect())
 }
 
+fn decode_u64(payload: &[u8], words: usize, round: u32) -> Result<Vec<u64>, MpcError> {
+    decode_le(payload, words, round, u64::from_le_bytes)
+}
+
 fn decode_u32(payload: &[u8], count: usize, round: u32) -> Result<Vec<u32>, MpcError> {
-    if payload.len() != count * 4 {
-        return Err(MpcError::WrongLength {
-            round,
-            expected: count * 4,
-            got: payload.len(),
-        });
-    }
-    Ok(payload
-        .chunks_exact(4)
-        .map(|c| {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(c);
-            u32::from_le_bytes(b)
-        })
-        .collect())
+    decode_le(payload, count, round, u32::from_le_bytes)
 }
 
 impl<P: Program> Session<P> {
