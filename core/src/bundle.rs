@@ -71,14 +71,16 @@ impl Eye {
         }
     }
 
-    fn to_byte(self) -> u8 {
+    /// The eye as stored in binary layouts: 0 left, 1 right.
+    pub(crate) fn to_byte(self) -> u8 {
         match self {
             Eye::Left => 0,
             Eye::Right => 1,
         }
     }
 
-    fn from_byte(byte: u8) -> Result<Self, BundleError> {
+    /// Parses the byte written by `to_byte`.
+    pub(crate) fn from_byte(byte: u8) -> Result<Self, BundleError> {
         match byte {
             0 => Ok(Eye::Left),
             1 => Ok(Eye::Right),

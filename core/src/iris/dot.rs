@@ -57,6 +57,9 @@ pub enum DotError {
         /// Rows of the mask matrix.
         masks: usize,
     },
+    /// A scan thread panicked (a bug; the search is refused rather than answered wrongly).
+    #[error("iris scan: a worker thread panicked")]
+    WorkerPanicked,
     /// The entry range does not lie within the matrix.
     #[error("iris scan: entry range {start}..{end} is outside the {len} entries")]
     RangeOutOfBounds {

@@ -4,6 +4,9 @@
 pub mod dot;
 pub mod encoding;
 pub mod matcher;
+pub mod probe;
 pub mod query;
+pub mod service;
+pub mod store;
 pub mod synth;
 pub mod template;

@@ -1,0 +1,477 @@
+//! One party's iris search service: the table of running searches between the rounds the
+//! coordinator drives (design brief §3, "session state lives inside the party").
+//!
+//! A search is `start` (open the sealed probe, scan the [`IrisStore`], first message), then
+//! one `round` per protocol round (open the message of party i−1 from the pairwise channel,
+//! step the [`IrisMatchSession`], seal the next message to party i+1), until the output.
+//! Messages between parties travel through the coordinator sealed with the pairwise
+//! [`Channel`]s of [`crate::seal`]: the coordinator sees lengths, never shares, and cannot
+//! forge, replay or reorder a message.
+//!
+//! **Binding.** The channel and PRF session id of a search is
+//! SHA-256(`privmatch iris search v1` ‖ session id ‖ mode ‖ rotation ‖ threshold ‖ eye ‖
+//! digest of the searched set)[..16]. Parties given different parameters, or searching
+//! different sets, cannot authenticate each other's first message: the search aborts instead
+//! of computing something else. A session id is accepted once ([`SearchService::start`]
+//! refuses a replayed id while it is remembered).
+//!
+//! **Failure.** Any refused message aborts the search: its state is dropped, later calls for
+//! it fail with [`SearchError::UnknownSession`]. Idle searches expire after the configured
+//! timeout ([`SearchService::expire`]). Errors name sessions, rounds and shapes, never values.
+//!
+//! **Empty eye.** With no enrolled template of the probe's eye, the three parties skip the
+//! protocol in the same way: `start` returns an empty message and round 0 ends the search
+//! (no match; unique).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::OsRng;
+use sha2::{Digest, Sha256};
+
+use crate::bundle::{BundleError, Eye};
+use crate::iris::dot::DotKernel;
+use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput, OutputMode};
+use crate::iris::probe::{open_iris_probe, SESSION_ID_LEN};
+use crate::iris::query::PreparedQuery;
+use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
+use crate::mpc::binary::{MpcContext, Step};
+use crate::mpc::compare::Threshold;
+use crate::party::PartyIndex;
+use crate::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
+
+/// A search session id as chosen by the coordinator.
+pub type SessionId = [u8; SESSION_ID_LEN];
+
+/// How many finished session ids are remembered to refuse replays.
+const REMEMBERED_SESSIONS: usize = 4096;
+
+/// Largest accepted maximum rotation (the deployed ±15 columns).
+pub const MAX_ROTATION_LIMIT: i32 = crate::iris::template::MAX_ROTATION;
+
+/// The keys a party searches with: its own and its pinned peers'.
+pub struct PartyKeys {
+    /// This party.
+    pub me: PartyIndex,
+    /// Its long-term secret key.
+    pub secret: PartySecretKey,
+    /// Pinned public keys by party index (`None` where not pinned; this party's own slot is
+    /// ignored).
+    pub peers: [Option<PartyPublicKey>; 3],
+}
+
+/// The parameters of one search, identical at the three parties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchParams {
+    /// Identification or uniqueness.
+    pub mode: OutputMode,
+    /// Rotations −max..=max columns (0..=15).
+    pub max_rotation: i32,
+    /// Match if the fractional Hamming distance is below this.
+    pub threshold: Threshold,
+}
+
+impl SearchParams {
+    /// Parses the SQL-level parameters: `mode` is `identify` or `uniqueness`,
+    /// `max_rotation` in 0..=15, `threshold` a ratio in (0, 0.5] with at most four decimals.
+    pub fn parse(mode: &str, max_rotation: i32, threshold: f64) -> Result<Self, SearchError> {
+        let mode = match mode {
+            "identify" => OutputMode::Identify,
+            "uniqueness" => OutputMode::Uniqueness,
+            other => {
+                return Err(SearchError::BadParameter(format!(
+                    "mode must be 'identify' or 'uniqueness', not {other:?}"
+                )))
+            }
+        };
+        if !(0..=MAX_ROTATION_LIMIT).contains(&max_rotation) {
+            return Err(SearchError::BadParameter(format!(
+                "max_rotation must be in 0..={MAX_ROTATION_LIMIT}, not {max_rotation}"
+            )));
+        }
+        if !(threshold > 0.0 && threshold <= 0.5) {
+            return Err(SearchError::BadParameter(format!(
+                "threshold must be a ratio in (0, 0.5], not {threshold}"
+            )));
+        }
+        let scaled = threshold * 10_000.0;
+        if (scaled - scaled.round()).abs() > 1e-6 {
+            return Err(SearchError::BadParameter(format!(
+                "threshold {threshold} has more than four decimals"
+            )));
+        }
+        let threshold = Threshold::from_ratio(threshold)
+            .map_err(|e| SearchError::BadParameter(e.to_string()))?;
+        Ok(SearchParams {
+            mode,
+            max_rotation,
+            threshold,
+        })
+    }
+
+    fn mode_byte(&self) -> u8 {
+        match self.mode {
+            OutputMode::Identify => 0,
+            OutputMode::Uniqueness => 1,
+        }
+    }
+}
+
+/// Why a search call was refused. Never contains share values, distances or keys.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// A parameter is out of range.
+    #[error("iris search: {0}")]
+    BadParameter(String),
+    /// The session id is not running here (never started, finished, aborted or expired).
+    #[error("iris search session {0} is not running at this party (finished, aborted, expired or never started)")]
+    UnknownSession(String),
+    /// The session id was used before.
+    #[error("iris search session {0} was already used: session ids are single-use")]
+    ReplayedSession(String),
+    /// The sealed probe could not be opened or decoded.
+    #[error("iris search probe: {0}")]
+    Probe(#[from] BundleError),
+    /// A peer's key is not pinned.
+    #[error("no public key is pinned for {0}: run privmatch.pin_peer first")]
+    PeerNotPinned(PartyIndex),
+    /// A round arrived out of order.
+    #[error("iris search session {session}: expected round {expected}, got round {got}")]
+    WrongRound {
+        /// The session.
+        session: String,
+        /// The round the session waits for.
+        expected: u32,
+        /// The round of the call.
+        got: u32,
+    },
+    /// The peer's message could not be authenticated (tampered, replayed, misrouted, or the
+    /// parties disagree on the parameters or the searched set).
+    #[error("iris search session {session}, round {round}: message from {from} refused: {source}")]
+    Channel {
+        /// The session.
+        session: String,
+        /// The round.
+        round: u32,
+        /// The sender.
+        from: PartyIndex,
+        /// Why.
+        source: SealError,
+    },
+    /// The protocol refused a message or an input.
+    #[error("iris search session {session}: {source}")]
+    Protocol {
+        /// The session.
+        session: String,
+        /// Why.
+        source: MatchError,
+    },
+    /// The store could not be scanned.
+    #[error("iris search: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What `start` returns to the coordinator.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StartReply {
+    /// Entries searched (templates of the probe's eye).
+    pub entries: usize,
+    /// Digest of the searched set ([`CanonicalOrder::digest`]).
+    pub digest: [u8; 32],
+    /// The first message, for party i+1 (sealed).
+    pub message: Vec<u8>,
+}
+
+impl fmt::Debug for StartReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "StartReply {{ entries: {}, digest: {}, message: {} bytes }}",
+            self.entries,
+            hex::encode(self.digest),
+            self.message.len()
+        )
+    }
+}
+
+/// What `round` returns to the coordinator.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RoundReply {
+    /// The next message, for party i+1 (sealed).
+    Continue(Vec<u8>),
+    /// Identification output: the matching subjects of the probe's eye, sorted.
+    Identified(Vec<String>),
+    /// Uniqueness output: `true` if the probe matched nobody.
+    Unique(bool),
+}
+
+impl fmt::Debug for RoundReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RoundReply::Continue(m) => write!(f, "Continue({} bytes)", m.len()),
+            RoundReply::Identified(s) => write!(f, "Identified({s:?})"),
+            RoundReply::Unique(u) => write!(f, "Unique({u})"),
+        }
+    }
+}
+
+enum State {
+    Running(IrisMatchSession),
+    /// No entry of the probe's eye: round 0 ends the search.
+    Empty(OutputMode),
+}
+
+struct ActiveSearch {
+    me: PartyIndex,
+    state: State,
+    to_next: Channel,
+    from_prev: Channel,
+    order: Arc<CanonicalOrder>,
+    /// The round whose message the next call must carry.
+    next_round: u32,
+    last_used: Instant,
+}
+
+/// The running searches of one party (module docs).
+pub struct SearchService {
+    sessions: HashMap<SessionId, ActiveSearch>,
+    used: HashSet<SessionId>,
+    used_order: VecDeque<SessionId>,
+    kernel: DotKernel,
+    threads: usize,
+    timeout: Duration,
+}
+
+fn session_hex(id: &SessionId) -> String {
+    hex::encode(id)
+}
+
+/// The channel and PRF session id of a search (module docs, "Binding").
+fn bound_session(id: &SessionId, params: &SearchParams, eye: Eye, digest: &[u8; 32]) -> SessionId {
+    let mut h = Sha256::new();
+    h.update(b"privmatch iris search v1");
+    h.update(id);
+    h.update([params.mode_byte(), eye.to_byte()]);
+    h.update(params.max_rotation.to_le_bytes());
+    h.update(params.threshold.numerator().to_le_bytes());
+    h.update(digest);
+    let full = h.finalize();
+    let mut out = [0u8; SESSION_ID_LEN];
+    out.copy_from_slice(&full[..SESSION_ID_LEN]);
+    out
+}
+
+impl SearchService {
+    /// An empty service scanning with `kernel` on `threads` threads; idle searches expire
+    /// after `timeout`.
+    pub fn new(kernel: DotKernel, threads: usize, timeout: Duration) -> Self {
+        SearchService {
+            sessions: HashMap::new(),
+            used: HashSet::new(),
+            used_order: VecDeque::new(),
+            kernel,
+            threads: threads.max(1),
+            timeout,
+        }
+    }
+
+    /// The dot-product kernel in use.
+    pub fn kernel(&self) -> DotKernel {
+        self.kernel
+    }
+
+    /// Scan threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Number of running searches.
+    pub fn active(&self) -> usize {
+        self.sessions.len()
+    }
+
+    fn remember(&mut self, id: SessionId) -> Result<(), SearchError> {
+        if !self.used.insert(id) {
+            return Err(SearchError::ReplayedSession(session_hex(&id)));
+        }
+        self.used_order.push_back(id);
+        if self.used_order.len() > REMEMBERED_SESSIONS {
+            if let Some(old) = self.used_order.pop_front() {
+                self.used.remove(&old);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts search `id` (seed 001 Algorithm 3 steps 1–3 at this party): opens the sealed
+    /// probe, scans the store's entries of the probe's eye in canonical order and returns the
+    /// first message. The store must have been brought up to date by the caller.
+    pub fn start(
+        &mut self,
+        store: &mut IrisStore,
+        keys: &PartyKeys,
+        id: SessionId,
+        sealed_probe: &[u8],
+        params: SearchParams,
+        now: Instant,
+    ) -> Result<StartReply, SearchError> {
+        self.remember(id)?;
+        let me = keys.me;
+        let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
+        let peer_key =
+            |p: PartyIndex| keys.peers[p.as_usize()].ok_or(SearchError::PeerNotPinned(p));
+        let (next_key, prev_key) = (peer_key(me.next())?, peer_key(me.prev())?);
+        let order = store.canonical(probe.eye);
+        let bound = bound_session(&id, &params, probe.eye, &order.digest);
+        let pairwise = |p: PartyIndex, key: &PartyPublicKey| {
+            PairwiseSecrets::derive(me, &keys.secret, p, key).map_err(|source| {
+                SearchError::Channel {
+                    session: session_hex(&id),
+                    round: 0,
+                    from: p,
+                    source,
+                }
+            })
+        };
+        let with_next = pairwise(me.next(), &next_key)?;
+        let with_prev = pairwise(me.prev(), &prev_key)?;
+        let mut to_next = with_next.channel(bound);
+        let from_prev = with_prev.channel(bound);
+        let protocol = |source: MatchError| SearchError::Protocol {
+            session: session_hex(&id),
+            source,
+        };
+        let (state, payload) = if order.subjects.is_empty() {
+            (State::Empty(params.mode), Vec::new())
+        } else {
+            let query = PreparedQuery::prepare(&probe.share, params.max_rotation)
+                .map_err(|e| protocol(e.into()))?;
+            let dots = store.scan(probe.eye, &order, self.kernel, &query, self.threads)?;
+            let ctx = MpcContext::new(me, bound, with_next.prf(), with_prev.prf());
+            let config = MatchConfig {
+                max_rotation: params.max_rotation,
+                threshold: params.threshold,
+                mode: params.mode,
+                entitled: PartyIndex::ALL.to_vec(),
+            };
+            match IrisMatchSession::start_with_dots(&ctx, &config, dots).map_err(protocol)? {
+                Step::Send(session, out) => (State::Running(session), out.payload),
+                Step::Done(_) => {
+                    return Err(protocol(MatchError::InvalidInput(
+                        "the search ended before its first round",
+                    )))
+                }
+            }
+        };
+        let message = to_next.seal(0, &payload, &mut OsRng);
+        let entries = order.subjects.len();
+        let digest = order.digest;
+        self.sessions.insert(
+            id,
+            ActiveSearch {
+                me,
+                state,
+                to_next,
+                from_prev,
+                order,
+                next_round: 0,
+                last_used: now,
+            },
+        );
+        Ok(StartReply {
+            entries,
+            digest,
+            message,
+        })
+    }
+
+    /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure
+    /// aborts the search.
+    pub fn round(
+        &mut self,
+        id: SessionId,
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<RoundReply, SearchError> {
+        let Some(mut active) = self.sessions.remove(&id) else {
+            return Err(SearchError::UnknownSession(session_hex(&id)));
+        };
+        let session = session_hex(&id);
+        if round != active.next_round {
+            return Err(SearchError::WrongRound {
+                session,
+                expected: active.next_round,
+                got: round,
+            });
+        }
+        let from = active.me.prev();
+        let payload =
+            active
+                .from_prev
+                .open(round, message)
+                .map_err(|source| SearchError::Channel {
+                    session: session.clone(),
+                    round,
+                    from,
+                    source,
+                })?;
+        let protocol = |source: MatchError| SearchError::Protocol {
+            session: session.clone(),
+            source,
+        };
+        let step = match active.state {
+            State::Empty(mode) => {
+                if !payload.is_empty() {
+                    return Err(protocol(MatchError::InvalidInput(
+                        "a search over no entries carries no message",
+                    )));
+                }
+                return Ok(match mode {
+                    OutputMode::Identify => RoundReply::Identified(Vec::new()),
+                    OutputMode::Uniqueness => RoundReply::Unique(true),
+                });
+            }
+            State::Running(s) => s.receive(from, &payload).map_err(protocol)?,
+        };
+        match step {
+            Step::Send(next, out) => {
+                let sealed = active.to_next.seal(round + 1, &out.payload, &mut OsRng);
+                active.state = State::Running(next);
+                active.next_round = round + 1;
+                active.last_used = now;
+                self.sessions.insert(id, active);
+                Ok(RoundReply::Continue(sealed))
+            }
+            Step::Done(output) => Ok(match output {
+                MatchOutput::Identify(entries) => RoundReply::Identified(
+                    entries
+                        .into_iter()
+                        .filter_map(|e| active.order.subjects.get(e).cloned())
+                        .collect(),
+                ),
+                MatchOutput::Unique(u) => RoundReply::Unique(u),
+                MatchOutput::Withheld => RoundReply::Identified(Vec::new()),
+            }),
+        }
+    }
+
+    /// Drops search `id`; returns whether it was running.
+    pub fn abort(&mut self, id: &SessionId) -> bool {
+        self.sessions.remove(id).is_some()
+    }
+
+    /// Drops searches idle for longer than the timeout; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let before = self.sessions.len();
+        let timeout = self.timeout;
+        self.sessions
+            .retain(|_, s| now.saturating_duration_since(s.last_used) <= timeout);
+        before - self.sessions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,347 @@
+//! Three in-process parties (store + service each) running whole searches through the
+//! sealed-message interface the coordinator uses, checked against the plaintext matcher.
+
+use super::*;
+use crate::iris::encoding::share_template;
+use crate::iris::probe::seal_iris_probe;
+use crate::iris::store::StoredTemplate;
+use crate::iris::synth::{near_duplicate, random_template};
+use crate::iris::template::{masked_code_distance_counts, IrisTemplate};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+struct Party {
+    store: IrisStore,
+    service: SearchService,
+    keys: PartyKeys,
+}
+
+struct World {
+    parties: Vec<Party>,
+    publics: [PartyPublicKey; 3],
+    rng: ChaCha20Rng,
+    next_id: i64,
+}
+
+fn world(seed: u64) -> World {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let secrets: [PartySecretKey; 3] = std::array::from_fn(|_| PartySecretKey::generate(&mut rng));
+    let publics: [PartyPublicKey; 3] = std::array::from_fn(|i| secrets[i].public_key());
+    let parties = secrets
+        .into_iter()
+        .enumerate()
+        .map(|(i, secret)| Party {
+            store: IrisStore::new(PartyIndex::ALL[i]),
+            service: SearchService::new(DotKernel::detect(), 2, Duration::from_secs(60)),
+            keys: PartyKeys {
+                me: PartyIndex::ALL[i],
+                secret,
+                peers: publics.map(Some),
+            },
+        })
+        .collect();
+    World {
+        parties,
+        publics,
+        rng,
+        next_id: 1,
+    }
+}
+
+impl World {
+    fn enrol(&mut self, subject: &str, eye: Eye, t: &IrisTemplate) {
+        let shares = share_template(t, &mut self.rng).unwrap();
+        for (party, share) in self.parties.iter_mut().zip(shares) {
+            party
+                .store
+                .insert(StoredTemplate {
+                    id: self.next_id,
+                    subject: subject.into(),
+                    eye,
+                    share,
+                })
+                .unwrap();
+        }
+        self.next_id += 1;
+    }
+
+    fn session(&mut self) -> SessionId {
+        self.rng.gen()
+    }
+
+    fn start(
+        &mut self,
+        id: SessionId,
+        probe: &IrisTemplate,
+        eye: Eye,
+        params: SearchParams,
+    ) -> Vec<StartReply> {
+        let sealed = seal_iris_probe(probe, eye, id, &self.publics, &mut self.rng).unwrap();
+        let now = Instant::now();
+        self.parties
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| {
+                p.service
+                    .start(&mut p.store, &p.keys, id, &sealed[i], params, now)
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Drives rounds as the coordinator does: party i's message goes to party i+1.
+    fn finish(&mut self, id: SessionId, first: Vec<Vec<u8>>) -> (Vec<RoundReply>, u32) {
+        let mut messages = first;
+        let mut round = 0;
+        loop {
+            let now = Instant::now();
+            let replies: Vec<RoundReply> = (0..3)
+                .map(|i| {
+                    let inbound = &messages[(i + 2) % 3];
+                    self.parties[i]
+                        .service
+                        .round(id, round, inbound, now)
+                        .unwrap()
+                })
+                .collect();
+            if replies
+                .iter()
+                .all(|r| !matches!(r, RoundReply::Continue(_)))
+            {
+                return (replies, round + 1);
+            }
+            messages = replies
+                .into_iter()
+                .map(|r| match r {
+                    RoundReply::Continue(m) => m,
+                    other => panic!("parties out of step: {other:?}"),
+                })
+                .collect();
+            round += 1;
+        }
+    }
+
+    fn search(&mut self, probe: &IrisTemplate, eye: Eye, params: SearchParams) -> RoundReply {
+        let id = self.session();
+        let starts = self.start(id, probe, eye, params);
+        assert!(starts.windows(2).all(|w| w[0].digest == w[1].digest));
+        let (replies, _) = self.finish(id, starts.into_iter().map(|s| s.message).collect());
+        assert!(replies.windows(2).all(|w| w[0] == w[1]), "{replies:?}");
+        assert_eq!(
+            self.parties
+                .iter()
+                .map(|p| p.service.active())
+                .sum::<usize>(),
+            0
+        );
+        replies.into_iter().next().unwrap()
+    }
+}
+
+fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32, tau: u32) -> bool {
+    (-max_rotation..=max_rotation).any(|k| {
+        let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
+        common > 0 && u64::from(hd) * 10_000 < u64::from(tau) * u64::from(common)
+    })
+}
+
+fn params(mode: &str, max_rotation: i32) -> SearchParams {
+    SearchParams::parse(mode, max_rotation, 0.345).unwrap()
+}
+
+#[test]
+fn identification_and_uniqueness_match_the_plaintext_reference() {
+    let mut w = world(11);
+    let mut enrolled = Vec::new();
+    for i in 0..40 {
+        let t = random_template(&mut w.rng);
+        let eye = if i % 4 == 0 { Eye::Right } else { Eye::Left };
+        let subject = format!("subject-{i:02}");
+        w.enrol(&subject, eye, &t);
+        enrolled.push((subject, eye, t));
+    }
+    let mut probes: Vec<(IrisTemplate, Eye)> = Vec::new();
+    for (i, (_, eye, t)) in enrolled.iter().enumerate().take(12) {
+        let flip = [0.1, 0.3, 0.33, 0.36][i % 4];
+        let rotation = (i as i32 % 31) - 15;
+        probes.push((near_duplicate(t, flip, rotation, &mut w.rng), *eye));
+    }
+    probes.push((random_template(&mut w.rng), Eye::Left));
+    for max_rotation in [0, 15] {
+        for (probe, eye) in &probes {
+            let expected: Vec<String> = enrolled
+                .iter()
+                .filter(|(_, e, t)| e == eye && plain_match(probe, t, max_rotation, 3450))
+                .map(|(s, _, _)| s.clone())
+                .collect();
+            let got = w.search(probe, *eye, params("identify", max_rotation));
+            assert_eq!(got, RoundReply::Identified(expected.clone()));
+            let unique = w.search(probe, *eye, params("uniqueness", max_rotation));
+            assert_eq!(unique, RoundReply::Unique(expected.is_empty()));
+        }
+    }
+}
+
+#[test]
+fn identify_takes_22_rounds_with_31_rotations() {
+    let mut w = world(12);
+    let t = random_template(&mut w.rng);
+    w.enrol("a", Eye::Left, &t);
+    let id = w.session();
+    let starts = w.start(id, &t, Eye::Left, params("identify", 15));
+    let (replies, rounds) = w.finish(id, starts.into_iter().map(|s| s.message).collect());
+    assert_eq!(rounds, 22);
+    assert_eq!(replies[0], RoundReply::Identified(vec!["a".into()]));
+}
+
+#[test]
+fn deleted_templates_are_not_matched_and_empty_eye_is_unique() {
+    let mut w = world(13);
+    let t = random_template(&mut w.rng);
+    w.enrol("a", Eye::Left, &t);
+    let other = random_template(&mut w.rng);
+    w.enrol("b", Eye::Left, &other);
+    assert_eq!(
+        w.search(&t, Eye::Left, params("identify", 0)),
+        RoundReply::Identified(vec!["a".into()])
+    );
+    for p in &mut w.parties {
+        assert!(p.store.remove(1));
+    }
+    assert_eq!(
+        w.search(&t, Eye::Left, params("identify", 0)),
+        RoundReply::Identified(vec![])
+    );
+    assert_eq!(
+        w.search(&t, Eye::Right, params("uniqueness", 15)),
+        RoundReply::Unique(true)
+    );
+}
+
+#[test]
+fn different_sets_or_parameters_fail_authentication_instead_of_computing() {
+    let mut w = world(14);
+    let t = random_template(&mut w.rng);
+    w.enrol("a", Eye::Left, &t);
+    let other = random_template(&mut w.rng);
+    w.enrol("b", Eye::Left, &other);
+    // P2 misses a record: its digest differs and P0 cannot open its first message.
+    w.parties[2].store.remove(2);
+    let id = w.session();
+    let starts = w.start(id, &t, Eye::Left, params("identify", 0));
+    assert_ne!(starts[0].digest, starts[2].digest);
+    let err = w.parties[0]
+        .service
+        .round(id, 0, &starts[2].message, Instant::now())
+        .unwrap_err();
+    assert!(matches!(err, SearchError::Channel { .. }), "{err}");
+    // The failed session is gone.
+    assert!(matches!(
+        w.parties[0]
+            .service
+            .round(id, 0, &starts[2].message, Instant::now()),
+        Err(SearchError::UnknownSession(_))
+    ));
+}
+
+#[test]
+fn tampered_replayed_or_reordered_messages_abort() {
+    let mut w = world(15);
+    let t = random_template(&mut w.rng);
+    w.enrol("a", Eye::Left, &t);
+    let id = w.session();
+    let starts = w.start(id, &t, Eye::Left, params("identify", 0));
+    let mut tampered = starts[2].message.clone();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    let now = Instant::now();
+    assert!(w.parties[0].service.round(id, 0, &tampered, now).is_err());
+    // P1: wrong round number.
+    assert!(matches!(
+        w.parties[1].service.round(id, 1, &starts[0].message, now),
+        Err(SearchError::WrongRound { .. })
+    ));
+    // P2: a message from the wrong sender (P0's to P1).
+    assert!(w.parties[2]
+        .service
+        .round(id, 0, &starts[0].message, now)
+        .is_err());
+    assert!(w.parties.iter().all(|p| p.service.active() == 0));
+}
+
+#[test]
+fn session_ids_are_single_use_and_idle_sessions_expire() {
+    let mut w = world(16);
+    let t = random_template(&mut w.rng);
+    w.enrol("a", Eye::Left, &t);
+    let id = w.session();
+    let sealed = seal_iris_probe(&t, Eye::Left, id, &w.publics, &mut w.rng).unwrap();
+    let p = &mut w.parties[0];
+    let now = Instant::now();
+    let params = params("identify", 0);
+    p.service
+        .start(&mut p.store, &p.keys, id, &sealed[0], params, now)
+        .unwrap();
+    assert!(matches!(
+        p.service
+            .start(&mut p.store, &p.keys, id, &sealed[0], params, now),
+        Err(SearchError::ReplayedSession(_))
+    ));
+    assert_eq!(p.service.expire(now + Duration::from_secs(30)), 0);
+    assert_eq!(p.service.expire(now + Duration::from_secs(61)), 1);
+    assert!(!p.service.abort(&id));
+}
+
+#[test]
+fn messages_do_not_depend_on_the_secrets() {
+    // Same shapes, same session schedule, different databases and probes: every message
+    // has the same length in every round (what the coordinator and a party see beyond
+    // ciphertext is lengths and timing of a fixed schedule).
+    let mut lengths = Vec::new();
+    for seed in [21, 22] {
+        let mut w = world(seed);
+        for i in 0..8 {
+            let t = random_template(&mut w.rng);
+            w.enrol(&format!("s{i}"), Eye::Left, &t);
+        }
+        let probe = random_template(&mut w.rng);
+        let id = w.session();
+        let starts = w.start(id, &probe, Eye::Left, params("identify", 15));
+        let mut seen: Vec<usize> = starts.iter().map(|s| s.message.len()).collect();
+        let mut messages: Vec<Vec<u8>> = starts.into_iter().map(|s| s.message).collect();
+        for round in 0.. {
+            let replies: Vec<RoundReply> = (0..3)
+                .map(|i| {
+                    w.parties[i]
+                        .service
+                        .round(id, round, &messages[(i + 2) % 3], Instant::now())
+                        .unwrap()
+                })
+                .collect();
+            if !matches!(replies[0], RoundReply::Continue(_)) {
+                break;
+            }
+            messages = replies
+                .into_iter()
+                .map(|r| match r {
+                    RoundReply::Continue(m) => m,
+                    _ => unreachable!(),
+                })
+                .collect();
+            seen.extend(messages.iter().map(Vec::len));
+        }
+        lengths.push(seen);
+    }
+    assert_eq!(lengths[0], lengths[1]);
+}
+
+#[test]
+fn parameters_are_validated() {
+    assert!(SearchParams::parse("identify", 15, 0.345).is_ok());
+    assert!(SearchParams::parse("lookup", 15, 0.345).is_err());
+    assert!(SearchParams::parse("identify", 16, 0.345).is_err());
+    assert!(SearchParams::parse("identify", -1, 0.345).is_err());
+    assert!(SearchParams::parse("identify", 15, 0.0).is_err());
+    assert!(SearchParams::parse("identify", 15, f64::NAN).is_err());
+    assert!(SearchParams::parse("identify", 15, 0.34512).is_err());
+}
