@@ -218,7 +218,7 @@ impl fmt::Debug for RoundReply {
 }
 
 enum State {
-    Running(IrisMatchSession),
+    Running(Box<IrisMatchSession>),
     /// No entry of the probe's eye: round 0 ends the search.
     Empty(OutputMode),
 }
@@ -357,7 +357,7 @@ impl SearchService {
                 entitled: PartyIndex::ALL.to_vec(),
             };
             match IrisMatchSession::start_with_dots(&ctx, &config, dots).map_err(protocol)? {
-                Step::Send(session, out) => (State::Running(session), out.payload),
+                Step::Send(session, out) => (State::Running(Box::new(session)), out.payload),
                 Step::Done(_) => {
                     return Err(protocol(MatchError::InvalidInput(
                         "the search ended before its first round",
@@ -439,7 +439,7 @@ impl SearchService {
         match step {
             Step::Send(next, out) => {
                 let sealed = active.to_next.seal(round + 1, &out.payload, &mut OsRng);
-                active.state = State::Running(next);
+                active.state = State::Running(Box::new(next));
                 active.next_round = round + 1;
                 active.last_used = now;
                 self.sessions.insert(id, active);

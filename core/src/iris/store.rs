@@ -20,7 +20,7 @@
 //! growth reserves an eighth of the current size at a time, so capacity stays within
 //! 1.125 × the shares held.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -133,6 +133,8 @@ struct EyeMatrix {
     masks: Vec<u16>,
     ids: Vec<i64>,
     subjects: Vec<String>,
+    /// The subjects held, for the duplicate check.
+    subject_set: HashSet<String>,
     order: Option<Arc<CanonicalOrder>>,
 }
 
@@ -158,6 +160,7 @@ impl EyeMatrix {
         self.codes.extend_from_slice(&t.share.code);
         self.masks.extend_from_slice(&t.share.mask);
         self.ids.push(t.id);
+        self.subject_set.insert(t.subject.clone());
         self.subjects.push(t.subject);
         self.order = None;
     }
@@ -179,7 +182,8 @@ impl EyeMatrix {
         self.codes.truncate(last * CODE_SHARE_COEFS);
         self.masks.truncate(last * MASK_SHARE_COEFS);
         self.ids.swap_remove(row);
-        self.subjects.swap_remove(row);
+        let subject = self.subjects.swap_remove(row);
+        self.subject_set.remove(&subject);
         self.order = None;
         (row != last).then(|| self.ids[row])
     }
@@ -318,7 +322,7 @@ impl IrisStore {
             return Err(StoreError::DuplicateId(t.id));
         }
         let matrix = &mut self.eyes[eye_slot(t.eye)];
-        if matrix.subjects.iter().any(|s| *s == t.subject) {
+        if matrix.subject_set.contains(&t.subject) {
             return Err(StoreError::DuplicateSubject {
                 subject: t.subject,
                 eye: t.eye.as_str(),
