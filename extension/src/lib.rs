@@ -7,12 +7,22 @@
 //! its two-phase-commit transactions. Every rule about bytes lives in `core/`; this crate only
 //! moves bytes between Postgres and core, and turns core's errors into SQLSTATEs.
 
+mod engine;
 mod enrol;
 mod errors;
 mod identity;
 mod share_types;
 
+use pgrx::prelude::*;
+
 ::pgrx::pg_module_magic!();
+
+/// Library initialisation: defines the GUCs and, when loaded through
+/// `shared_preload_libraries`, registers the party engine worker.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    engine::worker::register();
+}
 
 // The hand-written schema (types, tables, casts) runs before any generated function.
 pgrx::extension_sql_file!(

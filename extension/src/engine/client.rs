@@ -1,0 +1,110 @@
+//! The backend side of the engine socket: sends one request, waits for the answer while
+//! honouring query cancellation and `statement_timeout`, and turns engine errors into
+//! Postgres errors with SQLSTATEs.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+
+use super::ipc::{read_frame, write_frame, ErrorKind, Request, Response};
+use super::worker::SOCKET_NAME;
+use crate::errors::raise;
+
+/// How long a call waits for the engine's socket to appear (the worker starts with the
+/// server and restarts two seconds after a crash).
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// Poll interval while waiting (interrupts are checked in between).
+const TICK_MS: i32 = 100;
+
+fn not_running(err: &io::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("the privmatch engine is not running ({err})"),
+        Some("add privmatch to shared_preload_libraries and restart the server; after a crash the engine restarts within seconds"),
+    )
+}
+
+/// Connects to the engine, waiting up to `wait` for it to come up.
+fn connect(wait: Duration) -> Result<UnixStream, io::Error> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match UnixStream::connect(SOCKET_NAME) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => {
+                pgrx::check_for_interrupts!();
+                std::thread::sleep(Duration::from_millis(TICK_MS as u64));
+            }
+        }
+    }
+}
+
+/// Blocks until `stream` is readable, checking for cancellation every tick.
+fn wait_readable(stream: &UnixStream) {
+    let mut fds = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: polling one valid descriptor owned by `stream`.
+        let rc = unsafe { libc::poll(&mut fds, 1, TICK_MS) };
+        if rc != 0 {
+            return;
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
+fn exchange(stream: &mut UnixStream, request: &Request) -> io::Result<Response> {
+    write_frame(stream, &request.encode())?;
+    wait_readable(stream);
+    let body = read_frame(stream)?;
+    Response::decode(&body)
+}
+
+/// Sends `request` to the engine and returns its answer; raises on engine errors.
+pub fn call(request: &Request) -> Response {
+    let mut stream = connect(CONNECT_WAIT).unwrap_or_else(|e| not_running(&e));
+    let response = exchange(&mut stream, request).unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+            format!("the privmatch engine did not answer ({e}); it may have restarted, and running searches are lost"),
+            None,
+        )
+    });
+    if let Response::Error(kind, message) = response {
+        raise(sqlstate(kind), message, hint(kind));
+    }
+    response
+}
+
+/// Like [`call`] but returns `None` instead of raising when the engine is not reachable.
+pub fn try_call(request: &Request) -> Option<Response> {
+    let mut stream = connect(Duration::ZERO).ok()?;
+    exchange(&mut stream, request).ok()
+}
+
+fn sqlstate(kind: ErrorKind) -> PgSqlErrorCode {
+    match kind {
+        ErrorKind::BadParameter => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        ErrorKind::UnknownSession => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        ErrorKind::Protocol => PgSqlErrorCode::ERRCODE_PROTOCOL_VIOLATION,
+        ErrorKind::NotReady => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        ErrorKind::Internal => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        ErrorKind::Probe => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
+    }
+}
+
+fn hint(kind: ErrorKind) -> Option<&'static str> {
+    match kind {
+        ErrorKind::Protocol => Some("the search was aborted at this party; start a new one"),
+        ErrorKind::UnknownSession => {
+            Some("searches are in memory: an engine restart, an abort or the idle timeout (privmatch.search_timeout) ends them")
+        }
+        _ => None,
+    }
+}

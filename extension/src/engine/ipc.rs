@@ -1,0 +1,379 @@
+//! The local protocol between a backend (a SQL call) and the party engine worker, over the
+//! Unix socket in the data directory. Both ends are the same party's processes; the bytes
+//! never leave the machine. One request and one response per connection.
+//!
+//! Frame: u32 little-endian body length, then the body. Body: a tag byte, then the fields in
+//! order; byte strings and text are u32-length-prefixed, integers little-endian.
+
+use std::io::{self, Read, Write};
+
+/// Largest frame accepted (a round message for millions of comparisons stays far below).
+pub const MAX_FRAME: usize = 1 << 30;
+
+/// What a backend asks the engine.
+#[derive(Debug)]
+pub enum Request {
+    /// `iris_search_start`.
+    Start {
+        /// Search session id.
+        session: [u8; 16],
+        /// The sealed probe for this party.
+        probe: Vec<u8>,
+        /// `identify` or `uniqueness`.
+        mode: String,
+        /// 0..=15.
+        max_rotation: i32,
+        /// Ratio τ.
+        threshold: f64,
+    },
+    /// `iris_search_round`.
+    Round {
+        /// Search session id.
+        session: [u8; 16],
+        /// Round number.
+        round: u32,
+        /// Sealed message of party i−1.
+        message: Vec<u8>,
+    },
+    /// `iris_search_abort`.
+    Abort {
+        /// Search session id.
+        session: [u8; 16],
+    },
+    /// `engine_status`.
+    Status,
+}
+
+/// Error classes, mapped to SQLSTATEs by the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 22023 invalid_parameter_value.
+    BadParameter = 1,
+    /// 42704 undefined_object: the session is not running.
+    UnknownSession = 2,
+    /// 08P01 protocol_violation: a refused round message.
+    Protocol = 3,
+    /// 55000 object_not_in_prerequisite_state.
+    NotReady = 4,
+    /// XX000 internal_error.
+    Internal = 5,
+    /// 22P03 invalid_binary_representation: the probe could not be opened.
+    Probe = 6,
+}
+
+impl ErrorKind {
+    fn from_byte(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => ErrorKind::BadParameter,
+            2 => ErrorKind::UnknownSession,
+            3 => ErrorKind::Protocol,
+            4 => ErrorKind::NotReady,
+            5 => ErrorKind::Internal,
+            6 => ErrorKind::Probe,
+            _ => return None,
+        })
+    }
+}
+
+/// The engine's figures for `engine_status()`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStatus {
+    /// `ready`, or why not.
+    pub state: String,
+    /// Templates held.
+    pub templates: u64,
+    /// Bytes of shares held.
+    pub share_bytes: u64,
+    /// Resident memory of the engine process.
+    pub resident_bytes: u64,
+    /// Running searches.
+    pub sessions: u32,
+    /// Dot-product kernel.
+    pub kernel: String,
+    /// Scan threads.
+    pub threads: u32,
+}
+
+/// What the engine answers.
+#[derive(Debug)]
+pub enum Response {
+    /// Reply to [`Request::Start`].
+    Started {
+        /// Entries searched.
+        entries: u64,
+        /// Set digest.
+        digest: [u8; 32],
+        /// First message.
+        message: Vec<u8>,
+    },
+    /// The next message.
+    Continue(Vec<u8>),
+    /// Identification output.
+    Identified(Vec<String>),
+    /// Uniqueness output.
+    Unique(bool),
+    /// Reply to [`Request::Abort`]: whether the session was running.
+    Aborted(bool),
+    /// Reply to [`Request::Status`].
+    Status(EngineStatus),
+    /// The request was refused.
+    Error(ErrorKind, String),
+}
+
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn fixed(mut self, v: &[u8]) -> Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+    fn bytes(self, v: &[u8]) -> Self {
+        self.u32(v.len() as u32).fixed(v)
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+fn malformed() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "malformed engine frame")
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> io::Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(malformed());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> io::Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> io::Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> io::Result<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn array<const N: usize>(&mut self) -> io::Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn bytes(&mut self) -> io::Result<Vec<u8>> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn text(&mut self) -> io::Result<String> {
+        String::from_utf8(self.bytes()?).map_err(|_| malformed())
+    }
+    fn end(&self) -> io::Result<()> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(malformed())
+        }
+    }
+}
+
+impl Request {
+    /// The frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Request::Start {
+                session,
+                probe,
+                mode,
+                max_rotation,
+                threshold,
+            } => Writer::default()
+                .u8(1)
+                .fixed(session)
+                .bytes(probe)
+                .bytes(mode.as_bytes())
+                .u32(*max_rotation as u32)
+                .u64(threshold.to_bits()),
+            Request::Round {
+                session,
+                round,
+                message,
+            } => Writer::default()
+                .u8(2)
+                .fixed(session)
+                .u32(*round)
+                .bytes(message),
+            Request::Abort { session } => Writer::default().u8(3).fixed(session),
+            Request::Status => Writer::default().u8(4),
+        }
+        .0
+    }
+
+    /// Parses a frame body.
+    pub fn decode(body: &[u8]) -> io::Result<Self> {
+        let mut r = Reader(body);
+        let req = match r.u8()? {
+            1 => Request::Start {
+                session: r.array()?,
+                probe: r.bytes()?,
+                mode: r.text()?,
+                max_rotation: r.u32()? as i32,
+                threshold: f64::from_bits(r.u64()?),
+            },
+            2 => Request::Round {
+                session: r.array()?,
+                round: r.u32()?,
+                message: r.bytes()?,
+            },
+            3 => Request::Abort {
+                session: r.array()?,
+            },
+            4 => Request::Status,
+            _ => return Err(malformed()),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    /// The frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Response::Started {
+                entries,
+                digest,
+                message,
+            } => Writer::default()
+                .u8(1)
+                .u64(*entries)
+                .fixed(digest)
+                .bytes(message),
+            Response::Continue(m) => Writer::default().u8(2).bytes(m),
+            Response::Identified(subjects) => subjects.iter().fold(
+                Writer::default().u8(3).u32(subjects.len() as u32),
+                |w, s| w.bytes(s.as_bytes()),
+            ),
+            Response::Unique(u) => Writer::default().u8(4).u8(u8::from(*u)),
+            Response::Aborted(a) => Writer::default().u8(5).u8(u8::from(*a)),
+            Response::Status(s) => Writer::default()
+                .u8(6)
+                .bytes(s.state.as_bytes())
+                .u64(s.templates)
+                .u64(s.share_bytes)
+                .u64(s.resident_bytes)
+                .u32(s.sessions)
+                .bytes(s.kernel.as_bytes())
+                .u32(s.threads),
+            Response::Error(kind, message) => Writer::default()
+                .u8(7)
+                .u8(*kind as u8)
+                .bytes(message.as_bytes()),
+        }
+        .0
+    }
+
+    /// Parses a frame body.
+    pub fn decode(body: &[u8]) -> io::Result<Self> {
+        let mut r = Reader(body);
+        let resp = match r.u8()? {
+            1 => Response::Started {
+                entries: r.u64()?,
+                digest: r.array()?,
+                message: r.bytes()?,
+            },
+            2 => Response::Continue(r.bytes()?),
+            3 => {
+                let n = r.u32()? as usize;
+                let mut subjects = Vec::with_capacity(n.min(body.len()));
+                for _ in 0..n {
+                    subjects.push(r.text()?);
+                }
+                Response::Identified(subjects)
+            }
+            4 => Response::Unique(r.u8()? != 0),
+            5 => Response::Aborted(r.u8()? != 0),
+            6 => Response::Status(EngineStatus {
+                state: r.text()?,
+                templates: r.u64()?,
+                share_bytes: r.u64()?,
+                resident_bytes: r.u64()?,
+                sessions: r.u32()?,
+                kernel: r.text()?,
+                threads: r.u32()?,
+            }),
+            7 => {
+                let kind = ErrorKind::from_byte(r.u8()?).ok_or_else(malformed)?;
+                Response::Error(kind, r.text()?)
+            }
+            _ => return Err(malformed()),
+        };
+        r.end()?;
+        Ok(resp)
+    }
+}
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
+    if body.len() > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "engine frame too large",
+        ));
+    }
+    w.write_all(&(body.len() as u32).to_le_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
+
+/// Reads one frame.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(malformed());
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        let req = Request::Start {
+            session: [3; 16],
+            probe: vec![1, 2, 3],
+            mode: "identify".into(),
+            max_rotation: 15,
+            threshold: 0.345,
+        };
+        let back = Request::decode(&req.encode()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{req:?}"));
+        let resp = Response::Identified(vec!["a".into(), "bé".into()]);
+        let back = Response::decode(&resp.encode()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{resp:?}"));
+        assert!(Request::decode(&[9]).is_err());
+        assert!(Response::decode(&[2, 5, 0, 0, 0, 1]).is_err());
+    }
+}

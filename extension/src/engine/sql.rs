@@ -1,0 +1,159 @@
+//! SQL functions of one party for the rounds of an iris search (seed 001 Algorithm 3 as
+//! driven by the coordinator). Each call is forwarded to the engine worker, which keeps the
+//! search's state between calls; these functions only validate arguments and convert types.
+//!
+//! A search: `iris_search_start` at the three parties (same session id, parameters, each
+//! with its own sealed probe) → `(entries, set_digest, message)`; then round k = 0, 1, … at
+//! every party with the message party i−1 returned → the next message for party i+1, until
+//! `finished`. `iris_search_abort` ends a search early.
+
+use pgrx::prelude::*;
+
+use super::client::{call, try_call};
+use super::ipc::{EngineStatus, Request, Response};
+use crate::errors::raise;
+
+fn parse_session_id(function: &str, bytes: &[u8]) -> [u8; 16] {
+    bytes.try_into().unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: session_id must be 16 bytes, got {}",
+                bytes.len()
+            ),
+            None,
+        )
+    })
+}
+
+fn unexpected(function: &str, response: &Response) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("{function}: unexpected engine reply {response:?}"),
+        None,
+    )
+}
+
+/// Starts search `session_id` at this party with its sealed `probe`: brings the engine up to
+/// date with the template table, scans the templates of the probe's eye and returns the
+/// number searched, the digest of the searched set and the first message (for party i+1).
+/// `mode` is `identify` or `uniqueness`, `max_rotation` 0..=15, `threshold` the fractional
+/// Hamming distance ratio below which a comparison matches.
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_search_start(
+    session_id: &[u8],
+    probe: &[u8],
+    mode: default!(&str, "'identify'"),
+    max_rotation: default!(i32, 15),
+    threshold: default!(f64, 0.345),
+) -> TableIterator<
+    'static,
+    (
+        name!(entries, i64),
+        name!(set_digest, Vec<u8>),
+        name!(message, Vec<u8>),
+    ),
+> {
+    let request = Request::Start {
+        session: parse_session_id("iris_search_start", session_id),
+        probe: probe.to_vec(),
+        mode: mode.to_owned(),
+        max_rotation,
+        threshold,
+    };
+    match call(&request) {
+        Response::Started {
+            entries,
+            digest,
+            message,
+        } => TableIterator::once((entries as i64, digest.to_vec(), message)),
+        other => unexpected("iris_search_start", &other),
+    }
+}
+
+/// Runs round `round` of search `session_id` with the message party i−1 returned. Returns
+/// the next message (for party i+1) with `finished = false`, or the output with
+/// `finished = true`: `subjects` (identification: the matching subjects of the probe's eye,
+/// sorted) or `is_unique` (uniqueness). Any refused message aborts the search.
+// The row type must be spelled out inline for pgrx's SQL generation.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_search_round(
+    session_id: &[u8],
+    round: i32,
+    message: &[u8],
+) -> TableIterator<
+    'static,
+    (
+        name!(message, Option<Vec<u8>>),
+        name!(finished, bool),
+        name!(is_unique, Option<bool>),
+        name!(subjects, Option<Vec<String>>),
+    ),
+> {
+    let round = u32::try_from(round).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("iris_search_round: round must be ≥ 0, got {round}"),
+            None,
+        )
+    });
+    let request = Request::Round {
+        session: parse_session_id("iris_search_round", session_id),
+        round,
+        message: message.to_vec(),
+    };
+    let row = match call(&request) {
+        Response::Continue(m) => (Some(m), false, None, None),
+        Response::Identified(subjects) => (None, true, None, Some(subjects)),
+        Response::Unique(u) => (None, true, Some(u), None),
+        other => unexpected("iris_search_round", &other),
+    };
+    TableIterator::once(row)
+}
+
+/// Ends search `session_id` at this party; returns whether it was running.
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_search_abort(session_id: &[u8]) -> bool {
+    let request = Request::Abort {
+        session: parse_session_id("iris_search_abort", session_id),
+    };
+    match call(&request) {
+        Response::Aborted(a) => a,
+        other => unexpected("iris_search_abort", &other),
+    }
+}
+
+/// The engine's state: `ready` (or why not), templates in memory, bytes of shares, resident
+/// memory of the engine process, running searches, dot-product kernel and scan threads.
+/// Reports `not running` instead of failing when the engine is down.
+#[pg_extern(volatile, parallel_unsafe)]
+fn engine_status() -> TableIterator<
+    'static,
+    (
+        name!(state, String),
+        name!(templates, i64),
+        name!(share_bytes, i64),
+        name!(resident_bytes, i64),
+        name!(sessions, i32),
+        name!(kernel, String),
+        name!(threads, i32),
+    ),
+> {
+    let status = match try_call(&Request::Status) {
+        Some(Response::Status(s)) => s,
+        _ => EngineStatus {
+            state: "not running (is privmatch in shared_preload_libraries?)".into(),
+            ..Default::default()
+        },
+    };
+    TableIterator::once((
+        status.state,
+        status.templates as i64,
+        status.share_bytes as i64,
+        status.resident_bytes as i64,
+        status.sessions as i32,
+        status.kernel,
+        status.threads as i32,
+    ))
+}
