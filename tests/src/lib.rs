@@ -561,6 +561,22 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("[{}] P{party}: {sql}: {e}", self.name))
     }
 
+    /// Runs `f` to completion on this test's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Opens a connection to `party` whose driver runs on this test's runtime (call inside
+    /// [`Cluster::block_on`]).
+    pub async fn connect(&self, party: usize) -> tokio_postgres::Client {
+        let conn = self.config.parties[party].connection_string();
+        let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("[{}] connecting to P{party}: {e}", self.name));
+        tokio::spawn(connection);
+        client
+    }
+
     /// A single bigint from a query.
     pub fn scalar(&self, party: usize, sql: &str) -> i64 {
         self.query(party, sql, &[])[0].get(0)

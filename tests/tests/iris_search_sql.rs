@@ -1,0 +1,384 @@
+//! End-to-end tests of the parties' search functions over SQL, driven here the way the
+//! coordinator drives them (start at the three parties, then rounds routing party i's message
+//! to party i+1), against three real PostgreSQL parties with the engine worker: results
+//! against the plaintext matcher, refused messages abort, a party killed mid-search fails the
+//! search cleanly and the next search works.
+
+use std::collections::BTreeMap;
+
+use privmatch_core::bundle::Eye;
+use privmatch_core::iris::probe::seal_iris_probe;
+use privmatch_core::iris::synth::{near_duplicate, random_template};
+use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
+use privmatch_core::seal::PartyPublicKey;
+use privmatch_e2e::{by_key, privmatch, read_ndjson, Cluster, RecordKey};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use tokio_postgres::Client;
+
+/// The outcome of one search at the three parties.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Subjects(Vec<String>),
+    Unique(bool),
+}
+
+/// A failure: which party, SQLSTATE and message.
+#[derive(Debug)]
+struct Failure {
+    party: usize,
+    sqlstate: Option<String>,
+    message: String,
+}
+
+fn failure(party: usize, e: &tokio_postgres::Error) -> Failure {
+    Failure {
+        party,
+        sqlstate: e.code().map(|c| c.code().to_owned()),
+        message: e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+    }
+}
+
+fn keys(cluster: &Cluster) -> [PartyPublicKey; 3] {
+    std::array::from_fn(|i| {
+        PartyPublicKey::from_hex(&cluster.config.parties[i].public_key).expect("pinned key")
+    })
+}
+
+async fn start(
+    clients: &[Client],
+    session: &[u8],
+    sealed: &[Vec<u8>; 3],
+    mode: &str,
+    max_rotation: i32,
+) -> Result<Vec<(i64, Vec<u8>, Vec<u8>)>, Failure> {
+    let mut out = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let row = c
+            .query_one(
+                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, 0.345)",
+                &[&session, &sealed[i], &mode, &max_rotation],
+            )
+            .await
+            .map_err(|e| failure(i, &e))?;
+        out.push((row.get(0), row.get(1), row.get(2)));
+    }
+    Ok(out)
+}
+
+async fn round(
+    client: &Client,
+    party: usize,
+    session: &[u8],
+    k: i32,
+    message: &[u8],
+) -> Result<(Option<Vec<u8>>, bool, Option<bool>, Option<Vec<String>>), Failure> {
+    let row = client
+        .query_one(
+            "SELECT message, finished, is_unique, subjects FROM privmatch.iris_search_round($1, $2, $3)",
+            &[&session, &k, &message],
+        )
+        .await
+        .map_err(|e| failure(party, &e))?;
+    Ok((row.get(0), row.get(1), row.get(2), row.get(3)))
+}
+
+/// Runs the rounds from the start messages to the output; all three parties must agree.
+async fn drive(
+    clients: &[Client],
+    session: &[u8],
+    first: Vec<Vec<u8>>,
+) -> Result<Outcome, Failure> {
+    let mut messages = first;
+    for k in 0..64 {
+        let mut replies = Vec::new();
+        for (i, c) in clients.iter().enumerate() {
+            replies.push(round(c, i, session, k, &messages[(i + 2) % 3]).await?);
+        }
+        if replies.iter().all(|r| r.1) {
+            let outcomes: Vec<Outcome> = replies
+                .into_iter()
+                .map(|(_, _, unique, subjects)| match (unique, subjects) {
+                    (Some(u), _) => Outcome::Unique(u),
+                    (None, Some(s)) => Outcome::Subjects(s),
+                    _ => panic!("finished without output"),
+                })
+                .collect();
+            assert!(outcomes.windows(2).all(|w| w[0] == w[1]), "{outcomes:?}");
+            return Ok(outcomes.into_iter().next().expect("three outcomes"));
+        }
+        assert!(
+            replies.iter().all(|r| !r.1),
+            "parties finished in different rounds"
+        );
+        messages = replies.into_iter().map(|r| r.0.expect("message")).collect();
+    }
+    panic!("search did not finish in 64 rounds");
+}
+
+async fn search(
+    cluster: &Cluster,
+    clients: &[Client],
+    rng: &mut ChaCha20Rng,
+    probe: &IrisTemplate,
+    eye: Eye,
+    mode: &str,
+    max_rotation: i32,
+) -> Result<Outcome, Failure> {
+    let session: [u8; 16] = rng.gen();
+    let sealed = seal_iris_probe(probe, eye, session, &keys(cluster), rng).expect("seal");
+    let starts = start(clients, &session, &sealed, mode, max_rotation).await?;
+    assert!(starts
+        .windows(2)
+        .all(|w| w[0].0 == w[1].0 && w[0].1 == w[1].1));
+    drive(clients, &session, starts.into_iter().map(|s| s.2).collect()).await
+}
+
+async fn clients(cluster: &Cluster) -> Vec<Client> {
+    let mut out = Vec::new();
+    for p in 0..3 {
+        out.push(cluster.connect(p).await);
+    }
+    out
+}
+
+fn plain_matches(
+    enrolled: &BTreeMap<RecordKey, IrisTemplate>,
+    probe: &IrisTemplate,
+    eye: Eye,
+    max_rotation: i32,
+) -> Vec<String> {
+    enrolled
+        .iter()
+        .filter(|((_, e), _)| e == eye.as_str())
+        .filter(|(_, t)| {
+            (-max_rotation..=max_rotation).any(|k| {
+                let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
+                common > 0 && u64::from(hd) * 10_000 < 3_450 * u64::from(common)
+            })
+        })
+        .map(|((s, _), _)| s.clone())
+        .collect()
+}
+
+fn enrol_synthetic(cluster: &Cluster, count: usize) -> BTreeMap<RecordKey, IrisTemplate> {
+    let path = cluster.path("enrol.ndjson");
+    privmatch(&[
+        "iris",
+        "synth",
+        &count.to_string(),
+        "--seed",
+        "31",
+        "-o",
+        &path.display().to_string(),
+    ])
+    .expect_success();
+    cluster.enroll(&path, &[]).expect_success();
+    by_key(&read_ndjson(&path))
+}
+
+#[test]
+fn sql_search_rounds_match_the_plaintext_reference() {
+    let cluster = Cluster::start("search-sql", 20);
+    let enrolled = enrol_synthetic(&cluster, 200);
+    let mut rng = ChaCha20Rng::seed_from_u64(5);
+    let templates: Vec<(RecordKey, IrisTemplate)> = enrolled
+        .iter()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .collect();
+    cluster.block_on(async {
+        let clients = clients(&cluster).await;
+        for (i, ((_, eye), t)) in templates.iter().take(16).enumerate() {
+            let eye = Eye::parse(eye).expect("eye");
+            let flip = [0.05, 0.3, 0.345, 0.4][i % 4];
+            let probe = near_duplicate(t, flip, (i as i32 % 31) - 15, &mut rng);
+            for max_rotation in [0, 15] {
+                let expected = plain_matches(&enrolled, &probe, eye, max_rotation);
+                let got = search(
+                    &cluster,
+                    &clients,
+                    &mut rng,
+                    &probe,
+                    eye,
+                    "identify",
+                    max_rotation,
+                )
+                .await
+                .expect("search");
+                assert_eq!(
+                    got,
+                    Outcome::Subjects(expected.clone()),
+                    "probe {i}, rotation {max_rotation}"
+                );
+                let unique = search(
+                    &cluster,
+                    &clients,
+                    &mut rng,
+                    &probe,
+                    eye,
+                    "uniqueness",
+                    max_rotation,
+                )
+                .await
+                .expect("uniqueness");
+                assert_eq!(unique, Outcome::Unique(expected.is_empty()));
+            }
+        }
+        let stranger = random_template(&mut rng);
+        let got = search(
+            &cluster,
+            &clients,
+            &mut rng,
+            &stranger,
+            Eye::Left,
+            "identify",
+            15,
+        )
+        .await;
+        assert_eq!(got.expect("search"), Outcome::Subjects(vec![]));
+        // Nothing stays behind in the engines.
+        for c in &clients {
+            let sessions: i32 = c
+                .query_one("SELECT sessions FROM privmatch.engine_status()", &[])
+                .await
+                .expect("status")
+                .get(0);
+            assert_eq!(sessions, 0);
+        }
+    });
+}
+
+#[test]
+fn refused_round_messages_abort_the_search() {
+    let cluster = Cluster::start("search-abort", 21);
+    let enrolled = enrol_synthetic(&cluster, 20);
+    let (key, t) = enrolled
+        .iter()
+        .next()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .expect("one");
+    let eye = Eye::parse(&key.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(6);
+    cluster.block_on(async {
+        let clients = clients(&cluster).await;
+        // A tampered message: 08P01 at the receiver, which drops the search (42704 after).
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal_iris_probe(&t, eye, session, &keys(&cluster), &mut rng).expect("seal");
+        let starts = start(&clients, &session, &sealed, "identify", 15)
+            .await
+            .expect("start");
+        let mut tampered = starts[2].2.clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 0x40;
+        let err = round(&clients[0], 0, &session, 0, &tampered)
+            .await
+            .expect_err("tampered");
+        assert_eq!(
+            (err.party, err.sqlstate.as_deref()),
+            (0, Some("08P01")),
+            "{err:?}"
+        );
+        assert!(err.message.contains("authentication failed"), "{err:?}");
+        let err = round(&clients[0], 0, &session, 0, &starts[2].2)
+            .await
+            .expect_err("gone");
+        assert_eq!(err.sqlstate.as_deref(), Some("42704"), "{err:?}");
+        // A message replayed into the next round, and a message of another sender.
+        let ok = round(&clients[1], 1, &session, 0, &starts[0].2)
+            .await
+            .expect("P1 round 0");
+        assert!(!ok.1);
+        let err = round(&clients[1], 1, &session, 1, &starts[0].2)
+            .await
+            .expect_err("replay");
+        assert_eq!(err.sqlstate.as_deref(), Some("08P01"), "{err:?}");
+        let err = round(&clients[2], 2, &session, 0, &starts[0].2)
+            .await
+            .expect_err("misrouted");
+        assert_eq!(err.sqlstate.as_deref(), Some("08P01"), "{err:?}");
+        // A reused session id and a probe sealed for another session are refused.
+        let err = start(&clients, &session, &sealed, "identify", 15)
+            .await
+            .expect_err("reuse");
+        assert_eq!(err.sqlstate.as_deref(), Some("42704"), "{err:?}");
+        let fresh: [u8; 16] = rng.gen();
+        let err = start(&clients, &fresh, &sealed, "identify", 15)
+            .await
+            .expect_err("other session");
+        assert_eq!(err.sqlstate.as_deref(), Some("22P03"), "{err:?}");
+        // Bad parameters name the argument.
+        let err = start(&clients, &rng.gen::<[u8; 16]>(), &sealed, "lookup", 15)
+            .await
+            .expect_err("mode");
+        assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
+        assert!(err.message.contains("mode"), "{err:?}");
+        for c in &clients {
+            let _ = c
+                .execute(
+                    "SELECT privmatch.iris_search_abort($1)",
+                    &[&session.as_slice()],
+                )
+                .await;
+        }
+        // The next search works and finds the template.
+        let got = search(&cluster, &clients, &mut rng, &t, eye, "identify", 15)
+            .await
+            .expect("fresh");
+        assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
+    });
+}
+
+#[test]
+fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
+    let cluster = Cluster::start("search-kill", 22);
+    let enrolled = enrol_synthetic(&cluster, 30);
+    let (key, t) = enrolled
+        .iter()
+        .nth(3)
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .expect("one");
+    let eye = Eye::parse(&key.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(7);
+    let session: [u8; 16] = rng.gen();
+    let sealed = seal_iris_probe(&t, eye, session, &keys(&cluster), &mut rng).expect("seal");
+    let starts = cluster.block_on(async {
+        let clients = clients(&cluster).await;
+        start(&clients, &session, &sealed, "identify", 15)
+            .await
+            .expect("start")
+    });
+    cluster.kill_party(1);
+    cluster.start_party(1);
+    cluster.block_on(async {
+        let clients = clients(&cluster).await;
+        // The restarted party has lost the search: a clear error, not a wrong answer.
+        let err = round(&clients[1], 1, &session, 0, &starts[0].2)
+            .await
+            .expect_err("lost");
+        assert_eq!(
+            (err.party, err.sqlstate.as_deref()),
+            (1, Some("42704")),
+            "{err:?}"
+        );
+        assert!(err.message.contains("not running"), "{err:?}");
+        for c in &clients {
+            let _ = c
+                .execute(
+                    "SELECT privmatch.iris_search_abort($1)",
+                    &[&session.as_slice()],
+                )
+                .await;
+        }
+    });
+    // The engine reloads the templates from the table (the start call waits for the engine
+    // to come up); the next search finds the template.
+    cluster.block_on(async {
+        let clients = clients(&cluster).await;
+        let got = search(&cluster, &clients, &mut rng, &t, eye, "identify", 15)
+            .await
+            .expect("after restart");
+        assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
+    });
+}
