@@ -280,6 +280,28 @@ fn load_rows(me: PartyIndex, ids: &[i64]) -> Result<Vec<StoredTemplate>, EngineE
     })
 }
 
+/// How many of `ids` each eye has (to size the matrices once before a bulk load).
+fn missing_per_eye(ids: &[i64]) -> Result<Vec<(Eye, usize)>, EngineError> {
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT eye::text, count(*) FROM privmatch.iris_templates WHERE id = ANY($1) GROUP BY eye",
+                None,
+                &[ids.to_vec().into()],
+            )
+            .map_err(spi_error)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let eye: String = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            let count: i64 = row.get(2).map_err(spi_error)?.unwrap_or(0);
+            if let Ok(eye) = Eye::parse(&eye) {
+                out.push((eye, usize::try_from(count).unwrap_or(0)));
+            }
+        }
+        Ok(out)
+    })
+}
+
 /// The worker's state.
 struct Engine {
     store: Option<IrisStore>,
@@ -393,6 +415,11 @@ fn sync_store(store: &mut IrisStore, ids: &[i64]) -> Result<(), EngineError> {
         pgrx::log!("privmatch engine: loading {total} iris templates");
     }
     let started = Instant::now();
+    if total > LOAD_CHUNK {
+        for (eye, count) in missing_per_eye(&plan.missing)? {
+            store.reserve(eye, count);
+        }
+    }
     let mut loaded = 0usize;
     for chunk in plan.missing.chunks(LOAD_CHUNK) {
         for row in load_rows(store.party(), chunk)? {
@@ -483,11 +510,26 @@ fn wait_for_work(fd: i32) -> bool {
     rc & pg_sys::WL_SOCKET_READABLE as i32 != 0
 }
 
+/// Keeps the per-round buffers of a search (up to tens of MB each) in the heap for reuse
+/// instead of mapping fresh zeroed pages every round: measured at N = 100,000 with 31
+/// rotations, page faults took about a third of the parties' CPU. 32 MB is glibc's largest
+/// allowed mmap threshold; the share matrix itself stays mmapped (it is larger).
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts glibc's allocator parameters; called before any thread
+    // of this process is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 /// The engine worker's entry point.
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    tune_allocator();
     let database = ENGINE_DATABASE
         .get()
         .and_then(|d| d.into_string().ok())
