@@ -27,7 +27,7 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, XChaCha20Poly1305};
 use hkdf::Hkdf;
 use rand_chacha::rand_core::SeedableRng;
-use rand_chacha::ChaCha20Rng;
+use rand_chacha::ChaCha12Rng;
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 use x25519_dalek::{PublicKey, StaticSecret};
@@ -460,8 +460,11 @@ impl Channel {
     }
 }
 
-/// A PRF keyed by a seed that exactly two parties share. Outputs are ChaCha20 streams keyed
-/// by HKDF(seed, context), so distinct contexts give independent streams.
+/// A PRF keyed by a seed that exactly two parties share. Outputs are ChaCha12 streams keyed
+/// by HKDF(seed, context), so distinct contexts give independent streams. ChaCha12 (the
+/// round count of `rand`'s `StdRng`) keeps a wide margin over the best known attacks (7
+/// rounds) and is 1.7× faster than ChaCha20: the zero-sharings of one search at N = 100,000
+/// with 31 rotations draw hundreds of MB of PRF output.
 #[derive(Clone, Zeroize, ZeroizeOnDrop)]
 pub struct PairwisePrf {
     seed: [u8; 32],
@@ -480,12 +483,12 @@ impl PairwisePrf {
     }
 
     /// The pseudo-random stream for `context` (e.g. session id ‖ round ‖ purpose).
-    pub fn stream(&self, context: &[u8]) -> ChaCha20Rng {
+    pub fn stream(&self, context: &[u8]) -> ChaCha12Rng {
         let hk = Hkdf::<Sha256>::new(Some(b"privmatch prf v1"), &self.seed);
         let mut key = [0u8; 32];
         hk.expand(context, &mut key)
             .expect("HKDF-SHA256 can expand 32 bytes");
-        ChaCha20Rng::from_seed(key)
+        ChaCha12Rng::from_seed(key)
     }
 }
 
@@ -522,6 +525,7 @@ pub fn zero_share_u32(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand_chacha::ChaCha20Rng;
 
     fn rng() -> ChaCha20Rng {
         ChaCha20Rng::seed_from_u64(7)

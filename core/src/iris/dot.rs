@@ -15,9 +15,10 @@
 //! are then reshared into replicated shares ([`crate::mpc::reshare`]).
 //!
 //! **Arithmetic.** Wrapping u16 multiply-add, exact modulo 2^16 in any order, so the SIMD and
-//! portable kernels agree bit for bit. **Dispatch** at run time ([`DotKernel::detect`]): AVX2
-//! (`_mm256_mullo_epi16` + `_mm256_add_epi16`, 16 lanes) when the CPU has it, otherwise a
-//! portable chunked loop the compiler auto-vectorises. The scan takes database rows four at a
+//! portable kernels agree bit for bit. **Dispatch** at run time ([`DotKernel::detect`]):
+//! AVX-512 VNNI (`_mm512_dpwssd_epi32`, 32 u16 per step) when the CPU has AVX-512F/BW/VNNI,
+//! else AVX2 (`_mm256_mullo_epi16` + `_mm256_add_epi16`, 16 lanes), otherwise a portable
+//! chunked loop the compiler auto-vectorises. The scan takes database rows four at a
 //! time and computes four dot products per pass over a query rotation, so each rotation is
 //! read once per four entries while those rows stay in cache (figures: BENCHMARKS.md,
 //! `examples/dot_scan.rs`).
@@ -91,12 +92,14 @@ enum Kind {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 /// A wrapping-u16 dot-product implementation chosen at run time (the local dot product of
-/// seed 001 §4.2). The AVX2 kernel can only be
-/// obtained on a CPU that has AVX2 ([`DotKernel::avx2`] checks), which is what makes calling
-/// it safe.
+/// seed 001 §4.2). The AVX2 and AVX-512 kernels can only be obtained on a CPU that has the
+/// features they use ([`DotKernel::avx2`] and [`DotKernel::avx512`] check), which is what
+/// makes calling them safe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DotKernel {
     kind: Kind,
@@ -110,9 +113,11 @@ impl Default for DotKernel {
 }
 
 impl DotKernel {
-    /// The fastest kernel this CPU supports: AVX2 if detected, else portable.
+    /// The fastest kernel this CPU supports: AVX-512 VNNI, else AVX2, else portable.
     pub fn detect() -> Self {
-        Self::avx2().unwrap_or_else(Self::portable)
+        Self::avx512()
+            .or_else(Self::avx2)
+            .unwrap_or_else(Self::portable)
     }
 
     /// The portable kernel (any CPU).
@@ -133,12 +138,38 @@ impl DotKernel {
         None
     }
 
-    /// A short name for logs and benchmark output ("avx2", "portable").
+    /// The AVX-512 kernel (VPDPWSSD), or `None` when the CPU (or the target architecture)
+    /// lacks AVX-512F, AVX-512BW or AVX-512 VNNI.
+    pub fn avx512() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vnni")
+            {
+                return Some(Self { kind: Kind::Avx512 });
+            }
+        }
+        None
+    }
+
+    /// Every kernel this CPU supports, slowest first (portable, then AVX2, then AVX-512),
+    /// for tests and benchmarks.
+    pub fn available() -> Vec<Self> {
+        let mut k = vec![Self::portable()];
+        k.extend(Self::avx2());
+        k.extend(Self::avx512());
+        k
+    }
+
+    /// A short name for logs and benchmark output ("avx512-vnni", "avx2", "portable").
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Portable => "portable",
             #[cfg(target_arch = "x86_64")]
             Kind::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => "avx512-vnni",
         }
     }
 
@@ -152,6 +183,10 @@ impl DotKernel {
             // `is_x86_feature_detected!("avx2")` returned true, so the CPU supports AVX2.
             #[cfg(target_arch = "x86_64")]
             Kind::Avx2 => unsafe { avx2::dot(a, b) },
+            // SAFETY: a `Kind::Avx512` kernel is only constructed by `DotKernel::avx512` after
+            // AVX-512F, AVX-512BW and AVX-512 VNNI were all detected.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => unsafe { avx512::dot(a, b) },
         }
     }
 
@@ -166,6 +201,9 @@ impl DotKernel {
             // SAFETY: as in `dot`: only constructed after AVX2 was detected.
             #[cfg(target_arch = "x86_64")]
             Kind::Avx2 => unsafe { avx2::dot4(a, b) },
+            // SAFETY: as in `dot`: only constructed after AVX-512F/BW/VNNI were detected.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => unsafe { avx512::dot4(a, b) },
         }
     }
 }
@@ -266,6 +304,99 @@ mod avx2 {
         let mut out = [0u16; 4];
         for k in 0..4 {
             // SAFETY: AVX2 is available (caller contract).
+            let mut s = unsafe { hsum(acc[k]) };
+            for j in full..n {
+                s = s.wrapping_add(a[j].wrapping_mul(b[k][j]));
+            }
+            out[k] = s;
+        }
+        out
+    }
+}
+
+/// AVX-512 kernel. VPDPWSSD (`_mm512_dpwssd_epi32`, non-saturating) multiplies 32 signed i16
+/// pairs and adds adjacent products into 16 i32 lanes, wrapping. A u16 and its i16
+/// reinterpretation are congruent mod 2^16, so the low 16 bits of the lane sum are exactly the
+/// wrapping u16 dot product.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::{
+        __m512i, _mm512_dpwssd_epi32, _mm512_loadu_si512, _mm512_reduce_add_epi32,
+        _mm512_setzero_si512,
+    };
+
+    /// Wrapping sum of the 16 i32 lanes of `v`, truncated to u16.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn hsum(v: __m512i) -> u16 {
+        // Truncation is the point: only the sum mod 2^16 is wanted.
+        _mm512_reduce_add_epi32(v) as u16
+    }
+
+    /// Loads 32 u16 starting at element `i` of `s`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and `i + 32 <= s.len()`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load(s: &[u16], i: usize) -> __m512i {
+        // SAFETY: the caller guarantees 32 elements (64 bytes) from index i are in bounds;
+        // `loadu` has no alignment requirement.
+        unsafe { _mm512_loadu_si512(s.as_ptr().add(i).cast::<__m512i>()) }
+    }
+
+    /// Wrapping dot product over `a.len()` (requires `b.len() >= a.len()`; the safe caller
+    /// passes equal lengths).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI, and `b.len() >= a.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn dot(a: &[u16], b: &[u16]) -> u16 {
+        let n = a.len();
+        let full = n - n % 32;
+        let mut acc = _mm512_setzero_si512();
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 32 <= full <= n <= both lengths.
+            let (x, y) = unsafe { (load(a, i), load(b, i)) };
+            acc = _mm512_dpwssd_epi32(acc, x, y);
+            i += 32;
+        }
+        // SAFETY: AVX-512F is available (caller contract).
+        let mut s = unsafe { hsum(acc) };
+        for j in full..n {
+            s = s.wrapping_add(a[j].wrapping_mul(b[j]));
+        }
+        s
+    }
+
+    /// Four wrapping dot products of `a` with `b[0..4]`, reading `a` once.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI, and every
+    /// `b[k].len() >= a.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn dot4(a: &[u16], b: [&[u16]; 4]) -> [u16; 4] {
+        let n = a.len();
+        let full = n - n % 32;
+        let mut acc = [_mm512_setzero_si512(); 4];
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 32 <= full <= n <= every length.
+            let x = unsafe { load(a, i) };
+            for k in 0..4 {
+                // SAFETY: as above.
+                let y = unsafe { load(b[k], i) };
+                acc[k] = _mm512_dpwssd_epi32(acc[k], x, y);
+            }
+            i += 32;
+        }
+        let mut out = [0u16; 4];
+        for k in 0..4 {
+            // SAFETY: AVX-512F is available (caller contract).
             let mut s = unsafe { hsum(acc[k]) };
             for j in full..n {
                 s = s.wrapping_add(a[j].wrapping_mul(b[k][j]));
@@ -498,9 +629,110 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
 
     fn kernels() -> Vec<DotKernel> {
-        let mut k = vec![DotKernel::portable()];
-        k.extend(DotKernel::avx2());
-        k
+        DotKernel::available()
+    }
+
+    /// Says on stderr when this CPU cannot run the AVX-512 kernel, so a passing test does not
+    /// pass for covering it.
+    fn report_missing_avx512(test: &str) {
+        if DotKernel::avx512().is_none() {
+            let names: Vec<_> = kernels().iter().map(DotKernel::name).collect();
+            eprintln!(
+                "{test}: this CPU lacks AVX-512F/BW/VNNI: checked NOTHING for the avx512-vnni \
+                 kernel; checked {names:?} only"
+            );
+        }
+    }
+
+    /// `n` u16 drawn from `pattern`: 0 uniform, 1 all 0xFFFF, 2 all 0x8000, 3 a mix of
+    /// extreme values and uniform ones.
+    fn inputs(n: usize, pattern: usize, rng: &mut ChaCha20Rng) -> Vec<u16> {
+        const EXTREMES: [u16; 6] = [0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF];
+        (0..n)
+            .map(|_| match pattern {
+                0 => rng.gen(),
+                1 => 0xFFFF,
+                2 => 0x8000,
+                _ => match rng.gen_range(0..8) {
+                    i @ 0..=5 => EXTREMES[i],
+                    _ => rng.gen(),
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_matches_portable_including_extremes() {
+        report_missing_avx512("every_kernel_matches_portable_including_extremes");
+        let mut rng = ChaCha20Rng::seed_from_u64(44);
+        let lens = (0..200).chain([MASK_SHARE_COEFS, CODE_SHARE_COEFS]);
+        let portable = DotKernel::portable();
+        for len in lens {
+            for pattern in 0..4 {
+                let a = inputs(len, pattern, &mut rng);
+                let bs: Vec<Vec<u16>> = (0..4)
+                    .map(|k| inputs(len, (pattern + k) % 4, &mut rng))
+                    .collect();
+                let b = [&bs[0][..], &bs[1][..], &bs[2][..], &bs[3][..]];
+                let want = b.map(|x| plain_dot_u16(&a, x));
+                assert_eq!(portable.dot4(&a, b), want, "portable len {len}");
+                for k in kernels() {
+                    let ctx = format!("kernel {} len {len} pattern {pattern}", k.name());
+                    assert_eq!(k.dot4(&a, b), want, "{ctx} dot4");
+                    for (x, w) in b.iter().zip(want) {
+                        assert_eq!(k.dot(&a, x), w, "{ctx} dot");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scan_agrees_across_kernels() {
+        report_missing_avx512("scan_agrees_across_kernels");
+        let mut rng = ChaCha20Rng::seed_from_u64(45);
+        // 9 rows: two blocks of four plus one row through `scan_row`.
+        let n = 9;
+        let codes = inputs(n * CODE_SHARE_COEFS, 3, &mut rng);
+        let masks = inputs(n * MASK_SHARE_COEFS, 3, &mut rng);
+        let db = ShareMatrix::new(&codes, &masks).expect("matrix");
+        // 1, 6 (four + remainder) and 31 rotations.
+        for r_count in [1, 6, 31] {
+            let query = PreparedQuery {
+                party: PartyIndex::ALL[0],
+                rotations: (0..r_count)
+                    .map(|r| PreparedRotation {
+                        rotation: r,
+                        code: inputs(CODE_SHARE_COEFS, 3, &mut rng),
+                        mask: inputs(MASK_SHARE_COEFS, 3, &mut rng),
+                    })
+                    .collect(),
+            };
+            let want = scan(DotKernel::portable(), &db, &query).expect("scan");
+            let e = 5;
+            let r = r_count as usize;
+            let c = &codes[e * CODE_SHARE_COEFS..(e + 1) * CODE_SHARE_COEFS];
+            let code_rot = &query.rotations[r - 1].code;
+            assert_eq!(
+                want.get(e, r - 1).map(|x| x.0),
+                Some(plain_dot_u16(c, code_rot))
+            );
+            for kernel in kernels() {
+                let got = scan(kernel, &db, &query).expect("scan");
+                assert!(
+                    got == want,
+                    "kernel {} scan, {r_count} rotations",
+                    kernel.name()
+                );
+                let (mut code, mut mask) = (vec![0u16; n * r], vec![0u16; n * r]);
+                let (c1, c2) = code.split_at_mut(5 * r);
+                let (m1, m2) = mask.split_at_mut(5 * r);
+                scan_range(kernel, &db, &query, 0..5, c1, m1).expect("first");
+                scan_range(kernel, &db, &query, 5..n, c2, m2).expect("second");
+                assert_eq!(code, want.code, "kernel {} scan_range code", kernel.name());
+                assert_eq!(mask, want.mask, "kernel {} scan_range mask", kernel.name());
+            }
+        }
     }
 
     proptest! {
@@ -528,7 +760,8 @@ mod tests {
         for k in kernels() {
             assert_eq!(k.dot(&a, &b), 37, "{}", k.name());
         }
-        assert!(["avx2", "portable"].contains(&DotKernel::detect().name()));
+        assert_eq!(Some(&DotKernel::detect()), kernels().last());
+        assert!(["avx512-vnni", "avx2", "portable"].contains(&DotKernel::detect().name()));
     }
 
     /// Shares `templates` for every party and stacks each party's shares into matrices.

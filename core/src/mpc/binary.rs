@@ -133,9 +133,14 @@ pub fn unpack_bits(words: &[u64], len: usize) -> Vec<bool> {
 /// Transposes `values` into `width` bit planes (plane k, bit i = bit k of `values[i]`).
 pub fn bit_planes(values: &[u32], width: usize) -> Vec<Vec<u64>> {
     let mut planes = vec![vec![0u64; words_for(values.len())]; width];
-    for (i, &v) in values.iter().enumerate() {
+    // Word by word: each output word is built in a register from 64 values (the loop over
+    // the chunk vectorises), instead of a read-modify-write of `width` planes per value.
+    for (w, chunk) in values.chunks(WORD_BITS).enumerate() {
         for (k, plane) in planes.iter_mut().enumerate() {
-            plane[i / WORD_BITS] |= u64::from((v >> k) & 1) << (i % WORD_BITS);
+            plane[w] = chunk
+                .iter()
+                .enumerate()
+                .fold(0u64, |word, (j, &v)| word | (u64::from((v >> k) & 1) << j));
         }
     }
     planes
