@@ -5,6 +5,8 @@
 //! two-phase commit at three parties) and compares with the floor of the same machine: plain
 //! inserts of the same number of bytes (random bytea of the share sizes) into a scratch table at
 //! the three parties, in the same batch size, without sealing or two-phase commit.
+//!
+//! `bench iris` (module `bench_iris`) measures searches.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,6 +26,8 @@ use crate::synth::{enrolment_line, generate, SynthArgs};
 pub enum BenchAction {
     /// Bulk enrolment throughput, storage and WAL per record.
     Enroll(EnrollBenchArgs),
+    /// Search latency and throughput against the memory floor and a plaintext matcher.
+    Iris(crate::bench_iris::IrisBenchArgs),
 }
 
 /// Options of `privmatch bench enroll`.
@@ -166,6 +170,8 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
         on_duplicate: "error".into(),
         parallel: 2,
         no_progress: false,
+        if_unique: false,
+        threshold: crate::search::DEFAULT_THRESHOLD,
     };
     let (totals, _) = enroll_file(config, &enroll_args).await?;
     let seconds = started.elapsed().as_secs_f64();
@@ -207,5 +213,6 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
 pub async fn run(action: &BenchAction, config: &Config) -> Result<()> {
     match action {
         BenchAction::Enroll(args) => enroll_bench(config, args).await,
+        BenchAction::Iris(args) => crate::bench_iris::run(config, args).await,
     }
 }

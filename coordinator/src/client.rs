@@ -36,6 +36,15 @@ pub struct EnrollArgs {
     /// Do not draw a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Enrol each record only if its template matches no enrolled one (uniqueness search with
+    /// ±15 rotations inside the record's own distributed transaction, with the template table
+    /// locked against concurrent enrolments). One record per transaction: --batch-size and
+    /// --parallel do not apply.
+    #[arg(long)]
+    pub if_unique: bool,
+    /// With --if-unique: the match threshold (fractional Hamming distance ratio).
+    #[arg(long, default_value_t = crate::search::DEFAULT_THRESHOLD, requires = "if_unique")]
+    pub threshold: f64,
 }
 
 /// Totals of an enrolment run.
@@ -278,6 +287,9 @@ fn account(
 
 /// `privmatch iris enroll`.
 pub async fn enroll(config: &Config, args: &EnrollArgs) -> Result<()> {
+    if args.if_unique {
+        return crate::search_client::enroll_if_unique(config, args).await;
+    }
     let started = Instant::now();
     let (totals, total) = enroll_file(config, args).await?;
     let seconds = started.elapsed().as_secs_f64();

@@ -159,8 +159,13 @@ fn party_password(home: &Path, index: usize) -> Result<String> {
     Ok(password)
 }
 
+/// Loads the extension at server start: its engine (the in-memory share matrix and search
+/// sessions) is a background worker.
+const PRELOAD_SETTING: &str = "shared_preload_libraries = 'privmatch'";
+
 const SERVER_SETTINGS: &str = "
 # --- privmatch local party ---
+shared_preload_libraries = 'privmatch'
 listen_addresses = '127.0.0.1'
 max_prepared_transactions = 64
 max_connections = 64
@@ -203,6 +208,23 @@ fn initdb(runner: &Runner, home: &Path, index: usize, port: u16, password: &str)
     text.push_str(&settings);
     std::fs::write(&conf, text)?;
     Ok(())
+}
+
+/// Adds [`PRELOAD_SETTING`] to a party created before the engine existed. Returns whether the
+/// configuration changed (a running server must then be restarted to load the engine).
+fn ensure_preload(home: &Path, index: usize) -> Result<bool> {
+    let conf = data_dir(home, index).join("postgresql.conf");
+    let text = std::fs::read_to_string(&conf)
+        .with_context(|| format!("cannot read {}", conf.display()))?;
+    let present = text.lines().any(|line| {
+        line.trim_start().starts_with("shared_preload_libraries") && line.contains("privmatch")
+    });
+    if present {
+        return Ok(false);
+    }
+    std::fs::write(&conf, format!("{text}\n{PRELOAD_SETTING}\n"))
+        .with_context(|| format!("cannot write {}", conf.display()))?;
+    Ok(true)
 }
 
 fn is_running(runner: &Runner, home: &Path, index: usize) -> bool {
@@ -396,6 +418,11 @@ async fn up(
                 party_dir(home, index).display()
             );
             initdb(runner, home, index, port, &password)?;
+        }
+        if ensure_preload(home, index)? && is_running(runner, home, index) {
+            eprintln!(
+                "warning: P{index} runs without the privmatch engine preloaded; restart it (`privmatch cluster down` then `up`) to enable searches"
+            );
         }
         start_party(runner, home, index)?;
         parties.push(PartyConfig {

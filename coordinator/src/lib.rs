@@ -2,13 +2,17 @@
 //! binary (`main.rs`) is a thin argument parser over these modules, and the end-to-end tests
 //! reuse the configuration and synthesis code from here.
 
+pub mod api;
 pub mod bench;
+pub mod bench_iris;
 pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod guard;
 pub mod input;
 pub mod parties;
+pub mod search;
+pub mod search_client;
 pub mod server;
 pub mod synth;
 pub mod twophase;

@@ -3,17 +3,18 @@
 //! * `privmatch cluster up|down|status` — three local parties (PostgreSQL clusters with the
 //!   extension) and the coordinator, for development and demos.
 //! * `privmatch coordinator serve` — the coordinator's HTTP API.
-//! * `privmatch iris enroll|delete|synth` — client side: templates are secret-shared and sealed
-//!   here, so the coordinator only ever relays ciphertext.
+//! * `privmatch iris enroll|search|delete|synth` — client side: templates and probes are
+//!   secret-shared and sealed here, so the coordinator only ever relays ciphertext.
+//!   `iris enroll --if-unique` enrols only templates that match no enrolled one.
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
-//! * `privmatch bench enroll` — the bulk-enrolment benchmark.
+//! * `privmatch bench enroll|iris` — the bulk-enrolment and search benchmarks.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use privmatch_coordinator::{bench, client, cluster, config, server, synth};
+use privmatch_coordinator::{bench, client, cluster, config, search_client, server, synth};
 
 #[derive(Parser)]
 #[command(
@@ -63,7 +64,11 @@ enum Command {
 #[derive(Subcommand)]
 enum CoordinatorAction {
     /// Serve the HTTP API in the foreground.
-    Serve,
+    Serve {
+        /// Per-call timeout of the parties' search functions, in seconds.
+        #[arg(long, env = "PRIVMATCH_SEARCH_TIMEOUT", default_value_t = 60.0)]
+        search_timeout: f64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -72,6 +77,10 @@ enum IrisAction {
     /// {"subject": "...", "eye": "left"|"right", "iris_codes": "<b64>", "mask_codes": "<b64>"}
     /// per line. Shares are sealed here, per party.
     Enroll(client::EnrollArgs),
+    /// Search probes from an NDJSON file: per line one eye {"eye": "left"|"right",
+    /// "iris_codes": "<b64>", "mask_codes": "<b64>"} or both eyes {"left": {...}, "right":
+    /// {...}}. Probes are sealed here, per party and search session.
+    Search(search_client::SearchArgs),
     /// Delete a subject's templates at all three parties, atomically.
     Delete {
         /// Subject id.
@@ -105,10 +114,19 @@ async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
         Command::Cluster { action } => cluster::run(action, &cli.home(), &cli.config_path()).await,
         Command::Coordinator {
-            action: CoordinatorAction::Serve,
-        } => server::serve(cli.load_config()?).await,
+            action: CoordinatorAction::Serve { search_timeout },
+        } => {
+            if !(search_timeout.is_finite() && *search_timeout > 0.0) {
+                anyhow::bail!("--search-timeout must be a positive number of seconds");
+            }
+            let options = server::ServeOptions {
+                search_timeout: std::time::Duration::from_secs_f64(*search_timeout),
+            };
+            server::serve(cli.load_config()?, options).await
+        }
         Command::Iris { action } => match action {
             IrisAction::Enroll(args) => client::enroll(&cli.load_config()?, args).await,
+            IrisAction::Search(args) => search_client::search(&cli.load_config()?, args).await,
             IrisAction::Delete { subject, eye } => {
                 client::delete(&cli.load_config()?, subject, eye.as_deref()).await
             }

@@ -2,6 +2,13 @@
 //! `PREPARE TRANSACTION` / `COMMIT PREPARED`) and the recovery of transactions a crash left in
 //! doubt. The commit rule and gid format live in `privmatch_core::twophase`; this module does
 //! the I/O.
+//!
+//! A transaction: BEGIN and a marker row at every party; the template-table lock, taken party
+//! by party in index order (so that transactions cannot deadlock across parties); the work
+//! ([`TxnWork`]: independent per-party work, or enrol-if-unique, which searches across the
+//! three transaction connections and only then enrols); PREPARE everywhere; the decision (COMMIT PREPARED) at P0
+//! first, then at the others. Work may also decide not to write (a duplicate or non-unique
+//! record): then it is rolled back everywhere before anything is prepared.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -10,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use privmatch_core::bundle::Eye;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::twophase::{gid_instance, make_gid, resolve, DecisionRecord, Resolution};
 use serde::Serialize;
@@ -17,6 +25,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
 use crate::parties::{Parties, PartyError};
+use crate::search::{connect_all, run_search_on, SearchError, SearchRequest, SearchResult};
 
 /// Faults the end-to-end tests inject (environment variable `PRIVMATCH_FAULT`); never set in
 /// production. `crash-after-prepare` and `crash-after-decision` abort the process at that
@@ -69,6 +78,34 @@ pub enum PartyWork {
     },
 }
 
+/// Enrol one record only if no enrolled template matches it (`privmatch iris enroll
+/// --if-unique`). Inside the distributed transaction, at every party: lock the template table
+/// against concurrent enrolments, check that the subject+eye is not enrolled yet, run a
+/// uniqueness search through the transaction's connections, and only then open and store the
+/// sealed bundles.
+#[derive(Clone, Debug)]
+pub struct EnrolIfUnique {
+    /// The record's subject, as the client announced it (checked against the parties' answer).
+    pub subject: String,
+    /// The record's eye.
+    pub eye: Eye,
+    /// The record's sealed enrolment envelopes, indexed by party (one record each).
+    pub envelopes: [Vec<u8>; 3],
+    /// The uniqueness search of the record's template.
+    pub search: SearchRequest,
+    /// Per-call timeout of the search rounds.
+    pub timeout: Duration,
+}
+
+/// The work of one distributed transaction.
+#[derive(Clone, Debug)]
+pub enum TxnWork {
+    /// Independent work at each party (indexed by party); the results must agree.
+    PerParty([PartyWork; 3]),
+    /// Enrol one record if it is unique.
+    IrisEnrolIfUnique(Box<EnrolIfUnique>),
+}
+
 /// What the work returned at one party. The three parties must agree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum WorkResult {
@@ -76,6 +113,10 @@ pub enum WorkResult {
     Enrolled(Vec<(String, String, bool)>),
     /// Number of records deleted.
     Deleted(i64),
+    /// Enrol-if-unique: the subject+eye is already enrolled; rolled back, nothing written.
+    AlreadyEnrolled,
+    /// Enrol-if-unique: the template matches an enrolled one; rolled back, nothing written.
+    NotUnique,
 }
 
 /// Why a distributed transaction did not commit, or committed only partly so far.
@@ -87,9 +128,20 @@ pub enum TxnError {
     /// The parties returned different results: rolled back everywhere.
     #[error("aborted, nothing written at any party: the parties disagree ({0})")]
     Disagreement(String),
+    /// The search inside the transaction failed: rolled back everywhere.
+    #[error("aborted, nothing written at any party: {0}")]
+    Search(SearchError),
     /// P0's commit failed in a way that leaves the outcome to recovery.
     #[error("outcome unknown until recovery runs: {0}")]
     InDoubt(PartyError),
+}
+
+/// What phase one decided, before anything is prepared.
+enum PhaseOne {
+    /// Prepare and commit; the result the parties agreed on.
+    Commit(WorkResult),
+    /// Roll back everywhere and report this (successful) result.
+    Abandon(WorkResult),
 }
 
 /// Runs distributed transactions and recovers in-doubt ones.
@@ -147,41 +199,118 @@ async fn execute_work(
     }
 }
 
-/// Phase one at one party: BEGIN, marker, work, PREPARE. On failure the local transaction is
-/// rolled back (or dies with the connection).
-async fn prepare_at(
-    party: PartyIndex,
-    client: &Client,
-    gid: &str,
-    work: &PartyWork,
-) -> Result<WorkResult, PartyError> {
+/// The three answers of a parallel step, or the first party error.
+fn all_ok<T>(results: Vec<Result<T, PartyError>>) -> Result<Vec<T>, TxnError> {
+    results
+        .into_iter()
+        .collect::<Result<Vec<T>, PartyError>>()
+        .map_err(TxnError::Aborted)
+}
+
+/// The answer the three parties agree on.
+fn agreed<T: PartialEq + std::fmt::Debug>(mut answers: Vec<T>) -> Result<T, TxnError> {
+    if answers.len() != 3 || answers.windows(2).any(|w| w[0] != w[1]) {
+        return Err(TxnError::Disagreement(
+            format!("{answers:?}").chars().take(300).collect(),
+        ));
+    }
+    Ok(answers.swap_remove(0))
+}
+
+/// BEGIN and the transaction's marker row at one party.
+async fn begin_at(party: PartyIndex, client: &Client, gid: &str) -> Result<(), PartyError> {
     let pg = |e: tokio_postgres::Error| PartyError::from_pg(party, &e);
     client.batch_execute("BEGIN").await.map_err(pg)?;
-    let outcome = async {
+    client
+        .execute(
+            "INSERT INTO privmatch.distributed_transactions (gid) VALUES ($1)",
+            &[&gid],
+        )
+        .await
+        .map_err(pg)?;
+    Ok(())
+}
+
+/// How a transaction locks the template table, before its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TableLock {
+    /// Enrolment and deletion: ROW EXCLUSIVE (writers do not block each other).
+    Write,
+    /// Enrol-if-unique: SHARE ROW EXCLUSIVE, which keeps every other writer out until the
+    /// transaction ends; waits at most 30 s per party (then SQLSTATE 55P03).
+    Exclusive,
+}
+
+/// Takes the template-table lock party by party, always in index order. Every distributed
+/// transaction that writes templates does so, so none can hold a lock at a later party while
+/// waiting at an earlier one: enrol-if-unique (which blocks writers) and writers cannot
+/// deadlock across parties.
+async fn lock_templates(clients: &[Client; 3], lock: TableLock) -> Result<(), TxnError> {
+    let sql = match lock {
+        TableLock::Write => "LOCK TABLE privmatch.iris_templates IN ROW EXCLUSIVE MODE",
+        TableLock::Exclusive => {
+            "SET LOCAL lock_timeout = '30s'; \
+             LOCK TABLE privmatch.iris_templates IN SHARE ROW EXCLUSIVE MODE"
+        }
+    };
+    for (&party, client) in PartyIndex::ALL.iter().zip(clients) {
         client
-            .execute(
-                "INSERT INTO privmatch.distributed_transactions (gid) VALUES ($1)",
-                &[&gid],
-            )
+            .batch_execute(sql)
             .await
-            .map_err(pg)?;
-        let result = execute_work(party, client, work).await?;
-        Ok::<_, PartyError>(result)
+            .map_err(|e| TxnError::Aborted(PartyError::from_pg(party, &e)))?;
     }
+    Ok(())
+}
+
+/// Whether the subject+eye is enrolled (the three parties must agree).
+async fn is_enrolled(clients: &[Client; 3], subject: &str, eye: Eye) -> Result<bool, TxnError> {
+    let answers = join_all(
+        PartyIndex::ALL
+            .iter()
+            .zip(clients)
+            .map(|(&p, c)| async move {
+                let row = c
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM privmatch.iris_templates \
+                 WHERE subject = $1 AND eye = $2::text::privmatch.eye)",
+                        &[&subject, &eye.as_str()],
+                    )
+                    .await
+                    .map_err(|e| PartyError::from_pg(p, &e))?;
+                Ok(row.get::<_, bool>(0))
+            }),
+    )
     .await;
-    match outcome {
-        Ok(result) => {
-            client
-                .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
-                .await
-                .map_err(pg)?;
-            Ok(result)
-        }
-        Err(err) => {
-            let _ = client.batch_execute("ROLLBACK").await;
-            Err(err)
-        }
-    }
+    agreed(all_ok(answers)?)
+}
+
+/// Runs independent work at each party.
+async fn per_party(clients: &[Client; 3], work: &[PartyWork; 3]) -> Result<WorkResult, TxnError> {
+    let results = join_all(
+        PartyIndex::ALL
+            .iter()
+            .zip(clients)
+            .zip(work)
+            .map(|((&p, c), w)| execute_work(p, c, w)),
+    )
+    .await;
+    agreed(all_ok(results)?)
+}
+
+fn as_array(clients: &[Client; 3]) -> [&Client; 3] {
+    let [c0, c1, c2] = clients;
+    [c0, c1, c2]
+}
+
+/// Converts the pooled connections into an array (all three connected).
+fn three(clients: Vec<Client>) -> Result<[Client; 3], TxnError> {
+    clients
+        .try_into()
+        .map_err(|_| TxnError::Disagreement("expected three connections".into()))
+}
+
+async fn rollback_open(clients: &[Client; 3]) {
+    join_all(clients.iter().map(|c| c.batch_execute("ROLLBACK"))).await;
 }
 
 async fn finish_prepared(
@@ -217,9 +346,16 @@ impl TwoPhase {
         &self,
         work: [PartyWork; 3],
     ) -> Result<(WorkResult, Vec<PartyError>), TxnError> {
+        self.run_work(TxnWork::PerParty(work)).await
+    }
+
+    /// Runs `work` as one atomic distributed transaction (see [`TwoPhase::run`]). Work that
+    /// decides not to write (enrol-if-unique of a duplicate or non-unique record) is rolled
+    /// back everywhere and its result returned as a success, with nothing pending.
+    pub async fn run_work(&self, work: TxnWork) -> Result<(WorkResult, Vec<PartyError>), TxnError> {
         let gid = make_gid(&self.instance, self.sequence.fetch_add(1, Ordering::SeqCst));
         self.in_flight.lock().await.insert(gid.clone());
-        let outcome = self.run_gid(&gid, work).await;
+        let outcome = self.run_gid(&gid, &work).await;
         self.in_flight.lock().await.remove(&gid);
         outcome
     }
@@ -227,53 +363,139 @@ impl TwoPhase {
     async fn run_gid(
         &self,
         gid: &str,
-        work: [PartyWork; 3],
+        work: &TxnWork,
     ) -> Result<(WorkResult, Vec<PartyError>), TxnError> {
-        let clients = join_all(self.parties.all().iter().map(|p| p.connect())).await;
-        let mut connected = Vec::new();
-        let mut first_error = None;
-        for client in clients {
-            match client {
-                Ok(c) => connected.push(c),
-                Err(e) => first_error = first_error.or(Some(e)),
+        let clients = connect_all(&self.parties)
+            .await
+            .map_err(TxnError::Aborted)?;
+        let clients = three(clients.into())?;
+        match self.phase_one(gid, &clients, work).await {
+            Ok(PhaseOne::Commit(result)) => self.prepare_and_commit(gid, clients, result).await,
+            Ok(PhaseOne::Abandon(result)) => {
+                rollback_open(&clients).await;
+                self.return_clients(clients.into()).await;
+                Ok((result, Vec::new()))
+            }
+            Err(err) => {
+                // Nothing is prepared yet: a plain rollback ends it everywhere (where the
+                // connection broke, the transaction died with it).
+                rollback_open(&clients).await;
+                // After a failed search a cancelled call may still be in flight: such
+                // connections are not reused.
+                if !matches!(err, TxnError::Search(_)) {
+                    self.return_clients(clients.into()).await;
+                }
+                Err(err)
             }
         }
-        if let Some(err) = first_error {
-            return Err(TxnError::Aborted(err));
+    }
+
+    /// BEGIN, marker and the work at every party, nothing prepared yet.
+    async fn phase_one(
+        &self,
+        gid: &str,
+        clients: &[Client; 3],
+        work: &TxnWork,
+    ) -> Result<PhaseOne, TxnError> {
+        all_ok(
+            join_all(
+                PartyIndex::ALL
+                    .iter()
+                    .zip(clients)
+                    .map(|(&p, c)| begin_at(p, c, gid)),
+            )
+            .await,
+        )?;
+        match work {
+            TxnWork::PerParty(work) => {
+                lock_templates(clients, TableLock::Write).await?;
+                per_party(clients, work).await.map(PhaseOne::Commit)
+            }
+            TxnWork::IrisEnrolIfUnique(record) => self.enrol_if_unique(clients, record).await,
         }
+    }
+
+    /// Lock, duplicate check, uniqueness search, enrolment (see [`EnrolIfUnique`]).
+    async fn enrol_if_unique(
+        &self,
+        clients: &[Client; 3],
+        record: &EnrolIfUnique,
+    ) -> Result<PhaseOne, TxnError> {
+        lock_templates(clients, TableLock::Exclusive).await?;
+        if is_enrolled(clients, &record.subject, record.eye).await? {
+            return Ok(PhaseOne::Abandon(WorkResult::AlreadyEnrolled));
+        }
+        let outcome = run_search_on(
+            as_array(clients),
+            &self.parties,
+            &record.search,
+            record.timeout,
+        )
+        .await
+        .map_err(TxnError::Search)?;
+        match outcome.result {
+            SearchResult::Unique(true) => {}
+            SearchResult::Unique(false) => return Ok(PhaseOne::Abandon(WorkResult::NotUnique)),
+            SearchResult::Identify(_) => {
+                return Err(TxnError::Disagreement(
+                    "the uniqueness search answered an identification".into(),
+                ))
+            }
+        }
+        let work = |p: usize| PartyWork::IrisEnrol {
+            bundles: vec![record.envelopes[p].clone()],
+            on_duplicate: "error".into(),
+        };
+        let result = per_party(clients, &[work(0), work(1), work(2)]).await?;
+        let expected = WorkResult::Enrolled(vec![(
+            record.subject.clone(),
+            record.eye.as_str().to_owned(),
+            true,
+        )]);
+        if result != expected {
+            return Err(TxnError::Disagreement(format!(
+                "the envelopes do not hold exactly the announced record {:?} ({} eye)",
+                record.subject,
+                record.eye.as_str()
+            )));
+        }
+        Ok(PhaseOne::Commit(result))
+    }
+
+    /// PREPARE everywhere, then the decision at P0 first, then the others.
+    async fn prepare_and_commit(
+        &self,
+        gid: &str,
+        clients: [Client; 3],
+        result: WorkResult,
+    ) -> Result<(WorkResult, Vec<PartyError>), TxnError> {
+        let prepare = &format!("PREPARE TRANSACTION '{gid}'");
         let prepared = join_all(
             PartyIndex::ALL
                 .iter()
-                .zip(connected.iter())
-                .zip(work.iter())
-                .map(|((&p, c), w)| prepare_at(p, c, gid, w)),
+                .zip(&clients)
+                .map(|(&p, c)| async move {
+                    c.batch_execute(prepare)
+                        .await
+                        .map_err(|e| PartyError::from_pg(p, &e))
+                }),
         )
         .await;
-        let failure = prepared.iter().find_map(|r| r.as_ref().err().cloned());
-        let results: Vec<WorkResult> = prepared
-            .iter()
-            .filter_map(|r| r.as_ref().ok().cloned())
-            .collect();
-        let disagreement = results.windows(2).any(|w| w[0] != w[1]);
-        if failure.is_some() || disagreement {
-            // Roll back wherever it did prepare; elsewhere it was already rolled back.
-            join_all(
-                prepared
-                    .iter()
-                    .zip(connected.iter())
-                    .filter(|(r, _)| r.is_ok())
-                    .map(|(_, c)| finish_prepared(c, gid, Resolution::Rollback)),
-            )
+        if let Some(err) = prepared.iter().find_map(|r| r.as_ref().err().cloned()) {
+            // Roll back wherever it did prepare; where PREPARE failed, end the transaction.
+            join_all(prepared.iter().zip(&clients).map(|(r, c)| async move {
+                match r {
+                    Ok(()) => finish_prepared(c, gid, Resolution::Rollback).await,
+                    Err(_) => c.batch_execute("ROLLBACK").await,
+                }
+            }))
             .await;
-            self.return_clients(connected).await;
-            return Err(match failure {
-                Some(err) => TxnError::Aborted(err),
-                None => TxnError::Disagreement(format!("{results:?}").chars().take(300).collect()),
-            });
+            self.return_clients(clients.into()).await;
+            return Err(TxnError::Aborted(err));
         }
         self.inject_after_prepare().await;
         // The decision: commit at P0 first.
-        if let Err(e) = finish_prepared(&connected[0], gid, Resolution::Commit).await {
+        if let Err(e) = finish_prepared(&clients[0], gid, Resolution::Commit).await {
             let err = PartyError::from_pg(PartyIndex::ALL[0], &e);
             return Err(TxnError::InDoubt(err));
         }
@@ -282,7 +504,7 @@ impl TwoPhase {
             std::process::abort();
         }
         let rest = join_all(
-            connected[1..]
+            clients[1..]
                 .iter()
                 .map(|c| finish_prepared(c, gid, Resolution::Commit)),
         )
@@ -292,11 +514,8 @@ impl TwoPhase {
             .zip(&PartyIndex::ALL[1..])
             .filter_map(|(r, &p)| r.as_ref().err().map(|e| PartyError::from_pg(p, e)))
             .collect();
-        self.return_clients(connected).await;
-        Ok((
-            results.into_iter().next().unwrap_or(WorkResult::Deleted(0)),
-            pending,
-        ))
+        self.return_clients(clients.into()).await;
+        Ok((result, pending))
     }
 
     async fn inject_after_prepare(&self) {
