@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The privmatch demo on a fresh machine: installs what is needed, starts three local parties
 # and the coordinator, enrols a few thousand synthetic iris templates (secret-shared and sealed
-# on the client side), and shows how many records each party holds.
+# on the client side), shows how many records each party holds, then searches: rotated
+# near-duplicates of enrolled templates are identified, strangers are not, and an
+# enrol-if-unique of a near-duplicate is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,9 +20,27 @@ echo "==> privmatch iris enroll --input $INPUT"
 "$PM" iris enroll --input "$INPUT"
 echo "==> records per party"
 "$PM" cluster status
+
+PROBES="${TMPDIR:-/tmp}/privmatch-demo-probes.ndjson"
+# Same seed: the first 3 templates are enrolled ones; their 3 near-duplicates are rotated by 9
+# columns with 20 % of the bits flipped. Then 3 strangers (another seed).
+"$PM" iris synth 3 --seed 2026 --near-duplicates 3 --flip-rate 0.2 --rotation 9 --prefix probe --output "$PROBES"
+"$PM" iris synth 3 --seed 7 --prefix stranger --output "$PROBES.strangers"
+cat "$PROBES.strangers" >> "$PROBES"
+echo "==> privmatch iris search --input $PROBES   (9 probes: 3 enrolled templates, their 3 rotated near-duplicates, 3 strangers)"
+"$PM" iris search --input "$PROBES" --json
+echo "==> privmatch iris search --input $PROBES --uniqueness"
+"$PM" iris search --input "$PROBES" --uniqueness --json
+echo "==> privmatch iris enroll --if-unique (a near-duplicate of an enrolled template, and a stranger)"
+"$PM" iris synth 1 --seed 2026 --near-duplicates 1 --flip-rate 0.2 --rotation 5 --prefix late --output "$PROBES.late"
+tail -n 1 "$PROBES.late" > "$PROBES.late1"
+head -n 1 "$PROBES.strangers" >> "$PROBES.late1"
+"$PM" iris enroll --input "$PROBES.late1" --if-unique
 cat <<MSG
 
 The cluster keeps running. Try:
+  $PM iris search --input $PROBES               # one line per probe; --json, --uniqueness, --max-rotation 0
+  $PM bench iris --n 10000                      # the search benchmark (see BENCHMARKS.md)
   $PM iris delete --subject synth-0000000
   $PM cluster status
   $PM cluster down            # stop (data kept); add --purge to delete everything

@@ -1,0 +1,372 @@
+//! End-to-end tests of iris search through the product's own interfaces: `privmatch iris
+//! search` (CLI → coordinator HTTP API → three parties), `privmatch iris enroll --if-unique`,
+//! checked against the plaintext matcher of open-iris (`HammingDistanceMatcher(
+//! rotation_shift=15, normalise=False)`: minimum fractional Hamming distance over ±15 columns
+//! below τ = 0.345), and what the logs may contain.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use privmatch_core::iris::synth::{near_duplicate, random_template};
+use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
+use privmatch_e2e::{enrolment_line, write_lines, Cluster};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde_json::Value;
+
+const TAU_NUM: u64 = 3_450;
+
+/// Minimum fractional Hamming distance over rotations −max..=max (None: no common bits).
+fn min_fhd(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32) -> Option<f64> {
+    (-max_rotation..=max_rotation)
+        .filter_map(|k| {
+            let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
+            (common > 0).then(|| f64::from(hd) / f64::from(common))
+        })
+        .min_by(f64::total_cmp)
+}
+
+/// The plaintext decision, in exact integers: some rotation has hd·10,000 < 3,450·common.
+fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32) -> bool {
+    (-max_rotation..=max_rotation).any(|k| {
+        let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
+        common > 0 && u64::from(hd) * 10_000 < TAU_NUM * u64::from(common)
+    })
+}
+
+type Enrolled = BTreeMap<(String, String), IrisTemplate>;
+
+fn expected_matches(
+    enrolled: &Enrolled,
+    probe: &IrisTemplate,
+    eye: &str,
+    rot: i32,
+) -> Vec<(String, String)> {
+    enrolled
+        .iter()
+        .filter(|((_, e), t)| e == eye && plain_match(probe, t, rot))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn probe_line(eye: &str, t: &IrisTemplate) -> String {
+    serde_json::json!({"eye": eye, "iris_codes": t.code.to_base64(), "mask_codes": t.mask.to_base64()})
+        .to_string()
+}
+
+/// Runs `privmatch iris search --json` and returns one JSON object per probe, in order.
+fn search_json(cluster: &Cluster, input: &std::path::Path, extra: &[&str]) -> Vec<Value> {
+    let input = input.display().to_string();
+    let mut args = vec!["iris", "search", "--input", &input, "--json"];
+    args.extend_from_slice(extra);
+    let out = cluster.cli(&args).expect_success();
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?}: {e}")))
+        .collect()
+}
+
+fn matches_of(v: &Value) -> Vec<(String, String)> {
+    v["matches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no matches in {v}"))
+        .iter()
+        .map(|m| {
+            (
+                m["subject"].as_str().unwrap_or_default().to_owned(),
+                m["eye"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Enrols `n` random templates (a quarter of them right eyes) and returns them.
+fn enrol(cluster: &Cluster, rng: &mut ChaCha20Rng, n: usize, file: &str) -> Enrolled {
+    let mut enrolled = Enrolled::new();
+    let mut lines = Vec::new();
+    for i in 0..n {
+        let eye = if i % 4 == 3 { "right" } else { "left" };
+        let subject = format!("{file}-{i:05}");
+        let t = random_template(rng);
+        lines.push(enrolment_line(&subject, eye, &t));
+        enrolled.insert((subject, eye.to_owned()), t);
+    }
+    let path = cluster.path(file);
+    write_lines(&path, &lines);
+    cluster.enroll(&path, &[]).expect_success();
+    enrolled
+}
+
+#[test]
+fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
+    let cluster = Cluster::start("search-cli", 23);
+    let mut rng = ChaCha20Rng::seed_from_u64(23);
+    let enrolled = enrol(&cluster, &mut rng, 2_000, "db");
+    let templates: Vec<((String, String), IrisTemplate)> = enrolled
+        .iter()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .collect();
+    // Probes: rotated near-duplicates at distances around τ, and unrelated templates.
+    let mut probes: Vec<(String, IrisTemplate)> = Vec::new();
+    for i in 0..70 {
+        let ((_, eye), t) = &templates[(i * 29) % templates.len()];
+        let flip = [0.05, 0.25, 0.33, 0.34, 0.345, 0.35, 0.36][i % 7];
+        let rotation = rng.gen_range(-15..=15);
+        probes.push((eye.clone(), near_duplicate(t, flip, rotation, &mut rng)));
+    }
+    for i in 0..10 {
+        probes.push((
+            if i % 2 == 0 { "left" } else { "right" }.into(),
+            random_template(&mut rng),
+        ));
+    }
+    let path = cluster.path("probes.ndjson");
+    write_lines(
+        &path,
+        &probes
+            .iter()
+            .map(|(eye, t)| probe_line(eye, t))
+            .collect::<Vec<_>>(),
+    );
+
+    let near_threshold = probes
+        .iter()
+        .filter(|(eye, p)| {
+            enrolled
+                .iter()
+                .filter(|((_, e), _)| e == eye)
+                .filter_map(|(_, t)| min_fhd(p, t, 15))
+                .any(|d| (d - 0.345).abs() < 0.005)
+        })
+        .count();
+    assert!(
+        near_threshold >= 10,
+        "only {near_threshold} probes within 0.005 of τ"
+    );
+
+    let mut compared = 0;
+    for (rot, extra) in [(15, vec![]), (0, vec!["--max-rotation", "0"])] {
+        let got = search_json(&cluster, &path, &extra);
+        assert_eq!(got.len(), probes.len());
+        for (i, ((eye, probe), v)) in probes.iter().zip(&got).enumerate() {
+            assert_eq!(v["probe"].as_u64(), Some(i as u64), "{v}");
+            let expected = expected_matches(&enrolled, probe, eye, rot);
+            assert_eq!(
+                matches_of(v),
+                expected,
+                "probe {i} ({eye}), rotation ±{rot}"
+            );
+            compared += enrolled.len();
+        }
+    }
+    let unique = search_json(&cluster, &path, &["--uniqueness"]);
+    let mut found = 0;
+    for (i, ((eye, probe), v)) in probes.iter().zip(&unique).enumerate() {
+        let expected = expected_matches(&enrolled, probe, eye, 15).is_empty();
+        assert_eq!(v["unique"].as_bool(), Some(expected), "probe {i}: {v}");
+        found += usize::from(!expected);
+    }
+    assert!(
+        found >= 30 && found < probes.len(),
+        "{found} probes matched"
+    );
+    eprintln!(
+        "[search-cli] {compared} comparisons, {near_threshold} probes within 0.005 of τ, {found} matched: zero disagreements"
+    );
+    // Privacy: nothing of a probe or a share reaches a log.
+    let mut logs = String::new();
+    for p in 0..3 {
+        logs.push_str(
+            &std::fs::read_to_string(cluster.path(&format!("p{p}/postgres.log")))
+                .unwrap_or_default(),
+        );
+    }
+    logs.push_str(&std::fs::read_to_string(cluster.path("coordinator.log")).unwrap_or_default());
+    for (_, probe) in &probes {
+        let code = probe.code.to_base64();
+        assert!(
+            !logs.contains(&code[..24]),
+            "a probe's code appears in a log"
+        );
+    }
+    assert!(
+        !logs.to_lowercase().contains("distance"),
+        "a log mentions distances"
+    );
+}
+
+#[test]
+fn both_eyes_policies_and_probe_file_errors() {
+    let cluster = Cluster::start("search-eyes", 24);
+    let mut rng = ChaCha20Rng::seed_from_u64(24);
+    // Subject A has both eyes enrolled, B only a left eye.
+    let (al, ar, bl) = (
+        random_template(&mut rng),
+        random_template(&mut rng),
+        random_template(&mut rng),
+    );
+    let path = cluster.path("enrol.ndjson");
+    write_lines(
+        &path,
+        &[
+            enrolment_line("A", "left", &al),
+            enrolment_line("A", "right", &ar),
+            enrolment_line("B", "left", &bl),
+        ],
+    );
+    cluster.enroll(&path, &[]).expect_success();
+    let near = |t: &IrisTemplate, rng: &mut ChaCha20Rng| near_duplicate(t, 0.1, 4, rng);
+    let two = |l: &IrisTemplate, r: &IrisTemplate| {
+        serde_json::json!({
+            "left": {"iris_codes": l.code.to_base64(), "mask_codes": l.mask.to_base64()},
+            "right": {"iris_codes": r.code.to_base64(), "mask_codes": r.mask.to_base64()},
+        })
+        .to_string()
+    };
+    let other = random_template(&mut rng);
+    let probes = cluster.path("probes.ndjson");
+    // Probe 0: A's two eyes; probe 1: B's left eye and a stranger's right eye.
+    write_lines(
+        &probes,
+        &[
+            two(&near(&al, &mut rng), &near(&ar, &mut rng)),
+            two(&near(&bl, &mut rng), &other),
+        ],
+    );
+    let key = |s: &str, e: &str| (s.to_owned(), e.to_owned());
+    let or = search_json(&cluster, &probes, &["--policy", "or"]);
+    assert_eq!(
+        matches_of(&or[0]),
+        vec![key("A", "left"), key("A", "right")]
+    );
+    assert_eq!(matches_of(&or[1]), vec![key("B", "left")]);
+    let and = search_json(&cluster, &probes, &["--policy", "and"]);
+    assert_eq!(
+        matches_of(&and[0]),
+        vec![key("A", "left"), key("A", "right")]
+    );
+    assert_eq!(matches_of(&and[1]), Vec::<(String, String)>::new());
+    let unique = search_json(&cluster, &probes, &["--uniqueness"]);
+    assert_eq!(unique[0]["unique"], Value::Bool(false));
+    // Uniqueness with the AND policy is refused before anything is searched.
+    let input = probes.display().to_string();
+    cluster
+        .cli(&[
+            "iris",
+            "search",
+            "--input",
+            &input,
+            "--uniqueness",
+            "--policy",
+            "and",
+        ])
+        .expect_failure();
+    // A malformed line is reported with its number; nothing is searched.
+    let bad = cluster.path("bad.ndjson");
+    write_lines(
+        &bad,
+        &[
+            probe_line("left", &al),
+            "{\"eye\": \"left\", \"iris_codes\": \"AAAA\"}".into(),
+        ],
+    );
+    let bad_input = bad.display().to_string();
+    let out = cluster
+        .cli(&["iris", "search", "--input", &bad_input])
+        .expect_failure();
+    out.assert_stderr_contains(&["line 2"]);
+    // The HTTP API refuses a malformed request with 400.
+    let (status, body) =
+        cluster.post_bytes("/v1/iris/search", b"{\"mode\": \"identify\"}".to_vec());
+    assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
+    let cluster = Cluster::start("if-unique", 25);
+    let mut rng = ChaCha20Rng::seed_from_u64(25);
+    let base = enrol(&cluster, &mut rng, 50, "base");
+    // Two files enrolled concurrently: record i of the first and record i of the second are
+    // near-duplicates of each other (different subjects); exactly one of each pair may end up
+    // enrolled. A third file duplicates an already enrolled template.
+    let pairs = 12;
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        let t = random_template(&mut rng);
+        let twin = near_duplicate(&t, 0.1, rng.gen_range(-15..=15), &mut rng);
+        first.push(enrolment_line(&format!("x-{i}"), "left", &t));
+        second.push(enrolment_line(&format!("y-{i}"), "left", &twin));
+    }
+    let (f1, f2) = (cluster.path("first.ndjson"), cluster.path("second.ndjson"));
+    write_lines(&f1, &first);
+    write_lines(&f2, &second);
+    let (s1, s2) = (f1.display().to_string(), f2.display().to_string());
+    let a = cluster.cli_background(&[
+        "iris",
+        "enroll",
+        "--input",
+        &s1,
+        "--if-unique",
+        "--no-progress",
+    ]);
+    let b = cluster.cli_background(&[
+        "iris",
+        "enroll",
+        "--input",
+        &s2,
+        "--if-unique",
+        "--no-progress",
+    ]);
+    let timeout = std::time::Duration::from_secs(300);
+    let (a, b) = (
+        a.wait(timeout).expect_success(),
+        b.wait(timeout).expect_success(),
+    );
+    eprintln!(
+        "[if-unique] first: {}\n[if-unique] second: {}",
+        a.stdout.trim(),
+        b.stdout.trim()
+    );
+    for p in 0..3 {
+        let keys: BTreeSet<String> = cluster.keys(p).into_iter().map(|(s, _)| s).collect();
+        for i in 0..pairs {
+            let both = [format!("x-{i}"), format!("y-{i}")];
+            let n = both.iter().filter(|s| keys.contains(*s)).count();
+            assert_eq!(n, 1, "P{p}: pair {i} has {n} enrolled");
+        }
+    }
+    assert_eq!(cluster.record_counts(), [50 + pairs as i64; 3]);
+    assert_eq!(cluster.prepared_counts(), [0; 3]);
+    // A near-duplicate of an enrolled template is refused, a fresh one enrolled.
+    let (key, t) = base
+        .iter()
+        .next()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .expect("one");
+    let dup = near_duplicate(&t, 0.2, 7, &mut rng);
+    let f3 = cluster.path("third.ndjson");
+    write_lines(
+        &f3,
+        &[
+            enrolment_line("z-dup", &key.1, &dup),
+            enrolment_line("z-new", "left", &random_template(&mut rng)),
+        ],
+    );
+    let s3 = f3.display().to_string();
+    let out = cluster
+        .cli(&[
+            "iris",
+            "enroll",
+            "--input",
+            &s3,
+            "--if-unique",
+            "--no-progress",
+        ])
+        .expect_success();
+    assert!(
+        out.stdout
+            .contains("enrolled 1, skipped (duplicates) 0, refused (not unique) 1"),
+        "{out}"
+    );
+    assert_eq!(cluster.subject_count(0, "z-dup"), 0);
+    assert_eq!(cluster.subject_count(2, "z-new"), 1);
+}
