@@ -1,5 +1,6 @@
 //! Benchmark of one party's local iris scan (the dot-product kernel), not of the whole
-//! protocol: `cargo run --release -p privmatch-core --example dot_scan -- [N]`.
+//! protocol: `cargo run --release -p privmatch-core --example dot_scan -- [N] [REPS]`
+//! (every time is the median of REPS runs, default 1).
 //!
 //! Prints, for N random enrolled shares and one probe, (a) without rotations and (b) with 31
 //! rotations, for every dot-product kernel this CPU supports ([`DotKernel::available`]:
@@ -47,6 +48,21 @@ fn read_bandwidth(data: &[u16]) -> f64 {
     (2 * data.len()) as f64 / best
 }
 
+/// Median wall time of `reps` scans of `db` with `kernel` on `threads` threads.
+fn median_scan(
+    kernel: DotKernel,
+    db: &ShareMatrix<'_>,
+    query: &PreparedQuery,
+    threads: usize,
+    reps: usize,
+) -> f64 {
+    let mut times: Vec<f64> = (0..reps.max(1))
+        .map(|_| timed_scan(kernel, db, query, threads))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
 /// Wall time of one scan of `db` with `kernel` on `threads` threads (entry ranges).
 fn timed_scan(
     kernel: DotKernel,
@@ -84,6 +100,10 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(100_000);
+    let reps: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let mut rng = ChaCha20Rng::seed_from_u64(2026);
     eprintln!(
@@ -148,8 +168,8 @@ fn main() {
             plain.len()
         );
         for kernel in DotKernel::available() {
-            let one = timed_scan(kernel, &db, &query, 1);
-            let all = timed_scan(kernel, &db, &query, threads);
+            let one = median_scan(kernel, &db, &query, 1, reps);
+            let all = median_scan(kernel, &db, &query, threads, reps);
             println!(
                 "    {:<11} 1 thread {one:.3} s ({:.2} M comparisons/s, {:.1} x the bandwidth floor); {threads} threads {all:.3} s ({:.2} M comparisons/s)",
                 kernel.name(),
