@@ -66,9 +66,23 @@ fn exchange(stream: &mut UnixStream, request: &Request) -> io::Result<Response> 
     Response::decode(&body)
 }
 
+/// True when privmatch is in `shared_preload_libraries`, i.e. an engine worker exists (it may
+/// still be starting).
+fn engine_configured() -> bool {
+    Spi::get_one::<String>("SELECT current_setting('shared_preload_libraries')")
+        .ok()
+        .flatten()
+        .is_some_and(|s| s.split(',').any(|l| l.trim().trim_matches('"') == "privmatch"))
+}
+
 /// Sends `request` to the engine and returns its answer; raises on engine errors.
 pub fn call(request: &Request) -> Response {
-    let mut stream = connect(CONNECT_WAIT).unwrap_or_else(|e| not_running(&e));
+    let wait = if engine_configured() {
+        CONNECT_WAIT
+    } else {
+        Duration::ZERO
+    };
+    let mut stream = connect(wait).unwrap_or_else(|e| not_running(&e));
     let response = exchange(&mut stream, request).unwrap_or_else(|e| {
         raise(
             PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
