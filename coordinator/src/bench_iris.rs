@@ -522,7 +522,13 @@ pub async fn run(config: &Config, args: &IrisBenchArgs) -> Result<()> {
         "  warm-up: the first search ({warm_up:.3} s, 31 rotations, not counted) may include the engines loading newly enrolled templates"
     );
     print_figures(&figures, bandwidth, floor_seconds);
-    println!("  engines:");
+    println!("  engines, right after the searches (heap of the rounds still held):");
+    for line in engine_status_lines(&parties).await {
+        println!("{line}");
+    }
+    // An idle engine returns the rounds' heap after a second without requests.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    println!("  engines, at rest (2.5 s later):");
     for line in engine_status_lines(&parties).await {
         println!("{line}");
     }

@@ -72,7 +72,10 @@ fn engine_configured() -> bool {
     Spi::get_one::<String>("SELECT current_setting('shared_preload_libraries')")
         .ok()
         .flatten()
-        .is_some_and(|s| s.split(',').any(|l| l.trim().trim_matches('"') == "privmatch"))
+        .is_some_and(|s| {
+            s.split(',')
+                .any(|l| l.trim().trim_matches('"') == "privmatch")
+        })
 }
 
 /// Sends `request` to the engine and returns its answer; raises on engine errors.

@@ -512,15 +512,27 @@ fn wait_for_work(fd: i32) -> bool {
 
 /// Keeps the per-round buffers of a search (up to tens of MB each) in the heap for reuse
 /// instead of mapping fresh zeroed pages every round: measured at N = 100,000 with 31
-/// rotations, page faults took about a third of the parties' CPU. 32 MB is glibc's largest
-/// allowed mmap threshold; the share matrix itself stays mmapped (it is larger).
+/// rotations, page faults took about a fifth of the parties' CPU. glibc caps the mmap
+/// threshold at 32 MB, below the largest round messages, so the engine does not use mmap
+/// for allocations at all and keeps freed memory (the share matrix is sized once per bulk
+/// load, so it is not copied by growth in practice).
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only adjusts glibc's allocator parameters; called before any thread
     // of this process is started.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+/// Returns the heap kept for the rounds of searches to the operating system (after a second
+/// without requests and no running search), so an idle engine holds little beyond its shares.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; no other thread is running.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -547,14 +559,20 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     if let Err((_, message)) = engine.refresh() {
         pgrx::log!("privmatch engine: not loaded yet: {message}");
     }
+    let mut idle_trimmed = true;
     while !BackgroundWorker::sigterm_received() {
         let readable = wait_for_work(listener.as_raw_fd());
         engine.service.expire(Instant::now());
         if !readable {
+            if !idle_trimmed && engine.service.active() == 0 {
+                release_free_memory();
+                idle_trimmed = true;
+            }
             continue;
         }
         while let Ok((stream, _)) = listener.accept() {
             serve(&mut engine, stream);
+            idle_trimmed = false;
         }
     }
     let _ = std::fs::remove_file(SOCKET_NAME);
