@@ -184,14 +184,15 @@ fn spawn_sealer(
     });
 }
 
-fn progress_bar(total: usize, hidden: bool) -> ProgressBar {
+/// A progress bar over `total` records labelled `what` (hidden when asked, e.g. in tests).
+pub(crate) fn progress_bar(total: usize, hidden: bool, what: &str) -> ProgressBar {
     if hidden {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total as u64);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} enrolling [{bar:40}] {pos}/{len} records ({per_sec}, eta {eta})",
-    ) {
+    if let Ok(style) = ProgressStyle::with_template(&format!(
+        "{{spinner}} {what} [{{bar:40}}] {{pos}}/{{len}} records ({{per_sec}}, eta {{eta}})"
+    )) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
@@ -215,7 +216,7 @@ pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTot
     );
     let (tx, mut rx) = mpsc::channel(2);
     spawn_sealer(args.input.clone(), keys, args.batch_size, tx);
-    let bar = progress_bar(total, args.no_progress);
+    let bar = progress_bar(total, args.no_progress, "enrolling");
     let mut totals = EnrolTotals::default();
     // Keep a few batches in flight while the next ones are sealed; answers are accounted in
     // order, so an error reports exactly which lines are enrolled.

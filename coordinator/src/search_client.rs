@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use privmatch_core::bundle::{seal_iris_enrolment, Eye};
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::template::IrisTemplate;
@@ -405,19 +404,6 @@ fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrolRecord>>) {
     });
 }
 
-fn progress_bar(total: usize, hidden: bool) -> ProgressBar {
-    if hidden {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total as u64);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} enrolling if unique [{bar:40}] {pos}/{len} records ({per_sec}, eta {eta})",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
-}
-
 /// The error of a record that failed: what is known about it, and where to resume.
 fn record_failure(
     record: &EnrolRecord,
@@ -460,7 +446,7 @@ pub async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> 
     let url = format!("{}/v1/iris/enroll-if-unique", config.coordinator_url());
     let (tx, mut rx) = mpsc::channel(16);
     spawn_reader(args.input.clone(), tx);
-    let bar = progress_bar(total, args.no_progress);
+    let bar = crate::client::progress_bar(total, args.no_progress, "enrolling if unique");
     let started = Instant::now();
     let mut totals = IfUniqueTotals::default();
     while let Some(record) = rx.recv().await {
