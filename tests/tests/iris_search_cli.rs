@@ -103,7 +103,7 @@ fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
     let enrolled = enrol(&cluster, &mut rng, 2_000, "db");
     let templates: Vec<((String, String), IrisTemplate)> = enrolled
         .iter()
-        .map(|(k, t)| (k.clone(), t.clone()))
+        .map(|(k, t)| (k.clone(), *t))
         .collect();
     // Probes: rotated near-duplicates at distances around τ, and unrelated templates.
     let mut probes: Vec<(String, IrisTemplate)> = Vec::new();
@@ -340,7 +340,7 @@ fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
     let (key, t) = base
         .iter()
         .next()
-        .map(|(k, t)| (k.clone(), t.clone()))
+        .map(|(k, t)| (k.clone(), *t))
         .expect("one");
     let dup = near_duplicate(&t, 0.2, 7, &mut rng);
     let f3 = cluster.path("third.ndjson");

@@ -186,7 +186,7 @@ fn sql_search_rounds_match_the_plaintext_reference() {
     let mut rng = ChaCha20Rng::seed_from_u64(5);
     let templates: Vec<(RecordKey, IrisTemplate)> = enrolled
         .iter()
-        .map(|(k, t)| (k.clone(), t.clone()))
+        .map(|(k, t)| (k.clone(), *t))
         .collect();
     cluster.block_on(async {
         let clients = clients(&cluster).await;
@@ -257,7 +257,7 @@ fn refused_round_messages_abort_the_search() {
     let (key, t) = enrolled
         .iter()
         .next()
-        .map(|(k, t)| (k.clone(), t.clone()))
+        .map(|(k, t)| (k.clone(), *t))
         .expect("one");
     let eye = Eye::parse(&key.1).expect("eye");
     let mut rng = ChaCha20Rng::seed_from_u64(6);
@@ -337,7 +337,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     let (key, t) = enrolled
         .iter()
         .nth(3)
-        .map(|(k, t)| (k.clone(), t.clone()))
+        .map(|(k, t)| (k.clone(), *t))
         .expect("one");
     let eye = Eye::parse(&key.1).expect("eye");
     let mut rng = ChaCha20Rng::seed_from_u64(7);
