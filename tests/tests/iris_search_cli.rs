@@ -101,10 +101,8 @@ fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
     let cluster = Cluster::start("search-cli", 23);
     let mut rng = ChaCha20Rng::seed_from_u64(23);
     let enrolled = enrol(&cluster, &mut rng, 2_000, "db");
-    let templates: Vec<((String, String), IrisTemplate)> = enrolled
-        .iter()
-        .map(|(k, t)| (k.clone(), *t))
-        .collect();
+    let templates: Vec<((String, String), IrisTemplate)> =
+        enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
     // Probes: rotated near-duplicates at distances around τ, and unrelated templates.
     let mut probes: Vec<(String, IrisTemplate)> = Vec::new();
     for i in 0..70 {

@@ -184,10 +184,8 @@ fn sql_search_rounds_match_the_plaintext_reference() {
     let cluster = Cluster::start("search-sql", 20);
     let enrolled = enrol_synthetic(&cluster, 200);
     let mut rng = ChaCha20Rng::seed_from_u64(5);
-    let templates: Vec<(RecordKey, IrisTemplate)> = enrolled
-        .iter()
-        .map(|(k, t)| (k.clone(), *t))
-        .collect();
+    let templates: Vec<(RecordKey, IrisTemplate)> =
+        enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
     cluster.block_on(async {
         let clients = clients(&cluster).await;
         for (i, ((_, eye), t)) in templates.iter().take(16).enumerate() {
