@@ -60,10 +60,10 @@ fn wait_readable(stream: &UnixStream) {
 }
 
 fn exchange(stream: &mut UnixStream, request: &Request) -> io::Result<Response> {
-    write_frame(stream, &request.encode())?;
+    let (head, payload) = request.encode_parts();
+    write_frame(stream, &head, payload)?;
     wait_readable(stream);
-    let body = read_frame(stream)?;
-    Response::decode(&body)
+    Response::decode(read_frame(stream)?)
 }
 
 /// True when privmatch is in `shared_preload_libraries`, i.e. an engine worker exists (it may

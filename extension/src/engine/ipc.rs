@@ -5,14 +5,16 @@
 //! Frame: u32 little-endian body length, then the body. Body: a tag byte, then the fields in
 //! order; byte strings and text are u32-length-prefixed, integers little-endian.
 
+use std::borrow::Cow;
 use std::io::{self, Read, Write};
 
 /// Largest frame accepted (a round message for millions of comparisons stays far below).
 pub const MAX_FRAME: usize = 1 << 30;
 
-/// What a backend asks the engine.
+/// What a backend asks the engine. Round messages are borrowed on the backend side and
+/// owned on the engine side, so the large payload is never copied to build a frame.
 #[derive(Debug)]
-pub enum Request {
+pub enum Request<'a> {
     /// `iris_search_start`.
     Start {
         /// Search session id.
@@ -33,7 +35,7 @@ pub enum Request {
         /// Round number.
         round: u32,
         /// Sealed message of party i−1.
-        message: Vec<u8>,
+        message: Cow<'a, [u8]>,
     },
     /// `iris_search_abort`.
     Abort {
@@ -120,6 +122,13 @@ pub enum Response {
     Error(ErrorKind, String),
 }
 
+/// The bytes of `body` from `start` on, in the same allocation (the head is shifted out, no
+/// fresh pages for a payload of tens of MB).
+fn into_tail(mut body: Vec<u8>, start: usize) -> Vec<u8> {
+    body.drain(..start);
+    body
+}
+
 #[derive(Default)]
 struct Writer(Vec<u8>);
 
@@ -184,6 +193,17 @@ impl<'a> Reader<'a> {
     fn text(&mut self) -> io::Result<String> {
         String::from_utf8(self.bytes()?).map_err(|_| malformed())
     }
+    /// Where the last field of `body` starts (a u32 length, then exactly that many bytes
+    /// to the end of the body).
+    fn trailing_start(&mut self, body_len: usize) -> io::Result<usize> {
+        let n = self.u32()? as usize;
+        if self.0.len() != n {
+            return Err(malformed());
+        }
+        self.0 = &[];
+        Ok(body_len - n)
+    }
+
     fn end(&self) -> io::Result<()> {
         if self.0.is_empty() {
             Ok(())
@@ -193,9 +213,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl Request {
-    /// The frame body.
-    pub fn encode(&self) -> Vec<u8> {
+impl Request<'_> {
+    /// The frame body: a small head and the large trailing payload (if any), kept apart so
+    /// that [`write_frame`] sends the payload without copying it.
+    pub fn encode_parts(&self) -> (Vec<u8>, &[u8]) {
         match self {
             Request::Start {
                 session,
@@ -203,31 +224,38 @@ impl Request {
                 mode,
                 max_rotation,
                 threshold,
-            } => Writer::default()
-                .u8(1)
-                .fixed(session)
-                .bytes(probe)
-                .bytes(mode.as_bytes())
-                .u32(*max_rotation as u32)
-                .u64(threshold.to_bits()),
+            } => (
+                Writer::default()
+                    .u8(1)
+                    .fixed(session)
+                    .bytes(probe)
+                    .bytes(mode.as_bytes())
+                    .u32(*max_rotation as u32)
+                    .u64(threshold.to_bits())
+                    .0,
+                &[],
+            ),
             Request::Round {
                 session,
                 round,
                 message,
-            } => Writer::default()
-                .u8(2)
-                .fixed(session)
-                .u32(*round)
-                .bytes(message),
-            Request::Abort { session } => Writer::default().u8(3).fixed(session),
-            Request::Status => Writer::default().u8(4),
+            } => (
+                Writer::default()
+                    .u8(2)
+                    .fixed(session)
+                    .u32(*round)
+                    .u32(message.len() as u32)
+                    .0,
+                message,
+            ),
+            Request::Abort { session } => (Writer::default().u8(3).fixed(session).0, &[]),
+            Request::Status => (Writer::default().u8(4).0, &[]),
         }
-        .0
     }
 
-    /// Parses a frame body.
-    pub fn decode(body: &[u8]) -> io::Result<Self> {
-        let mut r = Reader(body);
+    /// Parses a frame body, taking ownership so a round's payload is moved, not copied.
+    pub fn decode(body: Vec<u8>) -> io::Result<Request<'static>> {
+        let mut r = Reader(&body);
         let req = match r.u8()? {
             1 => Request::Start {
                 session: r.array()?,
@@ -236,11 +264,16 @@ impl Request {
                 max_rotation: r.u32()? as i32,
                 threshold: f64::from_bits(r.u64()?),
             },
-            2 => Request::Round {
-                session: r.array()?,
-                round: r.u32()?,
-                message: r.bytes()?,
-            },
+            2 => {
+                let session = r.array()?;
+                let round = r.u32()?;
+                let start = r.trailing_start(body.len())?;
+                return Ok(Request::Round {
+                    session,
+                    round,
+                    message: Cow::Owned(into_tail(body, start)),
+                });
+            }
             3 => Request::Abort {
                 session: r.array()?,
             },
@@ -253,52 +286,78 @@ impl Request {
 }
 
 impl Response {
-    /// The frame body.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The frame body as a small head and the large trailing payload (if any), see
+    /// [`Request::encode_parts`].
+    pub fn encode_parts(&self) -> (Vec<u8>, &[u8]) {
         match self {
             Response::Started {
                 entries,
                 digest,
                 message,
-            } => Writer::default()
-                .u8(1)
-                .u64(*entries)
-                .fixed(digest)
-                .bytes(message),
-            Response::Continue(m) => Writer::default().u8(2).bytes(m),
-            Response::Identified(subjects) => subjects.iter().fold(
-                Writer::default().u8(3).u32(subjects.len() as u32),
-                |w, s| w.bytes(s.as_bytes()),
+            } => (
+                Writer::default()
+                    .u8(1)
+                    .u64(*entries)
+                    .fixed(digest)
+                    .u32(message.len() as u32)
+                    .0,
+                message,
             ),
-            Response::Unique(u) => Writer::default().u8(4).u8(u8::from(*u)),
-            Response::Aborted(a) => Writer::default().u8(5).u8(u8::from(*a)),
-            Response::Status(s) => Writer::default()
-                .u8(6)
-                .bytes(s.state.as_bytes())
-                .u64(s.templates)
-                .u64(s.share_bytes)
-                .u64(s.resident_bytes)
-                .u32(s.sessions)
-                .bytes(s.kernel.as_bytes())
-                .u32(s.threads),
-            Response::Error(kind, message) => Writer::default()
-                .u8(7)
-                .u8(*kind as u8)
-                .bytes(message.as_bytes()),
+            Response::Continue(m) => (Writer::default().u8(2).u32(m.len() as u32).0, m),
+            Response::Identified(subjects) => (
+                subjects
+                    .iter()
+                    .fold(
+                        Writer::default().u8(3).u32(subjects.len() as u32),
+                        |w, s| w.bytes(s.as_bytes()),
+                    )
+                    .0,
+                &[],
+            ),
+            Response::Unique(u) => (Writer::default().u8(4).u8(u8::from(*u)).0, &[]),
+            Response::Aborted(a) => (Writer::default().u8(5).u8(u8::from(*a)).0, &[]),
+            Response::Status(s) => (
+                Writer::default()
+                    .u8(6)
+                    .bytes(s.state.as_bytes())
+                    .u64(s.templates)
+                    .u64(s.share_bytes)
+                    .u64(s.resident_bytes)
+                    .u32(s.sessions)
+                    .bytes(s.kernel.as_bytes())
+                    .u32(s.threads)
+                    .0,
+                &[],
+            ),
+            Response::Error(kind, message) => (
+                Writer::default()
+                    .u8(7)
+                    .u8(*kind as u8)
+                    .bytes(message.as_bytes())
+                    .0,
+                &[],
+            ),
         }
-        .0
     }
 
-    /// Parses a frame body.
-    pub fn decode(body: &[u8]) -> io::Result<Self> {
-        let mut r = Reader(body);
+    /// Parses a frame body, taking ownership so a message payload is moved, not copied.
+    pub fn decode(body: Vec<u8>) -> io::Result<Self> {
+        let mut r = Reader(&body);
         let resp = match r.u8()? {
-            1 => Response::Started {
-                entries: r.u64()?,
-                digest: r.array()?,
-                message: r.bytes()?,
-            },
-            2 => Response::Continue(r.bytes()?),
+            1 => {
+                let entries = r.u64()?;
+                let digest = r.array()?;
+                let start = r.trailing_start(body.len())?;
+                return Ok(Response::Started {
+                    entries,
+                    digest,
+                    message: into_tail(body, start),
+                });
+            }
+            2 => {
+                let start = r.trailing_start(body.len())?;
+                return Ok(Response::Continue(into_tail(body, start)));
+            }
             3 => {
                 let n = r.u32()? as usize;
                 let mut subjects = Vec::with_capacity(n.min(body.len()));
@@ -329,16 +388,18 @@ impl Response {
     }
 }
 
-/// Writes one frame.
-pub fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
-    if body.len() > MAX_FRAME {
+/// Writes one frame whose body is `head` followed by `payload` (no copy of the payload).
+pub fn write_frame(w: &mut impl Write, head: &[u8], payload: &[u8]) -> io::Result<()> {
+    let len = head.len() + payload.len();
+    if len > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "engine frame too large",
         ));
     }
-    w.write_all(&(body.len() as u32).to_le_bytes())?;
-    w.write_all(body)?;
+    w.write_all(&(len as u32).to_le_bytes())?;
+    w.write_all(head)?;
+    w.write_all(payload)?;
     w.flush()
 }
 
@@ -359,21 +420,55 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
 
+    fn frame_body(head: Vec<u8>, payload: &[u8]) -> Vec<u8> {
+        let mut framed = Vec::new();
+        write_frame(&mut framed, &head, payload).unwrap();
+        read_frame(&mut framed.as_slice()).unwrap()
+    }
+
     #[test]
     fn requests_and_responses_round_trip() {
-        let req = Request::Start {
-            session: [3; 16],
-            probe: vec![1, 2, 3],
-            mode: "identify".into(),
-            max_rotation: 15,
-            threshold: 0.345,
-        };
-        let back = Request::decode(&req.encode()).unwrap();
-        assert_eq!(format!("{back:?}"), format!("{req:?}"));
-        let resp = Response::Identified(vec!["a".into(), "bé".into()]);
-        let back = Response::decode(&resp.encode()).unwrap();
-        assert_eq!(format!("{back:?}"), format!("{resp:?}"));
-        assert!(Request::decode(&[9]).is_err());
-        assert!(Response::decode(&[2, 5, 0, 0, 0, 1]).is_err());
+        let requests = [
+            Request::Start {
+                session: [3; 16],
+                probe: vec![1, 2, 3],
+                mode: "identify".into(),
+                max_rotation: 15,
+                threshold: 0.345,
+            },
+            Request::Round {
+                session: [4; 16],
+                round: 7,
+                message: Cow::Borrowed(&[9u8, 8, 7][..]),
+            },
+            Request::Abort { session: [5; 16] },
+            Request::Status,
+        ];
+        for req in &requests {
+            let (head, payload) = req.encode_parts();
+            let back = Request::decode(frame_body(head, payload)).unwrap();
+            assert_eq!(format!("{back:?}"), format!("{req:?}"));
+        }
+        let responses = [
+            Response::Started {
+                entries: 12,
+                digest: [1; 32],
+                message: vec![5; 100],
+            },
+            Response::Continue(vec![1, 2]),
+            Response::Continue(Vec::new()),
+            Response::Identified(vec!["a".into(), "bé".into()]),
+            Response::Unique(true),
+            Response::Error(ErrorKind::Protocol, "no".into()),
+        ];
+        for resp in &responses {
+            let (head, payload) = resp.encode_parts();
+            let back = Response::decode(frame_body(head, payload)).unwrap();
+            assert_eq!(format!("{back:?}"), format!("{resp:?}"));
+        }
+        assert!(Request::decode(vec![9]).is_err());
+        // A trailing field whose length does not reach the end of the body is refused.
+        assert!(Response::decode(vec![2, 5, 0, 0, 0, 1]).is_err());
+        assert!(Request::decode(vec![2; 30]).is_err());
     }
 }

@@ -101,7 +101,7 @@ fn iris_search_round(
     let request = Request::Round {
         session: parse_session_id("iris_search_round", session_id),
         round,
-        message: message.to_vec(),
+        message: std::borrow::Cow::Borrowed(message),
     };
     let row = match call(&request) {
         Response::Continue(m) => (Some(m), false, None, None),

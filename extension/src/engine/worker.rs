@@ -347,7 +347,7 @@ impl Engine {
         result
     }
 
-    fn handle(&mut self, request: Request) -> Response {
+    fn handle(&mut self, request: Request<'_>) -> Response {
         let now = Instant::now();
         let result = match request {
             Request::Start {
@@ -459,7 +459,7 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
         .and_then(|_| stream.set_write_timeout(Some(Duration::from_secs(120))));
     let request = setup
         .and_then(|_| read_frame(&mut stream))
-        .and_then(|body| Request::decode(&body));
+        .and_then(Request::decode);
     let response = match request {
         Ok(request) => engine.handle(request),
         Err(e) => {
@@ -467,7 +467,8 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
             return;
         }
     };
-    if let Err(e) = write_frame(&mut stream, &response.encode()) {
+    let (head, payload) = response.encode_parts();
+    if let Err(e) = write_frame(&mut stream, &head, payload) {
         pgrx::log!("privmatch engine: could not answer a backend (it gave up?): {e}");
     }
 }
