@@ -368,3 +368,39 @@ fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
     assert_eq!(cluster.subject_count(0, "z-dup"), 0);
     assert_eq!(cluster.subject_count(2, "z-new"), 1);
 }
+
+#[test]
+fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
+    let cluster = Cluster::start("search-down", 26);
+    let mut rng = ChaCha20Rng::seed_from_u64(26);
+    let enrolled = enrol(&cluster, &mut rng, 20, "db");
+    let ((subject, eye), t) = enrolled
+        .iter()
+        .next()
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("one");
+    let probes = cluster.path("probes.ndjson");
+    write_lines(
+        &probes,
+        &[probe_line(&eye, &near_duplicate(&t, 0.1, -6, &mut rng))],
+    );
+    let input = probes.display().to_string();
+    cluster.kill_party(2);
+    let out = cluster
+        .cli(&["iris", "search", "--input", &input, "--json"])
+        .expect_failure();
+    out.assert_stderr_contains(&["P2"]);
+    assert!(
+        out.stdout.trim().is_empty(),
+        "no result may be printed: {out}"
+    );
+    // The parties that were reached hold no session of the failed search.
+    for p in 0..2 {
+        let sessions: i32 =
+            cluster.query(p, "SELECT sessions FROM privmatch.engine_status()", &[])[0].get(0);
+        assert_eq!(sessions, 0, "P{p} kept a session");
+    }
+    cluster.start_party(2);
+    let got = search_json(&cluster, &probes, &[]);
+    assert_eq!(matches_of(&got[0]), vec![(subject, eye)]);
+}
