@@ -78,8 +78,37 @@ fn engine_configured() -> bool {
         })
 }
 
-/// Sends `request` to the engine and returns its answer; raises on engine errors.
+/// Keeps this backend's large buffers (round messages of tens of MB: the protocol message it
+/// receives, the bytea it returns) in its heap from one round to the next instead of mapping
+/// fresh zeroed pages for each: measured at N = 100,000 with 31 rotations, page faults were
+/// about two thirds of a searching backend's CPU. Set once per backend; the heap is handed
+/// back when a search ends ([`release_round_buffers`]).
+fn keep_round_buffers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only adjusts glibc's allocator parameters of this process.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_MAX, 0);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    });
+}
+
+/// Returns the heap the rounds of a search used to the operating system (called when a
+/// search ends at this backend: output, abort or error).
+pub fn release_round_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Sends `request` to the engine and returns its answer; raises on engine errors (after
+/// releasing the round buffers: an error ends the search).
 pub fn call(request: &Request) -> Response {
+    keep_round_buffers();
     let wait = if engine_configured() {
         CONNECT_WAIT
     } else {
@@ -94,6 +123,7 @@ pub fn call(request: &Request) -> Response {
         )
     });
     if let Response::Error(kind, message) = response {
+        release_round_buffers();
         raise(sqlstate(kind), message, hint(kind));
     }
     response

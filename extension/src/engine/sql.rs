@@ -9,7 +9,7 @@
 
 use pgrx::prelude::*;
 
-use super::client::{call, try_call};
+use super::client::{call, release_round_buffers, try_call};
 use super::ipc::{EngineStatus, Request, Response};
 use crate::errors::raise;
 
@@ -109,6 +109,9 @@ fn iris_search_round(
         Response::Unique(u) => (None, true, Some(u), None),
         other => unexpected("iris_search_round", &other),
     };
+    if row.1 {
+        release_round_buffers();
+    }
     TableIterator::once(row)
 }
 
@@ -118,7 +121,9 @@ fn iris_search_abort(session_id: &[u8]) -> bool {
     let request = Request::Abort {
         session: parse_session_id("iris_search_abort", session_id),
     };
-    match call(&request) {
+    let response = call(&request);
+    release_round_buffers();
+    match response {
         Response::Aborted(a) => a,
         other => unexpected("iris_search_abort", &other),
     }
