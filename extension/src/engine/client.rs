@@ -109,12 +109,17 @@ pub fn release_round_buffers() {
 /// releasing the round buffers: an error ends the search).
 pub fn call(request: &Request) -> Response {
     keep_round_buffers();
-    let wait = if engine_configured() {
-        CONNECT_WAIT
-    } else {
-        Duration::ZERO
-    };
-    let mut stream = connect(wait).unwrap_or_else(|e| not_running(&e));
+    // The configuration is only consulted when the engine is not reachable at once (never
+    // on the path of a running search's rounds).
+    let mut stream = connect(Duration::ZERO)
+        .or_else(|e| {
+            if engine_configured() {
+                connect(CONNECT_WAIT)
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap_or_else(|e| not_running(&e));
     let response = exchange(&mut stream, request).unwrap_or_else(|e| {
         raise(
             PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
