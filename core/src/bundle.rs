@@ -237,8 +237,8 @@ pub type SealedEnvelopes = [Vec<u8>; 3];
 const ENVELOPE_MAGIC: &[u8; 4] = b"PMBL";
 const ENVELOPE_VERSION: u8 = 1;
 
-/// Builds the envelope plaintext from encoded bundles.
-fn envelope_plaintext(bundles: &[Vec<u8>]) -> Vec<u8> {
+/// Builds the envelope plaintext from encoded bundles (also used for face enrolment).
+pub(crate) fn envelope_plaintext(bundles: &[Vec<u8>]) -> Vec<u8> {
     let size: usize = bundles.iter().map(|b| 4 + b.len()).sum();
     let mut out = Vec::with_capacity(9 + size);
     out.extend_from_slice(ENVELOPE_MAGIC);
@@ -251,8 +251,8 @@ fn envelope_plaintext(bundles: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-/// Splits an envelope plaintext into its bundles.
-fn envelope_bundles(plaintext: &[u8]) -> Result<Vec<&[u8]>, BundleError> {
+/// Splits an envelope plaintext into its bundles (also used for face enrolment).
+pub(crate) fn envelope_bundles(plaintext: &[u8]) -> Result<Vec<&[u8]>, BundleError> {
     let malformed = || BundleError::Malformed("envelope framing is truncated or corrupt");
     if plaintext.len() < 9 || &plaintext[..4] != ENVELOPE_MAGIC || plaintext[4] != ENVELOPE_VERSION
     {

@@ -9,6 +9,8 @@
 //! machine that callers (the extension, the coordinator, the CLI) feed with bytes.
 
 pub mod bundle;
+pub mod face;
+pub mod fss;
 pub mod galois;
 pub mod iris;
 pub mod mpc;

@@ -1,5 +1,5 @@
 //! The on-disk and on-wire layout of the share types the extension stores
-//! (`iris_code_share`, `iris_mask_share`), and their text form. Kept here, free of Postgres, so
+//! (`iris_code_share`, `iris_mask_share`, `face_share`), and their text form. Kept here, free of Postgres, so
 //! every validation rule is unit-tested; the extension only copies bytes in and out of varlenas.
 //!
 //! Binary layout of the payload (after the 4-byte varlena header; also the `send`/`recv`
@@ -8,12 +8,17 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 2 | layout version, currently 1 |
-//! | 2 | 1 | share kind: 1 iris code share, 2 iris mask share |
+//! | 2 | 1 | share kind: 1 iris code share, 2 iris mask share, 3 face template share |
 //! | 3 | 1 | index of the party holding the share (0, 1, 2) |
-//! | 4 | 4 | n, the number of Z_2^16 coefficients (a positive multiple of 4: whole GR(2^16, 4) elements) |
-//! | 8 | 2·n | the coefficients, element-major (see [`crate::iris::encoding`]) |
+//! | 4 | 4 | n, the number of coefficients |
+//! | 8 | w·n | the coefficients, little-endian, w bytes each |
 //!
-//! Text form: `v1:p<party>:<base64 of the 2·n coefficient bytes>` (standard alphabet, padded,
+//! Iris shares hold Z_2^16 coefficients (w = 2), element-major, n a positive multiple of 4
+//! (whole GR(2^16, 4) elements, see [`crate::iris::encoding`]). Face shares hold one additive
+//! Z_2^32 share per embedding element (w = 4, n = the dimension l, 1..=[`MAX_FACE_DIM`]; see
+//! [`crate::face`]).
+//!
+//! Text form: `v1:p<party>:<base64 of the w·n coefficient bytes>` (standard alphabet, padded,
 //! no whitespace), e.g. `v1:p0:AAABAA==`.
 
 use base64::Engine;
@@ -26,6 +31,8 @@ pub const SHARE_LAYOUT_VERSION: u16 = 1;
 pub const SHARE_HEADER_LEN: usize = 8;
 /// Largest coefficient count accepted (a guard against absurd allocations): 2^20.
 pub const MAX_SHARE_COEFS: usize = 1 << 20;
+/// Largest dimension a `face_share` may have.
+pub const MAX_FACE_DIM: usize = 4096;
 
 /// Which share type a payload belongs to. Each kind is its own SQL type, so a mask share can
 /// never be stored or used where a code share belongs.
@@ -36,6 +43,8 @@ pub enum ShareKind {
     IrisCode,
     /// A party's share of an iris mask, SQL type `iris_mask_share`.
     IrisMask,
+    /// A party's additive Z_2^32 share of a quantised face embedding, SQL type `face_share`.
+    FaceTemplate,
 }
 
 impl ShareKind {
@@ -44,6 +53,7 @@ impl ShareKind {
         match self {
             ShareKind::IrisCode => "iris_code_share",
             ShareKind::IrisMask => "iris_mask_share",
+            ShareKind::FaceTemplate => "face_share",
         }
     }
 
@@ -51,6 +61,31 @@ impl ShareKind {
         match self {
             ShareKind::IrisCode => 1,
             ShareKind::IrisMask => 2,
+            ShareKind::FaceTemplate => 3,
+        }
+    }
+
+    /// Bytes per coefficient: 2 (Z_2^16) for iris shares, 4 (Z_2^32) for face shares.
+    pub fn coef_bytes(self) -> usize {
+        match self {
+            ShareKind::IrisCode | ShareKind::IrisMask => 2,
+            ShareKind::FaceTemplate => 4,
+        }
+    }
+
+    /// The largest coefficient count of this kind.
+    fn max_coefs(self) -> usize {
+        match self {
+            ShareKind::IrisCode | ShareKind::IrisMask => MAX_SHARE_COEFS,
+            ShareKind::FaceTemplate => MAX_FACE_DIM,
+        }
+    }
+
+    /// Iris shares hold whole GR(2^16, 4) elements: multiples of 4 coefficients.
+    fn coef_multiple(self) -> usize {
+        match self {
+            ShareKind::IrisCode | ShareKind::IrisMask => 4,
+            ShareKind::FaceTemplate => 1,
         }
     }
 }
@@ -85,12 +120,14 @@ pub enum ShareLayoutError {
         actual: usize,
     },
     /// A declared length (typmod) that no share can have.
-    #[error("invalid length {length} for type {type_name}: must be a positive multiple of 4, at most {max}")]
+    #[error("invalid length {length} for type {type_name}: must be a positive multiple of {multiple}, at most {max}")]
     BadTypmod {
         /// The SQL type.
         type_name: &'static str,
         /// The requested length.
         length: i64,
+        /// Lengths must be multiples of this.
+        multiple: usize,
         /// The maximum.
         max: usize,
     },
@@ -103,14 +140,14 @@ pub struct ShareView<'a> {
     pub kind: ShareKind,
     /// The party holding it.
     pub party: PartyIndex,
-    /// The coefficient bytes (2·n, little-endian u16).
+    /// The coefficient bytes (w·n, little-endian u16 or u32 by kind).
     pub coef_bytes: &'a [u8],
 }
 
 impl ShareView<'_> {
     /// Number of coefficients.
     pub fn len(&self) -> usize {
-        self.coef_bytes.len() / 2
+        self.coef_bytes.len() / self.kind.coef_bytes()
     }
 
     /// True when there are no coefficients (never, for a validated share).
@@ -118,9 +155,17 @@ impl ShareView<'_> {
         self.coef_bytes.is_empty()
     }
 
-    /// The coefficients as integers.
+    /// The coefficients of an iris share as integers.
     pub fn coefs(&self) -> Vec<u16> {
         coefs_from_le_bytes(self.coef_bytes)
+    }
+
+    /// The coefficients of a face share as integers.
+    pub fn words(&self) -> Vec<u32> {
+        self.coef_bytes
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect()
     }
 }
 
@@ -140,14 +185,16 @@ pub fn push_coefs_le(out: &mut Vec<u8>, coefs: &[u16]) {
 
 /// Checks a declared length (typmod) for `kind`.
 pub fn validate_typmod(kind: ShareKind, length: i64) -> Result<usize, ShareLayoutError> {
-    let ok = length > 0 && length % 4 == 0 && length as u64 <= MAX_SHARE_COEFS as u64;
+    let multiple = kind.coef_multiple() as i64;
+    let ok = length > 0 && length % multiple == 0 && length as u64 <= kind.max_coefs() as u64;
     if ok {
         Ok(length as usize)
     } else {
         Err(ShareLayoutError::BadTypmod {
             type_name: kind.type_name(),
             length,
-            max: MAX_SHARE_COEFS,
+            multiple: kind.coef_multiple(),
+            max: kind.max_coefs(),
         })
     }
 }
@@ -165,11 +212,17 @@ pub fn check_typmod(view: &ShareView<'_>, typmod: i32) -> Result<(), ShareLayout
 }
 
 fn check_coef_count(kind: ShareKind, n: usize) -> Result<(), String> {
-    if n == 0 || !n.is_multiple_of(4) || n > MAX_SHARE_COEFS {
+    let (multiple, max) = (kind.coef_multiple(), kind.max_coefs());
+    if n == 0 || !n.is_multiple_of(multiple) || n > max {
         let name = kind.type_name();
-        return Err(format!(
-            "{name} must hold a positive multiple of 4 coefficients (whole ring elements), at most {MAX_SHARE_COEFS}; got {n}"
-        ));
+        return Err(match kind {
+            ShareKind::FaceTemplate => {
+                format!("{name} must hold 1 to {max} elements; got {n}")
+            }
+            _ => format!(
+                "{name} must hold a positive multiple of {multiple} coefficients (whole ring elements), at most {max}; got {n}"
+            ),
+        });
     }
     Ok(())
 }
@@ -179,6 +232,14 @@ pub fn encode_share(kind: ShareKind, party: PartyIndex, coefs: &[u16]) -> Vec<u8
     let mut out = Vec::with_capacity(SHARE_HEADER_LEN + 2 * coefs.len());
     write_share_header(kind, party, coefs.len(), &mut out);
     push_coefs_le(&mut out, coefs);
+    out
+}
+
+/// Builds the binary payload of a face share (header + Z_2^32 element shares).
+pub fn encode_face_share(party: PartyIndex, words: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SHARE_HEADER_LEN + 4 * words.len());
+    write_share_header(ShareKind::FaceTemplate, party, words.len(), &mut out);
+    out.extend(words.iter().flat_map(|w| w.to_le_bytes()));
     out
 }
 
@@ -219,10 +280,11 @@ pub fn decode_share(kind: ShareKind, bytes: &[u8]) -> Result<ShareView<'_>, Shar
     let n = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
     check_coef_count(kind, n).map_err(fail)?;
     let body = &bytes[SHARE_HEADER_LEN..];
-    if body.len() != 2 * n {
+    let width = kind.coef_bytes();
+    if body.len() != width * n {
         return Err(fail(format!(
             "header announces {n} coefficients ({} bytes) but {} bytes follow",
-            2 * n,
+            width * n,
             body.len()
         )));
     }
@@ -254,10 +316,15 @@ pub fn parse_share_text(kind: ShareKind, text: &str) -> Result<Vec<u8>, ShareLay
     let coef_bytes = base64::engine::general_purpose::STANDARD
         .decode(data)
         .map_err(|_| fail("coefficients are not valid padded standard base64"))?;
-    if coef_bytes.len() % 2 != 0 {
-        return Err(fail("coefficient bytes have odd length"));
+    let width = kind.coef_bytes();
+    if !coef_bytes.len().is_multiple_of(width) {
+        return Err(fail(&if width == 2 {
+            "coefficient bytes have odd length".to_owned()
+        } else {
+            format!("coefficient bytes are not a multiple of {width} (whole Z_2^32 words)")
+        }));
     }
-    let n = coef_bytes.len() / 2;
+    let n = coef_bytes.len() / width;
     check_coef_count(kind, n).map_err(|reason| ShareLayoutError::Syntax {
         type_name: kind.type_name(),
         reason,

@@ -33,7 +33,7 @@ fn parse_on_duplicate(text: &str) -> OnDuplicate {
     }
 }
 
-fn type_oid(name: &str) -> pg_sys::Oid {
+pub(crate) fn type_oid(name: &str) -> pg_sys::Oid {
     Spi::get_one_with_args::<pg_sys::Oid>("SELECT to_regtype($1)::oid", &[name.into()])
         .ok()
         .flatten()
@@ -49,12 +49,9 @@ fn type_oid(name: &str) -> pg_sys::Oid {
 fn share_datum(
     kind: ShareKind,
     bundle: &IrisEnrolBundle,
+    coefs: &[u16],
     oid: pg_sys::Oid,
 ) -> DatumWithOid<'static> {
-    let coefs = match kind {
-        ShareKind::IrisCode => &bundle.share.code,
-        ShareKind::IrisMask => &bundle.share.mask,
-    };
     let payload = encode_share(kind, bundle.share.party, coefs);
     // SAFETY: the datum is a valid varlena of type `oid`, palloc'd in the current context.
     unsafe { DatumWithOid::new(pg_sys::Datum::from(payload_to_varlena(&payload)), oid) }
@@ -137,8 +134,8 @@ fn iris_enroll_sealed(
                         &[
                             bundle.subject.clone().into(),
                             bundle.eye.as_str().into(),
-                            share_datum(ShareKind::IrisCode, &bundle, code_oid),
-                            share_datum(ShareKind::IrisMask, &bundle, mask_oid),
+                            share_datum(ShareKind::IrisCode, &bundle, &bundle.share.code, code_oid),
+                            share_datum(ShareKind::IrisMask, &bundle, &bundle.share.mask, mask_oid),
                         ],
                     )
                     .unwrap_or_else(|e| {

@@ -9,6 +9,7 @@
 
 mod engine;
 mod enrol;
+mod face;
 mod errors;
 mod identity;
 mod share_types;

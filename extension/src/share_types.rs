@@ -224,3 +224,29 @@ share_type_functions!(
     pg_finfo_iris_mask_share_apply_typmod,
     iris_mask_share_apply_typmod
 );
+
+share_type_functions!(
+    ShareKind::FaceTemplate,
+    pg_finfo_face_share_in,
+    face_share_in,
+    pg_finfo_face_share_out,
+    face_share_out,
+    pg_finfo_face_share_recv,
+    face_share_recv,
+    pg_finfo_face_share_send,
+    face_share_send,
+    pg_finfo_face_share_typmod_in,
+    face_share_typmod_in,
+    pg_finfo_face_share_typmod_out,
+    face_share_typmod_out,
+    pg_finfo_face_share_apply_typmod,
+    face_share_apply_typmod
+);
+
+// `face_share_dim(face_share) → int4`: the embedding dimension of a face share.
+v1_function!(pg_finfo_face_share_dim, face_share_dim, |fcinfo| {
+    let payload = varlena_payload(pgrx::pg_getarg_datum_raw(fcinfo, 0));
+    let view =
+        decode_share(ShareKind::FaceTemplate, payload).unwrap_or_else(|e| raise_share_layout(e));
+    pg_sys::Datum::from(view.len() as i32)
+});

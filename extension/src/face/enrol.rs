@@ -1,0 +1,150 @@
+//! Enrolment and deletion of face templates at P0 and P1, called by the coordinator inside a
+//! distributed transaction (prepared at every party, then committed), as for iris.
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use privmatch_core::face::messages::{evaluator, open_face_enrolment, FaceEnrolBundle};
+use privmatch_core::face::FaceError;
+use privmatch_core::storage::encode_face_share;
+
+use super::{raise_face, raise_spi};
+use crate::enrol::type_oid;
+use crate::errors::raise;
+use crate::identity::load_identity;
+use crate::share_types::payload_to_varlena;
+
+const ENROL: &str = "face_enroll_sealed";
+
+/// The dimension of the templates already enrolled here, if any.
+pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
+    Spi::get_one::<i32>(
+        "SELECT (SELECT privmatch.face_share_dim(template) FROM privmatch.face_templates LIMIT 1)",
+    )
+    .unwrap_or_else(|e| raise_spi(function, e))
+    .map(|d| d as usize)
+}
+
+fn share_datum(bundle: &FaceEnrolBundle, oid: pg_sys::Oid) -> DatumWithOid<'static> {
+    let payload = encode_face_share(
+        privmatch_core::party::PartyIndex::ALL[usize::from(bundle.party)],
+        &bundle.share.elements,
+    );
+    // SAFETY: the datum is a valid varlena of type `oid`, palloc'd in the current context.
+    unsafe { DatumWithOid::new(pg_sys::Datum::from(payload_to_varlena(&payload)), oid) }
+}
+
+fn parse_on_duplicate(text: &str) -> bool {
+    match text {
+        "skip" => false,
+        "error" => true,
+        other => raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{ENROL}: on_duplicate must be 'skip' or 'error', not {other:?}"),
+            None,
+        ),
+    }
+}
+
+/// Opens each sealed face enrolment envelope with this party's key and stores the shares
+/// inside. Refuses (and so aborts the caller's transaction) an envelope not sealed to this
+/// party, tampered or malformed, a replayed bundle, and a template whose dimension differs
+/// from the templates already enrolled. An enrolled subject is skipped (`enrolled = false`)
+/// or, with `on_duplicate => 'error'`, aborts. One row per record, in order.
+#[pg_extern(volatile)]
+fn face_enroll_sealed(
+    envelopes: Array<'_, &[u8]>,
+    on_duplicate: default!(&str, "'skip'"),
+) -> TableIterator<'static, (name!(subject, String), name!(enrolled, bool))> {
+    let error_on_duplicate = parse_on_duplicate(on_duplicate);
+    let me = load_identity();
+    evaluator(me.index).unwrap_or_else(|e| raise_face(ENROL, e));
+    let share_oid = type_oid("privmatch.face_share");
+    let mut dim = enrolled_dim(ENROL);
+    let mut bundles = Vec::new();
+    for (position, sealed) in envelopes.iter().enumerate() {
+        let Some(sealed) = sealed else {
+            raise(
+                PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                format!("{ENROL}: envelope #{position} is NULL"),
+                None,
+            );
+        };
+        let opened = open_face_enrolment(me.index, &me.secret, sealed)
+            .unwrap_or_else(|e| raise_face(&format!("{ENROL}: envelope #{position}"), e));
+        bundles.extend(opened);
+    }
+    for (record, bundle) in bundles.iter().enumerate() {
+        let got = bundle.share.elements.len();
+        match dim {
+            Some(expected) if expected != got => raise_face(
+                &format!("{ENROL}: record #{record} (subject {:?})", bundle.subject),
+                FaceError::WrongDimension { expected, got },
+            ),
+            _ => dim = Some(got),
+        }
+    }
+    let mut results = Vec::with_capacity(bundles.len());
+    Spi::connect_mut(|client| {
+        for (record, bundle) in bundles.into_iter().enumerate() {
+            let fresh = client
+                .update(
+                    "INSERT INTO privmatch.consumed_bundles (bundle_id) VALUES ($1) \
+                     ON CONFLICT DO NOTHING RETURNING 1",
+                    None,
+                    &[bundle.bundle_id.to_vec().into()],
+                )
+                .unwrap_or_else(|e| raise_spi(ENROL, e))
+                .len();
+            if fresh == 0 {
+                raise(
+                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                    format!(
+                        "{ENROL}: record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
+                        hex::encode(bundle.bundle_id)
+                    ),
+                    None,
+                );
+            }
+            let inserted = client
+                .update(
+                    "INSERT INTO privmatch.face_templates (subject, template, norm_share) \
+                     VALUES ($1, $2, $3) ON CONFLICT (subject) DO NOTHING RETURNING id",
+                    None,
+                    &[
+                        bundle.subject.clone().into(),
+                        share_datum(&bundle, share_oid),
+                        (bundle.share.norm as i32).into(),
+                    ],
+                )
+                .unwrap_or_else(|e| raise_spi(ENROL, e))
+                .len()
+                == 1;
+            if !inserted && error_on_duplicate {
+                raise(
+                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                    format!("{ENROL}: subject {:?} is already enrolled", bundle.subject),
+                    Some("delete it first, or enrol with on_duplicate => 'skip'"),
+                );
+            }
+            results.push((bundle.subject, inserted));
+            pg_sys::check_for_interrupts!();
+        }
+    });
+    TableIterator::new(results)
+}
+
+/// Deletes the face template of `subject`. Returns how many records were removed (0 or 1).
+#[pg_extern(volatile)]
+fn face_delete(subject: &str) -> i64 {
+    Spi::connect_mut(|client| {
+        client
+            .update(
+                "DELETE FROM privmatch.face_templates WHERE subject = $1",
+                None,
+                &[subject.into()],
+            )
+            .map(|table| table.len() as i64)
+            .unwrap_or_else(|e| raise_spi("face_delete", e))
+    })
+}

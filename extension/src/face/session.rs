@@ -1,0 +1,495 @@
+//! Face comparison sessions at P0 and P1: open (claim keys, fix the inputs), three rounds,
+//! abort. Protocol steps: [`privmatch_core::face`]; the coordinator drives them:
+//!
+//! 1. `face_session_open` at P0 (claims fresh keys), then at P1 with P0's claims and template
+//!    set digest (claims the same keys). Both commit before any key-derived value leaves.
+//! 2. `face_session_round(s, 1)` at both → sealed masked inputs for the peer.
+//! 3. `face_session_round(s, 2, peer's round-1 message)` → sealed distance share.
+//! 4. `face_session_round(s, 3, peer's round-2 message)` → this party's output shares (the
+//!    verifier adds P0's and P1's).
+//!
+//! Rounds run strictly in order, each once; a refused message fails the call (SQLSTATE
+//! 08P01) and the coordinator aborts the session. A session's keys are never released:
+//! finished or aborted, they stay claimed.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use privmatch_core::face::funshade::{
+    bytes_to_words, distance_shares, masked_inputs, open_masked, sign_shares, words_to_bytes,
+    KeySlice, COMPARISON_KEY_LEN,
+};
+use privmatch_core::face::messages::{
+    channel_session, evaluator, open_face_probe, template_set_digest, EmbeddingShare,
+};
+use privmatch_core::face::{FaceError, Metric};
+use privmatch_core::party::PartyIndex;
+use privmatch_core::seal::{Channel, PairwiseSecrets};
+use privmatch_core::storage::{decode_share, ShareKind};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+use super::enrol::enrolled_dim;
+use super::pool::{
+    claim_fresh, claim_given, decode_claims, encode_claims, pool_parameters, read_keys, Claim,
+};
+use super::{column, pinned_peer, raise_face, raise_spi, session_id};
+use crate::errors::raise;
+use crate::identity::{load_identity, Identity};
+
+const OPEN: &str = "face_session_open";
+const ROUND: &str = "face_session_round";
+
+/// Raises a probe that cannot be opened (22P03, as for iris) or has the wrong shape (22023).
+fn raise_probe(err: FaceError) -> ! {
+    let code = match err {
+        FaceError::WrongDimension { .. } | FaceError::UnsupportedDimension(_) => {
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+        }
+        _ => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
+    };
+    raise(
+        code,
+        format!("{OPEN}: the probe cannot be opened: {err}"),
+        None,
+    )
+}
+
+/// The templates a session compares: (id, subject) in comparison order.
+fn compared_templates(subject: Option<&str>) -> Vec<(i64, String)> {
+    Spi::connect(|client| {
+        let table = match subject {
+            Some(s) => client.select(
+                "SELECT id, subject FROM privmatch.face_templates WHERE subject = $1",
+                None,
+                &[s.into()],
+            ),
+            None => client.select(
+                "SELECT id, subject FROM privmatch.face_templates ORDER BY subject COLLATE \"C\"",
+                None,
+                &[],
+            ),
+        }
+        .unwrap_or_else(|e| raise_spi(OPEN, e));
+        let get = OPEN;
+        table
+            .into_iter()
+            .map(|row| {
+                (
+                    column::<i64>(get, &row, 1).unwrap_or_default(),
+                    column::<String>(get, &row, 2).unwrap_or_default(),
+                )
+            })
+            .collect()
+    })
+}
+
+/// Opens face comparison session `session` at this party (P0 or P1) with its sealed `probe`:
+/// verification against `subject`'s template, or identification against every enrolled
+/// template when `subject` is NULL (in subject order, byte-wise). Without `claims` this party
+/// claims fresh keys from its pool (P0); with `claims` (P0's, passed on by the coordinator)
+/// it claims exactly those keys, after checking that its template set digest equals
+/// `expect_digest`. Returns the number of comparisons, the claims, the compared subjects and
+/// the set digest. Errors: 53000 pool exhausted, P0002 unknown subject, 22023 dimension
+/// mismatch, 22P03 probe cannot be opened, 40001 template sets differ, 23P01 keys already
+/// used, 23505 session id already used.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_session_open(
+    session: &[u8],
+    probe: &[u8],
+    subject: default!(Option<&str>, "NULL"),
+    claims: default!(Option<&[u8]>, "NULL"),
+    expect_digest: default!(Option<&[u8]>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(comparisons, i32),
+        name!(claims, Vec<u8>),
+        name!(subjects, Vec<String>),
+        name!(digest, Vec<u8>),
+    ),
+> {
+    let id = session_id(OPEN, session);
+    let me = load_identity();
+    evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
+    let used = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
+        &[session.into()],
+    )
+    .unwrap_or_else(|e| raise_spi(OPEN, e))
+    .unwrap_or(true);
+    if used {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "{OPEN}: session {} was already used: session ids are single-use",
+                hex::encode(id)
+            ),
+            None,
+        );
+    }
+    let share =
+        open_face_probe(me.index, &me.secret, &id, probe).unwrap_or_else(|e| raise_probe(e));
+    let dim = share.elements.len();
+    let Some((metric, key_dim, generation)) = pool_parameters(OPEN) else {
+        raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
+            format!("{OPEN}: the face key pool is empty"),
+            Some("run privmatch face configure (once) and privmatch face refill"),
+        );
+    };
+    if key_dim != dim {
+        raise_probe(FaceError::WrongDimension {
+            expected: key_dim,
+            got: dim,
+        });
+    }
+    if let Some(enrolled) = enrolled_dim(OPEN) {
+        if enrolled != dim {
+            raise_probe(FaceError::WrongDimension {
+                expected: enrolled,
+                got: dim,
+            });
+        }
+    }
+    let templates = compared_templates(subject);
+    if let (Some(s), true) = (subject, templates.is_empty()) {
+        raise(
+            PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+            format!("{OPEN}: subject {s:?} has no enrolled face template"),
+            None,
+        );
+    }
+    let subjects: Vec<String> = templates.iter().map(|(_, s)| s.clone()).collect();
+    let digest = template_set_digest(&subjects);
+    if let Some(expected) = expect_digest {
+        if expected != digest {
+            raise(
+                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                format!(
+                    "{OPEN}: this party compares {} templates whose set differs from the other evaluator's",
+                    subjects.len()
+                ),
+                Some("an enrolment or deletion is in flight: retry with a new session"),
+            );
+        }
+    }
+    let chosen: Vec<Claim> = if templates.is_empty() {
+        Vec::new()
+    } else {
+        match claims {
+            None => claim_fresh(OPEN, session, templates.len(), generation),
+            Some(bytes) => {
+                let given = decode_claims(OPEN, bytes);
+                let total: i64 = given.iter().map(|c| i64::from(c.count)).sum();
+                if total != templates.len() as i64 {
+                    raise(
+                        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                        format!(
+                            "{OPEN}: claims cover {total} keys, the session compares {}",
+                            templates.len()
+                        ),
+                        None,
+                    );
+                }
+                claim_given(OPEN, session, &given, generation);
+                given
+            }
+        }
+    };
+    let claim_bytes = encode_claims(&chosen);
+    let ids: Vec<i64> = templates.iter().map(|(id, _)| *id).collect();
+    let finished = ids.is_empty();
+    Spi::run_with_args(
+        "INSERT INTO privmatch.face_sessions \
+         (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9 THEN now() END)",
+        &[
+            session.into(),
+            metric.as_str().into(),
+            (dim as i32).into(),
+            ids.into(),
+            digest.to_vec().into(),
+            claim_bytes.clone().into(),
+            (if finished { None } else { Some(probe) }).into(),
+            (if finished { 3 } else { 0 }).into(),
+            finished.into(),
+        ],
+    )
+    .unwrap_or_else(|e| raise_spi(OPEN, e));
+    TableIterator::once((
+        subjects.len() as i32,
+        claim_bytes,
+        subjects,
+        digest.to_vec(),
+    ))
+}
+
+/// A session's state, locked for the round.
+struct SessionRow {
+    metric: Metric,
+    dim: usize,
+    template_ids: Vec<i64>,
+    digest: Vec<u8>,
+    claims: Vec<u8>,
+    probe: Vec<u8>,
+    round: i32,
+    z_share: Option<Vec<u8>>,
+}
+
+fn lock_session(session: &[u8]) -> SessionRow {
+    let row = Spi::connect_mut(|client| {
+        let table = client
+            .update(
+                "SELECT metric, dim, template_ids, set_digest, claims, probe, round, z_share, \
+                        aborted, finished_at IS NOT NULL \
+                   FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
+                None,
+                &[session.into()],
+            )
+            .unwrap_or_else(|e| raise_spi(ROUND, e));
+        let get = ROUND;
+        table.into_iter().next().map(|row| {
+            (
+                column::<String>(get, &row, 1).unwrap_or_default(),
+                column::<i32>(get, &row, 2).unwrap_or_default(),
+                column::<Vec<i64>>(get, &row, 3).unwrap_or_default(),
+                column::<Vec<u8>>(get, &row, 4).unwrap_or_default(),
+                column::<Vec<u8>>(get, &row, 5).unwrap_or_default(),
+                column::<Vec<u8>>(get, &row, 6).unwrap_or_default(),
+                column::<i32>(get, &row, 7).unwrap_or_default(),
+                column::<Vec<u8>>(get, &row, 8),
+                column::<bool>(get, &row, 9).unwrap_or_default(),
+                column::<bool>(get, &row, 10).unwrap_or_default(),
+            )
+        })
+    });
+    let not_running = |why: &str| -> ! {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("{ROUND}: face session {} {why}", hex::encode(session)),
+            None,
+        )
+    };
+    let Some((metric, dim, ids, digest, claims, probe, round, z, aborted, finished)) = row else {
+        not_running("is not running at this party");
+    };
+    if aborted {
+        not_running("was aborted");
+    }
+    if finished {
+        not_running("has finished");
+    }
+    SessionRow {
+        metric: Metric::parse(&metric).unwrap_or_else(|e| raise_face(ROUND, e)),
+        dim: dim as usize,
+        template_ids: ids,
+        digest,
+        claims,
+        probe,
+        round,
+        z_share: z,
+    }
+}
+
+/// The session's templates, in comparison order; a template deleted since the session
+/// opened fails the round.
+fn load_templates(ids: &[i64], dim: usize) -> Vec<EmbeddingShare> {
+    let mut by_id = Spi::connect(|client| {
+        let table = client
+            .select(
+                "SELECT id, privmatch.face_share_send(template), norm_share \
+                   FROM privmatch.face_templates WHERE id = ANY($1)",
+                None,
+                &[ids.to_vec().into()],
+            )
+            .unwrap_or_else(|e| raise_spi(ROUND, e));
+        let get = ROUND;
+        table
+            .into_iter()
+            .map(|row| {
+                let id = column::<i64>(get, &row, 1).unwrap_or_default();
+                let bytes = column::<Vec<u8>>(get, &row, 2).unwrap_or_default();
+                let norm = column::<i32>(get, &row, 3).unwrap_or_default();
+                (id, (bytes, norm))
+            })
+            .collect::<std::collections::HashMap<i64, (Vec<u8>, i32)>>()
+    });
+    ids.iter()
+        .map(|id| {
+            let Some((bytes, norm)) = by_id.remove(id) else {
+                raise(
+                    PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("{ROUND}: a compared template was deleted during the session"),
+                    Some("start a new session"),
+                );
+            };
+            let view = decode_share(ShareKind::FaceTemplate, &bytes)
+                .unwrap_or_else(|e| crate::errors::raise_share_layout(e));
+            let elements = view.words();
+            if elements.len() != dim {
+                raise_face(
+                    ROUND,
+                    FaceError::WrongDimension {
+                        expected: dim,
+                        got: elements.len(),
+                    },
+                );
+            }
+            EmbeddingShare {
+                elements,
+                norm: norm as u32,
+            }
+        })
+        .collect()
+}
+
+fn channel(me: &Identity, session: &[u8; 16], row: &SessionRow) -> Channel {
+    let peer = PartyIndex::ALL[1 - evaluator(me.index).unwrap_or_else(|e| raise_face(ROUND, e))];
+    let peer_key = pinned_peer(ROUND, peer);
+    let secrets = PairwiseSecrets::derive(me.index, &me.secret, peer, &peer_key)
+        .unwrap_or_else(|e| raise_face(ROUND, FaceError::Seal(e)));
+    secrets.channel(channel_session(
+        session,
+        &row.claims,
+        &row.digest,
+        row.metric,
+        row.dim,
+    ))
+}
+
+fn refused(round: i32, err: impl std::fmt::Display) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_PROTOCOL_VIOLATION,
+        format!("{ROUND}: round {round}: the peer's message was refused: {err}"),
+        Some("the coordinator aborts the session; start a new one"),
+    )
+}
+
+fn save_round(session: &[u8], round: i32, z_share: Option<Vec<u8>>) {
+    Spi::run_with_args(
+        "UPDATE privmatch.face_sessions SET round = $2, z_share = $3, \
+                probe = CASE WHEN $2 = 3 THEN NULL ELSE probe END, \
+                finished_at = CASE WHEN $2 = 3 THEN now() END \
+          WHERE session = $1",
+        &[session.into(), round.into(), z_share.into()],
+    )
+    .unwrap_or_else(|e| raise_spi(ROUND, e));
+}
+
+/// Runs round `round` (1, 2 or 3) of face session `session` at this party. Round 1 takes no
+/// inbound message and returns the sealed masked inputs for the other evaluator; round 2
+/// takes the other's round-1 message and returns the sealed distance shares; round 3 takes
+/// the other's round-2 message and returns this party's output shares (4 bytes per
+/// comparison, little-endian u32, in the order of the subjects `face_session_open`
+/// returned), and ends the session. Errors: 42704 session not running (unknown, aborted,
+/// finished), 55000 round out of order, 08P01 refused message, 22023 bad arguments.
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_session_round(
+    session: &[u8],
+    round: i32,
+    inbound: default!(Option<&[u8]>, "NULL"),
+) -> Vec<u8> {
+    let id = session_id(ROUND, session);
+    if !(1..=3).contains(&round) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{ROUND}: round must be 1, 2 or 3, got {round}"),
+            None,
+        );
+    }
+    if (round == 1) != inbound.is_none() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{ROUND}: round {round} {}",
+                if round == 1 {
+                    "takes no inbound message"
+                } else {
+                    "needs the other evaluator's message"
+                }
+            ),
+            None,
+        );
+    }
+    let me = load_identity();
+    let b = evaluator(me.index).unwrap_or_else(|e| raise_face(ROUND, e));
+    let row = lock_session(session);
+    if row.round != round - 1 {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "{ROUND}: round {round} is out of order: face session {} has completed round {}",
+                hex::encode(id),
+                row.round
+            ),
+            None,
+        );
+    }
+    let keys_bytes = read_keys(
+        ROUND,
+        &decode_claims(ROUND, &row.claims),
+        COMPARISON_KEY_LEN,
+    );
+    let keys = KeySlice::new(&keys_bytes).unwrap_or_else(|e| raise_face(ROUND, e));
+    let mut channel = channel(&me, &id, &row);
+    let mut rng = ChaCha20Rng::from_entropy();
+    let output = match round {
+        1 => {
+            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
+                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let templates = load_templates(&row.template_ids, row.dim);
+            let refs: Vec<&EmbeddingShare> = templates.iter().collect();
+            let words =
+                masked_inputs(&keys, &probe, &refs).unwrap_or_else(|e| raise_face(ROUND, e));
+            save_round(session, 1, None);
+            channel.seal(1, &words_to_bytes(&words), &mut rng)
+        }
+        2 => {
+            let message = inbound.unwrap_or_default();
+            let plain = channel
+                .open(1, message)
+                .unwrap_or_else(|e| refused(round, e));
+            let peer = bytes_to_words(&plain).unwrap_or_else(|e| refused(round, e));
+            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
+                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let templates = load_templates(&row.template_ids, row.dim);
+            let refs: Vec<&EmbeddingShare> = templates.iter().collect();
+            let z = distance_shares(b, row.metric, &keys, &probe, &refs, &peer)
+                .unwrap_or_else(|e| refused(round, e));
+            let z_bytes = words_to_bytes(&z);
+            save_round(session, 2, Some(z_bytes.clone()));
+            channel.seal(2, &z_bytes, &mut rng)
+        }
+        _ => {
+            let message = inbound.unwrap_or_default();
+            let plain = channel
+                .open(2, message)
+                .unwrap_or_else(|e| refused(round, e));
+            let peer = bytes_to_words(&plain).unwrap_or_else(|e| refused(round, e));
+            let own = bytes_to_words(row.z_share.as_deref().unwrap_or_default())
+                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let z = open_masked(&own, &peer).unwrap_or_else(|e| refused(round, e));
+            let o = sign_shares(b, &keys, &z).unwrap_or_else(|e| raise_face(ROUND, e));
+            save_round(session, 3, None);
+            words_to_bytes(&o)
+        }
+    };
+    pg_sys::check_for_interrupts!();
+    output
+}
+
+/// Aborts face session `session` at this party: no further round runs; its keys stay
+/// claimed (burnt). Returns whether a running session was aborted.
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_session_abort(session: &[u8]) -> bool {
+    session_id("face_session_abort", session);
+    Spi::get_one_with_args::<bool>(
+        "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now(), \
+                 probe = NULL, z_share = NULL \
+          WHERE session = $1 AND finished_at IS NULL RETURNING 1) SELECT count(*) > 0 FROM s",
+        &[session.into()],
+    )
+    .unwrap_or_else(|e| raise_spi("face_session_abort", e))
+    .unwrap_or(false)
+}
