@@ -51,6 +51,15 @@ pub mod codes {
     pub const NOT_UNIQUE: &str = "not_unique";
     /// A distributed transaction's outcome is left to recovery.
     pub const IN_DOUBT: &str = "in_doubt";
+    /// Face: a key pool is exhausted (run `privmatch face refill`).
+    pub const POOL_EXHAUSTED: &str = "key_pool_exhausted";
+    /// Face: the subject is not enrolled.
+    pub const UNKNOWN_SUBJECT: &str = "unknown_subject";
+    /// Face: a key claim conflicted with another session's (transient: retry with a new
+    /// session).
+    pub const KEY_CONFLICT: &str = "key_claim_conflict";
+    /// Face: the dealer is not configured, or a party is not initialised.
+    pub const NOT_CONFIGURED: &str = "not_configured";
 }
 
 /// An error answer.
@@ -77,7 +86,7 @@ pub fn to_base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-fn from_base64(text: &str, what: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn from_base64(text: &str, what: &str) -> Result<Vec<u8>, String> {
     base64::engine::general_purpose::STANDARD
         .decode(text)
         .map_err(|e| format!("{what} is not standard base64: {e}"))
@@ -88,7 +97,7 @@ pub fn session_to_hex(session: &SessionId) -> String {
     hex::encode(session)
 }
 
-fn session_from_hex(text: &str, what: &str) -> Result<SessionId, String> {
+pub(crate) fn session_from_hex(text: &str, what: &str) -> Result<SessionId, String> {
     let bytes = hex::decode(text).map_err(|e| format!("{what}: not hex: {e}"))?;
     bytes.try_into().map_err(|b: Vec<u8>| {
         format!(

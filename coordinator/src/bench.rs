@@ -6,7 +6,8 @@
 //! inserts of the same number of bytes (random bytea of the share sizes) into a scratch table at
 //! the three parties, in the same batch size, without sealing or two-phase commit.
 //!
-//! `bench iris` (module `bench_iris`) measures searches.
+//! `bench iris` (module `bench_iris`) measures searches; `bench face` (module `bench_face`)
+//! measures the face modality.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,6 +29,9 @@ pub enum BenchAction {
     Enroll(EnrollBenchArgs),
     /// Search latency and throughput against the memory floor and a plaintext matcher.
     Iris(crate::bench_iris::IrisBenchArgs),
+    /// Face (Funshade): per-comparison costs against the C reference and a plaintext
+    /// baseline, then verify latency and identify time through a running cluster.
+    Face(crate::bench_face::FaceBenchArgs),
 }
 
 /// Options of `privmatch bench enroll`.
@@ -209,10 +213,12 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs a benchmark.
-pub async fn run(action: &BenchAction, config: &Config) -> Result<()> {
+/// Runs a benchmark; `config` loads the configuration (the in-process part of `bench face`
+/// needs none).
+pub async fn run(action: &BenchAction, config: impl FnOnce() -> Result<Config>) -> Result<()> {
     match action {
-        BenchAction::Enroll(args) => enroll_bench(config, args).await,
-        BenchAction::Iris(args) => crate::bench_iris::run(config, args).await,
+        BenchAction::Enroll(args) => enroll_bench(&config()?, args).await,
+        BenchAction::Iris(args) => crate::bench_iris::run(&config()?, args).await,
+        BenchAction::Face(args) => crate::bench_face::run(args, config).await,
     }
 }

@@ -6,15 +6,20 @@
 //! * `privmatch iris enroll|search|delete|synth` — client side: templates and probes are
 //!   secret-shared and sealed here, so the coordinator only ever relays ciphertext.
 //!   `iris enroll --if-unique` enrols only templates that match no enrolled one.
+//! * `privmatch face configure|refill|pool|enroll|delete|verify|identify|synth` — face
+//!   templates with Funshade: P0 and P1 evaluate, P2 deals single-use keys; embeddings are
+//!   quantised, shared and sealed here.
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
-//! * `privmatch bench enroll|iris` — the bulk-enrolment and search benchmarks.
+//! * `privmatch bench enroll|iris|face` — the bulk-enrolment, search and face benchmarks.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use privmatch_coordinator::{bench, client, cluster, config, search_client, server, synth};
+use privmatch_coordinator::{
+    bench, client, cluster, config, face_client, search_client, server, synth,
+};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +55,11 @@ enum Command {
     Iris {
         #[command(subcommand)]
         action: IrisAction,
+    },
+    /// Face templates (Funshade): configure the dealer, refill keys, enrol, verify, identify.
+    Face {
+        #[command(subcommand)]
+        action: face_client::FaceAction,
     },
     /// Finish distributed transactions left in doubt by a crash (also runs automatically in the
     /// coordinator every few seconds).
@@ -132,8 +142,9 @@ async fn run(cli: Cli) -> Result<()> {
             }
             IrisAction::Synth(args) => synth::run(args),
         },
+        Command::Face { action } => face_client::run(action, || cli.load_config()).await,
         Command::Recover => client::recover(&cli.load_config()?).await,
-        Command::Bench { action } => bench::run(action, &cli.load_config()?).await,
+        Command::Bench { action } => bench::run(action, || cli.load_config()).await,
     }
 }
 

@@ -11,8 +11,11 @@
 //! | `POST /v1/iris/search` | JSON, sealed probes per eye ([`crate::api::SearchBody`]) | matches or uniqueness, per-eye figures |
 //! | `POST /v1/iris/enroll-if-unique` | JSON, one record ([`crate::api::EnrolIfUniqueBody`]) | `enrolled` / `duplicate`, or 409 `not_unique` |
 //! | `POST /v1/recover` | — | what recovery committed / rolled back |
+//! | `POST /v1/face/configure`, `GET /v1/face/pool`, `POST /v1/face/refill` | JSON ([`crate::face_api`]) | the dealer and the key pools |
+//! | `POST /v1/face/enroll`, `/v1/face/delete`, `/v1/face/verify`, `/v1/face/identify` | JSON ([`crate::face_api`]) | face templates and matching |
 //!
-//! The JSON shapes of the search endpoints are documented in [`crate::api`]. Errors are
+//! The JSON shapes of the search endpoints are documented in [`crate::api`], those of the face
+//! endpoints in [`crate::face_api`] (handlers in [`crate::face_server`]). Errors are
 //! `{"error": …, "code": …, "party": n, "sqlstate": …}` with status 400 (bad request), 409 (not
 //! unique), 422 (a party rejected the content), 502 (a party failed or the parties disagree),
 //! 503 (a party is unavailable, the parties hold different template sets — retry with a new
@@ -106,16 +109,16 @@ impl RecentSessions {
     }
 }
 
-struct AppState {
-    parties: Arc<Parties>,
-    txns: TwoPhase,
+pub(crate) struct AppState {
+    pub(crate) parties: Arc<Parties>,
+    pub(crate) txns: TwoPhase,
     instance: String,
-    options: ServeOptions,
+    pub(crate) options: ServeOptions,
     sessions: tokio::sync::Mutex<RecentSessions>,
 }
 
 impl AppState {
-    async fn claim_sessions(&self, ids: &[SessionId]) -> Result<(), ApiError> {
+    pub(crate) async fn claim_sessions(&self, ids: &[SessionId]) -> Result<(), ApiError> {
         if self.sessions.lock().await.claim(ids) {
             Ok(())
         } else {
@@ -128,8 +131,8 @@ impl AppState {
 
 /// An error answer: JSON [`ErrorBody`].
 pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
+    pub(crate) status: StatusCode,
+    pub(crate) body: ErrorBody,
 }
 
 impl IntoResponse for ApiError {
@@ -138,7 +141,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn error_with(status: StatusCode, code: &str, message: String) -> ApiError {
+pub(crate) fn error_with(status: StatusCode, code: &str, message: String) -> ApiError {
     ApiError {
         status,
         body: ErrorBody {
@@ -149,7 +152,12 @@ fn error_with(status: StatusCode, code: &str, message: String) -> ApiError {
     }
 }
 
-fn party_error(status: StatusCode, code: &str, message: String, err: &PartyError) -> ApiError {
+pub(crate) fn party_error(
+    status: StatusCode,
+    code: &str,
+    message: String,
+    err: &PartyError,
+) -> ApiError {
     let mut api = error_with(status, code, message);
     api.body.party = Some(err.party.as_u8());
     api.body.sqlstate = err.sqlstate.clone();
@@ -158,7 +166,7 @@ fn party_error(status: StatusCode, code: &str, message: String, err: &PartyError
 
 /// Status and code of a party's failure during a search: unreachable or not ready → 503,
 /// cancelled by a timeout → 504, rejected content → 422, anything else → 502.
-fn search_party_status(err: &PartyError) -> (StatusCode, &'static str) {
+pub(crate) fn search_party_status(err: &PartyError) -> (StatusCode, &'static str) {
     let sqlstate = err.sqlstate.as_deref().unwrap_or("");
     let class = sqlstate.get(..2).unwrap_or("");
     match (sqlstate, class) {
@@ -227,11 +235,11 @@ impl From<TxnError> for ApiError {
     }
 }
 
-fn bad_request(message: impl Into<String>) -> ApiError {
+pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
     error_with(StatusCode::BAD_REQUEST, codes::BAD_REQUEST, message.into())
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON body: {e}")))
 }
 
@@ -482,7 +490,7 @@ async fn enroll_if_unique(
                 "not enrolled: matches an enrolled template".into(),
             ))
         }
-        WorkResult::Deleted(_) => {
+        WorkResult::Deleted(_) | WorkResult::FaceEnrolled(_) | WorkResult::KeysStored { .. } => {
             return Err(error_with(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 codes::PROTOCOL,
@@ -558,6 +566,7 @@ pub async fn serve(config: Config, options: ServeOptions) -> anyhow::Result<()> 
         .route("/v1/iris/search", post(search))
         .route("/v1/iris/enroll-if-unique", post(enroll_if_unique))
         .route("/v1/recover", post(recover))
+        .merge(crate::face_server::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(&config.coordinator_addr).await?;

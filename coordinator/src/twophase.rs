@@ -9,6 +9,12 @@
 //! three transaction connections and only then enrols); PREPARE everywhere; the decision (COMMIT PREPARED) at P0
 //! first, then at the others. Work may also decide not to write (a duplicate or non-unique
 //! record): then it is rolled back everywhere before anything is prepared.
+//!
+//! Face transactions (enrolment, deletion, key refill) do work at P0 and P1 only; P2 takes
+//! part with its marker row alone ([`PartyWork::MarkerOnly`]), so that the decision rule and
+//! recovery stay those of every other transaction. Only the parties that did work must agree
+//! on the result; face writes lock `privmatch.face_templates` instead of the iris table, and
+//! storing keys locks no template table.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -76,6 +82,43 @@ pub enum PartyWork {
         /// One eye, or both.
         eye: Option<String>,
     },
+    /// Open and store sealed face enrolment envelopes (P0 and P1 only: the envelopes this
+    /// party's shares are sealed in, usually one).
+    FaceEnrol {
+        /// Sealed envelopes addressed to this party.
+        envelopes: Vec<Vec<u8>>,
+        /// `"skip"` or `"error"`.
+        on_duplicate: String,
+    },
+    /// Delete a subject's face template (P0 and P1 only).
+    FaceDelete {
+        /// The subject.
+        subject: String,
+    },
+    /// Store this party's sealed half of one dealer key batch (P0 and P1 only).
+    FaceKeys {
+        /// The sealed half, as P2's `face_dealer_generate` returned it.
+        envelope: Vec<u8>,
+    },
+    /// No work: only the transaction's marker row (P2 in face transactions, which holds no
+    /// face shares). Its result is not compared with the others'.
+    MarkerOnly,
+}
+
+impl PartyWork {
+    /// The template table this work writes, which the transaction locks (ROW EXCLUSIVE) at
+    /// every party doing such work, in party order; None when it writes no template.
+    pub fn template_table(&self) -> Option<&'static str> {
+        match self {
+            PartyWork::IrisEnrol { .. } | PartyWork::IrisDelete { .. } => {
+                Some("privmatch.iris_templates")
+            }
+            PartyWork::FaceEnrol { .. } | PartyWork::FaceDelete { .. } => {
+                Some("privmatch.face_templates")
+            }
+            PartyWork::FaceKeys { .. } | PartyWork::MarkerOnly => None,
+        }
+    }
 }
 
 /// Enrol one record only if no enrolled template matches it (`privmatch iris enroll
@@ -113,6 +156,15 @@ pub enum WorkResult {
     Enrolled(Vec<(String, String, bool)>),
     /// Number of records deleted.
     Deleted(i64),
+    /// Face enrolment, per record: subject, whether it was newly enrolled.
+    FaceEnrolled(Vec<(String, bool)>),
+    /// A key batch half stored: the dealer's batch number and its number of keys.
+    KeysStored {
+        /// The dealer's batch number.
+        batch: i64,
+        /// Keys in the batch.
+        keys: i32,
+    },
     /// Enrol-if-unique: the subject+eye is already enrolled; rolled back, nothing written.
     AlreadyEnrolled,
     /// Enrol-if-unique: the template matches an enrolled one; rolled back, nothing written.
@@ -164,13 +216,14 @@ pub struct RecoveryReport {
     pub errors: Vec<String>,
 }
 
+/// Runs one party's work; None for [`PartyWork::MarkerOnly`] (nothing to compare).
 async fn execute_work(
     party: PartyIndex,
     client: &Client,
     work: &PartyWork,
-) -> Result<WorkResult, PartyError> {
+) -> Result<Option<WorkResult>, PartyError> {
     let pg = |e: tokio_postgres::Error| PartyError::from_pg(party, &e);
-    match work {
+    let result = match work {
         PartyWork::IrisEnrol {
             bundles,
             on_duplicate,
@@ -183,20 +236,65 @@ async fn execute_work(
                 )
                 .await
                 .map_err(pg)?;
-            Ok(WorkResult::Enrolled(
+            WorkResult::Enrolled(
                 rows.iter()
                     .map(|r| (r.get(0), r.get(1), r.get(2)))
                     .collect(),
-            ))
+            )
         }
         PartyWork::IrisDelete { subject, eye } => {
             let row = client
                 .query_one("SELECT privmatch.iris_delete($1, $2)", &[subject, eye])
                 .await
                 .map_err(pg)?;
-            Ok(WorkResult::Deleted(row.get(0)))
+            WorkResult::Deleted(row.get(0))
         }
-    }
+        PartyWork::FaceEnrol {
+            envelopes,
+            on_duplicate,
+        } => {
+            let refs: Vec<&[u8]> = envelopes.iter().map(Vec::as_slice).collect();
+            let rows = client
+                .query(
+                    "SELECT subject, enrolled FROM privmatch.face_enroll_sealed($1, $2)",
+                    &[&refs, on_duplicate],
+                )
+                .await
+                .map_err(pg)?;
+            let mut records = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let subject: Option<String> = row.try_get(0).map_err(pg)?;
+                let enrolled: Option<bool> = row.try_get(1).map_err(pg)?;
+                records.push((subject.unwrap_or_default(), enrolled.unwrap_or(false)));
+            }
+            WorkResult::FaceEnrolled(records)
+        }
+        PartyWork::FaceDelete { subject } => {
+            let row = client
+                .query_one("SELECT privmatch.face_delete($1)", &[subject])
+                .await
+                .map_err(pg)?;
+            let deleted: Option<i64> = row.try_get(0).map_err(pg)?;
+            WorkResult::Deleted(deleted.unwrap_or(0))
+        }
+        PartyWork::FaceKeys { envelope } => {
+            let row = client
+                .query_one(
+                    "SELECT batch, keys FROM privmatch.face_keys_store($1)",
+                    &[&envelope.as_slice()],
+                )
+                .await
+                .map_err(pg)?;
+            let batch: Option<i64> = row.try_get(0).map_err(pg)?;
+            let keys: Option<i32> = row.try_get(1).map_err(pg)?;
+            WorkResult::KeysStored {
+                batch: batch.unwrap_or(-1),
+                keys: keys.unwrap_or(-1),
+            }
+        }
+        PartyWork::MarkerOnly => return Ok(None),
+    };
+    Ok(Some(result))
 }
 
 /// The three answers of a parallel step, or the first party error.
@@ -215,6 +313,20 @@ fn agreed<T: PartialEq + std::fmt::Debug>(mut answers: Vec<T>) -> Result<T, TxnE
         ));
     }
     Ok(answers.swap_remove(0))
+}
+
+/// The answer the parties that did work agree on (parties with [`PartyWork::MarkerOnly`]
+/// answered None and are not compared); at least one party must have worked.
+fn agreed_among_workers<T: PartialEq + std::fmt::Debug>(
+    answers: Vec<Option<T>>,
+) -> Result<T, TxnError> {
+    let mut worked: Vec<T> = answers.into_iter().flatten().collect();
+    if worked.is_empty() || worked.windows(2).any(|w| w[0] != w[1]) {
+        return Err(TxnError::Disagreement(
+            format!("{worked:?}").chars().take(300).collect(),
+        ));
+    }
+    Ok(worked.swap_remove(0))
 }
 
 /// BEGIN and the transaction's marker row at one party.
@@ -246,16 +358,26 @@ enum TableLock {
 /// waiting at an earlier one: enrol-if-unique (which blocks writers) and writers cannot
 /// deadlock across parties.
 async fn lock_templates(clients: &[Client; 3], lock: TableLock) -> Result<(), TxnError> {
-    let sql = match lock {
-        TableLock::Write => "LOCK TABLE privmatch.iris_templates IN ROW EXCLUSIVE MODE",
-        TableLock::Exclusive => {
-            "SET LOCAL lock_timeout = '30s'; \
-             LOCK TABLE privmatch.iris_templates IN SHARE ROW EXCLUSIVE MODE"
-        }
-    };
-    for (&party, client) in PartyIndex::ALL.iter().zip(clients) {
+    let table = "privmatch.iris_templates";
+    lock_table_at(clients, [Some(table); 3], lock).await
+}
+
+/// Takes the lock on `tables[p]` at every party p that has one, in index order.
+async fn lock_table_at(
+    clients: &[Client; 3],
+    tables: [Option<&str>; 3],
+    lock: TableLock,
+) -> Result<(), TxnError> {
+    for ((&party, client), table) in PartyIndex::ALL.iter().zip(clients).zip(tables) {
+        let Some(table) = table else { continue };
+        let sql = match lock {
+            TableLock::Write => format!("LOCK TABLE {table} IN ROW EXCLUSIVE MODE"),
+            TableLock::Exclusive => format!(
+                "SET LOCAL lock_timeout = '30s'; LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE"
+            ),
+        };
         client
-            .batch_execute(sql)
+            .batch_execute(&sql)
             .await
             .map_err(|e| TxnError::Aborted(PartyError::from_pg(party, &e)))?;
     }
@@ -294,7 +416,7 @@ async fn per_party(clients: &[Client; 3], work: &[PartyWork; 3]) -> Result<WorkR
             .map(|((&p, c), w)| execute_work(p, c, w)),
     )
     .await;
-    agreed(all_ok(results)?)
+    agreed_among_workers(all_ok(results)?)
 }
 
 fn as_array(clients: &[Client; 3]) -> [&Client; 3] {
@@ -408,7 +530,8 @@ impl TwoPhase {
         )?;
         match work {
             TxnWork::PerParty(work) => {
-                lock_templates(clients, TableLock::Write).await?;
+                let tables = [0, 1, 2].map(|p| work[p].template_table());
+                lock_table_at(clients, tables, TableLock::Write).await?;
                 per_party(clients, work).await.map(PhaseOne::Commit)
             }
             TxnWork::IrisEnrolIfUnique(record) => self.enrol_if_unique(clients, record).await,
@@ -651,4 +774,55 @@ async fn decision_record(p0: &Client, gid: &str) -> Result<DecisionRecord, tokio
         (false, true) => DecisionRecord::StillPrepared,
         (false, false) => DecisionRecord::Absent,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_working_parties_must_agree() {
+        let stored = || {
+            Some(WorkResult::KeysStored {
+                batch: 7,
+                keys: 100,
+            })
+        };
+        assert_eq!(
+            agreed_among_workers(vec![stored(), stored(), None]).ok(),
+            stored()
+        );
+        let other = Some(WorkResult::KeysStored {
+            batch: 8,
+            keys: 100,
+        });
+        assert!(matches!(
+            agreed_among_workers(vec![stored(), other, None]),
+            Err(TxnError::Disagreement(_))
+        ));
+        assert!(agreed_among_workers::<WorkResult>(vec![None, None, None]).is_err());
+    }
+
+    #[test]
+    fn face_work_locks_the_face_table_and_keys_lock_none() {
+        let enrol = PartyWork::FaceEnrol {
+            envelopes: vec![vec![1]],
+            on_duplicate: "skip".into(),
+        };
+        assert_eq!(enrol.template_table(), Some("privmatch.face_templates"));
+        let delete = PartyWork::FaceDelete {
+            subject: "a".into(),
+        };
+        assert_eq!(delete.template_table(), Some("privmatch.face_templates"));
+        assert_eq!(
+            PartyWork::FaceKeys { envelope: vec![] }.template_table(),
+            None
+        );
+        assert_eq!(PartyWork::MarkerOnly.template_table(), None);
+        let iris = PartyWork::IrisDelete {
+            subject: "a".into(),
+            eye: None,
+        };
+        assert_eq!(iris.template_table(), Some("privmatch.iris_templates"));
+    }
 }

@@ -109,9 +109,9 @@ async fn refill(clients: &[Client], count: i32) {
         )
         .await
         .expect("generate");
-    for p in 0..2 {
+    for (p, client) in clients.iter().enumerate().take(2) {
         let envelope: Vec<u8> = row.get(p);
-        clients[p]
+        client
             .query("SELECT * FROM privmatch.face_keys_store($1)", &[&envelope])
             .await
             .expect("store");

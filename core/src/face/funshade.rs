@@ -371,9 +371,10 @@ mod tests {
     use super::*;
     use crate::face::messages::share_embedding;
     use crate::face::quantize::{dot, plaintext_match, squared_distance};
-    use proptest::prelude::*;
+    use proptest::prelude::{any, prop, proptest, ProptestConfig};
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
+    use rand_core::RngCore;
 
     fn random_embedding(rng: &mut ChaCha20Rng, dim: usize, m: i32) -> Vec<i32> {
         (0..dim)

@@ -28,9 +28,10 @@
 //! Evaluation, given the probe shares x_b and the template shares y_b:
 //! 1. ([`funshade::masked_inputs`], Funshade's `share`) send x_b + δx_b and y_b + δy_b; both
 //!    learn Δx = x + δx and Δy = y + δy, which reveal nothing (δ is uniform and unknown).
-//! 2. ([`funshade::distance_shares`], `eval_dist`) d_b = b·⟨Δx, Δy⟩ − ⟨Δx, δy_b⟩ − ⟨Δy, δx_b⟩
-//!    + c_b is a share of ⟨x, y⟩; z_b = d_b + r_b (cosine) or 2·d_b − ‖x‖²_b − ‖y‖²_b + r_b
-//!    (Euclidean). Send z_b; both learn z = v + r_in with v = ⟨x, y⟩ − θ or θ − ‖x − y‖².
+//! 2. ([`funshade::distance_shares`], `eval_dist`) the share
+//!    d_b = b·⟨Δx, Δy⟩ − ⟨Δx, δy_b⟩ − ⟨Δy, δx_b⟩ + c_b of ⟨x, y⟩ gives z_b = d_b + r_b
+//!    (cosine) or 2·d_b − ‖x‖²_b − ‖y‖²_b + r_b (Euclidean). Send z_b; both learn
+//!    z = v + r_in with v = ⟨x, y⟩ − θ or θ − ‖x − y‖².
 //! 3. ([`funshade::sign_shares`], `eval_sign`) o_b = Eval^IC(b, key_b, z): o_0 + o_1 = 1
 //!    exactly when v ≥ 0 (as a signed 32-bit value, guaranteed by [`quantize`]'s bound).
 //! 4. ([`funshade::reconstruct`], `res`) the verifier adds o_0 + o_1.

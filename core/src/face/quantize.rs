@@ -20,9 +20,9 @@
 //!
 //! | l | M | l·M² |
 //! |---|---|---|
-//! | 128 | 1,448 | 268,376,064 |
-//! | 512 | 724 | 268,376,… < 2^28 |
-//! | 1024 | 511 | 267,387,904 |
+//! | 128 | 1,448 | 268,378,112 |
+//! | 512 | 724 | 268,378,112 |
+//! | 1024 | 511 | 267,387,904 (1024 · 512² = 2^28 is excluded by the strict bound) |
 
 use super::{FaceError, Metric};
 
@@ -201,7 +201,7 @@ mod tests {
                 .quantize_threshold(Metric::Euclidean, 4.0 * dim as f64)
                 .unwrap();
             assert!(worst_dist < 1 << 30);
-            assert!((worst_theta - 0).abs() < 1 << 31);
+            assert!(worst_theta.abs() < 1 << 31);
             assert!((worst_theta - worst_dist).abs() < 1 << 31);
             let worst_dot = dot(&ones, &ones);
             let low_theta = q.quantize_threshold(Metric::Cosine, -1.0).unwrap();

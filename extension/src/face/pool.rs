@@ -141,6 +141,26 @@ fn face_keys_store(
     TableIterator::once((batch, header.count as i32))
 }
 
+/// Retires every key dealt under a dealer generation older than `generation` (after the
+/// dealer was reconfigured: another metric, dimension or threshold), so that no comparison
+/// runs under the old configuration. Retired keys are never claimed. Returns how many keys
+/// were retired.
+#[pg_extern(volatile)]
+fn face_keys_retire_before(generation: i64) -> i64 {
+    const F: &str = "face_keys_retire_before";
+    evaluator(load_identity().index).unwrap_or_else(|e| raise_face(F, e));
+    Spi::get_one_with_args::<i64>(
+        "WITH old AS (SELECT batch, key_count - next_key AS n FROM privmatch.face_key_batches \
+                       WHERE generation < $1 AND next_key < key_count FOR UPDATE), \
+              r AS (UPDATE privmatch.face_key_batches b SET next_key = b.key_count \
+                      FROM old WHERE b.batch = old.batch RETURNING old.n) \
+         SELECT coalesce(sum(n), 0)::bigint FROM r",
+        &[generation.into()],
+    )
+    .unwrap_or_else(|e| raise_spi(F, e))
+    .unwrap_or(0)
+}
+
 /// The key pool at this party: per metric, dimension and dealer generation, the keys still
 /// available and the batches holding them. Empty when the pool is empty.
 #[pg_extern(stable)]

@@ -83,6 +83,22 @@ fn compared_templates(subject: Option<&str>) -> Vec<(i64, String)> {
     })
 }
 
+/// The template set an identification would compare here: its size and digest (the same
+/// digest `face_session_open` returns). The coordinator compares P0's and P1's before
+/// opening an identification, so that a transient difference (an enrolment being committed)
+/// costs no keys.
+#[pg_extern(stable, parallel_safe)]
+fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(digest, Vec<u8>))> {
+    let subjects: Vec<String> = compared_templates(None)
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    TableIterator::once((
+        subjects.len() as i64,
+        template_set_digest(&subjects).to_vec(),
+    ))
+}
+
 /// Opens face comparison session `session` at this party (P0 or P1) with its sealed `probe`:
 /// verification against `subject`'s template, or identification against every enrolled
 /// template when `subject` is NULL (in subject order, byte-wise). Without `claims` this party

@@ -1,0 +1,459 @@
+//! Reading face embeddings from NDJSON: one JSON object per line.
+//!
+//! Enrolment line: `{"subject": "...", "embedding": [x_0, …, x_{l−1}]}`. Probe line (verify,
+//! identify): `{"embedding": [...]}`; a `"subject"` key is ignored, so an enrolment file can be
+//! used as probes. Blank lines are skipped; probe *i* is the line with 0-based index *i*.
+//!
+//! Every embedding is checked and quantised here, on the client, before anything is sent
+//! (`privmatch_core::face::quantize`): the dimension must be supported (128..=1024) and equal
+//! to that of the file's first embedding; every element must be a finite number in [−1, 1]
+//! (anything larger could overflow the secure comparison). JSON has no NaN or infinity, so the
+//! strings `"NaN"`, `"Infinity"` and `"-Infinity"` (what many encoders write for them) are
+//! recognised and refused as not finite. `--normalize` L2-normalises each embedding first (the
+//! cosine metric expects unit vectors; a normalised vector always lies in [−1, 1]). Every error
+//! names the line and the reason; nothing is sent while any line is bad.
+
+use std::collections::HashSet;
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use privmatch_core::bundle::validate_subject;
+use privmatch_core::face::quantize::{normalize, Quantizer};
+use privmatch_core::face::FaceError;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// One enrolment line as written.
+#[derive(Deserialize)]
+struct RawEnrolLine {
+    subject: Option<Value>,
+    embedding: Option<Vec<Value>>,
+}
+
+/// One probe line as written (other keys, such as `subject`, are ignored).
+#[derive(Deserialize)]
+struct RawProbeLine {
+    embedding: Option<Vec<Value>>,
+}
+
+/// One enrolment record, checked and quantised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaceEnrolRecord {
+    /// 1-based line number in the input, for messages.
+    pub line: usize,
+    /// Subject id.
+    pub subject: String,
+    /// The quantised embedding (never leaves the client unshared).
+    pub embedding: Vec<i32>,
+}
+
+/// One probe, checked and quantised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaceProbeRecord {
+    /// 1-based line number in the input.
+    pub line: usize,
+    /// The probe's index: the 0-based line index.
+    pub index: usize,
+    /// The quantised embedding.
+    pub embedding: Vec<i32>,
+}
+
+/// How embeddings are prepared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmbeddingOptions {
+    /// L2-normalise each embedding before quantising it.
+    pub normalize: bool,
+}
+
+/// Parses the elements of an embedding array: JSON numbers, or the strings `"NaN"`,
+/// `"Infinity"`, `"-Infinity"` (refused as not finite, with the element named).
+pub fn parse_elements(values: &[Value]) -> Result<Vec<f64>, String> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, value)| match value {
+            Value::Number(n) => n
+                .as_f64()
+                .ok_or_else(|| format!("embedding element {index} is not a representable number")),
+            Value::String(s) if is_non_finite_name(s) => {
+                Err(FaceError::NotFinite { index }.to_string())
+            }
+            Value::String(_) => Err(format!(
+                "embedding element {index} is a string, not a number"
+            )),
+            Value::Null => Err(format!("embedding element {index} is null, not a number")),
+            _ => Err(format!("embedding element {index} is not a number")),
+        })
+        .collect()
+}
+
+fn is_non_finite_name(text: &str) -> bool {
+    matches!(
+        text.trim().to_ascii_lowercase().as_str(),
+        "nan" | "+nan" | "-nan" | "infinity" | "+infinity" | "-infinity" | "inf" | "+inf" | "-inf"
+    )
+}
+
+/// Checks and quantises one embedding. `expected` is the dimension of the file's first
+/// embedding (None for the first one).
+pub fn prepare_embedding(
+    elements: &[f64],
+    expected: Option<usize>,
+    options: EmbeddingOptions,
+) -> Result<Vec<i32>, String> {
+    if let Some(expected) = expected {
+        if elements.len() != expected {
+            return Err(format!(
+                "wrong embedding dimension: expected {expected} (the dimension of the first embedding), got {}",
+                elements.len()
+            ));
+        }
+    }
+    let quantizer = Quantizer::new(elements.len()).map_err(|e| e.to_string())?;
+    if let Some(index) = elements.iter().position(|x| !x.is_finite()) {
+        return Err(FaceError::NotFinite { index }.to_string());
+    }
+    let quantized = if options.normalize {
+        let unit = normalize(elements).map_err(|e| e.to_string())?;
+        quantizer.quantize(&unit)
+    } else {
+        quantizer.quantize(elements)
+    };
+    quantized.map_err(|e| match e {
+        FaceError::WouldOverflow { .. } if !options.normalize => {
+            format!("{e} — pass --normalize to L2-normalise every embedding")
+        }
+        other => other.to_string(),
+    })
+}
+
+fn embedding_of(
+    line_number: usize,
+    values: Option<Vec<Value>>,
+    expected: Option<usize>,
+    options: EmbeddingOptions,
+) -> Result<Vec<i32>> {
+    let values = values.ok_or_else(|| anyhow!("line {line_number}: missing \"embedding\""))?;
+    let elements = parse_elements(&values)
+        .map_err(|e| anyhow!("line {line_number}: bad \"embedding\": {e}"))?;
+    prepare_embedding(&elements, expected, options)
+        .map_err(|e| anyhow!("line {line_number}: bad \"embedding\": {e}"))
+}
+
+/// Parses one enrolment line (`expected`: the dimension of the first embedding, if any).
+pub fn parse_enrol_line(
+    line_number: usize,
+    text: &str,
+    expected: Option<usize>,
+    options: EmbeddingOptions,
+) -> Result<FaceEnrolRecord> {
+    let raw: RawEnrolLine = serde_json::from_str(text).with_context(|| {
+        format!("line {line_number}: not a JSON object with \"subject\" and \"embedding\"")
+    })?;
+    let subject = match raw.subject {
+        Some(Value::String(s)) => s,
+        Some(_) => bail!("line {line_number}: bad \"subject\": it must be a string"),
+        None => bail!("line {line_number}: missing \"subject\""),
+    };
+    validate_subject(&subject).with_context(|| format!("line {line_number}: bad \"subject\""))?;
+    let embedding = embedding_of(line_number, raw.embedding, expected, options)?;
+    Ok(FaceEnrolRecord {
+        line: line_number,
+        subject,
+        embedding,
+    })
+}
+
+/// Parses one probe line (`expected`: the dimension of the first embedding, if any).
+pub fn parse_probe_line(
+    line_number: usize,
+    text: &str,
+    expected: Option<usize>,
+    options: EmbeddingOptions,
+) -> Result<FaceProbeRecord> {
+    let raw: RawProbeLine = serde_json::from_str(text)
+        .with_context(|| format!("line {line_number}: not a JSON object with \"embedding\""))?;
+    let embedding = embedding_of(line_number, raw.embedding, expected, options)?;
+    Ok(FaceProbeRecord {
+        line: line_number,
+        index: line_number.saturating_sub(1),
+        embedding,
+    })
+}
+
+/// Calls `f` with the 1-based number and text of every non-blank line of `path`.
+fn for_each_line(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        f(i + 1, &line)?;
+    }
+    Ok(())
+}
+
+/// Parses enrolment NDJSON text (already read): every line, the common dimension, no subject
+/// twice. Errors name the line.
+pub fn parse_enrol_lines<'a>(
+    lines: impl IntoIterator<Item = (usize, &'a str)>,
+    options: EmbeddingOptions,
+) -> Result<Vec<FaceEnrolRecord>> {
+    let mut records: Vec<FaceEnrolRecord> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    for (line_number, text) in lines {
+        let expected = records.first().map(|r| r.embedding.len());
+        let record = parse_enrol_line(line_number, text, expected, options)?;
+        if !seen.insert(record.subject.clone()) {
+            bail!(
+                "line {line_number}: subject {:?} appears twice in the input (one face template per subject)",
+                record.subject
+            );
+        }
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// Reads and validates a whole enrolment file (nothing is sent if any line is bad).
+pub fn read_enrol_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceEnrolRecord>> {
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    for_each_line(path, |n, text| {
+        lines.push((n, text.to_owned()));
+        Ok(())
+    })?;
+    let records = parse_enrol_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
+        .with_context(|| format!("{} (nothing was enrolled)", path.display()))?;
+    if records.is_empty() {
+        bail!("{} holds no enrolment record", path.display());
+    }
+    Ok(records)
+}
+
+/// Parses probe NDJSON text (already read): every line, the common dimension.
+pub fn parse_probe_lines<'a>(
+    lines: impl IntoIterator<Item = (usize, &'a str)>,
+    options: EmbeddingOptions,
+) -> Result<Vec<FaceProbeRecord>> {
+    let mut records: Vec<FaceProbeRecord> = Vec::new();
+    for (line_number, text) in lines {
+        let expected = records.first().map(|r| r.embedding.len());
+        records.push(parse_probe_line(line_number, text, expected, options)?);
+    }
+    Ok(records)
+}
+
+/// Reads and validates a whole probe file (nothing is sent if any line is bad).
+pub fn read_probe_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceProbeRecord>> {
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    for_each_line(path, |n, text| {
+        lines.push((n, text.to_owned()));
+        Ok(())
+    })?;
+    let records = parse_probe_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
+        .with_context(|| format!("{} (no probe was searched)", path.display()))?;
+    if records.is_empty() {
+        bail!("{} holds no probe", path.display());
+    }
+    Ok(records)
+}
+
+/// One NDJSON line with a subject and an embedding (elements written as f32, the precision
+/// embedding models produce, which keeps files small).
+pub fn embedding_line(subject: &str, embedding: &[f64]) -> String {
+    use std::fmt::Write;
+    let mut line = String::with_capacity(32 + 12 * embedding.len());
+    line.push_str("{\"subject\":");
+    line.push_str(&serde_json::Value::from(subject).to_string());
+    line.push_str(",\"embedding\":[");
+    for (i, &x) in embedding.iter().enumerate() {
+        if i > 0 {
+            line.push(',');
+        }
+        let x = x as f32;
+        // Display of an f32 is its shortest round-trip form; a non-finite value (never made
+        // by the generator) is written as the string the reader refuses.
+        let _ = if x.is_finite() {
+            write!(line, "{x}")
+        } else {
+            write!(
+                line,
+                "\"{}\"",
+                if x.is_nan() {
+                    "NaN"
+                } else if x > 0.0 {
+                    "Infinity"
+                } else {
+                    "-Infinity"
+                }
+            )
+        };
+    }
+    line.push_str("]}");
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(subject: &str, elements: &[String]) -> String {
+        format!(
+            "{{\"subject\": \"{subject}\", \"embedding\": [{}]}}",
+            elements.join(", ")
+        )
+    }
+
+    fn unit(dim: usize, axis: usize) -> Vec<String> {
+        (0..dim)
+            .map(|i| if i == axis { "1.0".into() } else { "0".into() })
+            .collect()
+    }
+
+    fn enrol_err(text: &str, expected: Option<usize>, normalize: bool) -> String {
+        parse_enrol_line(7, text, expected, EmbeddingOptions { normalize })
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_good_line_is_quantised() {
+        let record = parse_enrol_line(1, &line("alice", &unit(128, 3)), None, Default::default())
+            .expect("valid");
+        assert_eq!(record.subject, "alice");
+        assert_eq!(record.embedding.len(), 128);
+        assert_eq!(record.embedding[3], 1448);
+        assert_eq!(record.embedding[0], 0);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_reason() {
+        let mut big = unit(128, 0);
+        big[5] = "1.5".into();
+        let err = enrol_err(&line("a", &big), None, false);
+        assert!(err.contains("line 7") && err.contains("element 5"), "{err}");
+        assert!(
+            err.contains("could overflow") && err.contains("--normalize"),
+            "{err}"
+        );
+        // --normalize makes the same line acceptable.
+        assert!(parse_enrol_line(
+            7,
+            &line("a", &big),
+            None,
+            EmbeddingOptions { normalize: true }
+        )
+        .is_ok());
+
+        let err = enrol_err(&line("a", &unit(128, 0)), Some(256), false);
+        assert!(
+            err.contains("line 7") && err.contains("expected 256") && err.contains("got 128"),
+            "{err}"
+        );
+        let err = enrol_err(&line("a", &unit(100, 0)), None, false);
+        assert!(err.contains("unsupported embedding dimension 100"), "{err}");
+
+        for name in ["\"NaN\"", "\"Infinity\"", "\"-Infinity\""] {
+            let mut e = unit(128, 0);
+            e[9] = name.into();
+            let err = enrol_err(&line("a", &e), None, false);
+            assert!(
+                err.contains("line 7") && err.contains("element 9 is not a finite number"),
+                "{name}: {err}"
+            );
+            // Normalising does not launder a non-finite element.
+            let err = enrol_err(&line("a", &e), None, true);
+            assert!(err.contains("element 9 is not a finite number"), "{err}");
+        }
+        let mut e = unit(128, 0);
+        e[2] = "\"abc\"".into();
+        assert!(enrol_err(&line("a", &e), None, false).contains("element 2 is a string"));
+        e[2] = "null".into();
+        assert!(enrol_err(&line("a", &e), None, false).contains("element 2 is null"));
+
+        let err = enrol_err(&line("", &unit(128, 0)), None, false);
+        assert!(err.contains("line 7: bad \"subject\""), "{err}");
+        let err = enrol_err("{\"embedding\": [1]}", None, false);
+        assert!(err.contains("missing \"subject\""), "{err}");
+        let err = enrol_err("{\"subject\": 5, \"embedding\": [1]}", None, false);
+        assert!(err.contains("must be a string"), "{err}");
+        let err = enrol_err("{\"subject\": \"a\"}", None, false);
+        assert!(err.contains("missing \"embedding\""), "{err}");
+        let err = enrol_err("not json", None, false);
+        assert!(err.contains("line 7: not a JSON object"), "{err}");
+        let zero: Vec<String> = (0..128).map(|_| "0".into()).collect();
+        let err = enrol_err(&line("a", &zero), None, true);
+        assert!(err.contains("zero vector"), "{err}");
+    }
+
+    #[test]
+    fn files_need_one_dimension_and_distinct_subjects() {
+        let a = line("a", &unit(128, 0));
+        let b = line("b", &unit(128, 1));
+        let short = line("c", &unit(129, 1));
+        let ok = parse_enrol_lines([(1, a.as_str()), (3, b.as_str())], Default::default())
+            .expect("valid");
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[1].line, 3);
+        let err = parse_enrol_lines([(1, a.as_str()), (2, short.as_str())], Default::default())
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.contains("line 2") && err.contains("expected 128"),
+            "{err}"
+        );
+        let err = parse_enrol_lines([(1, a.as_str()), (2, a.as_str())], Default::default())
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.contains("line 2") && err.contains("appears twice"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn probes_ignore_the_subject_and_are_indexed_by_line() {
+        let a = line("whoever", &unit(128, 0));
+        let b = "{\"embedding\": [".to_owned() + &unit(128, 1).join(",") + "]}";
+        let probes =
+            parse_probe_lines([(1, a.as_str()), (4, b.as_str())], Default::default()).expect("ok");
+        assert_eq!(probes[0].index, 0);
+        assert_eq!(probes[1].index, 3);
+        assert_eq!(probes[1].embedding[1], 1448);
+        let subject_not_a_string =
+            "{\"subject\": 3, \"embedding\": [".to_owned() + &unit(128, 1).join(",") + "]}";
+        assert!(parse_probe_line(1, &subject_not_a_string, None, Default::default()).is_ok());
+    }
+
+    #[test]
+    fn written_lines_read_back() {
+        let e: Vec<f64> = (0..128).map(|i| if i == 2 { -0.5 } else { 0.0 }).collect();
+        let text = embedding_line("s-1", &e);
+        let record = parse_enrol_line(1, &text, None, Default::default()).expect("valid");
+        assert_eq!(record.subject, "s-1");
+        assert_eq!(record.embedding[2], -724);
+        assert!(
+            text.starts_with(r#"{"subject":"s-1","embedding":[0,0,-0.5,0"#),
+            "{text}"
+        );
+        let mut odd = e.clone();
+        odd[0] = 0.1;
+        odd[1] = f64::NAN;
+        let text = embedding_line("q\"uote", &odd);
+        assert!(
+            text.contains(r#""q\"uote""#) && text.contains("0.1,\"NaN\""),
+            "{text}"
+        );
+        let err = parse_enrol_line(1, &text, None, Default::default())
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("element 1 is not a finite number"), "{err}");
+    }
+}

@@ -1,0 +1,384 @@
+//! The coordinator's face endpoints (shapes in [`crate::face_api`]): dealer configuration, key
+//! pools and refill, enrolment and deletion (two-phase commit at P0 and P1, P2 with its marker
+//! row only), verification and identification (the round driver of [`crate::face_session`]).
+//! The coordinator relays sealed envelopes and probes and learns one bit per comparison; it
+//! never sees a share, a key or the threshold.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::api::{codes, from_base64};
+use crate::face_admin::{
+    configure_dealer, pool_status, refill as refill_pools, retire_older_keys, RefillError,
+};
+use crate::face_api::{
+    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrolBody, FaceEnrolResponse,
+    FaceEnrolResult, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
+    FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse,
+};
+use crate::face_session::{run_face_session, FaceErrorKind, FaceSessionError};
+use crate::parties::PartyError;
+use crate::server::{
+    bad_request, error_with, parse_json, party_error, search_party_status, ApiError, AppState,
+};
+use crate::twophase::{PartyWork, TxnError, WorkResult};
+
+/// The face routes, merged into the coordinator's router.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/face/configure", post(configure))
+        .route("/v1/face/pool", get(pool))
+        .route("/v1/face/refill", post(refill))
+        .route("/v1/face/enroll", post(enroll))
+        .route("/v1/face/delete", post(delete))
+        .route("/v1/face/verify", post(verify))
+        .route("/v1/face/identify", post(identify))
+}
+
+fn with_hint(message: String, hint: &str, marker: &str) -> String {
+    if message.contains(marker) {
+        message
+    } else {
+        format!("{message} — {hint}")
+    }
+}
+
+/// Maps a party's face error to an answer, by SQLSTATE (see [`FaceErrorKind`]).
+pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
+    let kind = FaceErrorKind::from_sqlstate(err.sqlstate.as_deref());
+    let (status, code, message) = match kind {
+        FaceErrorKind::PoolExhausted => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::POOL_EXHAUSTED,
+            with_hint(
+                message,
+                "the face key pool is exhausted: run `privmatch face refill`",
+                "face refill",
+            ),
+        ),
+        FaceErrorKind::UnknownSubject => (StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT, message),
+        FaceErrorKind::BadArgument => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED, message),
+        FaceErrorKind::SetsDiffer => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::SETS_DIFFER,
+            with_hint(
+                message,
+                "P0 and P1 hold different face template sets for a moment (an enrolment or deletion is being committed or awaits recovery): retry with a new session",
+                "retry",
+            ),
+        ),
+        FaceErrorKind::KeyConflict => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::KEY_CONFLICT,
+            with_hint(
+                message,
+                "a key claim conflicted with another session's: retry with a new session",
+                "retry",
+            ),
+        ),
+        FaceErrorKind::Refused | FaceErrorKind::SessionNotFound => {
+            (StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
+        }
+        FaceErrorKind::NotConfigured => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::NOT_CONFIGURED,
+            with_hint(
+                message,
+                "run `privmatch face configure` and `privmatch face refill`",
+                "face configure",
+            ),
+        ),
+        FaceErrorKind::Other => {
+            let (status, code) = search_party_status(err);
+            (status, code, message)
+        }
+    };
+    party_error(status, code, message, err)
+}
+
+impl From<FaceSessionError> for ApiError {
+    fn from(err: FaceSessionError) -> Self {
+        let message = err.to_string();
+        match &err {
+            FaceSessionError::Invalid(_) => bad_request(message),
+            FaceSessionError::Party(party) => face_party_error(party, message),
+            FaceSessionError::Timeout(party) => {
+                party_error(StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT, message, party)
+            }
+            FaceSessionError::Protocol(_) => {
+                error_with(StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
+            }
+        }
+    }
+}
+
+/// A distributed transaction's failure: face SQLSTATEs get their own codes, the rest is
+/// mapped as for iris.
+fn face_txn_error(err: TxnError) -> ApiError {
+    match &err {
+        TxnError::Aborted(party)
+            if FaceErrorKind::from_sqlstate(party.sqlstate.as_deref()) != FaceErrorKind::Other
+                && !party
+                    .sqlstate
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("22") || s == "23505") =>
+        {
+            face_party_error(party, err.to_string())
+        }
+        _ => ApiError::from(err),
+    }
+}
+
+impl From<RefillError> for ApiError {
+    fn from(err: RefillError) -> Self {
+        let message = err.to_string();
+        match err {
+            RefillError::NotConfigured => error_with(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::NOT_CONFIGURED,
+                message,
+            ),
+            RefillError::Party(party) => face_party_error(&party, message),
+            RefillError::Txn(txn) => {
+                let mut api = face_txn_error(txn);
+                api.body.error = message;
+                api
+            }
+            RefillError::Protocol(_) => {
+                error_with(StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
+            }
+        }
+    }
+}
+
+async fn configure(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<DealerStatus>, ApiError> {
+    let request: FaceConfigureBody = parse_json(&body)?;
+    let sealed = from_base64(&request.config, "config").map_err(bad_request)?;
+    if sealed.is_empty() {
+        return Err(bad_request("config is empty"));
+    }
+    let mut status = configure_dealer(&state.parties, &sealed)
+        .await
+        .map_err(|e| face_party_error(&e, format!("configuring the dealer: {e}")))?;
+    match retire_older_keys(&state.parties, status.generation).await {
+        Ok(retired) => status.retired_keys = Some(retired),
+        Err(e) => {
+            let warning = format!(
+                "the keys of earlier generations could not be retired now ({e}); P0 and P1 retire them when the first batch of generation {} is stored: run `privmatch face refill` before verifying",
+                status.generation
+            );
+            tracing::warn!(%warning, "face dealer configured");
+            status.warning = Some(warning);
+        }
+    }
+    tracing::info!(
+        metric = status.metric,
+        dim = status.dim,
+        generation = status.generation,
+        retired = ?status.retired_keys,
+        "face dealer configured"
+    );
+    Ok(Json(status))
+}
+
+async fn pool(State(state): State<Arc<AppState>>) -> Json<FacePoolResponse> {
+    Json(pool_status(&state.parties).await)
+}
+
+async fn refill(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<FaceRefillResponse>, ApiError> {
+    let request: FaceRefillBody = if body.iter().all(u8::is_ascii_whitespace) {
+        parse_json(b"{}")?
+    } else {
+        parse_json(&body)?
+    };
+    request.validate().map_err(bad_request)?;
+    let answer = refill_pools(&state.parties, &state.txns, &request).await?;
+    tracing::info!(
+        before = answer.before,
+        after = answer.after,
+        batches = answer.batches,
+        "face key pools refilled"
+    );
+    Ok(Json(answer))
+}
+
+async fn enroll(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<FaceEnrolResponse>, ApiError> {
+    let request: FaceEnrolBody = parse_json(&body)?;
+    let [e0, e1] = request.decode().map_err(bad_request)?;
+    let work = |envelope: Vec<u8>| PartyWork::FaceEnrol {
+        envelopes: vec![envelope],
+        on_duplicate: request.on_duplicate.clone(),
+    };
+    let (result, pending) = state
+        .txns
+        .run([work(e0), work(e1), PartyWork::MarkerOnly])
+        .await
+        .map_err(face_txn_error)?;
+    let WorkResult::FaceEnrolled(rows) = result else {
+        return Err(error_with(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            codes::PROTOCOL,
+            "unexpected result kind".into(),
+        ));
+    };
+    Ok(Json(FaceEnrolResponse {
+        results: rows
+            .into_iter()
+            .map(|(subject, enrolled)| FaceEnrolResult { subject, enrolled })
+            .collect(),
+        pending_recovery: pending.iter().map(ToString::to_string).collect(),
+    }))
+}
+
+async fn delete(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let request: FaceDeleteBody = parse_json(&body)?;
+    privmatch_core::bundle::validate_subject(&request.subject)
+        .map_err(|e| bad_request(format!("subject: {e}")))?;
+    let work = || PartyWork::FaceDelete {
+        subject: request.subject.clone(),
+    };
+    let (result, pending) = state
+        .txns
+        .run([work(), work(), PartyWork::MarkerOnly])
+        .await
+        .map_err(face_txn_error)?;
+    let deleted = match result {
+        WorkResult::Deleted(n) => n,
+        _ => 0,
+    };
+    Ok(Json(json!({
+        "subject": request.subject,
+        "deleted": deleted,
+        "pending_recovery": pending.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })))
+}
+
+async fn verify(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<FaceVerifyResponse>, ApiError> {
+    let request: FaceVerifyBody = parse_json(&body)?;
+    let plan = request.plan().map_err(bad_request)?;
+    state.claim_sessions(&[plan.session]).await?;
+    let outcome = run_face_session(&state.parties, &plan, state.options.search_timeout).await?;
+    tracing::info!(
+        comparisons = outcome.stats.comparisons,
+        seconds = outcome.stats.micros as f64 / 1e6,
+        "face verification"
+    );
+    Ok(Json(FaceVerifyResponse {
+        subject: request.subject,
+        matched: outcome.matches.first().copied().unwrap_or(false),
+    }))
+}
+
+async fn identify(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<FaceIdentifyResponse>, ApiError> {
+    let request: FaceIdentifyBody = parse_json(&body)?;
+    let plan = request.plan().map_err(bad_request)?;
+    state.claim_sessions(&[plan.session]).await?;
+    let outcome = run_face_session(&state.parties, &plan, state.options.search_timeout).await?;
+    tracing::info!(
+        comparisons = outcome.stats.comparisons,
+        seconds = outcome.stats.micros as f64 / 1e6,
+        "face identification"
+    );
+    let mut matches = outcome.matched();
+    matches.sort();
+    Ok(Json(FaceIdentifyResponse {
+        matches,
+        comparisons: outcome.stats.comparisons,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use privmatch_core::party::PartyIndex;
+
+    fn err(sqlstate: &str, message: &str) -> PartyError {
+        PartyError {
+            party: PartyIndex::ALL[0],
+            sqlstate: Some(sqlstate.into()),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn face_sqlstates_map_to_statuses_and_codes() {
+        let cases = [
+            (
+                "53000",
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::POOL_EXHAUSTED,
+            ),
+            ("P0002", StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT),
+            ("22023", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+            ("40001", StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER),
+            (
+                "23P01",
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::KEY_CONFLICT,
+            ),
+            ("08P01", StatusCode::BAD_GATEWAY, codes::PROTOCOL),
+            ("42704", StatusCode::BAD_GATEWAY, codes::PROTOCOL),
+            (
+                "55000",
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::NOT_CONFIGURED,
+            ),
+            ("XX000", StatusCode::BAD_GATEWAY, codes::PARTY_ERROR),
+        ];
+        for (sqlstate, status, code) in cases {
+            let api = ApiError::from(FaceSessionError::Party(err(sqlstate, "m")));
+            assert_eq!(api.status, status, "{sqlstate}");
+            assert_eq!(api.body.code.as_deref(), Some(code), "{sqlstate}");
+            assert_eq!(api.body.sqlstate.as_deref(), Some(sqlstate));
+            assert_eq!(api.body.party, Some(0));
+        }
+        let api = ApiError::from(FaceSessionError::Party(err("53000", "no keys")));
+        assert!(
+            api.body.error.contains("privmatch face refill"),
+            "{}",
+            api.body.error
+        );
+        // The party's own hint is not repeated.
+        let api = ApiError::from(FaceSessionError::Party(err(
+            "53000",
+            "no keys (hint: run `privmatch face refill`)",
+        )));
+        assert_eq!(api.body.error.matches("face refill").count(), 1);
+    }
+
+    #[test]
+    fn transaction_failures_keep_their_content_errors() {
+        let api = face_txn_error(TxnError::Aborted(err("23505", "duplicate subject")));
+        assert_eq!(api.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(api.body.code.as_deref(), Some(codes::REJECTED));
+        let api = face_txn_error(TxnError::Aborted(err("55000", "not initialised")));
+        assert_eq!(api.body.code.as_deref(), Some(codes::NOT_CONFIGURED));
+        let api = ApiError::from(RefillError::NotConfigured);
+        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(api.body.error.contains("privmatch face configure"));
+    }
+}

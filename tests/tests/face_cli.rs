@@ -1,0 +1,327 @@
+//! End-to-end tests of the face modality through the product's own interfaces: `privmatch
+//! face configure | refill | enroll | verify | identify | delete` (CLI → coordinator HTTP API →
+//! the dealer P2 and the evaluators P0, P1), checked against the plaintext comparison on the
+//! quantised embeddings, and the errors a user gets for bad input.
+
+use std::path::Path;
+
+use privmatch_core::face::quantize::{normalize, plaintext_match, Quantizer};
+use privmatch_core::face::Metric;
+use privmatch_e2e::{write_lines, Cluster};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde_json::{json, Value};
+
+const DIM: usize = 128;
+
+fn random_embedding(rng: &mut ChaCha20Rng) -> Vec<f64> {
+    let raw: Vec<f64> = (0..DIM).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    normalize(&raw).expect("non-zero")
+}
+
+fn recapture(rng: &mut ChaCha20Rng, e: &[f64], noise: f64) -> Vec<f64> {
+    let raw: Vec<f64> = e
+        .iter()
+        .map(|x| x + noise * rng.gen_range(-1.0..1.0))
+        .collect();
+    normalize(&raw).expect("non-zero")
+}
+
+fn counts(cluster: &Cluster) -> [i64; 3] {
+    [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_templates"))
+}
+
+fn lines(output: &str) -> Vec<Value> {
+    output
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+fn path_arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
+    let cluster = Cluster::start("face-cli", 33);
+    let mut rng = ChaCha20Rng::seed_from_u64(33);
+    let q = Quantizer::new(DIM).expect("dim");
+    let people: Vec<(String, Vec<f64>)> = (0..40)
+        .map(|i| (format!("person-{i:03}"), random_embedding(&mut rng)))
+        .collect();
+    let enrol_file = cluster.path("faces.ndjson");
+    write_lines(
+        &enrol_file,
+        &people
+            .iter()
+            .map(|(s, e)| json!({"subject": s, "embedding": e}).to_string())
+            .collect::<Vec<_>>(),
+    );
+    // Probes: re-captures of the first 6 people at growing noise, then 3 strangers.
+    let mut probes: Vec<Vec<f64>> = (0..6)
+        .map(|i| recapture(&mut rng, &people[i].1, 0.02 + 0.04 * i as f64))
+        .collect();
+    probes.extend((0..3).map(|_| random_embedding(&mut rng)));
+    let probe_file = cluster.path("probes.ndjson");
+    write_lines(
+        &probe_file,
+        &probes
+            .iter()
+            .map(|e| json!({"embedding": e}).to_string())
+            .collect::<Vec<_>>(),
+    );
+    let quantised: Vec<Vec<i32>> = people
+        .iter()
+        .map(|(_, e)| q.quantize(e).expect("q"))
+        .collect();
+    let quantised_probes: Vec<Vec<i32>> =
+        probes.iter().map(|e| q.quantize(e).expect("q")).collect();
+
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&enrol_file)])
+        .expect_success();
+    assert_eq!(counts(&cluster), [40, 40, 0], "shares at P0 and P1 only");
+    for (metric, threshold) in [(Metric::Cosine, 0.55), (Metric::Euclidean, 0.9)] {
+        cluster
+            .cli(&[
+                "face",
+                "configure",
+                "--metric",
+                metric.as_str(),
+                "--threshold",
+                &threshold.to_string(),
+                "--dim",
+                "128",
+            ])
+            .expect_success();
+        cluster
+            .cli(&["face", "refill", "--target", "800"])
+            .expect_success();
+        let theta = q.quantize_threshold(metric, threshold).expect("θ");
+        // 1:N identification.
+        let out = cluster
+            .cli(&["face", "identify", "--input", &path_arg(&probe_file)])
+            .expect_success();
+        let got = lines(&out.stdout);
+        assert_eq!(got.len(), probes.len(), "{out}");
+        let mut matched = 0;
+        for (i, line) in got.iter().enumerate() {
+            assert_eq!(line["probe"], json!(i));
+            let expected: Vec<&str> = people
+                .iter()
+                .zip(&quantised)
+                .filter(|(_, t)| plaintext_match(metric, &quantised_probes[i], t, theta))
+                .map(|((s, _), _)| s.as_str())
+                .collect();
+            let mut listed: Vec<String> =
+                serde_json::from_value(line["matches"].clone()).expect("matches");
+            listed.sort();
+            assert_eq!(listed, expected, "{metric} probe {i}");
+            matched += listed.len();
+        }
+        assert!(matched >= 3, "{metric}: only {matched} matches");
+        // 1:1 verification of every probe against person-002.
+        let out = cluster
+            .cli(&[
+                "face",
+                "verify",
+                "--subject",
+                "person-002",
+                "--input",
+                &path_arg(&probe_file),
+            ])
+            .expect_success();
+        let got = lines(&out.stdout);
+        assert_eq!(got.len(), probes.len(), "{out}");
+        for (i, line) in got.iter().enumerate() {
+            assert_eq!(line["probe"], json!(i));
+            assert_eq!(line["subject"], json!("person-002"));
+            let expected = plaintext_match(metric, &quantised_probes[i], &quantised[2], theta);
+            assert_eq!(line["match"], json!(expected), "{metric} probe {i}");
+        }
+    }
+    // Deletion is atomic and takes effect at once.
+    cluster
+        .cli(&["face", "delete", "--subject", "person-000"])
+        .expect_success();
+    assert_eq!(counts(&cluster), [39, 39, 0]);
+    let out = cluster
+        .cli(&["face", "identify", "--input", &path_arg(&probe_file)])
+        .expect_success();
+    assert!(lines(&out.stdout)
+        .iter()
+        .all(|l| !l["matches"].to_string().contains("person-000")));
+    // No log holds a probe's share or a threshold in the clear.
+    for p in 0..3 {
+        let log = std::fs::read_to_string(cluster.home.join(format!("p{p}/postgres.log")))
+            .unwrap_or_default();
+        assert!(
+            !log.contains("0.55") && !log.contains("threshold"),
+            "P{p} log mentions the threshold"
+        );
+    }
+}
+
+#[test]
+fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
+    let mut cluster = Cluster::start("face-cli-errors", 34);
+    let mut rng = ChaCha20Rng::seed_from_u64(34);
+    let alice = random_embedding(&mut rng);
+    let good = json!({"subject": "alice", "embedding": alice}).to_string();
+    let file = cluster.path("in.ndjson");
+    cluster
+        .cli(&[
+            "face",
+            "configure",
+            "--metric",
+            "cosine",
+            "--threshold",
+            "0.5",
+            "--dim",
+            "128",
+        ])
+        .expect_success();
+    let refuse = |cluster: &Cluster, second: String, phrases: &[&str]| {
+        write_lines(&file, &[good.clone(), second]);
+        let before = counts(cluster);
+        let out = cluster
+            .cli(&["face", "enroll", "--input", &path_arg(&file)])
+            .expect_failure();
+        out.assert_stderr_contains(phrases);
+        assert_eq!(counts(cluster), before, "nothing enrolled: {out}");
+    };
+    let mut short = alice.clone();
+    short.pop();
+    refuse(
+        &cluster,
+        json!({"subject": "bob", "embedding": short}).to_string(),
+        &["line 2", "dimension"],
+    );
+    let mut big = alice.clone();
+    big[3] = 1.5;
+    refuse(
+        &cluster,
+        json!({"subject": "bob", "embedding": big}).to_string(),
+        &["line 2", "overflow"],
+    );
+    let nan = format!(
+        "{{\"subject\": \"bob\", \"embedding\": [\"NaN\"{}]}}",
+        ", 0.0".repeat(DIM - 1)
+    );
+    refuse(&cluster, nan, &["line 2", "finite"]);
+    let inf = format!(
+        "{{\"subject\": \"bob\", \"embedding\": [\"Infinity\"{}]}}",
+        ", 0.0".repeat(DIM - 1)
+    );
+    refuse(&cluster, inf, &["line 2", "finite"]);
+    refuse(&cluster, "{\"subject\": \"bob\"".to_owned(), &["line 2"]);
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&file)])
+        .expect_failure();
+    write_lines(&file, std::slice::from_ref(&good));
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&file)])
+        .expect_success();
+    assert_eq!(counts(&cluster), [1, 1, 0]);
+
+    let probe = cluster.path("probe.ndjson");
+    write_lines(&probe, &[json!({"embedding": alice}).to_string()]);
+    // An exhausted (empty) pool: a clear error naming the remedy.
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "alice",
+            "--input",
+            &path_arg(&probe),
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["refill"]);
+    cluster
+        .cli(&["face", "refill", "--target", "20", "--batch-size", "10"])
+        .expect_success();
+    // Unknown subject, wrong probe dimension.
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "mallory",
+            "--input",
+            &path_arg(&probe),
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["mallory"]);
+    let wide = cluster.path("wide.ndjson");
+    let mut w = alice.clone();
+    w.extend(std::iter::repeat_n(0.0, 128));
+    write_lines(&wide, &[json!({"embedding": w}).to_string()]);
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "alice",
+            "--input",
+            &path_arg(&wide),
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["dimension"]);
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "alice",
+            "--input",
+            &path_arg(&probe),
+        ])
+        .expect_success();
+    assert_eq!(lines(&out.stdout)[0]["match"], json!(true), "{out}");
+    // Reconfiguring the dealer retires the old keys at once: no comparison runs under the old
+    // threshold.
+    cluster
+        .cli(&[
+            "face",
+            "configure",
+            "--metric",
+            "cosine",
+            "--threshold",
+            "0.99",
+            "--dim",
+            "128",
+        ])
+        .expect_success();
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "alice",
+            "--input",
+            &path_arg(&probe),
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["refill"]);
+    // Enrolment is atomic across the parties: with P1 down nothing is enrolled anywhere.
+    let bob = cluster.path("bob.ndjson");
+    write_lines(
+        &bob,
+        &[json!({"subject": "bob", "embedding": random_embedding(&mut rng)}).to_string()],
+    );
+    cluster.kill_party(1);
+    let out = cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&bob)])
+        .expect_failure();
+    out.assert_stderr_contains(&["P1"]);
+    cluster.start_party(1);
+    cluster.restart_coordinator();
+    assert_eq!(counts(&cluster), [1, 1, 0]);
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&bob)])
+        .expect_success();
+    assert_eq!(counts(&cluster), [2, 2, 0]);
+}
