@@ -28,7 +28,11 @@ fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let count: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10_000);
+    let count: usize = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(10_000);
     let reps: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5);
     let count = count.max(1);
     let mut rng = ChaCha20Rng::from_entropy();
@@ -57,12 +61,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         us(t) / floor
     );
 
-    let r_ins: Vec<u32> = (0..count).map(|_| rng.next_u32()).collect();
-    let mut pairs = Vec::with_capacity(count);
+    let params: Vec<(u32, u32)> = alphas.iter().map(|&a| (a, 1)).collect();
+    let mut dcf_pairs = Vec::new();
     let t = best(reps, || {
-        pairs.clear();
+        dcf_pairs = dcf::gen_batch(&mut rng, 32, &params).unwrap_or_default();
+    });
+    println!(
+        "dcf gen_batch (n=32)   {:8.3} µs/key pair   (AES floor {floor:.3} µs, x{:.2})",
+        us(t),
+        us(t) / floor
+    );
+    // DCF eval: 32 levels × 2 blocks.
+    let dcf_batch = dcf::DcfKeyBatch::from_keys(dcf_pairs.iter().map(|(k0, _)| k0))?;
+    let dcf_xs: Vec<u32> = (0..count).map(|_| rng.next_u32()).collect();
+    let mut dcf_out = vec![0u32; count];
+    let mut status = Ok(());
+    let t = best(reps, || {
+        status = dcf::eval_batch(0, &dcf_batch, &dcf_xs, &mut dcf_out);
+    });
+    status?;
+    let eval_floor = 64.0 * ns_block / 1e3;
+    println!(
+        "dcf eval batch (n=32)  {:8.3} µs/key/party  (AES floor {eval_floor:.3} µs, x{:.2})",
+        us(t),
+        us(t) / eval_floor
+    );
+
+    let r_ins: Vec<u32> = (0..count).map(|_| rng.next_u32()).collect();
+    let mut pairs = Vec::new();
+    let t = best(reps, || {
         for &r in &r_ins {
-            pairs.push(ic::gen_sign_gate(&mut rng, r));
+            black_box(ic::gen_sign_gate(&mut rng, r));
         }
     });
     println!(
@@ -70,8 +99,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         us(t),
         us(t) / floor
     );
+    let t = best(reps, || {
+        pairs = ic::gen_sign_gates(&mut rng, &r_ins);
+    });
+    println!(
+        "ic gen_sign_gates      {:8.3} µs/key pair   (AES floor {floor:.3} µs, x{:.2})",
+        us(t),
+        us(t) / floor
+    );
 
-    // Masked inputs: random signed values around zero, masked by r_in.
+    // Masked inputs: uniformly random values v (the sign gate's answer is v as i32 ≥ 0),
+    // masked by r_in.
     let values: Vec<u32> = (0..count).map(|_| rng.next_u32()).collect();
     let xs: Vec<u32> = values
         .iter()
@@ -82,18 +120,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let floor = 128.0 * ns_block / 1e3;
 
     let mut out0 = vec![0u32; count];
+    let mut status = Ok(());
     let t = best(reps, || {
         for ((o, (k0, _)), &x) in out0.iter_mut().zip(&pairs).zip(&xs) {
-            *o = ic::eval(0, k0, x).unwrap_or(0);
+            match ic::eval(0, k0, x) {
+                Ok(y) => *o = y,
+                Err(e) => status = Err(e),
+            }
         }
     });
+    status?;
     println!(
         "ic eval single         {:8.3} µs/key/party  (AES floor {floor:.3} µs, x{:.2})",
         us(t),
         us(t) / floor
     );
 
-    let encoded: Vec<[Vec<u8>; 2]> = pairs.iter().map(|(a, b)| [a.encode(), b.encode()]).collect();
+    let encoded: Vec<[Vec<u8>; 2]> = pairs
+        .iter()
+        .map(|(a, b)| [a.encode(), b.encode()])
+        .collect();
     let t = best(reps, || {
         black_box(ic::IcKeyBatch::decode_many(encoded.iter().map(|e| e[0].as_slice())).ok());
     });
@@ -101,13 +147,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch0 = ic::IcKeyBatch::decode_many(encoded.iter().map(|e| e[0].as_slice()))?;
     let batch1 = ic::IcKeyBatch::decode_many(encoded.iter().map(|e| e[1].as_slice()))?;
     let mut out1 = vec![0u32; count];
+    let mut batch_us = f64::INFINITY;
     for backend in Backend::ALL {
         if !backend.is_available() {
             continue;
         }
+        let mut status = Ok(());
         let t = best(reps, || {
-            ic::eval_batch_with(backend, 0, &batch0, &xs, &mut out0).unwrap_or(());
+            status = ic::eval_batch_with(backend, 0, &batch0, &xs, &mut out0);
         });
+        status?;
+        batch_us = batch_us.min(us(t));
         println!(
             "ic eval batch          {:8.3} µs/key/party  (AES floor {floor:.3} µs, x{:.2})  [{}]",
             us(t),
@@ -115,6 +165,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             backend.name()
         );
     }
+    // DESIGN.md §7 anchor, measured on this kind of machine (not in this run).
+    println!(
+        "  vs Funshade C sign-gate eval 5.7 µs/party: x{:.1} faster",
+        5.7 / batch_us
+    );
     ic::eval_batch(0, &batch0, &xs, &mut out0)?;
     ic::eval_batch(1, &batch1, &xs, &mut out1)?;
     let wrong = out0

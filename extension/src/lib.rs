@@ -9,8 +9,8 @@
 
 mod engine;
 mod enrol;
-mod face;
 mod errors;
+mod face;
 mod identity;
 mod share_types;
 

@@ -4,16 +4,17 @@
 //!
 //! * [`Backend::Vaes`]: AES-NI plus the 256-bit VAES instructions (two blocks per
 //!   instruction, AVX2 registers), where the CPU has them (Zen 3+, Ice Lake+). Bulk calls
-//!   keep 16 independent blocks in flight. Key generation, which is latency-bound, uses the
-//!   128-bit AES-NI code.
+//!   keep 16 independent blocks in flight; the DCF engines pair a lane's two blocks (eval)
+//!   or the two parties' blocks (gen) in one register.
 //! * [`Backend::AesNi`]: x86-64 AES-NI through `std::arch` intrinsics. Bulk calls keep 8
 //!   (expander, [`fixed_encrypt`]) or 16 (DCF evaluation) independent blocks in flight, so the
 //!   two AES units of a modern core stay busy despite the 4-cycle round latency.
 //! * [`Backend::Portable`]: RustCrypto's `aes` crate (its constant-time bitsliced software
 //!   AES where the CPU has no AES instructions; on x86-64 that crate detects AES-NI by itself,
-//!   so this path is also a cross-check of our intrinsics code).
+//!   so this path is also a cross-check of our intrinsics code; build with
+//!   `RUSTFLAGS='--cfg aes_force_soft'` to test the software AES itself).
 //!
-//! Both give bit-identical results (tested), so keys generated on one machine evaluate on
+//! All give bit-identical results (tested), so keys generated on one machine evaluate on
 //! any other.
 //!
 //! ## Fixed-key permutation π
@@ -32,7 +33,8 @@
 //! `j as u64 (LE) ‖ domain as u64 (LE)` ([`expand_u32_domain`]; [`expand_u32`] is domain 0),
 //! and its 16 output bytes give words 4j..4j+4 as little-endian `u32`s. Different domains are
 //! independent streams from one seed. The AES-NI path expands the key with
-//! `aeskeygenassist` and encrypts 8 counter blocks per step.
+//! `aeskeygenassist` and encrypts 8 counter blocks per step (16 with VAES). The seed is
+//! secret, so this is a PRF in counter mode, unlike the fixed-key π.
 
 use std::sync::OnceLock;
 
@@ -85,10 +87,10 @@ impl Backend {
     }
 }
 
-/// AES-NI, and SSE4.1 which the DCF engine uses next to it (every AES-NI CPU has it).
+/// AES-NI (SSE2, which the code also uses, is part of x86-64).
 #[cfg(target_arch = "x86_64")]
 fn aesni_detected() -> bool {
-    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("sse4.1")
+    std::arch::is_x86_feature_detected!("aes")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -275,7 +277,10 @@ enum Inner {
     /// AES-NI round keys; `wide` selects the VAES code. Only constructed after checking
     /// that AES-NI (and VAES when `wide`) is available.
     #[cfg(target_arch = "x86_64")]
-    Ni { rk: [u128; 11], wide: bool },
+    Ni {
+        rk: [u128; 11],
+        wide: bool,
+    },
     Portable(Box<aes::Aes128>),
 }
 
@@ -440,11 +445,11 @@ fn write_words(blocks: &[u128], out: &mut [u32]) {
 }
 
 /// The fixed-key MMO hash H(b) = π(b) ⊕ b on arrays of blocks, the building block of the DCF
-/// PRG (the caller XORs the tweak into b beforehand). Implemented per backend so that the
-/// generic DCF code is monomorphised, and inlined, per backend.
+/// PRG (the caller XORs the tweak into b beforehand), as used by the portable DCF code (the
+/// AES-NI and VAES engines in [`super::dcf`] fold it into their round keys instead).
 pub(crate) trait Prp {
-    /// b ← π(b) ⊕ b for every block.
-    fn mmo<const M: usize>(&self, blocks: &mut [u128; M]);
+    /// b ← π(b) ⊕ b for every block (K lanes of M blocks, all independent).
+    fn mmo<const K: usize, const M: usize>(&self, blocks: &mut [[u128; M]; K]);
 }
 
 /// π through RustCrypto's `aes`.
@@ -457,44 +462,15 @@ impl PortablePrp {
 }
 
 impl Prp for PortablePrp {
-    fn mmo<const M: usize>(&self, blocks: &mut [u128; M]) {
+    fn mmo<const K: usize, const M: usize>(&self, blocks: &mut [[u128; M]; K]) {
         let input = *blocks;
-        portable_encrypt_u128s(self.0, blocks);
-        for (b, i) in blocks.iter_mut().zip(input.iter()) {
+        portable_encrypt_u128s(self.0, blocks.as_flattened_mut());
+        for (b, i) in blocks
+            .as_flattened_mut()
+            .iter_mut()
+            .zip(input.as_flattened().iter())
+        {
             *b ^= i;
-        }
-    }
-}
-
-/// π through AES-NI. Only constructible through the `unsafe` [`NiPrp::new_unchecked`], so
-/// holding one proves AES-NI was detected.
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct NiPrp {
-    rk: [std::arch::x86_64::__m128i; 11],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl NiPrp {
-    /// # Safety
-    /// AES-NI must be available on this CPU.
-    #[inline(always)]
-    pub(crate) unsafe fn new_unchecked() -> Self {
-        NiPrp {
-            rk: ni::round_keys(&FIXED_ROUND_KEYS),
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Prp for NiPrp {
-    #[inline(always)]
-    fn mmo<const M: usize>(&self, blocks: &mut [u128; M]) {
-        let input: [std::arch::x86_64::__m128i; M] = std::array::from_fn(|i| ni::to_m(blocks[i]));
-        let mut b = input;
-        // SAFETY: a NiPrp exists only where AES-NI is available.
-        unsafe { ni::encrypt(&self.rk, &mut b) };
-        for i in 0..M {
-            blocks[i] = ni::from_m(b[i]) ^ ni::from_m(input[i]);
         }
     }
 }
@@ -549,34 +525,6 @@ pub(crate) mod ni {
             }
             for x in b.iter_mut() {
                 *x = _mm_aesenclast_si128(*x, rk[10]);
-            }
-        }
-    }
-
-    /// Encrypts two arrays of M blocks together (2·M in flight).
-    ///
-    /// # Safety
-    /// AES-NI must be available.
-    #[inline(always)]
-    pub(crate) unsafe fn encrypt2<const M: usize>(
-        rk: &RoundKeys,
-        a: &mut [__m128i; M],
-        b: &mut [__m128i; M],
-    ) {
-        unsafe {
-            for i in 0..M {
-                a[i] = _mm_xor_si128(a[i], rk[0]);
-                b[i] = _mm_xor_si128(b[i], rk[0]);
-            }
-            for k in &rk[1..10] {
-                for i in 0..M {
-                    a[i] = _mm_aesenc_si128(a[i], *k);
-                    b[i] = _mm_aesenc_si128(b[i], *k);
-                }
-            }
-            for i in 0..M {
-                a[i] = _mm_aesenclast_si128(a[i], rk[10]);
-                b[i] = _mm_aesenclast_si128(b[i], rk[10]);
             }
         }
     }
@@ -656,9 +604,8 @@ pub(crate) mod ni {
         let mut j = 0u64;
         let mut chunks = out.chunks_exact_mut(32);
         for chunk in &mut chunks {
-            let mut b: [__m128i; 8] = std::array::from_fn(|i| {
-                to_m(counter_block(domain, j.wrapping_add(i as u64)))
-            });
+            let mut b: [__m128i; 8] =
+                std::array::from_fn(|i| to_m(counter_block(domain, j.wrapping_add(i as u64))));
             j = j.wrapping_add(8);
             unsafe { encrypt(&rk, &mut b) };
             for (words, v) in chunk.chunks_exact_mut(4).zip(b.iter()) {
@@ -668,9 +615,8 @@ pub(crate) mod ni {
         }
         let rest = chunks.into_remainder();
         if !rest.is_empty() {
-            let mut b: [__m128i; 8] = std::array::from_fn(|i| {
-                to_m(counter_block(domain, j.wrapping_add(i as u64)))
-            });
+            let mut b: [__m128i; 8] =
+                std::array::from_fn(|i| to_m(counter_block(domain, j.wrapping_add(i as u64))));
             unsafe { encrypt(&rk, &mut b) };
             let blocks: [u128; 8] = std::array::from_fn(|i| from_m(b[i]));
             super::write_words(&blocks, rest);
@@ -726,29 +672,6 @@ pub(crate) mod vaes {
             }
             for x in b.iter_mut() {
                 *x = _mm256_aesenclast_epi128(*x, rk[10]);
-            }
-        }
-    }
-
-    /// Encrypts the blocks a[i] and b[i] packed side by side in one register each.
-    ///
-    /// # Safety
-    /// AES-NI, VAES and AVX2 must be available.
-    #[inline(always)]
-    pub(crate) unsafe fn encrypt2<const M: usize>(
-        rk: &RoundKeys,
-        a: &mut [__m128i; M],
-        b: &mut [__m128i; M],
-    ) {
-        unsafe {
-            let mut y = [_mm256_setzero_si256(); M];
-            for i in 0..M {
-                y[i] = _mm256_set_m128i(b[i], a[i]);
-            }
-            encrypt(rk, &mut y);
-            for i in 0..M {
-                a[i] = _mm256_castsi256_si128(y[i]);
-                b[i] = _mm256_extracti128_si256::<1>(y[i]);
             }
         }
     }
@@ -900,9 +823,18 @@ mod tests {
     #[test]
     fn const_key_schedule_matches_fips197_appendix_a() {
         let rk = expand_key_const(block("2b7e151628aed2a6abf7158809cf4f3c"));
-        assert_eq!(rk[0].to_le_bytes(), block("2b7e151628aed2a6abf7158809cf4f3c"));
-        assert_eq!(rk[1].to_le_bytes(), block("a0fafe1788542cb123a339392a6c7605"));
-        assert_eq!(rk[10].to_le_bytes(), block("d014f9a8c9ee2589e13f0cc8b6630ca6"));
+        assert_eq!(
+            rk[0].to_le_bytes(),
+            block("2b7e151628aed2a6abf7158809cf4f3c")
+        );
+        assert_eq!(
+            rk[1].to_le_bytes(),
+            block("a0fafe1788542cb123a339392a6c7605")
+        );
+        assert_eq!(
+            rk[10].to_le_bytes(),
+            block("d014f9a8c9ee2589e13f0cc8b6630ca6")
+        );
         assert_eq!(SBOX[0x00], 0x63);
         assert_eq!(SBOX[0x53], 0xed);
         assert_eq!(SBOX[0xff], 0x16);
@@ -920,7 +852,7 @@ mod tests {
     /// little big-integer of base 2^32 limbs, big-endian).
     fn pi_hex_digits(count: usize) -> String {
         let limbs = count / 8 + 4; // fraction limbs plus guard limbs
-        // Fixed point: limb 0 is the integer part, limbs 1.. the fraction.
+                                   // Fixed point: limb 0 is the integer part, limbs 1.. the fraction.
         fn div_small(a: &[u32], d: u64) -> Vec<u32> {
             let mut out = vec![0u32; a.len()];
             let mut rem = 0u64;
@@ -959,7 +891,7 @@ mod tests {
             let mut k = 0u64;
             while !is_zero(&power) {
                 let term = div_small(&power, 2 * k + 1);
-                if k % 2 == 0 {
+                if k.is_multiple_of(2) {
                     add(&mut sum, &term);
                 } else {
                     sub(&mut sum, &term);
@@ -1012,23 +944,17 @@ mod tests {
     #[test]
     fn prp_backends_agree() {
         let mut rng = ChaCha20Rng::seed_from_u64(2);
-        let input: [u128; 6] =
-            std::array::from_fn(|_| u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64()));
+        let input: [[u128; 6]; 3] = std::array::from_fn(|_| {
+            std::array::from_fn(|_| u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64()))
+        });
         let mut portable = input;
         PortablePrp::get().mmo(&mut portable);
         let mut expect = input;
-        fixed_encrypt_with(Backend::Portable, &mut expect).unwrap();
-        for (e, i) in expect.iter_mut().zip(input.iter()) {
+        fixed_encrypt_with(Backend::Portable, expect.as_flattened_mut()).unwrap();
+        for (e, i) in expect.iter_mut().flatten().zip(input.iter().flatten()) {
             *e ^= i;
         }
         assert_eq!(portable, expect);
-        #[cfg(target_arch = "x86_64")]
-        if Backend::AesNi.is_available() || Backend::Vaes.is_available() {
-            let mut ni = input;
-            // SAFETY: availability checked just above.
-            unsafe { NiPrp::new_unchecked() }.mmo(&mut ni);
-            assert_eq!(ni, expect);
-        }
     }
 
     #[test]
@@ -1048,7 +974,10 @@ mod tests {
                 .encrypt_blocks(&mut ctr);
             let expect: Vec<u32> = ctr
                 .iter()
-                .flat_map(|b| b.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())))
+                .flat_map(|b| {
+                    b.chunks_exact(4)
+                        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                })
                 .take(len)
                 .collect();
             for backend in backends() {

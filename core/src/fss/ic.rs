@@ -11,8 +11,8 @@
 //! of the correction term; evaluation runs the DCF twice, at x + 2^n − 1 − p and at
 //! x + 2^n − 1 − q'.
 //!
-//! **The correction term.** BCG+20 write z = r_out + 1{α^(p) > α^(q)} − 1{α^(p) > p}
-//! + 1{α^(q') > q + 1} + 1{α^(q) = N − 1}. The third comparison must be against q' = q + 1
+//! **The correction term.** BCG+20 write z = r_out + 1{α^(p) > α^(q)} − 1{α^(p) > p} +
+//! 1{α^(q') > q + 1} + 1{α^(q) = N − 1}. The third comparison must be against q' = q + 1
 //! reduced mod N: with q = N − 1 the unreduced N would make the output wrong for every
 //! r_in ≠ 0 (exhaustive tests for n = 4 and n = 8 cover this). With that reading the gate is
 //! exact over the integers for every p, q < 2^n, and for p > q it computes membership of the
@@ -26,7 +26,7 @@ use rand_core::{CryptoRng, RngCore};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use super::aes::{backend, Backend};
-use super::dcf::{self, dcf_key_len, eval_lanes, DcfKey, DcfKeyBatch, Reader, GROUP, MAX_BITS};
+use super::dcf::{self, dcf_key_len, eval_lanes, DcfKey, DcfKeyBatch, Reader, MAX_BITS};
 use super::{check_party, domain_mask, FssError};
 
 /// First byte of an encoded IC key: format IC gate, version 1.
@@ -100,13 +100,22 @@ impl IcParams {
 /// One party's IC-gate key (BCG+20 Fig. 3, Gen^IC step 5: k_b = k_b^(N−1) ‖ z_b), carrying
 /// the public p and q so that it evaluates on its own. Zeroised on drop; `Debug` prints only
 /// the public parameters.
-#[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop)]
+#[derive(Clone, PartialEq, Eq, Zeroize)]
 pub struct IcKey {
     p: u32,
     q: u32,
     z: u32,
     dcf: DcfKey,
 }
+
+impl Drop for IcKey {
+    fn drop(&mut self) {
+        // The DCF key zeroises itself when dropped right after; p and q are public.
+        self.z.zeroize();
+    }
+}
+
+impl ZeroizeOnDrop for IcKey {}
 
 impl std::fmt::Debug for IcKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -150,9 +159,9 @@ impl IcKey {
         self.dcf.encode_into(out);
     }
 
-    /// Parses an encoded key: tag, p, q, z_b, then the DCF key (all its checks), and p, q
-    /// < 2^n. Never panics.
-    pub fn decode(bytes: &[u8]) -> Result<Self, FssError> {
+    /// Checks an encoded key's header and its DCF part (every check of [`DcfKey::decode`]),
+    /// and that p, q < 2^n; returns (n, p, q, z_b, the DCF part).
+    fn check_encoded(bytes: &[u8]) -> Result<(u32, u32, u32, u32, &[u8]), FssError> {
         const WHAT: &str = "IC key";
         let mut r = Reader::new(bytes, WHAT);
         let tag = r.u8()?;
@@ -162,7 +171,8 @@ impl IcKey {
         let p = r.u32()?;
         let q = r.u32()?;
         let z = r.u32()?;
-        let dcf = DcfKey::decode(r.rest()).map_err(|e| match e {
+        let dcf = r.rest();
+        let n = DcfKey::encoded_n(dcf).map_err(|e| match e {
             // Report lengths of the whole IC key, not of its DCF part.
             FssError::BadLength { expected, got, .. } => FssError::BadLength {
                 what: WHAT,
@@ -171,8 +181,20 @@ impl IcKey {
             },
             other => other,
         })?;
-        IcParams::new(dcf.n(), p, q)?;
-        Ok(IcKey { p, q, z, dcf })
+        IcParams::new(n, p, q)?;
+        Ok((n, p, q, z, dcf))
+    }
+
+    /// Parses an encoded key: tag, p, q, z_b, then the DCF key (all its checks), and p, q
+    /// < 2^n. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FssError> {
+        let (_, p, q, z, dcf) = Self::check_encoded(bytes)?;
+        Ok(IcKey {
+            p,
+            q,
+            z,
+            dcf: DcfKey::decode(dcf)?,
+        })
     }
 }
 
@@ -216,6 +238,47 @@ pub fn gen_sign_gate<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, r_in: u32) ->
     gen_unchecked(backend(), rng, &IcParams::SIGN_GATE, r_in, 0)
 }
 
+/// Gen^IC for many masks at once: `out[k]` is a key pair for (r_in, r_out) = `masks[k]`,
+/// all with the same public interval. The DCF keys are generated in lockstep (see
+/// [`dcf::gen_batch`]); a dealer producing many gates should prefer this to [`gen`].
+///
+/// Errors: some r_in ≥ 2^n (nothing is generated then).
+pub fn gen_batch<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    params: &IcParams,
+    masks: &[(u32, u32)],
+) -> Result<Vec<(IcKey, IcKey)>, FssError> {
+    gen_batch_with(backend(), rng, params, masks)
+}
+
+/// [`gen_batch`] on a chosen AES backend.
+pub fn gen_batch_with<R: RngCore + CryptoRng + ?Sized>(
+    backend: Backend,
+    rng: &mut R,
+    params: &IcParams,
+    masks: &[(u32, u32)],
+) -> Result<Vec<(IcKey, IcKey)>, FssError> {
+    let backend = backend.checked()?;
+    let mask = domain_mask(params.n)?;
+    if let Some(&(r_in, _)) = masks.iter().find(|(r, _)| r & !mask != 0) {
+        return Err(FssError::OutOfDomain {
+            what: "r_in",
+            value: r_in,
+            n: params.n,
+        });
+    }
+    Ok(gen_batch_unchecked(backend, rng, params, masks))
+}
+
+/// Sign gates ([`gen_sign_gate`]) for many input masks r_in at once, generated in lockstep.
+pub fn gen_sign_gates<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    r_ins: &[u32],
+) -> Vec<(IcKey, IcKey)> {
+    let masks: Vec<(u32, u32)> = r_ins.iter().map(|&r| (r, 0)).collect();
+    gen_batch_unchecked(backend(), rng, &IcParams::SIGN_GATE, &masks)
+}
+
 /// The body of Gen^IC; `backend` available, `params` valid, r_in < 2^n.
 fn gen_unchecked<R: RngCore + CryptoRng + ?Sized>(
     backend: Backend,
@@ -224,11 +287,43 @@ fn gen_unchecked<R: RngCore + CryptoRng + ?Sized>(
     r_in: u32,
     r_out: u32,
 ) -> (IcKey, IcKey) {
+    // Step 1: DCF keys for f_{γ,1} with γ = (N − 1 + r_in) mod N.
+    let (d0, d1) = dcf::gen_unchecked(backend, rng, params.n, gamma(params, r_in), 1);
+    finish(rng, params, r_in, r_out, d0, d1)
+}
+
+/// [`gen_batch_with`] without checks.
+fn gen_batch_unchecked<R: RngCore + CryptoRng + ?Sized>(
+    backend: Backend,
+    rng: &mut R,
+    params: &IcParams,
+    masks: &[(u32, u32)],
+) -> Vec<(IcKey, IcKey)> {
+    let dcf_params: Vec<(u32, u32)> = masks.iter().map(|&(r, _)| (gamma(params, r), 1)).collect();
+    let mut out = Vec::with_capacity(masks.len());
+    dcf::gen_batch_each(backend, rng, params.n, &dcf_params, |rng, k, d0, d1| {
+        let (r_in, r_out) = masks[k];
+        out.push(finish(rng, params, r_in, r_out, d0, d1));
+    });
+    out
+}
+
+/// Gen^IC step 1's DCF threshold γ = (N − 1 + r_in) mod N.
+fn gamma(params: &IcParams, r_in: u32) -> u32 {
+    r_in.wrapping_sub(1) & (u32::MAX >> (32 - params.n))
+}
+
+/// Gen^IC steps 2–5 around a DCF key pair for f_{γ,1}.
+fn finish<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    params: &IcParams,
+    r_in: u32,
+    r_out: u32,
+    d0: DcfKey,
+    d1: DcfKey,
+) -> (IcKey, IcKey) {
     let IcParams { n, p, q } = *params;
     let mask = u32::MAX >> (32 - n);
-    // Step 1: DCF keys for f_{γ,1} with γ = (N − 1 + r_in) mod N.
-    let gamma = r_in.wrapping_sub(1) & mask;
-    let (d0, d1) = dcf::gen_unchecked(backend, rng, n, gamma, 1);
     // Step 2: q' = q + 1, α^(p) = p + r_in, α^(q) = q + r_in, α^(q') = q + 1 + r_in (mod N).
     let q1 = q.wrapping_add(1) & mask;
     let a_p = p.wrapping_add(r_in) & mask;
@@ -245,8 +340,18 @@ fn gen_unchecked<R: RngCore + CryptoRng + ?Sized>(
     let z0 = rng.next_u32();
     let z1 = z.wrapping_sub(z0);
     (
-        IcKey { p, q, z: z0, dcf: d0 },
-        IcKey { p, q, z: z1, dcf: d1 },
+        IcKey {
+            p,
+            q,
+            z: z0,
+            dcf: d0,
+        },
+        IcKey {
+            p,
+            q,
+            z: z1,
+            dcf: d1,
+        },
     )
 }
 
@@ -291,13 +396,22 @@ pub fn eval_with(backend: Backend, party: u8, key: &IcKey, x: u32) -> Result<u32
 
 /// Many IC keys of one bit length n, laid out for batch evaluation: a [`DcfKeyBatch`] plus
 /// per-key p, q, z_b arrays. Zeroised on drop.
-#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+#[derive(Clone, Zeroize)]
 pub struct IcKeyBatch {
     dcf: DcfKeyBatch,
     p: Vec<u32>,
     q: Vec<u32>,
     z: Vec<u32>,
 }
+
+impl Drop for IcKeyBatch {
+    fn drop(&mut self) {
+        // The DCF batch zeroises itself when dropped right after; p and q are public.
+        self.z.zeroize();
+    }
+}
+
+impl ZeroizeOnDrop for IcKeyBatch {}
 
 impl std::fmt::Debug for IcKeyBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -343,12 +457,12 @@ impl IcKeyBatch {
         let encoded = encoded.into_iter();
         let hint = encoded.size_hint().0;
         for bytes in encoded {
-            let key = IcKey::decode(bytes)?;
             match &mut batch {
-                Some(b) => b.push(&key)?,
+                Some(b) => b.push_encoded(bytes)?,
                 None => {
-                    let mut b = Self::with_capacity(key.dcf.n(), hint)?;
-                    b.push(&key)?;
+                    let (n, ..) = IcKey::check_encoded(bytes)?;
+                    let mut b = Self::with_capacity(n, hint)?;
+                    b.push_encoded(bytes)?;
                     batch = Some(b);
                 }
             }
@@ -365,7 +479,7 @@ impl IcKeyBatch {
     pub fn decode_concatenated(bytes: &[u8], n: u32) -> Result<Self, FssError> {
         domain_mask(n)?;
         let stride = ic_key_len(n);
-        if bytes.len() % stride != 0 {
+        if !bytes.len().is_multiple_of(stride) {
             return Err(FssError::BadLength {
                 what: "concatenated IC keys",
                 expected: bytes.len() / stride * stride,
@@ -374,9 +488,21 @@ impl IcKeyBatch {
         }
         let mut batch = Self::with_capacity(n, bytes.len() / stride)?;
         for chunk in bytes.chunks_exact(stride) {
-            batch.push(&IcKey::decode(chunk)?)?;
+            batch.push_encoded(chunk)?;
         }
         Ok(batch)
+    }
+
+    /// Appends one encoded key ([`IcKey::encode`]), decoding it straight into the batch
+    /// layout with all of [`IcKey::decode`]'s checks. Errors (malformed key, other n)
+    /// leave the batch unchanged.
+    pub fn push_encoded(&mut self, bytes: &[u8]) -> Result<(), FssError> {
+        let (_, p, q, z, dcf) = IcKey::check_encoded(bytes)?;
+        self.dcf.push_encoded(dcf)?;
+        self.p.push(p);
+        self.q.push(q);
+        self.z.push(z);
+        Ok(())
     }
 
     /// Appends one key. Errors: its n differs from the batch's.
@@ -404,6 +530,9 @@ impl IcKeyBatch {
     }
 }
 
+/// Keys per step of [`eval_batch`]: each contributes two DCF paths, so 2·CHUNK lanes.
+const CHUNK: usize = 4;
+
 /// Batch Eval^IC (BCG+20 Fig. 3): `out[k] = Eval^IC(party, key k, xs[k])` for every key.
 /// Four keys at a time are walked through their trees in lockstep, each at its two DCF
 /// inputs, i.e. 8 DCF paths and 16 AES blocks per level. Only the low n bits of each x are
@@ -430,19 +559,19 @@ pub fn eval_batch_with(
     let party = check_party(party)?;
     dcf::check_lengths(keys.len(), xs.len(), out.len())?;
     let mask = domain_mask(keys.n())?;
-    for (c, (xs, out)) in xs.chunks(GROUP).zip(out.chunks_mut(GROUP)).enumerate() {
-        let base = c * GROUP;
+    for (c, (xs, out)) in xs.chunks(CHUNK).zip(out.chunks_mut(CHUNK)).enumerate() {
+        let base = c * CHUNK;
         // A short last chunk repeats its last key in the spare lanes (results discarded).
         let last = xs.len() - 1;
         let key = |l: usize| base + l.min(last);
-        let x: [u32; GROUP] = std::array::from_fn(|l| xs[l.min(last)] & mask);
-        let inputs: [(u32, u32); GROUP] =
+        let x: [u32; CHUNK] = std::array::from_fn(|l| xs[l.min(last)] & mask);
+        let inputs: [(u32, u32); CHUNK] =
             std::array::from_fn(|l| dcf_inputs(x[l], keys.p[key(l)], keys.q[key(l)], mask));
-        // Lanes 0..4: x^(p) of keys base..base+4; lanes 4..8: x^(q') of the same keys.
-        let idx: [usize; 2 * GROUP] = std::array::from_fn(|l| key(l % GROUP));
-        let dx: [u32; 2 * GROUP] = std::array::from_fn(|l| {
-            let (x_p, x_q) = inputs[l % GROUP];
-            if l < GROUP {
+        // Lanes 0..CHUNK: x^(p) of the chunk's keys; lanes CHUNK..: x^(q') of the same keys.
+        let idx: [usize; 2 * CHUNK] = std::array::from_fn(|l| key(l % CHUNK));
+        let dx: [u32; 2 * CHUNK] = std::array::from_fn(|l| {
+            let (x_p, x_q) = inputs[l % CHUNK];
+            if l < CHUNK {
                 x_p
             } else {
                 x_q
@@ -452,7 +581,7 @@ pub fn eval_batch_with(
         for (l, o) in out.iter_mut().enumerate() {
             let k = key(l);
             let q1 = keys.q[k].wrapping_add(1) & mask;
-            *o = combine(party, x[l], keys.p[k], q1, s[l], s[l + GROUP], keys.z[k]);
+            *o = combine(party, x[l], keys.p[k], q1, s[l], s[l + CHUNK], keys.z[k]);
         }
     }
     Ok(())
@@ -462,7 +591,7 @@ pub fn eval_batch_with(
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use rand_chacha::rand_core::SeedableRng;
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
     fn backends() -> Vec<Backend> {
@@ -520,9 +649,9 @@ mod tests {
             (255, 255),
             (17, 17),
             (3, 200),
-            (200, 10),  // wraps around
-            (255, 0),   // wraps around, two values
-            (10, 9),    // cyclic full ring
+            (200, 10), // wraps around
+            (255, 0),  // wraps around, two values
+            (10, 9),   // cyclic full ring
             (1, 254),
         ];
         for (p, q) in intervals {
@@ -556,7 +685,11 @@ mod tests {
             assert_eq!(k0.params(), IcParams::SIGN_GATE);
             for x_real in [0u32, u32::MAX, 0x7fff_ffff, 0x8000_0000, 1, 0x8000_0001] {
                 let x = x_real.wrapping_add(r_in);
-                assert_eq!(reconstruct(&k0, &k1, x), sign(x_real), "r_in={r_in} v={x_real}");
+                assert_eq!(
+                    reconstruct(&k0, &k1, x),
+                    sign(x_real),
+                    "r_in={r_in} v={x_real}"
+                );
             }
         }
     }
@@ -609,6 +742,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn batch_generation_is_correct() {
+        let mut rng = ChaCha20Rng::seed_from_u64(28);
+        for backend in backends() {
+            for count in [0usize, 1, 3, 4, 5, 9] {
+                let r_ins: Vec<u32> = (0..count).map(|_| rng.next_u32()).collect();
+                let gates = if backend == super::backend() {
+                    gen_sign_gates(&mut rng, &r_ins)
+                } else {
+                    let masks: Vec<(u32, u32)> = r_ins.iter().map(|&r| (r, 0)).collect();
+                    gen_batch_with(backend, &mut rng, &IcParams::SIGN_GATE, &masks).unwrap()
+                };
+                assert_eq!(gates.len(), count);
+                for ((k0, k1), &r_in) in gates.iter().zip(&r_ins) {
+                    for v in [0u32, u32::MAX, 0x7fff_ffff, 0x8000_0000, rng.next_u32()] {
+                        let x = v.wrapping_add(r_in);
+                        assert_eq!(reconstruct(k0, k1, x), sign(v), "{backend:?}");
+                    }
+                }
+            }
+            // Small n, every x, wrap-around interval and a non-zero r_out.
+            let params = IcParams::new(6, 50, 3).unwrap();
+            let masks: Vec<(u32, u32)> = (0..7).map(|j| (j * 9, 100 + j)).collect();
+            let gates = gen_batch_with(backend, &mut rng, &params, &masks).unwrap();
+            for ((k0, k1), &(r_in, r_out)) in gates.iter().zip(&masks) {
+                for v in 0..64u32 {
+                    let want = u32::from(params.contains(v)) + r_out;
+                    assert_eq!(reconstruct(k0, k1, (v + r_in) % 64), want);
+                }
+            }
+        }
+        let params = IcParams::new(6, 0, 3).unwrap();
+        assert!(matches!(
+            gen_batch(&mut rng, &params, &[(1, 0), (64, 0)]),
+            Err(FssError::OutOfDomain { what: "r_in", .. })
+        ));
     }
 
     #[test]
@@ -675,6 +846,42 @@ mod tests {
         let mut two = bytes.clone();
         two.extend_from_slice(&bytes[..IC_KEY_LEN - 1]);
         assert!(IcKeyBatch::decode_concatenated(&two, 32).is_err());
+    }
+
+    #[test]
+    fn failed_push_leaves_the_batch_unchanged() {
+        let mut rng = ChaCha20Rng::seed_from_u64(29);
+        let gates = gen_sign_gates(&mut rng, &[5, 6, 7, 8, 9]);
+        let mut batch = IcKeyBatch::new(32).unwrap();
+        for (k0, _) in &gates[..3] {
+            batch.push_encoded(&k0.encode()).unwrap();
+        }
+        let good = gates[3].0.encode();
+        let mut bad_seed = good.clone();
+        bad_seed[13 + 2] |= 2;
+        let params8 = IcParams::new(8, 0, 1).unwrap();
+        let (other_n, _) = gen(&mut rng, &params8, 3, 0).unwrap();
+        for bad in [
+            &good[..good.len() - 1],
+            &bad_seed[..],
+            &other_n.encode()[..],
+        ] {
+            assert!(batch.push_encoded(bad).is_err());
+            assert_eq!(batch.len(), 3);
+        }
+        batch.push_encoded(&good).unwrap();
+        batch.push(&gates[4].0).unwrap();
+        let batch1 = IcKeyBatch::from_keys(gates.iter().map(|(_, k1)| k1)).unwrap();
+        let xs: Vec<u32> = (0..5u32)
+            .map(|k| (k + 5).wrapping_add(k * 0x3000_0000))
+            .collect();
+        let (mut out0, mut out1) = ([0u32; 5], [0u32; 5]);
+        eval_batch(0, &batch, &xs, &mut out0).unwrap();
+        eval_batch(1, &batch1, &xs, &mut out1).unwrap();
+        for k in 0..5 {
+            let v = xs[k].wrapping_sub(k as u32 + 5);
+            assert_eq!(out0[k].wrapping_add(out1[k]), sign(v), "key {k}");
+        }
     }
 
     #[test]

@@ -10,10 +10,23 @@
 //! * [`ic`]: the interval-containment gate of BCG+20 §4 (Fig. 3, Gen^IC_{n,p,q} / Eval^IC),
 //!   one DCF key plus one correction share per party, with the Funshade sign gate
 //!   ([`ic::gen_sign_gate`]: p = 0, q = 2^31 − 1, n = 32) as a special case;
-//! * [`aes`]: the fixed-key AES-128 permutation behind the PRG (AES-NI with a portable
+//! * [`aes`]: the fixed-key AES-128 permutation behind the PRG (VAES / AES-NI with a portable
 //!   fallback, runtime dispatch) and the seed expander [`aes::expand_u32`].
 //!
-//! All group arithmetic is in Z_2^32 with wrapping `u32` operations.
+//! All group arithmetic is in Z_2^32 with wrapping `u32` operations. Evaluating parties are
+//! b ∈ {0, 1} (`u8`; anything else is [`FssError::BadParty`]).
+//!
+//! ## API at a glance
+//!
+//! | step | one key | many keys |
+//! |---|---|---|
+//! | DCF Gen (Fig. 1) | [`dcf::gen`] | [`dcf::gen_batch`] (4 keys in lockstep) |
+//! | DCF Eval (Fig. 1) | [`dcf::eval`] | [`dcf::eval_batch`] on a [`dcf::DcfKeyBatch`] |
+//! | IC Gen (Fig. 3) | [`ic::gen`], [`ic::gen_sign_gate`] | [`ic::gen_batch`], [`ic::gen_sign_gates`] |
+//! | IC Eval (Fig. 3) | [`ic::eval`] | [`ic::eval_batch`] on an [`ic::IcKeyBatch`] |
+//!
+//! Every entry point has a `*_with(Backend, …)` twin that pins the AES backend (tests,
+//! benchmarks); keys and shares are bit-identical on every backend.
 //!
 //! ## The PRG G
 //!
@@ -41,6 +54,14 @@
 //! level). Taking t^R from bit 1 (not bit 0) lets the two correction bits t_CW^L, t_CW^R ride
 //! in the two free low bits of s_CW, so the correction τ = out ⊕ t·(s_CW‖t_CW bits) is one
 //! 128-bit XOR and the next t is bit `x_i` of τ.
+//!
+//! The AES-NI / VAES engines compute H without separate XORs: the input whitening becomes
+//! `s ⊕ (c ⊕ rk_0)` (a table entry picked by the public bit x_i) and the feed-forward rides in
+//! the last round key, `aesenclast(y, rk_10 ⊕ s ⊕ c) = π(s ⊕ c) ⊕ s ⊕ c`. With VAES a lane's
+//! seed block and value block share one 256-bit register (evaluation), or the two parties'
+//! blocks do (generation). The vector units are the bottleneck, so the scalar bookkeeping
+//! (t, x_i, V) stays in general-purpose registers. All of this is branch-free and free of
+//! secret-dependent memory addresses.
 //!
 //! ## Key layouts (all integers little-endian)
 //!
@@ -74,10 +95,25 @@
 //! [`dcf::DcfKeyBatch`] / [`ic::IcKeyBatch`] hold many keys of the same n in a
 //! structure-of-arrays layout blocked by [`dcf::GROUP`] = 4 keys ("AoSoA"): for group g,
 //! level i, lane j the correction word of key 4g + j is at index `g·4n + 4i + j` of
-//! `cw_seed` / `cw_value`. Batch evaluation walks a few groups through the tree level by
-//! level, so every level feeds 16 independent AES blocks into the pipeline and memory is
-//! read strictly sequentially. The batch is padded to a whole group with all-zero keys whose
-//! (meaningless) outputs are discarded.
+//! `cw_seed` / `cw_value`; root seeds, CW^(n+1) and (IC) p, q, z_b are plain per-key arrays.
+//! Build one by decoding stored keys straight into it ([`ic::IcKeyBatch::decode_many`] over
+//! any iterator of `&[u8]`, [`ic::IcKeyBatch::decode_concatenated`] over a contiguous
+//! buffer with stride [`ic::IC_KEY_LEN`], or `push_encoded` one at a time) or from decoded
+//! keys (`from_keys`, `push`). Batch evaluation walks 8 DCF paths (4 IC keys × 2 inputs, or 8
+//! DCF keys) through the tree level by level, so every level feeds 16 independent AES blocks
+//! into the pipeline, and reads memory sequentially. The storage is padded to a whole group
+//! with all-zero keys that are never evaluated; a short last chunk repeats its last key in
+//! the spare lanes and discards those results.
+//!
+//! ## Security notes
+//!
+//! * A key may be evaluated at any number of points without revealing α (that is what FSS
+//!   guarantees); what must not serve two inputs is the *mask* r_in of an IC gate, since two
+//!   masked values reveal the difference of the inputs. Funshade's single-use rule for keys
+//!   is enforced above this module.
+//! * Gen draws its root seeds and z_0 from the caller's `CryptoRng`; there is no internal or
+//!   default generator.
+//! * Key material is zeroised on drop (`zeroize`); `Debug` never prints it.
 
 pub mod aes;
 pub mod dcf;
