@@ -3,7 +3,9 @@
 # and the coordinator, enrols a few thousand synthetic iris templates (secret-shared and sealed
 # on the client side), shows how many records each party holds, then searches: rotated
 # near-duplicates of enrolled templates are identified, strangers are not, and an
-# enrol-if-unique of a near-duplicate is refused.
+# enrol-if-unique of a near-duplicate is refused. Then faces (Funshade): the dealer P2 is
+# configured with a secret threshold, deals single-use keys to P0 and P1, 1,000 synthetic face
+# embeddings are enrolled, and noisy re-captures and impostors are verified and identified.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,11 +38,32 @@ echo "==> privmatch iris enroll --if-unique (a near-duplicate of an enrolled tem
 tail -n 1 "$PROBES.late" > "$PROBES.late1"
 head -n 1 "$PROBES.strangers" >> "$PROBES.late1"
 "$PM" iris enroll --input "$PROBES.late1" --if-unique
+FACES="${TMPDIR:-/tmp}/privmatch-demo-faces.ndjson"
+FACE_PROBES="${TMPDIR:-/tmp}/privmatch-demo-face-probes.ndjson"
+echo "==> faces: 1,000 synthetic 512-dimensional embeddings, their noisy re-captures, 3 impostors"
+"$PM" face synth --subjects 1000 --dim 512 --seed 2026 --out "$FACES" --probes "$FACE_PROBES.all" --impostors 3
+# Probes: the re-captures of the first 3 subjects, then the 3 impostors (the file's last lines).
+{ head -n 3 "$FACE_PROBES.all"; tail -n 3 "$FACE_PROBES.all"; } > "$FACE_PROBES"
+echo "==> privmatch face configure --metric cosine --threshold 0.7 --dim 512   (sealed to the dealer P2: P0, P1 and the coordinator never see the threshold)"
+"$PM" face configure --metric cosine --threshold 0.7 --dim 512
+echo "==> privmatch face refill --target 8000   (P2 deals single-use keys to P0 and P1)"
+"$PM" face refill --target 8000
+echo "==> privmatch face enroll --input $FACES   (shares at P0 and P1 only)"
+"$PM" face enroll --input "$FACES"
+echo "==> privmatch face verify --subject face-0000000 --input $FACE_PROBES   (6 probes: re-captures of face-0000000..2, then 3 impostors)"
+"$PM" face verify --subject face-0000000 --input "$FACE_PROBES"
+echo "==> privmatch face identify --input $FACE_PROBES   (1:N over the 1,000 enrolled, one key per comparison)"
+"$PM" face identify --input "$FACE_PROBES"
+echo "==> privmatch face pool"
+"$PM" face pool
+
 cat <<MSG
 
 The cluster keeps running. Try:
   $PM iris search --input $PROBES               # one line per probe; --json, --uniqueness, --max-rotation 0
   $PM bench iris --n 10000                      # the search benchmark (see BENCHMARKS.md)
+  $PM face identify --input $FACE_PROBES         # faces: {"probe": i, "matches": [...]}
+  $PM bench face --n 10000                      # the face benchmark (see BENCHMARKS.md)
   $PM iris delete --subject synth-0000000
   $PM cluster status
   $PM cluster down            # stop (data kept); add --purge to delete everything
