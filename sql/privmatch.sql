@@ -164,6 +164,8 @@ CREATE TABLE privmatch.face_templates (
     template    privmatch.face_share NOT NULL,
     -- This party's share of the squared norm of the quantised embedding (u32 bits as int4).
     norm_share  integer NOT NULL,
+    -- The enrolment's bundle id (the same at P0 and P1): ties the two halves together.
+    bundle_id   bytea   NOT NULL CHECK (length(bundle_id) = 16),
     enrolled_at timestamptz NOT NULL DEFAULT now()
 );
 
@@ -202,7 +204,7 @@ REVOKE ALL ON privmatch.face_key_batches FROM PUBLIC;
 CREATE TABLE privmatch.face_key_claims (
     batch      bigint  NOT NULL,
     first_key  integer NOT NULL CHECK (first_key >= 0),
-    key_count  integer NOT NULL CHECK (key_count > 0),
+    key_count  integer NOT NULL CHECK (key_count > 0 AND first_key + key_count <= 16777216),
     session    bytea   NOT NULL,
     claimed_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT face_key_claims_no_reuse EXCLUDE USING gist (
@@ -222,6 +224,8 @@ CREATE TABLE privmatch.face_sessions (
     set_digest   bytea   NOT NULL,
     claims       bytea   NOT NULL,
     probe        bytea,
+    -- The verified subject (NULL: identification); the probe was sealed for it.
+    target       text,
     round        integer NOT NULL DEFAULT 0 CHECK (round BETWEEN 0 AND 3),
     z_share      bytea,
     aborted      boolean NOT NULL DEFAULT false,

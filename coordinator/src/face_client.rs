@@ -483,10 +483,15 @@ impl FaceClient {
         Ok(answer.get("deleted").and_then(|d| d.as_i64()).unwrap_or(0))
     }
 
-    /// Seals `embedding` as a probe for a fresh session: (session hex, [P0, P1] base64).
-    fn seal_probe(&mut self, embedding: &[i32]) -> Result<(String, [String; 2]), FaceCallError> {
+    /// Seals `embedding` as a probe for a fresh session and its target (`Some(subject)`: a
+    /// verification; `None`: an identification): (session hex, [P0, P1] base64).
+    fn seal_probe(
+        &mut self,
+        embedding: &[i32],
+        target: Option<&str>,
+    ) -> Result<(String, [String; 2]), FaceCallError> {
         let session = new_session_id();
-        let sealed = seal_face_probe(embedding, session, &self.keys, &mut self.rng)
+        let sealed = seal_face_probe(embedding, session, target, &self.keys, &mut self.rng)
             .map_err(|e| FaceCallError::Local(format!("sealing the probe: {e}")))?;
         Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
     }
@@ -495,7 +500,7 @@ impl FaceClient {
     pub async fn verify_quantized(&mut self, subject: &str, embedding: &[i32]) -> Result<bool> {
         let retry = self.retry;
         let (result, attempts) = with_retry(&retry, FaceCallError::is_retryable, || {
-            let sealed = self.seal_probe(embedding);
+            let sealed = self.seal_probe(embedding, Some(subject));
             let (http, base) = (self.http.clone(), self.base.clone());
             let subject = subject.to_owned();
             async move {
@@ -520,7 +525,7 @@ impl FaceClient {
     pub async fn identify_quantized(&mut self, embedding: &[i32]) -> Result<(Vec<String>, i64)> {
         let retry = self.retry;
         let (result, attempts) = with_retry(&retry, FaceCallError::is_retryable, || {
-            let sealed = self.seal_probe(embedding);
+            let sealed = self.seal_probe(embedding, None);
             let (http, base) = (self.http.clone(), self.base.clone());
             async move {
                 let (session, probes) = sealed?;

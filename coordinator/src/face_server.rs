@@ -85,7 +85,9 @@ pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
         FaceErrorKind::Refused | FaceErrorKind::SessionNotFound => {
             (StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
         }
-        FaceErrorKind::NotConfigured => (
+        // 55000 also means "round out of order", "template deleted during the session",
+        // "retired keys" or "not an evaluator": the configure hint only fits the dealer.
+        FaceErrorKind::NotConfigured if message.contains("not configured") => (
             StatusCode::SERVICE_UNAVAILABLE,
             codes::NOT_CONFIGURED,
             with_hint(
@@ -94,6 +96,7 @@ pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
                 "face configure",
             ),
         ),
+        FaceErrorKind::NotConfigured => (StatusCode::CONFLICT, codes::PARTY_ERROR, message),
         FaceErrorKind::Other => {
             let (status, code) = search_party_status(err);
             (status, code, message)

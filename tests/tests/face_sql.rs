@@ -164,7 +164,7 @@ async fn open(
 ) -> Result<Opened, Failure> {
     let mut rng = ChaCha20Rng::from_entropy();
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_face_probe(probe, session, keys, &mut rng).expect("seal probe");
+    let sealed = seal_face_probe(probe, session, subject, keys, &mut rng).expect("seal probe");
     let row = clients[0]
         .query_one(
             "SELECT comparisons, claims, subjects, digest FROM privmatch.face_session_open($1, $2, $3)",
@@ -472,7 +472,8 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
         // from its keys left the party).
         let mut rng = ChaCha20Rng::seed_from_u64(99);
         let session: [u8; 16] = rng.gen();
-        let sealed = seal_face_probe(&probe, session, &keys, &mut rng).expect("seal");
+        let sealed =
+            seal_face_probe(&probe, session, Some("alice"), &keys, &mut rng).expect("seal");
         clients[0].batch_execute("BEGIN").await.expect("begin");
         clients[0]
             .query(
@@ -609,7 +610,8 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .query("SELECT * FROM privmatch.face_keys_store($1)", &[&e1])
             .await
             .expect_err("wrong party");
-        assert_eq!(err.code().map(|c| c.code()), Some("22023"), "{err:?}");
+        // Key batches travel on the authenticated P2–P_b channel: P1's half is misrouted at P0.
+        assert_eq!(err.code().map(|c| c.code()), Some("08P01"), "{err:?}");
         clients[0]
             .query("SELECT * FROM privmatch.face_keys_store($1)", &[&e0])
             .await
@@ -663,7 +665,8 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         assert_eq!(err.sqlstate.as_deref(), Some("42704"), "{err:?}");
         // A session id is single-use.
         let mut rng = ChaCha20Rng::seed_from_u64(5);
-        let sealed = seal_face_probe(&alice, opened.session, &keys, &mut rng).expect("seal");
+        let sealed =
+            seal_face_probe(&alice, opened.session, Some("alice"), &keys, &mut rng).expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_session_open($1, $2, 'alice')",
@@ -674,7 +677,8 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         assert_eq!(err.code().map(|c| c.code()), Some("23505"), "{err:?}");
         // A probe sealed to P1 cannot be opened by P0.
         let session: [u8; 16] = rng.gen();
-        let sealed = seal_face_probe(&alice, session, &keys, &mut rng).expect("seal");
+        let sealed =
+            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_session_open($1, $2, 'alice')",
@@ -683,6 +687,40 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .await
             .expect_err("misrouted");
         assert_eq!(err.code().map(|c| c.code()), Some("22P03"), "{err:?}");
+        // A verification probe cannot be run as an identification (it would reveal who).
+        let session: [u8; 16] = rng.gen();
+        let sealed =
+            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
+        let err = clients[0]
+            .query(
+                "SELECT * FROM privmatch.face_session_open($1, $2)",
+                &[&session.as_slice(), &sealed[0]],
+            )
+            .await
+            .expect_err("retargeted");
+        assert_eq!(err.code().map(|c| c.code()), Some("22P03"), "{err:?}");
+        // Rounds need a committed opening: an open and a round in one transaction (which a
+        // rollback would undo, returning used keys to the pool) are refused.
+        let session: [u8; 16] = rng.gen();
+        let sealed =
+            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
+        clients[0].batch_execute("BEGIN").await.expect("begin");
+        clients[0]
+            .query(
+                "SELECT * FROM privmatch.face_session_open($1, $2, 'alice')",
+                &[&session.as_slice(), &sealed[0]],
+            )
+            .await
+            .expect("open");
+        let err = round(&clients[0], 0, &session, 1, None)
+            .await
+            .expect_err("uncommitted");
+        assert_eq!(err.sqlstate.as_deref(), Some("55000"), "{err:?}");
+        assert!(err.message.contains("this transaction"), "{err:?}");
+        clients[0]
+            .batch_execute("ROLLBACK")
+            .await
+            .expect("rollback");
         let got = compare(&clients, &keys, Some("alice"), &alice)
             .await
             .expect("next works");

@@ -9,16 +9,22 @@
 //! (u16) and subject, then the [`EmbeddingShare`] (dimension u16, norm share u32, l element
 //! shares u32).
 //!
-//! Probe (purpose [`FACE_PROBE_PURPOSE`]): `PMFP`, version 1, party, session id (16), then
-//! the [`EmbeddingShare`].
+//! Probe (purpose [`FACE_PROBE_PURPOSE`]): `PMFP`, version 1, party, session id (16), target
+//! length (u16) and target (the subject of a 1:1 verification, UTF-8; empty for a 1:N
+//! identification), then the [`EmbeddingShare`]. The target is sealed with the probe, so a
+//! probe given for a verification cannot be run as an identification (which would reveal who
+//! the person is) or against another subject.
 //!
 //! Dealer configuration (to P2, purpose [`FACE_CONFIG_PURPOSE`]): `PMFC`, version 1, metric
 //! (1 cosine, 2 euclidean), dimension (u16), threshold (f64). Sealed so that the coordinator
 //! never sees θ.
 //!
-//! Key batch (to P_b, purpose [`FACE_KEYS_PURPOSE`]): `PMFK`, version 1, party, batch number
-//! (u64), generation (u64: the dealer configuration it was made under), metric, dimension
-//! (u16), key count (u32), key length (u32), then the keys ([`super::funshade`] layout).
+//! Key batch (P2 to P_b): `PMFK`, version 1, party, batch number (u64), generation (u64: the
+//! dealer configuration it was made under), metric, dimension (u16), key count (u32), key
+//! length (u32), then the keys ([`super::funshade`] layout). It travels as a message of the
+//! pairwise channel between P2 and P_b ([`crate::seal::Channel`], session id derived from the
+//! batch number), so it is encrypted *and authenticated as coming from P2*: a coordinator
+//! cannot forge keys (it would know r_in and could open z) nor a newer generation.
 
 use rand_core::{CryptoRng, RngCore};
 
@@ -27,7 +33,9 @@ use super::{FaceError, Metric};
 use crate::bundle::{envelope_bundles, envelope_plaintext, validate_subject, BundleId};
 use crate::iris::probe::SESSION_ID_LEN;
 use crate::party::PartyIndex;
-use crate::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
+use crate::seal::{
+    open_sealed_box, seal_to_party, PairwiseSecrets, PartyPublicKey, PartySecretKey,
+};
 
 /// Sealing purpose of face enrolment envelopes.
 pub const FACE_ENROL_PURPOSE: &str = "face-enrol";
@@ -35,8 +43,6 @@ pub const FACE_ENROL_PURPOSE: &str = "face-enrol";
 pub const FACE_PROBE_PURPOSE: &str = "face-probe";
 /// Sealing purpose of the dealer configuration.
 pub const FACE_CONFIG_PURPOSE: &str = "face-dealer-config";
-/// Sealing purpose of key batches.
-pub const FACE_KEYS_PURPOSE: &str = "face-keys";
 
 /// One evaluator's additive share of a quantised embedding and of its squared norm.
 #[derive(Clone, PartialEq, Eq)]
@@ -249,21 +255,29 @@ pub fn open_face_enrolment(
 }
 
 /// Client side: shares a quantised probe and seals the two shares to P0 and P1 for search
-/// session `session` (so a coordinator cannot replay it into another session).
+/// session `session` (so a coordinator cannot replay it into another session) and its
+/// target: `Some(subject)` for a 1:1 verification, `None` for a 1:N identification.
 pub fn seal_face_probe<R: RngCore + CryptoRng>(
     embedding: &[i32],
     session: [u8; SESSION_ID_LEN],
+    target: Option<&str>,
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<[Vec<u8>; 2], FaceError> {
     check_dim(embedding.len())?;
+    if let Some(subject) = target {
+        validate_subject(subject)?;
+    }
+    let target = target.unwrap_or_default().as_bytes();
     let shares = share_embedding(embedding, rng);
     Ok(std::array::from_fn(|p| {
-        let mut plain = Vec::with_capacity(22 + shares[p].encoded_len());
+        let mut plain = Vec::with_capacity(24 + target.len() + shares[p].encoded_len());
         plain.extend_from_slice(PROBE_MAGIC);
         plain.push(VERSION);
         plain.push(p as u8);
         plain.extend_from_slice(&session);
+        plain.extend_from_slice(&(target.len() as u16).to_le_bytes());
+        plain.extend_from_slice(target);
         shares[p].encode_into(&mut plain);
         seal_to_party(
             PartyIndex::ALL[p],
@@ -275,11 +289,13 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
     }))
 }
 
-/// Party side: opens a sealed probe as evaluator `me` for session `session`.
+/// Party side: opens a sealed probe as evaluator `me` for session `session` and checks that
+/// it was sealed for `target` (the verified subject, or `None` for an identification).
 pub fn open_face_probe(
     me: PartyIndex,
     secret: &PartySecretKey,
     session: &[u8; SESSION_ID_LEN],
+    target: Option<&str>,
     sealed: &[u8],
 ) -> Result<EmbeddingShare, FaceError> {
     let mine = evaluator(me)? as u8;
@@ -295,6 +311,10 @@ pub fn open_face_probe(
     }
     if &r.array::<SESSION_ID_LEN>()? != session {
         return Err(FaceError::WrongSession);
+    }
+    let len = usize::from(r.u16()?);
+    if r.take(len)? != target.unwrap_or_default().as_bytes() {
+        return Err(FaceError::WrongTarget);
     }
     EmbeddingShare::decode(r.rest())
 }
@@ -386,12 +406,25 @@ pub struct KeyBatchHeader {
 
 const KEY_BATCH_HEADER_LEN: usize = 4 + 1 + 1 + 8 + 8 + 1 + 2 + 4 + 4;
 
+/// The session id of the P2–P_b channel message that carries key batch `batch`.
+fn key_batch_channel(batch: u64) -> [u8; SESSION_ID_LEN] {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"privmatch face key batch v1")
+        .chain_update(batch.to_le_bytes())
+        .finalize();
+    let mut out = [0u8; SESSION_ID_LEN];
+    out.copy_from_slice(&digest[..SESSION_ID_LEN]);
+    out
+}
+
 /// Dealer side: seals one evaluator's half of a key batch (`keys`: `count` keys of
-/// `key_len` bytes, contiguous) to that evaluator.
+/// `key_len` bytes, contiguous) for that evaluator, authenticated as P2's: `to_evaluator` are
+/// the pairwise secrets of P2 (this party) with P_b.
 pub fn seal_key_batch<R: RngCore + CryptoRng>(
     header: &KeyBatchHeader,
     keys: &[u8],
-    party_key: &PartyPublicKey,
+    to_evaluator: &PairwiseSecrets,
     rng: &mut R,
 ) -> Vec<u8> {
     let mut plain = Vec::with_capacity(KEY_BATCH_HEADER_LEN + keys.len());
@@ -405,24 +438,37 @@ pub fn seal_key_batch<R: RngCore + CryptoRng>(
     plain.extend_from_slice(&(header.count as u32).to_le_bytes());
     plain.extend_from_slice(&(header.key_len as u32).to_le_bytes());
     plain.extend_from_slice(keys);
-    seal_to_party(
-        PartyIndex::ALL[usize::from(header.party)],
-        party_key,
-        FACE_KEYS_PURPOSE,
-        &plain,
-        rng,
-    )
+    to_evaluator
+        .channel(key_batch_channel(header.batch))
+        .seal(0, &plain, rng)
 }
 
-/// Evaluator side: opens a sealed key batch as `me`; returns its header and the key bytes.
-/// Checks party, dimension, and that the length matches count × key length.
+/// The session id a channel message names in its (authenticated) header: magic `PMCH`,
+/// sender, receiver, then the 16-byte session id.
+fn channel_message_session(sealed: &[u8]) -> Result<[u8; SESSION_ID_LEN], FaceError> {
+    if sealed.len() < 6 + SESSION_ID_LEN || &sealed[..4] != b"PMCH" {
+        return Err(FaceError::Malformed(
+            "key batch: not a privmatch channel message",
+        ));
+    }
+    let mut id = [0u8; SESSION_ID_LEN];
+    id.copy_from_slice(&sealed[6..6 + SESSION_ID_LEN]);
+    Ok(id)
+}
+
+/// Evaluator side: opens a key batch as `me` with `from_dealer`, the pairwise secrets of this
+/// party with P2: refuses anything not sealed by P2 for this party. Returns the header and
+/// the key bytes; checks party, dimension, and that the length matches count × key length.
 pub fn open_key_batch(
     me: PartyIndex,
-    secret: &PartySecretKey,
+    from_dealer: &PairwiseSecrets,
     sealed: &[u8],
 ) -> Result<(KeyBatchHeader, Vec<u8>), FaceError> {
     let mine = evaluator(me)? as u8;
-    let mut plain = open_sealed_box(me, secret, FACE_KEYS_PURPOSE, sealed)?;
+    // The channel's session id binds the batch number; the header names it, the AEAD
+    // authenticates it, and the number inside must match it.
+    let channel_id = channel_message_session(sealed)?;
+    let mut plain = from_dealer.channel(channel_id).open(0, sealed)?;
     let mut r = Reader::new(&plain);
     r.magic(KEYS_MAGIC)?;
     let party = r.u8()?;
@@ -433,6 +479,11 @@ pub fn open_key_batch(
         });
     }
     let batch = u64::from_le_bytes(r.array::<8>()?);
+    if key_batch_channel(batch) != channel_id {
+        return Err(FaceError::Malformed(
+            "key batch: the batch number does not match its channel",
+        ));
+    }
     let generation = u64::from_le_bytes(r.array::<8>()?);
     let metric = Metric::from_byte(r.u8()?)?;
     let dim = usize::from(r.u16()?);
@@ -460,16 +511,19 @@ pub fn open_key_batch(
     Ok((header, keys))
 }
 
-/// SHA-256 over the compared subjects, in comparison order (length-prefixed): P0 and P1
-/// must compare the same templates in the same order.
-pub fn template_set_digest<S: AsRef<str>>(subjects: &[S]) -> [u8; 32] {
+/// SHA-256 over the compared templates, in comparison order: each subject (length-prefixed)
+/// and the bundle id of its enrolment. P0 and P1 must compare the same templates in the same
+/// order, and each template's two halves must come from the same enrolment (halves of two
+/// different enrolments would add up to a random vector).
+pub fn template_set_digest<S: AsRef<str>>(templates: &[(S, BundleId)]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
-    hash.update(b"privmatch face template set v1");
-    for subject in subjects {
+    hash.update(b"privmatch face template set v2");
+    for (subject, bundle_id) in templates {
         let bytes = subject.as_ref().as_bytes();
         hash.update((bytes.len() as u32).to_le_bytes());
         hash.update(bytes);
+        hash.update(bundle_id);
     }
     hash.finalize().into()
 }
@@ -620,21 +674,76 @@ mod tests {
     }
 
     #[test]
-    fn probes_are_bound_to_their_session_and_party() {
+    fn probes_are_bound_to_their_session_party_and_target() {
         let mut rng = ChaCha20Rng::seed_from_u64(3);
         let (secrets, publics) = keys(&mut rng);
         let q = embedding(&mut rng, 128);
         let session = [5u8; 16];
-        let sealed = seal_face_probe(&q, session, &publics, &mut rng).unwrap();
-        let s0 = open_face_probe(PartyIndex::ALL[0], &secrets[0], &session, &sealed[0]).unwrap();
-        let s1 = open_face_probe(PartyIndex::ALL[1], &secrets[1], &session, &sealed[1]).unwrap();
+        let sealed = seal_face_probe(&q, session, Some("alice"), &publics, &mut rng).unwrap();
+        let open = |p: usize, s: &[u8; 16], t: Option<&str>, m: &[u8]| {
+            open_face_probe(PartyIndex::ALL[p], &secrets[p], s, t, m)
+        };
+        let s0 = open(0, &session, Some("alice"), &sealed[0]).unwrap();
+        let s1 = open(1, &session, Some("alice"), &sealed[1]).unwrap();
         assert_eq!(reconstruct_embedding(&s0, &s1).0, q);
         assert_eq!(
-            open_face_probe(PartyIndex::ALL[0], &secrets[0], &[6u8; 16], &sealed[0]),
+            open(0, &[6u8; 16], Some("alice"), &sealed[0]),
             Err(FaceError::WrongSession)
         );
-        assert!(open_face_probe(PartyIndex::ALL[1], &secrets[1], &session, &sealed[0]).is_err());
-        assert!(seal_face_probe(&q[..100], session, &publics, &mut rng).is_err());
+        // A verification probe cannot be run as an identification or against someone else.
+        assert_eq!(
+            open(0, &session, None, &sealed[0]),
+            Err(FaceError::WrongTarget)
+        );
+        assert_eq!(
+            open(0, &session, Some("bob"), &sealed[0]),
+            Err(FaceError::WrongTarget)
+        );
+        assert!(open(1, &session, Some("alice"), &sealed[0]).is_err());
+        assert!(seal_face_probe(&q[..100], session, None, &publics, &mut rng).is_err());
+        let identify = seal_face_probe(&q, session, None, &publics, &mut rng).unwrap();
+        assert!(open(0, &session, None, &identify[0]).is_ok());
+        assert_eq!(
+            open(0, &session, Some("alice"), &identify[0]),
+            Err(FaceError::WrongTarget)
+        );
+    }
+
+    #[test]
+    fn key_batches_are_authenticated_as_the_dealers() {
+        let mut rng = ChaCha20Rng::seed_from_u64(6);
+        let (secrets, publics) = keys(&mut rng);
+        let pair = |a: usize, b: usize| {
+            PairwiseSecrets::derive(
+                PartyIndex::ALL[a],
+                &secrets[a],
+                PartyIndex::ALL[b],
+                &publics[b],
+            )
+            .unwrap()
+        };
+        let header = KeyBatchHeader {
+            party: 0,
+            batch: 7,
+            generation: 1,
+            metric: Metric::Cosine,
+            dim: 128,
+            count: 2,
+            key_len: crate::face::funshade::COMPARISON_KEY_LEN,
+        };
+        let keys = vec![9u8; 2 * header.key_len];
+        let sealed = seal_key_batch(&header, &keys, &pair(2, 0), &mut rng);
+        let (opened, bytes) = open_key_batch(PartyIndex::ALL[0], &pair(0, 2), &sealed).unwrap();
+        assert_eq!((opened, bytes), (header, keys.clone()));
+        // Not from P2 (P1 forging a batch for P0), or for P1: refused.
+        let forged = seal_key_batch(&header, &keys, &pair(1, 0), &mut rng);
+        assert!(open_key_batch(PartyIndex::ALL[0], &pair(0, 2), &forged).is_err());
+        assert!(open_key_batch(PartyIndex::ALL[1], &pair(1, 2), &sealed).is_err());
+        let mut tampered = sealed.clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        assert!(open_key_batch(PartyIndex::ALL[0], &pair(0, 2), &tampered).is_err());
+        assert!(open_key_batch(PartyIndex::ALL[0], &pair(0, 2), &sealed[..10]).is_err());
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub enum FaceError {
     #[error("the embedding is the zero vector and cannot be normalised")]
     ZeroEmbedding,
     /// A threshold outside the metric's range.
-    #[error("threshold {value} is outside the range of the {metric} metric (cosine: -1..1, euclidean: 0..4·l)")]
+    #[error("the threshold is outside the range of the {metric} metric (cosine: -1..1, euclidean: 0..4·l)")]
     BadThreshold {
         /// The metric.
         metric: Metric,
@@ -156,6 +156,10 @@ pub enum FaceError {
     /// A probe sealed for another session.
     #[error("face probe was sealed for another session")]
     WrongSession,
+    /// A probe sealed for another target (another subject, or verification instead of
+    /// identification).
+    #[error("face probe was sealed for another comparison (another subject, or a verification rather than an identification)")]
+    WrongTarget,
     /// Only P0 and P1 hold face shares and keys.
     #[error("party {0} does not evaluate face comparisons (only P0 and P1 do)")]
     NotAnEvaluator(u8),

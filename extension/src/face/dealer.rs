@@ -8,6 +8,7 @@ use privmatch_core::face::messages::{
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
+use privmatch_core::seal::PairwiseSecrets;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
@@ -126,7 +127,7 @@ fn face_dealer_generate(
             None,
         );
     }
-    let _me = dealer_identity(F);
+    let me = dealer_identity(F);
     let row = Spi::connect_mut(|client| {
         let table = client
             .update(
@@ -175,8 +176,11 @@ fn face_dealer_generate(
                 count: count as usize,
                 key_len: COMPARISON_KEY_LEN,
             };
-            let peer = pinned_peer(F, PartyIndex::ALL[b]);
-            seal_key_batch(&header, keys, &peer, &mut rng)
+            let evaluator = PartyIndex::ALL[b];
+            let peer = pinned_peer(F, evaluator);
+            let pair = PairwiseSecrets::derive(me.index, &me.secret, evaluator, &peer)
+                .unwrap_or_else(|e| raise_face(F, e.into()));
+            seal_key_batch(&header, keys, &pair, &mut rng)
         })
         .collect();
     let [p0, p1]: [Vec<u8>; 2] = envelopes

@@ -108,13 +108,14 @@ fn face_enroll_sealed(
             }
             let inserted = client
                 .update(
-                    "INSERT INTO privmatch.face_templates (subject, template, norm_share) \
-                     VALUES ($1, $2, $3) ON CONFLICT (subject) DO NOTHING RETURNING id",
+                    "INSERT INTO privmatch.face_templates (subject, template, norm_share, bundle_id) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (subject) DO NOTHING RETURNING id",
                     None,
                     &[
                         bundle.subject.clone().into(),
                         share_datum(&bundle, share_oid),
                         (bundle.share.norm as i32).into(),
+                        bundle.bundle_id.to_vec().into(),
                     ],
                 )
                 .unwrap_or_else(|e| raise_spi(ENROL, e))

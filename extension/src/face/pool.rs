@@ -13,9 +13,11 @@ use pgrx::prelude::*;
 use privmatch_core::face::messages::{evaluator, open_key_batch};
 use privmatch_core::face::{FaceError, Metric};
 
-use super::{column, raise_face, raise_spi};
+use super::{column, pinned_peer, raise_face, raise_spi};
 use crate::errors::raise;
 use crate::identity::load_identity;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::seal::PairwiseSecrets;
 
 /// A claimed range of keys: `count` keys of `batch` from index `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,8 +83,11 @@ fn face_keys_store(
     const F: &str = "face_keys_store";
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(F, e));
+    let dealer = PartyIndex::ALL[2];
+    let pair = PairwiseSecrets::derive(me.index, &me.secret, dealer, &pinned_peer(F, dealer))
+        .unwrap_or_else(|e| raise_face(F, e.into()));
     let (header, keys) =
-        open_key_batch(me.index, &me.secret, envelope).unwrap_or_else(|e| raise_face(F, e));
+        open_key_batch(me.index, &pair, envelope).unwrap_or_else(|e| raise_face(F, e));
     if header.batch == 0 || header.batch >= 1 << 39 || header.count >= 1 << 24 {
         raise_face(
             F,
@@ -357,7 +362,17 @@ pub(super) fn claim_given(function: &str, session: &[u8], claims: &[Claim], gene
                 Some("run privmatch face refill; the coordinator stores every batch at both parties atomically"),
             ),
         };
-        if batch_generation != generation || claim.first + claim.count > key_count {
+        if batch_generation != generation {
+            raise(
+                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                format!(
+                    "{function}: key batch {} belongs to dealer generation {batch_generation}, this party's pool is at {generation}",
+                    claim.batch
+                ),
+                Some("the dealer was reconfigured or a refill is in flight: retry with a new session"),
+            );
+        }
+        if claim.first + claim.count > key_count {
             raise(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
                 format!(

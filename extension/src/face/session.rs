@@ -54,17 +54,25 @@ fn raise_probe(err: FaceError) -> ! {
     )
 }
 
-/// The templates a session compares: (id, subject) in comparison order.
-fn compared_templates(subject: Option<&str>) -> Vec<(i64, String)> {
+/// One compared template: its id here, subject and enrolment bundle id.
+struct Compared {
+    id: i64,
+    subject: String,
+    bundle_id: [u8; 16],
+}
+
+/// The templates a session compares, in comparison order.
+fn compared_templates(subject: Option<&str>) -> Vec<Compared> {
     Spi::connect(|client| {
         let table = match subject {
             Some(s) => client.select(
-                "SELECT id, subject FROM privmatch.face_templates WHERE subject = $1",
+                "SELECT id, subject, bundle_id FROM privmatch.face_templates WHERE subject = $1",
                 None,
                 &[s.into()],
             ),
             None => client.select(
-                "SELECT id, subject FROM privmatch.face_templates ORDER BY subject COLLATE \"C\"",
+                "SELECT id, subject, bundle_id FROM privmatch.face_templates \
+                 ORDER BY subject COLLATE \"C\"",
                 None,
                 &[],
             ),
@@ -73,15 +81,29 @@ fn compared_templates(subject: Option<&str>) -> Vec<(i64, String)> {
         let get = OPEN;
         table
             .into_iter()
-            .map(|row| {
-                (
-                    column::<i64>(get, &row, 1).unwrap_or_default(),
-                    column::<String>(get, &row, 2).unwrap_or_default(),
-                )
+            .map(|row| Compared {
+                id: column::<i64>(get, &row, 1).unwrap_or_default(),
+                subject: column::<String>(get, &row, 2).unwrap_or_default(),
+                bundle_id: column::<Vec<u8>>(get, &row, 3)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or_default(),
             })
             .collect()
     })
 }
+
+/// The digest of a compared set (subjects and bundle ids, in order).
+fn set_digest(templates: &[Compared]) -> [u8; 32] {
+    let pairs: Vec<(&str, [u8; 16])> = templates
+        .iter()
+        .map(|t| (t.subject.as_str(), t.bundle_id))
+        .collect();
+    template_set_digest(&pairs)
+}
+
+/// Largest round-1 message an identification may need (8·l bytes per comparison); beyond it
+/// a session is refused before any key is claimed.
+const MAX_ROUND_MESSAGE: usize = 512 << 20;
 
 /// The template set an identification would compare here: its size and digest (the same
 /// digest `face_session_open` returns). The coordinator compares P0's and P1's before
@@ -89,14 +111,8 @@ fn compared_templates(subject: Option<&str>) -> Vec<(i64, String)> {
 /// costs no keys.
 #[pg_extern(stable, parallel_safe)]
 fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(digest, Vec<u8>))> {
-    let subjects: Vec<String> = compared_templates(None)
-        .into_iter()
-        .map(|(_, s)| s)
-        .collect();
-    TableIterator::once((
-        subjects.len() as i64,
-        template_set_digest(&subjects).to_vec(),
-    ))
+    let templates = compared_templates(None);
+    TableIterator::once((templates.len() as i64, set_digest(&templates).to_vec()))
 }
 
 /// Opens face comparison session `session` at this party (P0 or P1) with its sealed `probe`:
@@ -144,8 +160,8 @@ fn face_session_open(
             None,
         );
     }
-    let share =
-        open_face_probe(me.index, &me.secret, &id, probe).unwrap_or_else(|e| raise_probe(e));
+    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
+        .unwrap_or_else(|e| raise_probe(e));
     let dim = share.elements.len();
     let Some((metric, key_dim, generation)) = pool_parameters(OPEN) else {
         raise(
@@ -176,8 +192,19 @@ fn face_session_open(
             None,
         );
     }
-    let subjects: Vec<String> = templates.iter().map(|(_, s)| s.clone()).collect();
-    let digest = template_set_digest(&subjects);
+    if templates.len().saturating_mul(8 * dim) > MAX_ROUND_MESSAGE {
+        raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "{OPEN}: an identification over {} templates of dimension {dim} exceeds this version's limit of {} comparisons per session",
+                templates.len(),
+                MAX_ROUND_MESSAGE / (8 * dim)
+            ),
+            None,
+        );
+    }
+    let subjects: Vec<String> = templates.iter().map(|t| t.subject.clone()).collect();
+    let digest = set_digest(&templates);
     if let Some(expected) = expect_digest {
         if expected != digest {
             raise(
@@ -214,12 +241,12 @@ fn face_session_open(
         }
     };
     let claim_bytes = encode_claims(&chosen);
-    let ids: Vec<i64> = templates.iter().map(|(id, _)| *id).collect();
+    let ids: Vec<i64> = templates.iter().map(|t| t.id).collect();
     let finished = ids.is_empty();
     Spi::run_with_args(
         "INSERT INTO privmatch.face_sessions \
-         (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9 THEN now() END)",
+         (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at, target) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9 THEN now() END, $10)",
         &[
             session.into(),
             metric.as_str().into(),
@@ -230,6 +257,7 @@ fn face_session_open(
             (if finished { None } else { Some(probe) }).into(),
             (if finished { 3 } else { 0 }).into(),
             finished.into(),
+            subject.into(),
         ],
     )
     .unwrap_or_else(|e| raise_spi(OPEN, e));
@@ -249,6 +277,7 @@ struct SessionRow {
     digest: Vec<u8>,
     claims: Vec<u8>,
     probe: Vec<u8>,
+    target: Option<String>,
     round: i32,
     z_share: Option<Vec<u8>>,
 }
@@ -258,7 +287,7 @@ fn lock_session(session: &[u8]) -> SessionRow {
         let table = client
             .update(
                 "SELECT metric, dim, template_ids, set_digest, claims, probe, round, z_share, \
-                        aborted, finished_at IS NOT NULL \
+                        aborted, finished_at IS NOT NULL, xmin::text, target \
                    FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
                 None,
                 &[session.into()],
@@ -277,6 +306,8 @@ fn lock_session(session: &[u8]) -> SessionRow {
                 column::<Vec<u8>>(get, &row, 8),
                 column::<bool>(get, &row, 9).unwrap_or_default(),
                 column::<bool>(get, &row, 10).unwrap_or_default(),
+                column::<String>(get, &row, 11).unwrap_or_default(),
+                column::<String>(get, &row, 12),
             )
         })
     });
@@ -287,9 +318,30 @@ fn lock_session(session: &[u8]) -> SessionRow {
             None,
         )
     };
-    let Some((metric, dim, ids, digest, claims, probe, round, z, aborted, finished)) = row else {
+    let Some((metric, dim, ids, digest, claims, probe, round, z, aborted, finished, xmin, target)) =
+        row
+    else {
         not_running("is not running at this party");
     };
+    // The session (and its key claim) must have been committed by an earlier transaction:
+    // were it opened in this one, a rollback after this round would return its keys to the
+    // pool after key-derived values had left the party.
+    let created_here = xmin
+        .parse::<u32>()
+        .map(|xid| unsafe {
+            pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xid))
+        })
+        .unwrap_or(true);
+    if created_here {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "{ROUND}: face session {} was opened in this transaction: commit face_session_open before running rounds",
+                hex::encode(session)
+            ),
+            Some("the keys of a session are bound to it only once its opening is committed"),
+        );
+    }
     if aborted {
         not_running("was aborted");
     }
@@ -303,6 +355,7 @@ fn lock_session(session: &[u8]) -> SessionRow {
         digest,
         claims,
         probe,
+        target,
         round,
         z_share: z,
     }
@@ -452,8 +505,9 @@ fn face_session_round(
     let mut rng = ChaCha20Rng::from_entropy();
     let output = match round {
         1 => {
-            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
-                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let probe =
+                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
+                    .unwrap_or_else(|e| raise_face(ROUND, e));
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let words =
@@ -467,8 +521,9 @@ fn face_session_round(
                 .open(1, message)
                 .unwrap_or_else(|e| refused(round, e));
             let peer = bytes_to_words(&plain).unwrap_or_else(|e| refused(round, e));
-            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
-                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let probe =
+                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
+                    .unwrap_or_else(|e| raise_face(ROUND, e));
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let z = distance_shares(b, row.metric, &keys, &probe, &refs, &peer)
