@@ -85,9 +85,9 @@ pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
         FaceErrorKind::Refused | FaceErrorKind::SessionNotFound => {
             (StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
         }
-        // 55000 also means "round out of order", "template deleted during the session",
-        // "retired keys" or "not an evaluator": the configure hint only fits the dealer.
-        FaceErrorKind::NotConfigured if message.contains("not configured") => (
+        // 55000 also reports a session's state (a round out of order, a template deleted
+        // during the session, retired keys, an uncommitted opening): no configure hint there.
+        FaceErrorKind::NotConfigured if !is_session_state(&message) => (
             StatusCode::SERVICE_UNAVAILABLE,
             codes::NOT_CONFIGURED,
             with_hint(
@@ -314,6 +314,18 @@ async fn identify(
     }))
 }
 
+/// Whether a 55000 message reports a session's state rather than a missing configuration.
+fn is_session_state(message: &str) -> bool {
+    [
+        "out of order",
+        "deleted during the session",
+        "no longer available",
+        "opened in this transaction",
+    ]
+    .iter()
+    .any(|phrase| message.contains(phrase))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +371,16 @@ mod tests {
             assert_eq!(api.body.sqlstate.as_deref(), Some(sqlstate));
             assert_eq!(api.body.party, Some(0));
         }
+        let api = ApiError::from(FaceSessionError::Party(err(
+            "55000",
+            "round 2 is out of order: face session 00 has completed round 2",
+        )));
+        assert_eq!(api.status, StatusCode::CONFLICT);
+        assert!(
+            !api.body.error.contains("face configure"),
+            "{}",
+            api.body.error
+        );
         let api = ApiError::from(FaceSessionError::Party(err("53000", "no keys")));
         assert!(
             api.body.error.contains("privmatch face refill"),

@@ -27,16 +27,15 @@
 //! claimed keys are burnt, never reused. The session id is bound into the sealed probes, so
 //! a retry needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use privmatch_core::face::funshade::{bytes_to_words, reconstruct};
 use privmatch_core::party::PartyIndex;
 use serde::{Deserialize, Serialize};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
-use crate::parties::{Parties, PartyError};
+use crate::parties::{call_with_timeout, Parties, PartyError, TimedCallError};
 use crate::search::SessionId;
 
 /// How long the best-effort abort waits for each party.
@@ -232,27 +231,11 @@ pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<b
     reconstruct(&words(o0)?, &words(o1)?).map_err(|e| e.to_string())
 }
 
-/// Runs one party call with the timeout; on timeout the query is cancelled at the party.
-async fn call_with_timeout<T>(
-    party: PartyIndex,
-    client: &Client,
-    what: &str,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, FaceSessionError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(FaceSessionError::Party(PartyError::from_pg(party, &e))),
-        Err(_) => {
-            let token = client.cancel_token();
-            tokio::spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
-            });
-            Err(FaceSessionError::Timeout(PartyError {
-                party,
-                sqlstate: None,
-                message: format!("no answer to {what} within {} s", timeout.as_secs_f64()),
-            }))
+impl From<TimedCallError> for FaceSessionError {
+    fn from(err: TimedCallError) -> Self {
+        match err {
+            TimedCallError::Failed(e) => FaceSessionError::Party(e),
+            TimedCallError::TimedOut(e) => FaceSessionError::Timeout(e),
         }
     }
 }

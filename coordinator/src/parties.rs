@@ -21,6 +21,41 @@ pub struct PartyError {
     pub message: String,
 }
 
+/// Why a party call made under a deadline ([`call_with_timeout`]) failed.
+#[derive(Debug)]
+pub enum TimedCallError {
+    /// The party answered with an error, or could not be reached.
+    Failed(PartyError),
+    /// No answer in time; the query was cancelled at the party.
+    TimedOut(PartyError),
+}
+
+/// Runs one call at `party` with a deadline; on timeout the query is cancelled at the party
+/// (so it does not keep working on an abandoned round). `what` names the call in errors.
+pub async fn call_with_timeout<T>(
+    party: PartyIndex,
+    client: &Client,
+    what: &str,
+    timeout: std::time::Duration,
+    call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, TimedCallError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(TimedCallError::Failed(PartyError::from_pg(party, &e))),
+        Err(_) => {
+            let token = client.cancel_token();
+            tokio::spawn(async move {
+                let _ = token.cancel_query(NoTls).await;
+            });
+            Err(TimedCallError::TimedOut(PartyError {
+                party,
+                sqlstate: None,
+                message: format!("no answer to {what} within {} s", timeout.as_secs_f64()),
+            }))
+        }
+    }
+}
+
 impl PartyError {
     /// Wraps a tokio-postgres error from `party`.
     pub fn from_pg(party: PartyIndex, err: &tokio_postgres::Error) -> Self {

@@ -33,9 +33,9 @@ use privmatch_core::iris::template::MAX_ROTATION;
 use privmatch_core::mpc::compare::Threshold;
 use privmatch_core::party::PartyIndex;
 use serde::{Deserialize, Serialize};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
-use crate::parties::{Parties, PartyError};
+use crate::parties::{call_with_timeout, Parties, PartyError, TimedCallError};
 
 /// A search session id (16 random bytes, fresh for every attempt).
 pub type SessionId = [u8; SESSION_ID_LEN];
@@ -344,27 +344,11 @@ fn finish_round(
     Ok(results.swap_remove(0))
 }
 
-/// Runs one party call with the timeout; on timeout the query is cancelled at the party.
-async fn call_with_timeout<T>(
-    party: PartyIndex,
-    client: &Client,
-    what: &str,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, SearchError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(SearchError::Party(PartyError::from_pg(party, &e))),
-        Err(_) => {
-            let token = client.cancel_token();
-            tokio::spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
-            });
-            Err(SearchError::Timeout(PartyError {
-                party,
-                sqlstate: None,
-                message: format!("no answer to {what} within {} s", timeout.as_secs_f64()),
-            }))
+impl From<TimedCallError> for SearchError {
+    fn from(err: TimedCallError) -> Self {
+        match err {
+            TimedCallError::Failed(e) => SearchError::Party(e),
+            TimedCallError::TimedOut(e) => SearchError::Timeout(e),
         }
     }
 }
