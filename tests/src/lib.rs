@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use privmatch_core::iris::encoding::{reconstruct_template, IrisShare};
 use privmatch_core::iris::template::{IrisBits, IrisTemplate};
 use privmatch_core::party::PartyIndex;
+use privmatch_core::seal::PartyPublicKey;
 use privmatch_core::storage::{decode_share, ShareKind};
 
 /// First port of the range the end-to-end tests may use (16000–16999): below the kernel's
@@ -561,6 +562,22 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("[{}] P{party}: {sql}: {e}", self.name))
     }
 
+    /// The three parties' public keys, as pinned in the configuration.
+    pub fn party_keys(&self) -> [PartyPublicKey; 3] {
+        std::array::from_fn(|i| {
+            PartyPublicKey::from_hex(&self.config.parties[i].public_key).expect("pinned key")
+        })
+    }
+
+    /// One connection per party, P0 to P2 (call inside [`Cluster::block_on`]).
+    pub async fn clients(&self) -> Vec<tokio_postgres::Client> {
+        let mut out = Vec::with_capacity(3);
+        for party in 0..3 {
+            out.push(self.connect(party).await);
+        }
+        out
+    }
+
     /// Runs `f` to completion on this test's runtime.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
@@ -986,5 +1003,27 @@ impl Drop for Cluster {
             self.name,
             self.started.elapsed().as_secs_f64()
         );
+    }
+}
+
+/// A failed SQL call at one party: which party, its SQLSTATE and message.
+#[derive(Debug)]
+pub struct Failure {
+    /// The party (0, 1, 2).
+    pub party: usize,
+    /// The SQLSTATE, when the party reported one.
+    pub sqlstate: Option<String>,
+    /// The party's message (or the connection error).
+    pub message: String,
+}
+
+/// Wraps a tokio-postgres error from `party`.
+pub fn failure(party: usize, e: &tokio_postgres::Error) -> Failure {
+    Failure {
+        party,
+        sqlstate: e.code().map(|c| c.code().to_owned()),
+        message: e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
     }
 }

@@ -13,41 +13,10 @@ use privmatch_core::face::quantize::{
 use privmatch_core::face::{funshade, Metric};
 use privmatch_core::seal::PartyPublicKey;
 use privmatch_e2e::Cluster;
+use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
-
-/// A failure: which party, SQLSTATE and message.
-#[derive(Debug)]
-struct Failure {
-    party: usize,
-    sqlstate: Option<String>,
-    message: String,
-}
-
-fn failure(party: usize, e: &tokio_postgres::Error) -> Failure {
-    Failure {
-        party,
-        sqlstate: e.code().map(|c| c.code().to_owned()),
-        message: e
-            .as_db_error()
-            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
-    }
-}
-
-fn keys(cluster: &Cluster) -> [PartyPublicKey; 3] {
-    std::array::from_fn(|i| {
-        PartyPublicKey::from_hex(&cluster.config.parties[i].public_key).expect("pinned key")
-    })
-}
-
-async fn clients(cluster: &Cluster) -> Vec<Client> {
-    let mut out = Vec::new();
-    for p in 0..3 {
-        out.push(cluster.connect(p).await);
-    }
-    out
-}
 
 /// A random L2-normalised embedding.
 fn random_embedding(rng: &mut ChaCha20Rng, dim: usize) -> Vec<f64> {
@@ -254,7 +223,7 @@ fn face_comparisons_agree_with_the_plaintext_reference_on_both_metrics() {
     const DIM: usize = 128;
     const TEMPLATES: usize = 200;
     let cluster = Cluster::start("face-sql", 30);
-    let keys = keys(&cluster);
+    let keys = cluster.party_keys();
     let q = Quantizer::new(DIM).expect("dim");
     let mut rng = ChaCha20Rng::seed_from_u64(30);
     let floats: Vec<Vec<f64>> = (0..TEMPLATES)
@@ -278,7 +247,7 @@ fn face_comparisons_agree_with_the_plaintext_reference_on_both_metrics() {
     let mut near = 0usize;
     let mut matched = 0usize;
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         enrol(&clients, &keys, &records).await;
         for metric in [Metric::Cosine, Metric::Euclidean] {
             // Thresholds one quantisation step below, at, and above the value of a genuine
@@ -340,14 +309,14 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     const DIM: usize = 128;
     const POOL: i32 = 40;
     let cluster = Cluster::start("face-single-use", 31);
-    let keys = keys(&cluster);
+    let keys = cluster.party_keys();
     let q = Quantizer::new(DIM).expect("dim");
     let mut rng = ChaCha20Rng::seed_from_u64(31);
     let enrolled = q.quantize(&random_embedding(&mut rng, DIM)).expect("q");
     let other = random_embedding(&mut rng, DIM);
     let probe = q.quantize(&recapture(&mut rng, &other, 0.0)).expect("q");
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         configure(&clients, &keys, Metric::Cosine, DIM, 0.5).await;
         enrol(&clients, &keys, &[("alice".to_owned(), enrolled.clone())]).await;
         refill(&clients, POOL).await;
@@ -427,7 +396,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     // A crash after a session's keys were used: the claim survives, the keys stay consumed,
     // and the next session gets other keys.
     let crashed = cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         refill(&clients, 3).await;
         let opened = open(&clients, &keys, Some("alice"), &probe)
             .await
@@ -440,7 +409,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     cluster.kill_party(0);
     cluster.start_party(0);
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         assert_eq!(
             available(&clients[0]).await,
             2,
@@ -486,7 +455,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     cluster.kill_party(0);
     cluster.start_party(0);
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         assert_eq!(available(&clients[0]).await, 2);
         let got = compare(&clients, &keys, Some("alice"), &probe).await.expect("after restart");
         assert_eq!(got.len(), 1);
@@ -505,7 +474,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
 fn bad_face_inputs_fail_clearly_and_change_nothing() {
     const DIM: usize = 128;
     let cluster = Cluster::start("face-errors", 32);
-    let keys = keys(&cluster);
+    let keys = cluster.party_keys();
     let q = Quantizer::new(DIM).expect("dim");
     let mut rng = ChaCha20Rng::seed_from_u64(32);
     let alice = q.quantize(&random_embedding(&mut rng, DIM)).expect("q");
@@ -522,7 +491,7 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .collect()
     };
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         // The dealer must be configured before it deals; only P2 deals.
         let err = clients[2]
             .query("SELECT * FROM privmatch.face_dealer_generate(10)", &[])
@@ -558,7 +527,7 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
     });
     let before = state(&cluster);
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         // Wrong dimension.
         let wide = Quantizer::new(256)
             .expect("256")
@@ -635,7 +604,7 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         "nothing but the two stored keys changed"
     );
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         // A tampered round message is refused; the session is aborted and the next works.
         let opened = open(&clients, &keys, Some("alice"), &alice)
             .await

@@ -10,8 +10,8 @@ use privmatch_core::bundle::Eye;
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_core::seal::PartyPublicKey;
 use privmatch_e2e::{by_key, privmatch, read_ndjson, Cluster, RecordKey};
+use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
@@ -21,30 +21,6 @@ use tokio_postgres::Client;
 enum Outcome {
     Subjects(Vec<String>),
     Unique(bool),
-}
-
-/// A failure: which party, SQLSTATE and message.
-#[derive(Debug)]
-struct Failure {
-    party: usize,
-    sqlstate: Option<String>,
-    message: String,
-}
-
-fn failure(party: usize, e: &tokio_postgres::Error) -> Failure {
-    Failure {
-        party,
-        sqlstate: e.code().map(|c| c.code().to_owned()),
-        message: e
-            .as_db_error()
-            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
-    }
-}
-
-fn keys(cluster: &Cluster) -> [PartyPublicKey; 3] {
-    std::array::from_fn(|i| {
-        PartyPublicKey::from_hex(&cluster.config.parties[i].public_key).expect("pinned key")
-    })
 }
 
 async fn start(
@@ -128,20 +104,12 @@ async fn search(
     max_rotation: i32,
 ) -> Result<Outcome, Failure> {
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_iris_probe(probe, eye, session, &keys(cluster), rng).expect("seal");
+    let sealed = seal_iris_probe(probe, eye, session, &cluster.party_keys(), rng).expect("seal");
     let starts = start(clients, &session, &sealed, mode, max_rotation).await?;
     assert!(starts
         .windows(2)
         .all(|w| w[0].0 == w[1].0 && w[0].1 == w[1].1));
     drive(clients, &session, starts.into_iter().map(|s| s.2).collect()).await
-}
-
-async fn clients(cluster: &Cluster) -> Vec<Client> {
-    let mut out = Vec::new();
-    for p in 0..3 {
-        out.push(cluster.connect(p).await);
-    }
-    out
 }
 
 fn plain_matches(
@@ -187,7 +155,7 @@ fn sql_search_rounds_match_the_plaintext_reference() {
     let templates: Vec<(RecordKey, IrisTemplate)> =
         enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         for (i, ((_, eye), t)) in templates.iter().take(16).enumerate() {
             let eye = Eye::parse(eye).expect("eye");
             let flip = [0.05, 0.3, 0.345, 0.4][i % 4];
@@ -260,10 +228,11 @@ fn refused_round_messages_abort_the_search() {
     let eye = Eye::parse(&key.1).expect("eye");
     let mut rng = ChaCha20Rng::seed_from_u64(6);
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         // A tampered message: 08P01 at the receiver, which drops the search (42704 after).
         let session: [u8; 16] = rng.gen();
-        let sealed = seal_iris_probe(&t, eye, session, &keys(&cluster), &mut rng).expect("seal");
+        let sealed =
+            seal_iris_probe(&t, eye, session, &cluster.party_keys(), &mut rng).expect("seal");
         let starts = start(&clients, &session, &sealed, "identify", 15)
             .await
             .expect("start");
@@ -340,9 +309,9 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     let eye = Eye::parse(&key.1).expect("eye");
     let mut rng = ChaCha20Rng::seed_from_u64(7);
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_iris_probe(&t, eye, session, &keys(&cluster), &mut rng).expect("seal");
+    let sealed = seal_iris_probe(&t, eye, session, &cluster.party_keys(), &mut rng).expect("seal");
     let starts = cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         start(&clients, &session, &sealed, "identify", 15)
             .await
             .expect("start")
@@ -350,7 +319,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     cluster.kill_party(1);
     cluster.start_party(1);
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         // The restarted party has lost the search: a clear error, not a wrong answer.
         let err = round(&clients[1], 1, &session, 0, &starts[0].2)
             .await
@@ -373,7 +342,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     // The engine reloads the templates from the table (the start call waits for the engine
     // to come up); the next search finds the template.
     cluster.block_on(async {
-        let clients = clients(&cluster).await;
+        let clients = cluster.clients().await;
         let got = search(&cluster, &clients, &mut rng, &t, eye, "identify", 15)
             .await
             .expect("after restart");
