@@ -35,7 +35,7 @@ use privmatch_core::party::PartyIndex;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
-use crate::parties::{call_with_timeout, Parties, PartyError, TimedCallError};
+use crate::parties::{all_answers, call_with_timeout, Parties, PartyError, TimedCallError};
 use crate::search::SessionId;
 
 /// How long the best-effort abort waits for each party.
@@ -240,34 +240,13 @@ impl From<TimedCallError> for FaceSessionError {
     }
 }
 
-/// Both answers of a parallel step, or the first error (a party's own error is preferred
-/// over a timeout, which may only be its consequence).
+/// The answers of a parallel step, or its most telling error ([`all_answers`]).
 fn both<T>(results: Vec<Result<T, FaceSessionError>>) -> Result<[T; 2], FaceSessionError> {
-    let mut values = Vec::with_capacity(2);
-    let mut error: Option<FaceSessionError> = None;
-    for result in results {
-        match result {
-            Ok(value) => values.push(value),
-            Err(e) => {
-                let replace = match &error {
-                    None => true,
-                    Some(FaceSessionError::Timeout(_)) => {
-                        !matches!(e, FaceSessionError::Timeout(_))
-                    }
-                    Some(_) => false,
-                };
-                if replace {
-                    error = Some(e);
-                }
-            }
-        }
-    }
-    if let Some(e) = error {
-        return Err(e);
-    }
-    values
-        .try_into()
-        .map_err(|_| FaceSessionError::Protocol("expected two answers".into()))
+    all_answers(
+        results,
+        |e| matches!(e, FaceSessionError::Timeout(_)),
+        || FaceSessionError::Protocol("expected two answers".into()),
+    )
 }
 
 async fn open_at(

@@ -56,6 +56,35 @@ pub async fn call_with_timeout<T>(
     }
 }
 
+/// The answers of a step run at `N` parties in parallel, or its most telling error: the first
+/// party's own error, preferred over a timeout (which may only be its consequence).
+/// `wrong_count` is the error when there are not exactly `N` answers.
+pub fn all_answers<T, E, const N: usize>(
+    results: Vec<Result<T, E>>,
+    is_timeout: impl Fn(&E) -> bool,
+    wrong_count: impl FnOnce() -> E,
+) -> Result<[T; N], E> {
+    let mut values = Vec::with_capacity(N);
+    let mut error: Option<E> = None;
+    for result in results {
+        match result {
+            Ok(value) => values.push(value),
+            Err(e) => {
+                let replace = error
+                    .as_ref()
+                    .is_none_or(|kept| is_timeout(kept) && !is_timeout(&e));
+                if replace {
+                    error = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    values.try_into().map_err(|_| wrong_count())
+}
+
 impl PartyError {
     /// Wraps a tokio-postgres error from `party`.
     pub fn from_pg(party: PartyIndex, err: &tokio_postgres::Error) -> Self {
@@ -148,5 +177,30 @@ impl Parties {
     /// All three, in index order.
     pub fn all(&self) -> &[Arc<Party>; 3] {
         &self.parties
+    }
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use super::all_answers;
+
+    #[test]
+    fn a_partys_own_error_beats_a_timeout_and_counts_are_checked() {
+        let timeout = |e: &&str| e.starts_with("timeout");
+        let got: Result<[u8; 3], &str> = all_answers(
+            vec![Err("timeout P0"), Ok(1), Err("P2 refused")],
+            timeout,
+            || "count",
+        );
+        assert_eq!(got, Err("P2 refused"));
+        let got: Result<[u8; 2], &str> =
+            all_answers(vec![Err("P0 refused"), Err("P1 refused")], timeout, || {
+                "count"
+            });
+        assert_eq!(got, Err("P0 refused"));
+        let got: Result<[u8; 2], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
+        assert_eq!(got, Ok([1, 2]));
+        let got: Result<[u8; 3], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
+        assert_eq!(got, Err("count"));
     }
 }

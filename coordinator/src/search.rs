@@ -35,7 +35,7 @@ use privmatch_core::party::PartyIndex;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
-use crate::parties::{call_with_timeout, Parties, PartyError, TimedCallError};
+use crate::parties::{all_answers, call_with_timeout, Parties, PartyError, TimedCallError};
 
 /// A search session id (16 random bytes, fresh for every attempt).
 pub type SessionId = [u8; SESSION_ID_LEN];
@@ -353,32 +353,13 @@ impl From<TimedCallError> for SearchError {
     }
 }
 
-/// The first error of a parallel step, preferring a party's own error over a timeout (which
-/// may only be a consequence).
+/// The answers of a parallel step, or its most telling error ([`all_answers`]).
 fn first_error<T>(results: Vec<Result<T, SearchError>>) -> Result<[T; 3], SearchError> {
-    let mut values = Vec::with_capacity(3);
-    let mut error: Option<SearchError> = None;
-    for result in results {
-        match result {
-            Ok(value) => values.push(value),
-            Err(e) => {
-                let replace = match &error {
-                    None => true,
-                    Some(SearchError::Timeout(_)) => !matches!(e, SearchError::Timeout(_)),
-                    Some(_) => false,
-                };
-                if replace {
-                    error = Some(e);
-                }
-            }
-        }
-    }
-    if let Some(e) = error {
-        return Err(e);
-    }
-    values
-        .try_into()
-        .map_err(|_| SearchError::Protocol("expected three answers".into()))
+    all_answers(
+        results,
+        |e| matches!(e, SearchError::Timeout(_)),
+        || SearchError::Protocol("expected three answers".into()),
+    )
 }
 
 async fn start_at(
