@@ -14,7 +14,7 @@
 //! search (entries, rounds, bytes sent per party, seconds; no per-eye result, so the policy
 //! decides what the caller learns).
 //!
-//! `POST /v1/iris/enroll-if-unique` — [`EnrolIfUniqueBody`] → [`EnrolIfUniqueResponse`]:
+//! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
 //! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64],
 //! "threshold"}`; answers `{"subject", "eye", "outcome": "enrolled"|"duplicate",
 //! "pending_recovery": […]}`, or HTTP 409 with `"code": "not_unique"`.
@@ -22,8 +22,8 @@
 //! Errors: [`ErrorBody`], `{"error": message, "code": …, "party": n, "sqlstate": "…"}`.
 
 use base64::Engine as _;
-use privmatch_core::bundle::Eye;
-use privmatch_core::iris::probe::SESSION_ID_LEN;
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::wire::session::SESSION_ID_LEN;
 use serde::{Deserialize, Serialize};
 
 use crate::search::{
@@ -233,7 +233,7 @@ pub struct SearchResponse {
 
 /// The body of `POST /v1/iris/enroll-if-unique`: one record.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct EnrolIfUniqueBody {
+pub struct EnrollIfUniqueBody {
     /// The record's subject (as sealed inside the envelopes; checked against the parties'
     /// answer).
     pub subject: String,
@@ -251,7 +251,7 @@ pub struct EnrolIfUniqueBody {
 }
 
 /// An enrol-if-unique request, decoded.
-pub struct EnrolIfUniquePlan {
+pub struct EnrollIfUniquePlan {
     /// Subject id.
     pub subject: String,
     /// Eye.
@@ -262,10 +262,10 @@ pub struct EnrolIfUniquePlan {
     pub search: SearchRequest,
 }
 
-impl EnrolIfUniqueBody {
+impl EnrollIfUniqueBody {
     /// Checks and decodes the request.
-    pub fn plan(&self) -> Result<EnrolIfUniquePlan, String> {
-        privmatch_core::bundle::validate_subject(&self.subject)
+    pub fn plan(&self) -> Result<EnrollIfUniquePlan, String> {
+        privmatch_core::wire::envelope::validate_subject(&self.subject)
             .map_err(|e| format!("subject: {e}"))?;
         let eye = Eye::parse(&self.eye).map_err(|e| format!("eye: {e}"))?;
         let params = SearchParams {
@@ -274,7 +274,7 @@ impl EnrolIfUniqueBody {
             threshold: self.threshold,
         };
         params.validate()?;
-        Ok(EnrolIfUniquePlan {
+        Ok(EnrollIfUniquePlan {
             subject: self.subject.clone(),
             eye,
             envelopes: decode_three(&self.envelopes, "envelopes")?,
@@ -290,7 +290,7 @@ impl EnrolIfUniqueBody {
 /// What enrol-if-unique did with the record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum EnrolIfUniqueOutcome {
+pub enum EnrollIfUniqueOutcome {
     /// Enrolled at the three parties.
     Enrolled,
     /// The subject+eye was already enrolled; nothing written.
@@ -301,13 +301,13 @@ pub enum EnrolIfUniqueOutcome {
 
 /// The answer to `POST /v1/iris/enroll-if-unique`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct EnrolIfUniqueResponse {
+pub struct EnrollIfUniqueResponse {
     /// Subject id.
     pub subject: String,
     /// Eye.
     pub eye: String,
     /// What happened.
-    pub outcome: EnrolIfUniqueOutcome,
+    pub outcome: EnrollIfUniqueOutcome,
     /// Parties whose commit recovery still has to complete (the record is decided).
     #[serde(default)]
     pub pending_recovery: Vec<String>,
@@ -411,8 +411,8 @@ mod tests {
     }
 
     #[test]
-    fn enrol_if_unique_bodies_decode() {
-        let b = EnrolIfUniqueBody {
+    fn enroll_if_unique_bodies_decode() {
+        let b = EnrollIfUniqueBody {
             subject: "alice".into(),
             eye: "left".into(),
             session: hex::encode([9u8; 16]),

@@ -20,7 +20,7 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::client::{enroll_file, EnrollArgs};
 use crate::config::{Config, PartyConfig};
-use crate::synth::{enrolment_line, generate, SynthArgs};
+use crate::synth::{enrollment_line, generate, SynthArgs};
 
 /// Benchmarks.
 #[derive(Subcommand, Clone, Debug)]
@@ -137,7 +137,7 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
             prefix: format!("bench-{run_id}"),
         };
         generate(&synth, |subject, template| {
-            writeln!(out, "{}", enrolment_line(subject, "left", template))?;
+            writeln!(out, "{}", enrollment_line(subject, "left", template))?;
             Ok(())
         })?;
         out.flush()?;

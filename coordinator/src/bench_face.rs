@@ -43,7 +43,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::face_client::FaceClient;
-use crate::face_input::FaceEnrolRecord;
+use crate::face_input::FaceEnrollRecord;
 use crate::face_synth::FaceSynth;
 use crate::parties::Parties;
 
@@ -168,7 +168,7 @@ pub struct ClusterFigures {
     /// Whether they were enrolled by this run (false: reused).
     pub enrolled_now: bool,
     /// Seconds the enrolment took (when enrolled now).
-    pub enrol_seconds: Option<f64>,
+    pub enroll_seconds: Option<f64>,
     /// Seconds the refill took, and the keys stored.
     pub refill_seconds: f64,
     /// Keys stored by the refill.
@@ -346,7 +346,7 @@ pub fn micro(
         decode[b] = took;
         let mut out = vec![0u32; z.len()];
         let ((), took) = best_of(|| {
-            privmatch_core::fss::ic::eval_batch(b as u8, &gates, &z, &mut out)
+            privmatch_core::crypto::fss::ic::eval_batch(b as u8, &gates, &z, &mut out)
                 .map_err(|e| anyhow!("{e}"))
         })?;
         eval_only[b] = took;
@@ -526,7 +526,7 @@ async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures
     eprintln!("synthesising {} templates ({prefix}-*)", args.n);
     let mut records = Vec::with_capacity(args.n);
     for i in 0..args.n {
-        records.push(FaceEnrolRecord {
+        records.push(FaceEnrollRecord {
             line: i + 1,
             subject: crate::face_synth::subject_id(&prefix, i),
             embedding: quantize(dim, &synth.template(i as u64))?,
@@ -534,7 +534,7 @@ async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures
     }
     let held = held_counts(&parties, &prefix, args.n).await?;
     let enrolled_now = held.iter().any(|(bench, _)| *bench != args.n as i64);
-    let mut enrol_seconds = None;
+    let mut enroll_seconds = None;
     if enrolled_now {
         if args.reuse {
             bail!(
@@ -550,7 +550,7 @@ async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures
         );
         let started = Instant::now();
         client.enroll(&records, "skip", 250, true).await?;
-        enrol_seconds = Some(started.elapsed().as_secs_f64());
+        enroll_seconds = Some(started.elapsed().as_secs_f64());
     } else {
         eprintln!(
             "P0 and P1 already hold the {} bench templates: reusing them",
@@ -660,7 +660,7 @@ async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures
         generation: dealer.generation,
         bench_templates: args.n,
         enrolled_now,
-        enrol_seconds,
+        enroll_seconds,
         refill_seconds,
         refill_keys: refill.keys,
         verifies: args.verifies,
@@ -687,7 +687,7 @@ fn print_cluster(f: &ClusterFigures) {
         f.bench_templates,
         if f.enrolled_now { "enrolled now" } else { "reused" }
     );
-    if let Some(s) = f.enrol_seconds {
+    if let Some(s) = f.enroll_seconds {
         println!(
             "  enrolment: {s:.2} s ({:.0} templates/s)",
             f.bench_templates as f64 / s.max(1e-9)

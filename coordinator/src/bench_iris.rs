@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use privmatch_core::bundle::Eye;
-use privmatch_core::iris::matcher::{expected_rounds, OutputMode};
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::matcher::expected_rounds;
+use privmatch_core::iris::params::SearchMode as OutputMode;
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
-use privmatch_core::seal::PartyPublicKey;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -35,7 +36,7 @@ use crate::search::{
     new_session_id, retry_on_set_mismatch, run_search, RetryPolicy, SearchMode, SearchParams,
     SearchRequest, SearchResult, SearchStats, DEFAULT_THRESHOLD,
 };
-use crate::synth::{enrolment_line, generate, SynthArgs};
+use crate::synth::{enrollment_line, generate, SynthArgs};
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.
 const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
@@ -108,12 +109,12 @@ async fn held_counts(parties: &Parties, prefix: &str, n: usize) -> Result<Vec<i6
 }
 
 /// Enrols the bench templates the parties lack (present ones are skipped).
-async fn enrol_missing(config: &Config, templates: &[(String, IrisTemplate)]) -> Result<()> {
+async fn enroll_missing(config: &Config, templates: &[(String, IrisTemplate)]) -> Result<()> {
     let path = std::env::temp_dir().join(format!(
         "privmatch-bench-iris-{}.ndjson",
         std::process::id()
     ));
-    let written = write_enrolment(&path, templates);
+    let written = write_enrollment(&path, templates);
     let outcome = match written {
         Ok(()) => {
             let args = EnrollArgs {
@@ -133,13 +134,13 @@ async fn enrol_missing(config: &Config, templates: &[(String, IrisTemplate)]) ->
     outcome
 }
 
-fn write_enrolment(path: &Path, templates: &[(String, IrisTemplate)]) -> Result<()> {
+fn write_enrollment(path: &Path, templates: &[(String, IrisTemplate)]) -> Result<()> {
     use std::io::Write;
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
     );
     for (subject, template) in templates {
-        writeln!(out, "{}", enrolment_line(subject, "left", template))?;
+        writeln!(out, "{}", enrollment_line(subject, "left", template))?;
     }
     out.flush()?;
     Ok(())
@@ -450,7 +451,7 @@ async fn ensure_enrolled(
         );
     }
     eprintln!("enrolling the {n} bench templates (held now: {held:?})");
-    enrol_missing(config, templates).await
+    enroll_missing(config, templates).await
 }
 
 /// `privmatch bench iris`.

@@ -8,14 +8,15 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment_batch, EnrolRequest};
-use privmatch_core::seal::PartyPublicKey;
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::iris::enroll::{seal_iris_enrollment_batch, EnrollRequest};
+use privmatch_core::wire::envelope::encode_enroll_batch;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::input::{for_each_record, validate_file, EnrolRecord};
-use crate::server::EnrolResponse;
+use crate::input::{for_each_record, validate_file, EnrollRecord};
+use crate::server::EnrollResponse;
 
 /// Options of `privmatch iris enroll`.
 #[derive(Args, Clone, Debug)]
@@ -49,7 +50,7 @@ pub struct EnrollArgs {
 
 /// Totals of an enrolment run.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct EnrolTotals {
+pub struct EnrollTotals {
     /// Newly enrolled.
     pub enrolled: usize,
     /// Already present, skipped.
@@ -72,7 +73,7 @@ impl std::error::Error for OutcomeUnknown {}
 
 /// Sends one framed batch; returns the coordinator's answer or its error message
 /// ([`OutcomeUnknown`] when the batch may have been committed).
-async fn post_batch(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<EnrolResponse> {
+async fn post_batch(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<EnrollResponse> {
     let response = match http
         .post(url)
         .header("content-type", "application/octet-stream")
@@ -119,13 +120,13 @@ struct SealedBatch {
 
 /// Shares and seals one batch: one envelope per party, framed for the coordinator.
 fn seal_batch(
-    pending: &[EnrolRecord],
+    pending: &[EnrollRecord],
     keys: &[PartyPublicKey; 3],
     rng: &mut rand_chacha::ChaCha20Rng,
 ) -> Result<SealedBatch> {
-    let requests: Vec<EnrolRequest<'_>> = pending
+    let requests: Vec<EnrollRequest<'_>> = pending
         .iter()
-        .map(|r| EnrolRequest {
+        .map(|r| EnrollRequest {
             template: &r.template,
             subject: &r.subject,
             eye: r.eye,
@@ -133,13 +134,13 @@ fn seal_batch(
         .collect();
     let first_line = pending.first().map_or(0, |r| r.line);
     let last_line = pending.last().map_or(0, |r| r.line);
-    let (envelopes, _) = seal_iris_enrolment_batch(&requests, keys, rng)
+    let (envelopes, _) = seal_iris_enrollment_batch(&requests, keys, rng)
         .with_context(|| format!("sealing lines {first_line}..={last_line}"))?;
     Ok(SealedBatch {
         first_line,
         last_line,
         records: pending.len(),
-        body: encode_enrol_batch(&[envelopes]),
+        body: encode_enroll_batch(&[envelopes]),
     })
 }
 
@@ -155,8 +156,8 @@ fn spawn_sealer(
         // directly would cost a system call per draw.
         let mut rng = rand_chacha::ChaCha20Rng::from_rng(rand::rngs::OsRng)
             .expect("the operating system's random source is available");
-        let mut pending: Vec<EnrolRecord> = Vec::with_capacity(batch_size);
-        let send = |pending: &mut Vec<EnrolRecord>, rng: &mut rand_chacha::ChaCha20Rng| {
+        let mut pending: Vec<EnrollRecord> = Vec::with_capacity(batch_size);
+        let send = |pending: &mut Vec<EnrollRecord>, rng: &mut rand_chacha::ChaCha20Rng| {
             let batch = seal_batch(pending, &keys, rng)?;
             pending.clear();
             if tx.blocking_send(Ok(batch)).is_err() {
@@ -202,7 +203,7 @@ pub(crate) fn progress_bar(total: usize, hidden: bool, what: &str) -> ProgressBa
 /// then seals and sends batches; each batch is atomic across the parties. On an error, the
 /// batches before it are enrolled and the message says from which line to resume (re-running
 /// with the default `--on-duplicate skip` is safe).
-pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTotals, usize)> {
+pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrollTotals, usize)> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
@@ -217,10 +218,10 @@ pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTot
     let (tx, mut rx) = mpsc::channel(2);
     spawn_sealer(args.input.clone(), keys, args.batch_size, tx);
     let bar = progress_bar(total, args.no_progress, "enrolling");
-    let mut totals = EnrolTotals::default();
+    let mut totals = EnrollTotals::default();
     // Keep a few batches in flight while the next ones are sealed; answers are accounted in
     // order, so an error reports exactly which lines are enrolled.
-    let mut in_flight: VecDeque<(SealedBatch, tokio::task::JoinHandle<Result<EnrolResponse>>)> =
+    let mut in_flight: VecDeque<(SealedBatch, tokio::task::JoinHandle<Result<EnrollResponse>>)> =
         VecDeque::new();
     while let Some(next) = rx.recv().await {
         let mut batch = next?;
@@ -245,8 +246,8 @@ pub async fn enroll_file(config: &Config, args: &EnrollArgs) -> Result<(EnrolTot
 
 fn account(
     batch: &SealedBatch,
-    answer: Result<EnrolResponse>,
-    totals: &mut EnrolTotals,
+    answer: Result<EnrollResponse>,
+    totals: &mut EnrollTotals,
     bar: &ProgressBar,
 ) -> Result<()> {
     let done = totals.enrolled + totals.skipped;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use privmatch_core::seal::PartyPublicKey;
+use privmatch_core::crypto::seal::PartyPublicKey;
 use serde::{Deserialize, Serialize};
 
 /// Name of the configuration file inside the privmatch home directory.

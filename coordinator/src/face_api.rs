@@ -7,7 +7,7 @@
 //! | `POST /v1/face/configure` | [`FaceConfigureBody`]: `{"config": b64}` (sealed to P2) | [`DealerStatus`] `{"metric", "dim", "generation", "retired_keys": [P0, P1]}` |
 //! | `GET /v1/face/pool` | — | [`FacePoolResponse`]: dealer state, per evaluator its pools, the level |
 //! | `POST /v1/face/refill` | [`FaceRefillBody`] `{"target", "batch_size", "max_batches"}` | [`FaceRefillResponse`] levels before/after |
-//! | `POST /v1/face/enroll` | [`FaceEnrolBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrolResponse`] per record `{"subject", "enrolled"}` |
+//! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | `{"deleted": n, "pending_recovery": […]}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "match"}` |
 //! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"matches": [subject…], "comparisons"}` |
@@ -196,7 +196,7 @@ fn default_on_duplicate() -> String {
 
 /// The body of `POST /v1/face/enroll`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FaceEnrolBody {
+pub struct FaceEnrollBody {
     /// `skip` (default: an enrolled subject is left as it is) or `error`.
     #[serde(default = "default_on_duplicate")]
     pub on_duplicate: String,
@@ -204,7 +204,7 @@ pub struct FaceEnrolBody {
     pub envelopes: [String; 2],
 }
 
-impl FaceEnrolBody {
+impl FaceEnrollBody {
     /// Checks and decodes the envelopes.
     pub fn decode(&self) -> Result<[Vec<u8>; 2], String> {
         if self.on_duplicate != "skip" && self.on_duplicate != "error" {
@@ -216,7 +216,7 @@ impl FaceEnrolBody {
 
 /// One record's result in a face enrolment answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FaceEnrolResult {
+pub struct FaceEnrollResult {
     /// Subject id.
     pub subject: String,
     /// False when it was already enrolled and skipped.
@@ -225,9 +225,9 @@ pub struct FaceEnrolResult {
 
 /// The answer to `POST /v1/face/enroll`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FaceEnrolResponse {
+pub struct FaceEnrollResponse {
     /// Per record, in request order.
-    pub results: Vec<FaceEnrolResult>,
+    pub results: Vec<FaceEnrollResult>,
     /// Parties whose commit recovery still has to complete (the batch is decided).
     #[serde(default)]
     pub pending_recovery: Vec<String>,
@@ -254,7 +254,7 @@ pub struct FaceVerifyBody {
 impl FaceVerifyBody {
     /// Checks and decodes the request.
     pub fn plan(&self) -> Result<FaceRequest, String> {
-        privmatch_core::bundle::validate_subject(&self.subject)
+        privmatch_core::wire::envelope::validate_subject(&self.subject)
             .map_err(|e| format!("subject: {e}"))?;
         Ok(FaceRequest {
             session: session_from_hex(&self.session, "session")?,
@@ -370,11 +370,11 @@ mod tests {
         let identify: FaceIdentifyBody = serde_json::from_str(&json).expect("parses");
         assert_eq!(identify.plan().expect("valid").subject, None);
 
-        let enrol: FaceEnrolBody =
+        let enroll: FaceEnrollBody =
             serde_json::from_str("{\"envelopes\": [\"cDA=\", \"cDE=\"]}").expect("parses");
-        assert_eq!(enrol.on_duplicate, "skip");
-        assert!(enrol.decode().is_ok());
-        let mut bad = enrol;
+        assert_eq!(enroll.on_duplicate, "skip");
+        assert!(enroll.decode().is_ok());
+        let mut bad = enroll;
         bad.on_duplicate = "replace".into();
         assert!(bad.decode().is_err());
         bad.on_duplicate = "error".into();

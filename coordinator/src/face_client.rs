@@ -16,12 +16,12 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
+use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::face::messages::{
-    seal_dealer_config, seal_face_enrolment, seal_face_probe, DealerConfig, FaceEnrolRequest,
+    seal_dealer_config, seal_face_enrollment, seal_face_probe, DealerConfig, FaceEnrollRequest,
 };
 use privmatch_core::face::quantize::Quantizer;
 use privmatch_core::face::Metric;
-use privmatch_core::seal::PartyPublicKey;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::de::DeserializeOwned;
@@ -30,13 +30,13 @@ use serde::Serialize;
 use crate::api::{codes, session_to_hex, to_base64, ErrorBody};
 use crate::config::Config;
 use crate::face_api::{
-    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrolBody, FaceEnrolResponse,
+    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrollBody, FaceEnrollResponse,
     FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody, FaceRefillResponse,
     FaceVerifyBody, FaceVerifyResponse, DEFAULT_REFILL_BATCH, DEFAULT_REFILL_TARGET,
     MAX_REFILL_BATCH,
 };
 use crate::face_input::{
-    read_enrol_file, read_probe_file, EmbeddingOptions, FaceEnrolRecord, FaceProbeRecord,
+    read_enroll_file, read_probe_file, EmbeddingOptions, FaceEnrollRecord, FaceProbeRecord,
 };
 use crate::face_synth::FaceSynthArgs;
 use crate::search::{new_session_id, with_retry, RetryPolicy};
@@ -217,7 +217,7 @@ pub struct FaceClient {
 
 /// Totals of an enrolment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaceEnrolTotals {
+pub struct FaceEnrollTotals {
     /// Newly enrolled.
     pub enrolled: usize,
     /// Already enrolled, skipped.
@@ -388,11 +388,11 @@ impl FaceClient {
     /// to resume.
     pub async fn enroll(
         &mut self,
-        records: &[FaceEnrolRecord],
+        records: &[FaceEnrollRecord],
         on_duplicate: &str,
         batch_size: usize,
         progress: bool,
-    ) -> Result<FaceEnrolTotals> {
+    ) -> Result<FaceEnrollTotals> {
         if batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
@@ -404,27 +404,27 @@ impl FaceClient {
                 .await?;
         }
         let bar = crate::client::progress_bar(records.len(), !progress, "enrolling faces");
-        let mut totals = FaceEnrolTotals::default();
+        let mut totals = FaceEnrollTotals::default();
         for batch in records.chunks(batch_size) {
             let (first_line, last_line) = (
                 batch.first().map_or(0, |r| r.line),
                 batch.last().map_or(0, |r| r.line),
             );
-            let requests: Vec<FaceEnrolRequest<'_>> = batch
+            let requests: Vec<FaceEnrollRequest<'_>> = batch
                 .iter()
-                .map(|r| FaceEnrolRequest {
+                .map(|r| FaceEnrollRequest {
                     subject: &r.subject,
                     embedding: &r.embedding,
                 })
                 .collect();
-            let ([e0, e1], _) = seal_face_enrolment(&requests, &self.keys, &mut self.rng)
+            let ([e0, e1], _) = seal_face_enrollment(&requests, &self.keys, &mut self.rng)
                 .map_err(|e| anyhow!("sealing lines {first_line}..={last_line}: {e}"))?;
-            let body = FaceEnrolBody {
+            let body = FaceEnrollBody {
                 on_duplicate: on_duplicate.to_owned(),
                 envelopes: [to_base64(&e0), to_base64(&e1)],
             };
             let done = totals.enrolled + totals.skipped;
-            let response: FaceEnrolResponse = match self.call("/v1/face/enroll", Some(&body)).await
+            let response: FaceEnrollResponse = match self.call("/v1/face/enroll", Some(&body)).await
             {
                 Ok(r) => r,
                 Err(e) if e.outcome_unknown() => {
@@ -640,8 +640,8 @@ pub async fn refill(
 }
 
 /// Enrols a whole NDJSON file (validated entirely before anything is sent).
-pub async fn enroll_file(config: &Config, args: &FaceEnrollArgs) -> Result<FaceEnrolTotals> {
-    let records = read_enrol_file(
+pub async fn enroll_file(config: &Config, args: &FaceEnrollArgs) -> Result<FaceEnrollTotals> {
+    let records = read_enroll_file(
         &args.input,
         EmbeddingOptions {
             normalize: args.normalize,
@@ -800,7 +800,7 @@ pub async fn run(action: &FaceAction, config: impl FnOnce() -> Result<Config>) -
             println!("deleted {deleted} face template(s) of subject {subject:?} at P0 and P1");
         }
         FaceAction::Verify(args) => {
-            privmatch_core::bundle::validate_subject(&args.subject)
+            privmatch_core::wire::envelope::validate_subject(&args.subject)
                 .map_err(|e| anyhow!("--subject: {e}"))?;
             let probes = read_probes(&args.input, args.normalize)?;
             let mut client = FaceClient::new(&config)?;

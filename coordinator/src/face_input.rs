@@ -18,15 +18,15 @@ use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use privmatch_core::bundle::validate_subject;
 use privmatch_core::face::quantize::{normalize, Quantizer};
 use privmatch_core::face::FaceError;
+use privmatch_core::wire::envelope::validate_subject;
 use serde::Deserialize;
 use serde_json::Value;
 
 /// One enrolment line as written.
 #[derive(Deserialize)]
-struct RawEnrolLine {
+struct RawEnrollLine {
     subject: Option<Value>,
     embedding: Option<Vec<Value>>,
 }
@@ -39,7 +39,7 @@ struct RawProbeLine {
 
 /// One enrolment record, checked and quantised.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FaceEnrolRecord {
+pub struct FaceEnrollRecord {
     /// 1-based line number in the input, for messages.
     pub line: usize,
     /// Subject id.
@@ -142,13 +142,13 @@ fn embedding_of(
 }
 
 /// Parses one enrolment line (`expected`: the dimension of the first embedding, if any).
-pub fn parse_enrol_line(
+pub fn parse_enroll_line(
     line_number: usize,
     text: &str,
     expected: Option<usize>,
     options: EmbeddingOptions,
-) -> Result<FaceEnrolRecord> {
-    let raw: RawEnrolLine = serde_json::from_str(text).with_context(|| {
+) -> Result<FaceEnrollRecord> {
+    let raw: RawEnrollLine = serde_json::from_str(text).with_context(|| {
         format!("line {line_number}: not a JSON object with \"subject\" and \"embedding\"")
     })?;
     let subject = match raw.subject {
@@ -158,7 +158,7 @@ pub fn parse_enrol_line(
     };
     validate_subject(&subject).with_context(|| format!("line {line_number}: bad \"subject\""))?;
     let embedding = embedding_of(line_number, raw.embedding, expected, options)?;
-    Ok(FaceEnrolRecord {
+    Ok(FaceEnrollRecord {
         line: line_number,
         subject,
         embedding,
@@ -198,15 +198,15 @@ fn for_each_line(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> R
 
 /// Parses enrolment NDJSON text (already read): every line, the common dimension, no subject
 /// twice. Errors name the line.
-pub fn parse_enrol_lines<'a>(
+pub fn parse_enroll_lines<'a>(
     lines: impl IntoIterator<Item = (usize, &'a str)>,
     options: EmbeddingOptions,
-) -> Result<Vec<FaceEnrolRecord>> {
-    let mut records: Vec<FaceEnrolRecord> = Vec::new();
+) -> Result<Vec<FaceEnrollRecord>> {
+    let mut records: Vec<FaceEnrollRecord> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     for (line_number, text) in lines {
         let expected = records.first().map(|r| r.embedding.len());
-        let record = parse_enrol_line(line_number, text, expected, options)?;
+        let record = parse_enroll_line(line_number, text, expected, options)?;
         if !seen.insert(record.subject.clone()) {
             bail!(
                 "line {line_number}: subject {:?} appears twice in the input (one face template per subject)",
@@ -219,13 +219,13 @@ pub fn parse_enrol_lines<'a>(
 }
 
 /// Reads and validates a whole enrolment file (nothing is sent if any line is bad).
-pub fn read_enrol_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceEnrolRecord>> {
+pub fn read_enroll_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceEnrollRecord>> {
     let mut lines: Vec<(usize, String)> = Vec::new();
     for_each_line(path, |n, text| {
         lines.push((n, text.to_owned()));
         Ok(())
     })?;
-    let records = parse_enrol_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
+    let records = parse_enroll_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
         .with_context(|| format!("{} (nothing was enrolled)", path.display()))?;
     if records.is_empty() {
         bail!("{} holds no enrolment record", path.display());
@@ -313,8 +313,8 @@ mod tests {
             .collect()
     }
 
-    fn enrol_err(text: &str, expected: Option<usize>, normalize: bool) -> String {
-        parse_enrol_line(7, text, expected, EmbeddingOptions { normalize })
+    fn enroll_err(text: &str, expected: Option<usize>, normalize: bool) -> String {
+        parse_enroll_line(7, text, expected, EmbeddingOptions { normalize })
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default()
@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_good_line_is_quantised() {
-        let record = parse_enrol_line(1, &line("alice", &unit(128, 3)), None, Default::default())
+        let record = parse_enroll_line(1, &line("alice", &unit(128, 3)), None, Default::default())
             .expect("valid");
         assert_eq!(record.subject, "alice");
         assert_eq!(record.embedding.len(), 128);
@@ -334,14 +334,14 @@ mod tests {
     fn errors_name_the_line_and_the_reason() {
         let mut big = unit(128, 0);
         big[5] = "1.5".into();
-        let err = enrol_err(&line("a", &big), None, false);
+        let err = enroll_err(&line("a", &big), None, false);
         assert!(err.contains("line 7") && err.contains("element 5"), "{err}");
         assert!(
             err.contains("could overflow") && err.contains("--normalize"),
             "{err}"
         );
         // --normalize makes the same line acceptable.
-        assert!(parse_enrol_line(
+        assert!(parse_enroll_line(
             7,
             &line("a", &big),
             None,
@@ -349,44 +349,44 @@ mod tests {
         )
         .is_ok());
 
-        let err = enrol_err(&line("a", &unit(128, 0)), Some(256), false);
+        let err = enroll_err(&line("a", &unit(128, 0)), Some(256), false);
         assert!(
             err.contains("line 7") && err.contains("expected 256") && err.contains("got 128"),
             "{err}"
         );
-        let err = enrol_err(&line("a", &unit(100, 0)), None, false);
+        let err = enroll_err(&line("a", &unit(100, 0)), None, false);
         assert!(err.contains("unsupported embedding dimension 100"), "{err}");
 
         for name in ["\"NaN\"", "\"Infinity\"", "\"-Infinity\""] {
             let mut e = unit(128, 0);
             e[9] = name.into();
-            let err = enrol_err(&line("a", &e), None, false);
+            let err = enroll_err(&line("a", &e), None, false);
             assert!(
                 err.contains("line 7") && err.contains("element 9 is not a finite number"),
                 "{name}: {err}"
             );
             // Normalising does not launder a non-finite element.
-            let err = enrol_err(&line("a", &e), None, true);
+            let err = enroll_err(&line("a", &e), None, true);
             assert!(err.contains("element 9 is not a finite number"), "{err}");
         }
         let mut e = unit(128, 0);
         e[2] = "\"abc\"".into();
-        assert!(enrol_err(&line("a", &e), None, false).contains("element 2 is a string"));
+        assert!(enroll_err(&line("a", &e), None, false).contains("element 2 is a string"));
         e[2] = "null".into();
-        assert!(enrol_err(&line("a", &e), None, false).contains("element 2 is null"));
+        assert!(enroll_err(&line("a", &e), None, false).contains("element 2 is null"));
 
-        let err = enrol_err(&line("", &unit(128, 0)), None, false);
+        let err = enroll_err(&line("", &unit(128, 0)), None, false);
         assert!(err.contains("line 7: bad \"subject\""), "{err}");
-        let err = enrol_err("{\"embedding\": [1]}", None, false);
+        let err = enroll_err("{\"embedding\": [1]}", None, false);
         assert!(err.contains("missing \"subject\""), "{err}");
-        let err = enrol_err("{\"subject\": 5, \"embedding\": [1]}", None, false);
+        let err = enroll_err("{\"subject\": 5, \"embedding\": [1]}", None, false);
         assert!(err.contains("must be a string"), "{err}");
-        let err = enrol_err("{\"subject\": \"a\"}", None, false);
+        let err = enroll_err("{\"subject\": \"a\"}", None, false);
         assert!(err.contains("missing \"embedding\""), "{err}");
-        let err = enrol_err("not json", None, false);
+        let err = enroll_err("not json", None, false);
         assert!(err.contains("line 7: not a JSON object"), "{err}");
         let zero: Vec<String> = (0..128).map(|_| "0".into()).collect();
-        let err = enrol_err(&line("a", &zero), None, true);
+        let err = enroll_err(&line("a", &zero), None, true);
         assert!(err.contains("zero vector"), "{err}");
     }
 
@@ -395,11 +395,11 @@ mod tests {
         let a = line("a", &unit(128, 0));
         let b = line("b", &unit(128, 1));
         let short = line("c", &unit(129, 1));
-        let ok = parse_enrol_lines([(1, a.as_str()), (3, b.as_str())], Default::default())
+        let ok = parse_enroll_lines([(1, a.as_str()), (3, b.as_str())], Default::default())
             .expect("valid");
         assert_eq!(ok.len(), 2);
         assert_eq!(ok[1].line, 3);
-        let err = parse_enrol_lines([(1, a.as_str()), (2, short.as_str())], Default::default())
+        let err = parse_enroll_lines([(1, a.as_str()), (2, short.as_str())], Default::default())
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
@@ -407,7 +407,7 @@ mod tests {
             err.contains("line 2") && err.contains("expected 128"),
             "{err}"
         );
-        let err = parse_enrol_lines([(1, a.as_str()), (2, a.as_str())], Default::default())
+        let err = parse_enroll_lines([(1, a.as_str()), (2, a.as_str())], Default::default())
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
@@ -435,7 +435,7 @@ mod tests {
     fn written_lines_read_back() {
         let e: Vec<f64> = (0..128).map(|i| if i == 2 { -0.5 } else { 0.0 }).collect();
         let text = embedding_line("s-1", &e);
-        let record = parse_enrol_line(1, &text, None, Default::default()).expect("valid");
+        let record = parse_enroll_line(1, &text, None, Default::default()).expect("valid");
         assert_eq!(record.subject, "s-1");
         assert_eq!(record.embedding[2], -724);
         assert!(
@@ -450,7 +450,7 @@ mod tests {
             text.contains(r#""q\"uote""#) && text.contains("0.1,\"NaN\""),
             "{text}"
         );
-        let err = parse_enrol_line(1, &text, None, Default::default())
+        let err = parse_enroll_line(1, &text, None, Default::default())
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();

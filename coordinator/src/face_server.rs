@@ -18,8 +18,8 @@ use crate::face_admin::{
     configure_dealer, pool_status, refill as refill_pools, retire_older_keys, RefillError,
 };
 use crate::face_api::{
-    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrolBody, FaceEnrolResponse,
-    FaceEnrolResult, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
+    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrollBody, FaceEnrollResponse,
+    FaceEnrollResult, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
     FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse,
 };
 use crate::face_session::{run_face_session, FaceErrorKind, FaceSessionError};
@@ -220,10 +220,10 @@ async fn refill(
 async fn enroll(
     State(state): State<Arc<AppState>>,
     body: Bytes,
-) -> Result<Json<FaceEnrolResponse>, ApiError> {
-    let request: FaceEnrolBody = parse_json(&body)?;
+) -> Result<Json<FaceEnrollResponse>, ApiError> {
+    let request: FaceEnrollBody = parse_json(&body)?;
     let [e0, e1] = request.decode().map_err(bad_request)?;
-    let work = |envelope: Vec<u8>| PartyWork::FaceEnrol {
+    let work = |envelope: Vec<u8>| PartyWork::FaceEnroll {
         envelopes: vec![envelope],
         on_duplicate: request.on_duplicate.clone(),
     };
@@ -239,10 +239,10 @@ async fn enroll(
             "unexpected result kind".into(),
         ));
     };
-    Ok(Json(FaceEnrolResponse {
+    Ok(Json(FaceEnrollResponse {
         results: rows
             .into_iter()
-            .map(|(subject, enrolled)| FaceEnrolResult { subject, enrolled })
+            .map(|(subject, enrolled)| FaceEnrollResult { subject, enrolled })
             .collect(),
         pending_recovery: pending.iter().map(ToString::to_string).collect(),
     }))
@@ -253,7 +253,7 @@ async fn delete(
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let request: FaceDeleteBody = parse_json(&body)?;
-    privmatch_core::bundle::validate_subject(&request.subject)
+    privmatch_core::wire::envelope::validate_subject(&request.subject)
         .map_err(|e| bad_request(format!("subject: {e}")))?;
     let work = || PartyWork::FaceDelete {
         subject: request.subject.clone(),

@@ -438,7 +438,7 @@ async fn drive(
 /// Checks a request before anything is sent.
 fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
     if let Some(subject) = &request.subject {
-        privmatch_core::bundle::validate_subject(subject)
+        privmatch_core::wire::envelope::validate_subject(subject)
             .map_err(|e| FaceSessionError::Invalid(format!("subject: {e}")))?;
     }
     if request.probes.iter().any(Vec::is_empty) {

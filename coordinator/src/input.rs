@@ -15,8 +15,9 @@ use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use privmatch_core::bundle::{validate_subject, Eye};
+use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::template::{IrisBits, IrisTemplate};
+use privmatch_core::wire::envelope::validate_subject;
 use serde::Deserialize;
 
 /// One input line as written.
@@ -29,7 +30,7 @@ struct RawRecord {
 }
 
 /// One parsed enrolment record.
-pub struct EnrolRecord {
+pub struct EnrollRecord {
     /// 1-based line number in the input, for messages.
     pub line: usize,
     /// Subject id.
@@ -41,7 +42,7 @@ pub struct EnrolRecord {
 }
 
 /// Parses one NDJSON line.
-pub fn parse_line(line_number: usize, line: &str) -> Result<EnrolRecord> {
+pub fn parse_line(line_number: usize, line: &str) -> Result<EnrollRecord> {
     let raw: RawRecord = serde_json::from_str(line)
         .with_context(|| format!("line {line_number}: not a JSON object"))?;
     let context = |what: &str| format!("line {line_number}: {what}");
@@ -59,7 +60,7 @@ pub fn parse_line(line_number: usize, line: &str) -> Result<EnrolRecord> {
         raw.iris_codes.as_deref(),
         raw.mask_codes.as_deref(),
     )?;
-    Ok(EnrolRecord {
+    Ok(EnrollRecord {
         line: line_number,
         subject,
         eye,
@@ -109,7 +110,7 @@ pub fn validate_file(path: &Path) -> Result<usize> {
 }
 
 /// Calls `f` on every record of the file, in order; blank lines are skipped.
-pub fn for_each_record(path: &Path, mut f: impl FnMut(EnrolRecord) -> Result<()>) -> Result<()> {
+pub fn for_each_record(path: &Path, mut f: impl FnMut(EnrollRecord) -> Result<()>) -> Result<()> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {

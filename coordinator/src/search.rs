@@ -27,11 +27,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use privmatch_core::bundle::Eye;
-use privmatch_core::iris::probe::SESSION_ID_LEN;
+use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::template::MAX_ROTATION;
 use privmatch_core::mpc::compare::Threshold;
 use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::SESSION_ID_LEN;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 

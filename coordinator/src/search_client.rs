@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use privmatch_core::bundle::{seal_iris_enrolment, Eye};
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::iris::enroll::{seal_iris_enrollment, Eye};
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::template::IrisTemplate;
-use privmatch_core::seal::PartyPublicKey;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::de::DeserializeOwned;
@@ -21,12 +21,12 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::api::{
-    codes, session_to_hex, to_base64, EnrolIfUniqueBody, EnrolIfUniqueOutcome,
-    EnrolIfUniqueResponse, ErrorBody, EyeProbeBody, SearchBody, SearchResponse,
+    codes, session_to_hex, to_base64, EnrollIfUniqueBody, EnrollIfUniqueOutcome,
+    EnrollIfUniqueResponse, ErrorBody, EyeProbeBody, SearchBody, SearchResponse,
 };
 use crate::client::EnrollArgs;
 use crate::config::Config;
-use crate::input::{for_each_record, read_probe_file, validate_file, EnrolRecord, ProbeRecord};
+use crate::input::{for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord};
 use crate::search::{
     new_session_id, with_retry, EyePolicy, Match, RetryPolicy, SearchMode, SearchParams, SessionId,
     UNIQUENESS_AND_UNSUPPORTED,
@@ -327,11 +327,11 @@ pub struct IfUniqueTotals {
 }
 
 impl IfUniqueTotals {
-    fn count(&mut self, outcome: EnrolIfUniqueOutcome) {
+    fn count(&mut self, outcome: EnrollIfUniqueOutcome) {
         match outcome {
-            EnrolIfUniqueOutcome::Enrolled => self.enrolled += 1,
-            EnrolIfUniqueOutcome::Duplicate => self.duplicates += 1,
-            EnrolIfUniqueOutcome::NotUnique => self.refused += 1,
+            EnrollIfUniqueOutcome::Enrolled => self.enrolled += 1,
+            EnrollIfUniqueOutcome::Duplicate => self.duplicates += 1,
+            EnrollIfUniqueOutcome::NotUnique => self.refused += 1,
         }
     }
 
@@ -346,21 +346,21 @@ impl IfUniqueTotals {
 
 /// Enrols one record if unique: the bundles are sealed once; the probe is re-sealed for a
 /// fresh session on every attempt.
-async fn enrol_one_if_unique(
+async fn enroll_one_if_unique(
     http: &reqwest::Client,
     url: &str,
-    record: &EnrolRecord,
+    record: &EnrollRecord,
     threshold: f64,
     keys: &[PartyPublicKey; 3],
     rng: &mut ChaCha20Rng,
-) -> Result<EnrolIfUniqueOutcome, (CallError, u32)> {
+) -> Result<EnrollIfUniqueOutcome, (CallError, u32)> {
     let (envelopes, _) =
-        seal_iris_enrolment(&record.template, &record.subject, record.eye, keys, rng)
+        seal_iris_enrollment(&record.template, &record.subject, record.eye, keys, rng)
             .map_err(|e| (CallError::Local(anyhow!("sealing the enrolment: {e}")), 0))?;
     let envelopes = envelopes.map(|e| to_base64(&e));
     let (result, attempts) = with_retry(&RetryPolicy::default(), CallError::is_sets_differ, || {
         let probe = seal_probe(&record.template, record.eye, keys, rng);
-        let body = probe.map(|(session, probes)| EnrolIfUniqueBody {
+        let body = probe.map(|(session, probes)| EnrollIfUniqueBody {
             subject: record.subject.clone(),
             eye: record.eye.as_str().to_owned(),
             session: session_to_hex(&session),
@@ -370,7 +370,7 @@ async fn enrol_one_if_unique(
         });
         async move {
             let body = body.map_err(CallError::Local)?;
-            post_json::<_, EnrolIfUniqueResponse>(http, url, &body).await
+            post_json::<_, EnrollIfUniqueResponse>(http, url, &body).await
         }
     })
     .await;
@@ -384,13 +384,13 @@ async fn enrol_one_if_unique(
             }
             Ok(response.outcome)
         }
-        Err(e) if e.code() == Some(codes::NOT_UNIQUE) => Ok(EnrolIfUniqueOutcome::NotUnique),
+        Err(e) if e.code() == Some(codes::NOT_UNIQUE) => Ok(EnrollIfUniqueOutcome::NotUnique),
         Err(e) => Err((e, attempts)),
     }
 }
 
 /// Reads the (validated) file on a blocking thread, record by record.
-fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrolRecord>>) {
+fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrollRecord>>) {
     std::thread::spawn(move || {
         let outcome = for_each_record(&input, |record| {
             if tx.blocking_send(Ok(record)).is_err() {
@@ -406,7 +406,7 @@ fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrolRecord>>) {
 
 /// The error of a record that failed: what is known about it, and where to resume.
 fn record_failure(
-    record: &EnrolRecord,
+    record: &EnrollRecord,
     error: CallError,
     attempts: u32,
     done: &IfUniqueTotals,
@@ -451,10 +451,10 @@ pub async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> 
     let mut totals = IfUniqueTotals::default();
     while let Some(record) = rx.recv().await {
         let record = record?;
-        let outcome = enrol_one_if_unique(&http, &url, &record, args.threshold, &keys, &mut rng)
+        let outcome = enroll_one_if_unique(&http, &url, &record, args.threshold, &keys, &mut rng)
             .await
             .map_err(|(e, attempts)| record_failure(&record, e, attempts, &totals))?;
-        if outcome == EnrolIfUniqueOutcome::NotUnique {
+        if outcome == EnrollIfUniqueOutcome::NotUnique {
             bar.suspend(|| {
                 println!(
                     "line {}: {:?} ({} eye): not enrolled: matches an enrolled template",
@@ -585,10 +585,10 @@ mod tests {
     fn summary_counts_each_outcome() {
         let mut totals = IfUniqueTotals::default();
         for outcome in [
-            EnrolIfUniqueOutcome::Enrolled,
-            EnrolIfUniqueOutcome::NotUnique,
-            EnrolIfUniqueOutcome::Enrolled,
-            EnrolIfUniqueOutcome::Duplicate,
+            EnrollIfUniqueOutcome::Enrolled,
+            EnrollIfUniqueOutcome::NotUnique,
+            EnrollIfUniqueOutcome::Enrolled,
+            EnrollIfUniqueOutcome::Duplicate,
         ] {
             totals.count(outcome);
         }

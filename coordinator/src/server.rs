@@ -6,10 +6,10 @@
 //! |---|---|---|
 //! | `GET /v1/health` | — | `{"status": "ok", "instance": …}` |
 //! | `GET /v1/status` | — | per party: reachable, enrolled records, key fingerprint |
-//! | `POST /v1/iris/enroll?on_duplicate=skip\|error` | framed sealed bundles (`privmatch_core::bundle::encode_enrol_batch`) | per record: subject, eye, enrolled |
+//! | `POST /v1/iris/enroll?on_duplicate=skip\|error` | framed sealed bundles (`privmatch_core::iris::enroll::encode_enrol_batch`) | per record: subject, eye, enrolled |
 //! | `POST /v1/iris/delete` | `{"subject": …, "eye": "left"\|"right"\|null}` | `{"deleted": n}` |
 //! | `POST /v1/iris/search` | JSON, sealed probes per eye ([`crate::api::SearchBody`]) | matches or uniqueness, per-eye figures |
-//! | `POST /v1/iris/enroll-if-unique` | JSON, one record ([`crate::api::EnrolIfUniqueBody`]) | `enrolled` / `duplicate`, or 409 `not_unique` |
+//! | `POST /v1/iris/enroll-if-unique` | JSON, one record ([`crate::api::EnrollIfUniqueBody`]) | `enrolled` / `duplicate`, or 409 `not_unique` |
 //! | `POST /v1/recover` | — | what recovery committed / rolled back |
 //! | `POST /v1/face/configure`, `GET /v1/face/pool`, `POST /v1/face/refill` | JSON ([`crate::face_api`]) | the dealer and the key pools |
 //! | `POST /v1/face/enroll`, `/v1/face/delete`, `/v1/face/verify`, `/v1/face/identify` | JSON ([`crate::face_api`]) | face templates and matching |
@@ -35,12 +35,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::future::join_all;
-use privmatch_core::bundle::{decode_enrol_batch, Eye};
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::wire::envelope::decode_enroll_batch;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::api::{
-    codes, EnrolIfUniqueBody, EnrolIfUniqueOutcome, EnrolIfUniqueResponse, ErrorBody, EyeReport,
+    codes, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse, ErrorBody, EyeReport,
     SearchBody, SearchResponse,
 };
 use crate::config::Config;
@@ -50,7 +51,7 @@ use crate::search::{
     combine_matches, combine_uniqueness, run_search, SearchError, SearchOutcome, SearchResult,
     SessionId, DEFAULT_CALL_TIMEOUT,
 };
-use crate::twophase::{EnrolIfUnique, Fault, PartyWork, TwoPhase, TxnError, TxnWork, WorkResult};
+use crate::twophase::{EnrollIfUnique, Fault, PartyWork, TwoPhase, TxnError, TxnWork, WorkResult};
 
 /// Largest accepted request body (a batch of sealed bundles).
 pub const MAX_BODY_BYTES: usize = 256 << 20;
@@ -310,7 +311,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<Vec<PartyStatus>> {
 }
 
 #[derive(Deserialize)]
-struct EnrolParams {
+struct EnrollParams {
     #[serde(default = "default_on_duplicate")]
     on_duplicate: String,
 }
@@ -321,7 +322,7 @@ fn default_on_duplicate() -> String {
 
 /// One record's result in an enrolment answer.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct EnrolResult {
+pub struct EnrollResult {
     /// Subject id.
     pub subject: String,
     /// Eye.
@@ -332,26 +333,26 @@ pub struct EnrolResult {
 
 /// The answer to an enrolment batch.
 #[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct EnrolResponse {
+pub struct EnrollResponse {
     /// Per record, in request order.
-    pub results: Vec<EnrolResult>,
+    pub results: Vec<EnrollResult>,
     /// Parties whose commit recovery still has to complete (the batch is decided).
     pub pending_recovery: Vec<String>,
 }
 
 async fn enroll(
     State(state): State<Arc<AppState>>,
-    Query(params): Query<EnrolParams>,
+    Query(params): Query<EnrollParams>,
     body: Bytes,
-) -> Result<Json<EnrolResponse>, ApiError> {
+) -> Result<Json<EnrollResponse>, ApiError> {
     if params.on_duplicate != "skip" && params.on_duplicate != "error" {
         return Err(bad_request("on_duplicate must be \"skip\" or \"error\""));
     }
-    let [p0, p1, p2] = decode_enrol_batch(&body).map_err(|e| bad_request(e.to_string()))?;
+    let [p0, p1, p2] = decode_enroll_batch(&body).map_err(|e| bad_request(e.to_string()))?;
     if p0.is_empty() {
         return Err(bad_request("empty enrolment batch"));
     }
-    let work = |bundles| PartyWork::IrisEnrol {
+    let work = |bundles| PartyWork::IrisEnroll {
         bundles,
         on_duplicate: params.on_duplicate.clone(),
     };
@@ -359,10 +360,10 @@ async fn enroll(
     let WorkResult::Enrolled(rows) = result else {
         return Err(bad_request("unexpected result kind"));
     };
-    Ok(Json(EnrolResponse {
+    Ok(Json(EnrollResponse {
         results: rows
             .into_iter()
-            .map(|(subject, eye, enrolled)| EnrolResult {
+            .map(|(subject, eye, enrolled)| EnrollResult {
                 subject,
                 eye,
                 enrolled,
@@ -382,10 +383,10 @@ async fn delete(
     State(state): State<Arc<AppState>>,
     Json(request): Json<DeleteRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    privmatch_core::bundle::validate_subject(&request.subject)
+    privmatch_core::wire::envelope::validate_subject(&request.subject)
         .map_err(|e| bad_request(e.to_string()))?;
     if let Some(eye) = &request.eye {
-        privmatch_core::bundle::Eye::parse(eye).map_err(|e| bad_request(e.to_string()))?;
+        privmatch_core::iris::enroll::Eye::parse(eye).map_err(|e| bad_request(e.to_string()))?;
     }
     let work = || PartyWork::IrisDelete {
         subject: request.subject.clone(),
@@ -468,11 +469,11 @@ async fn search(
 async fn enroll_if_unique(
     State(state): State<Arc<AppState>>,
     body: Bytes,
-) -> Result<Json<EnrolIfUniqueResponse>, ApiError> {
-    let request: EnrolIfUniqueBody = parse_json(&body)?;
+) -> Result<Json<EnrollIfUniqueResponse>, ApiError> {
+    let request: EnrollIfUniqueBody = parse_json(&body)?;
     let plan = request.plan().map_err(bad_request)?;
     state.claim_sessions(&[plan.search.session]).await?;
-    let work = TxnWork::IrisEnrolIfUnique(Box::new(EnrolIfUnique {
+    let work = TxnWork::IrisEnrollIfUnique(Box::new(EnrollIfUnique {
         subject: plan.subject.clone(),
         eye: plan.eye,
         envelopes: plan.envelopes,
@@ -481,8 +482,8 @@ async fn enroll_if_unique(
     }));
     let (result, pending) = state.txns.run_work(work).await?;
     let outcome = match result {
-        WorkResult::Enrolled(_) => EnrolIfUniqueOutcome::Enrolled,
-        WorkResult::AlreadyEnrolled => EnrolIfUniqueOutcome::Duplicate,
+        WorkResult::Enrolled(_) => EnrollIfUniqueOutcome::Enrolled,
+        WorkResult::AlreadyEnrolled => EnrollIfUniqueOutcome::Duplicate,
         WorkResult::NotUnique => {
             return Err(error_with(
                 StatusCode::CONFLICT,
@@ -498,7 +499,7 @@ async fn enroll_if_unique(
             ))
         }
     };
-    Ok(Json(EnrolIfUniqueResponse {
+    Ok(Json(EnrollIfUniqueResponse {
         subject: plan.subject,
         eye: plan.eye.as_str().to_owned(),
         outcome,

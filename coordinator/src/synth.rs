@@ -38,7 +38,7 @@ pub struct SynthArgs {
 }
 
 /// One enrolment line.
-pub fn enrolment_line(subject: &str, eye: &str, template: &IrisTemplate) -> String {
+pub fn enrollment_line(subject: &str, eye: &str, template: &IrisTemplate) -> String {
     serde_json::json!({
         "subject": subject,
         "eye": eye,
@@ -90,7 +90,7 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     };
     let mut out = BufWriter::new(out);
     generate(args, |subject, template| {
-        writeln!(out, "{}", enrolment_line(subject, "left", template))?;
+        writeln!(out, "{}", enrollment_line(subject, "left", template))?;
         Ok(())
     })?;
     out.flush()?;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use privmatch_core::bundle::Eye;
+use privmatch_core::iris::enroll::Eye;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::twophase::{gid_instance, make_gid, resolve, DecisionRecord, Resolution};
 use serde::Serialize;
@@ -69,7 +69,7 @@ impl Fault {
 #[derive(Clone, Debug)]
 pub enum PartyWork {
     /// Open and store sealed iris enrolment bundles (this party's bundles, in record order).
-    IrisEnrol {
+    IrisEnroll {
         /// Sealed bundles addressed to this party.
         bundles: Vec<Vec<u8>>,
         /// `"skip"` or `"error"`.
@@ -84,7 +84,7 @@ pub enum PartyWork {
     },
     /// Open and store sealed face enrolment envelopes (P0 and P1 only: the envelopes this
     /// party's shares are sealed in, usually one).
-    FaceEnrol {
+    FaceEnroll {
         /// Sealed envelopes addressed to this party.
         envelopes: Vec<Vec<u8>>,
         /// `"skip"` or `"error"`.
@@ -110,10 +110,10 @@ impl PartyWork {
     /// every party doing such work, in party order; None when it writes no template.
     pub fn template_table(&self) -> Option<&'static str> {
         match self {
-            PartyWork::IrisEnrol { .. } | PartyWork::IrisDelete { .. } => {
+            PartyWork::IrisEnroll { .. } | PartyWork::IrisDelete { .. } => {
                 Some("privmatch.iris_templates")
             }
-            PartyWork::FaceEnrol { .. } | PartyWork::FaceDelete { .. } => {
+            PartyWork::FaceEnroll { .. } | PartyWork::FaceDelete { .. } => {
                 Some("privmatch.face_templates")
             }
             PartyWork::FaceKeys { .. } | PartyWork::MarkerOnly => None,
@@ -127,7 +127,7 @@ impl PartyWork {
 /// uniqueness search through the transaction's connections, and only then open and store the
 /// sealed bundles.
 #[derive(Clone, Debug)]
-pub struct EnrolIfUnique {
+pub struct EnrollIfUnique {
     /// The record's subject, as the client announced it (checked against the parties' answer).
     pub subject: String,
     /// The record's eye.
@@ -146,7 +146,7 @@ pub enum TxnWork {
     /// Independent work at each party (indexed by party); the results must agree.
     PerParty([PartyWork; 3]),
     /// Enrol one record if it is unique.
-    IrisEnrolIfUnique(Box<EnrolIfUnique>),
+    IrisEnrollIfUnique(Box<EnrollIfUnique>),
 }
 
 /// What the work returned at one party. The three parties must agree.
@@ -224,7 +224,7 @@ async fn execute_work(
 ) -> Result<Option<WorkResult>, PartyError> {
     let pg = |e: tokio_postgres::Error| PartyError::from_pg(party, &e);
     let result = match work {
-        PartyWork::IrisEnrol {
+        PartyWork::IrisEnroll {
             bundles,
             on_duplicate,
         } => {
@@ -249,7 +249,7 @@ async fn execute_work(
                 .map_err(pg)?;
             WorkResult::Deleted(row.get(0))
         }
-        PartyWork::FaceEnrol {
+        PartyWork::FaceEnroll {
             envelopes,
             on_duplicate,
         } => {
@@ -534,15 +534,15 @@ impl TwoPhase {
                 lock_table_at(clients, tables, TableLock::Write).await?;
                 per_party(clients, work).await.map(PhaseOne::Commit)
             }
-            TxnWork::IrisEnrolIfUnique(record) => self.enrol_if_unique(clients, record).await,
+            TxnWork::IrisEnrollIfUnique(record) => self.enroll_if_unique(clients, record).await,
         }
     }
 
-    /// Lock, duplicate check, uniqueness search, enrolment (see [`EnrolIfUnique`]).
-    async fn enrol_if_unique(
+    /// Lock, duplicate check, uniqueness search, enrolment (see [`EnrollIfUnique`]).
+    async fn enroll_if_unique(
         &self,
         clients: &[Client; 3],
-        record: &EnrolIfUnique,
+        record: &EnrollIfUnique,
     ) -> Result<PhaseOne, TxnError> {
         lock_templates(clients, TableLock::Exclusive).await?;
         if is_enrolled(clients, &record.subject, record.eye).await? {
@@ -565,7 +565,7 @@ impl TwoPhase {
                 ))
             }
         }
-        let work = |p: usize| PartyWork::IrisEnrol {
+        let work = |p: usize| PartyWork::IrisEnroll {
             bundles: vec![record.envelopes[p].clone()],
             on_duplicate: "error".into(),
         };
@@ -805,11 +805,11 @@ mod tests {
 
     #[test]
     fn face_work_locks_the_face_table_and_keys_lock_none() {
-        let enrol = PartyWork::FaceEnrol {
+        let enroll = PartyWork::FaceEnroll {
             envelopes: vec![vec![1]],
             on_duplicate: "skip".into(),
         };
-        assert_eq!(enrol.template_table(), Some("privmatch.face_templates"));
+        assert_eq!(enroll.template_table(), Some("privmatch.face_templates"));
         let delete = PartyWork::FaceDelete {
             subject: "a".into(),
         };

@@ -10,8 +10,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use privmatch_core::fss::aes::{self, Backend};
-use privmatch_core::fss::{dcf, ic};
+use privmatch_core::crypto::fss::aes::{self, Backend};
+use privmatch_core::crypto::fss::{dcf, ic};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 

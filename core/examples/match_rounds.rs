@@ -7,11 +7,12 @@
 
 use std::time::{Duration, Instant};
 
+use privmatch_core::crypto::seal::PairwisePrf;
 use privmatch_core::iris::dot::DotShares;
-use privmatch_core::iris::matcher::{IrisMatchSession, MatchConfig, MatchOutput, OutputMode};
+use privmatch_core::iris::matcher::{IrisMatchSession, MatchConfig, MatchOutput};
+use privmatch_core::iris::params::SearchMode;
 use privmatch_core::mpc::binary::{MpcContext, Step};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::PairwisePrf;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -32,8 +33,8 @@ fn main() {
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let r: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(31);
     let mode = match args.get(3).map(String::as_str) {
-        Some("uniqueness") => OutputMode::Uniqueness,
-        _ => OutputMode::Identify,
+        Some("uniqueness") => SearchMode::Uniqueness,
+        _ => SearchMode::Identify,
     };
     let mut config = MatchConfig::new(mode);
     config.max_rotation = (r as i32 - 1) / 2;

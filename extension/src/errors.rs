@@ -3,9 +3,10 @@
 
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use privmatch_core::bundle::BundleError;
-use privmatch_core::seal::SealError;
-use privmatch_core::storage::ShareLayoutError;
+use privmatch_core::crypto::seal::SealError;
+use privmatch_core::iris::enroll::BundleError;
+use privmatch_core::wire::envelope::EnvelopeError;
+use privmatch_core::wire::storage::ShareLayoutError;
 
 /// Raises an ERROR with `code` and `message` (and an optional hint); never returns.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: Option<&str>) -> ! {
@@ -38,7 +39,7 @@ pub fn raise_bundle(position: usize, err: BundleError) -> ! {
         BundleError::Seal(SealError::WrongRecipient { .. })
         | BundleError::Seal(SealError::WrongKey { .. })
         | BundleError::PartyMismatch { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        BundleError::BadSubject(_) | BundleError::BadEye(_) => {
+        BundleError::Envelope(EnvelopeError::BadSubject(_)) | BundleError::BadEye(_) => {
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
         }
         _ => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,

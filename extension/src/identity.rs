@@ -3,8 +3,8 @@
 //! PUBLIC) and no function returns it; only its public half and fingerprint leave the party.
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::{PartyPublicKey, PartySecretKey};
 
 use crate::errors::raise;
 

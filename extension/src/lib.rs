@@ -2,13 +2,13 @@
 //!
 //! A thin pgrx layer over `privmatch-core`: it gives a party its identity (index and X25519
 //! key, generated here and never exported), the share types (`iris_code_share`,
-//! `iris_mask_share`: hand-laid varlenas, see [`privmatch_core::storage`]), the table of enrolled
+//! `iris_mask_share`: hand-laid varlenas, see [`privmatch_core::wire::storage`]), the table of enrolled
 //! templates, and the SQL functions the coordinator calls to enrol and delete records inside
 //! its two-phase-commit transactions. Every rule about bytes lives in `core/`; this crate only
 //! moves bytes between Postgres and core, and turns core's errors into SQLSTATEs.
 
 mod engine;
-mod enrol;
+mod enroll;
 mod errors;
 mod face;
 mod identity;

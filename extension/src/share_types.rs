@@ -1,5 +1,5 @@
 //! The share types `iris_code_share` and `iris_mask_share`: hand-laid varlenas whose payload is
-//! the layout of [`privmatch_core::storage`]. These are plain version-1 C functions (not
+//! the layout of [`privmatch_core::wire::storage`]. These are plain version-1 C functions (not
 //! `#[pg_extern]`) because a base type's I/O functions take and return raw `cstring`,
 //! `internal` and the type itself; the SQL that declares them is in `sql/privmatch.sql`.
 //!
@@ -10,7 +10,7 @@ use std::ffi::{c_char, CStr};
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::storage::{
+use privmatch_core::wire::storage::{
     check_typmod, decode_share, format_share_text, parse_share_text, validate_typmod, ShareKind,
     ShareLayoutError,
 };

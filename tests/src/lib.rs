@@ -23,11 +23,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
+use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::iris::encoding::{reconstruct_template, IrisShare};
 use privmatch_core::iris::template::{IrisBits, IrisTemplate};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::PartyPublicKey;
-use privmatch_core::storage::{decode_share, ShareKind};
+use privmatch_core::wire::storage::{decode_share, ShareKind};
 
 /// First port of the range the end-to-end tests may use (16000–16999): below the kernel's
 /// ephemeral range (32768–60999), so no client connection can hold a port a test server needs.
@@ -363,7 +363,7 @@ pub fn by_key(records: &[InputRecord]) -> BTreeMap<RecordKey, IrisTemplate> {
         .collect()
 }
 
-pub use privmatch_coordinator::synth::enrolment_line;
+pub use privmatch_coordinator::synth::enrollment_line;
 
 /// Writes lines as a file (one per line, trailing newline).
 pub fn write_lines(path: &Path, lines: &[String]) {

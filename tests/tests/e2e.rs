@@ -9,13 +9,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use privmatch_core::bundle::{encode_enrol_batch, seal_iris_enrolment, Eye};
+use privmatch_core::crypto::seal::{PartySecretKey, SEALED_BOX_OVERHEAD};
 use privmatch_core::iris::encoding::reconstruct_template;
+use privmatch_core::iris::enroll::{seal_iris_enrollment, Eye};
 use privmatch_core::iris::synth::random_template;
 use privmatch_core::iris::template::IrisTemplate;
-use privmatch_core::seal::{PartySecretKey, SEALED_BOX_OVERHEAD};
+use privmatch_core::wire::envelope::encode_enroll_batch;
 use privmatch_e2e::{
-    by_key, enrolment_line, privmatch, read_ndjson, write_lines, Cluster, RecordKey,
+    by_key, enrollment_line, privmatch, read_ndjson, write_lines, Cluster, RecordKey,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -63,7 +64,7 @@ fn lines_of(path: &std::path::Path) -> Vec<String> {
 /// from each pair to the input template; re-running is a no-op; deletion is atomic across the
 /// parties and idempotent; a deleted record can be enrolled again.
 #[test]
-fn enrol_1000_and_reconstruct() {
+fn enroll_1000_and_reconstruct() {
     let c = Cluster::start("enrol", 0);
     let input = c.path("synth.ndjson");
     privmatch(&[
@@ -84,12 +85,12 @@ fn enrol_1000_and_reconstruct() {
     let mut rng = ChaCha20Rng::seed_from_u64(70);
     let mut lines = lines_of(&input);
     assert_eq!(lines.len(), 1020, "synth wrote 1000 + 20 near-duplicates");
-    lines.push(enrolment_line(
+    lines.push(enrollment_line(
         "synth-0000005",
         "right",
         &random_template(&mut rng),
     ));
-    lines.push(enrolment_line(
+    lines.push(enrollment_line(
         "synth-0000006",
         "right",
         &random_template(&mut rng),
@@ -356,13 +357,13 @@ fn sealed_bundle_attacks_rejected() {
     let mut expected = BTreeMap::new();
     let seal = |subject: &str, rng: &mut ChaCha20Rng| {
         let t = random_template(rng);
-        let (sealed, _) = seal_iris_enrolment(&t, subject, Eye::Left, &keys, rng).expect("seal");
+        let (sealed, _) = seal_iris_enrollment(&t, subject, Eye::Left, &keys, rng).expect("seal");
         (t, sealed)
     };
 
     // A valid batch is accepted.
     let (t, base) = seal("sealed-base", &mut rng);
-    let (status, answer) = c.post_bytes("/v1/iris/enroll", encode_enrol_batch(&[base]));
+    let (status, answer) = c.post_bytes("/v1/iris/enroll", encode_enroll_batch(&[base]));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         answer["results"],
@@ -396,7 +397,7 @@ fn sealed_bundle_attacks_rejected() {
     let (_, [s0, s1, s2]) = seal("sealed-a-swapped", &mut rng);
     let answer = reject(
         "swapped slots",
-        encode_enrol_batch(&[good, [s1, s0, s2]]),
+        encode_enroll_batch(&[good, [s1, s0, s2]]),
         422,
         &["addressed to P1", "#1", "nothing written at any party"],
     );
@@ -410,7 +411,7 @@ fn sealed_bundle_attacks_rejected() {
     s2[i] ^= 0x01;
     let answer = reject(
         "tampered ciphertext",
-        encode_enrol_batch(&[good, [s0, s1, s2]]),
+        encode_enroll_batch(&[good, [s0, s1, s2]]),
         422,
         &["authentication failed", "#1"],
     );
@@ -418,7 +419,7 @@ fn sealed_bundle_attacks_rejected() {
 
     // (c) Replay: enrol, delete, post the very same bytes again.
     let (t, replayed) = seal("sealed-c-replayed", &mut rng);
-    let body = encode_enrol_batch(std::slice::from_ref(&replayed));
+    let body = encode_enroll_batch(std::slice::from_ref(&replayed));
     let (status, answer) = c.post_bytes("/v1/iris/enroll", body.clone());
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["results"][0]["enrolled"], true, "{answer}");
@@ -440,7 +441,7 @@ fn sealed_bundle_attacks_rejected() {
     let (_, fresh) = seal("sealed-c-fresh", &mut rng);
     reject(
         "replay inside a fresh batch",
-        encode_enrol_batch(&[fresh, replayed]),
+        encode_enroll_batch(&[fresh, replayed]),
         422,
         &["already consumed", "#1"],
     );
@@ -450,10 +451,10 @@ fn sealed_bundle_attacks_rejected() {
     let rogue_keys = [keys[0], rogue.public_key(), keys[2]];
     let t = random_template(&mut rng);
     let (sealed, _) =
-        seal_iris_enrolment(&t, "sealed-d-rogue", Eye::Left, &rogue_keys, &mut rng).expect("seal");
+        seal_iris_enrollment(&t, "sealed-d-rogue", Eye::Left, &rogue_keys, &mut rng).expect("seal");
     let answer = reject(
         "sealed to an unpinned key",
-        encode_enrol_batch(&[sealed]),
+        encode_enroll_batch(&[sealed]),
         422,
         &["sealed to key", &rogue.public_key().fingerprint_hex()],
     );
@@ -461,10 +462,10 @@ fn sealed_bundle_attacks_rejected() {
 
     // (e) Broken framing never reaches the parties.
     let (_, ok) = seal("sealed-e", &mut rng);
-    let mut truncated = encode_enrol_batch(&[ok]);
+    let mut truncated = encode_enroll_batch(&[ok]);
     truncated.pop();
     reject("truncated framing", truncated, 400, &["framing"]);
-    reject("empty batch", encode_enrol_batch(&[]), 400, &["empty"]);
+    reject("empty batch", encode_enroll_batch(&[]), 400, &["empty"]);
 
     assert_eq!(c.assert_reconstructs(&expected), 1);
 }

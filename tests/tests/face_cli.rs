@@ -51,9 +51,9 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
     let people: Vec<(String, Vec<f64>)> = (0..40)
         .map(|i| (format!("person-{i:03}"), random_embedding(&mut rng)))
         .collect();
-    let enrol_file = cluster.path("faces.ndjson");
+    let enroll_file = cluster.path("faces.ndjson");
     write_lines(
-        &enrol_file,
+        &enroll_file,
         &people
             .iter()
             .map(|(s, e)| json!({"subject": s, "embedding": e}).to_string())
@@ -80,7 +80,7 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
         probes.iter().map(|e| q.quantize(e).expect("q")).collect();
 
     cluster
-        .cli(&["face", "enroll", "--input", &path_arg(&enrol_file)])
+        .cli(&["face", "enroll", "--input", &path_arg(&enroll_file)])
         .expect_success();
     assert_eq!(counts(&cluster), [40, 40, 0], "shares at P0 and P1 only");
     for (metric, threshold) in [(Metric::Cosine, 0.55), (Metric::Euclidean, 0.9)] {

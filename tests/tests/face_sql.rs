@@ -4,14 +4,14 @@
 //! the plaintext comparison on the quantised values; key material must be single-use under
 //! concurrency and crashes; bad inputs fail with clear SQLSTATEs and change nothing.
 
+use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::face::messages::{
-    seal_dealer_config, seal_face_enrolment, seal_face_probe, DealerConfig, FaceEnrolRequest,
+    seal_dealer_config, seal_face_enrollment, seal_face_probe, DealerConfig, FaceEnrollRequest,
 };
 use privmatch_core::face::quantize::{
     dot, normalize, plaintext_match, squared_distance, Quantizer,
 };
 use privmatch_core::face::{funshade, Metric};
-use privmatch_core::seal::PartyPublicKey;
 use privmatch_e2e::Cluster;
 use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
@@ -87,16 +87,16 @@ async fn refill(clients: &[Client], count: i32) {
     }
 }
 
-async fn enrol(clients: &[Client], keys: &[PartyPublicKey; 3], records: &[(String, Vec<i32>)]) {
-    let requests: Vec<FaceEnrolRequest<'_>> = records
+async fn enroll(clients: &[Client], keys: &[PartyPublicKey; 3], records: &[(String, Vec<i32>)]) {
+    let requests: Vec<FaceEnrollRequest<'_>> = records
         .iter()
-        .map(|(s, e)| FaceEnrolRequest {
+        .map(|(s, e)| FaceEnrollRequest {
             subject: s,
             embedding: e,
         })
         .collect();
     let mut rng = ChaCha20Rng::from_entropy();
-    let (sealed, _) = seal_face_enrolment(&requests, keys, &mut rng).expect("seal");
+    let (sealed, _) = seal_face_enrollment(&requests, keys, &mut rng).expect("seal");
     for p in 0..2 {
         clients[p]
             .query(
@@ -248,7 +248,7 @@ fn face_comparisons_agree_with_the_plaintext_reference_on_both_metrics() {
     let mut matched = 0usize;
     cluster.block_on(async {
         let clients = cluster.clients().await;
-        enrol(&clients, &keys, &records).await;
+        enroll(&clients, &keys, &records).await;
         for metric in [Metric::Cosine, Metric::Euclidean] {
             // Thresholds one quantisation step below, at, and above the value of a genuine
             // pair, so that pair (and whatever else lands there) sits on the boundary.
@@ -318,7 +318,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     cluster.block_on(async {
         let clients = cluster.clients().await;
         configure(&clients, &keys, Metric::Cosine, DIM, 0.5).await;
-        enrol(&clients, &keys, &[("alice".to_owned(), enrolled.clone())]).await;
+        enroll(&clients, &keys, &[("alice".to_owned(), enrolled.clone())]).await;
         refill(&clients, POOL).await;
     });
     // Eight concurrent workers verify against a pool of 40 keys until it is exhausted.
@@ -504,7 +504,7 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .expect_err("not P2");
         assert_eq!(err.code().map(|c| c.code()), Some("55000"), "{err:?}");
         configure(&clients, &keys, Metric::Euclidean, DIM, 0.8).await;
-        enrol(&clients, &keys, &[("alice".to_owned(), alice.clone())]).await;
+        enroll(&clients, &keys, &[("alice".to_owned(), alice.clone())]).await;
         // An empty pool is a clear error.
         let err = compare(&clients, &keys, Some("alice"), &alice)
             .await
@@ -553,11 +553,11 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         );
         assert!(err.message.contains("mallory"), "{err:?}");
         // Enrolling a template of another dimension.
-        let requests = [FaceEnrolRequest {
+        let requests = [FaceEnrollRequest {
             subject: "bob",
             embedding: &wide,
         }];
-        let (sealed, _) = seal_face_enrolment(&requests, &keys, &mut rng).expect("seal");
+        let (sealed, _) = seal_face_enrollment(&requests, &keys, &mut rng).expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_enroll_sealed($1)",

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_e2e::{enrolment_line, write_lines, Cluster};
+use privmatch_e2e::{enrollment_line, write_lines, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::Value;
@@ -80,14 +80,14 @@ fn matches_of(v: &Value) -> Vec<(String, String)> {
 }
 
 /// Enrols `n` random templates (a quarter of them right eyes) and returns them.
-fn enrol(cluster: &Cluster, rng: &mut ChaCha20Rng, n: usize, file: &str) -> Enrolled {
+fn enroll(cluster: &Cluster, rng: &mut ChaCha20Rng, n: usize, file: &str) -> Enrolled {
     let mut enrolled = Enrolled::new();
     let mut lines = Vec::new();
     for i in 0..n {
         let eye = if i % 4 == 3 { "right" } else { "left" };
         let subject = format!("{file}-{i:05}");
         let t = random_template(rng);
-        lines.push(enrolment_line(&subject, eye, &t));
+        lines.push(enrollment_line(&subject, eye, &t));
         enrolled.insert((subject, eye.to_owned()), t);
     }
     let path = cluster.path(file);
@@ -100,7 +100,7 @@ fn enrol(cluster: &Cluster, rng: &mut ChaCha20Rng, n: usize, file: &str) -> Enro
 fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
     let cluster = Cluster::start("search-cli", 23);
     let mut rng = ChaCha20Rng::seed_from_u64(23);
-    let enrolled = enrol(&cluster, &mut rng, 2_000, "db");
+    let enrolled = enroll(&cluster, &mut rng, 2_000, "db");
     let templates: Vec<((String, String), IrisTemplate)> =
         enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
     // Probes: rotated near-duplicates at distances around τ, and unrelated templates.
@@ -206,9 +206,9 @@ fn both_eyes_policies_and_probe_file_errors() {
     write_lines(
         &path,
         &[
-            enrolment_line("A", "left", &al),
-            enrolment_line("A", "right", &ar),
-            enrolment_line("B", "left", &bl),
+            enrollment_line("A", "left", &al),
+            enrollment_line("A", "right", &ar),
+            enrollment_line("B", "left", &bl),
         ],
     );
     cluster.enroll(&path, &[]).expect_success();
@@ -279,10 +279,10 @@ fn both_eyes_policies_and_probe_file_errors() {
 }
 
 #[test]
-fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
+fn enroll_if_unique_is_atomic_against_concurrent_enrollments() {
     let cluster = Cluster::start("if-unique", 25);
     let mut rng = ChaCha20Rng::seed_from_u64(25);
-    let base = enrol(&cluster, &mut rng, 50, "base");
+    let base = enroll(&cluster, &mut rng, 50, "base");
     // Two files enrolled concurrently: record i of the first and record i of the second are
     // near-duplicates of each other (different subjects); exactly one of each pair may end up
     // enrolled. A third file duplicates an already enrolled template.
@@ -291,8 +291,8 @@ fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
     for i in 0..pairs {
         let t = random_template(&mut rng);
         let twin = near_duplicate(&t, 0.1, rng.gen_range(-15..=15), &mut rng);
-        first.push(enrolment_line(&format!("x-{i}"), "left", &t));
-        second.push(enrolment_line(&format!("y-{i}"), "left", &twin));
+        first.push(enrollment_line(&format!("x-{i}"), "left", &t));
+        second.push(enrollment_line(&format!("y-{i}"), "left", &twin));
     }
     let (f1, f2) = (cluster.path("first.ndjson"), cluster.path("second.ndjson"));
     write_lines(&f1, &first);
@@ -345,8 +345,8 @@ fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
     write_lines(
         &f3,
         &[
-            enrolment_line("z-dup", &key.1, &dup),
-            enrolment_line("z-new", "left", &random_template(&mut rng)),
+            enrollment_line("z-dup", &key.1, &dup),
+            enrollment_line("z-new", "left", &random_template(&mut rng)),
         ],
     );
     let s3 = f3.display().to_string();
@@ -373,7 +373,7 @@ fn enroll_if_unique_is_atomic_against_concurrent_enrolments() {
 fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
     let cluster = Cluster::start("search-down", 26);
     let mut rng = ChaCha20Rng::seed_from_u64(26);
-    let enrolled = enrol(&cluster, &mut rng, 20, "db");
+    let enrolled = enroll(&cluster, &mut rng, 20, "db");
     let ((subject, eye), t) = enrolled
         .iter()
         .next()

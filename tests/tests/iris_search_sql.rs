@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use privmatch_core::bundle::Eye;
+use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
@@ -131,7 +131,7 @@ fn plain_matches(
         .collect()
 }
 
-fn enrol_synthetic(cluster: &Cluster, count: usize) -> BTreeMap<RecordKey, IrisTemplate> {
+fn enroll_synthetic(cluster: &Cluster, count: usize) -> BTreeMap<RecordKey, IrisTemplate> {
     let path = cluster.path("enrol.ndjson");
     privmatch(&[
         "iris",
@@ -150,7 +150,7 @@ fn enrol_synthetic(cluster: &Cluster, count: usize) -> BTreeMap<RecordKey, IrisT
 #[test]
 fn sql_search_rounds_match_the_plaintext_reference() {
     let cluster = Cluster::start("search-sql", 20);
-    let enrolled = enrol_synthetic(&cluster, 200);
+    let enrolled = enroll_synthetic(&cluster, 200);
     let mut rng = ChaCha20Rng::seed_from_u64(5);
     let templates: Vec<(RecordKey, IrisTemplate)> =
         enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
@@ -219,7 +219,7 @@ fn sql_search_rounds_match_the_plaintext_reference() {
 #[test]
 fn refused_round_messages_abort_the_search() {
     let cluster = Cluster::start("search-abort", 21);
-    let enrolled = enrol_synthetic(&cluster, 20);
+    let enrolled = enroll_synthetic(&cluster, 20);
     let (key, t) = enrolled
         .iter()
         .next()
@@ -300,7 +300,7 @@ fn refused_round_messages_abort_the_search() {
 #[test]
 fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     let cluster = Cluster::start("search-kill", 22);
-    let enrolled = enrol_synthetic(&cluster, 30);
+    let enrolled = enroll_synthetic(&cluster, 30);
     let (key, t) = enrolled
         .iter()
         .nth(3)

@@ -11,7 +11,7 @@
 //! | 0 | 16 | mask seed s_b: expands to δx_b ‖ δy_b (2·l words, [`expand_u32`]) |
 //! | 16 | 4 | c_b, share of ⟨δx, δy⟩ |
 //! | 20 | 4 | r_b, share of r_in ∓ θ (the threshold hides here) |
-//! | 24 | [`IC_KEY_LEN`] | the sign gate key ([`crate::fss::ic`]) |
+//! | 24 | [`IC_KEY_LEN`] | the sign gate key ([`crate::crypto::fss::ic`]) |
 //!
 //! The key does not grow with l: Funshade's C reference sends δx_b, δy_b and δxy_b in full
 //! (12·l + 732 bytes per comparison per party); here they are expanded from a 16-byte seed
@@ -22,8 +22,8 @@ use rand_core::{CryptoRng, RngCore};
 use super::messages::{DealerConfig, EmbeddingShare};
 use super::quantize::Quantizer;
 use super::{FaceError, Metric};
-use crate::fss::aes::expand_u32;
-use crate::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
+use crate::crypto::fss::aes::expand_u32;
+use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
 
 /// Bytes of one evaluator's key for one comparison.
 pub const COMPARISON_KEY_LEN: usize = 24 + IC_KEY_LEN;

@@ -4,8 +4,8 @@
 //! All integers are little-endian; every decoder checks magic, version, party and exact
 //! length, so a truncated or misrouted message is an error, never a panic.
 //!
-//! Enrolment bundle (in an envelope of bundles, [`crate::bundle`] framing, purpose
-//! [`FACE_ENROL_PURPOSE`]): `PMFE`, version 1, party (0/1), bundle id (16), subject length
+//! Enrolment bundle (in an envelope of bundles, [`crate::iris::enroll`] framing, purpose
+//! [`FACE_ENROLL_PURPOSE`]): `PMFE`, version 1, party (0/1), bundle id (16), subject length
 //! (u16) and subject, then the [`EmbeddingShare`] (dimension u16, norm share u32, l element
 //! shares u32).
 //!
@@ -22,7 +22,7 @@
 //! Key batch (P2 to P_b): `PMFK`, version 1, party, batch number (u64), generation (u64: the
 //! dealer configuration it was made under), metric, dimension (u16), key count (u32), key
 //! length (u32), then the keys ([`super::funshade`] layout). It travels as a message of the
-//! pairwise channel between P2 and P_b ([`crate::seal::Channel`], session id derived from the
+//! pairwise channel between P2 and P_b ([`crate::crypto::seal::Channel`], session id derived from the
 //! batch number), so it is encrypted *and authenticated as coming from P2*: a coordinator
 //! cannot forge keys (it would know r_in and could open z) nor a newer generation.
 
@@ -30,15 +30,15 @@ use rand_core::{CryptoRng, RngCore};
 
 use super::quantize::check_dim;
 use super::{FaceError, Metric};
-use crate::bundle::{envelope_bundles, envelope_plaintext, validate_subject, BundleId};
-use crate::iris::probe::SESSION_ID_LEN;
-use crate::party::PartyIndex;
-use crate::seal::{
+use crate::crypto::seal::{
     open_sealed_box, seal_to_party, PairwiseSecrets, PartyPublicKey, PartySecretKey,
 };
+use crate::party::PartyIndex;
+use crate::wire::envelope::{envelope_bundles, envelope_plaintext, validate_subject, BundleId};
+use crate::wire::session::SESSION_ID_LEN;
 
 /// Sealing purpose of face enrolment envelopes.
-pub const FACE_ENROL_PURPOSE: &str = "face-enrol";
+pub const FACE_ENROLL_PURPOSE: &str = "face-enrol";
 /// Sealing purpose of face search probes.
 pub const FACE_PROBE_PURPOSE: &str = "face-probe";
 /// Sealing purpose of the dealer configuration.
@@ -131,7 +131,7 @@ pub fn evaluator(party: PartyIndex) -> Result<usize, FaceError> {
 
 /// One evaluator's share of one enrolled face template, with its metadata.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct FaceEnrolBundle {
+pub struct FaceEnrollBundle {
     /// Random id shared by the two bundles of one record; parties record it to refuse replays.
     pub bundle_id: BundleId,
     /// The subject the template belongs to.
@@ -142,17 +142,17 @@ pub struct FaceEnrolBundle {
     pub share: EmbeddingShare,
 }
 
-const ENROL_MAGIC: &[u8; 4] = b"PMFE";
+const ENROLL_MAGIC: &[u8; 4] = b"PMFE";
 const PROBE_MAGIC: &[u8; 4] = b"PMFP";
 const CONFIG_MAGIC: &[u8; 4] = b"PMFC";
 const KEYS_MAGIC: &[u8; 4] = b"PMFK";
 const VERSION: u8 = 1;
 
-impl FaceEnrolBundle {
+impl FaceEnrollBundle {
     fn encode(&self) -> Vec<u8> {
         let subject = self.subject.as_bytes();
         let mut out = Vec::with_capacity(24 + subject.len() + self.share.encoded_len());
-        out.extend_from_slice(ENROL_MAGIC);
+        out.extend_from_slice(ENROLL_MAGIC);
         out.push(VERSION);
         out.push(self.party);
         out.extend_from_slice(&self.bundle_id);
@@ -164,7 +164,7 @@ impl FaceEnrolBundle {
 
     fn decode(bytes: &[u8]) -> Result<Self, FaceError> {
         let mut r = Reader::new(bytes);
-        r.magic(ENROL_MAGIC)?;
+        r.magic(ENROLL_MAGIC)?;
         let party = r.u8()?;
         let bundle_id = r.array::<16>()?;
         let len = usize::from(r.u16()?);
@@ -173,7 +173,7 @@ impl FaceEnrolBundle {
             .to_owned();
         validate_subject(&subject)?;
         let share = EmbeddingShare::decode(r.rest())?;
-        Ok(FaceEnrolBundle {
+        Ok(FaceEnrollBundle {
             bundle_id,
             subject,
             party,
@@ -183,7 +183,7 @@ impl FaceEnrolBundle {
 }
 
 /// One face template to enrol, quantised, as the client holds it.
-pub struct FaceEnrolRequest<'a> {
+pub struct FaceEnrollRequest<'a> {
     /// Subject id (one face template per subject).
     pub subject: &'a str,
     /// The quantised embedding ([`super::quantize::Quantizer::quantize`]).
@@ -192,8 +192,8 @@ pub struct FaceEnrolRequest<'a> {
 
 /// Client side: shares every record and seals, for P0 and P1, one envelope with that party's
 /// bundles. Returns the two sealed envelopes (P0's, P1's) and the bundle ids in record order.
-pub fn seal_face_enrolment<R: RngCore + CryptoRng>(
-    records: &[FaceEnrolRequest<'_>],
+pub fn seal_face_enrollment<R: RngCore + CryptoRng>(
+    records: &[FaceEnrollRequest<'_>],
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<([Vec<u8>; 2], Vec<BundleId>), FaceError> {
@@ -208,7 +208,7 @@ pub fn seal_face_enrolment<R: RngCore + CryptoRng>(
             .into_iter()
             .enumerate()
         {
-            let bundle = FaceEnrolBundle {
+            let bundle = FaceEnrollBundle {
                 bundle_id,
                 subject: record.subject.to_owned(),
                 party: party as u8,
@@ -222,7 +222,7 @@ pub fn seal_face_enrolment<R: RngCore + CryptoRng>(
         seal_to_party(
             PartyIndex::ALL[p],
             &party_keys[p],
-            FACE_ENROL_PURPOSE,
+            FACE_ENROLL_PURPOSE,
             &envelope_plaintext(&per_party[p]),
             rng,
         )
@@ -232,17 +232,17 @@ pub fn seal_face_enrolment<R: RngCore + CryptoRng>(
 
 /// Party side: opens a face enrolment envelope as evaluator `me`, checking that every share
 /// inside is this party's.
-pub fn open_face_enrolment(
+pub fn open_face_enrollment(
     me: PartyIndex,
     secret: &PartySecretKey,
     sealed: &[u8],
-) -> Result<Vec<FaceEnrolBundle>, FaceError> {
+) -> Result<Vec<FaceEnrollBundle>, FaceError> {
     let mine = evaluator(me)? as u8;
-    let plaintext = open_sealed_box(me, secret, FACE_ENROL_PURPOSE, sealed)?;
+    let plaintext = open_sealed_box(me, secret, FACE_ENROLL_PURPOSE, sealed)?;
     envelope_bundles(&plaintext)?
         .into_iter()
         .map(|bytes| {
-            let bundle = FaceEnrolBundle::decode(bytes)?;
+            let bundle = FaceEnrollBundle::decode(bytes)?;
             if bundle.party != mine {
                 return Err(FaceError::PartyMismatch {
                     inside: bundle.party,
@@ -651,26 +651,26 @@ mod tests {
     }
 
     #[test]
-    fn enrolment_round_trips_and_refuses_the_wrong_party() {
+    fn enrollment_round_trips_and_refuses_the_wrong_party() {
         let mut rng = ChaCha20Rng::seed_from_u64(2);
         let (secrets, publics) = keys(&mut rng);
         let q = embedding(&mut rng, 256);
-        let records = [FaceEnrolRequest {
+        let records = [FaceEnrollRequest {
             subject: "alice",
             embedding: &q,
         }];
-        let (sealed, ids) = seal_face_enrolment(&records, &publics, &mut rng).unwrap();
-        let b0 = open_face_enrolment(PartyIndex::ALL[0], &secrets[0], &sealed[0]).unwrap();
-        let b1 = open_face_enrolment(PartyIndex::ALL[1], &secrets[1], &sealed[1]).unwrap();
+        let (sealed, ids) = seal_face_enrollment(&records, &publics, &mut rng).unwrap();
+        let b0 = open_face_enrollment(PartyIndex::ALL[0], &secrets[0], &sealed[0]).unwrap();
+        let b1 = open_face_enrollment(PartyIndex::ALL[1], &secrets[1], &sealed[1]).unwrap();
         assert_eq!(b0[0].bundle_id, ids[0]);
         assert_eq!(b0[0].subject, "alice");
         assert_eq!(reconstruct_embedding(&b0[0].share, &b1[0].share).0, q);
-        assert!(open_face_enrolment(PartyIndex::ALL[1], &secrets[1], &sealed[0]).is_err());
-        assert!(open_face_enrolment(PartyIndex::ALL[2], &secrets[2], &sealed[0]).is_err());
+        assert!(open_face_enrollment(PartyIndex::ALL[1], &secrets[1], &sealed[0]).is_err());
+        assert!(open_face_enrollment(PartyIndex::ALL[2], &secrets[2], &sealed[0]).is_err());
         let mut tampered = sealed[0].clone();
         let last = tampered.len() - 1;
         tampered[last] ^= 1;
-        assert!(open_face_enrolment(PartyIndex::ALL[0], &secrets[0], &tampered).is_err());
+        assert!(open_face_enrollment(PartyIndex::ALL[0], &secrets[0], &tampered).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! c = c_0 + c_1; a random input mask r_in of the sign gate and the threshold are split as
 //! r_0 + r_1 = r_in − θ (cosine) or r_in + θ (squared Euclidean); the sign gate keys
 //! (interval containment [0, 2^31 − 1] with input mask r_in, Boyle et al. 2020/1392, see
-//! [`crate::fss`]). Party b's key is (s_b, c_b, r_b, IC key_b): its size does not grow with
+//! [`crate::crypto::fss`]). Party b's key is (s_b, c_b, r_b, IC key_b): its size does not grow with
 //! l, because the mask vectors are expanded from the seed.
 //!
 //! Evaluation, given the probe shares x_b and the template shares y_b:
@@ -46,9 +46,9 @@ pub mod funshade;
 pub mod messages;
 pub mod quantize;
 
-use crate::bundle::BundleError;
-use crate::fss::FssError;
-use crate::seal::SealError;
+use crate::crypto::fss::FssError;
+use crate::crypto::seal::SealError;
+use crate::wire::envelope::EnvelopeError;
 
 /// The distance metric the dealer configures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -172,7 +172,7 @@ pub enum FaceError {
     Seal(#[from] SealError),
     /// A subject id or bundle framing was refused.
     #[error(transparent)]
-    Bundle(#[from] BundleError),
+    Envelope(#[from] EnvelopeError),
     /// A function-secret-sharing key could not be decoded.
     #[error(transparent)]
     Fss(#[from] FssError),

@@ -16,7 +16,7 @@
 //! of two encoded masks over these 6,400 values is **half** of popcount(ma ∧ mb) over the full
 //! 12,800 bits.
 //!
-//! **Shares.** Each element is shared with degree-1 Shamir over GR(2^16, 4) ([`crate::shamir`]);
+//! **Shares.** Each element is shared with degree-1 Shamir over GR(2^16, 4) ([`crate::sharing::shamir`]);
 //! a party's share is stored as flat coefficient vectors, element-major (element e at positions
 //! 4e..4e+4): 12,800 u16 for the code (25.6 KB) and 6,400 u16 for the mask (12.8 KB).
 
@@ -25,9 +25,9 @@ use std::fmt;
 use rand_core::RngCore;
 
 use super::template::{bit_index, IrisBits, IrisTemplate, IRIS_COLS, IRIS_ROWS, IRIS_WAVELETS};
-use crate::galois::{flatten_coefs, GaloisRing16};
+use crate::algebra::galois::{flatten_coefs, GaloisRing16};
 use crate::party::PartyIndex;
-use crate::shamir::{self, ShamirError};
+use crate::sharing::shamir::{self, ShamirError};
 
 /// Galois-ring elements in an encoded code (16 rows × 200 columns).
 pub const CODE_SHARE_ELEMENTS: usize = IRIS_ROWS * IRIS_COLS;
@@ -371,7 +371,7 @@ pub fn reconstruct_template(shares: &[IrisShare]) -> Result<IrisTemplate, Encodi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::galois::dot_constant_term_query_layout;
+    use crate::algebra::galois::dot_constant_term_query_layout;
     use crate::iris::template::{masked_code_distance_counts, IRIS_CODE_BITS, MAX_ROTATION};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

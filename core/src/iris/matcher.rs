@@ -6,7 +6,7 @@
 //!
 //! **Inputs at party i.** Its [`ShareMatrix`] of the N enrolled shares (entry e's code and
 //! mask rows), its [`IrisShare`] of the probe ([`crate::iris::query::share_query_template`]),
-//! the [`MatchConfig`] (maximum rotation 15 or 0, [`Threshold`], [`OutputMode`], the parties
+//! the [`MatchConfig`] (maximum rotation 15 or 0, [`Threshold`], [`SearchMode`], the parties
 //! entitled to the opened output) and its [`MpcContext`] (the pairwise PRFs it shares with
 //! parties i+1 and i−1 and the 16-byte session id, the same material as an
 //! [`MpcContext`]).
@@ -30,7 +30,7 @@
 //!    (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no match; derivation in
 //!    [`crate::mpc::compare`]), bit k = comparison k.
 //! 5. *OR reduction* (seed 002 §5 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
-//!    [`OutputMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`OutputMode::Uniqueness`]).
+//!    [`SearchMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`SearchMode::Uniqueness`]).
 //!    Identify transposes the entry-major bits locally into R rotation planes of N bits (plane
 //!    r, bit e) and ANDs whole planes pairwise ([`PlaneOrProgram`]), so every round carries
 //!    dense words (N/8 bytes per AND); the result is one N-bit plane, bit e = entry e matched
@@ -58,7 +58,7 @@
 //! session's rounds from 0 and `body` is the sub-protocol's payload (the reshare values, the
 //! [`crate::mpc::binary::Session`] gate words, the opened words). The round header is public
 //! (the schedule is fixed) and makes a replayed or reordered message an error even where two
-//! rounds have the same body length. The sealed channel ([`crate::seal::Channel`])
+//! rounds have the same body length. The sealed channel ([`crate::crypto::seal::Channel`])
 //! authenticates sender and session.
 //!
 //! **PRF contexts.** The reshare zero sharings use
@@ -68,8 +68,10 @@
 
 use std::fmt;
 
+use crate::algebra::ring::Z16;
 use crate::iris::dot::{scan, DotError, DotKernel, DotShares, ShareMatrix};
 use crate::iris::encoding::IrisShare;
+use crate::iris::params::SearchMode;
 use crate::iris::query::{PreparedQuery, QueryError};
 use crate::mpc::binary::{
     open_message, open_receive, unpack_bits, words_for, BitSliced, Gates, MpcContext, MpcError,
@@ -79,7 +81,6 @@ use crate::mpc::compare::{LiftCompareProgram, Threshold};
 use crate::mpc::or_tree::OrTreeProgram;
 use crate::mpc::reshare::{reshare_context, ReshareError, ReshareState};
 use crate::party::PartyIndex;
-use crate::ring::Z16;
 
 /// Bytes of the round header in front of every payload (module docs).
 pub const HEADER_BYTES: usize = 4;
@@ -90,22 +91,13 @@ pub const LIFT_COMPARE_ROUNDS: u32 = 15;
 const LABEL_COMPARE: &[u8] = b"iris match compare";
 const LABEL_OR: &[u8] = b"iris match or";
 
-/// What the search reveals to the entitled parties.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputMode {
-    /// Per entry one bit: OR over the rotations of the per-rotation match bits.
-    Identify,
-    /// One bit: OR over all entries and rotations.
-    Uniqueness,
-}
-
 /// A party's output of one search.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MatchOutput {
-    /// [`OutputMode::Identify`]: the indices (rows of the share matrix) of the matching
+    /// [`SearchMode::Identify`]: the indices (rows of the share matrix) of the matching
     /// entries, increasing.
     Identify(Vec<usize>),
-    /// [`OutputMode::Uniqueness`]: `true` if the probe matched no entry.
+    /// [`SearchMode::Uniqueness`]: `true` if the probe matched no entry.
     Unique(bool),
     /// This party is not entitled to the output and learned nothing.
     Withheld,
@@ -171,14 +163,14 @@ pub struct MatchConfig {
     /// The comparison constants.
     pub threshold: Threshold,
     /// Identification or uniqueness.
-    pub mode: OutputMode,
+    pub mode: SearchMode,
     /// The parties that receive the opened output.
     pub entitled: Vec<PartyIndex>,
 }
 
 impl MatchConfig {
     /// The deployed defaults: ±15 rotations, τ = 0.345, output to all three parties.
-    pub fn new(mode: OutputMode) -> Self {
+    pub fn new(mode: SearchMode) -> Self {
         Self {
             max_rotation: crate::iris::template::MAX_ROTATION,
             threshold: Threshold::default(),
@@ -208,11 +200,11 @@ fn ceil_log2(l: usize) -> u32 {
 
 /// The number of rounds of a search over `num_entries` entries with `max_rotation` (module
 /// docs): reshare 1 + lift/compare 15 + OR tree + open 1.
-pub fn expected_rounds(mode: OutputMode, num_entries: usize, max_rotation: i32) -> u32 {
+pub fn expected_rounds(mode: SearchMode, num_entries: usize, max_rotation: i32) -> u32 {
     let r = 2 * max_rotation.max(0) as usize + 1;
     let or = match mode {
-        OutputMode::Identify => ceil_log2(r),
-        OutputMode::Uniqueness => ceil_log2(r.saturating_mul(num_entries)),
+        SearchMode::Identify => ceil_log2(r),
+        SearchMode::Uniqueness => ceil_log2(r.saturating_mul(num_entries)),
     };
     1 + LIFT_COMPARE_ROUNDS + or + 1
 }
@@ -221,7 +213,7 @@ pub fn expected_rounds(mode: OutputMode, num_entries: usize, max_rotation: i32) 
 struct Core {
     party: PartyIndex,
     ctx: MpcContext,
-    mode: OutputMode,
+    mode: SearchMode,
     threshold: Threshold,
     entitled: Vec<PartyIndex>,
     num_entries: usize,
@@ -310,7 +302,7 @@ impl Core {
 
     fn enter_or(self, bits: BitSliced) -> Result<Step<IrisMatchSession, MatchOutput>, MatchError> {
         match self.mode {
-            OutputMode::Identify => {
+            SearchMode::Identify => {
                 let planes = rotation_planes(&bits, self.num_entries, self.num_rotations)?;
                 let program = PlaneOrProgram::new(planes, self.num_entries, self.party);
                 match Session::start(&self.ctx, LABEL_OR, program)? {
@@ -318,7 +310,7 @@ impl Core {
                     Step::Done(bits) => self.enter_open(bits),
                 }
             }
-            OutputMode::Uniqueness => {
+            SearchMode::Uniqueness => {
                 let program = OrTreeProgram::single(&bits, self.party);
                 match Session::start(&self.ctx, LABEL_OR, program)? {
                     Step::Send(s, out) => self.emit(Phase::Or(s), out),
@@ -604,7 +596,7 @@ impl IrisMatchSession {
                 let words = open_receive(me, &bits, from, body)?;
                 let opened = unpack_bits(&words, bits.len());
                 Ok(Step::Done(match core.mode {
-                    OutputMode::Identify => MatchOutput::Identify(
+                    SearchMode::Identify => MatchOutput::Identify(
                         opened
                             .iter()
                             .enumerate()
@@ -612,7 +604,7 @@ impl IrisMatchSession {
                             .map(|(e, _)| e)
                             .collect(),
                     ),
-                    OutputMode::Uniqueness => {
+                    SearchMode::Uniqueness => {
                         MatchOutput::Unique(!opened.first().copied().unwrap_or(false))
                     }
                 }))
@@ -624,13 +616,13 @@ impl IrisMatchSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crypto::seal::PairwisePrf;
     use crate::iris::encoding::share_template;
     use crate::iris::query::share_query_template;
     use crate::iris::synth::{near_duplicate, random_template};
     use crate::iris::template::{
         masked_code_distance_counts, min_fhd_over_rotations, IrisTemplate, IRIS_CODE_BITS,
     };
-    use crate::seal::PairwisePrf;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
@@ -734,7 +726,7 @@ mod tests {
         by_counts
     }
 
-    fn config(mode: OutputMode, max_rotation: i32) -> MatchConfig {
+    fn config(mode: SearchMode, max_rotation: i32) -> MatchConfig {
         MatchConfig {
             max_rotation,
             threshold: Threshold::from_ratio(TAU).expect("tau"),
@@ -777,7 +769,7 @@ mod tests {
         let templates = mixed_db(&probe, 240, &mut rng);
         let db = share_db(&templates, &mut rng);
         for max_rotation in [15, 0] {
-            let cfg = config(OutputMode::Identify, max_rotation);
+            let cfg = config(SearchMode::Identify, max_rotation);
             let (out, trace) = run(&db, &probe, &cfg, 11, &mut rng);
             let got = identify(&out);
             let want: Vec<usize> = templates
@@ -789,13 +781,13 @@ mod tests {
             assert_eq!(got, want, "max_rotation {max_rotation}");
             assert_eq!(
                 trace.len() as u32,
-                expected_rounds(OutputMode::Identify, templates.len(), max_rotation)
+                expected_rounds(SearchMode::Identify, templates.len(), max_rotation)
             );
             // The data set exercises both outcomes.
             assert!(!want.is_empty() && want.len() < templates.len());
         }
-        assert_eq!(expected_rounds(OutputMode::Identify, 240, 15), 22);
-        assert_eq!(expected_rounds(OutputMode::Identify, 240, 0), 17);
+        assert_eq!(expected_rounds(SearchMode::Identify, 240, 15), 22);
+        assert_eq!(expected_rounds(SearchMode::Identify, 240, 0), 17);
     }
 
     /// A copy of `probe` with the same mask and exactly `h` code bits flipped inside the
@@ -869,7 +861,7 @@ mod tests {
             "{fhds:?}"
         );
         let db = share_db(&templates, &mut rng);
-        let cfg = config(OutputMode::Identify, 15);
+        let cfg = config(SearchMode::Identify, 15);
         let (out, _) = run(&db, &probe, &cfg, 12, &mut rng);
         let got = identify(&out);
         let want: Vec<usize> = templates
@@ -890,14 +882,14 @@ mod tests {
         let mut rng = ChaCha20Rng::seed_from_u64(303);
         let probe = random_template(&mut rng);
         let mut templates: Vec<IrisTemplate> = (0..50).map(|_| random_template(&mut rng)).collect();
-        let cfg = config(OutputMode::Uniqueness, 15);
+        let cfg = config(SearchMode::Uniqueness, 15);
         let db = share_db(&templates, &mut rng);
         let (out, trace) = run(&db, &probe, &cfg, 13, &mut rng);
         assert!(templates.iter().all(|t| !plain_match(&probe, t, 15)));
         assert_eq!(out, [0; 3].map(|_| MatchOutput::Unique(true)));
         assert_eq!(
             trace.len() as u32,
-            expected_rounds(OutputMode::Uniqueness, 50, 15)
+            expected_rounds(SearchMode::Uniqueness, 50, 15)
         );
         assert_eq!(trace.len(), 1 + 15 + 11 + 1);
         // One near-duplicate at rotation 7, flip rate 0.25.
@@ -916,7 +908,7 @@ mod tests {
         let db = share_db(&templates, &mut rng);
         let cfg = MatchConfig {
             entitled: vec![P[0]],
-            ..config(OutputMode::Identify, 15)
+            ..config(SearchMode::Identify, 15)
         };
         let (out, trace) = run(&db, &probe, &cfg, 14, &mut rng);
         let want: Vec<usize> = (0..12)
@@ -947,11 +939,11 @@ mod tests {
 
     #[test]
     fn messages_are_independent_of_the_secret_inputs() {
-        messages_are_independent_of_the_secret_inputs_in(OutputMode::Identify);
-        messages_are_independent_of_the_secret_inputs_in(OutputMode::Uniqueness);
+        messages_are_independent_of_the_secret_inputs_in(SearchMode::Identify);
+        messages_are_independent_of_the_secret_inputs_in(SearchMode::Uniqueness);
     }
 
-    fn messages_are_independent_of_the_secret_inputs_in(mode: OutputMode) {
+    fn messages_are_independent_of_the_secret_inputs_in(mode: SearchMode) {
         let n = 64;
         let cfg = config(mode, 15);
         // Run A: a database with many matches; run B: a different probe, no match at all.
@@ -965,11 +957,11 @@ mod tests {
         let db_b = share_db(&templates_b, &mut rng);
         let (out_b, trace_b) = run(&db_b, &probe_b, &cfg, 15, &mut rng);
         match mode {
-            OutputMode::Identify => {
+            SearchMode::Identify => {
                 assert!(!identify(&out_a).is_empty());
                 assert!(identify(&out_b).is_empty());
             }
-            OutputMode::Uniqueness => {
+            SearchMode::Uniqueness => {
                 assert_eq!(out_a[0], MatchOutput::Unique(false));
                 assert_eq!(out_b[0], MatchOutput::Unique(true));
             }
@@ -1028,7 +1020,7 @@ mod tests {
         let probe = random_template(&mut rng);
         let templates = mixed_db(&probe, 8, &mut rng);
         let db = share_db(&templates, &mut rng);
-        let cfg = config(OutputMode::Identify, 15);
+        let cfg = config(SearchMode::Identify, 15);
         let fresh = |rng: &mut ChaCha20Rng| {
             start_all(&db, &probe, &cfg, 16, rng).map(|s| match s {
                 Step::Send(s, m) => (s, m),
@@ -1048,7 +1040,7 @@ mod tests {
         assert!(!err.to_string().is_empty());
         // Replay: deliver rounds 0..=k normally, then feed round k's message again; the
         // second receive is refused, in the reshare, compare, OR and open phases alike.
-        let total = expected_rounds(OutputMode::Identify, 8, 15) as usize;
+        let total = expected_rounds(SearchMode::Identify, 8, 15) as usize;
         let recv = |s: IrisMatchSession, msgs: &[Outgoing; 3]| {
             let from = s.party().prev();
             s.receive(from, &msgs[from.as_usize()].payload)
@@ -1092,7 +1084,7 @@ mod tests {
     }
 
     /// Rounds and bytes of a search over `n` unrelated templates (the figures of the report).
-    fn measure(n: usize, mode: OutputMode, max_rotation: i32) -> (u32, [usize; 3], Vec<usize>) {
+    fn measure(n: usize, mode: SearchMode, max_rotation: i32) -> (u32, [usize; 3], Vec<usize>) {
         let mut rng = ChaCha20Rng::seed_from_u64(307);
         let probe = random_template(&mut rng);
         let templates: Vec<IrisTemplate> = (0..n).map(|_| random_template(&mut rng)).collect();
@@ -1100,8 +1092,8 @@ mod tests {
         let cfg = config(mode, max_rotation);
         let (out, trace) = run(&db, &probe, &cfg, 17, &mut rng);
         match mode {
-            OutputMode::Identify => assert!(identify(&out).is_empty()),
-            OutputMode::Uniqueness => {
+            SearchMode::Identify => assert!(identify(&out).is_empty()),
+            SearchMode::Uniqueness => {
                 assert_eq!(out, [0; 3].map(|_| MatchOutput::Unique(true)))
             }
         }
@@ -1118,9 +1110,9 @@ mod tests {
     #[test]
     fn rounds_do_not_depend_on_the_database_size() {
         for n in [0usize, 1, 63, 1000] {
-            let (rounds, bytes, lens) = measure(n, OutputMode::Identify, 15);
+            let (rounds, bytes, lens) = measure(n, SearchMode::Identify, 15);
             assert_eq!(rounds, 22, "N = {n}");
-            assert_eq!(rounds, expected_rounds(OutputMode::Identify, n, 15));
+            assert_eq!(rounds, expected_rounds(SearchMode::Identify, n, 15));
             if n == 1000 {
                 let per = bytes.map(|b| b as f64 / (31 * n) as f64);
                 println!(
@@ -1132,12 +1124,12 @@ mod tests {
                 assert!(bytes.iter().all(|&b| b == bytes[0]));
             }
         }
-        let (rounds, ..) = measure(100, OutputMode::Identify, 0);
+        let (rounds, ..) = measure(100, SearchMode::Identify, 0);
         assert_eq!(rounds, 17);
-        let (rounds, bytes, _) = measure(100, OutputMode::Uniqueness, 15);
+        let (rounds, bytes, _) = measure(100, SearchMode::Uniqueness, 15);
         assert_eq!(rounds, 1 + 15 + 12 + 1);
         println!("N = 100 uniqueness: {rounds} rounds, bytes {bytes:?}");
-        assert_eq!(expected_rounds(OutputMode::Uniqueness, 100_000, 15), 39);
+        assert_eq!(expected_rounds(SearchMode::Uniqueness, 100_000, 15), 39);
     }
 
     #[test]
@@ -1146,7 +1138,7 @@ mod tests {
         let probe = random_template(&mut rng);
         let templates = mixed_db(&probe, 5, &mut rng);
         let db = share_db(&templates, &mut rng);
-        let cfg = config(OutputMode::Identify, 15);
+        let cfg = config(SearchMode::Identify, 15);
         let [s0, ..] = start_all(&db, &probe, &cfg, 18, &mut rng);
         let Step::Send(s0, m0) = s0 else {
             panic!("no first round")

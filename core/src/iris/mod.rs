@@ -1,11 +1,17 @@
-//! Iris codes: the plaintext template, its interchange format, the fractional Hamming
-//! distance, the per-party share encoding, and synthetic template generation.
+//! Iris codes matched with 3-party MPC (Bloemen et al., "Large-Scale MPC: Scaling Private Iris
+//! Code Uniqueness Checks to Millions of Users", ePrint 2024/705, deployed variant): the
+//! plaintext template and its interchange format, the per-party share encoding, enrolment
+//! bundles and probes, the scan seam and its CPU kernels, the matcher state machine and one
+//! party's store and search service.
 
 pub mod dot;
 pub mod encoding;
+pub mod enroll;
 pub mod matcher;
+pub mod params;
 pub mod probe;
 pub mod query;
+pub mod scan;
 pub mod service;
 pub mod store;
 pub mod synth;

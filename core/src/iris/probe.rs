@@ -20,19 +20,18 @@
 
 use rand_core::{CryptoRng, RngCore};
 
-use crate::bundle::{BundleError, Eye};
+use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
+use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::query::share_query_template;
 use crate::iris::template::IrisTemplate;
 use crate::party::PartyIndex;
-use crate::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
-use crate::storage::{coefs_from_le_bytes, push_coefs_le};
+use crate::wire::storage::{coefs_from_le_bytes, push_coefs_le};
 
 /// The sealing purpose label of iris search probes.
 pub const IRIS_PROBE_PURPOSE: &str = "iris-probe";
 
-/// Length of a search session id.
-pub const SESSION_ID_LEN: usize = 16;
+use crate::wire::session::SESSION_ID_LEN;
 
 const MAGIC: &[u8; 4] = b"PMPR";
 const VERSION: u8 = 1;

@@ -17,7 +17,7 @@
 //! results add up to the product (seed 001 §4.2). λ_p is folded into the query once, before
 //! the database scan. The constant term of a ring product A·Q is a plain dot product of A's
 //! monomial coefficients with the re-laid-out coefficients
-//! [`dot_constant_term_query_layout`]`(Q)` = (q0, q3, q2, q1) (see [`crate::galois`]).
+//! [`dot_constant_term_query_layout`]`(Q)` = (q0, q3, q2, q1) (see [`crate::algebra::galois`]).
 //!
 //! **Probe packing (client side).** The database stores monomial coefficients equal to the
 //! encoded bits, so the constant term of A·Q equals the plain coefficient-wise dot product of
@@ -48,9 +48,9 @@ use super::encoding::{
     encode_code, encode_mask, EncodingError, IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS,
 };
 use super::template::{IrisTemplate, IRIS_COLS};
-use crate::galois::{dot_constant_term_query_layout, flatten_coefs, GaloisRing16};
+use crate::algebra::galois::{dot_constant_term_query_layout, flatten_coefs, GaloisRing16};
 use crate::party::PartyIndex;
-use crate::shamir::{self, ShamirError};
+use crate::sharing::shamir::{self, ShamirError};
 
 /// Largest rotation accepted by [`PreparedQuery::prepare`]: 100 columns each way already
 /// covers all 200 rotations.
@@ -358,7 +358,7 @@ mod tests {
     }
 
     #[test]
-    fn enrolment_encoding_is_not_a_valid_probe() {
+    fn enrollment_encoding_is_not_a_valid_probe() {
         // Documents why probes need share_query_template: the enrolment encoding (unpacked)
         // does not yield the plain dot product.
         let mut rng = ChaCha20Rng::seed_from_u64(35);

@@ -5,7 +5,7 @@
 //! one `round` per protocol round (open the message of party i−1 from the pairwise channel,
 //! step the [`IrisMatchSession`], seal the next message to party i+1), until the output.
 //! Messages between parties travel through the coordinator sealed with the pairwise
-//! [`Channel`]s of [`crate::seal`]: the coordinator sees lengths, never shares, and cannot
+//! [`Channel`]s of [`crate::crypto::seal`]: the coordinator sees lengths, never shares, and cannot
 //! forge, replay or reorder a message.
 //!
 //! **Binding.** The channel and PRF session id of a search is
@@ -31,25 +31,20 @@ use std::time::{Duration, Instant};
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
 
-use crate::bundle::{BundleError, Eye};
-use crate::iris::dot::DotKernel;
-use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput, OutputMode};
-use crate::iris::probe::{open_iris_probe, SESSION_ID_LEN};
+use crate::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
+use crate::iris::enroll::{BundleError, Eye};
+use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
+use crate::iris::params::{ParamError, SearchMode, SearchParams};
+use crate::iris::probe::open_iris_probe;
 use crate::iris::query::PreparedQuery;
+use crate::iris::scan::ScanBackend;
 use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
 use crate::mpc::binary::{MpcContext, Step};
-use crate::mpc::compare::Threshold;
 use crate::party::PartyIndex;
-use crate::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
-
-/// A search session id as chosen by the coordinator.
-pub type SessionId = [u8; SESSION_ID_LEN];
+use crate::wire::session::{SessionId, SESSION_ID_LEN};
 
 /// How many finished session ids are remembered to refuse replays.
 const REMEMBERED_SESSIONS: usize = 4096;
-
-/// Largest accepted maximum rotation (the deployed ±15 columns).
-pub const MAX_ROTATION_LIMIT: i32 = crate::iris::template::MAX_ROTATION;
 
 /// The keys a party searches with: its own and its pinned peers'.
 pub struct PartyKeys {
@@ -62,69 +57,12 @@ pub struct PartyKeys {
     pub peers: [Option<PartyPublicKey>; 3],
 }
 
-/// The parameters of one search, identical at the three parties.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SearchParams {
-    /// Identification or uniqueness.
-    pub mode: OutputMode,
-    /// Rotations −max..=max columns (0..=15).
-    pub max_rotation: i32,
-    /// Match if the fractional Hamming distance is below this.
-    pub threshold: Threshold,
-}
-
-impl SearchParams {
-    /// Parses the SQL-level parameters: `mode` is `identify` or `uniqueness`,
-    /// `max_rotation` in 0..=15, `threshold` a ratio in (0, 0.5] with at most four decimals.
-    pub fn parse(mode: &str, max_rotation: i32, threshold: f64) -> Result<Self, SearchError> {
-        let mode = match mode {
-            "identify" => OutputMode::Identify,
-            "uniqueness" => OutputMode::Uniqueness,
-            other => {
-                return Err(SearchError::BadParameter(format!(
-                    "mode must be 'identify' or 'uniqueness', not {other:?}"
-                )))
-            }
-        };
-        if !(0..=MAX_ROTATION_LIMIT).contains(&max_rotation) {
-            return Err(SearchError::BadParameter(format!(
-                "max_rotation must be in 0..={MAX_ROTATION_LIMIT}, not {max_rotation}"
-            )));
-        }
-        if !(threshold > 0.0 && threshold <= 0.5) {
-            return Err(SearchError::BadParameter(format!(
-                "threshold must be a ratio in (0, 0.5], not {threshold}"
-            )));
-        }
-        let scaled = threshold * 10_000.0;
-        if (scaled - scaled.round()).abs() > 1e-6 {
-            return Err(SearchError::BadParameter(format!(
-                "threshold {threshold} has more than four decimals"
-            )));
-        }
-        let threshold = Threshold::from_ratio(threshold)
-            .map_err(|e| SearchError::BadParameter(e.to_string()))?;
-        Ok(SearchParams {
-            mode,
-            max_rotation,
-            threshold,
-        })
-    }
-
-    fn mode_byte(&self) -> u8 {
-        match self.mode {
-            OutputMode::Identify => 0,
-            OutputMode::Uniqueness => 1,
-        }
-    }
-}
-
 /// Why a search call was refused. Never contains share values, distances or keys.
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
     /// A parameter is out of range.
     #[error("iris search: {0}")]
-    BadParameter(String),
+    BadParameter(#[from] ParamError),
     /// The session id is not running here (never started, finished, aborted or expired).
     #[error("iris search session {0} is not running at this party (finished, aborted, expired or never started)")]
     UnknownSession(String),
@@ -220,7 +158,7 @@ impl fmt::Debug for RoundReply {
 enum State {
     Running(Box<IrisMatchSession>),
     /// No entry of the probe's eye: round 0 ends the search.
-    Empty(OutputMode),
+    Empty(SearchMode),
 }
 
 struct ActiveSearch {
@@ -239,8 +177,7 @@ pub struct SearchService {
     sessions: HashMap<SessionId, ActiveSearch>,
     used: HashSet<SessionId>,
     used_order: VecDeque<SessionId>,
-    kernel: DotKernel,
-    threads: usize,
+    backend: Arc<dyn ScanBackend>,
     timeout: Duration,
 }
 
@@ -253,9 +190,9 @@ fn bound_session(id: &SessionId, params: &SearchParams, eye: Eye, digest: &[u8; 
     let mut h = Sha256::new();
     h.update(b"privmatch iris search v1");
     h.update(id);
-    h.update([params.mode_byte(), eye.to_byte()]);
-    h.update(params.max_rotation.to_le_bytes());
-    h.update(params.threshold.numerator().to_le_bytes());
+    h.update([params.mode().to_byte(), eye.to_byte()]);
+    h.update(params.max_rotation().to_le_bytes());
+    h.update(params.threshold().numerator().to_le_bytes());
     h.update(digest);
     let full = h.finalize();
     let mut out = [0u8; SESSION_ID_LEN];
@@ -264,27 +201,21 @@ fn bound_session(id: &SessionId, params: &SearchParams, eye: Eye, digest: &[u8; 
 }
 
 impl SearchService {
-    /// An empty service scanning with `kernel` on `threads` threads; idle searches expire
-    /// after `timeout`.
-    pub fn new(kernel: DotKernel, threads: usize, timeout: Duration) -> Self {
+    /// An empty service scanning with `backend` (the engine worker chooses it: CPU kernels,
+    /// or a GPU crate's backend); idle searches expire after `timeout`.
+    pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration) -> Self {
         SearchService {
             sessions: HashMap::new(),
             used: HashSet::new(),
             used_order: VecDeque::new(),
-            kernel,
-            threads: threads.max(1),
+            backend,
             timeout,
         }
     }
 
-    /// The dot-product kernel in use.
-    pub fn kernel(&self) -> DotKernel {
-        self.kernel
-    }
-
-    /// Scan threads.
-    pub fn threads(&self) -> usize {
-        self.threads
+    /// The scan backend in use.
+    pub fn backend(&self) -> &dyn ScanBackend {
+        &*self.backend
     }
 
     /// Number of running searches.
@@ -344,16 +275,16 @@ impl SearchService {
             source,
         };
         let (state, payload) = if order.subjects.is_empty() {
-            (State::Empty(params.mode), Vec::new())
+            (State::Empty(params.mode()), Vec::new())
         } else {
-            let query = PreparedQuery::prepare(&probe.share, params.max_rotation)
+            let query = PreparedQuery::prepare(&probe.share, params.max_rotation())
                 .map_err(|e| protocol(e.into()))?;
-            let dots = store.scan(probe.eye, &order, self.kernel, &query, self.threads)?;
+            let dots = store.scan(probe.eye, &order, &*self.backend, &query)?;
             let ctx = MpcContext::new(me, bound, with_next.prf(), with_prev.prf());
             let config = MatchConfig {
-                max_rotation: params.max_rotation,
-                threshold: params.threshold,
-                mode: params.mode,
+                max_rotation: params.max_rotation(),
+                threshold: params.threshold(),
+                mode: params.mode(),
                 entitled: PartyIndex::ALL.to_vec(),
             };
             match IrisMatchSession::start_with_dots(&ctx, &config, dots).map_err(protocol)? {
@@ -430,8 +361,8 @@ impl SearchService {
                     )));
                 }
                 return Ok(match mode {
-                    OutputMode::Identify => RoundReply::Identified(Vec::new()),
-                    OutputMode::Uniqueness => RoundReply::Unique(true),
+                    SearchMode::Identify => RoundReply::Identified(Vec::new()),
+                    SearchMode::Uniqueness => RoundReply::Unique(true),
                 });
             }
             State::Running(s) => s.receive(from, &payload).map_err(protocol)?,

@@ -21,15 +21,15 @@
 //! 1.125 × the shares held.
 
 use std::collections::{HashMap, HashSet};
-use std::ops::Range;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::bundle::Eye;
-use crate::iris::dot::{scan_range, DotError, DotKernel, DotShares, ShareMatrix};
+use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
+use crate::iris::enroll::Eye;
 use crate::iris::query::PreparedQuery;
+use crate::iris::scan::ScanBackend;
 use crate::party::PartyIndex;
 
 /// Bytes of shares one enrolled template occupies at one party (code + mask, u16 each).
@@ -349,17 +349,15 @@ impl IrisStore {
         self.eyes[eye_slot(eye)].canonical(eye)
     }
 
-    /// Scans every row of `eye` against every rotation of `query` on `threads` threads (seed
-    /// 001 §4.2 local dot products) and returns the dot-product shares in the canonical
-    /// order `order` (entry-major, `order.subjects.len() × R`). The threads run pure Rust
-    /// only.
+    /// Scans every row of `eye` against every rotation of `query` with `backend` (the local
+    /// dot products of ePrint 2024/705 §4.2) and returns the dot-product shares in the canonical
+    /// order `order` (entry-major, `order.subjects.len() × R`).
     pub fn scan(
         &self,
         eye: Eye,
         order: &CanonicalOrder,
-        kernel: DotKernel,
+        backend: &dyn ScanBackend,
         query: &PreparedQuery,
-        threads: usize,
     ) -> Result<DotShares, StoreError> {
         let matrix = &self.eyes[eye_slot(eye)];
         let n = matrix.len();
@@ -372,57 +370,14 @@ impl IrisStore {
         }
         let db = matrix.matrix()?;
         let r = query.num_rotations();
-        let mut code = vec![0u16; n * r];
-        let mut mask = vec![0u16; n * r];
-        scan_parallel(kernel, &db, query, threads, &mut code, &mut mask)?;
+        let dots = backend.scan(&db, query)?;
         Ok(DotShares {
             num_rotations: r,
             num_entries: n,
-            code: permute_entries(&code, &order.rows, r),
-            mask: permute_entries(&mask, &order.rows, r),
+            code: permute_entries(&dots.code, &order.rows, r),
+            mask: permute_entries(&dots.mask, &order.rows, r),
         })
     }
-}
-
-/// Entry ranges of about equal size, one per thread.
-fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
-    let step = n.div_ceil(parts);
-    (0..parts)
-        .map(|p| (p * step).min(n)..((p + 1) * step).min(n))
-        .filter(|r| !r.is_empty())
-        .collect()
-}
-
-/// [`scan_range`] over all rows of `db`, the rows split across `threads` scoped threads.
-fn scan_parallel(
-    kernel: DotKernel,
-    db: &ShareMatrix<'_>,
-    query: &PreparedQuery,
-    threads: usize,
-    code: &mut [u16],
-    mask: &mut [u16],
-) -> Result<(), DotError> {
-    let r = query.num_rotations();
-    let ranges = split_ranges(db.len(), threads);
-    if ranges.len() <= 1 {
-        return scan_range(kernel, db, query, 0..db.len(), code, mask);
-    }
-    std::thread::scope(|scope| {
-        let mut code_rest = code;
-        let mut mask_rest = mask;
-        let mut handles = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            let (c, c_tail) = std::mem::take(&mut code_rest).split_at_mut(range.len() * r);
-            let (m, m_tail) = std::mem::take(&mut mask_rest).split_at_mut(range.len() * r);
-            code_rest = c_tail;
-            mask_rest = m_tail;
-            handles.push(scope.spawn(move || scan_range(kernel, db, query, range, c, m)));
-        }
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or(Err(DotError::WorkerPanicked)))
-    })
 }
 
 /// Reorders entry-major values (R per entry) so that canonical entry j takes physical entry
@@ -438,9 +393,10 @@ fn permute_entries(values: &[u16], rows: &[usize], r: usize) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iris::dot::scan;
+    use crate::iris::dot::{scan, DotKernel};
     use crate::iris::encoding::share_template;
     use crate::iris::query::share_query_template;
+    use crate::iris::scan::CpuScan;
     use crate::iris::synth::random_template;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
@@ -523,7 +479,9 @@ mod tests {
         let query = PreparedQuery::prepare(&p0, 2).unwrap();
         let order = store.canonical(Eye::Left);
         let kernel = DotKernel::detect();
-        let got = store.scan(Eye::Left, &order, kernel, &query, 3).unwrap();
+        let got = store
+            .scan(Eye::Left, &order, &CpuScan::new(kernel, 3), &query)
+            .unwrap();
         // Reference: the rows copied in canonical order, scanned on one thread.
         let eye = &store.eyes[0];
         let mut codes = Vec::new();
@@ -536,17 +494,5 @@ mod tests {
         assert_eq!(got.code, reference.code);
         assert_eq!(got.mask, reference.mask);
         assert!(order.subjects.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    #[test]
-    fn split_ranges_cover_everything_once() {
-        for n in [0, 1, 5, 100] {
-            for t in [1, 2, 3, 8] {
-                let ranges = split_ranges(n, t);
-                let total: usize = ranges.iter().map(|r| r.len()).sum();
-                assert_eq!(total, n);
-                assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
-            }
-        }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! **Share layout.** A vector of n shared bits is stored bit-sliced: word w, bit j holds
 //! element 64·w + j (comparison number 64·w + j). The n bits are XOR-shared as
-//! x = x0 ⊕ x1 ⊕ x2 and replicated with the convention of [`crate::replicated`]: party i holds
+//! x = x0 ⊕ x1 ⊕ x2 and replicated with the convention of [`crate::sharing::replicated`]: party i holds
 //! `a = x_i` and `b = x_{i−1}`. Bits past n in the last word are always zero in both
 //! components. A w-bit number per element is a `Vec<BitSliced>` of w bit planes, least
 //! significant plane first.
@@ -15,7 +15,7 @@
 //!
 //! **AND gate (1 round).** Party i computes
 //! z_i = a_i·b_i ⊕ a_i·b_{i−1} ⊕ a_{i−1}·b_i ⊕ r_i, where (r_0, r_1, r_2) is an XOR-sharing of
-//! zero from the pairwise PRFs ([`crate::seal::PairwisePrf`]; r_i = F(k_{i,i+1}) ⊕ F(k_{i−1,i})),
+//! zero from the pairwise PRFs ([`crate::crypto::seal::PairwisePrf`]; r_i = F(k_{i,i+1}) ⊕ F(k_{i−1,i})),
 //! and sends z_i to party i+1; its new share is (z_i, z_{i−1}). The same round shape multiplies
 //! replicated Z_2^32 shares (with + and · instead of ⊕ and ∧, used by bit injection in
 //! [`super::lift`]). The PRF context is session id ‖ gate-batch label ‖ round number, so the
@@ -37,10 +37,10 @@
 
 use std::num::Wrapping;
 
+use crate::algebra::ring::Z32;
+use crate::crypto::seal::PairwisePrf;
 use crate::party::PartyIndex;
-use crate::replicated::ReplicatedShare;
-use crate::ring::Z32;
-use crate::seal::PairwisePrf;
+use crate::sharing::replicated::ReplicatedShare;
 
 /// Bits per word of a bit-sliced vector.
 pub const WORD_BITS: usize = 64;
@@ -609,7 +609,7 @@ impl MpcContext {
     /// This party's share of an additive sharing of zero over Z_2^32.
     fn zero_share_u32(&self, label: &[u8], round: u32, out: &mut [u32]) {
         let ctx = self.prf_context(label, round, b'A');
-        crate::seal::zero_share_u32(&self.with_next, &self.with_prev, &ctx, out);
+        crate::crypto::seal::zero_share_u32(&self.with_next, &self.with_prev, &ctx, out);
     }
 }
 
@@ -1468,7 +1468,7 @@ pub mod testing {
     ) -> [Vec<ReplicatedShare<Z32>>; 3] {
         let mut out: [Vec<ReplicatedShare<Z32>>; 3] = Default::default();
         for &v in values {
-            let s = crate::replicated::share(Wrapping(v), rng);
+            let s = crate::sharing::replicated::share(Wrapping(v), rng);
             for i in 0..3 {
                 out[i].push(s[i]);
             }

@@ -5,7 +5,7 @@
 //!
 //! **Share layout.** Input per comparison: c and m as replicated Z_2^32 shares
 //! ([`compare_program`]) or as replicated Z_2^16 shares ([`LiftCompareProgram`], which lifts
-//! both first); party i holds (x_i, x_{i−1}), [`crate::replicated`]. Output: one
+//! both first); party i holds (x_i, x_{i−1}), [`crate::sharing::replicated`]. Output: one
 //! [`BitSliced`] vector, bit k = match of comparison k, replicated XOR shares.
 //!
 //! **Threshold derivation.** Over the full 12,800 bits let `common` = popcount(ma ∧ mb) and
@@ -51,12 +51,12 @@
 
 use std::num::Wrapping;
 
+use crate::algebra::ring::{Z16, Z32};
 use crate::mpc::binary::{
     BitSliced, CarryOutput, CarryProgram, MpcError, Products, Program, ProgramStep,
 };
 use crate::party::PartyIndex;
-use crate::replicated::ReplicatedShare;
-use crate::ring::{Z16, Z32};
+use crate::sharing::replicated::ReplicatedShare;
 
 /// The denominator Q of the threshold ratio τ = P/Q (τ has at most four decimals); also the
 /// scale B of the code dot product in x = A·m − B·c (module docs).
@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use crate::mpc::binary::testing::{contexts, run, run_with_transcript, share_u32};
     use crate::mpc::binary::{open_message, open_receive, reconstruct_bits, unpack_bits};
-    use crate::replicated::share;
+    use crate::sharing::replicated::share;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

@@ -2,7 +2,7 @@
 //! matcher) and bit injection (binary → arithmetic, seed 002 §5.3).
 //!
 //! **Share layout.** Input: replicated Z_2^16 shares of values m (party i holds (m_i, m_{i−1}),
-//! [`crate::replicated`]); output: replicated Z_2^32 shares of the same m read as an unsigned
+//! [`crate::sharing::replicated`]); output: replicated Z_2^32 shares of the same m read as an unsigned
 //! integer in [0, 2^16) (the mask dot product is 0 ≤ m ≤ 6,400).
 //!
 //! **Lift.** Over the integers m_0 + m_1 + m_2 = m + k·2^16 with the wrap count k ∈ {0, 1, 2}.
@@ -23,13 +23,13 @@
 
 use std::num::Wrapping;
 
+use crate::algebra::ring::{Z16, Z32};
 use crate::mpc::binary::{
     ArithVec, BitSliced, CarryOutput, CarryProgram, Gates, MpcError, Products, Program,
     ProgramStep, WORD_BITS,
 };
 use crate::party::PartyIndex;
-use crate::replicated::ReplicatedShare;
-use crate::ring::{Z16, Z32};
+use crate::sharing::replicated::ReplicatedShare;
 
 /// The bit k of a word vector as 0 or 1.
 fn bit_at(words: &[u64], k: usize) -> u32 {
@@ -218,7 +218,7 @@ mod tests {
     use super::*;
     use crate::mpc::binary::testing::{contexts, run};
     use crate::mpc::binary::{pack_bits, share_bits};
-    use crate::replicated::{reconstruct, share};
+    use crate::sharing::replicated::{reconstruct, share};
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

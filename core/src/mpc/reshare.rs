@@ -6,8 +6,8 @@
 //! **Share layout.** Input at party i: a vector of additive shares x_i\[e\] over Z_2^16 or
 //! Z_2^32 (x = x_0 + x_1 + x_2, e.g. the dot products of [`crate::iris::dot`]). Output: a
 //! vector of [`ReplicatedShare`] with `a = z_i[e]`, `b = z_{i−1}[e]`, the convention of
-//! [`crate::replicated`], where z_i = x_i + r_i and (r_0, r_1, r_2) is a fresh sharing of zero
-//! from the pairwise PRFs ([`crate::seal::zero_share_u16`] / [`crate::seal::zero_share_u32`]),
+//! [`crate::sharing::replicated`], where z_i = x_i + r_i and (r_0, r_1, r_2) is a fresh sharing of zero
+//! from the pairwise PRFs ([`crate::crypto::seal::zero_share_u16`] / [`crate::crypto::seal::zero_share_u32`]),
 //! so z_0 + z_1 + z_2 = x.
 //!
 //! **Rounds: one.** Each party sends one message to the next party (P0 → P1 → P2 → P0) and
@@ -18,7 +18,7 @@
 //!
 //! **Wire format** of the payload: the n values z_i\[0..n\], each little-endian in 2 bytes
 //! (Z_2^16) or 4 bytes (Z_2^32), concatenated; no header (the channel of
-//! [`crate::seal::Channel`] authenticates session, round and sender; the expected length is
+//! [`crate::crypto::seal::Channel`] authenticates session, round and sender; the expected length is
 //! known to the receiver).
 //!
 //! **Context.** The zero sharing's PRF context must be unique per use, e.g.
@@ -27,10 +27,10 @@
 
 use std::fmt;
 
+use crate::algebra::ring::{RingElement, Z16, Z32};
+use crate::crypto::seal::{zero_share_u16, zero_share_u32, PairwisePrf};
 use crate::party::PartyIndex;
-use crate::replicated::ReplicatedShare;
-use crate::ring::{RingElement, Z16, Z32};
-use crate::seal::{zero_share_u16, zero_share_u32, PairwisePrf};
+use crate::sharing::replicated::ReplicatedShare;
 
 /// Why a resharing message was refused. Messages carry shapes only, never values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,7 +256,7 @@ impl<T: ReshareRing> ReshareState<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replicated::reconstruct;
+    use crate::sharing::replicated::reconstruct;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

@@ -16,6 +16,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
@@ -24,16 +25,15 @@ use pgrx::bgworkers::{
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use privmatch_core::bundle::{BundleError, Eye};
-use privmatch_core::iris::dot::DotKernel;
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::encoding::IrisShare;
-use privmatch_core::iris::service::{
-    PartyKeys, RoundReply, SearchError, SearchParams, SearchService,
-};
+use privmatch_core::iris::enroll::{BundleError, Eye};
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::scan::CpuScan;
+use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchError, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::{PartyPublicKey, PartySecretKey};
-use privmatch_core::storage::{decode_share, ShareKind};
+use privmatch_core::wire::storage::{decode_share, ShareKind};
 
 use super::ipc::{read_frame, write_frame, EngineStatus, ErrorKind, Request, Response};
 
@@ -318,7 +318,7 @@ impl Engine {
         let timeout = Duration::from_secs(SEARCH_TIMEOUT.get().max(1) as u64);
         Engine {
             store: None,
-            service: SearchService::new(DotKernel::detect(), threads, timeout),
+            service: SearchService::new(Arc::new(CpuScan::detect(threads)), timeout),
             state: "starting".into(),
         }
     }
@@ -356,8 +356,9 @@ impl Engine {
                 mode,
                 max_rotation,
                 threshold,
-            } => SearchParams::parse(&mode, max_rotation, threshold)
-                .map_err(search_error)
+            } => SearchMode::parse(&mode)
+                .and_then(|mode| SearchParams::new(mode, max_rotation, threshold))
+                .map_err(|e| search_error(SearchError::BadParameter(e)))
                 .and_then(|params| {
                     let keys = self.refresh()?;
                     let store = self.store.as_mut().ok_or_else(|| internal("no store"))?;
@@ -396,8 +397,8 @@ impl Engine {
             share_bytes: self.store.as_ref().map_or(0, |s| s.share_bytes() as u64),
             resident_bytes: resident_bytes(),
             sessions: self.service.active() as u32,
-            kernel: self.service.kernel().name().into(),
-            threads: self.service.threads() as u32,
+            kernel: self.service.backend().name(),
+            threads: self.service.backend().parallelism() as u32,
         }
     }
 }
@@ -554,8 +555,8 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     let mut engine = Engine::new();
     pgrx::log!(
         "privmatch engine: serving database {database} with the {} kernel on {} threads",
-        engine.service.kernel().name(),
-        engine.service.threads()
+        engine.service.backend().name(),
+        engine.service.backend().parallelism()
     );
     if let Err((_, message)) = engine.refresh() {
         pgrx::log!("privmatch engine: not loaded yet: {message}");

@@ -2,13 +2,13 @@
 //! generation of key batches sealed to P0 and P1 (Funshade `setup`, offline phase).
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
 use privmatch_core::face::messages::{
     open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader,
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::PairwiseSecrets;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 

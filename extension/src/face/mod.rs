@@ -1,6 +1,6 @@
 //! The face modality at one party (Funshade, seed 000; protocol in [`privmatch_core::face`]).
 //!
-//! * P0 and P1 store shares of face templates ([`enrol`]), keep the single-use key material
+//! * P0 and P1 store shares of face templates ([`enroll`]), keep the single-use key material
 //!   P2 deals ([`pool`]) and evaluate comparisons in sessions ([`session`]).
 //! * P2 is the dealer ([`dealer`]): it holds the metric and the secret threshold and makes
 //!   key batches sealed to P0 and P1.
@@ -12,14 +12,14 @@
 //! a round after a crash recomputes the same values instead of evaluating new ones.
 
 mod dealer;
-mod enrol;
+mod enroll;
 mod pool;
 mod session;
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::{PartyPublicKey, SealError};
 use privmatch_core::face::FaceError;
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::{PartyPublicKey, SealError};
 
 use crate::errors::raise;
 

@@ -16,8 +16,8 @@ use privmatch_core::face::{FaceError, Metric};
 use super::{column, pinned_peer, raise_face, raise_spi};
 use crate::errors::raise;
 use crate::identity::load_identity;
+use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::PairwiseSecrets;
 
 /// A claimed range of keys: `count` keys of `batch` from index `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

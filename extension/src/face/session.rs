@@ -14,6 +14,7 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::{Channel, PairwiseSecrets};
 use privmatch_core::face::funshade::{
     bytes_to_words, distance_shares, masked_inputs, open_masked, sign_shares, words_to_bytes,
     KeySlice, COMPARISON_KEY_LEN,
@@ -23,12 +24,11 @@ use privmatch_core::face::messages::{
 };
 use privmatch_core::face::{FaceError, Metric};
 use privmatch_core::party::PartyIndex;
-use privmatch_core::seal::{Channel, PairwiseSecrets};
-use privmatch_core::storage::{decode_share, ShareKind};
+use privmatch_core::wire::storage::{decode_share, ShareKind};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-use super::enrol::enrolled_dim;
+use super::enroll::enrolled_dim;
 use super::pool::{
     claim_fresh, claim_given, decode_claims, encode_claims, pool_parameters, read_keys, Claim,
 };

@@ -142,7 +142,7 @@ impl IcKey {
         ic_key_len(self.dcf.n())
     }
 
-    /// The key in the documented byte layout (see [`crate::fss`]).
+    /// The key in the documented byte layout (see [`crate::crypto::fss`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
         self.encode_into(&mut out);

@@ -13,7 +13,7 @@
 
 use rand_core::RngCore;
 
-use crate::galois::GaloisRing16;
+use crate::algebra::galois::GaloisRing16;
 use crate::party::{PartyIndex, NUM_PARTIES};
 
 /// Why a Shamir operation was refused.

@@ -12,7 +12,7 @@
 //!   and a purpose label are authenticated, so a box sealed to P1 cannot be opened by P0, and a
 //!   box sealed for one purpose cannot be passed off as another. Sealed boxes are not
 //!   replay-protected by themselves: the payloads carry a unique id that the receiving party
-//!   records (see [`crate::bundle`]).
+//!   records (see [`crate::iris::enroll`]).
 //! * **Pairwise channels** (party ↔ party): static-static Diffie-Hellman between the two
 //!   parties' long-term keys, expanded with HKDF into one AEAD key per direction and one PRF
 //!   seed. Messages are XChaCha20-Poly1305 with random nonces (so a counter reset after a

@@ -19,7 +19,7 @@
 //!
 //! ## Fixed-key permutation π
 //!
-//! π is AES-128 under the public key [`FIXED_KEY`]. The FSS PRG (see [`crate::fss`]) uses it in
+//! π is AES-128 under the public key [`FIXED_KEY`]. The FSS PRG (see [`crate::crypto::fss`]) uses it in
 //! Matyas–Meyer–Oseas mode H_c(s) = π(s ⊕ c) ⊕ s ⊕ c with the tweaks [`TWEAK_LEFT`],
 //! [`TWEAK_RIGHT`], [`TWEAK_VALUE`]. All four constants are consecutive 128-bit words of the
 //! hexadecimal expansion of π = 3.243F6A88 85A308D3 …, i.e. nothing-up-my-sleeve numbers (the

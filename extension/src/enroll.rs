@@ -5,8 +5,8 @@
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::bundle::{open_iris_enrolment, IrisEnrolBundle};
-use privmatch_core::storage::{encode_share, ShareKind};
+use privmatch_core::iris::enroll::{open_iris_enrollment, IrisEnrollBundle};
+use privmatch_core::wire::storage::{encode_share, ShareKind};
 
 use crate::errors::{raise, raise_bundle};
 use crate::identity::load_identity;
@@ -48,7 +48,7 @@ pub(crate) fn type_oid(name: &str) -> pg_sys::Oid {
 
 fn share_datum(
     kind: ShareKind,
-    bundle: &IrisEnrolBundle,
+    bundle: &IrisEnrollBundle,
     coefs: &[u16],
     oid: pg_sys::Oid,
 ) -> DatumWithOid<'static> {
@@ -108,7 +108,7 @@ fn iris_enroll_sealed(
                     None,
                 );
             };
-            let bundles = open_iris_enrolment(me.index, &me.secret, sealed)
+            let bundles = open_iris_enrollment(me.index, &me.secret, sealed)
                 .unwrap_or_else(|e| raise_bundle(position, e));
             for bundle in bundles {
                 let fresh = client

@@ -2,7 +2,7 @@
 //!
 //! Gen^<_n(α, β) → (k_0, k_1) and Eval^<_n(b, k_b, x) → V_b with
 //! V_0 + V_1 = β if x < α else 0 (mod 2^32), for n-bit unsigned x and α (bits MSB first,
-//! 1 ≤ n ≤ 32). The PRG and the key layout are described in [`crate::fss`].
+//! 1 ≤ n ≤ 32). The PRG and the key layout are described in [`crate::crypto::fss`].
 //!
 //! Evaluation walks the path of x: per level one MMO block for the taken child's seed and
 //! control bit, one for its value word, i.e. 2 AES blocks. [`eval_batch`] evaluates many keys
@@ -139,7 +139,7 @@ impl DcfKey {
         dcf_key_len(self.n)
     }
 
-    /// The key in the documented byte layout (see [`crate::fss`]).
+    /// The key in the documented byte layout (see [`crate::crypto::fss`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
         self.encode_into(&mut out);
@@ -868,7 +868,7 @@ mod ni_engine {
     use std::arch::x86_64::*;
 
     use super::{negate_if, Lanes, SEED_MASK};
-    use crate::fss::aes::{ni, vaes, C_LEFT, C_RIGHT, C_VALUE, FIXED_ROUND_KEYS};
+    use crate::crypto::fss::aes::{ni, vaes, C_LEFT, C_RIGHT, C_VALUE, FIXED_ROUND_KEYS};
 
     /// How one level's PRG calls are computed: for every lane, H_{c_{x_i}}(s) (seed block)
     /// and the low 64 bits of H_{c_V}(s) (v^L, v^R).
@@ -1091,7 +1091,7 @@ pub fn eval_with(backend: Backend, party: u8, key: &DcfKey, x: u32) -> Result<u3
     Ok(y)
 }
 
-/// Many DCF keys of one bit length n, laid out for batch evaluation (see [`crate::fss`],
+/// Many DCF keys of one bit length n, laid out for batch evaluation (see [`crate::crypto::fss`],
 /// "Batches"): blocks of [`GROUP`] keys whose correction words are interleaved level by
 /// level, padded with all-zero keys to a whole block. Zeroised on drop.
 #[derive(Clone, Zeroize, ZeroizeOnDrop)]

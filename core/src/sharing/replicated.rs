@@ -21,8 +21,8 @@ use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
 
 use rand_core::RngCore;
 
+use crate::algebra::ring::RingElement;
 use crate::party::PartyIndex;
-use crate::ring::RingElement;
 
 /// One party's replicated share: party i holds `a = x_i` and `b = x_{i−1}` (see the module
 /// documentation for the full table).
@@ -191,7 +191,7 @@ pub fn reconstruct_pair<T: RingElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ring::{Z16, Z32};
+    use crate::algebra::ring::{Z16, Z32};
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;

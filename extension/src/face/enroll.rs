@@ -4,17 +4,17 @@
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::face::messages::{evaluator, open_face_enrolment, FaceEnrolBundle};
+use privmatch_core::face::messages::{evaluator, open_face_enrollment, FaceEnrollBundle};
 use privmatch_core::face::FaceError;
-use privmatch_core::storage::encode_face_share;
+use privmatch_core::wire::storage::encode_face_share;
 
 use super::{raise_face, raise_spi};
-use crate::enrol::type_oid;
+use crate::enroll::type_oid;
 use crate::errors::raise;
 use crate::identity::load_identity;
 use crate::share_types::payload_to_varlena;
 
-const ENROL: &str = "face_enroll_sealed";
+const ENROLL: &str = "face_enroll_sealed";
 
 /// The dimension of the templates already enrolled here, if any.
 pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
@@ -25,7 +25,7 @@ pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
     .map(|d| d as usize)
 }
 
-fn share_datum(bundle: &FaceEnrolBundle, oid: pg_sys::Oid) -> DatumWithOid<'static> {
+fn share_datum(bundle: &FaceEnrollBundle, oid: pg_sys::Oid) -> DatumWithOid<'static> {
     let payload = encode_face_share(
         privmatch_core::party::PartyIndex::ALL[usize::from(bundle.party)],
         &bundle.share.elements,
@@ -40,7 +40,7 @@ fn parse_on_duplicate(text: &str) -> bool {
         "error" => true,
         other => raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{ENROL}: on_duplicate must be 'skip' or 'error', not {other:?}"),
+            format!("{ENROLL}: on_duplicate must be 'skip' or 'error', not {other:?}"),
             None,
         ),
     }
@@ -58,27 +58,27 @@ fn face_enroll_sealed(
 ) -> TableIterator<'static, (name!(subject, String), name!(enrolled, bool))> {
     let error_on_duplicate = parse_on_duplicate(on_duplicate);
     let me = load_identity();
-    evaluator(me.index).unwrap_or_else(|e| raise_face(ENROL, e));
+    evaluator(me.index).unwrap_or_else(|e| raise_face(ENROLL, e));
     let share_oid = type_oid("privmatch.face_share");
-    let mut dim = enrolled_dim(ENROL);
+    let mut dim = enrolled_dim(ENROLL);
     let mut bundles = Vec::new();
     for (position, sealed) in envelopes.iter().enumerate() {
         let Some(sealed) = sealed else {
             raise(
                 PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                format!("{ENROL}: envelope #{position} is NULL"),
+                format!("{ENROLL}: envelope #{position} is NULL"),
                 None,
             );
         };
-        let opened = open_face_enrolment(me.index, &me.secret, sealed)
-            .unwrap_or_else(|e| raise_face(&format!("{ENROL}: envelope #{position}"), e));
+        let opened = open_face_enrollment(me.index, &me.secret, sealed)
+            .unwrap_or_else(|e| raise_face(&format!("{ENROLL}: envelope #{position}"), e));
         bundles.extend(opened);
     }
     for (record, bundle) in bundles.iter().enumerate() {
         let got = bundle.share.elements.len();
         match dim {
             Some(expected) if expected != got => raise_face(
-                &format!("{ENROL}: record #{record} (subject {:?})", bundle.subject),
+                &format!("{ENROLL}: record #{record} (subject {:?})", bundle.subject),
                 FaceError::WrongDimension { expected, got },
             ),
             _ => dim = Some(got),
@@ -94,13 +94,13 @@ fn face_enroll_sealed(
                     None,
                     &[bundle.bundle_id.to_vec().into()],
                 )
-                .unwrap_or_else(|e| raise_spi(ENROL, e))
+                .unwrap_or_else(|e| raise_spi(ENROLL, e))
                 .len();
             if fresh == 0 {
                 raise(
                     PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
                     format!(
-                        "{ENROL}: record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
+                        "{ENROLL}: record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
                         hex::encode(bundle.bundle_id)
                     ),
                     None,
@@ -118,13 +118,13 @@ fn face_enroll_sealed(
                         bundle.bundle_id.to_vec().into(),
                     ],
                 )
-                .unwrap_or_else(|e| raise_spi(ENROL, e))
+                .unwrap_or_else(|e| raise_spi(ENROLL, e))
                 .len()
                 == 1;
             if !inserted && error_on_duplicate {
                 raise(
                     PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                    format!("{ENROL}: subject {:?} is already enrolled", bundle.subject),
+                    format!("{ENROLL}: subject {:?} is already enrolled", bundle.subject),
                     Some("delete it first, or enrol with on_duplicate => 'skip'"),
                 );
             }

@@ -1,0 +1,6 @@
+//! Cryptography that is not secret sharing: sealing ([`seal`]: client→party sealed boxes,
+//! party↔party AEAD channels, pairwise PRF seeds) and function secret sharing ([`fss`]:
+//! fixed-key AES PRG, DCF, interval containment). No modality lives here.
+
+pub mod fss;
+pub mod seal;
