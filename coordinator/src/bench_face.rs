@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use privmatch_core::face::dealer::DealerConfig;
+use privmatch_core::face::encoding::{share_embedding, EmbeddingShare};
 use privmatch_core::face::funshade::{
     deal_batch, distance_shares, masked_inputs, open_masked, reconstruct, sign_gate_keys,
     sign_shares, DealerParams, KeySlice, COMPARISON_KEY_LEN,
 };
-use privmatch_core::face::messages::{share_embedding, DealerConfig, EmbeddingShare};
 use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
 use rand::{Rng, SeedableRng};

@@ -17,9 +17,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::face::messages::{
-    seal_dealer_config, seal_face_enrollment, seal_face_probe, DealerConfig, FaceEnrollRequest,
-};
+use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig};
+use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::Quantizer;
 use privmatch_core::face::Metric;
 use rand::SeedableRng;

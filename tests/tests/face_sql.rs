@@ -5,9 +5,9 @@
 //! concurrency and crashes; bad inputs fail with clear SQLSTATEs and change nothing.
 
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::face::messages::{
-    seal_dealer_config, seal_face_enrollment, seal_face_probe, DealerConfig, FaceEnrollRequest,
-};
+use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig};
+use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::{
     dot, normalize, plaintext_match, squared_distance, Quantizer,
 };

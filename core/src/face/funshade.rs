@@ -19,7 +19,8 @@
 
 use rand_core::{CryptoRng, RngCore};
 
-use super::messages::{DealerConfig, EmbeddingShare};
+use super::dealer::DealerConfig;
+use super::encoding::EmbeddingShare;
 use super::quantize::Quantizer;
 use super::{FaceError, Metric};
 use crate::crypto::fss::aes::expand_u32;
@@ -369,7 +370,7 @@ pub fn evaluate_in_process<R: RngCore + CryptoRng>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::face::messages::share_embedding;
+    use crate::face::encoding::share_embedding;
     use crate::face::quantize::{dot, plaintext_match, squared_distance};
     use proptest::prelude::{any, prop, proptest, ProptestConfig};
     use rand::SeedableRng;

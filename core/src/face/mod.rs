@@ -8,7 +8,7 @@
 //!   (quantised embedding `y`, see [`quantize`]) and of its squared norm.
 //! * **P2 is the dealer** (Funshade's R_setup, a trusted third party for correlated
 //!   randomness). It alone knows the threshold θ and hides it in the keys it deals. Keys are
-//!   generated offline in batches, sealed to P0 and P1 ([`messages`]) and stored in their
+//!   generated offline in batches, sealed to P0 and P1 ([`dealer`]) and stored in their
 //!   single-use pools; P2 never sees a template or a probe.
 //! * **The client** (sensor / enrolment station) quantises the embedding and splits it into
 //!   two additive shares sealed to P0 and P1.
@@ -42,8 +42,11 @@
 //! reveal the difference of the inputs (Δx − Δx′ = x − x′). The party's database enforces
 //! that (see the extension's `face` module).
 
+pub mod dealer;
+pub mod encoding;
+pub mod enroll;
 pub mod funshade;
-pub mod messages;
+pub mod probe;
 pub mod quantize;
 
 use crate::crypto::fss::FssError;

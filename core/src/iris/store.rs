@@ -444,7 +444,8 @@ mod tests {
         let after = store.canonical(Eye::Left);
         assert_eq!(after.subjects.len(), before.subjects.len() - 2);
         assert_ne!(after.digest, before.digest);
-        for (&id, &(eye, r)) in &store.index {
+        let sorted: std::collections::BTreeMap<_, _> = store.index.iter().collect();
+        for (&id, &(eye, r)) in sorted {
             assert_eq!(store.eyes[eye_slot(eye)].ids[r], id);
         }
         assert_eq!(store.share_bytes(), 10 * SHARE_BYTES_PER_TEMPLATE);

@@ -3,10 +3,10 @@
 
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::PairwiseSecrets;
-use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
-use privmatch_core::face::messages::{
+use privmatch_core::face::dealer::{
     open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader,
 };
+use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;

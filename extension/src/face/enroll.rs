@@ -4,7 +4,8 @@
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::face::messages::{evaluator, open_face_enrollment, FaceEnrollBundle};
+use privmatch_core::face::encoding::evaluator;
+use privmatch_core::face::enroll::{open_face_enrollment, FaceEnrollBundle};
 use privmatch_core::face::FaceError;
 use privmatch_core::wire::storage::encode_face_share;
 

@@ -10,7 +10,8 @@
 //! Claims are never deleted; a replayed batch is refused by its number.
 
 use pgrx::prelude::*;
-use privmatch_core::face::messages::{evaluator, open_key_batch};
+use privmatch_core::face::dealer::open_key_batch;
+use privmatch_core::face::encoding::evaluator;
 use privmatch_core::face::{FaceError, Metric};
 
 use super::{column, pinned_peer, raise_face, raise_spi};

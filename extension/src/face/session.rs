@@ -15,13 +15,13 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::{Channel, PairwiseSecrets};
+use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
+use privmatch_core::face::enroll::template_set_digest;
 use privmatch_core::face::funshade::{
     bytes_to_words, distance_shares, masked_inputs, open_masked, sign_shares, words_to_bytes,
     KeySlice, COMPARISON_KEY_LEN,
 };
-use privmatch_core::face::messages::{
-    channel_session, evaluator, open_face_probe, template_set_digest, EmbeddingShare,
-};
+use privmatch_core::face::probe::{channel_session, open_face_probe};
 use privmatch_core::face::{FaceError, Metric};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};

@@ -514,6 +514,7 @@ pub(crate) mod ni {
     /// AES-NI must be available.
     #[inline(always)]
     pub(crate) unsafe fn encrypt<const M: usize>(rk: &RoundKeys, b: &mut [__m128i; M]) {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe {
             for x in b.iter_mut() {
                 *x = _mm_xor_si128(*x, rk[0]);
@@ -541,6 +542,7 @@ pub(crate) mod ni {
             for (v, x) in b.iter_mut().zip(chunk.iter()) {
                 *v = to_m(*x);
             }
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut b) };
             for (x, v) in chunk.iter_mut().zip(b.iter()) {
                 *x = from_m(*v);
@@ -554,6 +556,7 @@ pub(crate) mod ni {
     /// AES-NI must be available.
     #[inline(always)]
     unsafe fn key_step<const RCON: i32>(k: __m128i) -> __m128i {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe {
             let t = _mm_shuffle_epi32::<0xff>(_mm_aeskeygenassist_si128::<RCON>(k));
             let k = _mm_xor_si128(k, _mm_slli_si128::<4>(k));
@@ -607,6 +610,7 @@ pub(crate) mod ni {
             let mut b: [__m128i; 8] =
                 std::array::from_fn(|i| to_m(counter_block(domain, j.wrapping_add(i as u64))));
             j = j.wrapping_add(8);
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut b) };
             for (words, v) in chunk.chunks_exact_mut(4).zip(b.iter()) {
                 // SAFETY: `words` is 4 u32s = 16 writable bytes; storeu has no alignment need.
@@ -617,6 +621,7 @@ pub(crate) mod ni {
         if !rest.is_empty() {
             let mut b: [__m128i; 8] =
                 std::array::from_fn(|i| to_m(counter_block(domain, j.wrapping_add(i as u64))));
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut b) };
             let blocks: [u128; 8] = std::array::from_fn(|i| from_m(b[i]));
             super::write_words(&blocks, rest);
@@ -648,8 +653,10 @@ pub(crate) mod vaes {
     /// AVX2 must be available.
     #[inline(always)]
     pub(crate) unsafe fn round_keys(rk: &[u128; 11]) -> RoundKeys {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         let mut out = [unsafe { _mm256_setzero_si256() }; 11];
         for (o, k) in out.iter_mut().zip(rk.iter()) {
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             *o = unsafe { _mm256_broadcastsi128_si256(to_m(*k)) };
         }
         out
@@ -661,6 +668,7 @@ pub(crate) mod vaes {
     /// AES-NI, VAES and AVX2 must be available.
     #[inline(always)]
     pub(crate) unsafe fn encrypt<const M: usize>(rk: &RoundKeys, b: &mut [__m256i; M]) {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe {
             for x in b.iter_mut() {
                 *x = _mm256_xor_si256(*x, rk[0]);
@@ -682,6 +690,7 @@ pub(crate) mod vaes {
     /// AES-NI, VAES and AVX2 must be available.
     #[target_feature(enable = "aes,vaes,avx2")]
     pub(crate) unsafe fn encrypt_slice(rk: &[u128; 11], blocks: &mut [u128]) {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         let rk = unsafe { round_keys(rk) };
         for chunk in blocks.chunks_mut(16) {
             let mut y = [_mm256_setzero_si256(); 8];
@@ -690,6 +699,7 @@ pub(crate) mod vaes {
                 let hi = chunk.get(2 * i + 1).copied().unwrap_or(0);
                 *v = _mm256_set_m128i(to_m(hi), to_m(lo));
             }
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut y) };
             for (i, x) in chunk.iter_mut().enumerate() {
                 let v = y[i / 2];
@@ -729,6 +739,7 @@ pub(crate) mod vaes {
         for chunk in &mut chunks {
             let mut y = counters(j);
             j = j.wrapping_add(16);
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut y) };
             for (words, v) in chunk.chunks_exact_mut(8).zip(y.iter()) {
                 // SAFETY: `words` is 8 u32s = 32 writable bytes; storeu has no alignment need.
@@ -738,6 +749,7 @@ pub(crate) mod vaes {
         let rest = chunks.into_remainder();
         if !rest.is_empty() {
             let mut y = counters(j);
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe { encrypt(&rk, &mut y) };
             let mut blocks = [0u128; 16];
             for (i, v) in y.iter().enumerate() {

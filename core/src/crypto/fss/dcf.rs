@@ -924,6 +924,7 @@ mod ni_engine {
             seed_out: &mut [__m128i; L],
             value_out: &mut [u64; L],
         ) {
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe {
                 let mut a = [_mm_setzero_si128(); L];
                 let mut v = [_mm_setzero_si128(); L];
@@ -963,10 +964,12 @@ mod ni_engine {
         #[inline(always)]
         unsafe fn tables() -> VaesTables {
             let [k0, k10] = [FIXED_ROUND_KEYS[0], FIXED_ROUND_KEYS[10]];
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             let pair = |c: u128, k: u128| unsafe {
                 _mm256_set_m128i(ni::to_m(C_VALUE ^ k), ni::to_m(c ^ k))
             };
             VaesTables {
+                // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
                 rk: unsafe { vaes::round_keys(&FIXED_ROUND_KEYS) },
                 first: [pair(C_LEFT, k0), pair(C_RIGHT, k0)],
                 last: [pair(C_LEFT, k10), pair(C_RIGHT, k10)],
@@ -981,6 +984,7 @@ mod ni_engine {
             seed_out: &mut [__m128i; L],
             value_out: &mut [u64; L],
         ) {
+            // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
             unsafe {
                 let mut y = [_mm256_setzero_si256(); L];
                 for l in 0..L {
@@ -1008,6 +1012,7 @@ mod ni_engine {
         lanes: &Lanes<'_, L>,
         party: u32,
     ) -> [u32; L] {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe { body::<Ni, L>(lanes, party) }
     }
 
@@ -1018,6 +1023,7 @@ mod ni_engine {
         lanes: &Lanes<'_, L>,
         party: u32,
     ) -> [u32; L] {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe { body::<Vaes, L>(lanes, party) }
     }
 
@@ -1026,6 +1032,7 @@ mod ni_engine {
     /// it is inlined so that the intrinsics compile with those features.
     #[inline(always)]
     unsafe fn body<F: Flavor, const L: usize>(lanes: &Lanes<'_, L>, party: u32) -> [u32; L] {
+        // SAFETY: the CPU features these intrinsics need are the enclosing function's contract (checked by the runtime dispatch before any call).
         unsafe {
             let tables = F::tables();
             let seed_mask = ni::to_m(SEED_MASK);
