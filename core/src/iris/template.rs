@@ -455,14 +455,14 @@ mod tests {
     use rand::{RngCore, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
-    const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/testdata/iris/");
+    const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/iris/");
 
     fn read_vector(name: &str) -> String {
         let path = format!("{TESTDATA}{name}");
         std::fs::read_to_string(&path).unwrap_or_else(|e| {
             panic!(
-                "iris test vector {path} cannot be read ({e}); it is part of the shared test data \
-                 (/work/shared/testdata/iris) and this test must not be skipped"
+                "iris test vector {path} cannot be read ({e}); it ships with the repository \
+                 (core/testdata/iris, see its README) and this test must not be skipped"
             )
         })
     }
