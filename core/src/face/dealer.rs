@@ -14,6 +14,7 @@
 use rand_core::{CryptoRng, RngCore};
 
 use super::encoding::{evaluator, Reader, VERSION};
+use super::funshade::DealerParams;
 use super::quantize::check_dim;
 use super::{FaceError, Metric};
 use crate::crypto::seal::{
@@ -37,6 +38,13 @@ pub struct DealerConfig {
     pub dim: usize,
     /// θ in the metric's float units (see [`super::quantize::Quantizer::quantize_threshold`]).
     pub threshold: f64,
+}
+
+impl DealerParams {
+    /// The key-making parameters of a dealer configuration (its threshold quantised).
+    pub fn new(config: &DealerConfig) -> Result<Self, FaceError> {
+        DealerParams::quantise(config.metric, config.dim, config.threshold)
+    }
 }
 
 impl std::fmt::Debug for DealerConfig {

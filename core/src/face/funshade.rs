@@ -19,7 +19,6 @@
 
 use rand_core::{CryptoRng, RngCore};
 
-use super::dealer::DealerConfig;
 use super::encoding::EmbeddingShare;
 use super::quantize::Quantizer;
 use super::{FaceError, Metric};
@@ -48,13 +47,15 @@ impl std::fmt::Debug for DealerParams {
 }
 
 impl DealerParams {
-    /// Quantises the configuration's threshold (θ_q = round(θ · M²)).
-    pub fn new(config: &DealerConfig) -> Result<Self, FaceError> {
-        let quantizer = Quantizer::new(config.dim)?;
+    /// The parameters for `metric` and dimension `dim` with the threshold `threshold`
+    /// (unquantised), quantised as θ_q = round(θ · M²). The dealer's sealed configuration
+    /// converts with `DealerParams::new` (`dealer.rs`).
+    pub fn quantise(metric: Metric, dim: usize, threshold: f64) -> Result<Self, FaceError> {
+        let quantizer = Quantizer::new(dim)?;
         Ok(DealerParams {
-            metric: config.metric,
-            dim: config.dim,
-            threshold: quantizer.quantize_threshold(config.metric, config.threshold)?,
+            metric,
+            dim,
+            threshold: quantizer.quantize_threshold(metric, threshold)?,
         })
     }
 
