@@ -13,8 +13,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "==> unit and property tests (core, coordinator, the extension's pure-Rust parts)"
-cargo test --release -p privmatch-core -p privmatch-coordinator
+echo "==> unit and property tests (core, coordinator, the layout rules, the extension's pure-Rust parts)"
+cargo test --release -p privmatch-core -p privmatch-coordinator -p privmatch-layout
 (cd extension && cargo test --release --lib)
 
 echo "==> SQL regression tests (extension)"
