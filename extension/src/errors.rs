@@ -1,11 +1,16 @@
-//! Turning core's errors into Postgres errors with the right SQLSTATE. Messages come from
-//! core's `Display` impls, which never include share values or keys.
+//! Errors and SPI plumbing shared by every SQL function of the extension: raising an ERROR with
+//! a SQLSTATE, the SQLSTATE of a rejected share value, SPI failures, reading SPI rows, and the
+//! 16-byte session ids of both modalities. Messages come from core's `Display` impls, which
+//! never include share values or keys.
+//!
+//! Imports: pgrx and core's `wire` layer only (no modality, no other module of this crate).
 
+use std::fmt::Display;
+
+use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use privmatch_core::crypto::seal::SealError;
-use privmatch_core::iris::enroll::BundleError;
-use privmatch_core::wire::envelope::EnvelopeError;
+use pgrx::spi::SpiHeapTupleData;
 use privmatch_core::wire::storage::ShareLayoutError;
 
 /// Raises an ERROR with `code` and `message` (and an optional hint); never returns.
@@ -16,6 +21,24 @@ pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: Option<&str
     }
     report.report(PgLogLevel::ERROR);
     unreachable!("an ERROR report does not return")
+}
+
+/// Raises `err` as an internal error (XX000) with its text as the message; never returns.
+pub fn raise_internal(err: impl Display) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        err.to_string(),
+        None,
+    )
+}
+
+/// Raises an SPI failure from `function` as an internal error (XX000); never returns.
+pub fn raise_spi(function: &str, err: pgrx::spi::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("{function}: {err}"),
+        None,
+    )
 }
 
 /// The SQLSTATE for a rejected share value.
@@ -33,25 +56,81 @@ pub fn raise_share_layout(err: ShareLayoutError) -> ! {
     raise(share_layout_code(&err), err.to_string(), None)
 }
 
-/// Raises an envelope that could not be opened or decoded, naming its position in the call.
-pub fn raise_bundle(position: usize, err: BundleError) -> ! {
-    let code = match &err {
-        BundleError::Seal(SealError::WrongRecipient { .. })
-        | BundleError::Seal(SealError::WrongKey { .. })
-        | BundleError::PartyMismatch { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        BundleError::Envelope(EnvelopeError::BadSubject(_)) | BundleError::BadEye(_) => {
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
-        }
-        _ => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
-    };
-    let hint = match &err {
-        BundleError::Seal(SealError::WrongRecipient { .. }) => {
-            Some("the coordinator routed a bundle to the wrong party; nothing was enrolled")
-        }
-        BundleError::Seal(SealError::WrongKey { .. }) => {
-            Some("the client sealed to a key that is not this party's: check the pinned party keys")
-        }
-        _ => None,
-    };
-    raise(code, format!("envelope #{position}: {err}"), hint)
+/// Parses the 16-byte session id passed to `function` as its argument `argument` (22023
+/// otherwise, naming both).
+pub fn parse_session_id(function: &str, argument: &str, bytes: &[u8]) -> [u8; 16] {
+    bytes.try_into().unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: {argument} must be 16 bytes, got {}",
+                bytes.len()
+            ),
+            None,
+        )
+    })
+}
+
+/// One row of an SPI result, read on behalf of `function`: a column that cannot be read is
+/// raised as an SPI failure of that function.
+pub struct Row<'r, 'conn> {
+    function: &'r str,
+    tuple: &'r SpiHeapTupleData<'conn>,
+}
+
+impl Row<'_, '_> {
+    /// Column `ordinal` (from 1); `None` for SQL NULL.
+    pub fn get<T: FromDatum + IntoDatum>(&self, ordinal: usize) -> Option<T> {
+        self.tuple
+            .get::<T>(ordinal)
+            .unwrap_or_else(|e| raise_spi(self.function, e))
+    }
+}
+
+/// Runs the read-only `query` with `args` and maps every row with `each`, in the order of the
+/// result; SPI failures are raised from `function`.
+pub fn select<T>(
+    function: &str,
+    query: &str,
+    args: &[DatumWithOid<'_>],
+    mut each: impl FnMut(&Row<'_, '_>) -> T,
+) -> Vec<T> {
+    Spi::connect(|client| {
+        let table = client
+            .select(query, None, args)
+            .unwrap_or_else(|e| raise_spi(function, e));
+        table
+            .into_iter()
+            .map(|tuple| {
+                each(&Row {
+                    function,
+                    tuple: &tuple,
+                })
+            })
+            .collect()
+    })
+}
+
+/// Like [`select`], for a `query` that writes or locks rows (`UPDATE … RETURNING`,
+/// `SELECT … FOR UPDATE`).
+pub fn modify<T>(
+    function: &str,
+    query: &str,
+    args: &[DatumWithOid<'_>],
+    mut each: impl FnMut(&Row<'_, '_>) -> T,
+) -> Vec<T> {
+    Spi::connect_mut(|client| {
+        let table = client
+            .update(query, None, args)
+            .unwrap_or_else(|e| raise_spi(function, e));
+        table
+            .into_iter()
+            .map(|tuple| {
+                each(&Row {
+                    function,
+                    tuple: &tuple,
+                })
+            })
+            .collect()
+    })
 }

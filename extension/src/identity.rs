@@ -1,12 +1,16 @@
 //! A party's identity: its index and long-term X25519 key, generated inside this database by
-//! [`init_party`]. The secret key is stored in `privmatch.party_identity` (no privileges for
-//! PUBLIC) and no function returns it; only its public half and fingerprint leave the party.
+//! [`init_party`], and the pinned public keys of its peers ([`pin_peer`], [`pinned_peer`]).
+//! The secret key is stored in `privmatch.party_identity` (no privileges for PUBLIC) and no
+//! function returns it; only its public half and fingerprint leave the party. Tables:
+//! `sql/common.sql`.
+//!
+//! Imports: [`crate::errors`] only (no modality).
 
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
 
-use crate::errors::raise;
+use crate::errors::{raise, raise_internal, raise_spi};
 
 /// This party's index and secret key, as loaded for one call.
 pub struct Identity {
@@ -24,41 +28,103 @@ fn not_initialised() -> ! {
     )
 }
 
-fn stored_identity() -> Option<(i32, Vec<u8>, Vec<u8>)> {
-    Spi::connect(|client| {
-        let rows = client
-            .select(
-                "SELECT party_index, public_key, secret_key FROM privmatch.party_identity",
-                None,
-                &[],
-            )
-            .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
-        rows.into_iter().next().map(|row| {
-            let index: i32 = row.get(1).ok().flatten().unwrap_or(-1);
-            let public: Vec<u8> = row.get(2).ok().flatten().unwrap_or_default();
-            let secret: Vec<u8> = row.get(3).ok().flatten().unwrap_or_default();
-            (index, public, secret)
+/// The row of `privmatch.party_identity`, as stored.
+pub struct StoredIdentity {
+    /// `party_index`.
+    pub index: i32,
+    /// `public_key` (32 bytes unless corrupted).
+    pub public: Vec<u8>,
+    /// `secret_key` (32 bytes unless corrupted).
+    pub secret: Vec<u8>,
+}
+
+impl StoredIdentity {
+    /// The identity this row holds, or what is corrupted about it.
+    pub fn decode(self) -> Result<Identity, String> {
+        let index = PartyIndex::new(i64::from(self.index)).map_err(|e| e.to_string())?;
+        let secret: [u8; 32] = self
+            .secret
+            .try_into()
+            .map_err(|_| "privmatch.party_identity holds a secret key of the wrong length")?;
+        Ok(Identity {
+            index,
+            secret: PartySecretKey::from_bytes(secret),
         })
+    }
+}
+
+/// Reads this party's identity row, if `init_party` has run (in the current transaction; for
+/// callers that cannot raise, such as the engine worker).
+pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT party_index, public_key, secret_key FROM privmatch.party_identity",
+            None,
+            &[],
+        )?;
+        let Some(row) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        Ok(Some(StoredIdentity {
+            index: row.get(1)?.unwrap_or(-1),
+            public: row.get(2)?.unwrap_or_default(),
+            secret: row.get(3)?.unwrap_or_default(),
+        }))
     })
+}
+
+/// Reads the pinned public keys of the peers, by party index (`None`: not pinned, or not a
+/// well-formed key). This party's own slot is `None`.
+pub fn read_peers() -> Result<[Option<PartyPublicKey>; 3], pgrx::spi::Error> {
+    let mut peers: [Option<PartyPublicKey>; 3] = [None; 3];
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT party_index, public_key FROM privmatch.peers",
+            None,
+            &[],
+        )?;
+        for row in rows {
+            let index: i32 = row.get(1)?.unwrap_or(-1);
+            let key: Vec<u8> = row.get(2)?.unwrap_or_default();
+            if let (Ok(p), Ok(key)) = (PartyIndex::new(i64::from(index)), <[u8; 32]>::try_from(key))
+            {
+                peers[p.as_usize()] = Some(PartyPublicKey::from_bytes(key));
+            }
+        }
+        Ok::<(), pgrx::spi::Error>(())
+    })?;
+    Ok(peers)
+}
+
+fn stored_identity() -> Option<StoredIdentity> {
+    read_identity().unwrap_or_else(|e| raise_internal(e))
 }
 
 /// Loads this party's identity, or raises 55000 if `init_party` was never run.
 pub fn load_identity() -> Identity {
-    let Some((index, _, secret)) = stored_identity() else {
+    let Some(stored) = stored_identity() else {
         not_initialised()
     };
-    let index = PartyIndex::new(i64::from(index))
-        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, e.to_string(), None));
-    let secret: [u8; 32] = secret.try_into().unwrap_or_else(|_| {
-        raise(
-            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
-            "privmatch.party_identity holds a secret key of the wrong length",
-            None,
-        )
-    });
-    Identity {
-        index,
-        secret: PartySecretKey::from_bytes(secret),
+    stored
+        .decode()
+        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, e, None))
+}
+
+/// The pinned public key of `peer`, or a 55000 error from `function` naming what to do.
+pub fn pinned_peer(function: &str, peer: PartyIndex) -> PartyPublicKey {
+    let key = Spi::get_one_with_args::<Vec<u8>>(
+        "SELECT (SELECT public_key FROM privmatch.peers WHERE party_index = $1)",
+        &[i32::from(peer.as_u8()).into()],
+    )
+    .unwrap_or_else(|e| raise_spi(function, e));
+    let key: Option<[u8; 32]> = key.and_then(|k| k.try_into().ok());
+    match key {
+        Some(key) => PartyPublicKey::from_bytes(key),
+        None => raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{function}: the public key of {peer} is not pinned"),
+            Some("pin it with SELECT privmatch.pin_peer(<index>, '<hex key>')"),
+        ),
     }
 }
 
@@ -74,7 +140,12 @@ fn init_party(party_index: i32) -> String {
             None,
         )
     });
-    if let Some((existing, public, _)) = stored_identity() {
+    if let Some(StoredIdentity {
+        index: existing,
+        public,
+        ..
+    }) = stored_identity()
+    {
         if existing != party_index {
             raise(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -96,7 +167,7 @@ fn init_party(party_index: i32) -> String {
             secret.to_bytes().to_vec().into(),
         ],
     )
-    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
+    .unwrap_or_else(|e| raise_internal(e));
     public.to_hex()
 }
 
@@ -111,7 +182,7 @@ fn party_info() -> TableIterator<
         name!(fingerprint, String),
     ),
 > {
-    let Some((index, public, _)) = stored_identity() else {
+    let Some(StoredIdentity { index, public, .. }) = stored_identity() else {
         not_initialised()
     };
     let key: [u8; 32] = public.try_into().unwrap_or_else(|_| {
@@ -155,7 +226,7 @@ fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) 
         "SELECT (SELECT public_key FROM privmatch.peers WHERE party_index = $1)",
         &[party_index.into()],
     )
-    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
+    .unwrap_or_else(|e| raise_internal(e));
     if let Some(old) = existing {
         if old.as_slice() != key.as_bytes() && !replace {
             raise(
@@ -170,6 +241,6 @@ fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) 
          ON CONFLICT (party_index) DO UPDATE SET public_key = EXCLUDED.public_key, pinned_at = now()",
         &[party_index.into(), key.as_bytes().to_vec().into()],
     )
-    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
+    .unwrap_or_else(|e| raise_internal(e));
     key.fingerprint_hex()
 }

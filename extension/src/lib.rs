@@ -1,18 +1,26 @@
 //! # privmatch — the PostgreSQL extension of one party
 //!
-//! A thin pgrx layer over `privmatch-core`: it gives a party its identity (index and X25519
-//! key, generated here and never exported), the share types (`iris_code_share`,
-//! `iris_mask_share`: hand-laid varlenas, see [`privmatch_core::wire::storage`]), the table of enrolled
-//! templates, and the SQL functions the coordinator calls to enrol and delete records inside
-//! its two-phase-commit transactions. Every rule about bytes lives in `core/`; this crate only
-//! moves bytes between Postgres and core, and turns core's errors into SQLSTATEs.
+//! A thin pgrx layer over `privmatch-core`, laid out by modality, then by layer:
+//!
+//! * shared: [`identity`] (the party's index and X25519 key, generated here and never
+//!   exported; the pinned peer keys), [`errors`] (SQLSTATEs, SPI helpers), [`datum`] (the
+//!   varlena share types' I/O functions), [`bundles`] (what enrolment of every modality
+//!   shares), and the [`engine`] background worker with its socket protocol;
+//! * [`iris`]: share types, enrolment and deletion, the SQL functions of a search's rounds;
+//! * [`face`]: share type, enrolment and deletion, comparison sessions, the dealer, the key
+//!   pool.
+//!
+//! Every rule about bytes lives in `core/`; this crate only moves bytes between Postgres and
+//! core, and turns core's errors into SQLSTATEs. The schema is hand-written in `sql/`, one
+//! file per modality after the common one; the modalities never import each other.
 
+mod bundles;
+mod datum;
 mod engine;
-mod enroll;
 mod errors;
 mod face;
 mod identity;
-mod share_types;
+mod iris;
 
 use pgrx::prelude::*;
 
@@ -25,11 +33,19 @@ pub extern "C-unwind" fn _PG_init() {
     engine::worker::register();
 }
 
-// The hand-written schema (types, tables, casts) runs before any generated function.
+// The hand-written schema runs before any generated function: what every modality uses
+// (identity, peers, consumed bundles, distributed transactions) first, then each modality's
+// types and tables.
+pgrx::extension_sql_file!("../../sql/common.sql", name = "privmatch_common", bootstrap);
 pgrx::extension_sql_file!(
-    "../../sql/privmatch.sql",
-    name = "privmatch_schema",
-    bootstrap
+    "../../sql/iris.sql",
+    name = "privmatch_iris",
+    requires = ["privmatch_common"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/face.sql",
+    name = "privmatch_face",
+    requires = ["privmatch_common"]
 );
 
 /// Required by `cargo pgrx test`.

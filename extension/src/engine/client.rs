@@ -1,6 +1,8 @@
 //! The backend side of the engine socket: sends one request, waits for the answer while
 //! honouring query cancellation and `statement_timeout`, and turns engine errors into
-//! Postgres errors with SQLSTATEs.
+//! Postgres errors with SQLSTATEs. Also the SQL function `engine_status()`.
+//!
+//! Imports: [`super::ipc`], [`super::heap`] and [`crate::errors`] (no modality).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -9,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
-use super::ipc::{read_frame, write_frame, ErrorKind, Request, Response};
-use super::worker::SOCKET_NAME;
+use super::heap::{keep_freed_memory, release_free_memory};
+use super::ipc::{
+    read_frame, write_frame, EngineStatus, ErrorKind, Request, Response, SOCKET_NAME,
+};
 use crate::errors::raise;
 
 /// How long a call waits for the engine's socket to appear (the worker starts with the
@@ -85,24 +89,14 @@ fn engine_configured() -> bool {
 /// back when a search ends ([`release_round_buffers`]).
 fn keep_round_buffers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: mallopt only adjusts glibc's allocator parameters of this process.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_MAX, 0);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        }
-    });
+    // SAFETY: a backend runs a single thread (Postgres backends start none).
+    ONCE.call_once(|| unsafe { keep_freed_memory() });
 }
 
 /// Returns the heap the rounds of a search used to the operating system (called when a
 /// search ends at this backend: output, abort or error).
 pub fn release_round_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    release_free_memory();
 }
 
 /// Sends `request` to the engine and returns its answer; raises on engine errors (after
@@ -127,15 +121,15 @@ pub fn call(request: &Request) -> Response {
             None,
         )
     });
-    if let Response::Error(kind, message) = response {
+    if let Response::Error(err) = response {
         release_round_buffers();
-        raise(sqlstate(kind), message, hint(kind));
+        raise(sqlstate(err.kind), err.message, hint(err.kind));
     }
     response
 }
 
 /// Like [`call`] but returns `None` instead of raising when the engine is not reachable.
-pub fn try_call(request: &Request) -> Option<Response> {
+fn try_call(request: &Request) -> Option<Response> {
     let mut stream = connect(Duration::ZERO).ok()?;
     exchange(&mut stream, request).ok()
 }
@@ -159,4 +153,38 @@ fn hint(kind: ErrorKind) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+/// The engine's state: `ready` (or why not), templates in memory, bytes of shares, resident
+/// memory of the engine process, running searches, dot-product kernel and scan threads.
+/// Reports `not running` instead of failing when the engine is down.
+#[pg_extern(volatile, parallel_unsafe)]
+fn engine_status() -> TableIterator<
+    'static,
+    (
+        name!(state, String),
+        name!(templates, i64),
+        name!(share_bytes, i64),
+        name!(resident_bytes, i64),
+        name!(sessions, i32),
+        name!(kernel, String),
+        name!(threads, i32),
+    ),
+> {
+    let status = match try_call(&Request::Status) {
+        Some(Response::Status(s)) => s,
+        _ => EngineStatus {
+            state: "not running (is privmatch in shared_preload_libraries?)".into(),
+            ..Default::default()
+        },
+    };
+    TableIterator::once((
+        status.state,
+        status.templates as i64,
+        status.share_bytes as i64,
+        status.resident_bytes as i64,
+        status.sessions as i32,
+        status.kernel,
+        status.threads as i32,
+    ))
 }

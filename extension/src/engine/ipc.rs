@@ -1,12 +1,23 @@
 //! The local protocol between a backend (a SQL call) and the party engine worker, over the
-//! Unix socket in the data directory. Both ends are the same party's processes; the bytes
-//! never leave the machine. One request and one response per connection.
+//! Unix socket [`SOCKET_NAME`] in the data directory. Both ends are the same party's
+//! processes (and the same library build); the bytes never leave the machine. One request
+//! and one response per connection. Pure Rust: no Postgres call, unit-tested.
 //!
 //! Frame: u32 little-endian body length, then the body. Body: a tag byte, then the fields in
-//! order; byte strings and text are u32-length-prefixed, integers little-endian.
+//! order; byte strings and text are u32-length-prefixed, integers little-endian. The search
+//! parameters travel checked ([`SearchParams`]): the mode as [`SearchMode::to_byte`], the
+//! maximum rotation, and the threshold as the bits of its exact ratio; the engine rebuilds
+//! them with [`SearchParams::new`], and a frame whose parameters do not check is malformed.
+//!
+//! Imports: core's `iris::params` only.
 
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
+
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+
+/// The engine's socket, relative to the data directory (every server process runs there).
+pub const SOCKET_NAME: &str = "privmatch_engine.sock";
 
 /// Largest frame accepted (a round message for millions of comparisons stays far below).
 pub const MAX_FRAME: usize = 1 << 30;
@@ -21,12 +32,8 @@ pub enum Request<'a> {
         session: [u8; 16],
         /// The sealed probe for this party.
         probe: Vec<u8>,
-        /// `identify` or `uniqueness`.
-        mode: String,
-        /// 0..=15.
-        max_rotation: i32,
-        /// Ratio τ.
-        threshold: f64,
+        /// Mode, maximum rotation and threshold, checked by the SQL function.
+        params: SearchParams,
     },
     /// `iris_search_round`.
     Round {
@@ -61,6 +68,30 @@ pub enum ErrorKind {
     Internal = 5,
     /// 22P03 invalid_binary_representation: the probe could not be opened.
     Probe = 6,
+}
+
+/// A refused request: its class and a message without secrets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineError {
+    /// The class, which the backend maps to a SQLSTATE.
+    pub kind: ErrorKind,
+    /// The message the backend raises.
+    pub message: String,
+}
+
+impl EngineError {
+    /// An error of class `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        EngineError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An internal error (XX000).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
 }
 
 impl ErrorKind {
@@ -119,7 +150,7 @@ pub enum Response {
     /// Reply to [`Request::Status`].
     Status(EngineStatus),
     /// The request was refused.
-    Error(ErrorKind, String),
+    Error(EngineError),
 }
 
 /// The bytes of `body` from `start` on, in the same allocation (the head is shifted out, no
@@ -158,6 +189,13 @@ struct Reader<'a>(&'a [u8]);
 
 fn malformed() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "malformed engine frame")
+}
+
+/// The mode whose [`SearchMode::to_byte`] is `byte`.
+fn mode_from_byte(byte: u8) -> Option<SearchMode> {
+    [SearchMode::Identify, SearchMode::Uniqueness]
+        .into_iter()
+        .find(|mode| mode.to_byte() == byte)
 }
 
 impl<'a> Reader<'a> {
@@ -221,17 +259,15 @@ impl Request<'_> {
             Request::Start {
                 session,
                 probe,
-                mode,
-                max_rotation,
-                threshold,
+                params,
             } => (
                 Writer::default()
                     .u8(1)
                     .fixed(session)
                     .bytes(probe)
-                    .bytes(mode.as_bytes())
-                    .u32(*max_rotation as u32)
-                    .u64(threshold.to_bits())
+                    .u8(params.mode().to_byte())
+                    .u32(params.max_rotation() as u32)
+                    .u64(params.threshold_ratio().to_bits())
                     .0,
                 &[],
             ),
@@ -257,13 +293,20 @@ impl Request<'_> {
     pub fn decode(body: Vec<u8>) -> io::Result<Request<'static>> {
         let mut r = Reader(&body);
         let req = match r.u8()? {
-            1 => Request::Start {
-                session: r.array()?,
-                probe: r.bytes()?,
-                mode: r.text()?,
-                max_rotation: r.u32()? as i32,
-                threshold: f64::from_bits(r.u64()?),
-            },
+            1 => {
+                let session = r.array()?;
+                let probe = r.bytes()?;
+                let mode = mode_from_byte(r.u8()?).ok_or_else(malformed)?;
+                let max_rotation = r.u32()? as i32;
+                let threshold = f64::from_bits(r.u64()?);
+                let params =
+                    SearchParams::new(mode, max_rotation, threshold).map_err(|_| malformed())?;
+                Request::Start {
+                    session,
+                    probe,
+                    params,
+                }
+            }
             2 => {
                 let session = r.array()?;
                 let round = r.u32()?;
@@ -329,11 +372,11 @@ impl Response {
                     .0,
                 &[],
             ),
-            Response::Error(kind, message) => (
+            Response::Error(err) => (
                 Writer::default()
                     .u8(7)
-                    .u8(*kind as u8)
-                    .bytes(message.as_bytes())
+                    .u8(err.kind as u8)
+                    .bytes(err.message.as_bytes())
                     .0,
                 &[],
             ),
@@ -379,7 +422,7 @@ impl Response {
             }),
             7 => {
                 let kind = ErrorKind::from_byte(r.u8()?).ok_or_else(malformed)?;
-                Response::Error(kind, r.text()?)
+                Response::Error(EngineError::new(kind, r.text()?))
             }
             _ => return Err(malformed()),
         };
@@ -432,9 +475,7 @@ mod tests {
             Request::Start {
                 session: [3; 16],
                 probe: vec![1, 2, 3],
-                mode: "identify".into(),
-                max_rotation: 15,
-                threshold: 0.345,
+                params: SearchParams::new(SearchMode::Uniqueness, 15, 0.345).unwrap(),
             },
             Request::Round {
                 session: [4; 16],
@@ -459,7 +500,7 @@ mod tests {
             Response::Continue(Vec::new()),
             Response::Identified(vec!["a".into(), "bé".into()]),
             Response::Unique(true),
-            Response::Error(ErrorKind::Protocol, "no".into()),
+            Response::Error(EngineError::new(ErrorKind::Protocol, "no")),
         ];
         for resp in &responses {
             let (head, payload) = resp.encode_parts();
@@ -470,5 +511,39 @@ mod tests {
         // A trailing field whose length does not reach the end of the body is refused.
         assert!(Response::decode(vec![2, 5, 0, 0, 0, 1]).is_err());
         assert!(Request::decode(vec![2; 30]).is_err());
+    }
+
+    #[test]
+    fn search_params_cross_the_socket_exactly() {
+        for mode in [SearchMode::Identify, SearchMode::Uniqueness] {
+            for numerator in 1..=5_000u32 {
+                let threshold = f64::from(numerator) / 10_000.0;
+                let params = SearchParams::new(mode, (numerator % 16) as i32, threshold).unwrap();
+                let req = Request::Start {
+                    session: [0; 16],
+                    probe: Vec::new(),
+                    params,
+                };
+                let (head, payload) = req.encode_parts();
+                match Request::decode(frame_body(head, payload)).unwrap() {
+                    Request::Start { params: back, .. } => assert_eq!(back, params),
+                    other => panic!("decoded {other:?}"),
+                }
+            }
+        }
+        // An unknown mode byte or parameters out of range make a malformed frame.
+        let start = |mode: u8, rotation: u32, threshold: f64| {
+            let mut body = vec![1u8];
+            body.extend_from_slice(&[0; 16]);
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.push(mode);
+            body.extend_from_slice(&rotation.to_le_bytes());
+            body.extend_from_slice(&threshold.to_bits().to_le_bytes());
+            Request::decode(body)
+        };
+        assert!(start(SearchMode::Uniqueness.to_byte(), 15, 0.345).is_ok());
+        assert!(start(2, 15, 0.345).is_err());
+        assert!(start(0, 16, 0.345).is_err());
+        assert!(start(0, 15, 0.6).is_err());
     }
 }

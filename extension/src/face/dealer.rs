@@ -12,9 +12,9 @@ use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-use super::{column, pinned_peer, raise_face, raise_spi};
-use crate::errors::raise;
-use crate::identity::{load_identity, Identity};
+use super::raise_face;
+use crate::errors::{modify, raise, raise_spi};
+use crate::identity::{load_identity, pinned_peer, Identity};
 
 /// Most keys one `face_dealer_generate` call makes (a batch of 50,000 is ~36 MB per party).
 const MAX_BATCH: i32 = 50_000;
@@ -128,25 +128,23 @@ fn face_dealer_generate(
         );
     }
     let me = dealer_identity(F);
-    let row = Spi::connect_mut(|client| {
-        let table = client
-            .update(
-                "UPDATE privmatch.face_dealer SET next_batch = next_batch + 1 \
-                 RETURNING next_batch - 1, generation, metric, dim, threshold",
-                None,
-                &[],
+    let row = modify(
+        F,
+        "UPDATE privmatch.face_dealer SET next_batch = next_batch + 1 \
+         RETURNING next_batch - 1, generation, metric, dim, threshold",
+        &[],
+        |row| {
+            (
+                row.get::<i64>(1).unwrap_or_default(),
+                row.get::<i64>(2).unwrap_or_default(),
+                row.get::<String>(3).unwrap_or_default(),
+                row.get::<i32>(4).unwrap_or_default(),
+                row.get::<f64>(5).unwrap_or_default(),
             )
-            .unwrap_or_else(|e| raise_spi(F, e));
-        let row = table.into_iter().next()?;
-        let get = F;
-        Some((
-            column::<i64>(get, &row, 1).unwrap_or_default(),
-            column::<i64>(get, &row, 2).unwrap_or_default(),
-            column::<String>(get, &row, 3).unwrap_or_default(),
-            column::<i32>(get, &row, 4).unwrap_or_default(),
-            column::<f64>(get, &row, 5).unwrap_or_default(),
-        ))
-    });
+        },
+    )
+    .into_iter()
+    .next();
     let Some((batch, generation, metric, dim, threshold)) = row else {
         raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

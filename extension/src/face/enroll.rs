@@ -1,19 +1,20 @@
 //! Enrolment and deletion of face templates at P0 and P1, called by the coordinator inside a
-//! distributed transaction (prepared at every party, then committed), as for iris.
+//! distributed transaction (prepared at every party, then committed), as for iris. Table
+//! `privmatch.face_templates`: `sql/face.sql`.
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::face::encoding::evaluator;
-use privmatch_core::face::enroll::{open_face_enrollment, FaceEnrollBundle};
+use privmatch_core::face::enroll::open_face_enrollment;
 use privmatch_core::face::FaceError;
+use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::encode_face_share;
 
-use super::{raise_face, raise_spi};
-use crate::enroll::type_oid;
-use crate::errors::raise;
+use super::raise_face;
+use crate::bundles::{replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::datum::{share_datum, type_oid};
+use crate::errors::{raise, raise_spi};
 use crate::identity::load_identity;
-use crate::share_types::payload_to_varlena;
 
 const ENROLL: &str = "face_enroll_sealed";
 
@@ -26,27 +27,6 @@ pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
     .map(|d| d as usize)
 }
 
-fn share_datum(bundle: &FaceEnrollBundle, oid: pg_sys::Oid) -> DatumWithOid<'static> {
-    let payload = encode_face_share(
-        privmatch_core::party::PartyIndex::ALL[usize::from(bundle.party)],
-        &bundle.share.elements,
-    );
-    // SAFETY: the datum is a valid varlena of type `oid`, palloc'd in the current context.
-    unsafe { DatumWithOid::new(pg_sys::Datum::from(payload_to_varlena(&payload)), oid) }
-}
-
-fn parse_on_duplicate(text: &str) -> bool {
-    match text {
-        "skip" => false,
-        "error" => true,
-        other => raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{ENROLL}: on_duplicate must be 'skip' or 'error', not {other:?}"),
-            None,
-        ),
-    }
-}
-
 /// Opens each sealed face enrolment envelope with this party's key and stores the shares
 /// inside. Refuses (and so aborts the caller's transaction) an envelope not sealed to this
 /// party, tampered or malformed, a replayed bundle, and a template whose dimension differs
@@ -57,7 +37,7 @@ fn face_enroll_sealed(
     envelopes: Array<'_, &[u8]>,
     on_duplicate: default!(&str, "'skip'"),
 ) -> TableIterator<'static, (name!(subject, String), name!(enrolled, bool))> {
-    let error_on_duplicate = parse_on_duplicate(on_duplicate);
+    let on_duplicate = OnDuplicate::parse(ENROLL, on_duplicate);
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(ENROLL, e));
     let share_oid = type_oid("privmatch.face_share");
@@ -87,23 +67,15 @@ fn face_enroll_sealed(
     }
     let mut results = Vec::with_capacity(bundles.len());
     Spi::connect_mut(|client| {
+        let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_spi(ENROLL, e));
         for (record, bundle) in bundles.into_iter().enumerate() {
-            let fresh = client
-                .update(
-                    "INSERT INTO privmatch.consumed_bundles (bundle_id) VALUES ($1) \
-                     ON CONFLICT DO NOTHING RETURNING 1",
-                    None,
-                    &[bundle.bundle_id.to_vec().into()],
-                )
-                .unwrap_or_else(|e| raise_spi(ENROLL, e))
-                .len();
-            if fresh == 0 {
+            let fresh = guard
+                .consume(client, &bundle.bundle_id)
+                .unwrap_or_else(|e| raise_spi(ENROLL, e));
+            if !fresh {
                 raise(
                     PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                    format!(
-                        "{ENROLL}: record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
-                        hex::encode(bundle.bundle_id)
-                    ),
+                    format!("{ENROLL}: {}", replayed(record, &bundle.bundle_id)),
                     None,
                 );
             }
@@ -114,7 +86,13 @@ fn face_enroll_sealed(
                     None,
                     &[
                         bundle.subject.clone().into(),
-                        share_datum(&bundle, share_oid),
+                        share_datum(
+                            &encode_face_share(
+                                PartyIndex::ALL[usize::from(bundle.party)],
+                                &bundle.share.elements,
+                            ),
+                            share_oid,
+                        ),
                         (bundle.share.norm as i32).into(),
                         bundle.bundle_id.to_vec().into(),
                     ],
@@ -122,11 +100,11 @@ fn face_enroll_sealed(
                 .unwrap_or_else(|e| raise_spi(ENROLL, e))
                 .len()
                 == 1;
-            if !inserted && error_on_duplicate {
+            if !inserted && on_duplicate == OnDuplicate::Error {
                 raise(
                     PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
                     format!("{ENROLL}: subject {:?} is already enrolled", bundle.subject),
-                    Some("delete it first, or enrol with on_duplicate => 'skip'"),
+                    Some(DUPLICATE_HINT),
                 );
             }
             results.push((bundle.subject, inserted));

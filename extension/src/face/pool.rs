@@ -10,15 +10,15 @@
 //! Claims are never deleted; a replayed batch is refused by its number.
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::dealer::open_key_batch;
 use privmatch_core::face::encoding::evaluator;
 use privmatch_core::face::{FaceError, Metric};
-
-use super::{column, pinned_peer, raise_face, raise_spi};
-use crate::errors::raise;
-use crate::identity::load_identity;
-use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::party::PartyIndex;
+
+use super::raise_face;
+use crate::errors::{modify, raise, raise_spi, select};
+use crate::identity::{load_identity, pinned_peer};
 
 /// A claimed range of keys: `count` keys of `batch` from index `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,29 +180,21 @@ fn face_pool_status() -> TableIterator<
         name!(batches, i64),
     ),
 > {
-    let rows = Spi::connect(|client| {
-        let table = client
-            .select(
-                "SELECT metric, dim, generation, available, batches FROM privmatch.face_key_pool \
-                 WHERE available > 0 ORDER BY generation DESC",
-                None,
-                &[],
+    let rows = select(
+        "face_pool_status",
+        "SELECT metric, dim, generation, available, batches FROM privmatch.face_key_pool \
+         WHERE available > 0 ORDER BY generation DESC",
+        &[],
+        |row| {
+            (
+                row.get::<String>(1).unwrap_or_default(),
+                row.get::<i32>(2).unwrap_or_default(),
+                row.get::<i64>(3).unwrap_or_default(),
+                row.get::<i64>(4).unwrap_or_default(),
+                row.get::<i64>(5).unwrap_or_default(),
             )
-            .unwrap_or_else(|e| raise_spi("face_pool_status", e));
-        let get = "face_pool_status";
-        table
-            .into_iter()
-            .map(|row| {
-                (
-                    column::<String>(get, &row, 1).unwrap_or_default(),
-                    column::<i32>(get, &row, 2).unwrap_or_default(),
-                    column::<i64>(get, &row, 3).unwrap_or_default(),
-                    column::<i64>(get, &row, 4).unwrap_or_default(),
-                    column::<i64>(get, &row, 5).unwrap_or_default(),
-                )
-            })
-            .collect::<Vec<_>>()
-    });
+        },
+    );
     TableIterator::new(rows)
 }
 
@@ -269,27 +261,19 @@ pub(super) fn claim_fresh(
     needed: usize,
     generation: i64,
 ) -> Vec<Claim> {
-    let batches = Spi::connect_mut(|client| {
-        let table = client
-            .update(
-                "SELECT batch, next_key, key_count FROM privmatch.face_key_batches \
-                 WHERE generation = $1 AND next_key < key_count ORDER BY batch FOR UPDATE",
-                None,
-                &[generation.into()],
+    let batches = modify(
+        function,
+        "SELECT batch, next_key, key_count FROM privmatch.face_key_batches \
+         WHERE generation = $1 AND next_key < key_count ORDER BY batch FOR UPDATE",
+        &[generation.into()],
+        |row| {
+            (
+                row.get::<i64>(1).unwrap_or_default(),
+                row.get::<i32>(2).unwrap_or_default(),
+                row.get::<i32>(3).unwrap_or_default(),
             )
-            .unwrap_or_else(|e| raise_spi(function, e));
-        let get = function;
-        table
-            .into_iter()
-            .map(|row| {
-                (
-                    column::<i64>(get, &row, 1).unwrap_or_default(),
-                    column::<i32>(get, &row, 2).unwrap_or_default(),
-                    column::<i32>(get, &row, 3).unwrap_or_default(),
-                )
-            })
-            .collect::<Vec<_>>()
-    });
+        },
+    );
     let available: i64 = batches
         .iter()
         .map(|(_, next, count)| i64::from(count - next))
@@ -336,22 +320,15 @@ fn advance(function: &str, claim: &Claim) {
 /// another generation, or were already used.
 pub(super) fn claim_given(function: &str, session: &[u8], claims: &[Claim], generation: i64) {
     for claim in claims {
-        let row = Spi::connect_mut(|client| {
-            let table = client
-                .update(
-                    "SELECT generation, key_count FROM privmatch.face_key_batches \
-                     WHERE batch = $1 FOR UPDATE",
-                    None,
-                    &[claim.batch.into()],
-                )
-                .unwrap_or_else(|e| raise_spi(function, e));
-            table.into_iter().next().map(|row| {
-                (
-                    column::<i64>(function, &row, 1),
-                    column::<i32>(function, &row, 2),
-                )
-            })
-        });
+        let row = modify(
+            function,
+            "SELECT generation, key_count FROM privmatch.face_key_batches \
+             WHERE batch = $1 FOR UPDATE",
+            &[claim.batch.into()],
+            |row| (row.get::<i64>(1), row.get::<i32>(2)),
+        )
+        .into_iter()
+        .next();
         let (batch_generation, key_count) = match row {
             Some((Some(g), Some(k))) => (g, k),
             _ => raise(

@@ -1,6 +1,8 @@
-//! SQL functions of one party for the rounds of an iris search (seed 001 Algorithm 3 as
-//! driven by the coordinator). Each call is forwarded to the engine worker, which keeps the
-//! search's state between calls; these functions only validate arguments and convert types.
+//! SQL functions of one party for the rounds of an iris search (Bloemen et al., ePrint
+//! 2024/705, as driven by the coordinator). Each call is forwarded to the engine worker
+//! (`crate::engine`), which keeps the search's state between calls; these functions only
+//! validate arguments and convert types. The search parameters are checked here, once, and
+//! travel to the engine as [`SearchParams`].
 //!
 //! A search: `iris_search_start` at the three parties (same session id, parameters, each
 //! with its own sealed probe) → `(entries, set_digest, message)`; then round k = 0, 1, … at
@@ -8,22 +10,25 @@
 //! `finished`. `iris_search_abort` ends a search early.
 
 use pgrx::prelude::*;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::service::SearchError;
 
-use super::client::{call, release_round_buffers, try_call};
-use super::ipc::{EngineStatus, Request, Response};
-use crate::errors::raise;
+use crate::engine::client::{call, release_round_buffers};
+use crate::engine::ipc::{Request, Response};
+use crate::errors::{parse_session_id, raise};
 
-fn parse_session_id(function: &str, bytes: &[u8]) -> [u8; 16] {
-    bytes.try_into().unwrap_or_else(|_| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: session_id must be 16 bytes, got {}",
-                bytes.len()
-            ),
-            None,
-        )
-    })
+/// The search parameters of `iris_search_start`: 22023 with core's message (`iris search:
+/// …`) when one is out of range.
+fn search_params(mode: &str, max_rotation: i32, threshold: f64) -> SearchParams {
+    SearchMode::parse(mode)
+        .and_then(|mode| SearchParams::new(mode, max_rotation, threshold))
+        .unwrap_or_else(|e| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                SearchError::BadParameter(e).to_string(),
+                None,
+            )
+        })
 }
 
 fn unexpected(function: &str, response: &Response) -> ! {
@@ -38,7 +43,7 @@ fn unexpected(function: &str, response: &Response) -> ! {
 /// date with the template table, scans the templates of the probe's eye and returns the
 /// number searched, the digest of the searched set and the first message (for party i+1).
 /// `mode` is `identify` or `uniqueness`, `max_rotation` 0..=15, `threshold` the fractional
-/// Hamming distance ratio below which a comparison matches.
+/// Hamming distance ratio in (0, 0.5] below which a comparison matches.
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_search_start(
     session_id: &[u8],
@@ -55,11 +60,9 @@ fn iris_search_start(
     ),
 > {
     let request = Request::Start {
-        session: parse_session_id("iris_search_start", session_id),
+        session: parse_session_id("iris_search_start", "session_id", session_id),
         probe: probe.to_vec(),
-        mode: mode.to_owned(),
-        max_rotation,
-        threshold,
+        params: search_params(mode, max_rotation, threshold),
     };
     match call(&request) {
         Response::Started {
@@ -99,7 +102,7 @@ fn iris_search_round(
         )
     });
     let request = Request::Round {
-        session: parse_session_id("iris_search_round", session_id),
+        session: parse_session_id("iris_search_round", "session_id", session_id),
         round,
         message: std::borrow::Cow::Borrowed(message),
     };
@@ -119,7 +122,7 @@ fn iris_search_round(
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_search_abort(session_id: &[u8]) -> bool {
     let request = Request::Abort {
-        session: parse_session_id("iris_search_abort", session_id),
+        session: parse_session_id("iris_search_abort", "session_id", session_id),
     };
     let response = call(&request);
     release_round_buffers();
@@ -127,38 +130,4 @@ fn iris_search_abort(session_id: &[u8]) -> bool {
         Response::Aborted(a) => a,
         other => unexpected("iris_search_abort", &other),
     }
-}
-
-/// The engine's state: `ready` (or why not), templates in memory, bytes of shares, resident
-/// memory of the engine process, running searches, dot-product kernel and scan threads.
-/// Reports `not running` instead of failing when the engine is down.
-#[pg_extern(volatile, parallel_unsafe)]
-fn engine_status() -> TableIterator<
-    'static,
-    (
-        name!(state, String),
-        name!(templates, i64),
-        name!(share_bytes, i64),
-        name!(resident_bytes, i64),
-        name!(sessions, i32),
-        name!(kernel, String),
-        name!(threads, i32),
-    ),
-> {
-    let status = match try_call(&Request::Status) {
-        Some(Response::Status(s)) => s,
-        _ => EngineStatus {
-            state: "not running (is privmatch in shared_preload_libraries?)".into(),
-            ..Default::default()
-        },
-    };
-    TableIterator::once((
-        status.state,
-        status.templates as i64,
-        status.share_bytes as i64,
-        status.resident_bytes as i64,
-        status.sessions as i32,
-        status.kernel,
-        status.threads as i32,
-    ))
 }

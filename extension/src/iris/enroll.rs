@@ -1,60 +1,43 @@
 //! Enrolment and deletion of iris templates at one party. The coordinator calls these inside a
 //! distributed transaction (one per batch, prepared at all three parties, then committed), so
 //! a batch is enrolled everywhere or nowhere; any error here aborts the batch at every party.
+//! Table `privmatch.iris_templates`: `sql/iris.sql`.
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::iris::enroll::{open_iris_enrollment, IrisEnrollBundle};
+use privmatch_core::crypto::seal::SealError;
+use privmatch_core::iris::enroll::{open_iris_enrollment, BundleError};
+use privmatch_core::wire::envelope::EnvelopeError;
 use privmatch_core::wire::storage::{encode_share, ShareKind};
 
-use crate::errors::{raise, raise_bundle};
+use crate::bundles::{replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::datum::{share_datum, type_oid};
+use crate::errors::{raise, raise_internal};
 use crate::identity::load_identity;
-use crate::share_types::payload_to_varlena;
 
-/// What to do when a subject+eye is already enrolled.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OnDuplicate {
-    /// Leave the existing record, report `enrolled = false` (makes re-running an input idempotent).
-    Skip,
-    /// Abort the whole batch with 23505.
-    Error,
-}
+const ENROLL: &str = "iris_enroll_sealed";
 
-fn parse_on_duplicate(text: &str) -> OnDuplicate {
-    match text {
-        "skip" => OnDuplicate::Skip,
-        "error" => OnDuplicate::Error,
-        other => raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("iris_enroll_sealed: on_duplicate must be 'skip' or 'error', not {other:?}"),
-            None,
-        ),
-    }
-}
-
-pub(crate) fn type_oid(name: &str) -> pg_sys::Oid {
-    Spi::get_one_with_args::<pg_sys::Oid>("SELECT to_regtype($1)::oid", &[name.into()])
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| {
-            raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-                format!("type {name} is missing: is the privmatch extension installed correctly?"),
-                None,
-            )
-        })
-}
-
-fn share_datum(
-    kind: ShareKind,
-    bundle: &IrisEnrollBundle,
-    coefs: &[u16],
-    oid: pg_sys::Oid,
-) -> DatumWithOid<'static> {
-    let payload = encode_share(kind, bundle.share.party, coefs);
-    // SAFETY: the datum is a valid varlena of type `oid`, palloc'd in the current context.
-    unsafe { DatumWithOid::new(pg_sys::Datum::from(payload_to_varlena(&payload)), oid) }
+/// Raises an envelope that could not be opened or decoded, naming its position in the call.
+fn raise_bundle(position: usize, err: BundleError) -> ! {
+    let code = match &err {
+        BundleError::Seal(SealError::WrongRecipient { .. })
+        | BundleError::Seal(SealError::WrongKey { .. })
+        | BundleError::PartyMismatch { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        BundleError::Envelope(EnvelopeError::BadSubject(_)) | BundleError::BadEye(_) => {
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+        }
+        _ => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
+    };
+    let hint = match &err {
+        BundleError::Seal(SealError::WrongRecipient { .. }) => {
+            Some("the coordinator routed a bundle to the wrong party; nothing was enrolled")
+        }
+        BundleError::Seal(SealError::WrongKey { .. }) => {
+            Some("the client sealed to a key that is not this party's: check the pinned party keys")
+        }
+        _ => None,
+    };
+    raise(code, format!("envelope #{position}: {err}"), hint)
 }
 
 /// Opens each sealed enrolment envelope with this party's key and stores the shares of the
@@ -74,19 +57,14 @@ fn iris_enroll_sealed(
         name!(enrolled, bool),
     ),
 > {
-    let on_duplicate = parse_on_duplicate(on_duplicate);
+    let on_duplicate = OnDuplicate::parse(ENROLL, on_duplicate);
     let me = load_identity();
     let code_oid = type_oid("privmatch.iris_code_share");
     let mask_oid = type_oid("privmatch.iris_mask_share");
     let envelopes: Vec<Option<&[u8]>> = envelopes.iter().collect();
     let mut results = Vec::new();
     Spi::connect_mut(|client| {
-        let consume = client
-            .prepare_mut(
-                "INSERT INTO privmatch.consumed_bundles (bundle_id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING 1",
-                &[PgOid::from(pg_sys::BYTEAOID)],
-            )
-            .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
+        let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_internal(e));
         let insert = client
             .prepare_mut(
                 "INSERT INTO privmatch.iris_templates (subject, eye, code_share, mask_share) \
@@ -98,7 +76,7 @@ fn iris_enroll_sealed(
                     PgOid::from(mask_oid),
                 ],
             )
-            .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None));
+            .unwrap_or_else(|e| raise_internal(e));
         let mut record = 0usize;
         for (position, sealed) in envelopes.iter().enumerate() {
             let Some(sealed) = sealed else {
@@ -111,19 +89,14 @@ fn iris_enroll_sealed(
             let bundles = open_iris_enrollment(me.index, &me.secret, sealed)
                 .unwrap_or_else(|e| raise_bundle(position, e));
             for bundle in bundles {
-                let fresh = client
-                    .update(&consume, None, &[bundle.bundle_id.to_vec().into()])
-                    .unwrap_or_else(|e| {
-                        raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
-                    })
-                    .len();
-                if fresh == 0 {
+                let party = bundle.share.party;
+                let fresh = guard
+                    .consume(client, &bundle.bundle_id)
+                    .unwrap_or_else(|e| raise_internal(e));
+                if !fresh {
                     raise(
                         PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                        format!(
-                            "record #{record} (bundle id {}) was already consumed: refusing a replayed enrolment bundle",
-                            hex::encode(bundle.bundle_id)
-                        ),
+                        replayed(record, &bundle.bundle_id),
                         None,
                     );
                 }
@@ -134,13 +107,17 @@ fn iris_enroll_sealed(
                         &[
                             bundle.subject.clone().into(),
                             bundle.eye.as_str().into(),
-                            share_datum(ShareKind::IrisCode, &bundle, &bundle.share.code, code_oid),
-                            share_datum(ShareKind::IrisMask, &bundle, &bundle.share.mask, mask_oid),
+                            share_datum(
+                                &encode_share(ShareKind::IrisCode, party, &bundle.share.code),
+                                code_oid,
+                            ),
+                            share_datum(
+                                &encode_share(ShareKind::IrisMask, party, &bundle.share.mask),
+                                mask_oid,
+                            ),
                         ],
                     )
-                    .unwrap_or_else(|e| {
-                        raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None)
-                    })
+                    .unwrap_or_else(|e| raise_internal(e))
                     .len()
                     == 1;
                 if !inserted && on_duplicate == OnDuplicate::Error {
@@ -151,7 +128,7 @@ fn iris_enroll_sealed(
                             bundle.subject,
                             bundle.eye.as_str()
                         ),
-                        Some("delete it first, or enrol with on_duplicate => 'skip'"),
+                        Some(DUPLICATE_HINT),
                     );
                 }
                 results.push((bundle.subject, bundle.eye.as_str().to_owned(), inserted));
@@ -184,6 +161,6 @@ fn iris_delete(subject: &str, eye: default!(Option<&str>, "NULL")) -> i64 {
                 &[subject.into(), eye.into()],
             )
             .map(|table| table.len() as i64)
-            .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string(), None))
+            .unwrap_or_else(|e| raise_internal(e))
     })
 }

@@ -10,7 +10,9 @@
 //!
 //! Rounds run strictly in order, each once; a refused message fails the call (SQLSTATE
 //! 08P01) and the coordinator aborts the session. A session's keys are never released:
-//! finished or aborted, they stay claimed.
+//! finished or aborted, they stay claimed. Table `privmatch.face_sessions`: `sql/face.sql`.
+
+use std::collections::HashMap;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -32,9 +34,9 @@ use super::enroll::enrolled_dim;
 use super::pool::{
     claim_fresh, claim_given, decode_claims, encode_claims, pool_parameters, read_keys, Claim,
 };
-use super::{column, pinned_peer, raise_face, raise_spi, session_id};
-use crate::errors::raise;
-use crate::identity::{load_identity, Identity};
+use super::raise_face;
+use crate::errors::{modify, parse_session_id, raise, raise_share_layout, raise_spi, select, Row};
+use crate::identity::{load_identity, pinned_peer, Identity};
 
 const OPEN: &str = "face_session_open";
 const ROUND: &str = "face_session_round";
@@ -63,33 +65,29 @@ struct Compared {
 
 /// The templates a session compares, in comparison order.
 fn compared_templates(subject: Option<&str>) -> Vec<Compared> {
-    Spi::connect(|client| {
-        let table = match subject {
-            Some(s) => client.select(
-                "SELECT id, subject, bundle_id FROM privmatch.face_templates WHERE subject = $1",
-                None,
-                &[s.into()],
-            ),
-            None => client.select(
-                "SELECT id, subject, bundle_id FROM privmatch.face_templates \
-                 ORDER BY subject COLLATE \"C\"",
-                None,
-                &[],
-            ),
-        }
-        .unwrap_or_else(|e| raise_spi(OPEN, e));
-        let get = OPEN;
-        table
-            .into_iter()
-            .map(|row| Compared {
-                id: column::<i64>(get, &row, 1).unwrap_or_default(),
-                subject: column::<String>(get, &row, 2).unwrap_or_default(),
-                bundle_id: column::<Vec<u8>>(get, &row, 3)
-                    .and_then(|b| b.try_into().ok())
-                    .unwrap_or_default(),
-            })
-            .collect()
-    })
+    let compared = |row: &Row<'_, '_>| Compared {
+        id: row.get::<i64>(1).unwrap_or_default(),
+        subject: row.get::<String>(2).unwrap_or_default(),
+        bundle_id: row
+            .get::<Vec<u8>>(3)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or_default(),
+    };
+    match subject {
+        Some(s) => select(
+            OPEN,
+            "SELECT id, subject, bundle_id FROM privmatch.face_templates WHERE subject = $1",
+            &[s.into()],
+            compared,
+        ),
+        None => select(
+            OPEN,
+            "SELECT id, subject, bundle_id FROM privmatch.face_templates \
+             ORDER BY subject COLLATE \"C\"",
+            &[],
+            compared,
+        ),
+    }
 }
 
 /// The digest of a compared set (subjects and bundle ids, in order).
@@ -141,7 +139,7 @@ fn face_session_open(
         name!(digest, Vec<u8>),
     ),
 > {
-    let id = session_id(OPEN, session);
+    let id = parse_session_id(OPEN, "session", session);
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
     let used = Spi::get_one_with_args::<bool>(
@@ -283,34 +281,31 @@ struct SessionRow {
 }
 
 fn lock_session(session: &[u8]) -> SessionRow {
-    let row = Spi::connect_mut(|client| {
-        let table = client
-            .update(
-                "SELECT metric, dim, template_ids, set_digest, claims, probe, round, z_share, \
-                        aborted, finished_at IS NOT NULL, xmin::text, target \
-                   FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
-                None,
-                &[session.into()],
-            )
-            .unwrap_or_else(|e| raise_spi(ROUND, e));
-        let get = ROUND;
-        table.into_iter().next().map(|row| {
+    let row = modify(
+        ROUND,
+        "SELECT metric, dim, template_ids, set_digest, claims, probe, round, z_share, \
+                aborted, finished_at IS NOT NULL, xmin::text, target \
+           FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
+        &[session.into()],
+        |row| {
             (
-                column::<String>(get, &row, 1).unwrap_or_default(),
-                column::<i32>(get, &row, 2).unwrap_or_default(),
-                column::<Vec<i64>>(get, &row, 3).unwrap_or_default(),
-                column::<Vec<u8>>(get, &row, 4).unwrap_or_default(),
-                column::<Vec<u8>>(get, &row, 5).unwrap_or_default(),
-                column::<Vec<u8>>(get, &row, 6).unwrap_or_default(),
-                column::<i32>(get, &row, 7).unwrap_or_default(),
-                column::<Vec<u8>>(get, &row, 8),
-                column::<bool>(get, &row, 9).unwrap_or_default(),
-                column::<bool>(get, &row, 10).unwrap_or_default(),
-                column::<String>(get, &row, 11).unwrap_or_default(),
-                column::<String>(get, &row, 12),
+                row.get::<String>(1).unwrap_or_default(),
+                row.get::<i32>(2).unwrap_or_default(),
+                row.get::<Vec<i64>>(3).unwrap_or_default(),
+                row.get::<Vec<u8>>(4).unwrap_or_default(),
+                row.get::<Vec<u8>>(5).unwrap_or_default(),
+                row.get::<Vec<u8>>(6).unwrap_or_default(),
+                row.get::<i32>(7).unwrap_or_default(),
+                row.get::<Vec<u8>>(8),
+                row.get::<bool>(9).unwrap_or_default(),
+                row.get::<bool>(10).unwrap_or_default(),
+                row.get::<String>(11).unwrap_or_default(),
+                row.get::<String>(12),
             )
-        })
-    });
+        },
+    )
+    .into_iter()
+    .next();
     let not_running = |why: &str| -> ! {
         raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -328,8 +323,10 @@ fn lock_session(session: &[u8]) -> SessionRow {
     // pool after key-derived values had left the party.
     let created_here = xmin
         .parse::<u32>()
-        .map(|xid| unsafe {
-            pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xid))
+        .map(|xid| {
+            // SAFETY: called on the backend's main thread inside a transaction (this SQL
+            // function's); the function only compares `xid` with this transaction's ids.
+            unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xid)) }
         })
         .unwrap_or(true);
     if created_here {
@@ -364,26 +361,20 @@ fn lock_session(session: &[u8]) -> SessionRow {
 /// The session's templates, in comparison order; a template deleted since the session
 /// opened fails the round.
 fn load_templates(ids: &[i64], dim: usize) -> Vec<EmbeddingShare> {
-    let mut by_id = Spi::connect(|client| {
-        let table = client
-            .select(
-                "SELECT id, privmatch.face_share_send(template), norm_share \
-                   FROM privmatch.face_templates WHERE id = ANY($1)",
-                None,
-                &[ids.to_vec().into()],
-            )
-            .unwrap_or_else(|e| raise_spi(ROUND, e));
-        let get = ROUND;
-        table
-            .into_iter()
-            .map(|row| {
-                let id = column::<i64>(get, &row, 1).unwrap_or_default();
-                let bytes = column::<Vec<u8>>(get, &row, 2).unwrap_or_default();
-                let norm = column::<i32>(get, &row, 3).unwrap_or_default();
-                (id, (bytes, norm))
-            })
-            .collect::<std::collections::HashMap<i64, (Vec<u8>, i32)>>()
-    });
+    let mut by_id: HashMap<i64, (Vec<u8>, i32)> = select(
+        ROUND,
+        "SELECT id, privmatch.face_share_send(template), norm_share \
+           FROM privmatch.face_templates WHERE id = ANY($1)",
+        &[ids.to_vec().into()],
+        |row| {
+            let id = row.get::<i64>(1).unwrap_or_default();
+            let bytes = row.get::<Vec<u8>>(2).unwrap_or_default();
+            let norm = row.get::<i32>(3).unwrap_or_default();
+            (id, (bytes, norm))
+        },
+    )
+    .into_iter()
+    .collect();
     ids.iter()
         .map(|id| {
             let Some((bytes, norm)) = by_id.remove(id) else {
@@ -394,7 +385,7 @@ fn load_templates(ids: &[i64], dim: usize) -> Vec<EmbeddingShare> {
                 );
             };
             let view = decode_share(ShareKind::FaceTemplate, &bytes)
-                .unwrap_or_else(|e| crate::errors::raise_share_layout(e));
+                .unwrap_or_else(|e| raise_share_layout(e));
             let elements = view.words();
             if elements.len() != dim {
                 raise_face(
@@ -459,7 +450,7 @@ fn face_session_round(
     round: i32,
     inbound: default!(Option<&[u8]>, "NULL"),
 ) -> Vec<u8> {
-    let id = session_id(ROUND, session);
+    let id = parse_session_id(ROUND, "session", session);
     if !(1..=3).contains(&round) {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -554,7 +545,7 @@ fn face_session_round(
 /// claimed (burnt). Returns whether a running session was aborted.
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_session_abort(session: &[u8]) -> bool {
-    session_id("face_session_abort", session);
+    parse_session_id("face_session_abort", "session", session);
     Spi::get_one_with_args::<bool>(
         "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now(), \
                  probe = NULL, z_share = NULL \

@@ -1,0 +1,33 @@
+//! glibc heap tuning for the large per-round buffers of iris searches (round messages of tens
+//! of MB), shared by the engine worker and the backends that call it: keep freed memory in
+//! the heap for the next round instead of mapping fresh zeroed pages every time, and hand it
+//! back when no search needs it. A no-op outside Linux with glibc.
+//!
+//! Imports: none of this crate.
+
+/// Makes the allocator serve every request from the heap (no `mmap`: glibc caps its mmap
+/// threshold at 32 MB, below the largest round messages) and never trim it, so a buffer freed
+/// after one round is reused by the next.
+///
+/// # Safety
+/// No other thread of this process may be running (glibc's `mallopt` is not thread-safe).
+pub unsafe fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts glibc's allocator parameters of this process; the caller
+    // guarantees that no other thread is allocating meanwhile.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+/// Returns the free pages of the heap to the operating system (after a search, or when the
+/// engine is idle).
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim is thread-safe (it locks each arena) and only releases pages that
+    // hold no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -1,0 +1,315 @@
+//! The iris search service the engine hosts: the in-memory share matrix ([`IrisStore`]), kept
+//! in step with `privmatch.iris_templates`, and the running searches ([`SearchService`], the
+//! protocol of Bloemen et al., "Large-Scale MPC: Scaling Private Iris Code Uniqueness Checks
+//! to Millions of Users", ePrint 2024/705). The worker ([`super::worker`]) calls it on its
+//! main thread, one request at a time.
+//!
+//! Consistency: before every search start the worker runs [`IrisSearch::refresh`] in a fresh
+//! transaction: it reads the ids the table holds (so every enrolment committed before the
+//! search started is seen) and loads missing rows / drops deleted ones. After a restart it
+//! rebuilds everything from the table.
+//!
+//! Imports: [`super::ipc`], [`crate::identity`] and core's `iris`; this is where the engine
+//! depends on the iris modality (of core, not `crate::iris`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+use privmatch_core::iris::encoding::IrisShare;
+use privmatch_core::iris::enroll::{BundleError, Eye};
+use privmatch_core::iris::params::SearchParams;
+use privmatch_core::iris::scan::ScanBackend;
+use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchError, SearchService};
+use privmatch_core::iris::store::{IrisStore, StoredTemplate};
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::storage::{decode_share, ShareKind};
+
+use super::ipc::{EngineError, ErrorKind, Response};
+use crate::identity::{read_identity, read_peers};
+
+/// Rows loaded per SPI query.
+const LOAD_CHUNK: usize = 256;
+
+/// The engine's error for a refused search call.
+fn search_error(err: SearchError) -> EngineError {
+    let kind = match &err {
+        SearchError::BadParameter(_) => ErrorKind::BadParameter,
+        SearchError::UnknownSession(_) | SearchError::ReplayedSession(_) => {
+            ErrorKind::UnknownSession
+        }
+        SearchError::Probe(_) => ErrorKind::Probe,
+        SearchError::PeerNotPinned(_) => ErrorKind::NotReady,
+        SearchError::WrongRound { .. }
+        | SearchError::Channel { .. }
+        | SearchError::Protocol { .. } => ErrorKind::Protocol,
+        SearchError::Store(_) => ErrorKind::Internal,
+    };
+    EngineError::new(kind, err.to_string())
+}
+
+fn spi_error(e: pgrx::spi::Error) -> EngineError {
+    EngineError::internal(format!("reading the template table: {e}"))
+}
+
+/// The keys of this party and its pinned peers, read in the current transaction.
+fn read_keys() -> Result<PartyKeys, EngineError> {
+    let Some(stored) = read_identity().map_err(spi_error)? else {
+        return Err(EngineError::new(
+            ErrorKind::NotReady,
+            "this privmatch party has no identity yet: run SELECT privmatch.init_party(<index>)",
+        ));
+    };
+    let identity = stored.decode().map_err(EngineError::internal)?;
+    Ok(PartyKeys {
+        me: identity.index,
+        secret: identity.secret,
+        peers: read_peers().map_err(spi_error)?,
+    })
+}
+
+fn extension_created() -> Result<bool, EngineError> {
+    Spi::get_one::<bool>("SELECT to_regclass('privmatch.iris_templates') IS NOT NULL")
+        .map_err(spi_error)
+        .map(|v| v.unwrap_or(false))
+}
+
+fn committed_ids() -> Result<Vec<i64>, EngineError> {
+    Spi::connect(|client| {
+        let rows = client
+            .select("SELECT id FROM privmatch.iris_templates", None, &[])
+            .map_err(spi_error)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(id) = row.get::<i64>(1).map_err(spi_error)? {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
+}
+
+fn decode_row(
+    me: PartyIndex,
+    id: i64,
+    subject: String,
+    eye: &str,
+    code: &[u8],
+    mask: &[u8],
+) -> Result<StoredTemplate, EngineError> {
+    let bad = |what: String| EngineError::internal(format!("template {id}: {what}"));
+    let eye = Eye::parse(eye).map_err(|e: BundleError| bad(e.to_string()))?;
+    let code = decode_share(ShareKind::IrisCode, code).map_err(|e| bad(e.to_string()))?;
+    let mask = decode_share(ShareKind::IrisMask, mask).map_err(|e| bad(e.to_string()))?;
+    if code.party != me || mask.party != me {
+        return Err(bad(format!(
+            "holds a share of {}, this is {me}",
+            code.party
+        )));
+    }
+    Ok(StoredTemplate {
+        id,
+        subject,
+        eye,
+        share: IrisShare {
+            party: me,
+            code: code.coefs(),
+            mask: mask.coefs(),
+        },
+    })
+}
+
+fn load_rows(me: PartyIndex, ids: &[i64]) -> Result<Vec<StoredTemplate>, EngineError> {
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT id, subject, eye::text, privmatch.iris_code_share_send(code_share), \
+                 privmatch.iris_mask_share_send(mask_share) \
+                 FROM privmatch.iris_templates WHERE id = ANY($1)",
+                None,
+                &[ids.to_vec().into()],
+            )
+            .map_err(spi_error)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: i64 = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            let subject: String = row.get(2).map_err(spi_error)?.unwrap_or_default();
+            let eye: String = row.get(3).map_err(spi_error)?.unwrap_or_default();
+            let code: Vec<u8> = row.get(4).map_err(spi_error)?.unwrap_or_default();
+            let mask: Vec<u8> = row.get(5).map_err(spi_error)?.unwrap_or_default();
+            out.push(decode_row(me, id, subject, &eye, &code, &mask)?);
+        }
+        Ok(out)
+    })
+}
+
+/// How many of `ids` each eye has (to size the matrices once before a bulk load).
+fn missing_per_eye(ids: &[i64]) -> Result<Vec<(Eye, usize)>, EngineError> {
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT eye::text, count(*) FROM privmatch.iris_templates WHERE id = ANY($1) GROUP BY eye",
+                None,
+                &[ids.to_vec().into()],
+            )
+            .map_err(spi_error)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let eye: String = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            let count: i64 = row.get(2).map_err(spi_error)?.unwrap_or(0);
+            if let Ok(eye) = Eye::parse(&eye) {
+                out.push((eye, usize::try_from(count).unwrap_or(0)));
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Applies the difference between the store and the table's ids, logging progress on large
+/// loads (a restart with many templates).
+fn sync_store(store: &mut IrisStore, ids: &[i64]) -> Result<(), EngineError> {
+    let plan = store.plan_sync(ids);
+    for id in &plan.stale {
+        store.remove(*id);
+    }
+    let total = plan.missing.len();
+    let verbose = total >= 10_000;
+    if verbose {
+        pgrx::log!("privmatch engine: loading {total} iris templates");
+    }
+    let started = Instant::now();
+    if total > LOAD_CHUNK {
+        for (eye, count) in missing_per_eye(&plan.missing)? {
+            store.reserve(eye, count);
+        }
+    }
+    let mut loaded = 0usize;
+    for chunk in plan.missing.chunks(LOAD_CHUNK) {
+        for row in load_rows(store.party(), chunk)? {
+            store
+                .insert(row)
+                .map_err(|e| EngineError::internal(e.to_string()))?;
+        }
+        loaded += chunk.len();
+        if verbose && (loaded / LOAD_CHUNK).is_multiple_of(40) {
+            pgrx::log!("privmatch engine: loaded {loaded}/{total} iris templates");
+        }
+    }
+    if verbose {
+        pgrx::log!(
+            "privmatch engine: {} iris templates in memory ({} MB of shares), loaded in {:.1} s",
+            store.len(),
+            store.share_bytes() / 1_000_000,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The iris search service of the engine (module docs).
+pub struct IrisSearch {
+    store: Option<IrisStore>,
+    service: SearchService,
+}
+
+impl IrisSearch {
+    /// No templates loaded yet; searches scan with `backend` and are dropped after `timeout`
+    /// without a request.
+    pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration) -> Self {
+        IrisSearch {
+            store: None,
+            service: SearchService::new(backend, timeout),
+        }
+    }
+
+    /// Brings the store up to date with the table (module docs) and returns the keys. Runs
+    /// inside the caller's transaction.
+    pub fn refresh(&mut self) -> Result<PartyKeys, EngineError> {
+        if !extension_created()? {
+            return Err(EngineError::new(
+                ErrorKind::NotReady,
+                "CREATE EXTENSION privmatch has not run in the engine's database (privmatch.database)",
+            ));
+        }
+        let keys = read_keys()?;
+        let store = self.store.get_or_insert_with(|| IrisStore::new(keys.me));
+        if store.party() != keys.me {
+            return Err(EngineError::internal(
+                "the party index changed under the running engine",
+            ));
+        }
+        sync_store(store, &committed_ids()?)?;
+        Ok(keys)
+    }
+
+    /// Starts search `session` with `keys` (from [`IrisSearch::refresh`]).
+    pub fn start(
+        &mut self,
+        keys: &PartyKeys,
+        session: [u8; 16],
+        probe: &[u8],
+        params: SearchParams,
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        let store = self
+            .store
+            .as_mut()
+            .ok_or_else(|| EngineError::internal("no store"))?;
+        self.service
+            .start(store, keys, session, probe, params, now)
+            .map_err(search_error)
+            .map(|r| Response::Started {
+                entries: r.entries as u64,
+                digest: r.digest,
+                message: r.message,
+            })
+    }
+
+    /// Runs round `round` of search `session` with the message of party i−1.
+    pub fn round(
+        &mut self,
+        session: [u8; 16],
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        self.service
+            .round(session, round, message, now)
+            .map_err(search_error)
+            .map(|reply| match reply {
+                RoundReply::Continue(m) => Response::Continue(m),
+                RoundReply::Identified(s) => Response::Identified(s),
+                RoundReply::Unique(u) => Response::Unique(u),
+            })
+    }
+
+    /// Ends search `session`; whether it was running.
+    pub fn abort(&mut self, session: &[u8; 16]) -> bool {
+        self.service.abort(session)
+    }
+
+    /// Drops the searches idle for longer than the timeout.
+    pub fn expire(&mut self, now: Instant) {
+        self.service.expire(now);
+    }
+
+    /// Running searches.
+    pub fn active(&self) -> usize {
+        self.service.active()
+    }
+
+    /// The scan backend.
+    pub fn backend(&self) -> &dyn ScanBackend {
+        self.service.backend()
+    }
+
+    /// Templates in memory.
+    pub fn templates(&self) -> usize {
+        self.store.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Bytes of shares in memory.
+    pub fn share_bytes(&self) -> usize {
+        self.store.as_ref().map_or(0, |s| s.share_bytes())
+    }
+}

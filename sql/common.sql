@@ -1,0 +1,40 @@
+-- privmatch: hand-written schema of one party, part 1 of 3: what every modality uses (the
+-- party's identity, its pinned peers, consumed enrolment bundles, distributed transactions).
+-- The start of the extension's install script (pgrx `bootstrap`); sql/iris.sql and
+-- sql/face.sql follow, then the pgrx-generated functions.
+
+-- ---------------------------------------------------------------------------------------------
+-- The party's identity: its index and X25519 key pair, generated inside the party by
+-- privmatch.init_party(). The secret key is readable by no role but the owner; no function
+-- returns it.
+-- ---------------------------------------------------------------------------------------------
+CREATE TABLE privmatch.party_identity (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    party_index integer NOT NULL CHECK (party_index BETWEEN 0 AND 2),
+    public_key  bytea   NOT NULL CHECK (length(public_key) = 32),
+    secret_key  bytea   NOT NULL CHECK (length(secret_key) = 32),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON privmatch.party_identity FROM PUBLIC;
+
+-- Public keys of the other parties, pinned by the operator (fingerprints compared out of band).
+CREATE TABLE privmatch.peers (
+    party_index integer PRIMARY KEY CHECK (party_index BETWEEN 0 AND 2),
+    public_key  bytea   NOT NULL CHECK (length(public_key) = 32),
+    pinned_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Ids of the enrolment bundles this party has opened (iris and face alike): a replayed bundle
+-- is refused.
+CREATE TABLE privmatch.consumed_bundles (
+    bundle_id   bytea PRIMARY KEY CHECK (length(bundle_id) = 16),
+    consumed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per distributed (two-phase) transaction this party took part in, written inside that
+-- transaction. Its presence at P0, the first party committed, is the commit decision that
+-- recovery of in-doubt prepared transactions follows (see coordinator/src/twophase.rs).
+CREATE TABLE privmatch.distributed_transactions (
+    gid        text PRIMARY KEY,
+    started_at timestamptz NOT NULL DEFAULT now()
+);

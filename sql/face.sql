@@ -1,0 +1,126 @@
+-- privmatch: hand-written schema of one party, part 3 of 3: the face modality (share type,
+-- enrolled templates, the dealer's configuration, the single-use key pool, comparison
+-- sessions). Runs after sql/common.sql.
+
+-- ---------------------------------------------------------------------------------------------
+-- Face templates (Funshade, seed 000). P0 and P1 hold additive Z_2^32 shares of each quantised
+-- embedding (type face_share, typmod = dimension) and of its squared norm; P2 holds none.
+-- Layout and text form: core/src/wire/storage.rs (kind 3) and core/src/face; the C functions
+-- are in extension/src/face/types.rs.
+-- ---------------------------------------------------------------------------------------------
+CREATE TYPE privmatch.face_share;
+CREATE FUNCTION privmatch.face_share_in(cstring, oid, integer) RETURNS privmatch.face_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_in';
+CREATE FUNCTION privmatch.face_share_out(privmatch.face_share) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_out';
+CREATE FUNCTION privmatch.face_share_recv(internal, oid, integer) RETURNS privmatch.face_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_recv';
+CREATE FUNCTION privmatch.face_share_send(privmatch.face_share) RETURNS bytea
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_send';
+CREATE FUNCTION privmatch.face_share_typmod_in(cstring[]) RETURNS integer
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_typmod_in';
+CREATE FUNCTION privmatch.face_share_typmod_out(integer) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_typmod_out';
+CREATE TYPE privmatch.face_share (
+    INPUT = privmatch.face_share_in,
+    OUTPUT = privmatch.face_share_out,
+    RECEIVE = privmatch.face_share_recv,
+    SEND = privmatch.face_share_send,
+    TYPMOD_IN = privmatch.face_share_typmod_in,
+    TYPMOD_OUT = privmatch.face_share_typmod_out,
+    INTERNALLENGTH = VARIABLE,
+    ALIGNMENT = int4,
+    STORAGE = external
+);
+CREATE FUNCTION privmatch.face_share(privmatch.face_share, integer, boolean)
+    RETURNS privmatch.face_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_apply_typmod';
+CREATE CAST (privmatch.face_share AS privmatch.face_share)
+    WITH FUNCTION privmatch.face_share(privmatch.face_share, integer, boolean) AS IMPLICIT;
+CREATE FUNCTION privmatch.face_share_dim(privmatch.face_share) RETURNS integer
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'face_share_dim';
+COMMENT ON TYPE privmatch.face_share IS
+    'One evaluator''s additive Z_2^32 share of a quantised face embedding; length = dimension';
+
+CREATE TABLE privmatch.face_templates (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subject     text NOT NULL UNIQUE CHECK (length(subject) BETWEEN 1 AND 256),
+    template    privmatch.face_share NOT NULL,
+    -- This party's share of the squared norm of the quantised embedding (u32 bits as int4).
+    norm_share  integer NOT NULL,
+    -- The enrolment's bundle id (the same at P0 and P1): ties the two halves together.
+    bundle_id   bytea   NOT NULL CHECK (length(bundle_id) = 16),
+    enrolled_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The dealer's configuration (P2 only): metric, dimension and the secret threshold. Readable
+-- by no role but the owner; no function returns the threshold.
+CREATE TABLE privmatch.face_dealer (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    metric        text    NOT NULL CHECK (metric IN ('cosine', 'euclidean')),
+    dim           integer NOT NULL CHECK (dim BETWEEN 128 AND 1024),
+    threshold     float8  NOT NULL,
+    generation    bigint  NOT NULL CHECK (generation > 0),
+    next_batch    bigint  NOT NULL DEFAULT 1 CHECK (next_batch > 0),
+    configured_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON privmatch.face_dealer FROM PUBLIC;
+
+-- Single-use key material dealt by P2 (P0 and P1). A batch's keys are claimed in ranges;
+-- keys below next_key are claimed (or retired) and are never handed out again. The claims
+-- table's exclusion constraint makes a second claim of any key impossible, whatever the
+-- code above it does.
+CREATE TABLE privmatch.face_key_batches (
+    batch       bigint  PRIMARY KEY CHECK (batch > 0 AND batch < 549755813888),
+    generation  bigint  NOT NULL,
+    metric      text    NOT NULL CHECK (metric IN ('cosine', 'euclidean')),
+    dim         integer NOT NULL CHECK (dim BETWEEN 128 AND 1024),
+    key_count   integer NOT NULL CHECK (key_count > 0 AND key_count < 16777216),
+    key_len     integer NOT NULL CHECK (key_len > 0),
+    next_key    integer NOT NULL DEFAULT 0,
+    keys        bytea   NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (next_key BETWEEN 0 AND key_count)
+);
+ALTER TABLE privmatch.face_key_batches ALTER COLUMN keys SET STORAGE EXTERNAL;
+REVOKE ALL ON privmatch.face_key_batches FROM PUBLIC;
+
+CREATE TABLE privmatch.face_key_claims (
+    batch      bigint  NOT NULL,
+    first_key  integer NOT NULL CHECK (first_key >= 0),
+    key_count  integer NOT NULL CHECK (key_count > 0 AND first_key + key_count <= 16777216),
+    session    bytea   NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT face_key_claims_no_reuse EXCLUDE USING gist (
+        int8range(batch * 16777216 + first_key, batch * 16777216 + first_key + key_count) WITH &&)
+);
+CREATE INDEX face_key_claims_session ON privmatch.face_key_claims (session);
+
+-- Face comparison sessions (P0 and P1). A session's keys are claimed when it opens and are
+-- bound to it; the compared template ids and the sealed probe are fixed then too, so a round
+-- re-run after a crash recomputes exactly the same values and nothing is ever evaluated
+-- twice on different inputs with the same keys.
+CREATE TABLE privmatch.face_sessions (
+    session      bytea   PRIMARY KEY CHECK (length(session) = 16),
+    metric       text    NOT NULL,
+    dim          integer NOT NULL,
+    template_ids bigint[] NOT NULL,
+    set_digest   bytea   NOT NULL,
+    claims       bytea   NOT NULL,
+    probe        bytea,
+    -- The verified subject (NULL: identification); the probe was sealed for it.
+    target       text,
+    round        integer NOT NULL DEFAULT 0 CHECK (round BETWEEN 0 AND 3),
+    z_share      bytea,
+    aborted      boolean NOT NULL DEFAULT false,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz
+);
+
+-- The pool level as this party sees it.
+CREATE VIEW privmatch.face_key_pool AS
+    SELECT metric, dim, generation,
+           sum(key_count - next_key)::bigint AS available,
+           count(*) FILTER (WHERE next_key < key_count)::bigint AS batches
+      FROM privmatch.face_key_batches
+     GROUP BY metric, dim, generation;

@@ -1,0 +1,86 @@
+-- privmatch: hand-written schema of one party, part 2 of 3: the iris modality (share types,
+-- enrolled templates). Runs after sql/common.sql.
+
+-- ---------------------------------------------------------------------------------------------
+-- Share types. Payload layout and text form: see core/src/wire/storage.rs. Both are fixed and
+-- versioned; every input path (text, binary recv, typmod coercion) re-validates. The C
+-- functions are in extension/src/iris/types.rs.
+-- ---------------------------------------------------------------------------------------------
+CREATE TYPE privmatch.iris_code_share;
+CREATE FUNCTION privmatch.iris_code_share_in(cstring, oid, integer) RETURNS privmatch.iris_code_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_in';
+CREATE FUNCTION privmatch.iris_code_share_out(privmatch.iris_code_share) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_out';
+CREATE FUNCTION privmatch.iris_code_share_recv(internal, oid, integer) RETURNS privmatch.iris_code_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_recv';
+CREATE FUNCTION privmatch.iris_code_share_send(privmatch.iris_code_share) RETURNS bytea
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_send';
+CREATE FUNCTION privmatch.iris_code_share_typmod_in(cstring[]) RETURNS integer
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_typmod_in';
+CREATE FUNCTION privmatch.iris_code_share_typmod_out(integer) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_typmod_out';
+CREATE TYPE privmatch.iris_code_share (
+    INPUT = privmatch.iris_code_share_in,
+    OUTPUT = privmatch.iris_code_share_out,
+    RECEIVE = privmatch.iris_code_share_recv,
+    SEND = privmatch.iris_code_share_send,
+    TYPMOD_IN = privmatch.iris_code_share_typmod_in,
+    TYPMOD_OUT = privmatch.iris_code_share_typmod_out,
+    INTERNALLENGTH = VARIABLE,
+    ALIGNMENT = int4,
+    STORAGE = external
+);
+CREATE FUNCTION privmatch.iris_code_share(privmatch.iris_code_share, integer, boolean)
+    RETURNS privmatch.iris_code_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_code_share_apply_typmod';
+CREATE CAST (privmatch.iris_code_share AS privmatch.iris_code_share)
+    WITH FUNCTION privmatch.iris_code_share(privmatch.iris_code_share, integer, boolean) AS IMPLICIT;
+COMMENT ON TYPE privmatch.iris_code_share IS
+    'One party''s degree-1 Shamir share over GR(2^16,4) of an encoded iris code (mask - 2*(code AND mask)); length = number of Z_2^16 coefficients';
+
+CREATE TYPE privmatch.iris_mask_share;
+CREATE FUNCTION privmatch.iris_mask_share_in(cstring, oid, integer) RETURNS privmatch.iris_mask_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_in';
+CREATE FUNCTION privmatch.iris_mask_share_out(privmatch.iris_mask_share) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_out';
+CREATE FUNCTION privmatch.iris_mask_share_recv(internal, oid, integer) RETURNS privmatch.iris_mask_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_recv';
+CREATE FUNCTION privmatch.iris_mask_share_send(privmatch.iris_mask_share) RETURNS bytea
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_send';
+CREATE FUNCTION privmatch.iris_mask_share_typmod_in(cstring[]) RETURNS integer
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_typmod_in';
+CREATE FUNCTION privmatch.iris_mask_share_typmod_out(integer) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_typmod_out';
+CREATE TYPE privmatch.iris_mask_share (
+    INPUT = privmatch.iris_mask_share_in,
+    OUTPUT = privmatch.iris_mask_share_out,
+    RECEIVE = privmatch.iris_mask_share_recv,
+    SEND = privmatch.iris_mask_share_send,
+    TYPMOD_IN = privmatch.iris_mask_share_typmod_in,
+    TYPMOD_OUT = privmatch.iris_mask_share_typmod_out,
+    INTERNALLENGTH = VARIABLE,
+    ALIGNMENT = int4,
+    STORAGE = external
+);
+CREATE FUNCTION privmatch.iris_mask_share(privmatch.iris_mask_share, integer, boolean)
+    RETURNS privmatch.iris_mask_share
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'iris_mask_share_apply_typmod';
+CREATE CAST (privmatch.iris_mask_share AS privmatch.iris_mask_share)
+    WITH FUNCTION privmatch.iris_mask_share(privmatch.iris_mask_share, integer, boolean) AS IMPLICIT;
+COMMENT ON TYPE privmatch.iris_mask_share IS
+    'One party''s degree-1 Shamir share over GR(2^16,4) of an iris mask (real parts only); length = number of Z_2^16 coefficients';
+
+CREATE TYPE privmatch.eye AS ENUM ('left', 'right');
+
+-- ---------------------------------------------------------------------------------------------
+-- Enrolled iris templates (this party's shares). Source of truth for the matching engine.
+-- ---------------------------------------------------------------------------------------------
+CREATE TABLE privmatch.iris_templates (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subject     text NOT NULL CHECK (length(subject) BETWEEN 1 AND 256),
+    eye         privmatch.eye NOT NULL,
+    code_share  privmatch.iris_code_share(12800) NOT NULL,
+    mask_share  privmatch.iris_mask_share(6400) NOT NULL,
+    enrolled_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT iris_templates_subject_eye_key UNIQUE (subject, eye)
+);
