@@ -16,8 +16,8 @@
 //! | [`mpc`] | the 3-party sub-protocols (reshare, binary circuits, lift, compare, OR tree) |
 //! | [`twophase`] | naming and recovery rule of the parties' two-phase commit |
 //!
-//! Modalities, each importing shared layers only, never another modality (enforced by the
-//! `modality_imports` test in `tests/layout.rs`):
+//! Modalities, each importing shared layers only, never another modality (both rules, and
+//! the absence of import circles between files, are checked by `tools/layout`):
 //!
 //! | module | owns |
 //! |---|---|
