@@ -165,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             backend.name()
         );
     }
-    // DESIGN.md §7 anchor, measured on this kind of machine (not in this run).
+    // The Funshade C reference on this kind of machine (BENCHMARKS.md; not measured in this run).
     println!(
         "  vs Funshade C sign-gate eval 5.7 µs/party: x{:.1} faster",
         5.7 / batch_us

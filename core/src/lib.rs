@@ -24,6 +24,19 @@
 //! | [`iris`] | 3-party iris matching: templates, shares, enrolment bundles, probes, scan, matcher, search service |
 //! | [`face`] | Funshade face matching: quantisation, bundles, probes, key batches, evaluation steps |
 
+//!
+//! Papers are cited as `[KEY] §x` (section numbers of the version named in
+//! `docs/references.md`, which lists every key with authors, title, year and identifier):
+//! [BGK+24] Bloemen, Gillespie, Kales, Sippl, Walch, "Large-Scale MPC: Scaling Private Iris
+//! Code Uniqueness Checks to Millions of Users", 2024, ePrint 2024/705 (arXiv:2405.04463v2);
+//! [TACEO24] TACEO, "Experiments for Decentralized Iris Code Membership Protocols using MPC",
+//! technical report, 2024; [MR18] Mohassel, Rindal, "ABY3", CCS 2018, ePrint 2018/403;
+//! [ICO23] Ibarrondo, Chabanne, Önen, "Funshade", PETS 2023, ePrint 2022/1688; [BM25] Bódi,
+//! Mayrhofer, "FunshadeRS", WPES 2025, DOI 10.1145/3733802.3764061; [BCG+21] Boyle et al.,
+//! "Function Secret Sharing for Mixed-Mode and Fixed-Point Secure Computation", Eurocrypt
+//! 2021, ePrint 2020/1392; [ABMR20] Agrawal, Badrinarayanan, Mukherjee, Rindal,
+//! "Game-Set-MATCH", CCS 2020, ePrint 2020/1363.
+
 pub mod algebra;
 pub mod crypto;
 pub mod face;

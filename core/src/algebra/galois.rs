@@ -1,6 +1,6 @@
 //! The Galois ring GR(2^16, 4) = Z_2^16\[x\] / (x^4 − x − 1).
 //!
-//! Seed 001 §4.2 ("Shamir over Galois rings"): Shamir sharing needs evaluation points whose
+//! [BGK+24] §4.3.2 ("Shamir over Galois rings"): Shamir sharing needs evaluation points whose
 //! pairwise differences are invertible, and Z_2^16 has only two such points (only odd numbers
 //! are units). Extending Z_2^16 by a degree-4 polynomial that is irreducible modulo 2 gives a
 //! local ring whose residue field is GF(16), so up to 16 exceptional points exist — enough for
@@ -105,7 +105,7 @@ impl GaloisRing16 {
         (self * y == Self::ONE).then_some(y)
     }
 
-    /// The exceptional evaluation point of party `p` for Shamir sharing (seed 001 §4.2):
+    /// The exceptional evaluation point of party `p` for Shamir sharing ([BGK+24] §4.3.2):
     /// P0 → 1, P1 → x, P2 → 1 + x. The secret sits at 0.
     ///
     /// All three points and all their pairwise differences (1 − x, −x, −1) are units, which is
@@ -151,7 +151,7 @@ fn gf16_mul(a: u8, b: u8) -> u8 {
 /// (x^4 = x + 1 contributes 1 to the constant term; x^5 and x^6 contribute none).
 ///
 /// This is what lets a party compute its additive share of a Galois-ring dot product
-/// Σ_e A_e·(λ·Q_e) (seed 001 §4.2: query shares pre-multiplied by the party's Lagrange
+/// Σ_e A_e·(λ·Q_e) ([BGK+24] §4.3.2: query shares pre-multiplied by the party's Lagrange
 /// coefficient λ) as a single wrapping u16 dot product between the stored coefficients of
 /// A and the re-laid-out coefficients of λ·Q. The layout swaps coefficients 1 and 3 and is
 /// therefore an involution: to make the constant term equal Σ a_i·q_i for a plain vector q,

@@ -4,9 +4,9 @@
 //! `+`, `-`, `*` and unary `-` is arithmetic modulo 2^k by construction: there is no overflow to
 //! check and no way to accidentally use saturating or panicking integer arithmetic.
 //!
-//! Z_2^16 is the ring of the iris dot products (seed 001 §4: 12,800 terms in {−1, 0, 1} fit in
+//! Z_2^16 is the ring of the iris dot products ([BGK+24] §4.1: 12,800 terms in {−1, 0, 1} fit in
 //! 16 bits); Z_2^32 is the ring the mask dot product is lifted to before the comparison, and the
-//! ring of the Funshade gates (seed 000).
+//! ring of the Funshade gates (Funshade [ICO23]).
 
 use std::fmt::Debug;
 use std::num::Wrapping;

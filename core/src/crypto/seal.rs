@@ -1,6 +1,6 @@
 //! Sealing: how secrets travel between privmatch's client, parties and coordinator.
 //!
-//! The coordinator is untrusted for privacy (DESIGN §2): everything secret that passes
+//! The coordinator is untrusted for privacy (docs/trust-model.md): everything secret that passes
 //! through it is sealed with a key it does not have.
 //!
 //! * **Party keys.** Each party owns a long-term X25519 key pair, generated inside the party.
@@ -21,7 +21,7 @@
 //!   replayed, reordered, misrouted or tampered message is rejected.
 //! * **Pairwise PRF seeds** give correlated randomness without interaction, e.g. the
 //!   zero-sharing r_i = F(k_{i,i+1}) − F(k_{i−1,i}) used to re-randomise additive shares
-//!   (seed 002 §2, ABY3 resharing).
+//!   ([TACEO24] §3.2, ABY3 resharing).
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, XChaCha20Poly1305};

@@ -1,4 +1,4 @@
-//! Funshade's steps for one batch of comparisons (seed 000 §2; Ibarrondo et al. 2022/1688
+//! Funshade's steps for one batch of comparisons ([BM25] §2; Ibarrondo et al. 2022/1688
 //! Alg. 1): the dealer's `setup` ([`deal_batch`]), the evaluators' `share`
 //! ([`masked_inputs`]), `eval_dist` ([`distance_shares`]), `eval_sign` ([`sign_shares`]) and
 //! the verifier's `res` ([`reconstruct`]). The protocol and its algebra are described in

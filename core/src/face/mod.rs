@@ -1,7 +1,7 @@
-//! # Face matching with Funshade (seed 000)
+//! # Face matching with Funshade [ICO23]
 //!
 //! Two-party thresholded distance with function secret sharing (Ibarrondo, Chabanne, Önen,
-//! "Funshade", ePrint 2022/1688; seed 000 describes its Rust re-implementation), mapped onto
+//! "Funshade", ePrint 2022/1688; [BM25] describes its Rust re-implementation), mapped onto
 //! privmatch's three parties:
 //!
 //! * **P0 and P1 evaluate.** Each holds an additive Z_2^32 share of every enrolled template
@@ -36,7 +36,7 @@
 //!    exactly when v ≥ 0 (as a signed 32-bit value, guaranteed by [`quantize`]'s bound).
 //! 4. ([`funshade::reconstruct`], `res`) the verifier adds o_0 + o_1.
 //!
-//! Unlike seed 000's Digidow setting, neither evaluator holds an input in the clear (both are
+//! Unlike the Digidow setting of [BM25], neither evaluator holds an input in the clear (both are
 //! secret-shared), so step 1 sends both masked vectors: 8·l bytes per comparison per party,
 //! plus 4 bytes in step 2. Every key is single-use: reusing one with a different input would
 //! reveal the difference of the inputs (Δx − Δx′ = x − x′). The party's database enforces

@@ -1,9 +1,9 @@
-//! Quantisation of float face embeddings into Z_2^32, with the overflow bound of seed 000
+//! Quantisation of float face embeddings into Z_2^32, with the overflow bound of Funshade [ICO23]
 //! §4.1, and the plaintext reference the protocol must agree with.
 //!
 //! An embedding of dimension l (128..=1024) whose elements lie in [−1, 1] (L2-normalised
 //! embeddings always do) is quantised element-wise to `q_i = round(x_i · M)`, so |q_i| ≤ M.
-//! M is the largest integer with **l · M² < 2^28** — seed 000 §4.1's bound
+//! M is the largest integer with **l · M² < 2^28** — [BM25] §4.1's bound
 //! `m < 2^((n − log2 l)/2)` (strict `<`, the paper's correction of the C code's `≤`) with a
 //! budget of n = 28 bits rather than 32, because of two bits the comparison needs on top of
 //! the metric itself:

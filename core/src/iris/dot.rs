@@ -1,5 +1,5 @@
-//! The party-local dot-product kernel of the iris matcher (seed 001 §4.2: "the dot product is
-//! computed locally as a plain u16 dot product"; seed 001 §5: codes and masks both shared).
+//! The party-local dot-product kernel of the iris matcher ([BGK+24] §4.3.2: "the dot product is
+//! computed locally as a plain u16 dot product"; [BGK+24] §5: codes and masks both shared).
 //!
 //! **Input.** One party's enrolled shares as a contiguous row-major matrix ([`ShareMatrix`]):
 //! N rows of 12,800 u16 code coefficients and N rows of 6,400 u16 mask coefficients, each row
@@ -38,7 +38,7 @@ use std::ops::Range;
 use super::encoding::{EncodingError, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use super::query::PreparedQuery;
 
-/// Bytes of shares one entry contributes to a scan (code 25,600 + mask 12,800; DESIGN §5), for
+/// Bytes of shares one entry contributes to a scan (code 25,600 + mask 12,800; docs/protocols/iris.md), for
 /// the benchmark's bandwidth figure.
 pub const SHARE_BYTES_PER_ENTRY: usize = 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
 
@@ -104,7 +104,7 @@ enum Kind {
 }
 
 /// A wrapping-u16 dot-product implementation chosen at run time (the local dot product of
-/// seed 001 §4.2). The AVX2 and AVX-512 kernels can only be obtained on a CPU that has the
+/// [BGK+24] §4.3.2). The AVX2 and AVX-512 kernels can only be obtained on a CPU that has the
 /// features they use ([`DotKernel::avx2`] and [`DotKernel::avx512`] check), which is what
 /// makes calling them safe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,7 +478,7 @@ mod avx512 {
         store_acc(&regs, acc);
     }
 }
-/// A borrowed, validated matrix of one party's enrolled shares (seed 001 §4.2/§5 database side): N code rows of 12,800 u16 and
+/// A borrowed, validated matrix of one party's enrolled shares ([BGK+24] §4.3.2/§5 database side): N code rows of 12,800 u16 and
 /// N mask rows of 6,400 u16, row-major (entry e's code at `codes[e*12800..(e+1)*12800]`).
 #[derive(Clone, Copy, Debug)]
 pub struct ShareMatrix<'a> {
@@ -530,7 +530,7 @@ impl<'a> ShareMatrix<'a> {
     }
 }
 
-/// The 3-of-3 additive shares produced by a scan (seed 001 §4.2), entry-major (module docs): the share of entry e at
+/// The 3-of-3 additive shares produced by a scan ([BGK+24] §4.3.2), entry-major (module docs): the share of entry e at
 /// rotation index r is `code[e * num_rotations + r]` / `mask[e * num_rotations + r]`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DotShares {
@@ -565,7 +565,7 @@ impl DotShares {
     }
 }
 
-/// Scans the entries `entries` of `db` against every rotation of `query` (seed 001 §4.2 local
+/// Scans the entries `entries` of `db` against every rotation of `query` ([BGK+24] §4.3.2 local
 /// dot products), writing entry-major results: the share of entry `entries.start + i` at
 /// rotation index r goes to `out_code[i * R + r]` / `out_mask[i * R + r]`, so both outputs must
 /// hold `entries.len() × R` slots. This is the unit a thread pool runs per entry range.
@@ -746,7 +746,7 @@ fn tail_tile<const M: usize>(
     }
 }
 
-/// Scans the whole matrix on the calling thread (seed 001 §4.2 local dot products) ([`scan_range`] over all entries): the
+/// Scans the whole matrix on the calling thread ([BGK+24] §4.3.2 local dot products) ([`scan_range`] over all entries): the
 /// function the benchmark and single-threaded callers use.
 pub fn scan(
     kernel: DotKernel,

@@ -1,8 +1,8 @@
-//! The per-party share encoding of an iris template (DESIGN §5; seed 001 §4.1.1 masked
+//! The per-party share encoding of an iris template (docs/protocols/iris.md; [BGK+24] §4.1.1 masked
 //! bitvectors, §4.2 Shamir over Galois rings, §5 shared masks).
 //!
 //! **Code.** Each of the 12,800 code bits becomes v = mask − 2·(code ∧ mask) ∈ {0, 1, −1} in
-//! Z_2^16 (0 = masked out, 1 = bit 0, −1 = bit 1; seed 001 §4.1.1). For two encoded codes the
+//! Z_2^16 (0 = masked out, 1 = bit 0, −1 = bit 1; [BGK+24] §4.1.1). For two encoded codes the
 //! plain dot product Σ v_a·v_b = popcount(ma ∧ mb) − 2·popcount((ca ⊕ cb) ∧ ma ∧ mb). The values
 //! are packed four to a [`GaloisRing16`] element: element `e = row*200 + col`, coefficient
 //! `j = 2*wavelet + real_imag` — exactly the 4 bits with indices 4e..4e+3. A column rotation
@@ -334,7 +334,7 @@ impl IrisShare {
 }
 
 /// Encodes the template and shares every code and mask element with degree-1 Shamir over
-/// GR(2^16, 4) (seed 001 §4.2, §5); returns the shares of P0, P1, P2 in that order. Fails if
+/// GR(2^16, 4) ([BGK+24] §4.3.2, §5); returns the shares of P0, P1, P2 in that order. Fails if
 /// the mask is not duplicated along the last axis.
 pub fn share_template<R: RngCore + ?Sized>(
     t: &IrisTemplate,

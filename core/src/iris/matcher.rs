@@ -1,4 +1,4 @@
-//! The 3-party iris matching protocol of one search (seed 001 Algorithm 3, the deployed variant
+//! The 3-party iris matching protocol of one search ([BGK+24] Algorithm 3, the deployed variant
 //! with codes **and** masks secret-shared): one party's message-driven state machine,
 //! [`IrisMatchSession`], composed of the sub-protocols of [`crate::iris::query`],
 //! [`crate::iris::dot`] and [`crate::mpc`]. Nothing here does I/O: the caller moves each
@@ -14,29 +14,29 @@
 //! **Steps and share layout** (R = 2·max_rotation + 1 rotations, comparison k = e·R + r for
 //! entry e and rotation index r, rotation r − max_rotation; "entry-major" everywhere):
 //!
-//! 1. *Query preparation* (seed 001 §4.2; local): [`PreparedQuery::prepare`] multiplies the
+//! 1. *Query preparation* ([BGK+24] §4.3.2; local): [`PreparedQuery::prepare`] multiplies the
 //!    probe share by the Lagrange coefficient λ_i, re-lays it out for the constant-term dot
 //!    product and rotates it R times.
-//! 2. *Local dot products* (seed 001 §4.2; local): [`scan`] with [`DotKernel::detect`] gives
+//! 2. *Local dot products* ([BGK+24] §4.3.2; local): [`scan`] with [`DotKernel::detect`] gives
 //!    3-of-3 additive Z_2^16 shares of the code dot product c_k and of the (half-size) mask dot
 //!    product m_k of every comparison ([`DotShares`], entry-major `e·R + r`).
-//! 3. *Reshare* (seed 001 §4.2 last step, seed 002 §2; **1 round**): both vectors are
+//! 3. *Reshare* ([BGK+24] §4.3.2 last step, [TACEO24] §3.2; **1 round**): both vectors are
 //!    re-randomised with PRF zero sharings and reshared into replicated Z_2^16 shares
 //!    ([`ReshareState`]); one message carries code ‖ mask (2 + 2 bytes per comparison).
-//! 4. *Lift and compare* (seed 001 §5; **15 rounds**): [`LiftCompareProgram`] lifts c + 2^15
+//! 4. *Lift and compare* ([BGK+24] §5; **15 rounds**): [`LiftCompareProgram`] lifts c + 2^15
 //!    and m to Z_2^32 in one batch (8 rounds; c = lift − 2^15) and extracts MSB(A·m − B·c)
 //!    with A = 2Q − 4P, B = Q for τ = P/Q, Q = 10,000 (7 rounds): a bit-sliced replicated XOR
 //!    share of match_k = (fhd_k < τ), **exact** for every τ with at most four decimals
 //!    (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no match; derivation in
 //!    [`crate::mpc::compare`]), bit k = comparison k.
-//! 5. *OR reduction* (seed 002 §5 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
+//! 5. *OR reduction* ([TACEO24] §2.3 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
 //!    [`SearchMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`SearchMode::Uniqueness`]).
 //!    Identify transposes the entry-major bits locally into R rotation planes of N bits (plane
 //!    r, bit e) and ANDs whole planes pairwise ([`PlaneOrProgram`]), so every round carries
 //!    dense words (N/8 bytes per AND); the result is one N-bit plane, bit e = entry e matched
 //!    at some rotation. Identify with R = 1 needs no round. Uniqueness reduces all R·N bits to
 //!    one with [`OrTreeProgram`].
-//! 6. *Open* (seed 002 §2 reveal; **1 round**): party i sends its component x_{i−1} to party
+//! 6. *Open* ([TACEO24] §3.2 reveal; **1 round**): party i sends its component x_{i−1} to party
 //!    i+1 if i+1 is entitled, an empty payload otherwise (so the schedule does not depend on
 //!    who is entitled beyond that). The entitled parties learn the N per-entry bits
 //!    (Identify) or the one OR bit (Uniqueness) and nothing else: no distance, no rotation.
@@ -360,7 +360,7 @@ fn rotation_planes(bits: &BitSliced, n: usize, r: usize) -> Result<Vec<BitSliced
         .collect()
 }
 
-/// OR of R equal-length bit planes (seed 002 §5 OR tree, plane-wise): a ∨ b = ¬(¬a ∧ ¬b),
+/// OR of R equal-length bit planes ([TACEO24] §2.3 OR tree, plane-wise): a ∨ b = ¬(¬a ∧ ¬b),
 /// each level ANDs the lower half of the planes with the upper half (an odd last plane waits),
 /// all in one round: ⌈log2 R⌉ rounds of dense N-bit words. Output: the OR plane (bit e = entry
 /// e matched at some rotation).

@@ -1,5 +1,5 @@
-//! Query preparation at one party (seed 001 §4.2 "Optimized 3-party Shamir over Galois rings",
-//! §5 shared masks; DESIGN §5).
+//! Query preparation at one party ([BGK+24] §4.3.2 "Optimized 3-party Shamir over Galois rings",
+//! §5 shared masks; docs/protocols/iris.md).
 //!
 //! **What it computes.** For a probe shared with degree-1 Shamir over GR(2^16, 4) and a
 //! database entry shared the same way, party p turns its probe share into vectors
@@ -14,7 +14,7 @@
 //! **Why it works.** The product of two degree-1 Shamir sharings is a degree-2 sharing of the
 //! Galois-ring product, and multiplying party p's product share by its Lagrange coefficient
 //! λ_p for the set {P0, P1, P2} ([`shamir::lagrange_coefficient_at_zero`]) makes the three
-//! results add up to the product (seed 001 §4.2). λ_p is folded into the query once, before
+//! results add up to the product ([BGK+24] §4.3.2). λ_p is folded into the query once, before
 //! the database scan. The constant term of a ring product A·Q is a plain dot product of A's
 //! monomial coefficients with the re-laid-out coefficients
 //! [`dot_constant_term_query_layout`]`(Q)` = (q0, q3, q2, q1) (see [`crate::algebra::galois`]).
@@ -56,7 +56,7 @@ use crate::sharing::shamir::{self, ShamirError};
 /// covers all 200 rotations.
 pub const MAX_PREPARED_ROTATION: i32 = IRIS_COLS as i32 / 2;
 
-/// Why a query could not be prepared or shared (seed 001 §4.2 query preparation).
+/// Why a query could not be prepared or shared ([BGK+24] §4.3.2 query preparation).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QueryError {
     /// The probe share has the wrong shape, or the template cannot be encoded.
@@ -70,7 +70,7 @@ pub enum QueryError {
     RotationOutOfRange(i32),
 }
 
-/// Encodes a probe template and shares it for matching (client side of seed 001 §4.2/§5):
+/// Encodes a probe template and shares it for matching (client side of [BGK+24] §4.3.2/§5):
 /// every code and mask element is encoded as in [`crate::iris::encoding`], packed with the
 /// involutive layout [`dot_constant_term_query_layout`] (so that the constant term of a ring
 /// product with a stored element is the plain coefficient-wise dot product), and shared with
@@ -97,7 +97,7 @@ pub fn share_query_template<R: RngCore + ?Sized>(
     }))
 }
 
-/// One rotation of a prepared query (seed 001 §4.2): coefficient vectors whose plain wrapping
+/// One rotation of a prepared query ([BGK+24] §4.3.2): coefficient vectors whose plain wrapping
 /// dot product with a stored share of the same party is that party's additive share of the
 /// code (resp. mask) dot product with the query rotated by `rotation` columns.
 #[derive(Clone, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl fmt::Debug for PreparedRotation {
     }
 }
 
-/// A query prepared at one party for the database scan (seed 001 §4.2): Lagrange
+/// A query prepared at one party for the database scan ([BGK+24] §4.3.2): Lagrange
 /// pre-multiplied, re-laid out for the constant-term dot product, one entry per rotation
 /// (module docs for the layout).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -135,7 +135,7 @@ pub struct PreparedQuery {
 impl PreparedQuery {
     /// Prepares party `probe.party`'s probe share (shared with [`share_query_template`]) for
     /// rotations k = −max_rotation..=max_rotation (`max_rotation` = 15 gives the deployed 31
-    /// rotations, 0 gives "no rotation"). Steps (seed 001 §4.2): multiply every element by
+    /// rotations, 0 gives "no rotation"). Steps ([BGK+24] §4.3.2): multiply every element by
     /// λ_p, re-lay it out with [`dot_constant_term_query_layout`], then rotate the rows
     /// locally for each k. Fails on a malformed share or `max_rotation` outside 0..=100.
     pub fn prepare(probe: &IrisShare, max_rotation: i32) -> Result<Self, QueryError> {
@@ -204,7 +204,7 @@ impl PreparedQuery {
     }
 }
 
-/// Plain wrapping u16 dot product (seed 001 §4.2 local dot product, scalar reference) `Σ_j a[j]·b[j]` over the common length (the reference the
+/// Plain wrapping u16 dot product ([BGK+24] §4.3.2 local dot product, scalar reference) `Σ_j a[j]·b[j]` over the common length (the reference the
 /// SIMD kernels in [`crate::iris::dot`] are checked against).
 pub fn plain_dot_u16(a: &[u16], b: &[u16]) -> u16 {
     a.iter()

@@ -1,5 +1,5 @@
 //! The scan seam: the party-local step of an iris search that multiplies every enrolled share
-//! row with every rotation of the prepared query (Bloemen et al., ePrint 2024/705, §4.2 "local
+//! row with every rotation of the prepared query ([BGK+24] §4.3.2 "local
 //! dot products"). It is the only step whose cost grows with the database, so it is the one
 //! a party may hand to other hardware: the search service takes any [`ScanBackend`], the
 //! engine worker picks one, and a GPU backend is a crate of its own implementing the trait,

@@ -1,5 +1,5 @@
 //! One party's iris search service: the table of running searches between the rounds the
-//! coordinator drives (design brief §3, "session state lives inside the party").
+//! coordinator drives (docs/architecture.md, "session state lives inside the party").
 //!
 //! A search is `start` (open the sealed probe, scan the [`IrisStore`], first message), then
 //! one `round` per protocol round (open the message of party i−1 from the pairwise channel,
@@ -236,7 +236,7 @@ impl SearchService {
         Ok(())
     }
 
-    /// Starts search `id` (seed 001 Algorithm 3 steps 1–3 at this party): opens the sealed
+    /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
     /// probe, scans the store's entries of the probe's eye in canonical order and returns the
     /// first message. The store must have been brought up to date by the caller.
     pub fn start(

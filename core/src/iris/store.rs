@@ -1,4 +1,4 @@
-//! The party engine's in-memory copy of the enrolled iris shares (design brief §3, "party
+//! The party engine's in-memory copy of the enrolled iris shares (docs/architecture.md, "party
 //! engine"): one contiguous share matrix per eye, derived from the party's template table,
 //! which stays the source of truth.
 //!
@@ -350,7 +350,7 @@ impl IrisStore {
     }
 
     /// Scans every row of `eye` against every rotation of `query` with `backend` (the local
-    /// dot products of ePrint 2024/705 §4.2) and returns the dot-product shares in the canonical
+    /// dot products of [BGK+24] §4.3.2) and returns the dot-product shares in the canonical
     /// order `order` (entry-major, `order.subjects.len() × R`).
     pub fn scan(
         &self,

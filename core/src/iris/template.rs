@@ -1,5 +1,5 @@
 //! The plaintext iris template: 12,800-bit code and mask, the Open-IRIS / iris-mpc base64
-//! interchange format, column rotations, and the fractional Hamming distance (DESIGN §5).
+//! interchange format, column rotations, and the fractional Hamming distance (docs/protocols/iris.md).
 //!
 //! A code (and its mask) is a (16, 200, 2, 2) bit array: 16 rows × 200 columns × 2 wavelets ×
 //! 2 parts (real, imaginary). Bit index `i = 800*row + 4*col + 2*wavelet + real_imag`.
@@ -367,7 +367,7 @@ impl IrisTemplate {
     }
 
     /// Whether the mask's real and imaginary bits agree everywhere (required to share the
-    /// mask, which shares only the real half; DESIGN §5).
+    /// mask, which shares only the real half; docs/protocols/iris.md).
     pub fn is_mask_duplicated_along_last_axis(&self) -> bool {
         self.mask.is_duplicated_along_last_axis()
     }

@@ -1,5 +1,5 @@
-//! Bit-sliced replicated binary sharing and the round engine of the binary circuits (seed 002
-//! §2 and §5: ABY3 boolean sharing, AND gate, binary adders; seed 001 §5: MSB extraction of
+//! Bit-sliced replicated binary sharing and the round engine of the binary circuits ([TACEO24]
+//! §2 and §5: ABY3 boolean sharing, AND gate, binary adders; [BGK+24] §5: MSB extraction of
 //! the deployed iris matcher).
 //!
 //! **Share layout.** A vector of n shared bits is stored bit-sliced: word w, bit j holds
@@ -223,7 +223,7 @@ pub fn from_bit_planes(planes: &[Vec<u64>], len: usize) -> Vec<u32> {
 }
 
 /// One party's replicated share of a vector of `len` bits, bit-sliced (module docs: party i
-/// holds `a = x_i`, `b = x_{i−1}`; seed 002 §2 boolean sharing). Its `Debug` output shows the
+/// holds `a = x_i`, `b = x_{i−1}`; [TACEO24] §3.2 boolean sharing). Its `Debug` output shows the
 /// length only, never the share words.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct BitSliced {
@@ -264,7 +264,7 @@ impl BitSliced {
     }
 
     /// The share held by `party` of a vector whose only non-zero component is x_`component`
-    /// = `words` (a value known to the two holders of that component; seed 002 §5.3 trivial
+    /// = `words` (a value known to the two holders of that component; [MR18] trivial
     /// sharing used by arithmetic-to-binary conversion). Fails unless `words` has
     /// `words_for(len)` words.
     pub fn from_component(
@@ -494,7 +494,7 @@ pub fn reconstruct_bits(shares: &[BitSliced; 3]) -> Result<Vec<u64>, MpcError> {
         .collect())
 }
 
-/// The message of one party in the opening of a bit-sliced share (seed 002 §2 reveal): party
+/// The message of one party in the opening of a bit-sliced share ([TACEO24] §3.2 reveal): party
 /// i sends its `b` = x_{i−1} to party i+1, which is exactly the component i+1 lacks. Returns
 /// `None` if party i+1 is not in `entitled` (nothing is sent to parties that must not learn
 /// the value). The payload is the words of `b`, little-endian.
@@ -535,7 +535,7 @@ pub fn open_receive(
 
 /// One party's context for the binary protocols: who it is, the session id and the pairwise
 /// PRFs it shares with its neighbours (for the zero-sharings of the AND and multiplication
-/// gates, seed 002 §2).
+/// gates, [TACEO24] §3.2).
 #[derive(Clone, Debug)]
 pub struct MpcContext {
     party: PartyIndex,
@@ -665,7 +665,7 @@ pub enum ProgramStep<O> {
     Done(O),
 }
 
-/// A multi-round protocol written as local computation between batched gate rounds (seed 002
+/// A multi-round protocol written as local computation between batched gate rounds ([TACEO24]
 /// §5: every layer of a boolean circuit is one round of batched ANDs).
 pub trait Program {
     /// This party's output.
@@ -886,7 +886,7 @@ impl<P: Program> Session<P> {
     }
 }
 
-/// One round of batched AND gates: x_k ∧ y_k for every pair (seed 002 §2 AND gate).
+/// One round of batched AND gates: x_k ∧ y_k for every pair ([TACEO24] §3.2 AND gate).
 #[derive(Clone, Debug)]
 pub struct AndProgram {
     pairs: Option<Vec<(BitSliced, BitSliced)>>,
@@ -943,7 +943,7 @@ fn planes_len(planes: &[BitSliced]) -> Result<usize, MpcError> {
     Ok(len)
 }
 
-/// Kogge–Stone parallel-prefix adder of two w-bit bit-sliced operands (seed 002 §5 binary
+/// Kogge–Stone parallel-prefix adder of two w-bit bit-sliced operands ([TACEO24] §2.2 binary
 /// adder): returns the w planes of (x + y) mod 2^w. Rounds: 1 (g_k = x_k ∧ y_k) +
 /// ⌈log2(w−1)⌉ (prefix levels, G_i ← G_i ⊕ P_i∧G_{i−d}, P_i ← P_i∧P_{i−d}) for w ≥ 2;
 /// none for w ≤ 1.
@@ -1074,7 +1074,7 @@ impl Program for AdderProgram {
 }
 
 /// The three trivially binary-shared components of replicated Z_2^w values, as bit planes:
-/// returns, per component j, the w planes of this party's share of x_j (seed 002 §5.3: x_j is
+/// returns, per component j, the w planes of this party's share of x_j ([MR18]: x_j is
 /// known to P_j and P_{j+1}).
 pub(crate) fn component_planes(
     values: &[ReplicatedShare<Z32>],
@@ -1117,7 +1117,7 @@ fn csa_layer(
     (gates, sum)
 }
 
-/// Arithmetic-to-binary conversion of replicated Z_2^w values, w ≤ 32 (seed 002 §5.3): the
+/// Arithmetic-to-binary conversion of replicated Z_2^w values, w ≤ 32 ([MR18]): the
 /// three components are trivially binary-shared, summed by a carry-save layer (1 round) into
 /// s + 2c, then added by the [`AdderProgram`] (1 + ⌈log2(w−1)⌉ rounds): 7 rounds for w = 32.
 /// Output: the w bit planes of x mod 2^w.
@@ -1197,7 +1197,7 @@ struct Node {
     p: Option<BitSliced>,
 }
 
-/// Carry into bit t of x = x0 + x1 + x2 (replicated Z_2^w values), seed 001 §5 / seed 002 §5
+/// Carry into bit t of x = x0 + x1 + x2 (replicated Z_2^w values), [BGK+24] §5 / [TACEO24] §2.2
 /// MSB extraction: a carry-save layer (1 round) gives x = s + 2c; the generate/propagate bits
 /// of s + 2c at positions 1..t−1 (1 round; position 0 never generates since bit 0 of 2c is 0)
 /// are reduced by a binary tree of (G, P) ∘ (G', P') = (G ⊕ P∧G', P∧P') in ⌈log2(t−1)⌉

@@ -1,5 +1,5 @@
-//! The threshold comparison of the deployed iris matcher (seed 001 §5, the comparison lemma;
-//! seed 002 §5 MSB extraction): from shares of the code dot product c and the mask dot product
+//! The threshold comparison of the deployed iris matcher ([BGK+24] §5, the comparison lemma;
+//! [TACEO24] §2.2 MSB extraction): from shares of the code dot product c and the mask dot product
 //! m, a bit-sliced replicated binary share of "match" = (fhd < τ), **exactly**, for every
 //! τ = P/Q with Q = 10,000 (τ given with up to four decimals, e.g. 0.345 = 3,450/10,000).
 //!
@@ -11,7 +11,7 @@
 //! **Threshold derivation.** Over the full 12,800 bits let `common` = popcount(ma ∧ mb) and
 //! `hd` = popcount((ca ⊕ cb) ∧ ma ∧ mb). The code encoding gives c = common − 2·hd
 //! (|c| ≤ 12,800); the mask is shared as its real half only, so the mask dot product is
-//! m = common / 2 (0 ≤ m ≤ 6,400; DESIGN §5, [`crate::iris::encoding`]). Hence
+//! m = common / 2 (0 ≤ m ≤ 6,400; docs/protocols/iris.md, [`crate::iris::encoding`]). Hence
 //! common = 2m and hd = (2m − c)/2. For τ = P/Q (integers, Q = 10,000, 0 ≤ P ≤ Q):
 //!
 //! fhd < τ ⇔ hd·Q < P·common (common > 0) ⇔ (2m − c)·Q < 4P·m ⇔ Q·c − (2Q − 4P)·m > 0.
@@ -62,7 +62,7 @@ use crate::sharing::replicated::ReplicatedShare;
 /// scale B of the code dot product in x = A·m − B·c (module docs).
 pub const Q: i64 = 10_000;
 
-/// The default match threshold ratio τ (DESIGN §5).
+/// The default match threshold ratio τ (docs/protocols/iris.md).
 pub const DEFAULT_TAU: f64 = 0.345;
 
 /// The numerator P of [`DEFAULT_TAU`] = P / [`Q`].
@@ -171,7 +171,7 @@ pub fn masked_difference(
         .collect())
 }
 
-/// MSB extraction of replicated Z_2^32 values (seed 001 §5, seed 002 §5): bit 31 of
+/// MSB extraction of replicated Z_2^32 values ([BGK+24] §5, [TACEO24] §2.2): bit 31 of
 /// x = x0 + x1 + x2 is s_31 ⊕ c_30 ⊕ (carry into bit 31 of s + 2c), where s, c come from the
 /// carry-save layer. 7 rounds. Output: bit k = MSB of value k.
 #[derive(Debug)]
@@ -209,7 +209,7 @@ impl Program for MsbProgram {
     }
 }
 
-/// The comparison program of seed 001 §5 on 32-bit shares: x = A·m − B·c locally, then
+/// The comparison program of [BGK+24] §5 on 32-bit shares: x = A·m − B·c locally, then
 /// [`MsbProgram`] (7 rounds). Output bit k = 1 ⇔ comparison k matches (fhd < τ exactly,
 /// module docs).
 pub fn compare_program(
@@ -221,7 +221,7 @@ pub fn compare_program(
     MsbProgram::new(&masked_difference(threshold, code, mask)?, party)
 }
 
-/// The whole comparison from 16-bit shares (seed 001 §5: MPCLift, then the comparison): one
+/// The whole comparison from 16-bit shares ([BGK+24] §5: MPCLift, then the comparison): one
 /// [`crate::mpc::lift::LiftProgram`] over c + 2^15 ‖ m (both lifted in the same batch,
 /// 8 rounds), c = lift(c + 2^15) − 2^15, then [`MsbProgram`] on x = A·m − B·c (7 rounds),
 /// 15 rounds in all. Output as [`compare_program`].

@@ -1,5 +1,5 @@
-//! Lifting replicated shares from Z_2^16 to Z_2^32 (seed 001 §5, MPCLift of the deployed
-//! matcher) and bit injection (binary → arithmetic, seed 002 §5.3).
+//! Lifting replicated shares from Z_2^16 to Z_2^32 ([BGK+24] §5, MPCLift of the deployed
+//! matcher) and bit injection (binary → arithmetic, [MR18]).
 //!
 //! **Share layout.** Input: replicated Z_2^16 shares of values m (party i holds (m_i, m_{i−1}),
 //! [`crate::sharing::replicated`]); output: replicated Z_2^32 shares of the same m read as an unsigned
@@ -64,7 +64,7 @@ fn arith_xor(u: &ArithVec, v: &ArithVec, uv: &ArithVec) -> ArithVec {
         .collect()
 }
 
-/// Bit injection of several bit-sliced vectors into replicated Z_2^32 shares (seed 002 §5.3,
+/// Bit injection of several bit-sliced vectors into replicated Z_2^32 shares ([MR18],
 /// module docs): 2 rounds of batched multiplications. Output k is the 0/1 vector of input k.
 pub struct InjectProgram {
     comps: Vec<[ArithVec; 3]>,
@@ -145,7 +145,7 @@ impl Program for InjectProgram {
     }
 }
 
-/// The lift Z_2^16 → Z_2^32 of seed 001 §5 (module docs): 8 rounds. Output: replicated
+/// The lift Z_2^16 → Z_2^32 of [BGK+24] §5 (module docs): 8 rounds. Output: replicated
 /// Z_2^32 shares of the unsigned values.
 pub struct LiftProgram {
     extended: Vec<ReplicatedShare<Z32>>,

@@ -1,4 +1,4 @@
-//! OR-reduction of bit-sliced shared bits (seed 002 §5 OR-tree; uniqueness output of seed 001
+//! OR-reduction of bit-sliced shared bits ([TACEO24] §2.3 OR tree; uniqueness output of [BGK+24]
 //! §5: one shared bit "matched anybody" revealing nothing else).
 //!
 //! **Share layout.** Input: one or more groups, each a [`BitSliced`] replicated binary share

@@ -1,5 +1,5 @@
-//! Resharing 3-of-3 additive shares into replicated (ABY3) shares: seed 001 §4.2 last step
-//! ("re-randomise the additive shares with a zero sharing and reshare") and seed 002 §2 (ABY3
+//! Resharing 3-of-3 additive shares into replicated (ABY3) shares: [BGK+24] §4.3.2 last step
+//! ("re-randomise the additive shares with a zero sharing and reshare") and [TACEO24] §3.2 (ABY3
 //! resharing: an additive share z_i becomes the replicated share (z_i, z_{i−1}) when party i
 //! sends z_i to party i + 1).
 //!
@@ -57,13 +57,13 @@ pub enum ReshareError {
     },
 }
 
-/// A ring Z_2^16 or Z_2^32 that can be reshared (seed 002 §2): it has a PRF zero sharing and a fixed-width
+/// A ring Z_2^16 or Z_2^32 that can be reshared ([TACEO24] §3.2): it has a PRF zero sharing and a fixed-width
 /// little-endian wire encoding.
 pub trait ReshareRing: RingElement {
     /// Bytes per value on the wire (BITS / 8).
     const WIRE_BYTES: usize;
 
-    /// This party's share of a fresh 3-party zero sharing of `n` values (seed 002 §2):
+    /// This party's share of a fresh 3-party zero sharing of `n` values ([TACEO24] §3.2):
     /// r_i = F(k_{i,i+1}) − F(k_{i−1,i}) for the given PRF `context`.
     fn zero_share(
         with_next: &PairwisePrf,
@@ -103,7 +103,7 @@ impl ReshareRing for Z32 {
     }
 }
 
-/// The PRF context for one resharing's zero sharing (seed 002 §2): `len(session) as u32 LE ‖ session ‖ round as u32 LE ‖
+/// The PRF context for one resharing's zero sharing ([TACEO24] §3.2): `len(session) as u32 LE ‖ session ‖ round as u32 LE ‖
 /// purpose` (the length prefix keeps the encoding unambiguous).
 pub fn reshare_context(session: &[u8], round: u32, purpose: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + session.len() + purpose.len());
@@ -114,7 +114,7 @@ pub fn reshare_context(session: &[u8], round: u32, purpose: &str) -> Vec<u8> {
     out
 }
 
-/// Encodes reshare values (seed 002 §2 message) little-endian, `T::WIRE_BYTES` each (module docs).
+/// Encodes reshare values ([TACEO24] §3.2 message) little-endian, `T::WIRE_BYTES` each (module docs).
 pub fn encode_values<T: ReshareRing>(values: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * T::WIRE_BYTES);
     for v in values {
@@ -123,7 +123,7 @@ pub fn encode_values<T: ReshareRing>(values: &[T]) -> Vec<u8> {
     out
 }
 
-/// Decodes reshare values (seed 002 §2 message): little-endian values of `T::WIRE_BYTES` each; `None` when the length is not a
+/// Decodes reshare values ([TACEO24] §3.2 message): little-endian values of `T::WIRE_BYTES` each; `None` when the length is not a
 /// multiple of the width.
 pub fn decode_values<T: ReshareRing>(bytes: &[u8]) -> Option<Vec<T>> {
     if !bytes.len().is_multiple_of(T::WIRE_BYTES) {
@@ -144,7 +144,7 @@ pub fn decode_values<T: ReshareRing>(bytes: &[u8]) -> Option<Vec<T>> {
 }
 
 /// A message to hand to another party through the sealed party-to-party channel (the one
-/// message of the seed 002 §2 resharing round).
+/// message of the [TACEO24] §3.2 resharing round).
 #[derive(Clone, PartialEq, Eq)]
 pub struct OutgoingMessage {
     /// The recipient.
@@ -163,7 +163,7 @@ impl fmt::Debug for OutgoingMessage {
     }
 }
 
-/// Party i's state between sending z_i and receiving z_{i−1} (seed 002 §2 resharing).
+/// Party i's state between sending z_i and receiving z_{i−1} ([TACEO24] §3.2 resharing).
 #[derive(Clone)]
 pub struct ReshareState<T> {
     party: PartyIndex,
@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn pipeline_query_dot_reshare_matches_plaintext() {
-        // Seed 001 §4.2 end to end: prepare the probe at each party, scan, reshare the code
+        // [BGK+24] §4.3.2 end to end: prepare the probe at each party, scan, reshare the code
         // and mask dot products, reconstruct the replicated shares, compare with plaintext.
         use crate::iris::dot::{scan, DotKernel, ShareMatrix};
         use crate::iris::encoding::share_template;

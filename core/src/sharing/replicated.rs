@@ -1,4 +1,4 @@
-//! ABY3 replicated secret sharing over a ring Z_2^k (seed 002 §2).
+//! ABY3 replicated secret sharing over a ring Z_2^k ([TACEO24] §3.2).
 //!
 //! A value x is split into three additive components x = x0 + x1 + x2 (wrapping). **Convention:
 //! party i holds `ReplicatedShare { a: x_i, b: x_{i−1} }`** (indices mod 3), i.e.
@@ -10,7 +10,7 @@
 //! | P2    | x2   | x1   |
 //!
 //! so component x_i is held by P_i (as `a`) and by P_{i+1} (as `b`). This is the convention of
-//! seed 002 §2: an additive share z_i becomes the replicated share (z_i, z_{i−1}) when party i
+//! [TACEO24] §3.2: an additive share z_i becomes the replicated share (z_i, z_{i−1}) when party i
 //! sends z_i to party i + 1. Every component is held by exactly two parties, which lets a
 //! reconstruction cross-check it.
 //!

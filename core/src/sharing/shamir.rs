@@ -1,5 +1,5 @@
 //! Degree-1 Shamir secret sharing over the Galois ring GR(2^16, 4) for three parties
-//! (seed 001 §4.2, "Shamir over Galois rings" / "Optimized 3-party Shamir over Galois Rings").
+//! ([BGK+24] §4.3.2, "Shamir over Galois rings" / "Optimized 3-party Shamir over Galois Rings").
 //!
 //! A secret s is hidden in the constant term of f(X) = s + r·X with r uniform; party p holds
 //! f(α_p) where α_p = [`GaloisRing16::exceptional_point`] (1, x, 1 + x). Any two parties
@@ -8,7 +8,7 @@
 //!
 //! The product of two degree-1 sharings is a degree-2 sharing; multiplying each party's
 //! product share by its Lagrange coefficient for the full set {P0, P1, P2} turns it into a
-//! 3-of-3 additive sharing of the product. The iris dot product (seed 001 §4.2) folds that
+//! 3-of-3 additive sharing of the product. The iris dot product ([BGK+24] §4.3.2) folds that
 //! coefficient into the query share once, before scanning the database.
 
 use rand_core::RngCore;
@@ -59,7 +59,7 @@ pub enum ShamirError {
 }
 
 /// Shares `secret` with a fresh random degree-1 polynomial f(X) = secret + r·X: element p of
-/// the result is f(α_p), the share for party p (seed 001 §4.2).
+/// the result is f(α_p), the share for party p ([BGK+24] §4.3.2).
 pub fn share<R: RngCore + ?Sized>(secret: GaloisRing16, rng: &mut R) -> [GaloisRing16; 3] {
     let r = GaloisRing16::random(rng);
     share_with_coefficient(secret, r)
@@ -103,7 +103,7 @@ fn check_distinct(set: &[PartyIndex]) -> Result<(), ShamirError> {
 ///
 /// With a set of 2 parties this reconstructs degree-1 sharings; with all 3 parties it
 /// reconstructs degree-2 sharings, i.e. it turns a party's share of a product of two degree-1
-/// sharings into its 3-of-3 additive share (seed 001 §4.2). `set` must contain `me` and list
+/// sharings into its 3-of-3 additive share ([BGK+24] §4.3.2). `set` must contain `me` and list
 /// distinct parties.
 pub fn lagrange_coefficient_at_zero(
     me: PartyIndex,

@@ -1,4 +1,4 @@
-//! # Distributed comparison function (BCG+20 Fig. 1)
+//! # Distributed comparison function (BCG+21 Fig. 1)
 //!
 //! Gen^<_n(α, β) → (k_0, k_1) and Eval^<_n(b, k_b, x) → V_b with
 //! V_0 + V_1 = β if x < α else 0 (mod 2^32), for n-bit unsigned x and α (bits MSB first,
@@ -36,7 +36,7 @@ pub const GROUP: usize = 4;
 /// Seeds are 126-bit: the two low bits of a block are cleared (they carry t^L / t^R).
 pub(crate) const SEED_MASK: u128 = !3;
 
-/// One party's DCF key (BCG+20 Fig. 1, Gen^< step 18: k_b = s_b^(0) ‖ CW^(1) ‖ … ‖ CW^(n+1)).
+/// One party's DCF key (BCG+21 Fig. 1, Gen^< step 18: k_b = s_b^(0) ‖ CW^(1) ‖ … ‖ CW^(n+1)).
 /// Zeroised on drop. `Debug` prints only n.
 #[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop)]
 pub struct DcfKey {
@@ -226,7 +226,7 @@ fn mask128(bit: u32) -> u128 {
     u128::from(bit).wrapping_neg()
 }
 
-/// x if party = 0, −x if party = 1 (BCG+20's (−1)^b factor, applied once at the end since
+/// x if party = 0, −x if party = 1 (BCG+21's (−1)^b factor, applied once at the end since
 /// the sum is linear).
 #[inline(always)]
 pub(crate) fn negate_if(x: u32, party: u32) -> u32 {
@@ -240,7 +240,7 @@ fn convert(seed: u128) -> u32 {
     (seed >> 32) as u32
 }
 
-/// Gen^<_n(1^λ, α, β, Z_2^32) of BCG+20 Fig. 1: a pair of keys for
+/// Gen^<_n(1^λ, α, β, Z_2^32) of BCG+21 Fig. 1: a pair of keys for
 /// `f(x) = β if x < α else 0` on n-bit inputs. Uses the detected AES backend.
 ///
 /// `rng` must be a cryptographically secure generator; it supplies the two root seeds (32
@@ -389,7 +389,7 @@ fn gen_lanes<R: RngCore + CryptoRng + ?Sized, const K: usize>(
     }
 }
 
-/// The AES-NI Gen^< (BCG+20 Fig. 1): the same steps as [`gen_keys`] with seeds in vector
+/// The AES-NI Gen^< (BCG+21 Fig. 1): the same steps as [`gen_keys`] with seeds in vector
 /// registers and, as in the evaluation engine, the tweaks and the MMO feed-forward folded into
 /// the first and last round keys.
 ///
@@ -522,7 +522,7 @@ unsafe fn gen_ni<R: RngCore + CryptoRng + ?Sized, const K: usize>(
     keys
 }
 
-/// The VAES Gen^< (BCG+20 Fig. 1): as [`gen_ni`], with the two parties' seeds side by side
+/// The VAES Gen^< (BCG+21 Fig. 1): as [`gen_ni`], with the two parties' seeds side by side
 /// in one 256-bit register (party 0 low, party 1 high), so each AES instruction and each
 /// Keep/Lose/τ step serves both parties.
 ///
@@ -666,7 +666,7 @@ unsafe fn gen_vaes<R: RngCore + CryptoRng + ?Sized, const K: usize>(
     keys
 }
 
-/// The body of Gen^< (BCG+20 Fig. 1) for K independent keys in lockstep, generic over the
+/// The body of Gen^< (BCG+21 Fig. 1) for K independent keys in lockstep, generic over the
 /// AES backend. Branch-free in α, β and the seeds: the dealer's secrets do not steer control
 /// flow or memory addresses.
 #[inline(always)]
@@ -788,7 +788,7 @@ pub(crate) struct Lanes<'a, const L: usize> {
     pub(crate) x: [u32; L],
 }
 
-/// Eval^<(b, k_b, x) of BCG+20 Fig. 1 on every lane, on the given (available) backend.
+/// Eval^<(b, k_b, x) of BCG+21 Fig. 1 on every lane, on the given (available) backend.
 #[inline]
 pub(crate) fn eval_lanes<const L: usize>(
     backend: Backend,
@@ -806,7 +806,7 @@ pub(crate) fn eval_lanes<const L: usize>(
     }
 }
 
-/// Portable Eval^< (BCG+20 Fig. 1), all lanes per level in one AES call.
+/// Portable Eval^< (BCG+21 Fig. 1), all lanes per level in one AES call.
 fn eval_lanes_generic<P: Prp, const L: usize>(
     prp: &P,
     lanes: &Lanes<'_, L>,
@@ -862,7 +862,7 @@ fn eval_lanes_generic<P: Prp, const L: usize>(
 /// otherwise idle.
 #[cfg(target_arch = "x86_64")]
 // The engine walks several parallel per-lane arrays of compile-time length; plain index loops
-// read like the per-lane steps of BCG+20 and unroll completely (values stay in registers).
+// read like the per-lane steps of BCG+21 and unroll completely (values stay in registers).
 #[allow(clippy::needless_range_loop)]
 mod ni_engine {
     use std::arch::x86_64::*;
@@ -1082,7 +1082,7 @@ mod ni_engine {
     }
 }
 
-/// Eval^<_n(b, k_b, x) of BCG+20 Fig. 1 for one key: party b's additive share of
+/// Eval^<_n(b, k_b, x) of BCG+21 Fig. 1 for one key: party b's additive share of
 /// `β if x < α else 0`. Only the low n bits of x are used (x is taken mod 2^n).
 /// Errors: party not 0 or 1.
 pub fn eval(party: u8, key: &DcfKey, x: u32) -> Result<u32, FssError> {
@@ -1298,7 +1298,7 @@ pub(crate) fn check_lengths(keys: usize, inputs: usize, outputs: usize) -> Resul
     }
 }
 
-/// Batch Eval^< (BCG+20 Fig. 1): `out[k] = Eval^<(party, key k, xs[k])` for every key of the
+/// Batch Eval^< (BCG+21 Fig. 1): `out[k] = Eval^<(party, key k, xs[k])` for every key of the
 /// batch, 8 keys walked through their trees in lockstep (16 AES blocks per level). Only the
 /// low n bits of each x are used.
 /// Errors: party not 0 or 1; `xs` or `out` not of the batch's length.

@@ -1,4 +1,4 @@
-//! # Interval-containment gate (BCG+20 §4, Fig. 3)
+//! # Interval-containment gate (BCG+21 §4, Fig. 3)
 //!
 //! Gen^IC_{n,p,q}(r_in, r_out) → (k_0, k_1) and Eval^IC(b, k_b, x) → y_b with
 //!
@@ -11,7 +11,7 @@
 //! of the correction term; evaluation runs the DCF twice, at x + 2^n − 1 − p and at
 //! x + 2^n − 1 − q'.
 //!
-//! **The correction term.** BCG+20 write z = r_out + 1{α^(p) > α^(q)} − 1{α^(p) > p} +
+//! **The correction term.** BCG+21 write z = r_out + 1{α^(p) > α^(q)} − 1{α^(p) > p} +
 //! 1{α^(q') > q + 1} + 1{α^(q) = N − 1}. The third comparison must be against q' = q + 1
 //! reduced mod N: with q = N − 1 the unreduced N would make the output wrong for every
 //! r_in ≠ 0 (exhaustive tests for n = 4 and n = 8 cover this). With that reading the gate is
@@ -97,7 +97,7 @@ impl IcParams {
     }
 }
 
-/// One party's IC-gate key (BCG+20 Fig. 3, Gen^IC step 5: k_b = k_b^(N−1) ‖ z_b), carrying
+/// One party's IC-gate key (BCG+21 Fig. 3, Gen^IC step 5: k_b = k_b^(N−1) ‖ z_b), carrying
 /// the public p and q so that it evaluates on its own. Zeroised on drop; `Debug` prints only
 /// the public parameters.
 #[derive(Clone, PartialEq, Eq, Zeroize)]
@@ -198,7 +198,7 @@ impl IcKey {
     }
 }
 
-/// Gen^IC_{n,p,q}(1^λ, r_in, r_out) of BCG+20 Fig. 3: keys whose shares sum to
+/// Gen^IC_{n,p,q}(1^λ, r_in, r_out) of BCG+21 Fig. 3: keys whose shares sum to
 /// 1{p ≤ x − r_in ≤ q} + r_out on masked inputs x. Uses the detected AES backend.
 /// `rng` must be cryptographically secure (see [`dcf::gen`]).
 ///
@@ -375,7 +375,7 @@ fn combine(party: u32, x: u32, p: u32, q1: u32, s_p: u32, s_q: u32, z: u32) -> u
         .wrapping_add(z)
 }
 
-/// Eval^IC(b, k_b, x) of BCG+20 Fig. 3 for one key: party b's share of
+/// Eval^IC(b, k_b, x) of BCG+21 Fig. 3 for one key: party b's share of
 /// 1{p ≤ x − r_in ≤ q} + r_out. Only the low n bits of x are used.
 /// Errors: party not 0 or 1.
 pub fn eval(party: u8, key: &IcKey, x: u32) -> Result<u32, FssError> {
@@ -533,7 +533,7 @@ impl IcKeyBatch {
 /// Keys per step of [`eval_batch`]: each contributes two DCF paths, so 2·CHUNK lanes.
 const CHUNK: usize = 4;
 
-/// Batch Eval^IC (BCG+20 Fig. 3): `out[k] = Eval^IC(party, key k, xs[k])` for every key.
+/// Batch Eval^IC (BCG+21 Fig. 3): `out[k] = Eval^IC(party, key k, xs[k])` for every key.
 /// Four keys at a time are walked through their trees in lockstep, each at its two DCF
 /// inputs, i.e. 8 DCF paths and 16 AES blocks per level. Only the low n bits of each x are
 /// used.

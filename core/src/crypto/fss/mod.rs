@@ -2,12 +2,12 @@
 //!
 //! Pure-Rust implementation of two primitives of Boyle, Chandran, Gilboa, Gupta, Ishai, Kumar
 //! and Rathee, "Function Secret Sharing for Mixed-Mode and Fixed-Point Secure Computation"
-//! (ePrint 2020/1392, here "BCG+20"):
+//! (ePrint 2020/1392, here "BCG+21"):
 //!
-//! * [`dcf`]: the distributed comparison function of BCG+20 Fig. 1 (Gen^< / Eval^<) for
+//! * [`dcf`]: the distributed comparison function of BCG+21 Fig. 1 (Gen^< / Eval^<) for
 //!   `f_{α,β}(x) = β if x < α else 0`, x and α n-bit unsigned (n ≤ 32, bits MSB first), output
 //!   group Z_2^32;
-//! * [`ic`]: the interval-containment gate of BCG+20 §4 (Fig. 3, Gen^IC_{n,p,q} / Eval^IC),
+//! * [`ic`]: the interval-containment gate of BCG+21 §4 (Fig. 3, Gen^IC_{n,p,q} / Eval^IC),
 //!   one DCF key plus one correction share per party, with the Funshade sign gate
 //!   ([`ic::gen_sign_gate`]: p = 0, q = 2^31 − 1, n = 32) as a special case;
 //! * [`aes`]: the fixed-key AES-128 permutation behind the PRG (VAES / AES-NI with a portable
@@ -30,7 +30,7 @@
 //!
 //! ## The PRG G
 //!
-//! BCG+20 needs G: {0,1}^λ → {0,1}^{2(λ+1)} × G² producing, from a seed s, the children
+//! BCG+21 needs G: {0,1}^λ → {0,1}^{2(λ+1)} × G² producing, from a seed s, the children
 //! s^L‖t^L, s^R‖t^R and the values v^L, v^R. We use λ = 126 (a seed is a 128-bit block whose
 //! two low bits are zero) and the fixed-key Matyas–Meyer–Oseas construction
 //!
@@ -175,7 +175,7 @@ pub enum FssError {
         /// Size of the output slice.
         outputs: usize,
     },
-    /// The evaluating party index is not 0 or 1 (BCG+20's b ∈ {0, 1}).
+    /// The evaluating party index is not 0 or 1 (BCG+21's b ∈ {0, 1}).
     #[error("evaluating party must be 0 or 1, got {0}")]
     BadParty(u8),
     /// A specific AES backend was requested that this CPU does not support.
@@ -183,7 +183,7 @@ pub enum FssError {
     BackendUnavailable(&'static str),
 }
 
-/// Checks an evaluating party index b ∈ {0, 1} (BCG+20's Eval(b, ·, ·)).
+/// Checks an evaluating party index b ∈ {0, 1} (BCG+21's Eval(b, ·, ·)).
 pub(crate) fn check_party(party: u8) -> Result<u32, FssError> {
     match party {
         0 | 1 => Ok(u32::from(party)),
