@@ -15,8 +15,8 @@
 use std::ffi::{c_char, CStr};
 
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::{pg_getarg_datum_raw, pg_sys};
 use privmatch_core::wire::storage::{
     check_typmod, decode_share, format_share_text, parse_share_text, validate_typmod, ShareKind,
     ShareLayoutError,
@@ -151,16 +151,6 @@ fn cstring_datum(text: &str) -> pg_sys::Datum {
     }
 }
 
-/// Argument `n` of a V1 call.
-///
-/// # Safety
-/// `fcinfo` is the call info Postgres passed to a function declared with more than `n`
-/// arguments.
-unsafe fn arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> pg_sys::Datum {
-    // SAFETY: the caller's contract: a valid call info with argument `n`.
-    unsafe { pgrx::pg_getarg_datum_raw(fcinfo, n) }
-}
-
 /// A checked copy of `payload` as a datum of `kind`, with the typmod applied.
 fn validated(kind: ShareKind, payload: &[u8], typmod: i32) -> pg_sys::Datum {
     let view = decode_share(kind, payload).unwrap_or_else(|e| raise_share_layout(e));
@@ -176,8 +166,8 @@ pub unsafe fn share_in(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> pg_
     // SAFETY: argument 0 is a non-null cstring and argument 2 an int4 (the declaration above,
     // STRICT); the C string stays valid for the call.
     let (text, typmod) = unsafe {
-        let text = CStr::from_ptr(arg(fcinfo, 0).cast_mut_ptr::<c_char>());
-        (text, arg(fcinfo, 2).value() as i32)
+        let text = CStr::from_ptr(pg_getarg_datum_raw(fcinfo, 0).cast_mut_ptr::<c_char>());
+        (text, pg_getarg_datum_raw(fcinfo, 2).value() as i32)
     };
     let text = text.to_str().unwrap_or_else(|_| {
         raise_share_layout(ShareLayoutError::Syntax {
@@ -195,7 +185,7 @@ pub unsafe fn share_in(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> pg_
 /// `fcinfo` is the call info of a function declared `(<the share type of kind>)`, STRICT.
 pub unsafe fn share_out(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: argument 0 is a non-null varlena of the share type (declaration, STRICT).
-    let payload = unsafe { varlena_payload(arg(fcinfo, 0)) };
+    let payload = unsafe { varlena_payload(pg_getarg_datum_raw(fcinfo, 0)) };
     let view = decode_share(kind, payload).unwrap_or_else(|e| raise_share_layout(e));
     cstring_datum(&format_share_text(&view))
 }
@@ -210,11 +200,11 @@ pub unsafe fn share_recv(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> p
     // StringInfo with `cursor <= len`), argument 2 an int4; the bytes from the cursor to the
     // end belong to this value and stay valid for the call.
     let (buf, payload, typmod) = unsafe {
-        let buf = arg(fcinfo, 0).cast_mut_ptr::<pg_sys::StringInfoData>();
+        let buf = pg_getarg_datum_raw(fcinfo, 0).cast_mut_ptr::<pg_sys::StringInfoData>();
         let remaining = ((*buf).len - (*buf).cursor) as usize;
         let start = (*buf).data.add((*buf).cursor as usize) as *const u8;
         let payload = std::slice::from_raw_parts(start, remaining);
-        (buf, payload, arg(fcinfo, 2).value() as i32)
+        (buf, payload, pg_getarg_datum_raw(fcinfo, 2).value() as i32)
     };
     let datum = validated(kind, payload, typmod);
     // SAFETY: `buf` is the valid StringInfo above; the whole remainder was consumed.
@@ -228,7 +218,7 @@ pub unsafe fn share_recv(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> p
 /// `fcinfo` is the call info of a function declared `(<the share type of kind>)`, STRICT.
 pub unsafe fn share_send(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: argument 0 is a non-null varlena of the share type (declaration, STRICT).
-    let payload = unsafe { varlena_payload(arg(fcinfo, 0)) };
+    let payload = unsafe { varlena_payload(pg_getarg_datum_raw(fcinfo, 0)) };
     decode_share(kind, payload).unwrap_or_else(|e| raise_share_layout(e));
     pg_sys::Datum::from(payload_to_varlena(payload))
 }
@@ -242,7 +232,7 @@ pub unsafe fn share_typmod_in(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo)
     // SAFETY: argument 0 is a non-null cstring[] (declaration, STRICT);
     // `ArrayGetIntegerTypmods` checks its element type and returns `count` palloc'd int4s.
     let values = unsafe {
-        let array = arg(fcinfo, 0).cast_mut_ptr::<pg_sys::ArrayType>();
+        let array = pg_getarg_datum_raw(fcinfo, 0).cast_mut_ptr::<pg_sys::ArrayType>();
         pg_sys::ArrayGetIntegerTypmods(array, &mut count)
     };
     if count != 1 {
@@ -267,7 +257,7 @@ pub unsafe fn share_typmod_in(kind: ShareKind, fcinfo: pg_sys::FunctionCallInfo)
 /// `fcinfo` is the call info of a function declared `(integer)`, STRICT.
 pub unsafe fn share_typmod_out(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: argument 0 is an int4 (declaration, STRICT).
-    let typmod = unsafe { arg(fcinfo, 0) }.value() as i32;
+    let typmod = unsafe { pg_getarg_datum_raw(fcinfo, 0) }.value() as i32;
     if typmod < 0 {
         cstring_datum("")
     } else {
@@ -288,8 +278,12 @@ pub unsafe fn share_apply_typmod(
     // SAFETY: argument 0 is a non-null varlena of the share type, argument 1 an int4
     // (declaration, STRICT).
     let (datum, typmod, payload) = unsafe {
-        let datum = arg(fcinfo, 0);
-        (datum, arg(fcinfo, 1).value() as i32, varlena_payload(datum))
+        let datum = pg_getarg_datum_raw(fcinfo, 0);
+        (
+            datum,
+            pg_getarg_datum_raw(fcinfo, 1).value() as i32,
+            varlena_payload(datum),
+        )
     };
     let view = decode_share(kind, payload).unwrap_or_else(|e| raise_share_layout(e));
     check_typmod(&view, typmod).unwrap_or_else(|e| raise_share_layout(e));

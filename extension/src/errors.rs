@@ -10,7 +10,7 @@ use std::fmt::Display;
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use pgrx::spi::SpiHeapTupleData;
+use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use privmatch_core::wire::storage::ShareLayoutError;
 
 /// Raises an ERROR with `code` and `message` (and an optional hint); never returns.
@@ -87,28 +87,34 @@ impl Row<'_, '_> {
     }
 }
 
+/// Maps every row of an SPI result with `each`, in order; SPI failures are raised from
+/// `function`.
+fn rows<T>(
+    function: &str,
+    table: pgrx::spi::SpiResult<SpiTupleTable<'_>>,
+    mut each: impl FnMut(&Row<'_, '_>) -> T,
+) -> Vec<T> {
+    let table = table.unwrap_or_else(|e| raise_spi(function, e));
+    table
+        .into_iter()
+        .map(|tuple| {
+            each(&Row {
+                function,
+                tuple: &tuple,
+            })
+        })
+        .collect()
+}
+
 /// Runs the read-only `query` with `args` and maps every row with `each`, in the order of the
 /// result; SPI failures are raised from `function`.
 pub fn select<T>(
     function: &str,
     query: &str,
     args: &[DatumWithOid<'_>],
-    mut each: impl FnMut(&Row<'_, '_>) -> T,
+    each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect(|client| {
-        let table = client
-            .select(query, None, args)
-            .unwrap_or_else(|e| raise_spi(function, e));
-        table
-            .into_iter()
-            .map(|tuple| {
-                each(&Row {
-                    function,
-                    tuple: &tuple,
-                })
-            })
-            .collect()
-    })
+    Spi::connect(|client| rows(function, client.select(query, None, args), each))
 }
 
 /// Like [`select`], for a `query` that writes or locks rows (`UPDATE … RETURNING`,
@@ -117,20 +123,22 @@ pub fn modify<T>(
     function: &str,
     query: &str,
     args: &[DatumWithOid<'_>],
-    mut each: impl FnMut(&Row<'_, '_>) -> T,
+    each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect_mut(|client| {
-        let table = client
-            .update(query, None, args)
-            .unwrap_or_else(|e| raise_spi(function, e));
-        table
-            .into_iter()
-            .map(|tuple| {
-                each(&Row {
-                    function,
-                    tuple: &tuple,
-                })
-            })
-            .collect()
-    })
+    Spi::connect_mut(|client| rows(function, client.update(query, None, args), each))
+}
+
+/// The first column of the first row of `query` (`None`: no row, or NULL); SPI failures are
+/// raised from `function`.
+pub fn get_one<T: FromDatum + IntoDatum>(
+    function: &str,
+    query: &str,
+    args: &[DatumWithOid<'_>],
+) -> Option<T> {
+    Spi::get_one_with_args(query, args).unwrap_or_else(|e| raise_spi(function, e))
+}
+
+/// Runs `query` for its effect; SPI failures are raised from `function`.
+pub fn run(function: &str, query: &str, args: &[DatumWithOid<'_>]) {
+    Spi::run_with_args(query, args).unwrap_or_else(|e| raise_spi(function, e))
 }

@@ -10,7 +10,7 @@ use pgrx::prelude::*;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
 
-use crate::errors::{raise, raise_internal, raise_spi};
+use crate::errors::{get_one, raise, raise_internal};
 
 /// This party's index and secret key, as loaded for one call.
 pub struct Identity {
@@ -112,11 +112,11 @@ pub fn load_identity() -> Identity {
 
 /// The pinned public key of `peer`, or a 55000 error from `function` naming what to do.
 pub fn pinned_peer(function: &str, peer: PartyIndex) -> PartyPublicKey {
-    let key = Spi::get_one_with_args::<Vec<u8>>(
+    let key = get_one::<Vec<u8>>(
+        function,
         "SELECT (SELECT public_key FROM privmatch.peers WHERE party_index = $1)",
         &[i32::from(peer.as_u8()).into()],
-    )
-    .unwrap_or_else(|e| raise_spi(function, e));
+    );
     let key: Option<[u8; 32]> = key.and_then(|k| k.try_into().ok());
     match key {
         Some(key) => PartyPublicKey::from_bytes(key),

@@ -209,7 +209,9 @@ fn sync_store(store: &mut IrisStore, ids: &[i64]) -> Result<(), EngineError> {
 /// The iris search service of the engine (module docs).
 pub struct IrisSearch {
     store: Option<IrisStore>,
-    service: SearchService,
+    /// The running searches (the worker aborts and expires them, and reports their count and
+    /// scan backend, directly).
+    pub service: SearchService,
 }
 
 impl IrisSearch {
@@ -281,26 +283,6 @@ impl IrisSearch {
                 RoundReply::Identified(s) => Response::Identified(s),
                 RoundReply::Unique(u) => Response::Unique(u),
             })
-    }
-
-    /// Ends search `session`; whether it was running.
-    pub fn abort(&mut self, session: &[u8; 16]) -> bool {
-        self.service.abort(session)
-    }
-
-    /// Drops the searches idle for longer than the timeout.
-    pub fn expire(&mut self, now: Instant) {
-        self.service.expire(now);
-    }
-
-    /// Running searches.
-    pub fn active(&self) -> usize {
-        self.service.active()
-    }
-
-    /// The scan backend.
-    pub fn backend(&self) -> &dyn ScanBackend {
-        self.service.backend()
     }
 
     /// Templates in memory.

@@ -200,7 +200,7 @@ impl Engine {
                 round,
                 message,
             } => self.iris.round(session, round, &message, now),
-            Request::Abort { session } => Ok(Response::Aborted(self.iris.abort(&session))),
+            Request::Abort { session } => Ok(Response::Aborted(self.iris.service.abort(&session))),
             Request::Status => Ok(Response::Status(self.status())),
         };
         result.unwrap_or_else(Response::Error)
@@ -212,9 +212,9 @@ impl Engine {
             templates: self.iris.templates() as u64,
             share_bytes: self.iris.share_bytes() as u64,
             resident_bytes: resident_bytes(),
-            sessions: self.iris.active() as u32,
-            kernel: self.iris.backend().name(),
-            threads: self.iris.backend().parallelism() as u32,
+            sessions: self.iris.service.active() as u32,
+            kernel: self.iris.service.backend().name(),
+            threads: self.iris.service.backend().parallelism() as u32,
         }
     }
 }
@@ -313,8 +313,8 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     let mut engine = Engine::new();
     pgrx::log!(
         "privmatch engine: serving database {database} with the {} kernel on {} threads",
-        engine.iris.backend().name(),
-        engine.iris.backend().parallelism()
+        engine.iris.service.backend().name(),
+        engine.iris.service.backend().parallelism()
     );
     if let Err(e) = engine.refresh() {
         pgrx::log!("privmatch engine: not loaded yet: {}", e.message);
@@ -322,9 +322,9 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     let mut idle_trimmed = true;
     while !BackgroundWorker::sigterm_received() {
         let readable = wait_for_work(listener.as_raw_fd());
-        engine.iris.expire(Instant::now());
+        engine.iris.service.expire(Instant::now());
         if !readable {
-            if !idle_trimmed && engine.iris.active() == 0 {
+            if !idle_trimmed && engine.iris.service.active() == 0 {
                 release_free_memory();
                 idle_trimmed = true;
             }

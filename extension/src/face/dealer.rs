@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use super::raise_face;
-use crate::errors::{modify, raise, raise_spi};
+use crate::errors::{get_one, modify, raise};
 use crate::identity::{load_identity, pinned_peer, Identity};
 
 /// Most keys one `face_dealer_generate` call makes (a batch of 50,000 is ~36 MB per party).
@@ -53,7 +53,8 @@ fn face_dealer_configure(
     let me = dealer_identity(F);
     let opened =
         open_dealer_config(me.index, &me.secret, config).unwrap_or_else(|e| raise_face(F, e));
-    let generation = Spi::get_one_with_args::<i64>(
+    let generation = get_one::<i64>(
+        F,
         "INSERT INTO privmatch.face_dealer (metric, dim, threshold, generation) \
          VALUES ($1, $2, $3, 1) \
          ON CONFLICT (singleton) DO UPDATE SET metric = EXCLUDED.metric, dim = EXCLUDED.dim, \
@@ -66,7 +67,6 @@ fn face_dealer_configure(
             opened.threshold.into(),
         ],
     )
-    .unwrap_or_else(|e| raise_spi(F, e))
     .unwrap_or_default();
     TableIterator::once((
         opened.metric.as_str().to_owned(),

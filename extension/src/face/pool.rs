@@ -17,7 +17,7 @@ use privmatch_core::face::{FaceError, Metric};
 use privmatch_core::party::PartyIndex;
 
 use super::raise_face;
-use crate::errors::{modify, raise, raise_spi, select};
+use crate::errors::{get_one, modify, raise, raise_spi, run, select};
 use crate::identity::{load_identity, pinned_peer};
 
 /// A claimed range of keys: `count` keys of `batch` from index `first`.
@@ -155,7 +155,8 @@ fn face_keys_store(
 fn face_keys_retire_before(generation: i64) -> i64 {
     const F: &str = "face_keys_retire_before";
     evaluator(load_identity().index).unwrap_or_else(|e| raise_face(F, e));
-    Spi::get_one_with_args::<i64>(
+    get_one::<i64>(
+        F,
         "WITH old AS (SELECT batch, key_count - next_key AS n FROM privmatch.face_key_batches \
                        WHERE generation < $1 AND next_key < key_count FOR UPDATE), \
               r AS (UPDATE privmatch.face_key_batches b SET next_key = b.key_count \
@@ -163,7 +164,6 @@ fn face_keys_retire_before(generation: i64) -> i64 {
          SELECT coalesce(sum(n), 0)::bigint FROM r",
         &[generation.into()],
     )
-    .unwrap_or_else(|e| raise_spi(F, e))
     .unwrap_or(0)
 }
 
@@ -217,13 +217,13 @@ pub(super) fn pool_parameters(function: &str) -> Option<(Metric, usize, i64)> {
 }
 
 fn record_claim(function: &str, claim: &Claim, session: &[u8]) {
-    let overlapping = Spi::get_one_with_args::<bool>(
+    let overlapping = get_one::<bool>(
+        function,
         "SELECT EXISTS (SELECT 1 FROM privmatch.face_key_claims \
           WHERE int8range(batch * 16777216 + first_key, batch * 16777216 + first_key + key_count) \
              && int8range($1 * 16777216 + $2, $1 * 16777216 + $2 + $3))",
         &[claim.batch.into(), claim.first.into(), claim.count.into()],
     )
-    .unwrap_or_else(|e| raise_spi(function, e))
     .unwrap_or(true);
     if overlapping {
         raise(
@@ -239,7 +239,8 @@ fn record_claim(function: &str, claim: &Claim, session: &[u8]) {
     }
     // The exclusion constraint is the backstop for a concurrent claim between the check
     // above and this insert.
-    Spi::run_with_args(
+    run(
+        function,
         "INSERT INTO privmatch.face_key_claims (batch, first_key, key_count, session) \
          VALUES ($1, $2, $3, $4)",
         &[
@@ -248,8 +249,7 @@ fn record_claim(function: &str, claim: &Claim, session: &[u8]) {
             claim.count.into(),
             session.to_vec().into(),
         ],
-    )
-    .unwrap_or_else(|e| raise_spi(function, e));
+    );
 }
 
 /// P0: claims the `needed` lowest unclaimed keys of the newest generation for `session`,
@@ -309,11 +309,11 @@ pub(super) fn claim_fresh(
 
 /// Moves a batch's `next_key` past a claim.
 fn advance(function: &str, claim: &Claim) {
-    Spi::run_with_args(
+    run(
+        function,
         "UPDATE privmatch.face_key_batches SET next_key = greatest(next_key, $2) WHERE batch = $1",
         &[claim.batch.into(), (claim.first + claim.count).into()],
-    )
-    .unwrap_or_else(|e| raise_spi(function, e));
+    );
 }
 
 /// P1: claims exactly the ranges P0 chose. Refuses ranges that are unknown here, belong to
@@ -371,7 +371,8 @@ pub(super) fn claim_given(function: &str, session: &[u8], claims: &[Claim], gene
 pub(super) fn read_keys(function: &str, claims: &[Claim], key_len: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for claim in claims {
-        let bytes = Spi::get_one_with_args::<Vec<u8>>(
+        let bytes = get_one::<Vec<u8>>(
+            function,
             "SELECT (SELECT substring(keys FROM $2 FOR $3) FROM privmatch.face_key_batches WHERE batch = $1)",
             &[
                 claim.batch.into(),
@@ -380,7 +381,6 @@ pub(super) fn read_keys(function: &str, claims: &[Claim], key_len: usize) -> Vec
                 (claim.count * key_len as i32).into(),
             ],
         )
-        .unwrap_or_else(|e| raise_spi(function, e))
         .unwrap_or_default();
         if bytes.len() != claim.count as usize * key_len {
             raise(

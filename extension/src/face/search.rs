@@ -35,7 +35,9 @@ use super::pool::{
     claim_fresh, claim_given, decode_claims, encode_claims, pool_parameters, read_keys, Claim,
 };
 use super::raise_face;
-use crate::errors::{modify, parse_session_id, raise, raise_share_layout, raise_spi, select, Row};
+use crate::errors::{
+    get_one, modify, parse_session_id, raise, raise_share_layout, run, select, Row,
+};
 use crate::identity::{load_identity, pinned_peer, Identity};
 
 const OPEN: &str = "face_session_open";
@@ -142,11 +144,11 @@ fn face_session_open(
     let id = parse_session_id(OPEN, "session", session);
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
-    let used = Spi::get_one_with_args::<bool>(
+    let used = get_one::<bool>(
+        OPEN,
         "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
         &[session.into()],
     )
-    .unwrap_or_else(|e| raise_spi(OPEN, e))
     .unwrap_or(true);
     if used {
         raise(
@@ -241,7 +243,8 @@ fn face_session_open(
     let claim_bytes = encode_claims(&chosen);
     let ids: Vec<i64> = templates.iter().map(|t| t.id).collect();
     let finished = ids.is_empty();
-    Spi::run_with_args(
+    run(
+        OPEN,
         "INSERT INTO privmatch.face_sessions \
          (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at, target) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9 THEN now() END, $10)",
@@ -257,8 +260,7 @@ fn face_session_open(
             finished.into(),
             subject.into(),
         ],
-    )
-    .unwrap_or_else(|e| raise_spi(OPEN, e));
+    );
     TableIterator::once((
         subjects.len() as i32,
         claim_bytes,
@@ -427,14 +429,14 @@ fn refused(round: i32, err: impl std::fmt::Display) -> ! {
 }
 
 fn save_round(session: &[u8], round: i32, z_share: Option<Vec<u8>>) {
-    Spi::run_with_args(
+    run(
+        ROUND,
         "UPDATE privmatch.face_sessions SET round = $2, z_share = $3, \
                 probe = CASE WHEN $2 = 3 THEN NULL ELSE probe END, \
                 finished_at = CASE WHEN $2 = 3 THEN now() END \
           WHERE session = $1",
         &[session.into(), round.into(), z_share.into()],
-    )
-    .unwrap_or_else(|e| raise_spi(ROUND, e));
+    );
 }
 
 /// Runs round `round` (1, 2 or 3) of face session `session` at this party. Round 1 takes no
@@ -546,12 +548,12 @@ fn face_session_round(
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_session_abort(session: &[u8]) -> bool {
     parse_session_id("face_session_abort", "session", session);
-    Spi::get_one_with_args::<bool>(
+    get_one::<bool>(
+        "face_session_abort",
         "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now(), \
                  probe = NULL, z_share = NULL \
           WHERE session = $1 AND finished_at IS NULL RETURNING 1) SELECT count(*) > 0 FROM s",
         &[session.into()],
     )
-    .unwrap_or_else(|e| raise_spi("face_session_abort", e))
     .unwrap_or(false)
 }
