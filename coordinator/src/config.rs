@@ -131,6 +131,7 @@ pub fn default_home() -> PathBuf {
     if let Some(home) = std::env::var_os("PRIVMATCH_HOME") {
         return PathBuf::from(home);
     }
+    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
     if unsafe { libc::geteuid() } == 0 {
         return PathBuf::from("/var/lib/privmatch");
     }

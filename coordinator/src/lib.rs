@@ -1,26 +1,33 @@
 //! The privmatch coordinator service and command-line client, as a library: the `privmatch`
 //! binary (`main.rs`) is a thin argument parser over these modules, and the end-to-end tests
 //! reuse the configuration and synthesis code from here.
+//!
+//! Shared layers (each imports no modality):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | the configuration file: the parties, their pinned keys, the coordinator's address |
+//! | [`parties`] | connection pools to the three parties, their errors |
+//! | [`guard`] | one coordinator per deployment (an advisory lock at P0) |
+//! | [`wire`] | the HTTP error body and codes, the encodings of binary values, modality-neutral shapes |
+//! | [`session`] | the round-driver skeleton every modality's sessions run on, retries |
+//! | [`txn`] | two-phase commit over a modality's [`txn::work::Work`], recovery |
+//! | [`server`] | the HTTP service: state, errors, the one composition of the modalities' routes |
+//! | [`cli`] | the one HTTP client, sealing keys, batch accounting, progress bars, NDJSON output |
+//!
+//! Modalities, each with the same files (`api`, `driver`, `work`, `routes`, `client`, `cli`,
+//! `input`, `synth`), importing shared layers only, never each other: [`iris`], [`face`].
+//!
+//! Developer tooling, apart from the service: [`dev`] (local clusters, benchmarks).
 
-pub mod api;
-pub mod bench;
-pub mod bench_face;
-pub mod bench_iris;
-pub mod client;
-pub mod cluster;
+pub mod cli;
 pub mod config;
-pub mod face_admin;
-pub mod face_api;
-pub mod face_client;
-pub mod face_input;
-pub mod face_server;
-pub mod face_session;
-pub mod face_synth;
+pub mod dev;
+pub mod face;
 pub mod guard;
-pub mod input;
+pub mod iris;
 pub mod parties;
-pub mod search;
-pub mod search_client;
 pub mod server;
-pub mod synth;
-pub mod twophase;
+pub mod session;
+pub mod txn;
+pub mod wire;

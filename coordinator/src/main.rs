@@ -5,7 +5,7 @@
 //! * `privmatch coordinator serve` — the coordinator's HTTP API.
 //! * `privmatch iris enroll|search|delete|synth` — client side: templates and probes are
 //!   secret-shared and sealed here, so the coordinator only ever relays ciphertext.
-//!   `iris enroll --if-unique` enrols only templates that match no enrolled one.
+//!   `iris enroll --if-unique` enrolls only templates that match no enrolled one.
 //! * `privmatch face configure|refill|pool|enroll|delete|verify|identify|synth` — face
 //!   templates with Funshade: P0 and P1 evaluate, P2 deals single-use keys; embeddings are
 //!   quantised, shared and sealed here.
@@ -17,9 +17,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use privmatch_coordinator::{
-    bench, client, cluster, config, face_client, search_client, server, synth,
-};
+use privmatch_coordinator::cli::recover;
+use privmatch_coordinator::dev::{bench, cluster};
+use privmatch_coordinator::server::state::ServeOptions;
+use privmatch_coordinator::{config, face, iris, server};
 
 #[derive(Parser)]
 #[command(
@@ -54,12 +55,12 @@ enum Command {
     /// Iris templates: enrol, delete, synthesise.
     Iris {
         #[command(subcommand)]
-        action: IrisAction,
+        action: iris::cli::IrisAction,
     },
     /// Face templates (Funshade): configure the dealer, refill keys, enrol, verify, identify.
     Face {
         #[command(subcommand)]
-        action: face_client::FaceAction,
+        action: face::cli::FaceAction,
     },
     /// Finish distributed transactions left in doubt by a crash (also runs automatically in the
     /// coordinator every few seconds).
@@ -79,29 +80,6 @@ enum CoordinatorAction {
         #[arg(long, env = "PRIVMATCH_SEARCH_TIMEOUT", default_value_t = 60.0)]
         search_timeout: f64,
     },
-}
-
-#[derive(Subcommand)]
-enum IrisAction {
-    /// Enrol templates from an NDJSON file: one
-    /// {"subject": "...", "eye": "left"|"right", "iris_codes": "<b64>", "mask_codes": "<b64>"}
-    /// per line. Shares are sealed here, per party.
-    Enroll(client::EnrollArgs),
-    /// Search probes from an NDJSON file: per line one eye {"eye": "left"|"right",
-    /// "iris_codes": "<b64>", "mask_codes": "<b64>"} or both eyes {"left": {...}, "right":
-    /// {...}}. Probes are sealed here, per party and search session.
-    Search(search_client::SearchArgs),
-    /// Delete a subject's templates at all three parties, atomically.
-    Delete {
-        /// Subject id.
-        #[arg(long)]
-        subject: String,
-        /// Only this eye (default: both).
-        #[arg(long)]
-        eye: Option<String>,
-    },
-    /// Write synthetic templates as enrolment NDJSON.
-    Synth(synth::SynthArgs),
 }
 
 impl Cli {
@@ -129,21 +107,14 @@ async fn run(cli: Cli) -> Result<()> {
             if !(search_timeout.is_finite() && *search_timeout > 0.0) {
                 anyhow::bail!("--search-timeout must be a positive number of seconds");
             }
-            let options = server::ServeOptions {
+            let options = ServeOptions {
                 search_timeout: std::time::Duration::from_secs_f64(*search_timeout),
             };
             server::serve(cli.load_config()?, options).await
         }
-        Command::Iris { action } => match action {
-            IrisAction::Enroll(args) => client::enroll(&cli.load_config()?, args).await,
-            IrisAction::Search(args) => search_client::search(&cli.load_config()?, args).await,
-            IrisAction::Delete { subject, eye } => {
-                client::delete(&cli.load_config()?, subject, eye.as_deref()).await
-            }
-            IrisAction::Synth(args) => synth::run(args),
-        },
-        Command::Face { action } => face_client::run(action, || cli.load_config()).await,
-        Command::Recover => client::recover(&cli.load_config()?).await,
+        Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
+        Command::Face { action } => face::cli::run(action, || cli.load_config()).await,
+        Command::Recover => recover::run(&cli.load_config()?).await,
         Command::Bench { action } => bench::run(action, || cli.load_config()).await,
     }
 }

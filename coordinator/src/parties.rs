@@ -3,9 +3,11 @@
 
 use std::sync::Arc;
 
+use futures::future::join_all;
 use privmatch_core::party::PartyIndex;
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::{Client, NoTls, Row};
 
 use crate::config::{Config, PartyConfig};
 
@@ -19,70 +21,6 @@ pub struct PartyError {
     pub sqlstate: Option<String>,
     /// What went wrong.
     pub message: String,
-}
-
-/// Why a party call made under a deadline ([`call_with_timeout`]) failed.
-#[derive(Debug)]
-pub enum TimedCallError {
-    /// The party answered with an error, or could not be reached.
-    Failed(PartyError),
-    /// No answer in time; the query was cancelled at the party.
-    TimedOut(PartyError),
-}
-
-/// Runs one call at `party` with a deadline; on timeout the query is cancelled at the party
-/// (so it does not keep working on an abandoned round). `what` names the call in errors.
-pub async fn call_with_timeout<T>(
-    party: PartyIndex,
-    client: &Client,
-    what: &str,
-    timeout: std::time::Duration,
-    call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, TimedCallError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(TimedCallError::Failed(PartyError::from_pg(party, &e))),
-        Err(_) => {
-            let token = client.cancel_token();
-            tokio::spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
-            });
-            Err(TimedCallError::TimedOut(PartyError {
-                party,
-                sqlstate: None,
-                message: format!("no answer to {what} within {} s", timeout.as_secs_f64()),
-            }))
-        }
-    }
-}
-
-/// The answers of a step run at `N` parties in parallel, or its most telling error: the first
-/// party's own error, preferred over a timeout (which may only be its consequence).
-/// `wrong_count` is the error when there are not exactly `N` answers.
-pub fn all_answers<T, E, const N: usize>(
-    results: Vec<Result<T, E>>,
-    is_timeout: impl Fn(&E) -> bool,
-    wrong_count: impl FnOnce() -> E,
-) -> Result<[T; N], E> {
-    let mut values = Vec::with_capacity(N);
-    let mut error: Option<E> = None;
-    for result in results {
-        match result {
-            Ok(value) => values.push(value),
-            Err(e) => {
-                let replace = error
-                    .as_ref()
-                    .is_none_or(|kept| is_timeout(kept) && !is_timeout(&e));
-                if replace {
-                    error = Some(e);
-                }
-            }
-        }
-    }
-    if let Some(e) = error {
-        return Err(e);
-    }
-    values.try_into().map_err(|_| wrong_count())
 }
 
 impl PartyError {
@@ -143,6 +81,39 @@ impl Party {
         Ok(client)
     }
 
+    /// Runs one statement on a pooled connection, given back afterwards (dropped after an
+    /// error): its rows, or this party's error.
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, PartyError> {
+        let client = self.connect().await?;
+        let rows = client
+            .query(sql, params)
+            .await
+            .map_err(|e| PartyError::from_pg(self.index, &e))?;
+        self.give_back(client).await;
+        Ok(rows)
+    }
+
+    /// [`Party::query`] of a statement that answers exactly one row.
+    pub async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, PartyError> {
+        let mut rows = self.query(sql, params).await?;
+        match (rows.pop(), rows.is_empty()) {
+            (Some(row), true) => Ok(row),
+            _ => Err(PartyError {
+                party: self.index,
+                sqlstate: None,
+                message: "query returned an unexpected number of rows".into(),
+            }),
+        }
+    }
+
     /// Returns a healthy connection (outside any transaction) to the pool.
     pub async fn give_back(&self, client: Client) {
         if !client.is_closed() {
@@ -178,29 +149,45 @@ impl Parties {
     pub fn all(&self) -> &[Arc<Party>; 3] {
         &self.parties
     }
+
+    /// One pooled connection to each of the first `N` parties (P0, P1, … in order). If any
+    /// cannot be had, the others go back to their pools and the first error is returned.
+    pub async fn connect_first<const N: usize>(&self) -> Result<[Client; N], PartyError> {
+        let connected = join_all(self.parties[..N].iter().map(|p| p.connect())).await;
+        let mut clients = Vec::with_capacity(N);
+        let mut error = None;
+        for result in connected {
+            match result {
+                Ok(client) => clients.push(client),
+                Err(e) => error = error.or(Some(e)),
+            }
+        }
+        if let Some(err) = error {
+            self.give_back_all(clients).await;
+            return Err(err);
+        }
+        clients.try_into().map_err(|_| PartyError {
+            party: PartyIndex::ALL[0],
+            sqlstate: None,
+            message: format!("internal error: expected {N} connections"),
+        })
+    }
+
+    /// Gives connections back to the pools of the first parties (`clients[i]` to party i).
+    pub async fn give_back_all(&self, clients: impl IntoIterator<Item = Client>) {
+        for (party, client) in self.parties.iter().zip(clients) {
+            party.give_back(client).await;
+        }
+    }
 }
 
-#[cfg(test)]
-mod answer_tests {
-    use super::all_answers;
-
-    #[test]
-    fn a_partys_own_error_beats_a_timeout_and_counts_are_checked() {
-        let timeout = |e: &&str| e.starts_with("timeout");
-        let got: Result<[u8; 3], &str> = all_answers(
-            vec![Err("timeout P0"), Ok(1), Err("P2 refused")],
-            timeout,
-            || "count",
-        );
-        assert_eq!(got, Err("P2 refused"));
-        let got: Result<[u8; 2], &str> =
-            all_answers(vec![Err("P0 refused"), Err("P1 refused")], timeout, || {
-                "count"
-            });
-        assert_eq!(got, Err("P0 refused"));
-        let got: Result<[u8; 2], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
-        assert_eq!(got, Ok([1, 2]));
-        let got: Result<[u8; 3], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
-        assert_eq!(got, Err("count"));
-    }
+/// Column `index` of a row `party` answered, NULL as None; a column of another type is that
+/// party's error.
+pub fn column<'r, T: FromSql<'r>>(
+    party: PartyIndex,
+    row: &'r Row,
+    index: usize,
+) -> Result<Option<T>, PartyError> {
+    row.try_get::<_, Option<T>>(index)
+        .map_err(|e| PartyError::from_pg(party, &e))
 }

@@ -363,7 +363,7 @@ pub fn by_key(records: &[InputRecord]) -> BTreeMap<RecordKey, IrisTemplate> {
         .collect()
 }
 
-pub use privmatch_coordinator::synth::enrollment_line;
+pub use privmatch_coordinator::iris::synth::enrollment_line;
 
 /// Writes lines as a file (one per line, trailing newline).
 pub fn write_lines(path: &Path, lines: &[String]) {

@@ -33,7 +33,7 @@ use privmatch_core::face::quantize::check_dim;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-use crate::face_input::embedding_line;
+use crate::face::input::embedding_line;
 
 /// The synthetic embedding generator (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]

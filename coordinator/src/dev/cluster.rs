@@ -16,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use tokio_postgres::NoTls;
 
-use crate::config::{Config, PartyConfig};
+use crate::config::{Config, PartyConfig, CONFIG_FILE};
+use crate::wire::PartyStatus;
 
 /// Actions of `privmatch cluster`.
 #[derive(Subcommand, Clone, Debug)]
@@ -72,6 +73,7 @@ impl Runner {
                 pg_bin.display()
             );
         }
+        // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
         let run_as = (unsafe { libc::geteuid() } == 0).then(|| run_as.to_owned());
         Ok(Runner { pg_bin, run_as })
     }
@@ -360,6 +362,8 @@ fn start_coordinator(home: &Path, config_path: &Path) -> Result<()> {
         .stdout(log.try_clone()?)
         .stderr(log);
     // Detach from our session so the coordinator outlives this command.
+    // SAFETY: the hook runs in the forked child before exec and calls only setsid, which is
+    // async-signal-safe, allocates nothing and touches no memory shared with the parent.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -377,14 +381,22 @@ fn stop_coordinator(home: &Path) {
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
     {
+        // SAFETY: kill takes plain integers and touches no memory of ours; a stale pid at
+        // worst makes it fail with ESRCH.
         unsafe {
             libc::kill(pid, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
+        // checks that the process exists.
         while Instant::now() < deadline && unsafe { libc::kill(pid, 0) } == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
+        // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
+        // checks that the process exists.
         if unsafe { libc::kill(pid, 0) } == 0 {
+            // SAFETY: kill takes plain integers and touches no memory of ours; a process that
+            // exited meanwhile makes it fail with ESRCH.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
             }
@@ -506,7 +518,7 @@ async fn status(home: &Path, config_path: &Path, runner: &Runner) -> Result<()> 
         return Ok(());
     }
     println!("coordinator: running at {}", config.coordinator_url());
-    let statuses: Vec<crate::server::PartyStatus> =
+    let statuses: Vec<PartyStatus> =
         reqwest::get(format!("{}/v1/status", config.coordinator_url()))
             .await?
             .json()
@@ -554,7 +566,7 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                 }
                 for file in [
                     "coordinator.log",
-                    crate::config::CONFIG_FILE,
+                    CONFIG_FILE,
                     ".p0.password",
                     ".p1.password",
                     ".p2.password",

@@ -1,5 +1,5 @@
 //! The JSON shapes of the coordinator's face endpoints (Funshade, seed 000), shared by the
-//! server ([`crate::face_server`]) and the client ([`crate::face_client`]). Binary values
+//! server ([`crate::face::routes`]) and the client ([`crate::face::client`]). Binary values
 //! (sealed envelopes and probes) are standard padded base64; session ids are 32 hex digits.
 //!
 //! | method, path | body | answer |
@@ -8,7 +8,7 @@
 //! | `GET /v1/face/pool` | — | [`FacePoolResponse`]: dealer state, per evaluator its pools, the level |
 //! | `POST /v1/face/refill` | [`FaceRefillBody`] `{"target", "batch_size", "max_batches"}` | [`FaceRefillResponse`] levels before/after |
 //! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
-//! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | `{"deleted": n, "pending_recovery": […]}` |
+//! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "match"}` |
 //! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"matches": [subject…], "comparisons"}` |
 //!
@@ -20,7 +20,7 @@
 //! generation that both evaluators hold: the minimum of P0's and P1's (one comparison uses one
 //! key at each).
 //!
-//! Errors are [`crate::api::ErrorBody`] with the face codes of [`crate::api::codes`]:
+//! Errors are [`crate::wire::ErrorBody`] with the face codes of [`crate::wire::codes`]:
 //! `key_pool_exhausted` (503: run `privmatch face refill`), `unknown_subject` (404),
 //! `template_sets_differ` and `key_claim_conflict` (503, transient: reseal the probe for a new
 //! session and retry), `not_configured` (503: run `privmatch face configure`),
@@ -28,8 +28,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{from_base64, session_from_hex};
-use crate::face_session::FaceRequest;
+use crate::face::driver::FaceRequest;
+use crate::wire::{check_on_duplicate, default_on_duplicate, from_base64_each, session_from_hex};
 
 /// Default `target` of a refill.
 pub const DEFAULT_REFILL_TARGET: i64 = 10_000;
@@ -190,10 +190,6 @@ pub struct FaceRefillResponse {
     pub pending_recovery: Vec<String>,
 }
 
-fn default_on_duplicate() -> String {
-    "skip".into()
-}
-
 /// The body of `POST /v1/face/enroll`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FaceEnrollBody {
@@ -207,10 +203,8 @@ pub struct FaceEnrollBody {
 impl FaceEnrollBody {
     /// Checks and decodes the envelopes.
     pub fn decode(&self) -> Result<[Vec<u8>; 2], String> {
-        if self.on_duplicate != "skip" && self.on_duplicate != "error" {
-            return Err("on_duplicate must be \"skip\" or \"error\"".into());
-        }
-        decode_two(&self.envelopes, "envelopes")
+        check_on_duplicate(&self.on_duplicate)?;
+        from_base64_each(&self.envelopes, "envelopes")
     }
 }
 
@@ -240,6 +234,18 @@ pub struct FaceDeleteBody {
     pub subject: String,
 }
 
+/// The answer to `POST /v1/face/delete` (fields in the order the JSON has always had).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FaceDeleteResponse {
+    /// Templates deleted at P0 and P1 (0 or 1).
+    pub deleted: i64,
+    /// Parties whose commit recovery still has to complete (the deletion is decided).
+    #[serde(default)]
+    pub pending_recovery: Vec<String>,
+    /// Subject id.
+    pub subject: String,
+}
+
 /// The body of `POST /v1/face/verify`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FaceVerifyBody {
@@ -258,7 +264,7 @@ impl FaceVerifyBody {
             .map_err(|e| format!("subject: {e}"))?;
         Ok(FaceRequest {
             session: session_from_hex(&self.session, "session")?,
-            probes: decode_two(&self.probes, "probes")?,
+            probes: from_base64_each(&self.probes, "probes")?,
             subject: Some(self.subject.clone()),
         })
     }
@@ -288,7 +294,7 @@ impl FaceIdentifyBody {
     pub fn plan(&self) -> Result<FaceRequest, String> {
         Ok(FaceRequest {
             session: session_from_hex(&self.session, "session")?,
-            probes: decode_two(&self.probes, "probes")?,
+            probes: from_base64_each(&self.probes, "probes")?,
             subject: None,
         })
     }
@@ -304,21 +310,10 @@ pub struct FaceIdentifyResponse {
     pub comparisons: i64,
 }
 
-fn decode_two(texts: &[String; 2], what: &str) -> Result<[Vec<u8>; 2], String> {
-    let mut out: [Vec<u8>; 2] = Default::default();
-    for (i, (slot, text)) in out.iter_mut().zip(texts).enumerate() {
-        *slot = from_base64(text, &format!("{what}[{i}] (for P{i})"))?;
-        if slot.is_empty() {
-            return Err(format!("{what}[{i}] (for P{i}) is empty"));
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::to_base64;
+    use crate::wire::to_base64;
 
     fn row(generation: i64, available: i64) -> PoolRow {
         PoolRow {

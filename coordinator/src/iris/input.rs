@@ -11,7 +11,6 @@
 //! "right": {…}}` (either object may be left out, not both).
 
 use std::collections::HashSet;
-use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -19,6 +18,8 @@ use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::template::{IrisBits, IrisTemplate};
 use privmatch_core::wire::envelope::validate_subject;
 use serde::Deserialize;
+
+use crate::cli::ndjson::{for_each_line, read_records};
 
 /// One input line as written.
 #[derive(Deserialize)]
@@ -111,16 +112,7 @@ pub fn validate_file(path: &Path) -> Result<usize> {
 
 /// Calls `f` on every record of the file, in order; blank lines are skipped.
 pub fn for_each_record(path: &Path, mut f: impl FnMut(EnrollRecord) -> Result<()>) -> Result<()> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        f(parse_line(i + 1, &line)?)?;
-    }
-    Ok(())
+    for_each_line(path, |number, line| f(parse_line(number, line)?))
 }
 
 /// One probe line as written.
@@ -197,20 +189,12 @@ pub fn parse_probe_line(line_number: usize, line: &str) -> Result<ProbeRecord> {
 /// Reads and validates a whole probe file (blank lines are skipped); nothing is searched
 /// unless every line is valid.
 pub fn read_probe_file(path: &Path) -> Result<Vec<ProbeRecord>> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut probes = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        probes.push(parse_probe_line(i + 1, &line)?);
-    }
-    if probes.is_empty() {
-        bail!("{} holds no probe", path.display());
-    }
-    Ok(probes)
+    read_records(path, "probe", |lines| {
+        lines
+            .iter()
+            .map(|(number, line)| parse_probe_line(*number, line))
+            .collect()
+    })
 }
 
 #[cfg(test)]

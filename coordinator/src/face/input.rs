@@ -14,7 +14,6 @@
 //! names the line and the reason; nothing is sent while any line is bad.
 
 use std::collections::HashSet;
-use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -23,6 +22,8 @@ use privmatch_core::face::FaceError;
 use privmatch_core::wire::envelope::validate_subject;
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::cli::ndjson::read_records;
 
 /// One enrolment line as written.
 #[derive(Deserialize)]
@@ -182,20 +183,6 @@ pub fn parse_probe_line(
     })
 }
 
-/// Calls `f` with the 1-based number and text of every non-blank line of `path`.
-fn for_each_line(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        f(i + 1, &line)?;
-    }
-    Ok(())
-}
-
 /// Parses enrolment NDJSON text (already read): every line, the common dimension, no subject
 /// twice. Errors name the line.
 pub fn parse_enroll_lines<'a>(
@@ -218,19 +205,17 @@ pub fn parse_enroll_lines<'a>(
     Ok(records)
 }
 
+/// The lines of a file as `parse_*_lines` take them.
+fn numbered(lines: &[(usize, String)]) -> impl Iterator<Item = (usize, &str)> {
+    lines.iter().map(|(n, t)| (*n, t.as_str()))
+}
+
 /// Reads and validates a whole enrolment file (nothing is sent if any line is bad).
 pub fn read_enroll_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceEnrollRecord>> {
-    let mut lines: Vec<(usize, String)> = Vec::new();
-    for_each_line(path, |n, text| {
-        lines.push((n, text.to_owned()));
-        Ok(())
-    })?;
-    let records = parse_enroll_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
-        .with_context(|| format!("{} (nothing was enrolled)", path.display()))?;
-    if records.is_empty() {
-        bail!("{} holds no enrolment record", path.display());
-    }
-    Ok(records)
+    read_records(path, "enrolment record", |lines| {
+        parse_enroll_lines(numbered(lines), options)
+            .with_context(|| format!("{} (nothing was enrolled)", path.display()))
+    })
 }
 
 /// Parses probe NDJSON text (already read): every line, the common dimension.
@@ -248,17 +233,10 @@ pub fn parse_probe_lines<'a>(
 
 /// Reads and validates a whole probe file (nothing is sent if any line is bad).
 pub fn read_probe_file(path: &Path, options: EmbeddingOptions) -> Result<Vec<FaceProbeRecord>> {
-    let mut lines: Vec<(usize, String)> = Vec::new();
-    for_each_line(path, |n, text| {
-        lines.push((n, text.to_owned()));
-        Ok(())
-    })?;
-    let records = parse_probe_lines(lines.iter().map(|(n, t)| (*n, t.as_str())), options)
-        .with_context(|| format!("{} (no probe was searched)", path.display()))?;
-    if records.is_empty() {
-        bail!("{} holds no probe", path.display());
-    }
-    Ok(records)
+    read_records(path, "probe", |lines| {
+        parse_probe_lines(numbered(lines), options)
+            .with_context(|| format!("{} (no probe was searched)", path.display()))
+    })
 }
 
 /// One NDJSON line with a subject and an embedding (elements written as f32, the precision

@@ -1,7 +1,8 @@
-//! The face round driver (Funshade, seed 000): runs one verification (1:1) or identification
-//! (1:N) session across the two evaluators P0 and P1 by calling their SQL functions, relaying
-//! their sealed messages, and — as the verifier — adding their output shares into one bit per
-//! comparison. P2 (the dealer) takes no part online.
+//! The face comparison on the round-driver skeleton ([`crate::session::driver`]): one
+//! verification (1:1) or identification (1:N) session across the two evaluators P0 and P1
+//! (Funshade: Ibarrondo, Chabanne, Önen, PETS 2023, ePrint 2022/1688), relaying their sealed
+//! messages and — as the verifier — adding their output shares into one bit per comparison.
+//! P2 (the dealer) takes no part online.
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
 //!
@@ -27,19 +28,18 @@
 //! claimed keys are burnt, never reused. The session id is bound into the sealed probes, so
 //! a retry needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::future::join_all;
 use privmatch_core::face::funshade::{bytes_to_words, reconstruct};
 use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
-use crate::parties::{all_answers, call_with_timeout, Parties, PartyError, TimedCallError};
-use crate::search::SessionId;
-
-/// How long the best-effort abort waits for each party.
-const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::parties::{column, Parties, PartyError};
+use crate::session::driver::{
+    call_with_timeout, relay, run_pooled, Rounds, Session, Step, Traffic,
+};
 
 /// The two evaluators.
 const EVALUATORS: [PartyIndex; 2] = [PartyIndex::ALL[0], PartyIndex::ALL[1]];
@@ -231,120 +231,7 @@ pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<b
     reconstruct(&words(o0)?, &words(o1)?).map_err(|e| e.to_string())
 }
 
-impl From<TimedCallError> for FaceSessionError {
-    fn from(err: TimedCallError) -> Self {
-        match err {
-            TimedCallError::Failed(e) => FaceSessionError::Party(e),
-            TimedCallError::TimedOut(e) => FaceSessionError::Timeout(e),
-        }
-    }
-}
-
-/// The answers of a parallel step, or its most telling error ([`all_answers`]).
-fn both<T>(results: Vec<Result<T, FaceSessionError>>) -> Result<[T; 2], FaceSessionError> {
-    all_answers(
-        results,
-        |e| matches!(e, FaceSessionError::Timeout(_)),
-        || FaceSessionError::Protocol("expected two answers".into()),
-    )
-}
-
-async fn open_at(
-    party: PartyIndex,
-    client: &Client,
-    request: &FaceRequest,
-    first: Option<&OpenReply>,
-    timeout: Duration,
-) -> Result<OpenReply, FaceSessionError> {
-    let session: &[u8] = &request.session;
-    let probe: &[u8] = &request.probes[party.as_usize()];
-    let subject: Option<&str> = request.subject.as_deref();
-    let claims: Option<&[u8]> = first.map(|r| r.claims.as_slice());
-    let digest: Option<&[u8]> = first.map(|r| r.digest.as_slice());
-    let sql = "SELECT comparisons, claims, subjects, digest \
-               FROM privmatch.face_session_open($1, $2, $3, $4, $5)";
-    let row = call_with_timeout(
-        party,
-        client,
-        "face_session_open",
-        timeout,
-        client.query_one(sql, &[&session, &probe, &subject, &claims, &digest]),
-    )
-    .await?;
-    let field = |e: tokio_postgres::Error| FaceSessionError::Party(PartyError::from_pg(party, &e));
-    Ok(OpenReply {
-        comparisons: row
-            .try_get::<_, Option<i32>>(0)
-            .map_err(field)?
-            .unwrap_or(-1),
-        claims: row
-            .try_get::<_, Option<Vec<u8>>>(1)
-            .map_err(field)?
-            .unwrap_or_default(),
-        subjects: row
-            .try_get::<_, Option<Vec<String>>>(2)
-            .map_err(field)?
-            .unwrap_or_default(),
-        digest: row
-            .try_get::<_, Option<Vec<u8>>>(3)
-            .map_err(field)?
-            .unwrap_or_default(),
-    })
-}
-
-async fn round_at(
-    party: PartyIndex,
-    client: &Client,
-    session: &SessionId,
-    round: i32,
-    inbound: Option<&[u8]>,
-    timeout: Duration,
-) -> Result<Vec<u8>, FaceSessionError> {
-    let session: &[u8] = session;
-    let what = format!("face_session_round (round {round})");
-    let row = call_with_timeout(
-        party,
-        client,
-        &what,
-        timeout,
-        client.query_one(
-            "SELECT privmatch.face_session_round($1, $2, $3)",
-            &[&session, &round, &inbound],
-        ),
-    )
-    .await?;
-    row.try_get::<_, Option<Vec<u8>>>(0)
-        .map_err(|e| FaceSessionError::Party(PartyError::from_pg(party, &e)))?
-        .ok_or_else(|| {
-            FaceSessionError::Protocol(format!("{party} answered round {round} with NULL"))
-        })
-}
-
-/// Calls `face_session_abort` at P0 and P1 on fresh pooled connections, ignoring every error
-/// (the claimed keys are burnt either way).
-pub async fn abort_face_session(parties: &Parties, session: &SessionId) {
-    join_all(parties.all()[..2].iter().map(|party| async move {
-        let attempt = async {
-            let client = party.connect().await.ok()?;
-            let id: &[u8] = session;
-            client
-                .query_one("SELECT privmatch.face_session_abort($1)", &[&id])
-                .await
-                .ok()?;
-            party.give_back(client).await;
-            Some(())
-        };
-        if tokio::time::timeout(ABORT_TIMEOUT, attempt)
-            .await
-            .ok()
-            .flatten()
-            .is_none()
-        {
-            tracing::debug!(party = %party.index, "best-effort abort of a face session failed");
-        }
-    }))
-    .await;
-}
+crate::session_error!(FaceSessionError);
 
 /// A party's face template set as an identification would compare it: (count, digest).
 async fn set_fingerprint(client: &Client) -> Option<(i64, Vec<u8>)> {
@@ -380,59 +267,139 @@ async fn precheck_sets(clients: [&Client; 2]) -> Result<(), FaceSessionError> {
     }
 }
 
-/// Open at P0, open at P1, rounds 1–3, reconstruction; without the abort on failure.
-async fn drive(
-    clients: [&Client; 2],
-    request: &FaceRequest,
+/// One face session as the round driver runs it.
+struct FaceSession<'a> {
+    request: &'a FaceRequest,
     timeout: Duration,
-    stats: &mut FaceStats,
-) -> Result<FaceOutcome, FaceSessionError> {
-    let [c0, c1] = clients;
-    let [p0, p1] = EVALUATORS;
-    if request.subject.is_none() {
-        precheck_sets(clients).await?;
-    }
-    let first = open_at(p0, c0, request, None, timeout).await?;
-    check_first_open(&first, request.subject.as_deref()).map_err(FaceSessionError::Protocol)?;
-    stats.comparisons = i64::from(first.comparisons);
-    if first.comparisons == 0 {
-        // Nothing enrolled (identify): no keys were claimed, nothing to evaluate.
-        return Ok(FaceOutcome {
-            subjects: Vec::new(),
-            matches: Vec::new(),
-            stats: stats.clone(),
-        });
-    }
-    let second = open_at(p1, c1, request, Some(&first), timeout).await?;
-    check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
-    let mut inbound: [Option<Vec<u8>>; 2] = [None, None];
-    let mut outputs: [Vec<u8>; 2] = Default::default();
-    for round in 1..=3 {
-        let replies = join_all(
-            EVALUATORS
-                .iter()
-                .zip(clients)
-                .zip(&inbound)
-                .map(|((&p, c), m)| round_at(p, c, &request.session, round, m.as_deref(), timeout)),
+}
+
+impl FaceSession<'_> {
+    /// `face_session_open` at `party`; P1 gets P0's claim and digest (`first`).
+    async fn open_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+        first: Option<&OpenReply>,
+    ) -> Result<OpenReply, FaceSessionError> {
+        let request = self.request;
+        let session: &[u8] = &request.session;
+        let probe: &[u8] = &request.probes[party.as_usize()];
+        let subject: Option<&str> = request.subject.as_deref();
+        let claims: Option<&[u8]> = first.map(|r| r.claims.as_slice());
+        let digest: Option<&[u8]> = first.map(|r| r.digest.as_slice());
+        let sql = "SELECT comparisons, claims, subjects, digest \
+                   FROM privmatch.face_session_open($1, $2, $3, $4, $5)";
+        let row = call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "face_session_open",
+            self.timeout,
+            client.query_one(sql, &[&session, &probe, &subject, &claims, &digest]),
         )
-        .await;
-        let [m0, m1] = both(replies)?;
-        stats.bytes_sent[0] += m0.len() as u64;
-        stats.bytes_sent[1] += m1.len() as u64;
-        if round < 3 {
-            // Each party receives the other's message.
-            inbound = [Some(m1), Some(m0)];
-        } else {
-            outputs = [m0, m1];
-        }
+        .await?;
+        let party_error = FaceSessionError::Party;
+        Ok(OpenReply {
+            comparisons: column(party, &row, 0).map_err(party_error)?.unwrap_or(-1),
+            claims: column(party, &row, 1)
+                .map_err(party_error)?
+                .unwrap_or_default(),
+            subjects: column(party, &row, 2)
+                .map_err(party_error)?
+                .unwrap_or_default(),
+            digest: column(party, &row, 3)
+                .map_err(party_error)?
+                .unwrap_or_default(),
+        })
     }
-    let matches = combine_outputs(first.comparisons as usize, &outputs[0], &outputs[1])
-        .map_err(FaceSessionError::Protocol)?;
-    Ok(FaceOutcome {
-        subjects: first.subjects,
-        matches,
-        stats: stats.clone(),
-    })
+}
+
+impl Session<2> for FaceSession<'_> {
+    type Output = FaceOutcome;
+    type Error = FaceSessionError;
+    const ABORT_SQL: &'static str = "SELECT privmatch.face_session_abort($1)";
+
+    fn id(&self) -> &SessionId {
+        &self.request.session
+    }
+
+    /// Open at P0, open at P1, rounds 1–3, reconstruction.
+    async fn drive(&self, clients: [&Client; 2]) -> Result<FaceOutcome, FaceSessionError> {
+        let [c0, c1] = clients;
+        let [p0, p1] = EVALUATORS;
+        let subject = self.request.subject.as_deref();
+        if subject.is_none() {
+            precheck_sets(clients).await?;
+        }
+        let first = self.open_at(p0, c0, None).await?;
+        check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
+        let mut stats = FaceStats {
+            comparisons: i64::from(first.comparisons),
+            ..FaceStats::default()
+        };
+        if first.comparisons == 0 {
+            // Nothing enrolled (identify): no keys were claimed, nothing to evaluate.
+            return Ok(FaceOutcome {
+                subjects: Vec::new(),
+                matches: Vec::new(),
+                stats,
+            });
+        }
+        let second = self.open_at(p1, c1, Some(&first)).await?;
+        check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+        let mut traffic = Traffic::new();
+        let outputs = relay(self, clients, 1..4, None, &mut traffic).await?;
+        // The output shares go to the verifier (here), not to the other evaluator.
+        traffic.count(&outputs);
+        stats.bytes_sent = traffic.bytes_sent;
+        let [o0, o1] = &outputs;
+        let matches = combine_outputs(first.comparisons as usize, o0, o1)
+            .map_err(FaceSessionError::Protocol)?;
+        Ok(FaceOutcome {
+            subjects: first.subjects,
+            matches,
+            stats,
+        })
+    }
+}
+
+impl Rounds<2> for FaceSession<'_> {
+    type Reply = Vec<u8>;
+    type Last = [Vec<u8>; 2];
+
+    /// Round 1 (no inbound) answers the masked inputs; round 2 the masked distance share;
+    /// round 3 the output shares.
+    const ROUND_SQL: &'static str = "SELECT privmatch.face_session_round($1, $2, $3)";
+    const ROUND_FUNCTION: &'static str = "face_session_round";
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn reply(&self, party: PartyIndex, round: i32, row: &Row) -> Result<Vec<u8>, FaceSessionError> {
+        column(party, row, 0)
+            .map_err(FaceSessionError::Party)?
+            .ok_or_else(|| {
+                FaceSessionError::Protocol(format!("{party} answered round {round} with NULL"))
+            })
+    }
+
+    fn step(
+        &self,
+        round: i32,
+        replies: [Vec<u8>; 2],
+    ) -> Result<Step<2, [Vec<u8>; 2]>, FaceSessionError> {
+        Ok(if round < 3 {
+            Step::Relay(replies)
+        } else {
+            Step::Finished(replies)
+        })
+    }
+
+    /// Each evaluator receives the other's message.
+    fn route(&self, outbound: [Vec<u8>; 2]) -> [Vec<u8>; 2] {
+        let [m0, m1] = outbound;
+        [m1, m0]
+    }
 }
 
 /// Checks a request before anything is sent.
@@ -448,46 +415,18 @@ fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
 }
 
 /// Runs one face session on pooled connections to P0 and P1. On failure the session is
-/// aborted at both; connections go back to the pools only after a success.
+/// aborted at both (its claimed keys are burnt, never reused); connections go back to the
+/// pools only after a success.
 pub async fn run_face_session(
     parties: &Parties,
     request: &FaceRequest,
     timeout: Duration,
 ) -> Result<FaceOutcome, FaceSessionError> {
     validate(request)?;
-    let connected = join_all(parties.all()[..2].iter().map(|p| p.connect())).await;
-    let mut clients = Vec::with_capacity(2);
-    let mut error = None;
-    for result in connected {
-        match result {
-            Ok(client) => clients.push(client),
-            Err(e) => error = error.or(Some(e)),
-        }
-    }
-    if let Some(err) = error {
-        for (party, client) in parties.all().iter().zip(clients) {
-            party.give_back(client).await;
-        }
-        return Err(FaceSessionError::Party(err));
-    }
-    let [c0, c1]: [Client; 2] = clients
-        .try_into()
-        .map_err(|_| FaceSessionError::Protocol("expected two connections".into()))?;
-    let started = Instant::now();
-    let mut stats = FaceStats::default();
-    match drive([&c0, &c1], request, timeout, &mut stats).await {
-        Ok(mut outcome) => {
-            outcome.stats.micros = started.elapsed().as_micros() as u64;
-            let all = parties.all();
-            all[0].give_back(c0).await;
-            all[1].give_back(c1).await;
-            Ok(outcome)
-        }
-        Err(err) => {
-            abort_face_session(parties, &request.session).await;
-            Err(err)
-        }
-    }
+    let session = FaceSession { request, timeout };
+    let (mut outcome, elapsed) = run_pooled(parties, &session).await?;
+    outcome.stats.micros = elapsed.as_micros() as u64;
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -22,21 +22,24 @@ use clap::Args;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::matcher::expected_rounds;
-use privmatch_core::iris::params::SearchMode as OutputMode;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::seal_iris_probe;
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
+use privmatch_core::wire::session::new_session_id;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-use crate::client::{enroll_file, EnrollArgs};
 use crate::config::Config;
-use crate::parties::Parties;
-use crate::search::{
-    new_session_id, retry_on_set_mismatch, run_search, RetryPolicy, SearchMode, SearchParams,
-    SearchRequest, SearchResult, SearchStats, DEFAULT_THRESHOLD,
+use crate::dev::bench::stats::median;
+use crate::iris::api::DEFAULT_THRESHOLD;
+use crate::iris::client::{enroll_file, BatchOptions};
+use crate::iris::driver::{
+    retry_on_set_mismatch, run_search, SearchError, SearchRequest, SearchResult, SearchStats,
 };
-use crate::synth::{enrollment_line, generate, SynthArgs};
+use crate::iris::synth::{enrollment_line, generate, SynthArgs};
+use crate::parties::Parties;
+use crate::session::retry::RetryPolicy;
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.
 const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
@@ -117,16 +120,13 @@ async fn enroll_missing(config: &Config, templates: &[(String, IrisTemplate)]) -
     let written = write_enrollment(&path, templates);
     let outcome = match written {
         Ok(()) => {
-            let args = EnrollArgs {
-                input: path.clone(),
+            let options = BatchOptions {
                 batch_size: 250,
                 on_duplicate: "skip".into(),
                 parallel: 2,
-                no_progress: false,
-                if_unique: false,
-                threshold: DEFAULT_THRESHOLD,
+                progress: true,
             };
-            enroll_file(config, &args).await.map(|_| ())
+            enroll_file(config, &path, &options).await.map(|_| ())
         }
         Err(e) => Err(e),
     };
@@ -204,10 +204,10 @@ async fn search_once(
     timeout: Duration,
 ) -> Result<(Vec<String>, SearchStats)> {
     let outcome = retry_on_set_mismatch(&RetryPolicy::default(), || {
-        let session = new_session_id();
+        let session = new_session_id(&mut rand::rngs::OsRng);
         let sealed = seal_iris_probe(probe, Eye::Left, session, keys, rng);
         async move {
-            let probes = sealed.map_err(|e| crate::search::SearchError::Invalid(e.to_string()))?;
+            let probes = sealed.map_err(|e| SearchError::Invalid(e.to_string()))?;
             let request = SearchRequest {
                 session,
                 probes,
@@ -234,16 +234,6 @@ struct Figures {
     note: String,
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[mid],
-        _ => (values[mid - 1] + values[mid]) / 2.0,
-    }
-}
-
 /// Everything a configuration needs besides its rotation.
 struct Setup<'a> {
     parties: &'a Parties,
@@ -260,14 +250,9 @@ async fn run_configuration(
     max_rotation: i32,
     rng: &mut ChaCha20Rng,
 ) -> Result<Figures> {
-    let params = SearchParams {
-        mode: SearchMode::Identify,
-        max_rotation,
-        threshold: DEFAULT_THRESHOLD,
-    };
-    let numerator = params
-        .threshold_ten_thousandths()
-        .ok_or_else(|| anyhow!("invalid threshold"))?;
+    let params = SearchParams::new(SearchMode::Identify, max_rotation, DEFAULT_THRESHOLD)
+        .map_err(|e| anyhow!("{e}"))?;
+    let numerator = params.threshold().numerator();
     // The plaintext baseline at its best: the fastest of three runs.
     let (expected, mut plaintext_time) =
         plaintext_matches(&setup.probe, setup.templates, max_rotation, numerator);
@@ -403,7 +388,7 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
             f.median_seconds,
             rate,
             f.stats.rounds,
-            expected_rounds(OutputMode::Identify, entries, (f.rotations as i32 - 1) / 2),
+            expected_rounds(SearchMode::Identify, entries, (f.rotations as i32 - 1) / 2),
             format!(
                 "{:.2} / {:.2} / {:.2}",
                 mb(f.stats.bytes_sent[0]),
@@ -487,11 +472,8 @@ pub async fn run(config: &Config, args: &IrisBenchArgs) -> Result<()> {
     };
     let warm_up = Instant::now();
     let timeout = Duration::from_secs_f64(args.timeout);
-    let params = SearchParams {
-        mode: SearchMode::Identify,
-        max_rotation: MAX_ROTATION,
-        threshold: DEFAULT_THRESHOLD,
-    };
+    let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_THRESHOLD)
+        .map_err(|e| anyhow!("{e}"))?;
     search_once(&parties, &probe, params, &setup.keys, &mut rng, timeout)
         .await
         .context("warm-up search")?;
@@ -563,11 +545,5 @@ mod tests {
         assert_eq!(prefix, "bench-iris-s1");
         assert_eq!(a[2].0, "bench-iris-s1-0000002");
         assert!(a[..] == b[..3]);
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0]), 2.5);
     }
 }

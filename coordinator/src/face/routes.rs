@@ -1,36 +1,39 @@
-//! The coordinator's face endpoints (shapes in [`crate::face_api`]): dealer configuration, key
-//! pools and refill, enrolment and deletion (two-phase commit at P0 and P1, P2 with its marker
-//! row only), verification and identification (the round driver of [`crate::face_session`]).
+//! The coordinator's face endpoints (shapes in [`crate::face::api`]): dealer configuration, key
+//! pools and refill ([`crate::face::admin`]), enrolment and deletion (two-phase commit at P0
+//! and P1, P2 with its marker row only, [`crate::face::work`]), verification and
+//! identification (the round driver of [`crate::face::driver`]).
 //! The coordinator relays sealed envelopes and probes and learns one bit per comparison; it
 //! never sees a share, a key or the threshold.
-
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
 
-use crate::api::{codes, from_base64};
-use crate::face_admin::{
+use crate::face::admin::{
     configure_dealer, pool_status, refill as refill_pools, retire_older_keys, RefillError,
 };
-use crate::face_api::{
-    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceEnrollBody, FaceEnrollResponse,
-    FaceEnrollResult, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
+use crate::face::api::{
+    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceDeleteResponse, FaceEnrollBody,
+    FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
     FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse,
 };
-use crate::face_session::{run_face_session, FaceErrorKind, FaceSessionError};
-use crate::parties::PartyError;
-use crate::server::{
-    bad_request, error_with, parse_json, party_error, search_party_status, ApiError, AppState,
+use crate::face::driver::{
+    run_face_session, FaceErrorKind, FaceOutcome, FaceRequest, FaceSessionError,
 };
-use crate::twophase::{PartyWork, TxnError, WorkResult};
+use crate::face::work::{Delete, Enroll};
+use crate::parties::PartyError;
+use crate::server::error::{
+    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
+    ApiError,
+};
+use crate::server::state::{AppState, SharedState};
+use crate::txn::work::TxnError;
+use crate::wire::{codes, from_base64};
 
 /// The face routes, merged into the coordinator's router.
-pub(crate) fn routes() -> Router<Arc<AppState>> {
+pub fn routes() -> Router<SharedState> {
     Router::new()
         .route("/v1/face/configure", post(configure))
         .route("/v1/face/pool", get(pool))
@@ -50,7 +53,7 @@ fn with_hint(message: String, hint: &str, marker: &str) -> String {
 }
 
 /// Maps a party's face error to an answer, by SQLSTATE (see [`FaceErrorKind`]).
-pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
+pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
     let kind = FaceErrorKind::from_sqlstate(err.sqlstate.as_deref());
     let (status, code, message) = match kind {
         FaceErrorKind::PoolExhausted => (
@@ -98,7 +101,7 @@ pub(crate) fn face_party_error(err: &PartyError, message: String) -> ApiError {
         ),
         FaceErrorKind::NotConfigured => (StatusCode::CONFLICT, codes::PARTY_ERROR, message),
         FaceErrorKind::Other => {
-            let (status, code) = search_party_status(err);
+            let (status, code) = party_failure_status(err);
             (status, code, message)
         }
     };
@@ -114,9 +117,7 @@ impl From<FaceSessionError> for ApiError {
             FaceSessionError::Timeout(party) => {
                 party_error(StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT, message, party)
             }
-            FaceSessionError::Protocol(_) => {
-                error_with(StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
-            }
+            FaceSessionError::Protocol(_) => protocol_error(message),
         }
     }
 }
@@ -153,15 +154,13 @@ impl From<RefillError> for ApiError {
                 api.body.error = message;
                 api
             }
-            RefillError::Protocol(_) => {
-                error_with(StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
-            }
+            RefillError::Protocol(_) => protocol_error(message),
         }
     }
 }
 
 async fn configure(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SharedState>,
     body: Bytes,
 ) -> Result<Json<DealerStatus>, ApiError> {
     let request: FaceConfigureBody = parse_json(&body)?;
@@ -193,12 +192,12 @@ async fn configure(
     Ok(Json(status))
 }
 
-async fn pool(State(state): State<Arc<AppState>>) -> Json<FacePoolResponse> {
+async fn pool(State(state): State<SharedState>) -> Json<FacePoolResponse> {
     Json(pool_status(&state.parties).await)
 }
 
 async fn refill(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SharedState>,
     body: Bytes,
 ) -> Result<Json<FaceRefillResponse>, ApiError> {
     let request: FaceRefillBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -218,75 +217,59 @@ async fn refill(
 }
 
 async fn enroll(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SharedState>,
     body: Bytes,
 ) -> Result<Json<FaceEnrollResponse>, ApiError> {
     let request: FaceEnrollBody = parse_json(&body)?;
-    let [e0, e1] = request.decode().map_err(bad_request)?;
-    let work = |envelope: Vec<u8>| PartyWork::FaceEnroll {
-        envelopes: vec![envelope],
-        on_duplicate: request.on_duplicate.clone(),
+    let work = Enroll {
+        envelopes: request.decode().map_err(bad_request)?,
+        on_duplicate: request.on_duplicate,
     };
-    let (result, pending) = state
-        .txns
-        .run([work(e0), work(e1), PartyWork::MarkerOnly])
-        .await
-        .map_err(face_txn_error)?;
-    let WorkResult::FaceEnrolled(rows) = result else {
-        return Err(error_with(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            codes::PROTOCOL,
-            "unexpected result kind".into(),
-        ));
-    };
+    let outcome = state.txns.run(&work).await.map_err(face_txn_error)?;
     Ok(Json(FaceEnrollResponse {
-        results: rows
-            .into_iter()
-            .map(|(subject, enrolled)| FaceEnrollResult { subject, enrolled })
-            .collect(),
-        pending_recovery: pending.iter().map(ToString::to_string).collect(),
+        pending_recovery: outcome.pending_recovery(),
+        results: outcome.result,
     }))
 }
 
 async fn delete(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SharedState>,
     body: Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<FaceDeleteResponse>, ApiError> {
     let request: FaceDeleteBody = parse_json(&body)?;
     privmatch_core::wire::envelope::validate_subject(&request.subject)
         .map_err(|e| bad_request(format!("subject: {e}")))?;
-    let work = || PartyWork::FaceDelete {
-        subject: request.subject.clone(),
+    let work = Delete {
+        subject: request.subject,
     };
-    let (result, pending) = state
-        .txns
-        .run([work(), work(), PartyWork::MarkerOnly])
-        .await
-        .map_err(face_txn_error)?;
-    let deleted = match result {
-        WorkResult::Deleted(n) => n,
-        _ => 0,
-    };
-    Ok(Json(json!({
-        "subject": request.subject,
-        "deleted": deleted,
-        "pending_recovery": pending.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    })))
+    let outcome = state.txns.run(&work).await.map_err(face_txn_error)?;
+    Ok(Json(FaceDeleteResponse {
+        pending_recovery: outcome.pending_recovery(),
+        deleted: outcome.result,
+        subject: work.subject,
+    }))
 }
 
-async fn verify(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Json<FaceVerifyResponse>, ApiError> {
-    let request: FaceVerifyBody = parse_json(&body)?;
-    let plan = request.plan().map_err(bad_request)?;
+/// Runs the session of a verification or identification (`what`, for the log), after
+/// claiming its session id.
+async fn compare(state: &AppState, plan: FaceRequest, what: &str) -> Result<FaceOutcome, ApiError> {
     state.claim_sessions(&[plan.session]).await?;
     let outcome = run_face_session(&state.parties, &plan, state.options.search_timeout).await?;
     tracing::info!(
         comparisons = outcome.stats.comparisons,
         seconds = outcome.stats.micros as f64 / 1e6,
-        "face verification"
+        "face {what}"
     );
+    Ok(outcome)
+}
+
+async fn verify(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Json<FaceVerifyResponse>, ApiError> {
+    let request: FaceVerifyBody = parse_json(&body)?;
+    let plan = request.plan().map_err(bad_request)?;
+    let outcome = compare(&state, plan, "verification").await?;
     Ok(Json(FaceVerifyResponse {
         subject: request.subject,
         matched: outcome.matches.first().copied().unwrap_or(false),
@@ -294,18 +277,16 @@ async fn verify(
 }
 
 async fn identify(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SharedState>,
     body: Bytes,
 ) -> Result<Json<FaceIdentifyResponse>, ApiError> {
     let request: FaceIdentifyBody = parse_json(&body)?;
-    let plan = request.plan().map_err(bad_request)?;
-    state.claim_sessions(&[plan.session]).await?;
-    let outcome = run_face_session(&state.parties, &plan, state.options.search_timeout).await?;
-    tracing::info!(
-        comparisons = outcome.stats.comparisons,
-        seconds = outcome.stats.micros as f64 / 1e6,
-        "face identification"
-    );
+    let outcome = compare(
+        &state,
+        request.plan().map_err(bad_request)?,
+        "identification",
+    )
+    .await?;
     let mut matches = outcome.matched();
     matches.sort();
     Ok(Json(FaceIdentifyResponse {

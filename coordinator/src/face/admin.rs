@@ -10,13 +10,17 @@
 //! without its twin at the other.
 
 use futures::future::join_all;
+use privmatch_core::party::PartyIndex;
+use tokio_postgres::Row;
 
-use crate::face_api::{
+use crate::face::api::{
     available_for, pool_level, DealerStatus, FacePoolResponse, FaceRefillBody, FaceRefillResponse,
     PartyPool, PoolRow,
 };
-use crate::parties::{Parties, PartyError};
-use crate::twophase::{PartyWork, TwoPhase, TxnError, WorkResult};
+use crate::face::work::{KeysStored, StoreKeys};
+use crate::parties::{column, Parties, PartyError};
+use crate::txn::twophase::TwoPhase;
+use crate::txn::work::TxnError;
 
 /// Why a refill stopped.
 #[derive(Debug, thiserror::Error)]
@@ -35,34 +39,35 @@ pub enum RefillError {
     Protocol(String),
 }
 
+/// The dealer's public state from a row (metric, dim, generation[, next_batch]).
+fn dealer_of(party: PartyIndex, row: &Row) -> Result<DealerStatus, PartyError> {
+    Ok(DealerStatus {
+        metric: column(party, row, 0)?.unwrap_or_default(),
+        dim: column(party, row, 1)?.unwrap_or(0),
+        generation: column(party, row, 2)?.unwrap_or(0),
+        next_batch: if row.len() > 3 {
+            column(party, row, 3)?
+        } else {
+            None
+        },
+        retired_keys: None,
+        warning: None,
+    })
+}
+
 /// Sends the sealed dealer configuration to P2; returns its new public state.
 pub async fn configure_dealer(
     parties: &Parties,
     sealed: &[u8],
 ) -> Result<DealerStatus, PartyError> {
     let p2 = &parties.all()[2];
-    let pg = |e: tokio_postgres::Error| PartyError::from_pg(p2.index, &e);
-    let client = p2.connect().await?;
-    let row = client
+    let row = p2
         .query_one(
             "SELECT metric, dim, generation FROM privmatch.face_dealer_configure($1)",
             &[&sealed],
         )
-        .await
-        .map_err(pg)?;
-    let status = DealerStatus {
-        metric: row
-            .try_get::<_, Option<String>>(0)
-            .map_err(pg)?
-            .unwrap_or_default(),
-        dim: row.try_get::<_, Option<i32>>(1).map_err(pg)?.unwrap_or(0),
-        generation: row.try_get::<_, Option<i64>>(2).map_err(pg)?.unwrap_or(0),
-        next_batch: None,
-        retired_keys: None,
-        warning: None,
-    };
-    p2.give_back(client).await;
-    Ok(status)
+        .await?;
+    dealer_of(p2.index, &row)
 }
 
 /// Retires, at P0 and P1, every key dealt under a dealer generation older than `generation`
@@ -71,18 +76,13 @@ pub async fn configure_dealer(
 /// of the new generation is stored.)
 pub async fn retire_older_keys(parties: &Parties, generation: i64) -> Result<[i64; 2], PartyError> {
     let answers = join_all(parties.all()[..2].iter().map(|p| async move {
-        let pg = |e: tokio_postgres::Error| PartyError::from_pg(p.index, &e);
-        let client = p.connect().await?;
-        let row = client
+        let row = p
             .query_one(
                 "SELECT privmatch.face_keys_retire_before($1)",
                 &[&generation],
             )
-            .await
-            .map_err(pg)?;
-        let retired: Option<i64> = row.try_get(0).map_err(pg)?;
-        p.give_back(client).await;
-        Ok::<i64, PartyError>(retired.unwrap_or(0))
+            .await?;
+        Ok::<i64, PartyError>(column(p.index, &row, 0)?.unwrap_or(0))
     }))
     .await;
     let mut out = [0i64; 2];
@@ -95,9 +95,7 @@ pub async fn retire_older_keys(parties: &Parties, generation: i64) -> Result<[i6
 /// P2's public state; None when the dealer is not configured (no row, or SQLSTATE 55000).
 pub async fn dealer_status(parties: &Parties) -> Result<Option<DealerStatus>, PartyError> {
     let p2 = &parties.all()[2];
-    let pg = |e: tokio_postgres::Error| PartyError::from_pg(p2.index, &e);
-    let client = p2.connect().await?;
-    let rows = match client
+    let rows = match p2
         .query(
             "SELECT metric, dim, generation, next_batch FROM privmatch.face_dealer_status()",
             &[],
@@ -105,60 +103,32 @@ pub async fn dealer_status(parties: &Parties) -> Result<Option<DealerStatus>, Pa
         .await
     {
         Ok(rows) => rows,
-        Err(e) => {
-            let err = pg(e);
-            if err.sqlstate.as_deref() == Some("55000") {
-                p2.give_back(client).await;
-                return Ok(None);
-            }
-            return Err(err);
-        }
+        Err(err) if err.sqlstate.as_deref() == Some("55000") => return Ok(None),
+        Err(err) => return Err(err),
     };
-    let status = match rows.first() {
-        None => None,
-        Some(row) => Some(DealerStatus {
-            metric: row
-                .try_get::<_, Option<String>>(0)
-                .map_err(pg)?
-                .unwrap_or_default(),
-            dim: row.try_get::<_, Option<i32>>(1).map_err(pg)?.unwrap_or(0),
-            generation: row.try_get::<_, Option<i64>>(2).map_err(pg)?.unwrap_or(0),
-            next_batch: row.try_get::<_, Option<i64>>(3).map_err(pg)?,
-            retired_keys: None,
-            warning: None,
-        }),
-    };
-    p2.give_back(client).await;
-    Ok(status)
+    rows.first().map(|row| dealer_of(p2.index, row)).transpose()
 }
 
 /// One evaluator's `face_pool_status()` rows.
 pub async fn pool_rows(parties: &Parties, party: usize) -> Result<Vec<PoolRow>, PartyError> {
     let p = &parties.all()[party];
-    let pg = |e: tokio_postgres::Error| PartyError::from_pg(p.index, &e);
-    let client = p.connect().await?;
-    let rows = client
+    let rows = p
         .query(
             "SELECT metric, dim, generation, available, batches FROM privmatch.face_pool_status()",
             &[],
         )
-        .await
-        .map_err(pg)?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        out.push(PoolRow {
-            metric: row
-                .try_get::<_, Option<String>>(0)
-                .map_err(pg)?
-                .unwrap_or_default(),
-            dim: row.try_get::<_, Option<i32>>(1).map_err(pg)?.unwrap_or(0),
-            generation: row.try_get::<_, Option<i64>>(2).map_err(pg)?.unwrap_or(0),
-            available: row.try_get::<_, Option<i64>>(3).map_err(pg)?.unwrap_or(0),
-            batches: row.try_get::<_, Option<i64>>(4).map_err(pg)?.unwrap_or(0),
-        });
-    }
-    p.give_back(client).await;
-    Ok(out)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(PoolRow {
+                metric: column(p.index, row, 0)?.unwrap_or_default(),
+                dim: column(p.index, row, 1)?.unwrap_or(0),
+                generation: column(p.index, row, 2)?.unwrap_or(0),
+                available: column(p.index, row, 3)?.unwrap_or(0),
+                batches: column(p.index, row, 4)?.unwrap_or(0),
+            })
+        })
+        .collect()
 }
 
 /// P0's and P1's pools, or the first error.
@@ -226,31 +196,20 @@ struct GeneratedBatch {
 
 async fn generate(parties: &Parties, count: i32) -> Result<GeneratedBatch, PartyError> {
     let p2 = &parties.all()[2];
-    let pg = |e: tokio_postgres::Error| PartyError::from_pg(p2.index, &e);
-    let client = p2.connect().await?;
-    let row = client
+    let row = p2
         .query_one(
             "SELECT batch, generation, keys, envelope_p0, envelope_p1 \
              FROM privmatch.face_dealer_generate($1)",
             &[&count],
         )
-        .await
-        .map_err(pg)?;
-    let batch = GeneratedBatch {
-        batch: row.try_get::<_, Option<i64>>(0).map_err(pg)?.unwrap_or(-1),
-        generation: row.try_get::<_, Option<i64>>(1).map_err(pg)?.unwrap_or(-1),
-        keys: row.try_get::<_, Option<i32>>(2).map_err(pg)?.unwrap_or(-1),
-        envelopes: [
-            row.try_get::<_, Option<Vec<u8>>>(3)
-                .map_err(pg)?
-                .unwrap_or_default(),
-            row.try_get::<_, Option<Vec<u8>>>(4)
-                .map_err(pg)?
-                .unwrap_or_default(),
-        ],
-    };
-    p2.give_back(client).await;
-    Ok(batch)
+        .await?;
+    let at = |index| column::<Vec<u8>>(p2.index, &row, index);
+    Ok(GeneratedBatch {
+        batch: column(p2.index, &row, 0)?.unwrap_or(-1),
+        generation: column(p2.index, &row, 1)?.unwrap_or(-1),
+        keys: column(p2.index, &row, 2)?.unwrap_or(-1),
+        envelopes: [at(3)?.unwrap_or_default(), at(4)?.unwrap_or_default()],
+    })
 }
 
 /// How many keys the next batch gets: `batch_size`, but no more than the level still lacks.
@@ -296,23 +255,21 @@ pub async fn refill(
                 generated.batch, generated.keys
             )));
         }
-        let [e0, e1] = generated.envelopes;
-        let work = [
-            PartyWork::FaceKeys { envelope: e0 },
-            PartyWork::FaceKeys { envelope: e1 },
-            PartyWork::MarkerOnly,
-        ];
-        let (result, pending) = txns.run(work).await.map_err(RefillError::Txn)?;
-        let expected = WorkResult::KeysStored {
+        let work = StoreKeys {
+            envelopes: generated.envelopes,
+        };
+        let stored = txns.run(&work).await.map_err(RefillError::Txn)?;
+        let expected = KeysStored {
             batch: generated.batch,
             keys: count,
         };
-        if result != expected {
+        if stored.result != expected {
             return Err(RefillError::Protocol(format!(
-                "the evaluators stored {result:?}, expected {expected:?}"
+                "the evaluators stored {:?}, expected {expected:?}",
+                stored.result
             )));
         }
-        pending_recovery.extend(pending.iter().map(ToString::to_string));
+        pending_recovery.extend(stored.pending_recovery());
         batches += 1;
         keys += i64::from(count);
         level += i64::from(count);

@@ -1,36 +1,83 @@
-//! The client side of iris search and enrol-if-unique (`privmatch iris search`, `privmatch
-//! iris enroll --if-unique`): probes are shared and sealed here, to the pinned party keys, for
-//! a fresh session id per attempt; the coordinator only relays them (HTTP API, shapes in
-//! [`crate::api`]). When the parties hold different template sets for a moment (an enrolment
-//! is being committed) the request is re-sealed for a new session and retried with back-off
-//! ([`crate::search::with_retry`]).
+//! `privmatch iris …`: enroll (in batches, or one record at a time `--if-unique`), search,
+//! delete, synth. Parsing and printing; the calls to the coordinator are
+//! [`crate::iris::client`]'s.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
-use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::iris::enroll::{seal_iris_enrollment, Eye};
-use privmatch_core::iris::probe::seal_iris_probe;
-use privmatch_core::iris::template::IrisTemplate;
-use rand::SeedableRng;
-use rand_chacha::ChaCha20Rng;
-use serde::de::DeserializeOwned;
+use clap::{Args, Subcommand};
+use privmatch_core::iris::params::{SearchMode, SearchParams};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::api::{
-    codes, session_to_hex, to_base64, EnrollIfUniqueBody, EnrollIfUniqueOutcome,
-    EnrollIfUniqueResponse, ErrorBody, EyeProbeBody, SearchBody, SearchResponse,
-};
-use crate::client::EnrollArgs;
+use crate::cli::http::CallError;
+use crate::cli::ndjson::json_line;
+use crate::cli::progress::progress_bar;
 use crate::config::Config;
-use crate::input::{for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord};
-use crate::search::{
-    new_session_id, with_retry, EyePolicy, Match, RetryPolicy, SearchMode, SearchParams, SessionId,
-    UNIQUENESS_AND_UNSUPPORTED,
+use crate::iris::api::{
+    if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse, DEFAULT_THRESHOLD,
 };
+use crate::iris::client::{enroll_file, BatchOptions, IrisClient};
+use crate::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
+use crate::iris::input::{
+    for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord,
+};
+use crate::iris::synth::SynthArgs;
+
+/// `privmatch iris …`.
+#[derive(Subcommand, Clone, Debug)]
+pub enum IrisAction {
+    /// Enrol templates from an NDJSON file: one
+    /// {"subject": "...", "eye": "left"|"right", "iris_codes": "<b64>", "mask_codes": "<b64>"}
+    /// per line. Shares are sealed here, per party.
+    Enroll(EnrollArgs),
+    /// Search probes from an NDJSON file: per line one eye {"eye": "left"|"right",
+    /// "iris_codes": "<b64>", "mask_codes": "<b64>"} or both eyes {"left": {...}, "right":
+    /// {...}}. Probes are sealed here, per party and search session.
+    Search(SearchArgs),
+    /// Delete a subject's templates at all three parties, atomically.
+    Delete {
+        /// Subject id.
+        #[arg(long)]
+        subject: String,
+        /// Only this eye (default: both).
+        #[arg(long)]
+        eye: Option<String>,
+    },
+    /// Write synthetic templates as enrolment NDJSON.
+    Synth(SynthArgs),
+}
+
+/// Options of `privmatch iris enroll`.
+#[derive(Args, Clone, Debug)]
+pub struct EnrollArgs {
+    /// NDJSON input file.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Records per distributed transaction.
+    #[arg(long, default_value_t = 250)]
+    pub batch_size: usize,
+    /// What to do with a subject+eye that is already enrolled: `skip` (re-running an input is
+    /// idempotent) or `error` (abort that batch, nothing written).
+    #[arg(long, default_value = "skip", value_parser = ["skip", "error"])]
+    pub on_duplicate: String,
+    /// Batches in flight at once (each is its own atomic transaction).
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Enrol each record only if its template matches no enrolled one (uniqueness search with
+    /// ±15 rotations inside the record's own distributed transaction, with the template table
+    /// locked against concurrent enrolments). One record per transaction: --batch-size and
+    /// --parallel do not apply.
+    #[arg(long)]
+    pub if_unique: bool,
+    /// With --if-unique: the match threshold (fractional Hamming distance ratio).
+    #[arg(long, default_value_t = DEFAULT_THRESHOLD, requires = "if_unique")]
+    pub threshold: f64,
+}
 
 /// Options of `privmatch iris search`.
 #[derive(Args, Clone, Debug)]
@@ -54,7 +101,7 @@ pub struct SearchArgs {
     /// Rotations tried: −N..=N columns (0..=15).
     #[arg(long, default_value_t = 15)]
     pub max_rotation: i32,
-    /// Match threshold: fractional Hamming distance ratio in (0, 0.5), at most four decimals.
+    /// Match threshold: fractional Hamming distance ratio in (0, 0.5], at most four decimals.
     #[arg(long, default_value_t = 0.345)]
     pub threshold: f64,
 }
@@ -68,144 +115,57 @@ impl SearchArgs {
         }
     }
 
-    fn params(&self) -> SearchParams {
-        SearchParams {
-            mode: if self.uniqueness {
-                SearchMode::Uniqueness
-            } else {
-                SearchMode::Identify
-            },
-            max_rotation: self.max_rotation,
-            threshold: self.threshold,
-        }
+    /// The search parameters the flags give, checked.
+    pub fn params(&self) -> Result<SearchParams> {
+        let mode = if self.uniqueness {
+            SearchMode::Uniqueness
+        } else {
+            SearchMode::Identify
+        };
+        search_params(mode, self.max_rotation, self.threshold).map_err(|e| anyhow!(e))
     }
 }
 
-/// Why a call to the coordinator failed.
-#[derive(Debug)]
-enum CallError {
-    /// The coordinator could not be reached: nothing happened.
-    Unreachable(String),
-    /// The connection broke after the request was sent: the outcome is unknown.
-    Broken(String),
-    /// The coordinator answered an error.
-    Api { status: u16, body: ErrorBody },
-    /// Preparing the request failed here.
-    Local(anyhow::Error),
-}
-
-impl CallError {
-    fn code(&self) -> Option<&str> {
-        match self {
-            CallError::Api { body, .. } => body.code.as_deref(),
-            _ => None,
+/// Runs `privmatch iris …`; `config` loads the configuration (not needed by `synth`).
+pub async fn run(action: &IrisAction, config: impl FnOnce() -> Result<Config>) -> Result<()> {
+    match action {
+        IrisAction::Enroll(args) if args.if_unique => enroll_if_unique(&config()?, args).await,
+        IrisAction::Enroll(args) => enroll(&config()?, args).await,
+        IrisAction::Search(args) => search(&config()?, args).await,
+        IrisAction::Delete { subject, eye } => {
+            let answer = IrisClient::new(&config()?)?
+                .delete(subject, eye.as_deref())
+                .await?;
+            println!(
+                "deleted {} record(s) of subject {subject:?} at all three parties",
+                answer.deleted
+            );
+            Ok(())
         }
-    }
-
-    fn is_sets_differ(&self) -> bool {
-        self.code() == Some(codes::SETS_DIFFER)
-    }
-
-    /// The outcome of a write is unknown (in doubt at the parties, or the answer was lost).
-    fn outcome_unknown(&self) -> bool {
-        matches!(self, CallError::Broken(_)) || self.code() == Some(codes::IN_DOUBT)
-    }
-
-    fn into_anyhow(self, attempts: u32) -> anyhow::Error {
-        match self {
-            CallError::Unreachable(e) => {
-                anyhow!("cannot reach the coordinator (is `privmatch cluster up` running?): {e}")
-            }
-            CallError::Broken(e) => {
-                anyhow!("the connection to the coordinator broke before it answered: {e}")
-            }
-            CallError::Api { status, body } if body.code.as_deref() == Some(codes::SETS_DIFFER) => {
-                anyhow!(
-                    "{} (HTTP {status}; gave up after {attempts} attempts)",
-                    body.error
-                )
-            }
-            CallError::Api { status, body } => anyhow!("{} (HTTP {status})", body.error),
-            CallError::Local(e) => e,
-        }
+        IrisAction::Synth(args) => crate::iris::synth::run(args),
     }
 }
 
-/// POSTs a JSON body and decodes the JSON answer.
-async fn post_json<B: Serialize, T: DeserializeOwned>(
-    http: &reqwest::Client,
-    url: &str,
-    body: &B,
-) -> Result<T, CallError> {
-    let response = match http.post(url).json(body).send().await {
-        Ok(response) => response,
-        Err(e) if e.is_connect() || e.is_builder() => {
-            return Err(CallError::Unreachable(e.to_string()))
-        }
-        Err(e) => return Err(CallError::Broken(e.to_string())),
+/// `privmatch iris enroll` (in batches).
+async fn enroll(config: &Config, args: &EnrollArgs) -> Result<()> {
+    let started = Instant::now();
+    let options = BatchOptions {
+        batch_size: args.batch_size,
+        on_duplicate: args.on_duplicate.clone(),
+        parallel: args.parallel,
+        progress: !args.no_progress,
     };
-    let status = response.status();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| CallError::Broken(e.to_string()))?;
-    if status.is_success() {
-        return serde_json::from_slice(&bytes)
-            .map_err(|e| CallError::Local(anyhow!("unreadable answer from the coordinator: {e}")));
-    }
-    let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
-        error: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
-        ..ErrorBody::default()
-    });
-    Err(CallError::Api {
-        status: status.as_u16(),
-        body,
-    })
-}
-
-/// A CSPRNG for sharing, seeded from the operating system.
-fn sharing_rng() -> Result<ChaCha20Rng> {
-    ChaCha20Rng::from_rng(rand::rngs::OsRng)
-        .context("the operating system's random source is unavailable")
-}
-
-/// Shares `template` as a probe and seals it to the three parties for a fresh session.
-fn seal_probe(
-    template: &IrisTemplate,
-    eye: Eye,
-    keys: &[PartyPublicKey; 3],
-    rng: &mut ChaCha20Rng,
-) -> Result<(SessionId, [String; 3])> {
-    let session = new_session_id();
-    let sealed = seal_iris_probe(template, eye, session, keys, rng)
-        .with_context(|| format!("sealing the {} eye probe", eye.as_str()))?;
-    Ok((session, sealed.map(|p| to_base64(&p))))
-}
-
-/// The request for one probe, sealed for fresh sessions.
-fn search_body(
-    probe: &ProbeRecord,
-    args: &SearchArgs,
-    keys: &[PartyPublicKey; 3],
-    rng: &mut ChaCha20Rng,
-) -> Result<SearchBody> {
-    let mut eyes = Vec::with_capacity(probe.eyes.len());
-    for (eye, template) in &probe.eyes {
-        let (session, probes) = seal_probe(template, *eye, keys, rng)?;
-        eyes.push(EyeProbeBody {
-            eye: eye.as_str().to_owned(),
-            session: session_to_hex(&session),
-            probes,
-        });
-    }
-    let params = args.params();
-    Ok(SearchBody {
-        mode: params.mode,
-        max_rotation: params.max_rotation,
-        threshold: params.threshold,
-        policy: args.policy(),
-        eyes,
-    })
+    let (totals, total) = enroll_file(config, &args.input, &options).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "enrolled {} records, {} already enrolled (skipped), {} lines, in {:.2} s ({:.0} records/s)",
+        totals.enrolled,
+        totals.skipped,
+        total,
+        seconds,
+        total as f64 / seconds.max(1e-9)
+    );
+    Ok(())
 }
 
 /// `--json` output of an identification: `{"probe": i, "matches": [{"subject", "eye"}…]}`.
@@ -220,10 +180,6 @@ struct IdentifyLine<'a> {
 struct UniquenessLine {
     probe: usize,
     unique: bool,
-}
-
-fn json_line<T: Serialize>(line: &T) -> String {
-    serde_json::to_string(line).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 /// One output line for a probe: JSON (`--json`) or for people.
@@ -270,39 +226,17 @@ fn check_policy(probes: &[ProbeRecord], args: &SearchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Searches one probe, re-sealing and retrying while the parties' template sets differ.
-async fn search_probe(
-    http: &reqwest::Client,
-    url: &str,
-    probe: &ProbeRecord,
-    args: &SearchArgs,
-    keys: &[PartyPublicKey; 3],
-    rng: &mut ChaCha20Rng,
-) -> Result<SearchResponse> {
-    let (result, attempts) = with_retry(&RetryPolicy::default(), CallError::is_sets_differ, || {
-        let body = search_body(probe, args, keys, rng);
-        async move {
-            let body = body.map_err(CallError::Local)?;
-            post_json::<_, SearchResponse>(http, url, &body).await
-        }
-    })
-    .await;
-    result.map_err(|e| e.into_anyhow(attempts))
-}
-
 /// `privmatch iris search`: validates the whole probe file, then searches probe by probe (one
 /// session per eye) and prints one line per probe, in input order.
-pub async fn search(config: &Config, args: &SearchArgs) -> Result<()> {
-    args.params().validate().map_err(|e| anyhow!(e))?;
+async fn search(config: &Config, args: &SearchArgs) -> Result<()> {
+    let params = args.params()?;
     let probes = read_probe_file(&args.input)?;
     check_policy(&probes, args)?;
-    let keys = config.pinned_keys()?;
-    let mut rng = sharing_rng()?;
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/iris/search", config.coordinator_url());
+    let mut client = IrisClient::new(config)?;
     let started = Instant::now();
     for probe in &probes {
-        let response = search_probe(&http, &url, probe, args, &keys, &mut rng)
+        let response = client
+            .search(probe, params, args.policy())
             .await
             .with_context(|| format!("searching the probe of line {}", probe.line))?;
         println!("{}", format_probe_result(probe.line, &response, args.json));
@@ -315,7 +249,7 @@ pub async fn search(config: &Config, args: &SearchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Totals of an enrol-if-unique run.
+/// Totals of an enroll-if-unique run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IfUniqueTotals {
     /// Newly enrolled.
@@ -344,51 +278,6 @@ impl IfUniqueTotals {
     }
 }
 
-/// Enrols one record if unique: the bundles are sealed once; the probe is re-sealed for a
-/// fresh session on every attempt.
-async fn enroll_one_if_unique(
-    http: &reqwest::Client,
-    url: &str,
-    record: &EnrollRecord,
-    threshold: f64,
-    keys: &[PartyPublicKey; 3],
-    rng: &mut ChaCha20Rng,
-) -> Result<EnrollIfUniqueOutcome, (CallError, u32)> {
-    let (envelopes, _) =
-        seal_iris_enrollment(&record.template, &record.subject, record.eye, keys, rng)
-            .map_err(|e| (CallError::Local(anyhow!("sealing the enrolment: {e}")), 0))?;
-    let envelopes = envelopes.map(|e| to_base64(&e));
-    let (result, attempts) = with_retry(&RetryPolicy::default(), CallError::is_sets_differ, || {
-        let probe = seal_probe(&record.template, record.eye, keys, rng);
-        let body = probe.map(|(session, probes)| EnrollIfUniqueBody {
-            subject: record.subject.clone(),
-            eye: record.eye.as_str().to_owned(),
-            session: session_to_hex(&session),
-            probes,
-            envelopes: envelopes.clone(),
-            threshold,
-        });
-        async move {
-            let body = body.map_err(CallError::Local)?;
-            post_json::<_, EnrollIfUniqueResponse>(http, url, &body).await
-        }
-    })
-    .await;
-    match result {
-        Ok(response) => {
-            for pending in &response.pending_recovery {
-                eprintln!(
-                    "warning: line {} committed; recovery will complete it at {pending}",
-                    record.line
-                );
-            }
-            Ok(response.outcome)
-        }
-        Err(e) if e.code() == Some(codes::NOT_UNIQUE) => Ok(EnrollIfUniqueOutcome::NotUnique),
-        Err(e) => Err((e, attempts)),
-    }
-}
-
 /// Reads the (validated) file on a blocking thread, record by record.
 fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrollRecord>>) {
     std::thread::spawn(move || {
@@ -413,7 +302,7 @@ fn record_failure(
 ) -> anyhow::Error {
     let finished = done.enrolled + done.duplicates + done.refused;
     let unknown = error.outcome_unknown();
-    let cause = error.into_anyhow(attempts);
+    let cause = error.after_attempts(attempts);
     if unknown {
         anyhow!(
             "line {} ({:?}, {} eye) is in doubt ({cause:#}): recovery enrols it at all three parties or at none; {finished} records before it are done; re-run from line {} (enrolled records are skipped as duplicates)",
@@ -428,30 +317,22 @@ fn record_failure(
 }
 
 /// `privmatch iris enroll --if-unique`: validates the whole file, then per record (each its
-/// own distributed transaction at the coordinator) enrols it only if its template matches no
+/// own distributed transaction at the coordinator) enrolls it only if its template matches no
 /// enrolled one (uniqueness search, ±15 rotations). Refused records are listed on standard
 /// output without naming what they matched; the run ends with a summary line.
-pub async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
-    SearchParams {
-        mode: SearchMode::Uniqueness,
-        max_rotation: privmatch_core::iris::template::MAX_ROTATION,
-        threshold: args.threshold,
-    }
-    .validate()
-    .map_err(|e| anyhow!(e))?;
+async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
+    let params = if_unique_params(args.threshold).map_err(|e| anyhow!(e))?;
     let total = validate_file(&args.input)?;
-    let keys = config.pinned_keys()?;
-    let mut rng = sharing_rng()?;
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/iris/enroll-if-unique", config.coordinator_url());
+    let mut client = IrisClient::new(config)?;
     let (tx, mut rx) = mpsc::channel(16);
     spawn_reader(args.input.clone(), tx);
-    let bar = crate::client::progress_bar(total, args.no_progress, "enrolling if unique");
+    let bar = progress_bar(total, args.no_progress, "enrolling if unique");
     let started = Instant::now();
     let mut totals = IfUniqueTotals::default();
     while let Some(record) = rx.recv().await {
         let record = record?;
-        let outcome = enroll_one_if_unique(&http, &url, &record, args.threshold, &keys, &mut rng)
+        let outcome = client
+            .enroll_if_unique(&record, params)
             .await
             .map_err(|(e, attempts)| record_failure(&record, e, attempts, &totals))?;
         if outcome == EnrollIfUniqueOutcome::NotUnique {
@@ -479,7 +360,11 @@ pub async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::search::SearchStats;
+    use crate::iris::api::EyeReport;
+    use crate::iris::driver::SearchStats;
+    use privmatch_core::iris::enroll::Eye;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
 
     fn response(
         mode: SearchMode,
@@ -491,7 +376,7 @@ mod tests {
             policy: EyePolicy::Or,
             matches,
             unique,
-            eyes: vec![crate::api::EyeReport {
+            eyes: vec![EyeReport {
                 eye: "left".into(),
                 stats: SearchStats::default(),
             }],
@@ -596,5 +481,33 @@ mod tests {
             totals.summary(),
             "enrolled 2, skipped (duplicates) 1, refused (not unique) 1"
         );
+    }
+
+    #[test]
+    fn the_threshold_flags_accept_half_and_refuse_beyond() {
+        let args = |threshold: f64| SearchArgs {
+            input: PathBuf::new(),
+            uniqueness: false,
+            json: false,
+            policy: "or".into(),
+            max_rotation: 15,
+            threshold,
+        };
+        let half = args(0.5).params().expect("0.5 is accepted");
+        assert_eq!(half.threshold_ratio(), 0.5);
+        for refused in [0.5001, 0.0] {
+            let err = args(refused).params().err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains("threshold")),
+                "{refused}: {err:?}"
+            );
+        }
+        let mut far = args(0.345);
+        far.max_rotation = 16;
+        assert!(far.params().is_err());
+        // `iris enroll --if-unique --threshold`.
+        assert!(if_unique_params(0.5).is_ok());
+        assert!(if_unique_params(0.5001).is_err());
+        assert!(if_unique_params(0.0).is_err());
     }
 }

@@ -43,9 +43,10 @@ use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::face_client::FaceClient;
-use crate::face_input::FaceEnrollRecord;
-use crate::face_synth::FaceSynth;
+use crate::dev::bench::stats::{median, percentile};
+use crate::face::client::FaceClient;
+use crate::face::input::FaceEnrollRecord;
+use crate::face::synth::{subject_id, FaceSynth};
 use crate::parties::Parties;
 
 /// The C reference's setup time per comparison at l = 128, in µs (range measured).
@@ -479,24 +480,6 @@ async fn held_counts(parties: &Parties, prefix: &str, n: usize) -> Result<[(i64,
     Ok(out)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[mid],
-        _ => (values[mid - 1] + values[mid]) / 2.0,
-    }
-}
-
 /// The cluster part (see the module docs).
 async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures> {
     let metric = metric_of(args)?;
@@ -529,7 +512,7 @@ async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures
     for i in 0..args.n {
         records.push(FaceEnrollRecord {
             line: i + 1,
-            subject: crate::face_synth::subject_id(&prefix, i),
+            subject: subject_id(&prefix, i),
             embedding: quantize(dim, &synth.template(i as u64))?,
         });
     }
@@ -783,17 +766,6 @@ mod tests {
     fn byte_counts_follow_the_formulas() {
         assert_eq!(c_preprocessing_bytes(128), 2268);
         assert_eq!(online_bytes(512), [4096, 4, 4]);
-    }
-
-    #[test]
-    fn percentiles_and_medians() {
-        let sorted: Vec<f64> = (1..=200).map(f64::from).collect();
-        assert_eq!(percentile(&sorted, 0.5), 100.0);
-        assert_eq!(percentile(&sorted, 0.99), 198.0);
-        assert_eq!(percentile(&[3.0], 0.99), 3.0);
-        assert!(percentile(&[], 0.5).is_nan());
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0]), 2.5);
     }
 
     #[test]

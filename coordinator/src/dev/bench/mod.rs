@@ -6,8 +6,12 @@
 //! inserts of the same number of bytes (random bytea of the share sizes) into a scratch table at
 //! the three parties, in the same batch size, without sealing or two-phase commit.
 //!
-//! `bench iris` (module `bench_iris`) measures searches; `bench face` (module `bench_face`)
-//! measures the face modality.
+//! `bench iris` ([`iris`]) measures searches; `bench face` ([`face`]) measures the face
+//! modality.
+
+pub mod face;
+pub mod iris;
+pub mod stats;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,9 +22,9 @@ use futures::future::try_join_all;
 use rand::RngCore;
 use tokio_postgres::{Client, NoTls};
 
-use crate::client::{enroll_file, EnrollArgs};
 use crate::config::{Config, PartyConfig};
-use crate::synth::{enrollment_line, generate, SynthArgs};
+use crate::iris::client::{enroll_file, BatchOptions};
+use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 
 /// Benchmarks.
 #[derive(Subcommand, Clone, Debug)]
@@ -28,10 +32,10 @@ pub enum BenchAction {
     /// Bulk enrolment throughput, storage and WAL per record.
     Enroll(EnrollBenchArgs),
     /// Search latency and throughput against the memory floor and a plaintext matcher.
-    Iris(crate::bench_iris::IrisBenchArgs),
+    Iris(iris::IrisBenchArgs),
     /// Face (Funshade): per-comparison costs against the C reference and a plaintext
     /// baseline, then verify latency and identify time through a running cluster.
-    Face(crate::bench_face::FaceBenchArgs),
+    Face(face::FaceBenchArgs),
 }
 
 /// Options of `privmatch bench enroll`.
@@ -168,16 +172,13 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
     eprintln!("privmatch: enrolling through the coordinator");
     let before = try_join_all(clients.iter().map(snapshot)).await?;
     let started = Instant::now();
-    let enroll_args = EnrollArgs {
-        input: input.clone(),
+    let options = BatchOptions {
         batch_size: args.batch_size,
         on_duplicate: "error".into(),
         parallel: 2,
-        no_progress: false,
-        if_unique: false,
-        threshold: crate::search::DEFAULT_THRESHOLD,
+        progress: true,
     };
-    let (totals, _) = enroll_file(config, &enroll_args).await?;
+    let (totals, _) = enroll_file(config, &input, &options).await?;
     let seconds = started.elapsed().as_secs_f64();
     let after = try_join_all(clients.iter().map(snapshot)).await?;
     if temporary {
@@ -218,7 +219,7 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
 pub async fn run(action: &BenchAction, config: impl FnOnce() -> Result<Config>) -> Result<()> {
     match action {
         BenchAction::Enroll(args) => enroll_bench(&config()?, args).await,
-        BenchAction::Iris(args) => crate::bench_iris::run(&config()?, args).await,
-        BenchAction::Face(args) => crate::bench_face::run(args, config).await,
+        BenchAction::Iris(args) => iris::run(&config()?, args).await,
+        BenchAction::Face(args) => face::run(args, config).await,
     }
 }

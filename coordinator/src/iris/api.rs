@@ -1,6 +1,13 @@
-//! The JSON bodies of the coordinator's search API, shared by the server (`server.rs`) and the
-//! CLI client (`client.rs`). Binary fields travel as standard padded base64 (sealed probes and
-//! enrolment envelopes) or lower-case hex (16-byte session ids).
+//! The JSON bodies of the coordinator's iris endpoints, shared by the server
+//! ([`crate::iris::routes`]) and the client ([`crate::iris::client`]). Binary fields travel as
+//! standard padded base64 (sealed probes and enrolment envelopes) or lower-case hex (16-byte
+//! session ids), see [`crate::wire`].
+//!
+//! `POST /v1/iris/enroll?on_duplicate=skip|error` — framed sealed bundles
+//! (`privmatch_core::wire::envelope::encode_enroll_batch`) → [`EnrollResponse`].
+//!
+//! `POST /v1/iris/delete` — [`DeleteBody`] `{"subject", "eye": "left"|"right"|null}` →
+//! [`DeleteResponse`] `{"deleted": n, "pending_recovery": […]}`.
 //!
 //! `POST /v1/iris/search` — [`SearchBody`] → [`SearchResponse`]:
 //!
@@ -12,118 +19,82 @@
 //! answers `{"mode", "policy", "matches": [{"subject", "eye"}…]}` (identify) or
 //! `{"mode", "policy", "unique": bool}` (uniqueness), plus `"eyes"`: per eye the figures of its
 //! search (entries, rounds, bytes sent per party, seconds; no per-eye result, so the policy
-//! decides what the caller learns).
+//! decides what the caller learns). The parameters are `privmatch_core::iris::params`'s:
+//! `max_rotation` in 0..=15, `threshold` in (0, 0.5] with at most four decimals.
 //!
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
 //! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64],
 //! "threshold"}`; answers `{"subject", "eye", "outcome": "enrolled"|"duplicate",
 //! "pending_recovery": […]}`, or HTTP 409 with `"code": "not_unique"`.
 //!
-//! Errors: [`ErrorBody`], `{"error": message, "code": …, "party": n, "sqlstate": "…"}`.
+//! Errors: [`crate::wire::ErrorBody`].
 
-use base64::Engine as _;
 use privmatch_core::iris::enroll::Eye;
-use privmatch_core::wire::session::SESSION_ID_LEN;
+use privmatch_core::iris::params::{SearchMode, SearchParams, MAX_ROTATION_LIMIT};
 use serde::{Deserialize, Serialize};
 
-use crate::search::{
-    combine_uniqueness, EyePolicy, SearchMode, SearchParams, SearchRequest, SearchStats, SessionId,
-    DEFAULT_THRESHOLD,
-};
+use crate::iris::driver::{SearchRequest, SearchStats};
+use crate::iris::eyes::{combine_uniqueness, EyePolicy, Match};
+use crate::wire::{from_base64_each, session_from_hex};
 
-/// Error codes of [`ErrorBody::code`].
-pub mod codes {
-    /// The request is malformed or out of range.
-    pub const BAD_REQUEST: &str = "bad_request";
-    /// A party rejected the request's content (SQLSTATE class 22/23).
-    pub const REJECTED: &str = "rejected_by_party";
-    /// A party failed.
-    pub const PARTY_ERROR: &str = "party_error";
-    /// A party is unreachable or not ready.
-    pub const PARTY_UNAVAILABLE: &str = "party_unavailable";
-    /// A party did not answer in time.
-    pub const TIMEOUT: &str = "timeout";
-    /// The parties hold different template sets (transient: retry with a new session).
-    pub const SETS_DIFFER: &str = "template_sets_differ";
-    /// The parties broke the protocol or disagree.
-    pub const PROTOCOL: &str = "protocol_error";
-    /// Enrol-if-unique: the probe matches an enrolled template.
-    pub const NOT_UNIQUE: &str = "not_unique";
-    /// A distributed transaction's outcome is left to recovery.
-    pub const IN_DOUBT: &str = "in_doubt";
-    /// Face: a key pool is exhausted (run `privmatch face refill`).
-    pub const POOL_EXHAUSTED: &str = "key_pool_exhausted";
-    /// Face: the subject is not enrolled.
-    pub const UNKNOWN_SUBJECT: &str = "unknown_subject";
-    /// Face: a key claim conflicted with another session's (transient: retry with a new
-    /// session).
-    pub const KEY_CONFLICT: &str = "key_claim_conflict";
-    /// Face: the dealer is not configured, or a party is not initialised.
-    pub const NOT_CONFIGURED: &str = "not_configured";
-}
-
-/// An error answer.
-#[derive(Clone, Debug, Serialize, Deserialize, Default)]
-pub struct ErrorBody {
-    /// What went wrong, for people.
-    pub error: String,
-    /// What went wrong, for programs (see [`codes`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    /// The party at fault, if one is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub party: Option<u8>,
-    /// The party's SQLSTATE, if it reported one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sqlstate: Option<String>,
-    /// With `template_sets_differ`: the entries each party reported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entries: Option<[i64; 3]>,
-}
-
-/// Standard padded base64.
-pub fn to_base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-pub(crate) fn from_base64(text: &str, what: &str) -> Result<Vec<u8>, String> {
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|e| format!("{what} is not standard base64: {e}"))
-}
-
-/// A session id as 32 lower-case hex digits.
-pub fn session_to_hex(session: &SessionId) -> String {
-    hex::encode(session)
-}
-
-pub(crate) fn session_from_hex(text: &str, what: &str) -> Result<SessionId, String> {
-    let bytes = hex::decode(text).map_err(|e| format!("{what}: not hex: {e}"))?;
-    bytes.try_into().map_err(|b: Vec<u8>| {
-        format!(
-            "{what}: a session id has {SESSION_ID_LEN} bytes, got {}",
-            b.len()
-        )
-    })
-}
-
-fn decode_three(texts: &[String; 3], what: &str) -> Result<[Vec<u8>; 3], String> {
-    let mut out: [Vec<u8>; 3] = Default::default();
-    for (i, (slot, text)) in out.iter_mut().zip(texts).enumerate() {
-        *slot = from_base64(text, &format!("{what}[{i}] (for P{i})"))?;
-        if slot.is_empty() {
-            return Err(format!("{what}[{i}] (for P{i}) is empty"));
-        }
-    }
-    Ok(out)
-}
+/// The default match threshold (fractional Hamming distance ratio).
+pub const DEFAULT_THRESHOLD: f64 = privmatch_core::mpc::compare::DEFAULT_TAU;
 
 fn default_max_rotation() -> i32 {
-    privmatch_core::iris::template::MAX_ROTATION
+    MAX_ROTATION_LIMIT
 }
 
 fn default_threshold() -> f64 {
     DEFAULT_THRESHOLD
+}
+
+/// The parameters of a search as the API and the CLI give them, checked by
+/// `privmatch_core::iris::params` (the parties check them again).
+pub fn search_params(
+    mode: SearchMode,
+    max_rotation: i32,
+    threshold: f64,
+) -> Result<SearchParams, String> {
+    SearchParams::new(mode, max_rotation, threshold).map_err(|e| e.to_string())
+}
+
+/// One record's result in an enrolment answer.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EnrollResult {
+    /// Subject id.
+    pub subject: String,
+    /// Eye.
+    pub eye: String,
+    /// False when it was already enrolled and skipped.
+    pub enrolled: bool,
+}
+
+/// The answer to an enrolment batch.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct EnrollResponse {
+    /// Per record, in request order.
+    pub results: Vec<EnrollResult>,
+    /// Parties whose commit recovery still has to complete (the batch is decided).
+    pub pending_recovery: Vec<String>,
+}
+
+/// The body of `POST /v1/iris/delete`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct DeleteBody {
+    /// Subject id.
+    pub subject: String,
+    /// Only this eye (`"left"` or `"right"`; null: both).
+    pub eye: Option<String>,
+}
+
+/// The answer to `POST /v1/iris/delete`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct DeleteResponse {
+    /// Records deleted at every party.
+    pub deleted: i64,
+    /// Parties whose commit recovery still has to complete (the deletion is decided).
+    #[serde(default)]
+    pub pending_recovery: Vec<String>,
 }
 
 /// One eye of a search request: its session and the three sealed probes.
@@ -146,7 +117,7 @@ pub struct SearchBody {
     /// 0..=15 (default 15).
     #[serde(default = "default_max_rotation")]
     pub max_rotation: i32,
-    /// Match threshold ratio (default 0.345).
+    /// Match threshold ratio in (0, 0.5] (default 0.345).
     #[serde(default = "default_threshold")]
     pub threshold: f64,
     /// How two eyes combine (default `or`).
@@ -157,19 +128,14 @@ pub struct SearchBody {
 }
 
 impl SearchBody {
-    /// The parameters common to every eye.
-    pub fn params(&self) -> SearchParams {
-        SearchParams {
-            mode: self.mode,
-            max_rotation: self.max_rotation,
-            threshold: self.threshold,
-        }
+    /// The parameters common to every eye, checked.
+    pub fn params(&self) -> Result<SearchParams, String> {
+        search_params(self.mode, self.max_rotation, self.threshold)
     }
 
     /// Checks the request and decodes it into one search per eye.
     pub fn plan(&self) -> Result<Vec<(Eye, SearchRequest)>, String> {
-        let params = self.params();
-        params.validate()?;
+        let params = self.params()?;
         if self.eyes.is_empty() || self.eyes.len() > 2 {
             return Err(format!(
                 "a search has one or two eyes, got {}",
@@ -186,7 +152,7 @@ impl SearchBody {
                     "{what}: each eye appears once and has its own session id"
                 ));
             }
-            let probes = decode_three(&body.probes, &format!("{what}.probes"))?;
+            let probes = from_base64_each(&body.probes, &format!("{what}.probes"))?;
             plan.push((
                 eye,
                 SearchRequest {
@@ -223,7 +189,7 @@ pub struct SearchResponse {
     pub policy: EyePolicy,
     /// Identify: the matches after the policy, sorted by subject then eye.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub matches: Option<Vec<crate::search::Match>>,
+    pub matches: Option<Vec<Match>>,
     /// Uniqueness: whether no enrolled template matched (after the policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<bool>,
@@ -245,12 +211,12 @@ pub struct EnrollIfUniqueBody {
     pub probes: [String; 3],
     /// The record's enrolment envelopes for P0, P1, P2 (base64), one record each.
     pub envelopes: [String; 3],
-    /// Match threshold ratio (default 0.345). Rotations are always ±15.
+    /// Match threshold ratio in (0, 0.5] (default 0.345). Rotations are always ±15.
     #[serde(default = "default_threshold")]
     pub threshold: f64,
 }
 
-/// An enrol-if-unique request, decoded.
+/// An enroll-if-unique request, decoded.
 pub struct EnrollIfUniquePlan {
     /// Subject id.
     pub subject: String,
@@ -262,32 +228,32 @@ pub struct EnrollIfUniquePlan {
     pub search: SearchRequest,
 }
 
+/// The parameters of the uniqueness search of enroll-if-unique: ±15 rotations, `threshold`.
+pub fn if_unique_params(threshold: f64) -> Result<SearchParams, String> {
+    search_params(SearchMode::Uniqueness, MAX_ROTATION_LIMIT, threshold)
+}
+
 impl EnrollIfUniqueBody {
     /// Checks and decodes the request.
     pub fn plan(&self) -> Result<EnrollIfUniquePlan, String> {
         privmatch_core::wire::envelope::validate_subject(&self.subject)
             .map_err(|e| format!("subject: {e}"))?;
         let eye = Eye::parse(&self.eye).map_err(|e| format!("eye: {e}"))?;
-        let params = SearchParams {
-            mode: SearchMode::Uniqueness,
-            max_rotation: default_max_rotation(),
-            threshold: self.threshold,
-        };
-        params.validate()?;
+        let params = if_unique_params(self.threshold)?;
         Ok(EnrollIfUniquePlan {
             subject: self.subject.clone(),
             eye,
-            envelopes: decode_three(&self.envelopes, "envelopes")?,
+            envelopes: from_base64_each(&self.envelopes, "envelopes")?,
             search: SearchRequest {
                 session: session_from_hex(&self.session, "session")?,
-                probes: decode_three(&self.probes, "probes")?,
+                probes: from_base64_each(&self.probes, "probes")?,
                 params,
             },
         })
     }
 }
 
-/// What enrol-if-unique did with the record.
+/// What enroll-if-unique did with the record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EnrollIfUniqueOutcome {
@@ -316,6 +282,7 @@ pub struct EnrollIfUniqueResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::to_base64;
 
     fn eye(name: &str, session: u8) -> EyeProbeBody {
         EyeProbeBody {
@@ -421,8 +388,8 @@ mod tests {
             threshold: 0.345,
         };
         let plan = b.plan().expect("valid");
-        assert_eq!(plan.search.params.mode, SearchMode::Uniqueness);
-        assert_eq!(plan.search.params.max_rotation, 15);
+        assert_eq!(plan.search.params.mode(), SearchMode::Uniqueness);
+        assert_eq!(plan.search.params.max_rotation(), 15);
         assert_eq!(plan.envelopes[1], b"y");
         let mut bad = b.clone();
         bad.subject = String::new();
@@ -434,5 +401,30 @@ mod tests {
             .err()
             .unwrap_or_default()
             .contains("envelopes[0]"));
+    }
+
+    #[test]
+    fn the_threshold_boundary_is_half_inclusive_in_the_api() {
+        let with = |threshold: f64| {
+            let mut b = body(SearchMode::Identify, EyePolicy::Or, vec![eye("left", 1)]);
+            b.threshold = threshold;
+            b.plan().map(|plan| plan[0].1.params.threshold_ratio())
+        };
+        assert_eq!(with(0.5), Ok(0.5));
+        for refused in [0.5001, 0.0, -0.1, 0.34512, f64::NAN] {
+            let err = with(refused).err().unwrap_or_default();
+            assert!(err.contains("threshold"), "{refused}: {err}");
+        }
+        let if_unique = |threshold: f64| {
+            let json = format!(
+                "{{\"subject\": \"a\", \"eye\": \"left\", \"session\": \"{}\", \"probes\": [\"YQ==\", \"Yg==\", \"Yw==\"], \"envelopes\": [\"eA==\", \"eQ==\", \"eg==\"], \"threshold\": {threshold}}}",
+                hex::encode([5u8; 16])
+            );
+            let body: EnrollIfUniqueBody = serde_json::from_str(&json).expect("parses");
+            body.plan().map(|plan| plan.search.params.threshold_ratio())
+        };
+        assert_eq!(if_unique(0.5), Ok(0.5));
+        assert!(if_unique(0.5001).is_err());
+        assert!(if_unique(0.0).is_err());
     }
 }

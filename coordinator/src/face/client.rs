@@ -1,0 +1,433 @@
+//! The client side of the face modality and its library API: embeddings (read and quantised
+//! by [`crate::face::input`]) are additively shared and sealed here to the pinned keys of P0
+//! and P1 (the dealer configuration to P2's), and sent to the coordinator's HTTP API
+//! ([`crate::face::api`]); the coordinator only relays ciphertext. Each verification or
+//! identification is one session with a fresh id; when the parties answer a transient error
+//! (template sets differ for a moment, a key claim conflict) the probe is re-sealed for a new
+//! session and retried with back-off.
+//!
+//! Library entry points: [`configure`], [`pool`], [`refill`], [`enroll_file`], [`delete`],
+//! [`verify`], [`identify`], and [`FaceClient`] for repeated calls on quantised embeddings
+//! (the benchmark's).
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig};
+use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::probe::seal_face_probe;
+use privmatch_core::face::quantize::Quantizer;
+use privmatch_core::face::Metric;
+use privmatch_core::wire::session::new_session_id;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
+use crate::cli::http::{CallError, Coordinator};
+use crate::cli::keys::Sealer;
+use crate::cli::progress::progress_bar;
+use crate::config::Config;
+use crate::face::api::{
+    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceDeleteResponse, FaceEnrollBody,
+    FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
+    FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse, MAX_REFILL_BATCH,
+};
+use crate::face::input::{read_enroll_file, EmbeddingOptions, FaceEnrollRecord};
+use crate::wire::{session_to_hex, to_base64};
+
+/// Where recovery finishes a face batch left in doubt.
+const RECOVERY_SCOPE: &str = "at P0 and P1 or at neither";
+
+/// A session of calls to the coordinator's face API, with the pinned keys and a CSPRNG for
+/// sharing.
+pub struct FaceClient {
+    coordinator: Coordinator,
+    sealer: Sealer,
+}
+
+/// What a refill did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RefillSummary {
+    /// The dealer's configuration generation the keys belong to.
+    pub generation: i64,
+    /// The level asked for.
+    pub target: i64,
+    /// The pool level before.
+    pub before: i64,
+    /// The pool level after.
+    pub after: i64,
+    /// Batches stored.
+    pub batches: u32,
+    /// Keys stored at each evaluator.
+    pub keys: i64,
+}
+impl FaceClient {
+    /// A client for the coordinator and the pinned keys of `config`.
+    pub fn new(config: &Config) -> Result<Self> {
+        Ok(FaceClient {
+            coordinator: Coordinator::new(config),
+            sealer: Sealer::new(config)?,
+        })
+    }
+
+    /// Seals the dealer configuration to P2 and sends it; returns the dealer's public state.
+    pub async fn configure(
+        &mut self,
+        metric: Metric,
+        threshold: f64,
+        dim: usize,
+    ) -> Result<DealerStatus> {
+        let sealed = seal_dealer_config(
+            &DealerConfig {
+                metric,
+                dim,
+                threshold,
+            },
+            &self.sealer.keys[2],
+            &mut self.sealer.rng,
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+        let body = FaceConfigureBody {
+            config: to_base64(&sealed),
+        };
+        Ok(self.coordinator.post("/v1/face/configure", &body).await?)
+    }
+
+    /// The dealer's state and the pools of P0 and P1.
+    pub async fn pool(&self) -> Result<FacePoolResponse> {
+        Ok(self.coordinator.get("/v1/face/pool").await?)
+    }
+
+    /// One refill request (at most `max_batches` batches when given).
+    pub async fn refill_step(
+        &self,
+        target: i64,
+        batch_size: i32,
+        max_batches: Option<u32>,
+    ) -> Result<FaceRefillResponse> {
+        let body = FaceRefillBody {
+            target,
+            batch_size,
+            max_batches,
+        };
+        body.validate().map_err(|e| anyhow!(e))?;
+        Ok(self.coordinator.post("/v1/face/refill", &body).await?)
+    }
+
+    /// Refills the pools to `target`, one batch per request, reporting progress on stderr
+    /// when `progress`.
+    pub async fn refill(
+        &self,
+        target: i64,
+        batch_size: i32,
+        progress: bool,
+    ) -> Result<RefillSummary> {
+        let first = self.refill_step(target, batch_size, Some(1)).await?;
+        let before = first.before;
+        let missing = (target - before).max(0);
+        // Enough requests for the missing keys, with room for concurrent consumption.
+        let budget = 2 * (missing / i64::from(batch_size.max(1))) + 4;
+        let mut summary = RefillSummary {
+            generation: first.dealer.generation,
+            target,
+            before,
+            after: first.after,
+            batches: first.batches,
+            keys: first.keys,
+        };
+        let report = |s: &RefillSummary| {
+            if progress && s.batches > 0 {
+                eprintln!(
+                    "refill: pool level {} / {} after {} batch(es), {} keys stored (generation {})",
+                    s.after, s.target, s.batches, s.keys, s.generation
+                );
+            }
+        };
+        report(&summary);
+        let mut last = first;
+        let mut requests = 1;
+        while !last.reached && last.batches > 0 && requests < budget {
+            last = self.refill_step(target, batch_size, Some(1)).await?;
+            requests += 1;
+            if last.dealer.generation != summary.generation {
+                bail!(
+                    "the dealer was reconfigured during the refill (generation {} → {}); run the refill again",
+                    summary.generation,
+                    last.dealer.generation
+                );
+            }
+            summary.after = last.after;
+            summary.batches += last.batches;
+            summary.keys += last.keys;
+            report(&summary);
+            for pending in &last.pending_recovery {
+                eprintln!("warning: key batch committed; recovery will complete it at {pending}");
+            }
+        }
+        if summary.after < target {
+            bail!(
+                "the pool level is {} after storing {} keys, below the target {target} (sessions consumed keys meanwhile?); run the refill again",
+                summary.after,
+                summary.keys
+            );
+        }
+        Ok(summary)
+    }
+
+    /// The embedding dimension the dealer is configured for, if it can be asked.
+    pub async fn dealer_dim(&self) -> Option<usize> {
+        let pool = self.pool().await.ok()?;
+        pool.dealer.and_then(|d| usize::try_from(d.dim).ok())
+    }
+
+    /// Refuses embeddings (`what`) of another dimension than the dealer's, when it can be
+    /// asked.
+    pub async fn check_dim(&self, dim: usize, what: &str) -> Result<()> {
+        if let Some(configured) = self.dealer_dim().await {
+            if configured != dim {
+                bail!(
+                    "the face dealer is configured for dimension {configured}, but {what} have dimension {dim}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Enrolls quantised records in batches of `batch_size` (each atomic across the parties).
+    /// On an error, the batches before it are enrolled and the message says from which line
+    /// to resume.
+    pub async fn enroll(
+        &mut self,
+        records: &[FaceEnrollRecord],
+        on_duplicate: &str,
+        batch_size: usize,
+        progress: bool,
+    ) -> Result<EnrollTotals> {
+        if batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if on_duplicate != "skip" && on_duplicate != "error" {
+            bail!("--on-duplicate must be skip or error");
+        }
+        if let Some(first) = records.first() {
+            self.check_dim(first.embedding.len(), "the embeddings to enrol")
+                .await?;
+        }
+        let bar = progress_bar(records.len(), !progress, "enrolling faces");
+        let mut totals = EnrollTotals::default();
+        for batch in records.chunks(batch_size) {
+            let lines = BatchLines::of(batch.iter().map(|r| r.line));
+            let requests: Vec<FaceEnrollRequest<'_>> = batch
+                .iter()
+                .map(|r| FaceEnrollRequest {
+                    subject: &r.subject,
+                    embedding: &r.embedding,
+                })
+                .collect();
+            let ([e0, e1], _) =
+                seal_face_enrollment(&requests, &self.sealer.keys, &mut self.sealer.rng)
+                    .map_err(|e| anyhow!("sealing lines {}..={}: {e}", lines.first, lines.last))?;
+            let body = FaceEnrollBody {
+                on_duplicate: on_duplicate.to_owned(),
+                envelopes: [to_base64(&e0), to_base64(&e1)],
+            };
+            let answer = self
+                .coordinator
+                .post::<_, FaceEnrollResponse>("/v1/face/enroll", &body)
+                .await
+                .map(|response| BatchAnswer {
+                    enrolled: response.results.iter().map(|r| r.enrolled).collect(),
+                    pending_recovery: response.pending_recovery,
+                });
+            account(&mut totals, &lines, answer, RECOVERY_SCOPE, &bar)?;
+        }
+        bar.finish_and_clear();
+        Ok(totals)
+    }
+
+    /// Deletes a subject's face template; returns the number deleted (0 or 1).
+    pub async fn delete(&self, subject: &str) -> Result<i64> {
+        let body = FaceDeleteBody {
+            subject: subject.to_owned(),
+        };
+        let answer: FaceDeleteResponse = self.coordinator.post("/v1/face/delete", &body).await?;
+        for pending in &answer.pending_recovery {
+            eprintln!("warning: deletion committed; recovery will complete it at {pending}");
+        }
+        Ok(answer.deleted)
+    }
+
+    /// POSTs a probe body, sealed afresh for every attempt (`body` gets the session id and the
+    /// sealed probes of P0 and P1), retrying transient failures.
+    async fn post_probe<B: serde::Serialize, T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        embedding: &[i32],
+        target: Option<&str>,
+        body: impl Fn(String, [String; 2]) -> B,
+    ) -> Result<T> {
+        let sealer = &mut self.sealer;
+        let seal = || {
+            let session = new_session_id(&mut rand::rngs::OsRng);
+            let sealed = seal_face_probe(embedding, session, target, &sealer.keys, &mut sealer.rng)
+                .map_err(|e| CallError::Local(format!("sealing the probe: {e}")))?;
+            Ok(body(
+                session_to_hex(&session),
+                sealed.map(|p| to_base64(&p)),
+            ))
+        };
+        let (result, attempts) = self.coordinator.post_retrying(path, seal).await;
+        result.map_err(|e| e.after_attempts(attempts))
+    }
+
+    /// 1:1: does the quantised `embedding` match `subject`'s template?
+    pub async fn verify_quantized(&mut self, subject: &str, embedding: &[i32]) -> Result<bool> {
+        let body = |session, probes| FaceVerifyBody {
+            subject: subject.to_owned(),
+            session,
+            probes,
+        };
+        let answer: FaceVerifyResponse = self
+            .post_probe("/v1/face/verify", embedding, Some(subject), body)
+            .await?;
+        Ok(answer.matched)
+    }
+
+    /// 1:N: which enrolled subjects does the quantised `embedding` match (sorted)? Also
+    /// returns the number of templates compared.
+    pub async fn identify_quantized(&mut self, embedding: &[i32]) -> Result<(Vec<String>, i64)> {
+        let body = |session, probes| FaceIdentifyBody { session, probes };
+        let answer: FaceIdentifyResponse = self
+            .post_probe("/v1/face/identify", embedding, None, body)
+            .await?;
+        Ok((answer.matches, answer.comparisons))
+    }
+}
+
+fn quantize_all(embeddings: &[Vec<f64>]) -> Result<Vec<Vec<i32>>> {
+    let mut out = Vec::with_capacity(embeddings.len());
+    for (i, embedding) in embeddings.iter().enumerate() {
+        let quantizer =
+            Quantizer::new(embedding.len()).map_err(|e| anyhow!("embedding {i}: {e}"))?;
+        out.push(
+            quantizer
+                .quantize(embedding)
+                .map_err(|e| anyhow!("embedding {i}: {e}"))?,
+        );
+    }
+    Ok(out)
+}
+/// Configures the dealer (`privmatch face configure`).
+pub async fn configure(
+    config: &Config,
+    metric: Metric,
+    threshold: f64,
+    dim: usize,
+) -> Result<DealerStatus> {
+    FaceClient::new(config)?
+        .configure(metric, threshold, dim)
+        .await
+}
+
+/// The dealer's state and the pools of P0 and P1.
+pub async fn pool(config: &Config) -> Result<FacePoolResponse> {
+    FaceClient::new(config)?.pool().await
+}
+
+/// Refills the key pools to `target` in batches of `batch_size`.
+pub async fn refill(
+    config: &Config,
+    target: i64,
+    batch_size: i32,
+    progress: bool,
+) -> Result<RefillSummary> {
+    if !(1..=MAX_REFILL_BATCH).contains(&batch_size) {
+        bail!("--batch-size must be between 1 and {MAX_REFILL_BATCH}");
+    }
+    if target < 0 {
+        bail!("--target must not be negative");
+    }
+    FaceClient::new(config)?
+        .refill(target, batch_size, progress)
+        .await
+}
+
+/// Enrolls a whole NDJSON file (validated entirely before anything is sent).
+pub async fn enroll_file(
+    config: &Config,
+    input: &Path,
+    options: EmbeddingOptions,
+    on_duplicate: &str,
+    batch_size: usize,
+    progress: bool,
+) -> Result<EnrollTotals> {
+    let records = read_enroll_file(input, options)?;
+    FaceClient::new(config)?
+        .enroll(&records, on_duplicate, batch_size, progress)
+        .await
+}
+
+/// Deletes a subject's face template at P0 and P1; returns the number deleted.
+pub async fn delete(config: &Config, subject: &str) -> Result<i64> {
+    FaceClient::new(config)?.delete(subject).await
+}
+
+/// 1:1 verification of each embedding (elements in [−1, 1]; normalise first for cosine) against
+/// `subject`: one bit per embedding.
+pub async fn verify(config: &Config, subject: &str, embeddings: &[Vec<f64>]) -> Result<Vec<bool>> {
+    each_embedding(config, embeddings, "verifying", async |client, q| {
+        client.verify_quantized(subject, q).await
+    })
+    .await
+}
+
+/// 1:N identification of each embedding (elements in [−1, 1]): the matching subjects, sorted,
+/// per embedding.
+pub async fn identify(config: &Config, embeddings: &[Vec<f64>]) -> Result<Vec<Vec<String>>> {
+    each_embedding(config, embeddings, "identifying", async |client, q| {
+        Ok(client.identify_quantized(q).await?.0)
+    })
+    .await
+}
+
+/// Quantises every embedding, then runs `call` on each in order (`doing` names it in errors).
+async fn each_embedding<T>(
+    config: &Config,
+    embeddings: &[Vec<f64>],
+    doing: &str,
+    mut call: impl AsyncFnMut(&mut FaceClient, &[i32]) -> Result<T>,
+) -> Result<Vec<T>> {
+    let quantized = quantize_all(embeddings)?;
+    let mut client = FaceClient::new(config)?;
+    let mut out = Vec::with_capacity(quantized.len());
+    for (i, q) in quantized.iter().enumerate() {
+        out.push(
+            call(&mut client, q)
+                .await
+                .with_context(|| format!("{doing} embedding {i}"))?,
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_embeddings_are_quantised_with_the_element_named() {
+        let mut e = vec![0.0; 128];
+        e[0] = 1.0;
+        let q = quantize_all(std::slice::from_ref(&e)).expect("valid");
+        assert_eq!(q[0][0], 1448);
+        e[4] = 2.0;
+        let err = quantize_all(&[vec![0.0; 128], e])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("embedding 1") && err.contains("element 4"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! The client side of the iris modality: templates and probes are shared and sealed here, to
+//! the pinned party keys, and sent to the coordinator's HTTP API (shapes in
+//! [`crate::iris::api`]); the coordinator only relays ciphertext.
+//!
+//! * [`enroll_file`]: bulk enrolment, sealed batch by batch on a blocking thread while
+//!   earlier batches are in flight; each batch is one distributed transaction.
+//! * [`IrisClient`]: searches and enroll-if-unique, one session per eye with a fresh id per
+//!   attempt. When the parties hold different template sets for a moment (an enrolment is
+//!   being committed) the request is re-sealed for a new session and retried with back-off.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::iris::enroll::{
+    seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye,
+};
+use privmatch_core::iris::params::SearchParams;
+use privmatch_core::iris::probe::seal_iris_probe;
+use privmatch_core::iris::template::IrisTemplate;
+use privmatch_core::wire::envelope::encode_enroll_batch;
+use privmatch_core::wire::session::new_session_id;
+use rand_chacha::ChaCha20Rng;
+use tokio::sync::mpsc;
+
+use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
+use crate::cli::http::{CallError, Coordinator};
+use crate::cli::keys::{sharing_rng, Sealer};
+use crate::cli::progress::progress_bar;
+use crate::config::Config;
+use crate::iris::api::{
+    DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
+    EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
+};
+use crate::iris::eyes::EyePolicy;
+use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
+use crate::wire::{codes, session_to_hex, to_base64};
+
+/// Where recovery finishes an iris batch left in doubt.
+const RECOVERY_SCOPE: &str = "at all three parties or at none";
+
+/// How a file is enrolled in batches.
+#[derive(Clone, Debug)]
+pub struct BatchOptions {
+    /// Records per distributed transaction.
+    pub batch_size: usize,
+    /// `skip` or `error` (see `privmatch iris enroll --on-duplicate`).
+    pub on_duplicate: String,
+    /// Batches in flight at once.
+    pub parallel: usize,
+    /// Draw a progress bar.
+    pub progress: bool,
+}
+
+struct SealedBatch {
+    lines: BatchLines,
+    body: Vec<u8>,
+}
+
+/// Shares and seals one batch: one envelope per party, framed for the coordinator.
+fn seal_batch(
+    pending: &[EnrollRecord],
+    keys: &[PartyPublicKey; 3],
+    rng: &mut ChaCha20Rng,
+) -> Result<SealedBatch> {
+    let requests: Vec<EnrollRequest<'_>> = pending
+        .iter()
+        .map(|r| EnrollRequest {
+            template: &r.template,
+            subject: &r.subject,
+            eye: r.eye,
+        })
+        .collect();
+    let lines = BatchLines::of(pending.iter().map(|r| r.line));
+    let (envelopes, _) = seal_iris_enrollment_batch(&requests, keys, rng)
+        .with_context(|| format!("sealing lines {}..={}", lines.first, lines.last))?;
+    Ok(SealedBatch {
+        lines,
+        body: encode_enroll_batch(&[envelopes]),
+    })
+}
+
+/// Reads, shares and seals the file on a blocking thread, one batch at a time.
+fn spawn_sealer(
+    input: PathBuf,
+    keys: [PartyPublicKey; 3],
+    batch_size: usize,
+    tx: mpsc::Sender<Result<SealedBatch>>,
+) {
+    std::thread::spawn(move || {
+        let outcome = sharing_rng().and_then(|mut rng| {
+            let mut pending: Vec<EnrollRecord> = Vec::with_capacity(batch_size);
+            let send = |pending: &mut Vec<EnrollRecord>, rng: &mut ChaCha20Rng| {
+                let batch = seal_batch(pending, &keys, rng)?;
+                pending.clear();
+                if tx.blocking_send(Ok(batch)).is_err() {
+                    bail!("the sender stopped");
+                }
+                Ok(())
+            };
+            for_each_record(&input, |record| {
+                pending.push(record);
+                if pending.len() == batch_size {
+                    send(&mut pending, &mut rng)?;
+                }
+                Ok(())
+            })?;
+            if pending.is_empty() {
+                Ok(())
+            } else {
+                send(&mut pending, &mut rng)
+            }
+        });
+        if let Err(e) = outcome {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+}
+
+/// Enrolls a whole file: validates every line first (nothing is sent if any line is bad),
+/// then seals and sends batches; each batch is atomic across the parties. On an error, the
+/// batches before it are enrolled and the message says from which line to resume (re-running
+/// with the default `--on-duplicate skip` is safe). Returns the totals and the number of
+/// records.
+pub async fn enroll_file(
+    config: &Config,
+    input: &Path,
+    options: &BatchOptions,
+) -> Result<(EnrollTotals, usize)> {
+    if options.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let total = validate_file(input)?;
+    let keys = config.pinned_keys()?;
+    let coordinator = Coordinator::new(config);
+    let path = format!("/v1/iris/enroll?on_duplicate={}", options.on_duplicate);
+    let (tx, mut rx) = mpsc::channel(2);
+    spawn_sealer(input.to_path_buf(), keys, options.batch_size, tx);
+    let bar = progress_bar(total, !options.progress, "enrolling");
+    let mut totals = EnrollTotals::default();
+    type Answer = Result<EnrollResponse, CallError>;
+    // Keep a few batches in flight while the next ones are sealed; answers are accounted in
+    // order, so an error reports exactly which lines are enrolled.
+    let mut in_flight: VecDeque<(BatchLines, tokio::task::JoinHandle<Answer>)> = VecDeque::new();
+    let settle = |lines: BatchLines, answer: Answer, totals: &mut EnrollTotals| {
+        let answer = answer.map(|response| BatchAnswer {
+            enrolled: response.results.iter().map(|r| r.enrolled).collect(),
+            pending_recovery: response.pending_recovery,
+        });
+        account(totals, &lines, answer, RECOVERY_SCOPE, &bar)
+    };
+    while let Some(next) = rx.recv().await {
+        let batch = next?;
+        let (coordinator, path) = (coordinator.clone(), path.clone());
+        let handle = tokio::spawn(async move { coordinator.post_bytes(&path, batch.body).await });
+        in_flight.push_back((batch.lines, handle));
+        if in_flight.len() >= options.parallel.max(1) {
+            if let Some((lines, handle)) = in_flight.pop_front() {
+                let answer = handle.await.context("sender task failed")?;
+                settle(lines, answer, &mut totals)?;
+            }
+        }
+    }
+    while let Some((lines, handle)) = in_flight.pop_front() {
+        let answer = handle.await.context("sender task failed")?;
+        settle(lines, answer, &mut totals)?;
+    }
+    bar.finish_and_clear();
+    Ok((totals, total))
+}
+
+/// A client of the coordinator's iris API, with the pinned keys and a CSPRNG for sharing.
+pub struct IrisClient {
+    coordinator: Coordinator,
+    sealer: Sealer,
+}
+
+/// Shares `template` as a probe and seals it to the three parties for a fresh session.
+fn seal_probe(
+    sealer: &mut Sealer,
+    template: &IrisTemplate,
+    eye: Eye,
+) -> Result<(String, [String; 3]), CallError> {
+    let session = new_session_id(&mut rand::rngs::OsRng);
+    let sealed = seal_iris_probe(template, eye, session, &sealer.keys, &mut sealer.rng)
+        .map_err(|e| CallError::Local(format!("sealing the {} eye probe: {e}", eye.as_str())))?;
+    Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
+}
+
+impl IrisClient {
+    /// A client for the coordinator and the pinned keys of `config`.
+    pub fn new(config: &Config) -> Result<Self> {
+        Ok(IrisClient {
+            coordinator: Coordinator::new(config),
+            sealer: Sealer::new(config)?,
+        })
+    }
+
+    /// Searches one probe (one session per eye), re-sealing and retrying while the parties'
+    /// template sets differ.
+    pub async fn search(
+        &mut self,
+        probe: &ProbeRecord,
+        params: SearchParams,
+        policy: EyePolicy,
+    ) -> Result<SearchResponse> {
+        let sealer = &mut self.sealer;
+        let body = || {
+            let mut eyes = Vec::with_capacity(probe.eyes.len());
+            for (eye, template) in &probe.eyes {
+                let (session, probes) = seal_probe(sealer, template, *eye)?;
+                eyes.push(EyeProbeBody {
+                    eye: eye.as_str().to_owned(),
+                    session,
+                    probes,
+                });
+            }
+            Ok(SearchBody {
+                mode: params.mode(),
+                max_rotation: params.max_rotation(),
+                threshold: params.threshold_ratio(),
+                policy,
+                eyes,
+            })
+        };
+        let (result, attempts) = self
+            .coordinator
+            .post_retrying("/v1/iris/search", body)
+            .await;
+        result.map_err(|e| e.after_attempts(attempts))
+    }
+
+    /// Enrolls one record if unique (`params`: the uniqueness search's): the bundles are
+    /// sealed once; the probe is re-sealed for a fresh session on every attempt. On failure,
+    /// the error and the attempts made.
+    pub async fn enroll_if_unique(
+        &mut self,
+        record: &EnrollRecord,
+        params: SearchParams,
+    ) -> Result<EnrollIfUniqueOutcome, (CallError, u32)> {
+        let sealer = &mut self.sealer;
+        let (envelopes, _) = seal_iris_enrollment(
+            &record.template,
+            &record.subject,
+            record.eye,
+            &sealer.keys,
+            &mut sealer.rng,
+        )
+        .map_err(|e| (CallError::Local(format!("sealing the enrolment: {e}")), 0))?;
+        let envelopes = envelopes.map(|e| to_base64(&e));
+        let body = || {
+            let (session, probes) = seal_probe(sealer, &record.template, record.eye)?;
+            Ok(EnrollIfUniqueBody {
+                subject: record.subject.clone(),
+                eye: record.eye.as_str().to_owned(),
+                session,
+                probes,
+                envelopes: envelopes.clone(),
+                threshold: params.threshold_ratio(),
+            })
+        };
+        let (result, attempts) = self
+            .coordinator
+            .post_retrying::<_, EnrollIfUniqueResponse>("/v1/iris/enroll-if-unique", body)
+            .await;
+        match result {
+            Ok(response) => {
+                for pending in &response.pending_recovery {
+                    eprintln!(
+                        "warning: line {} committed; recovery will complete it at {pending}",
+                        record.line
+                    );
+                }
+                Ok(response.outcome)
+            }
+            Err(e) if e.code() == Some(codes::NOT_UNIQUE) => Ok(EnrollIfUniqueOutcome::NotUnique),
+            Err(e) => Err((e, attempts)),
+        }
+    }
+
+    /// Deletes a subject's templates (one eye, or both) at the three parties, atomically.
+    pub async fn delete(&self, subject: &str, eye: Option<&str>) -> Result<DeleteResponse> {
+        let body = DeleteBody {
+            subject: subject.to_owned(),
+            eye: eye.map(str::to_owned),
+        };
+        Ok(self.coordinator.post("/v1/iris/delete", &body).await?)
+    }
+}

@@ -1,0 +1,633 @@
+//! The iris search on the round-driver skeleton ([`crate::session::driver`]): one search
+//! session (one probe, one eye) across the three parties, in the ring of Bloemen et al.,
+//! "Large-Scale MPC: Scaling Private Iris Code Uniqueness Checks to Millions of Users"
+//! (ePrint 2024/705).
+//!
+//! Protocol, as the parties expose it (schema `privmatch`):
+//!
+//! 1. `iris_search_start(session, probe, mode, max_rotation, threshold)` at the three parties
+//!    in parallel, each with its own sealed probe. Each answers the number of templates it
+//!    searches, a digest of the set of (subject, eye) keys, and its first outbound message.
+//!    The three must search the same set; if they do not (an enrolment or deletion is being
+//!    committed, or awaits recovery) the session is aborted and the caller retries with a
+//!    fresh session id ([`retry_on_set_mismatch`]).
+//! 2. Round k = 0, 1, 2, …: `iris_search_round(session, k, message)` at the three parties in
+//!    parallel. Party i receives what party i−1 sent ([`route`]) and answers its next message
+//!    (to party i+1) or `finished` with the result. All three finish in the same round and
+//!    must report the same result ([`classify_round`]).
+//! 3. On any error or timeout: `iris_search_abort(session)` at all three (best effort) and a
+//!    [`SearchError`] naming the party (and SQLSTATE).
+//!
+//! The session id is bound into the sealed probes, so every attempt needs fresh sealed probes
+//! and a fresh id; whoever seals (the client) draws it.
+//!
+//! [`run_search`] uses pooled connections; [`run_search_on`] runs on connections the caller
+//! supplies (e.g. inside a distributed transaction, for enroll-if-unique). Both count rounds
+//! and the bytes each party emitted, for the benchmark.
+
+use std::future::Future;
+use std::time::Duration;
+
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::SessionId;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{Client, Row};
+
+use crate::parties::{column, Parties, PartyError};
+use crate::session::driver::{
+    at_each, call_with_timeout, relay, run_on, run_pooled, Rounds, Session, Step, Traffic,
+};
+use crate::session::retry::{with_retry, RetryPolicy};
+
+/// More rounds than any search needs (uniqueness over 2^64 comparisons needs 81): a party
+/// that never finishes is a protocol error, not an endless loop.
+const MAX_ROUNDS: i32 = 256;
+
+/// Length of the template-set digest a party reports at start.
+const SET_DIGEST_LEN: usize = 32;
+
+/// One search session: its id, the three sealed probes (indexed by party) and the parameters.
+#[derive(Clone, Debug)]
+pub struct SearchRequest {
+    /// The session id the probes were sealed for.
+    pub session: SessionId,
+    /// The sealed probe of each party.
+    pub probes: [Vec<u8>; 3],
+    /// Mode, rotations, threshold.
+    pub params: SearchParams,
+}
+
+/// The result the three parties agreed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SearchResult {
+    /// The matching subjects of the probe's eye, sorted.
+    Identify(Vec<String>),
+    /// True when no enrolled template matched.
+    Unique(bool),
+}
+
+/// Figures of one search, for reports and the benchmark.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchStats {
+    /// Templates searched (the same at every party).
+    pub entries: i64,
+    /// Round calls made per party (= messages each party emitted).
+    pub rounds: u32,
+    /// Bytes of the messages each party emitted, by party.
+    pub bytes_sent: [u64; 3],
+    /// Wall time from start to the last round, in microseconds.
+    pub micros: u64,
+}
+
+impl SearchStats {
+    /// Wall time in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.micros as f64 / 1e6
+    }
+}
+
+/// A finished search.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SearchOutcome {
+    /// What the parties answered.
+    pub result: SearchResult,
+    /// Rounds, bytes, time.
+    pub stats: SearchStats,
+}
+
+/// The parties started a search over different template sets.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the parties hold different template sets (entries P0 = {}, P1 = {}, P2 = {}{}){}: an enrolment or deletion is being committed or awaits recovery; try again shortly (`privmatch recover` finishes transactions left in doubt)",
+    entries[0], entries[1], entries[2],
+    if *same_entries_other_keys { ", with different keys" } else { "" },
+    if *attempts > 1 { format!(" in {attempts} attempts") } else { String::new() }
+)]
+pub struct SetMismatch {
+    /// Entries each party reported.
+    pub entries: [i64; 3],
+    /// The counts agree but the key digests do not.
+    pub same_entries_other_keys: bool,
+    /// Attempts made (1 until a retry loop gives up).
+    pub attempts: u32,
+}
+
+/// Why a search failed. The session was aborted at the three parties (best effort).
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// The request is malformed or out of range (nothing was sent to the parties).
+    #[error("invalid search request: {0}")]
+    Invalid(String),
+    /// A party failed or could not be reached.
+    #[error("search failed at {0}")]
+    Party(PartyError),
+    /// A party did not answer within the per-call timeout (its call was cancelled).
+    #[error("search timed out at {0}")]
+    Timeout(PartyError),
+    /// The parties hold different template sets.
+    #[error(transparent)]
+    SetsDiffer(SetMismatch),
+    /// The parties broke the protocol (finished in different rounds, disagree on the result).
+    #[error("search protocol error: {0}")]
+    Protocol(String),
+}
+
+crate::session_error!(SearchError);
+
+/// What a party answered to `iris_search_start`.
+#[derive(Clone, Debug)]
+struct StartReply {
+    entries: i64,
+    set_digest: Vec<u8>,
+    message: Vec<u8>,
+}
+
+/// What a party answered to `iris_search_round`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundReply {
+    /// The next message (to party i+1), unless finished.
+    pub message: Option<Vec<u8>>,
+    /// True in the last round.
+    pub finished: bool,
+    /// The uniqueness result, when finished in uniqueness mode.
+    pub is_unique: Option<bool>,
+    /// The matching subjects, when finished in identify mode.
+    pub subjects: Option<Vec<String>>,
+}
+
+/// Routes the messages of a round (indexed by sender): party i receives party i−1's.
+pub fn route(outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
+    let [m0, m1, m2] = outbound;
+    [m2, m0, m1]
+}
+
+/// Checks that the three parties search the same template set.
+fn check_same_set(starts: &[StartReply; 3]) -> Result<(), SearchError> {
+    for (party, start) in PartyIndex::ALL.iter().zip(starts) {
+        if start.set_digest.len() != SET_DIGEST_LEN {
+            return Err(SearchError::Protocol(format!(
+                "{party} answered a template-set digest of {} bytes, expected {SET_DIGEST_LEN}",
+                start.set_digest.len()
+            )));
+        }
+    }
+    let entries = [starts[0].entries, starts[1].entries, starts[2].entries];
+    let same_entries = entries.iter().all(|&e| e == entries[0]);
+    let same_digest = starts.iter().all(|s| s.set_digest == starts[0].set_digest);
+    if same_entries && same_digest {
+        return Ok(());
+    }
+    Err(SearchError::SetsDiffer(SetMismatch {
+        entries,
+        same_entries_other_keys: same_entries,
+        attempts: 1,
+    }))
+}
+
+/// Interprets the three answers of round `round`: the messages to relay, or the result.
+pub fn classify_round(
+    mode: SearchMode,
+    round: i32,
+    replies: [RoundReply; 3],
+) -> Result<Step<3, SearchResult>, SearchError> {
+    let finished: Vec<PartyIndex> = PartyIndex::ALL
+        .iter()
+        .zip(&replies)
+        .filter(|(_, r)| r.finished)
+        .map(|(&p, _)| p)
+        .collect();
+    match finished.len() {
+        0 => continue_round(round, replies),
+        3 => finish_round(mode, round, replies).map(Step::Finished),
+        _ => Err(SearchError::Protocol(format!(
+            "only {} finished in round {round}",
+            finished
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ))),
+    }
+}
+
+fn continue_round(
+    round: i32,
+    replies: [RoundReply; 3],
+) -> Result<Step<3, SearchResult>, SearchError> {
+    let [r0, r1, r2] = replies;
+    let take = |party: usize, reply: RoundReply| {
+        reply.message.ok_or_else(|| {
+            SearchError::Protocol(format!(
+                "{} sent no message in round {round} and did not finish",
+                PartyIndex::ALL[party]
+            ))
+        })
+    };
+    Ok(Step::Relay([take(0, r0)?, take(1, r1)?, take(2, r2)?]))
+}
+
+fn finish_round(
+    mode: SearchMode,
+    round: i32,
+    replies: [RoundReply; 3],
+) -> Result<SearchResult, SearchError> {
+    let missing = |party: PartyIndex, what: &str| {
+        SearchError::Protocol(format!("{party} finished in round {round} without {what}"))
+    };
+    let mut results = Vec::with_capacity(3);
+    for (&party, reply) in PartyIndex::ALL.iter().zip(replies) {
+        results.push(match mode {
+            SearchMode::Identify => {
+                let mut subjects = reply
+                    .subjects
+                    .ok_or_else(|| missing(party, "the matching subjects"))?;
+                subjects.sort();
+                SearchResult::Identify(subjects)
+            }
+            SearchMode::Uniqueness => SearchResult::Unique(
+                reply
+                    .is_unique
+                    .ok_or_else(|| missing(party, "the uniqueness result"))?,
+            ),
+        });
+    }
+    if results.windows(2).any(|w| w[0] != w[1]) {
+        return Err(SearchError::Protocol(
+            "the parties report different results".into(),
+        ));
+    }
+    Ok(results.swap_remove(0))
+}
+
+/// One search as the round driver runs it.
+struct Search<'a> {
+    request: &'a SearchRequest,
+    timeout: Duration,
+}
+
+impl Search<'_> {
+    async fn start_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+    ) -> Result<StartReply, SearchError> {
+        let session: &[u8] = &self.request.session;
+        let probe: &[u8] = &self.request.probes[party.as_usize()];
+        let params = &self.request.params;
+        let sql = "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, $5)";
+        let row = call_with_timeout::<_, SearchError>(
+            party,
+            client,
+            "iris_search_start",
+            self.timeout,
+            client.query_one(
+                sql,
+                &[
+                    &session,
+                    &probe,
+                    &params.mode().as_str(),
+                    &params.max_rotation(),
+                    &params.threshold_ratio(),
+                ],
+            ),
+        )
+        .await?;
+        let message = column::<Vec<u8>>(party, &row, 2).map_err(SearchError::Party)?;
+        Ok(StartReply {
+            entries: column(party, &row, 0)
+                .map_err(SearchError::Party)?
+                .unwrap_or(-1),
+            set_digest: column(party, &row, 1)
+                .map_err(SearchError::Party)?
+                .unwrap_or_default(),
+            message: message.ok_or_else(|| {
+                SearchError::Protocol(format!("{party} started without a first message"))
+            })?,
+        })
+    }
+}
+
+impl Session<3> for Search<'_> {
+    type Output = (SearchResult, SearchStats);
+    type Error = SearchError;
+    const ABORT_SQL: &'static str = "SELECT privmatch.iris_search_abort($1)";
+
+    fn id(&self) -> &SessionId {
+        &self.request.session
+    }
+
+    async fn drive(&self, clients: [&Client; 3]) -> Result<Self::Output, SearchError> {
+        let starts = at_each(clients, |party, client| self.start_at(party, client)).await?;
+        check_same_set(&starts)?;
+        let entries = starts[0].entries;
+        let first = starts.map(|s| s.message);
+        let mut traffic = Traffic::new();
+        let result = relay(self, clients, 0..MAX_ROUNDS, Some(first), &mut traffic).await?;
+        let stats = SearchStats {
+            entries,
+            rounds: traffic.rounds,
+            bytes_sent: traffic.bytes_sent,
+            micros: 0,
+        };
+        Ok((result, stats))
+    }
+}
+
+impl Rounds<3> for Search<'_> {
+    type Reply = RoundReply;
+    type Last = SearchResult;
+
+    const ROUND_SQL: &'static str =
+        "SELECT message, finished, is_unique, subjects FROM privmatch.iris_search_round($1, $2, $3)";
+    const ROUND_FUNCTION: &'static str = "iris_search_round";
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn reply(&self, party: PartyIndex, _round: i32, row: &Row) -> Result<RoundReply, SearchError> {
+        let reply = || {
+            Ok(RoundReply {
+                message: column(party, row, 0)?,
+                finished: column(party, row, 1)?.unwrap_or(false),
+                is_unique: column(party, row, 2)?,
+                subjects: column(party, row, 3)?,
+            })
+        };
+        reply().map_err(SearchError::Party)
+    }
+
+    fn step(
+        &self,
+        round: i32,
+        replies: [RoundReply; 3],
+    ) -> Result<Step<3, SearchResult>, SearchError> {
+        classify_round(self.request.params.mode(), round, replies)
+    }
+
+    fn route(&self, outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
+        route(outbound)
+    }
+}
+
+/// Runs one search session on connections the caller supplies (indexed by party; they may be
+/// inside a transaction). On failure the session is aborted at the three parties through the
+/// pools of `parties`; the caller decides what to do with its connections.
+pub async fn run_search_on(
+    clients: [&Client; 3],
+    parties: &Parties,
+    request: &SearchRequest,
+    timeout: Duration,
+) -> Result<SearchOutcome, SearchError> {
+    let search = Search { request, timeout };
+    let ((result, stats), elapsed) = run_on(clients, parties, &search).await?;
+    Ok(outcome(result, stats, elapsed))
+}
+
+/// Runs one search session on pooled connections. Connections go back to the pools only
+/// after a successful search (after a failure one may still be busy or broken).
+pub async fn run_search(
+    parties: &Parties,
+    request: &SearchRequest,
+    timeout: Duration,
+) -> Result<SearchOutcome, SearchError> {
+    let search = Search { request, timeout };
+    let ((result, stats), elapsed) = run_pooled(parties, &search).await?;
+    Ok(outcome(result, stats, elapsed))
+}
+
+fn outcome(result: SearchResult, stats: SearchStats, elapsed: Duration) -> SearchOutcome {
+    SearchOutcome {
+        result,
+        stats: SearchStats {
+            micros: elapsed.as_micros() as u64,
+            ..stats
+        },
+    }
+}
+
+/// Retries `attempt` on `policy` while the parties hold different template sets, and reports
+/// the number of attempts in the final mismatch error. Every attempt must use fresh session
+/// ids (and so freshly sealed probes).
+pub async fn retry_on_set_mismatch<T, F, Fut>(
+    policy: &RetryPolicy,
+    attempt: F,
+) -> Result<T, SearchError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, SearchError>>,
+{
+    let (result, attempts) =
+        with_retry(policy, |e| matches!(e, SearchError::SetsDiffer(_)), attempt).await;
+    result.map_err(|e| match e {
+        SearchError::SetsDiffer(mismatch) => SearchError::SetsDiffer(SetMismatch {
+            attempts,
+            ..mismatch
+        }),
+        other => other,
+    })
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(message: Option<&[u8]>, finished: bool) -> RoundReply {
+        RoundReply {
+            message: message.map(<[u8]>::to_vec),
+            finished,
+            ..RoundReply::default()
+        }
+    }
+
+    fn finished_identify(subjects: &[&str]) -> RoundReply {
+        RoundReply {
+            finished: true,
+            subjects: Some(subjects.iter().map(|s| (*s).to_owned()).collect()),
+            ..RoundReply::default()
+        }
+    }
+
+    #[test]
+    fn party_i_receives_the_message_of_party_i_minus_1() {
+        let inbound = route([b"from0".to_vec(), b"from1".to_vec(), b"from2".to_vec()]);
+        assert_eq!(inbound[0], b"from2");
+        assert_eq!(inbound[1], b"from0");
+        assert_eq!(inbound[2], b"from1");
+    }
+
+    #[test]
+    fn rounds_continue_finish_or_fail() {
+        let step = classify_round(
+            SearchMode::Identify,
+            0,
+            [
+                reply(Some(b"a"), false),
+                reply(Some(b"b"), false),
+                reply(Some(b"c"), false),
+            ],
+        );
+        assert!(matches!(step, Ok(Step::Relay(m)) if m[2] == b"c"));
+        let missing = classify_round(
+            SearchMode::Identify,
+            4,
+            [
+                reply(Some(b"a"), false),
+                reply(None, false),
+                reply(Some(b"c"), false),
+            ],
+        );
+        assert!(
+            matches!(missing, Err(SearchError::Protocol(m)) if m.contains("P1") && m.contains("round 4"))
+        );
+        let partial = classify_round(
+            SearchMode::Identify,
+            21,
+            [
+                finished_identify(&[]),
+                reply(Some(b"b"), false),
+                finished_identify(&[]),
+            ],
+        );
+        assert!(matches!(partial, Err(SearchError::Protocol(m)) if m.contains("P0 and P2")));
+    }
+
+    #[test]
+    fn finished_results_must_agree() {
+        let done = classify_round(
+            SearchMode::Identify,
+            21,
+            [
+                finished_identify(&["b", "a"]),
+                finished_identify(&["a", "b"]),
+                finished_identify(&["a", "b"]),
+            ],
+        );
+        assert_eq!(
+            done.ok(),
+            Some(Step::Finished(SearchResult::Identify(vec![
+                "a".into(),
+                "b".into()
+            ])))
+        );
+        let differ = classify_round(
+            SearchMode::Identify,
+            21,
+            [
+                finished_identify(&["a"]),
+                finished_identify(&["a", "b"]),
+                finished_identify(&["a"]),
+            ],
+        );
+        assert!(matches!(differ, Err(SearchError::Protocol(_))));
+        let unique = |u: Option<bool>| RoundReply {
+            finished: true,
+            is_unique: u,
+            ..RoundReply::default()
+        };
+        let ok = classify_round(
+            SearchMode::Uniqueness,
+            38,
+            [
+                unique(Some(false)),
+                unique(Some(false)),
+                unique(Some(false)),
+            ],
+        );
+        assert_eq!(ok.ok(), Some(Step::Finished(SearchResult::Unique(false))));
+        let split = classify_round(
+            SearchMode::Uniqueness,
+            38,
+            [unique(Some(true)), unique(Some(false)), unique(Some(true))],
+        );
+        assert!(matches!(split, Err(SearchError::Protocol(_))));
+        let null = classify_round(
+            SearchMode::Uniqueness,
+            38,
+            [unique(Some(true)), unique(None), unique(Some(true))],
+        );
+        assert!(matches!(null, Err(SearchError::Protocol(m)) if m.contains("P1")));
+    }
+
+    fn start(entries: i64, digest: u8) -> StartReply {
+        StartReply {
+            entries,
+            set_digest: vec![digest; SET_DIGEST_LEN],
+            message: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn template_sets_must_agree() {
+        assert!(check_same_set(&[start(5, 1), start(5, 1), start(5, 1)]).is_ok());
+        let err = check_same_set(&[start(5, 1), start(4, 1), start(5, 1)]);
+        assert!(matches!(
+            err,
+            Err(SearchError::SetsDiffer(SetMismatch {
+                entries: [5, 4, 5],
+                same_entries_other_keys: false,
+                ..
+            }))
+        ));
+        let err = check_same_set(&[start(5, 1), start(5, 2), start(5, 1)]);
+        assert!(matches!(
+            err,
+            Err(SearchError::SetsDiffer(SetMismatch {
+                same_entries_other_keys: true,
+                ..
+            }))
+        ));
+        let mut short = start(5, 1);
+        short.set_digest.pop();
+        assert!(matches!(
+            check_same_set(&[start(5, 1), short, start(5, 1)]),
+            Err(SearchError::Protocol(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_only_set_mismatches_and_counts_attempts() {
+        let policy = RetryPolicy {
+            first_delay: Duration::from_millis(10),
+            total: Duration::from_millis(30),
+        };
+        let mismatch = || {
+            SearchError::SetsDiffer(SetMismatch {
+                entries: [1, 2, 1],
+                same_entries_other_keys: false,
+                attempts: 1,
+            })
+        };
+        let mut calls = 0;
+        let result: Result<(), _> = retry_on_set_mismatch(&policy, || {
+            calls += 1;
+            let e = mismatch();
+            async move { Err(e) }
+        })
+        .await;
+        assert_eq!(calls, 3);
+        let message = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("in 3 attempts"), "{message}");
+        assert!(message.contains("different template sets"));
+        let mut calls = 0;
+        let result = retry_on_set_mismatch(&policy, || {
+            calls += 1;
+            let outcome = if calls < 2 {
+                Err(mismatch())
+            } else {
+                Ok(calls)
+            };
+            async move { outcome }
+        })
+        .await;
+        assert_eq!(result.ok(), Some(2));
+        let mut calls = 0;
+        let result: Result<(), _> = retry_on_set_mismatch(&policy, || {
+            calls += 1;
+            async { Err(SearchError::Protocol("x".into())) }
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(calls, 1);
+    }
+}

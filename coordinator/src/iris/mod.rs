@@ -1,0 +1,23 @@
+//! The iris modality at the coordinator and in the CLI: three parties hold each template as
+//! shares and search them together, in the ring of Bloemen et al., "Large-Scale MPC: Scaling
+//! Private Iris Code Uniqueness Checks to Millions of Users" (ePrint 2024/705); the
+//! coordinator relays sealed probes and round messages and learns only the result.
+//!
+//! The same files as every modality: [`api`] (JSON bodies shared by server and client),
+//! [`driver`] (the search rounds on the shared skeleton), [`work`] (its distributed
+//! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
+//! [`cli`] (its subcommands), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
+//! `privmatch iris synth` writes the input format [`input`] reads, for demos, tests and
+//! benchmarks). Modality-specific: [`eyes`] (how the two eyes of a probe combine).
+//!
+//! Imports shared layers only, never another modality.
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod driver;
+pub mod eyes;
+pub mod input;
+pub mod routes;
+pub mod synth;
+pub mod work;

@@ -1,0 +1,229 @@
+//! The coordinator's iris endpoints (shapes in [`crate::iris::api`]): enrolment and deletion
+//! (two-phase commit at the three parties, [`crate::iris::work`]), search (the round driver of
+//! [`crate::iris::driver`], one session per eye) and enroll-if-unique.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use futures::future::join_all;
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::wire::envelope::decode_enroll_batch;
+use privmatch_core::wire::session::SessionId;
+use serde::Deserialize;
+
+use crate::iris::api::{
+    DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
+    EnrollResponse, EyeReport, SearchBody, SearchResponse,
+};
+use crate::iris::driver::{run_search, SearchError, SearchOutcome, SearchResult};
+use crate::iris::eyes::{combine_matches, combine_uniqueness};
+use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
+use crate::server::error::{
+    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
+    ApiError,
+};
+use crate::server::state::SharedState;
+use crate::wire::{check_on_duplicate, codes, default_on_duplicate};
+
+/// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
+pub const RECORDS_SQL: &str = "SELECT count(*) FROM privmatch.iris_templates";
+
+/// The iris routes, merged into the coordinator's router.
+pub fn routes() -> Router<SharedState> {
+    Router::new()
+        .route("/v1/iris/enroll", post(enroll))
+        .route("/v1/iris/delete", post(delete))
+        .route("/v1/iris/search", post(search))
+        .route("/v1/iris/enroll-if-unique", post(enroll_if_unique))
+}
+
+impl From<SearchError> for ApiError {
+    fn from(err: SearchError) -> Self {
+        let message = err.to_string();
+        match &err {
+            SearchError::Invalid(_) => bad_request(message),
+            SearchError::Party(party) => {
+                let (status, code) = party_failure_status(party);
+                party_error(status, code, message, party)
+            }
+            SearchError::Timeout(party) => {
+                party_error(StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT, message, party)
+            }
+            SearchError::SetsDiffer(mismatch) => {
+                let mut api =
+                    error_with(StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER, message);
+                api.body.entries = Some(mismatch.entries);
+                api
+            }
+            SearchError::Protocol(_) => protocol_error(message),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct EnrollParams {
+    #[serde(default = "default_on_duplicate")]
+    on_duplicate: String,
+}
+
+async fn enroll(
+    State(state): State<SharedState>,
+    Query(params): Query<EnrollParams>,
+    body: Bytes,
+) -> Result<Json<EnrollResponse>, ApiError> {
+    check_on_duplicate(&params.on_duplicate).map_err(bad_request)?;
+    let bundles = decode_enroll_batch(&body).map_err(|e| bad_request(e.to_string()))?;
+    if bundles[0].is_empty() {
+        return Err(bad_request("empty enrolment batch"));
+    }
+    let work = Enroll {
+        bundles,
+        on_duplicate: params.on_duplicate,
+    };
+    let outcome = state.txns.run(&work).await?;
+    Ok(Json(EnrollResponse {
+        pending_recovery: outcome.pending_recovery(),
+        results: outcome.result,
+    }))
+}
+
+async fn delete(
+    State(state): State<SharedState>,
+    Json(request): Json<DeleteBody>,
+) -> Result<Json<DeleteResponse>, ApiError> {
+    privmatch_core::wire::envelope::validate_subject(&request.subject)
+        .map_err(|e| bad_request(e.to_string()))?;
+    if let Some(eye) = &request.eye {
+        Eye::parse(eye).map_err(|e| bad_request(e.to_string()))?;
+    }
+    let work = Delete {
+        subject: request.subject,
+        eye: request.eye,
+    };
+    let outcome = state.txns.run(&work).await?;
+    Ok(Json(DeleteResponse {
+        pending_recovery: outcome.pending_recovery(),
+        deleted: outcome.result,
+    }))
+}
+
+/// Shapes the answer of a search from the per-eye outcomes.
+fn search_response(
+    request: &SearchBody,
+    per_eye: Vec<(Eye, SearchOutcome)>,
+) -> Result<SearchResponse, ApiError> {
+    let mut matched = Vec::new();
+    let mut unique = Vec::new();
+    for (eye, outcome) in &per_eye {
+        match &outcome.result {
+            SearchResult::Identify(subjects) => matched.push((*eye, subjects.clone())),
+            SearchResult::Unique(u) => unique.push((*eye, *u)),
+        }
+    }
+    let unique = if unique.is_empty() {
+        None
+    } else {
+        Some(combine_uniqueness(&unique, request.policy).map_err(bad_request)?)
+    };
+    Ok(SearchResponse {
+        mode: request.mode,
+        policy: request.policy,
+        matches: (!matched.is_empty()).then(|| combine_matches(&matched, request.policy)),
+        unique,
+        eyes: per_eye
+            .into_iter()
+            .map(|(eye, outcome)| EyeReport {
+                eye: eye.as_str().to_owned(),
+                stats: outcome.stats,
+            })
+            .collect(),
+    })
+}
+
+async fn search(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Json<SearchResponse>, ApiError> {
+    let request: SearchBody = parse_json(&body)?;
+    let plan = request.plan().map_err(bad_request)?;
+    let ids: Vec<SessionId> = plan.iter().map(|(_, r)| r.session).collect();
+    state.claim_sessions(&ids).await?;
+    let timeout = state.options.search_timeout;
+    let outcomes = join_all(
+        plan.iter()
+            .map(|(_, r)| run_search(&state.parties, r, timeout)),
+    )
+    .await;
+    let mut per_eye = Vec::with_capacity(plan.len());
+    for ((eye, _), outcome) in plan.iter().zip(outcomes) {
+        let outcome = outcome?;
+        tracing::info!(
+            eye = eye.as_str(),
+            mode = request.mode.as_str(),
+            entries = outcome.stats.entries,
+            rounds = outcome.stats.rounds,
+            seconds = outcome.stats.seconds(),
+            "iris search"
+        );
+        per_eye.push((*eye, outcome));
+    }
+    Ok(Json(search_response(&request, per_eye)?))
+}
+
+async fn enroll_if_unique(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Json<EnrollIfUniqueResponse>, ApiError> {
+    let request: EnrollIfUniqueBody = parse_json(&body)?;
+    let plan = request.plan().map_err(bad_request)?;
+    state.claim_sessions(&[plan.search.session]).await?;
+    let work = EnrollIfUnique {
+        subject: plan.subject.clone(),
+        eye: plan.eye,
+        envelopes: plan.envelopes,
+        search: plan.search,
+        timeout: state.options.search_timeout,
+    };
+    let outcome = state.txns.run(&work).await?;
+    let pending_recovery = outcome.pending_recovery();
+    let outcome = match outcome.result {
+        IfUnique::Enrolled(_) => EnrollIfUniqueOutcome::Enrolled,
+        IfUnique::AlreadyEnrolled => EnrollIfUniqueOutcome::Duplicate,
+        IfUnique::NotUnique => {
+            return Err(error_with(
+                StatusCode::CONFLICT,
+                codes::NOT_UNIQUE,
+                "not enrolled: matches an enrolled template".into(),
+            ))
+        }
+    };
+    Ok(Json(EnrollIfUniqueResponse {
+        subject: plan.subject,
+        eye: plan.eye.as_str().to_owned(),
+        outcome,
+        pending_recovery,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parties::PartyError;
+
+    #[test]
+    fn search_failures_map_to_statuses() {
+        let err = PartyError {
+            party: privmatch_core::party::PartyIndex::ALL[1],
+            sqlstate: None,
+            message: String::new(),
+        };
+        let api = ApiError::from(SearchError::Timeout(err.clone()));
+        assert_eq!(api.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(api.body.party, Some(1));
+        let api = ApiError::from(SearchError::Party(err));
+        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(api.body.code.as_deref(), Some(codes::PARTY_UNAVAILABLE));
+    }
+}

@@ -1,0 +1,213 @@
+//! The iris work of distributed transactions ([`crate::txn::work::Work`]): enrolment of
+//! sealed bundles, deletion, and enroll-if-unique, which searches across the transaction's
+//! connections before it writes.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::party::PartyIndex;
+use tokio_postgres::Client;
+
+use crate::iris::api::EnrollResult;
+use crate::iris::driver::{run_search_on, SearchError, SearchRequest, SearchResult};
+use crate::parties::PartyError;
+use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
+
+/// The table iris enrolments and deletions write.
+pub const TEMPLATES: &str = "privmatch.iris_templates";
+
+/// Opens and stores sealed iris enrolment bundles at every party.
+#[derive(Clone, Debug)]
+pub struct Enroll {
+    /// Per party, the sealed bundles addressed to it, in record order.
+    pub bundles: [Vec<Vec<u8>>; 3],
+    /// `"skip"` or `"error"`.
+    pub on_duplicate: String,
+}
+
+/// Opens and stores `bundles` at one party: per record subject, eye, whether newly enrolled.
+async fn enroll_at(
+    party: PartyIndex,
+    client: &Client,
+    bundles: &[Vec<u8>],
+    on_duplicate: &str,
+) -> Result<Vec<EnrollResult>, PartyError> {
+    let refs: Vec<&[u8]> = bundles.iter().map(Vec::as_slice).collect();
+    let rows = client
+        .query(
+            "SELECT subject, eye, enrolled FROM privmatch.iris_enroll_sealed($1, $2)",
+            &[&refs, &on_duplicate],
+        )
+        .await
+        .map_err(|e| PartyError::from_pg(party, &e))?;
+    Ok(rows
+        .iter()
+        .map(|r| EnrollResult {
+            subject: r.get(0),
+            eye: r.get(1),
+            enrolled: r.get(2),
+        })
+        .collect())
+}
+
+fn write_lock() -> Option<TableLock> {
+    Some(TableLock {
+        table: TEMPLATES,
+        mode: LockMode::RowExclusive,
+    })
+}
+
+impl Work for Enroll {
+    type Output = Vec<EnrollResult>;
+    type Error = Infallible;
+
+    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
+        write_lock()
+    }
+
+    async fn run_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+    ) -> Result<Option<Self::Output>, PartyError> {
+        let bundles = &self.bundles[party.as_usize()];
+        enroll_at(party, client, bundles, &self.on_duplicate)
+            .await
+            .map(Some)
+    }
+}
+
+/// Deletes a subject's iris templates at every party.
+#[derive(Clone, Debug)]
+pub struct Delete {
+    /// The subject.
+    pub subject: String,
+    /// One eye, or both.
+    pub eye: Option<String>,
+}
+
+impl Work for Delete {
+    type Output = i64;
+    type Error = Infallible;
+
+    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
+        write_lock()
+    }
+
+    async fn run_at(&self, party: PartyIndex, client: &Client) -> Result<Option<i64>, PartyError> {
+        let row = client
+            .query_one(
+                "SELECT privmatch.iris_delete($1, $2)",
+                &[&self.subject, &self.eye],
+            )
+            .await
+            .map_err(|e| PartyError::from_pg(party, &e))?;
+        Ok(Some(row.get(0)))
+    }
+}
+
+/// Enroll one record only if no enrolled template matches it (`privmatch iris enroll
+/// --if-unique`). Inside the distributed transaction, at every party: lock the template table
+/// against concurrent enrolments, check that the subject+eye is not enrolled yet, run a
+/// uniqueness search through the transaction's connections, and only then open and store the
+/// sealed bundles.
+#[derive(Clone, Debug)]
+pub struct EnrollIfUnique {
+    /// The record's subject, as the client announced it (checked against the parties' answer).
+    pub subject: String,
+    /// The record's eye.
+    pub eye: Eye,
+    /// The record's sealed enrolment envelopes, indexed by party (one record each).
+    pub envelopes: [Vec<u8>; 3],
+    /// The uniqueness search of the record's template.
+    pub search: SearchRequest,
+    /// Per-call timeout of the search rounds.
+    pub timeout: Duration,
+}
+
+/// What enroll-if-unique did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IfUnique {
+    /// Enrolled: the record's result at every party.
+    Enrolled(Vec<EnrollResult>),
+    /// The subject+eye is already enrolled; rolled back, nothing written.
+    AlreadyEnrolled,
+    /// The template matches an enrolled one; rolled back, nothing written.
+    NotUnique,
+}
+
+impl EnrollIfUnique {
+    /// Whether the subject+eye is enrolled (the three parties must agree).
+    async fn is_enrolled(&self, txn: &Txn<'_>) -> Result<bool, TxnError<SearchError>> {
+        txn.agreed(|party, client| async move {
+            let row = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM privmatch.iris_templates \
+                     WHERE subject = $1 AND eye = $2::text::privmatch.eye)",
+                    &[&self.subject, &self.eye.as_str()],
+                )
+                .await
+                .map_err(|e| PartyError::from_pg(party, &e))?;
+            Ok(Some(row.get::<_, bool>(0)))
+        })
+        .await
+    }
+}
+
+impl Work for EnrollIfUnique {
+    type Output = IfUnique;
+    type Error = SearchError;
+
+    /// SHARE ROW EXCLUSIVE: no other writer until the transaction ends.
+    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
+        Some(TableLock {
+            table: TEMPLATES,
+            mode: LockMode::ShareRowExclusive,
+        })
+    }
+
+    /// The enrolment of the record's envelope, refusing a duplicate.
+    async fn run_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+    ) -> Result<Option<IfUnique>, PartyError> {
+        let envelope = std::slice::from_ref(&self.envelopes[party.as_usize()]);
+        let rows = enroll_at(party, client, envelope, "error").await?;
+        Ok(Some(IfUnique::Enrolled(rows)))
+    }
+
+    /// Duplicate check, uniqueness search, enrolment.
+    async fn phase_one(&self, txn: &Txn<'_>) -> Result<Decision<IfUnique>, TxnError<SearchError>> {
+        if self.is_enrolled(txn).await? {
+            return Ok(Decision::Abandon(IfUnique::AlreadyEnrolled));
+        }
+        let outcome = run_search_on(txn.clients(), txn.parties(), &self.search, self.timeout)
+            .await
+            .map_err(TxnError::Work)?;
+        match outcome.result {
+            SearchResult::Unique(true) => {}
+            SearchResult::Unique(false) => return Ok(Decision::Abandon(IfUnique::NotUnique)),
+            SearchResult::Identify(_) => {
+                return Err(TxnError::Disagreement(
+                    "the uniqueness search answered an identification".into(),
+                ))
+            }
+        }
+        let result = txn.run_each(self).await?;
+        let expected = IfUnique::Enrolled(vec![EnrollResult {
+            subject: self.subject.clone(),
+            eye: self.eye.as_str().to_owned(),
+            enrolled: true,
+        }]);
+        if result != expected {
+            return Err(TxnError::Disagreement(format!(
+                "the envelopes do not hold exactly the announced record {:?} ({} eye)",
+                self.subject,
+                self.eye.as_str()
+            )));
+        }
+        Ok(Decision::Commit(result))
+    }
+}

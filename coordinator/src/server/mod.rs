@@ -1,0 +1,91 @@
+//! The coordinator's HTTP service. Handlers only parse requests, call the round driver or the
+//! transaction manager and shape answers; the coordinator sees sealed envelopes and probes,
+//! subject-independent framing and the final results, never a share.
+//!
+//! | method, path | body | answer |
+//! |---|---|---|
+//! | `GET /v1/health` | — | `{"status": "ok", "instance": …}` |
+//! | `GET /v1/status` | — | per party: reachable, enrolled records, key fingerprint ([`crate::wire::PartyStatus`]) |
+//! | `POST /v1/recover` | — | what recovery committed / rolled back |
+//! | `POST /v1/iris/enroll?on_duplicate=skip\|error` | framed sealed bundles | per record: subject, eye, enrolled |
+//! | `POST /v1/iris/delete` | `{"subject": …, "eye": "left"\|"right"\|null}` | `{"deleted": n}` |
+//! | `POST /v1/iris/search` | JSON, sealed probes per eye | matches or uniqueness, per-eye figures |
+//! | `POST /v1/iris/enroll-if-unique` | JSON, one record | `enrolled` / `duplicate`, or 409 `not_unique` |
+//! | `POST /v1/face/configure`, `GET /v1/face/pool`, `POST /v1/face/refill` | JSON | the dealer and the key pools |
+//! | `POST /v1/face/enroll`, `/v1/face/delete`, `/v1/face/verify`, `/v1/face/identify` | JSON | face templates and matching |
+//!
+//! The shapes of each modality's endpoints are documented in its `api.rs` (`crate::iris::api`,
+//! `crate::face::api`); errors in [`crate::wire`] and [`error`]. The coordinator never reuses
+//! a session id it has seen (it keeps the last 65,536), on top of the parties' own checks.
+//!
+//! * [`state`]: what handlers share. [`error`]: error answers. [`common`]: the
+//!   modality-neutral endpoints. [`routes`]: the composition of the API.
+
+pub mod common;
+pub mod error;
+pub mod routes;
+pub mod state;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::guard;
+use crate::parties::Parties;
+use crate::server::state::{AppState, ServeOptions};
+use crate::txn::fault::Fault;
+use crate::txn::twophase::TwoPhase;
+
+fn random_instance_id() -> String {
+    let mut bytes = [0u8; 8];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut bytes);
+    hex::encode(bytes)
+}
+
+/// Runs the coordinator until interrupted: recovers in-doubt transactions at start-up and
+/// every few seconds, and serves the HTTP API on `config.coordinator_addr`.
+pub async fn serve(config: Config, options: ServeOptions) -> anyhow::Result<()> {
+    let mut lock = Some(guard::acquire(&config.parties[0], Duration::from_secs(30)).await?);
+    let parties = Arc::new(Parties::new(&config));
+    let instance = random_instance_id();
+    let txns = TwoPhase::new(parties.clone(), instance.clone(), Fault::from_env());
+    let state = Arc::new(AppState::new(parties, txns, instance, options));
+    let startup = state.txns.recover().await;
+    tracing::info!(?startup, "start-up recovery");
+    let background = state.clone();
+    let p0 = config.parties[0].clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if lock.as_ref().is_none_or(|client| client.is_closed()) {
+                // P0 restarted and took the lock with it: take it again before recovering.
+                match guard::try_lock(&p0).await {
+                    guard::LockAttempt::Held(client) => lock = Some(client),
+                    guard::LockAttempt::HeldByOther => {
+                        tracing::error!(
+                            "another coordinator took the coordinator lock at P0; stopping"
+                        );
+                        std::process::exit(1);
+                    }
+                    guard::LockAttempt::Unreachable(_) => {
+                        lock = None;
+                        continue;
+                    }
+                }
+            }
+            let report = background.txns.recover().await;
+            if !report.committed.is_empty() || !report.rolled_back.is_empty() {
+                tracing::info!(?report, "recovered in-doubt transactions");
+            }
+        }
+    });
+    let app = routes::app(state);
+    let listener = tokio::net::TcpListener::bind(&config.coordinator_addr).await?;
+    tracing::info!(addr = %config.coordinator_addr, "coordinator listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,397 @@
+//! The round-driver skeleton every modality's sessions run on.
+//!
+//! A session is a few SQL calls per party: an opening, then rounds in which each party takes
+//! the message routed to it and answers its next one, until the parties report a result. The
+//! coordinator only relays sealed messages. What differs between modalities — which parties
+//! take part, the SQL of each call, who receives whose message, what the answers mean — a
+//! modality supplies through two traits:
+//!
+//! * [`Session`]: the whole session on one connection per party ([`Session::drive`]) and the
+//!   SQL that aborts it at a party. [`run_pooled`] runs it on pooled connections,
+//!   [`run_on`] on connections the caller supplies (e.g. inside a distributed transaction);
+//!   both time it and, on failure, abort it at every party it involves (best effort, on fresh
+//!   pooled connections), so that no party keeps working on an abandoned session.
+//! * [`Rounds`]: the SQL of one round at a party, what a party's answer says, the routing of
+//!   a round's messages and what a round's answers mean; [`relay`] runs the rounds, in parallel at the parties, relaying the
+//!   messages and counting them.
+//!
+//! Every call at a party runs under a deadline ([`call_with_timeout`]): on timeout the query
+//! is cancelled at the party. A parallel step ([`at_each`]) fails with its most telling error:
+//! a party's own error rather than a timeout, which may only be its consequence.
+//!
+//! The iris search (three parties in a ring, Bloemen et al., "Large-Scale MPC: Scaling
+//! Private Iris Code Uniqueness Checks to Millions of Users", ePrint 2024/705) and the face
+//! comparison (two evaluators exchanging masked values, Funshade: Ibarrondo, Chabanne, Önen,
+//! PETS 2023, ePrint 2022/1688) both run on it.
+
+use std::future::Future;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::SessionId;
+use tokio_postgres::{Client, NoTls, Row};
+
+use crate::parties::{Parties, PartyError};
+
+/// How long the best-effort abort waits for each party.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The errors of a modality's sessions, as the skeleton makes and ranks them.
+pub trait SessionError: Sized {
+    /// A party failed: it answered an error, or could not be reached.
+    fn party(err: PartyError) -> Self;
+    /// A party did not answer within the per-call timeout (its call was cancelled).
+    fn timeout(err: PartyError) -> Self;
+    /// The parties broke the protocol.
+    fn protocol(message: String) -> Self;
+    /// True for [`SessionError::timeout`] errors.
+    fn is_timeout(&self) -> bool;
+}
+
+/// Implements [`SessionError`] for a modality's error enum that has the variants
+/// `Party(PartyError)`, `Timeout(PartyError)` and `Protocol(String)`.
+#[macro_export]
+macro_rules! session_error {
+    ($error:ident) => {
+        impl $crate::session::driver::SessionError for $error {
+            fn party(err: $crate::parties::PartyError) -> Self {
+                $error::Party(err)
+            }
+
+            fn timeout(err: $crate::parties::PartyError) -> Self {
+                $error::Timeout(err)
+            }
+
+            fn protocol(message: String) -> Self {
+                $error::Protocol(message)
+            }
+
+            fn is_timeout(&self) -> bool {
+                matches!(self, $error::Timeout(_))
+            }
+        }
+    };
+}
+
+/// Runs one call at `party` with a deadline; on timeout the query is cancelled at the party
+/// (so it does not keep working on an abandoned round). `what` names the call in errors.
+pub async fn call_with_timeout<T, E: SessionError>(
+    party: PartyIndex,
+    client: &Client,
+    what: &str,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, E> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(E::party(PartyError::from_pg(party, &e))),
+        Err(_) => {
+            let token = client.cancel_token();
+            tokio::spawn(async move {
+                let _ = token.cancel_query(NoTls).await;
+            });
+            Err(E::timeout(PartyError {
+                party,
+                sqlstate: None,
+                message: format!("no answer to {what} within {} s", timeout.as_secs_f64()),
+            }))
+        }
+    }
+}
+
+/// The answers of a step run at `N` parties in parallel, or its most telling error: the first
+/// party's own error, preferred over a timeout (which may only be its consequence).
+/// `wrong_count` is the error when there are not exactly `N` answers.
+pub fn all_answers<T, E, const N: usize>(
+    results: Vec<Result<T, E>>,
+    is_timeout: impl Fn(&E) -> bool,
+    wrong_count: impl FnOnce() -> E,
+) -> Result<[T; N], E> {
+    let mut values = Vec::with_capacity(N);
+    let mut error: Option<E> = None;
+    for result in results {
+        match result {
+            Ok(value) => values.push(value),
+            Err(e) => {
+                let replace = error
+                    .as_ref()
+                    .is_none_or(|kept| is_timeout(kept) && !is_timeout(&e));
+                if replace {
+                    error = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    values.try_into().map_err(|_| wrong_count())
+}
+
+/// Runs `call` at each of the first `N` parties in parallel (party i on `clients[i]`): their
+/// answers in party order, or the most telling error ([`all_answers`]).
+pub async fn at_each<'a, const N: usize, T, E, F, Fut>(
+    clients: [&'a Client; N],
+    mut call: F,
+) -> Result<[T; N], E>
+where
+    E: SessionError,
+    F: FnMut(PartyIndex, &'a Client) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let calls = PartyIndex::ALL
+        .iter()
+        .zip(clients)
+        .map(|(&party, client)| call(party, client));
+    all_answers(join_all(calls).await, E::is_timeout, || {
+        E::protocol(format!("expected {N} answers"))
+    })
+}
+
+/// One session of a modality, between the first `N` parties.
+pub trait Session<const N: usize>: Sync {
+    /// What the session yields.
+    type Output: Send;
+    /// Why it failed.
+    type Error: SessionError + Send;
+    /// The SQL that aborts the session at a party (`$1`: the session id); its answer is
+    /// ignored.
+    const ABORT_SQL: &'static str;
+
+    /// The session id (bound into the sealed probes).
+    fn id(&self) -> &SessionId;
+
+    /// Runs the whole session on one connection per party (`clients[i]` to party i), without
+    /// the abort on failure (the driver does it).
+    fn drive<'a>(
+        &'a self,
+        clients: [&'a Client; N],
+    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send + 'a;
+}
+
+/// Runs `session` on pooled connections; its output and how long it took (from the first
+/// call, connections made). The connections go back to the pools only after a success (after
+/// a failure one may still be busy with a cancelled call, or broken).
+pub async fn run_pooled<const N: usize, S: Session<N>>(
+    parties: &Parties,
+    session: &S,
+) -> Result<(S::Output, Duration), S::Error> {
+    let clients = parties
+        .connect_first::<N>()
+        .await
+        .map_err(S::Error::party)?;
+    let outcome = run_on(clients.each_ref(), parties, session).await;
+    if outcome.is_ok() {
+        parties.give_back_all(clients).await;
+    }
+    outcome
+}
+
+/// Runs `session` on connections the caller supplies (`clients[i]` to party i; they may be
+/// inside a transaction); its output and how long it took. On failure the session is aborted
+/// at its parties through the pools of `parties`; the caller decides what to do with its
+/// connections.
+pub async fn run_on<const N: usize, S: Session<N>>(
+    clients: [&Client; N],
+    parties: &Parties,
+    session: &S,
+) -> Result<(S::Output, Duration), S::Error> {
+    let started = Instant::now();
+    match session.drive(clients).await {
+        Ok(output) => Ok((output, started.elapsed())),
+        Err(err) => {
+            abort_everywhere::<N>(parties, S::ABORT_SQL, session.id()).await;
+            Err(err)
+        }
+    }
+}
+
+/// Runs `abort_sql` for `session` at the first `N` parties on fresh pooled connections,
+/// ignoring every error (the session lives in the party's engine, not in a transaction).
+pub async fn abort_everywhere<const N: usize>(
+    parties: &Parties,
+    abort_sql: &str,
+    session: &SessionId,
+) {
+    join_all(parties.all()[..N].iter().map(|party| async move {
+        let attempt = async {
+            let client = party.connect().await.ok()?;
+            let id: &[u8] = session;
+            client.query_one(abort_sql, &[&id]).await.ok()?;
+            party.give_back(client).await;
+            Some(())
+        };
+        if tokio::time::timeout(ABORT_TIMEOUT, attempt)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            tracing::debug!(party = %party.index, abort_sql, "best-effort abort of a session failed");
+        }
+    }))
+    .await;
+}
+
+/// What a round's answers mean for the driver.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step<const N: usize, T> {
+    /// Relay these messages (indexed by sender) and run the next round.
+    Relay([Vec<u8>; N]),
+    /// The rounds are over.
+    Finished(T),
+}
+
+/// The rounds of a modality's session, between the first `N` parties.
+pub trait Rounds<const N: usize>: Session<N> {
+    /// A party's answer to one round.
+    type Reply: Send;
+    /// What the last round yields.
+    type Last;
+
+    /// The SQL of one round at a party: `$1` the session id, `$2` the round number, `$3` the
+    /// message routed to the party (NULL in a first round that has none).
+    const ROUND_SQL: &'static str;
+    /// The party function `ROUND_SQL` calls (names the call in errors).
+    const ROUND_FUNCTION: &'static str;
+
+    /// The per-call timeout.
+    fn timeout(&self) -> Duration;
+
+    /// What `party`'s answer row to round `round` says.
+    fn reply(&self, party: PartyIndex, round: i32, row: &Row) -> Result<Self::Reply, Self::Error>;
+
+    /// What the answers of round `round` mean: the messages to relay (indexed by sender), or
+    /// the output.
+    fn step(
+        &self,
+        round: i32,
+        replies: [Self::Reply; N],
+    ) -> Result<Step<N, Self::Last>, Self::Error>;
+
+    /// Routes a round's messages, indexed by sender, to their receivers (indexed by receiver).
+    fn route(&self, outbound: [Vec<u8>; N]) -> [Vec<u8>; N];
+}
+
+/// Calls round `round` of `rounds` at `party`, with the message routed to it.
+async fn round_at<const N: usize, R: Rounds<N>>(
+    rounds: &R,
+    party: PartyIndex,
+    client: &Client,
+    round: i32,
+    inbound: Option<&[u8]>,
+) -> Result<R::Reply, R::Error> {
+    let session: &[u8] = rounds.id();
+    let what = format!("{} (round {round})", R::ROUND_FUNCTION);
+    let row = call_with_timeout::<_, R::Error>(
+        party,
+        client,
+        &what,
+        rounds.timeout(),
+        client.query_one(R::ROUND_SQL, &[&session, &round, &inbound]),
+    )
+    .await?;
+    rounds.reply(party, round, &row)
+}
+
+/// What a session's rounds cost, for reports and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Traffic<const N: usize> {
+    /// Round calls made per party.
+    pub rounds: u32,
+    /// Bytes of the messages relayed from each party (indexed by sender).
+    pub bytes_sent: [u64; N],
+}
+
+impl<const N: usize> Traffic<N> {
+    /// Nothing sent yet.
+    pub fn new() -> Self {
+        Traffic {
+            rounds: 0,
+            bytes_sent: [0; N],
+        }
+    }
+
+    /// Counts messages indexed by sender.
+    pub fn count(&mut self, messages: &[Vec<u8>; N]) {
+        for (sent, message) in self.bytes_sent.iter_mut().zip(messages) {
+            *sent += message.len() as u64;
+        }
+    }
+}
+
+impl<const N: usize> Default for Traffic<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Runs rounds `numbers` of `rounds` at the parties in parallel: before each round the
+/// messages of the previous one (`first` before the first round, if any) are counted in
+/// `traffic` and routed; the round's answers decide whether to go on. A session that has not
+/// finished after the last round number is a protocol error.
+pub async fn relay<const N: usize, R: Rounds<N>>(
+    rounds: &R,
+    clients: [&Client; N],
+    numbers: Range<i32>,
+    first: Option<[Vec<u8>; N]>,
+    traffic: &mut Traffic<N>,
+) -> Result<R::Last, R::Error> {
+    let mut outbound = first;
+    for round in numbers.clone() {
+        let inbound = outbound.take().map(|messages| {
+            traffic.count(&messages);
+            rounds.route(messages)
+        });
+        let replies = at_each(clients, |party, client| {
+            let message = inbound.as_ref().map(|m| m[party.as_usize()].as_slice());
+            round_at(rounds, party, client, round, message)
+        })
+        .await?;
+        traffic.rounds += 1;
+        match rounds.step(round, replies)? {
+            Step::Relay(next) => outbound = Some(next),
+            Step::Finished(output) => return Ok(output),
+        }
+    }
+    Err(R::Error::protocol(format!(
+        "the parties did not finish within {} rounds",
+        numbers.len()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partys_own_error_beats_a_timeout_and_counts_are_checked() {
+        let timeout = |e: &&str| e.starts_with("timeout");
+        let got: Result<[u8; 3], &str> = all_answers(
+            vec![Err("timeout P0"), Ok(1), Err("P2 refused")],
+            timeout,
+            || "count",
+        );
+        assert_eq!(got, Err("P2 refused"));
+        let got: Result<[u8; 2], &str> =
+            all_answers(vec![Err("P0 refused"), Err("P1 refused")], timeout, || {
+                "count"
+            });
+        assert_eq!(got, Err("P0 refused"));
+        let got: Result<[u8; 2], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
+        assert_eq!(got, Ok([1, 2]));
+        let got: Result<[u8; 3], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
+        assert_eq!(got, Err("count"));
+    }
+
+    #[test]
+    fn traffic_counts_bytes_by_sender() {
+        let mut traffic = Traffic::<2>::new();
+        traffic.count(&[vec![0; 3], vec![0; 5]]);
+        traffic.count(&[vec![0; 1], Vec::new()]);
+        assert_eq!(traffic.bytes_sent, [4, 5]);
+        assert_eq!(traffic.rounds, 0);
+    }
+}
