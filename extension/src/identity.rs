@@ -74,7 +74,7 @@ pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
 }
 
 /// Reads the pinned public keys of the peers, by party index (`None`: not pinned, or not a
-/// well-formed key). This party's own slot is `None`.
+/// well-formed key; `pin_peer` never pins this party itself).
 pub fn read_peers() -> Result<[Option<PartyPublicKey>; 3], pgrx::spi::Error> {
     let mut peers: [Option<PartyPublicKey>; 3] = [None; 3];
     Spi::connect(|client| {

@@ -11,8 +11,8 @@
 //! template table and the party's keys); the scan threads run pure Rust on borrowed slices.
 //! Requests are served one at a time, so a search's state is never touched concurrently.
 //!
-//! Imports: [`super::ipc`], [`super::iris`], [`super::heap`] and core's `iris::scan` (no
-//! module of `crate::iris` or `crate::face`).
+//! Imports: [`super::ipc`], [`super::iris`], [`super::heap`] and core's `iris` (the scan
+//! backends, the service's keys); no module of `crate::iris` or `crate::face`.
 
 use std::ffi::CString;
 use std::os::fd::AsRawFd;

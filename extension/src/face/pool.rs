@@ -23,8 +23,11 @@ use crate::identity::{load_identity, pinned_peer};
 /// A claimed range of keys: `count` keys of `batch` from index `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Claim {
+    /// The batch number.
     pub batch: i64,
+    /// Index of the first key claimed in the batch.
     pub first: i32,
+    /// Number of keys claimed.
     pub count: i32,
 }
 
