@@ -3,6 +3,7 @@
 //! coordinator with, whatever the modality.
 
 use std::fmt;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::de::DeserializeOwned;
@@ -129,6 +130,15 @@ impl Coordinator {
     /// GETs and decodes the JSON answer.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CallError> {
         self.send(self.http.get(self.url(path))).await
+    }
+
+    /// Whether the coordinator answers `GET /v1/health` within `timeout`.
+    pub async fn is_healthy(&self, timeout: Duration) -> bool {
+        let request = self.http.get(self.url("/v1/health")).timeout(timeout);
+        request
+            .send()
+            .await
+            .is_ok_and(|response| response.status().is_success())
     }
 
     /// POSTs a body built afresh for every attempt (a fresh session id, freshly sealed

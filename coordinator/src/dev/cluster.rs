@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use tokio_postgres::NoTls;
 
+use crate::cli::http::Coordinator;
 use crate::config::{Config, PartyConfig, CONFIG_FILE};
 use crate::wire::PartyStatus;
 
@@ -335,16 +336,9 @@ async fn pin_peers(config: &Config) -> Result<()> {
 }
 
 async fn coordinator_healthy(config: &Config) -> bool {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build();
-    let Ok(client) = client else { return false };
-    client
-        .get(format!("{}/v1/health", config.coordinator_url()))
-        .send()
+    Coordinator::new(config)
+        .is_healthy(Duration::from_secs(2))
         .await
-        .map(|r| r.status().is_success())
-        .unwrap_or(false)
 }
 
 fn start_coordinator(home: &Path, config_path: &Path) -> Result<()> {
@@ -518,11 +512,7 @@ async fn status(home: &Path, config_path: &Path, runner: &Runner) -> Result<()> 
         return Ok(());
     }
     println!("coordinator: running at {}", config.coordinator_url());
-    let statuses: Vec<PartyStatus> =
-        reqwest::get(format!("{}/v1/status", config.coordinator_url()))
-            .await?
-            .json()
-            .await?;
+    let statuses: Vec<PartyStatus> = Coordinator::new(&config).get("/v1/status").await?;
     for s in statuses {
         match (s.iris_records, s.error) {
             (Some(records), _) => println!(

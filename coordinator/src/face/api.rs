@@ -26,9 +26,9 @@
 //! session and retry), `not_configured` (503: run `privmatch face configure`),
 //! `rejected_by_party` (422, e.g. a probe of the wrong dimension), `protocol_error` (502).
 
+use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 
-use crate::face::driver::FaceRequest;
 use crate::wire::{check_on_duplicate, default_on_duplicate, from_base64_each, session_from_hex};
 
 /// Default `target` of a refill.
@@ -244,6 +244,17 @@ pub struct FaceDeleteResponse {
     pub pending_recovery: Vec<String>,
     /// Subject id.
     pub subject: String,
+}
+
+/// One face session: its id, the sealed probe of P0 and P1, and what it compares.
+#[derive(Clone, Debug)]
+pub struct FaceRequest {
+    /// The session id the probes were sealed for.
+    pub session: SessionId,
+    /// The sealed probe of P0 and of P1.
+    pub probes: [Vec<u8>; 2],
+    /// Verify against this subject (1:1), or identify over every enrolled one (None).
+    pub subject: Option<String>,
 }
 
 /// The body of `POST /v1/face/verify`.

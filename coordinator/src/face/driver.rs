@@ -36,6 +36,7 @@ use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, Row};
 
+use crate::face::api::FaceRequest;
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     call_with_timeout, relay, run_pooled, Rounds, Session, Step, Traffic,
@@ -43,17 +44,6 @@ use crate::session::driver::{
 
 /// The two evaluators.
 const EVALUATORS: [PartyIndex; 2] = [PartyIndex::ALL[0], PartyIndex::ALL[1]];
-
-/// One face session: its id, the sealed probe of P0 and P1, and what it compares.
-#[derive(Clone, Debug)]
-pub struct FaceRequest {
-    /// The session id the probes were sealed for.
-    pub session: SessionId,
-    /// The sealed probe of P0 and of P1.
-    pub probes: [Vec<u8>; 2],
-    /// Verify against this subject (1:1), or identify over every enrolled one (None).
-    pub subject: Option<String>,
-}
 
 /// Figures of one session.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

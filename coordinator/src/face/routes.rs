@@ -17,11 +17,9 @@ use crate::face::admin::{
 use crate::face::api::{
     DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceDeleteResponse, FaceEnrollBody,
     FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
-    FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse,
+    FaceRefillResponse, FaceRequest, FaceVerifyBody, FaceVerifyResponse,
 };
-use crate::face::driver::{
-    run_face_session, FaceErrorKind, FaceOutcome, FaceRequest, FaceSessionError,
-};
+use crate::face::driver::{run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError};
 use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
 use crate::server::error::{

@@ -31,9 +31,9 @@
 
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::params::{SearchMode, SearchParams, MAX_ROTATION_LIMIT};
+use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 
-use crate::iris::driver::{SearchRequest, SearchStats};
 use crate::iris::eyes::{combine_uniqueness, EyePolicy, Match};
 use crate::wire::{from_base64_each, session_from_hex};
 
@@ -56,6 +56,37 @@ pub fn search_params(
     threshold: f64,
 ) -> Result<SearchParams, String> {
     SearchParams::new(mode, max_rotation, threshold).map_err(|e| e.to_string())
+}
+
+/// One search session: its id, the three sealed probes (indexed by party) and the parameters.
+#[derive(Clone, Debug)]
+pub struct SearchRequest {
+    /// The session id the probes were sealed for.
+    pub session: SessionId,
+    /// The sealed probe of each party.
+    pub probes: [Vec<u8>; 3],
+    /// Mode, rotations, threshold.
+    pub params: SearchParams,
+}
+
+/// Figures of one search, for reports and the benchmark.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchStats {
+    /// Templates searched (the same at every party).
+    pub entries: i64,
+    /// Round calls made per party (= messages each party emitted).
+    pub rounds: u32,
+    /// Bytes of the messages each party emitted, by party.
+    pub bytes_sent: [u64; 3],
+    /// Wall time from start to the last round, in microseconds.
+    pub micros: u64,
+}
+
+impl SearchStats {
+    /// Wall time in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.micros as f64 / 1e6
+    }
 }
 
 /// One record's result in an enrolment answer.

@@ -361,7 +361,7 @@ async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
 mod tests {
     use super::*;
     use crate::iris::api::EyeReport;
-    use crate::iris::driver::SearchStats;
+    use crate::iris::api::SearchStats;
     use privmatch_core::iris::enroll::Eye;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;

@@ -28,12 +28,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::params::SearchMode;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
-use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, Row};
 
+use crate::iris::api::{SearchRequest, SearchStats};
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     at_each, call_with_timeout, relay, run_on, run_pooled, Rounds, Session, Step, Traffic,
@@ -47,17 +47,6 @@ const MAX_ROUNDS: i32 = 256;
 /// Length of the template-set digest a party reports at start.
 const SET_DIGEST_LEN: usize = 32;
 
-/// One search session: its id, the three sealed probes (indexed by party) and the parameters.
-#[derive(Clone, Debug)]
-pub struct SearchRequest {
-    /// The session id the probes were sealed for.
-    pub session: SessionId,
-    /// The sealed probe of each party.
-    pub probes: [Vec<u8>; 3],
-    /// Mode, rotations, threshold.
-    pub params: SearchParams,
-}
-
 /// The result the three parties agreed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SearchResult {
@@ -65,26 +54,6 @@ pub enum SearchResult {
     Identify(Vec<String>),
     /// True when no enrolled template matched.
     Unique(bool),
-}
-
-/// Figures of one search, for reports and the benchmark.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SearchStats {
-    /// Templates searched (the same at every party).
-    pub entries: i64,
-    /// Round calls made per party (= messages each party emitted).
-    pub rounds: u32,
-    /// Bytes of the messages each party emitted, by party.
-    pub bytes_sent: [u64; 3],
-    /// Wall time from start to the last round, in microseconds.
-    pub micros: u64,
-}
-
-impl SearchStats {
-    /// Wall time in seconds.
-    pub fn seconds(&self) -> f64 {
-        self.micros as f64 / 1e6
-    }
 }
 
 /// A finished search.

@@ -51,13 +51,9 @@ pub fn parse_line(line_number: usize, line: &str) -> Result<EnrollRecord> {
         .subject
         .with_context(|| context("missing \"subject\""))?;
     validate_subject(&subject).with_context(|| context("bad \"subject\""))?;
-    let eye = match raw.eye.as_deref() {
-        None => Eye::Left,
-        Some(text) => Eye::parse(text).with_context(|| context("bad \"eye\""))?,
-    };
-    let template = parse_template(
+    let (eye, template) = parse_one_eye(
         line_number,
-        "",
+        raw.eye.as_deref(),
         raw.iris_codes.as_deref(),
         raw.mask_codes.as_deref(),
     )?;
@@ -67,6 +63,22 @@ pub fn parse_line(line_number: usize, line: &str) -> Result<EnrollRecord> {
         eye,
         template,
     })
+}
+
+/// The eye (default left) and the template of a one-eye line.
+fn parse_one_eye(
+    line_number: usize,
+    eye: Option<&str>,
+    code: Option<&str>,
+    mask: Option<&str>,
+) -> Result<(Eye, IrisTemplate)> {
+    let eye = match eye {
+        None => Eye::Left,
+        Some(text) => {
+            Eye::parse(text).with_context(|| format!("line {line_number}: bad \"eye\""))?
+        }
+    };
+    Ok((eye, parse_template(line_number, "", code, mask)?))
 }
 
 /// Parses the two base64 arrays of a template and checks that the mask can be shared.
@@ -166,19 +178,12 @@ pub fn parse_probe_line(line_number: usize, line: &str) -> Result<ProbeRecord> {
             }
         }
     } else {
-        let eye = match raw.eye.as_deref() {
-            None => Eye::Left,
-            Some(text) => {
-                Eye::parse(text).with_context(|| format!("line {line_number}: bad \"eye\""))?
-            }
-        };
-        let template = parse_template(
+        eyes.push(parse_one_eye(
             line_number,
-            "",
+            raw.eye.as_deref(),
             raw.iris_codes.as_deref(),
             raw.mask_codes.as_deref(),
-        )?;
-        eyes.push((eye, template));
+        )?);
     }
     Ok(ProbeRecord {
         line: line_number,

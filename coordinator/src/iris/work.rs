@@ -10,7 +10,8 @@ use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
 
 use crate::iris::api::EnrollResult;
-use crate::iris::driver::{run_search_on, SearchError, SearchRequest, SearchResult};
+use crate::iris::api::SearchRequest;
+use crate::iris::driver::{run_search_on, SearchError, SearchResult};
 use crate::parties::PartyError;
 use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
 

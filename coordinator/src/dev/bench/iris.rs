@@ -32,11 +32,9 @@ use rand_chacha::ChaCha20Rng;
 
 use crate::config::Config;
 use crate::dev::bench::stats::median;
-use crate::iris::api::DEFAULT_THRESHOLD;
+use crate::iris::api::{SearchRequest, SearchStats, DEFAULT_THRESHOLD};
 use crate::iris::client::{enroll_file, BatchOptions};
-use crate::iris::driver::{
-    retry_on_set_mismatch, run_search, SearchError, SearchRequest, SearchResult, SearchStats,
-};
+use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError, SearchResult};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 use crate::parties::Parties;
 use crate::session::retry::RetryPolicy;
