@@ -287,19 +287,15 @@ impl FaceSession<'_> {
             client.query_one(sql, &[&session, &probe, &subject, &claims, &digest]),
         )
         .await?;
-        let party_error = FaceSessionError::Party;
-        Ok(OpenReply {
-            comparisons: column(party, &row, 0).map_err(party_error)?.unwrap_or(-1),
-            claims: column(party, &row, 1)
-                .map_err(party_error)?
-                .unwrap_or_default(),
-            subjects: column(party, &row, 2)
-                .map_err(party_error)?
-                .unwrap_or_default(),
-            digest: column(party, &row, 3)
-                .map_err(party_error)?
-                .unwrap_or_default(),
-        })
+        let reply = || {
+            Ok(OpenReply {
+                comparisons: column(party, &row, 0)?.unwrap_or(-1),
+                claims: column(party, &row, 1)?.unwrap_or_default(),
+                subjects: column(party, &row, 2)?.unwrap_or_default(),
+                digest: column(party, &row, 3)?.unwrap_or_default(),
+            })
+        };
+        reply().map_err(FaceSessionError::Party)
     }
 }
 

@@ -28,6 +28,9 @@
 //! "pending_recovery": […]}`, or HTTP 409 with `"code": "not_unique"`.
 //!
 //! Errors: [`crate::wire::ErrorBody`].
+//!
+//! The bodies decode (`plan`) into the requests the round driver runs ([`SearchRequest`]),
+//! so the client and the server share one reading of every field.
 
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::params::{SearchMode, SearchParams, MAX_ROTATION_LIMIT};

@@ -262,14 +262,17 @@ impl Search<'_> {
             ),
         )
         .await?;
-        let message = column::<Vec<u8>>(party, &row, 2).map_err(SearchError::Party)?;
+        let columns = || {
+            Ok((
+                column(party, &row, 0)?.unwrap_or(-1),
+                column(party, &row, 1)?.unwrap_or_default(),
+                column::<Vec<u8>>(party, &row, 2)?,
+            ))
+        };
+        let (entries, set_digest, message) = columns().map_err(SearchError::Party)?;
         Ok(StartReply {
-            entries: column(party, &row, 0)
-                .map_err(SearchError::Party)?
-                .unwrap_or(-1),
-            set_digest: column(party, &row, 1)
-                .map_err(SearchError::Party)?
-                .unwrap_or_default(),
+            entries,
+            set_digest,
             message: message.ok_or_else(|| {
                 SearchError::Protocol(format!("{party} started without a first message"))
             })?,
