@@ -10,9 +10,9 @@ use rand_core::{CryptoRng, RngCore};
 use super::encoding::{evaluator, share_embedding, EmbeddingShare, Reader, VERSION};
 use super::quantize::check_dim;
 use super::FaceError;
-use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
+use crate::crypto::seal::{open_sealed_box, PartyPublicKey, PartySecretKey};
 use crate::party::PartyIndex;
-use crate::wire::envelope::{envelope_bundles, envelope_plaintext, validate_subject, BundleId};
+use crate::wire::envelope::{envelope_bundles, seal_envelopes, validate_subject, BundleId};
 
 /// Sealing purpose of face enrollment envelopes.
 pub const FACE_ENROLL_PURPOSE: &str = "face-enrol";
@@ -102,15 +102,7 @@ pub fn seal_face_enrollment<R: RngCore + CryptoRng>(
         }
         ids.push(bundle_id);
     }
-    let sealed = std::array::from_fn(|p| {
-        seal_to_party(
-            PartyIndex::ALL[p],
-            &party_keys[p],
-            FACE_ENROLL_PURPOSE,
-            &envelope_plaintext(&per_party[p]),
-            rng,
-        )
-    });
+    let sealed = seal_envelopes(&per_party, party_keys, FACE_ENROLL_PURPOSE, rng);
     Ok((sealed, ids))
 }
 

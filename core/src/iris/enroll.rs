@@ -26,17 +26,14 @@
 
 use rand_core::{CryptoRng, RngCore};
 
-use crate::crypto::seal::{
-    open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey, SealError,
-};
+use crate::crypto::seal::{open_sealed_box, PartyPublicKey, PartySecretKey, SealError};
 use crate::iris::encoding::{
     share_template, EncodingError, IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS,
 };
 use crate::iris::template::IrisTemplate;
 use crate::party::PartyIndex;
 use crate::wire::envelope::{
-    envelope_bundles, envelope_plaintext, validate_subject, BundleId, EnvelopeError,
-    SealedEnvelopes,
+    envelope_bundles, seal_envelopes, validate_subject, BundleId, EnvelopeError, SealedEnvelopes,
 };
 use crate::wire::storage::{coefs_from_le_bytes, push_coefs_le};
 
@@ -238,15 +235,7 @@ pub fn seal_iris_enrollment_batch<R: RngCore + CryptoRng>(
         }
         ids.push(bundle_id);
     }
-    let sealed = std::array::from_fn(|p| {
-        seal_to_party(
-            PartyIndex::ALL[p],
-            &party_keys[p],
-            IRIS_ENROLL_PURPOSE,
-            &envelope_plaintext(&per_party[p]),
-            rng,
-        )
-    });
+    let sealed = seal_envelopes(&per_party, party_keys, IRIS_ENROLL_PURPOSE, rng);
     Ok((sealed, ids))
 }
 

@@ -14,6 +14,11 @@
 //! Subject ids ([`validate_subject`]) are 1..=[`MAX_SUBJECT_LEN`] bytes of UTF-8 without
 //! control characters, in every modality.
 
+use rand_core::{CryptoRng, RngCore};
+
+use crate::crypto::seal::{seal_to_party, PartyPublicKey};
+use crate::party::PartyIndex;
+
 /// Longest accepted subject id, in bytes.
 pub const MAX_SUBJECT_LEN: usize = 256;
 
@@ -96,6 +101,28 @@ pub fn envelope_bundles(plaintext: &[u8]) -> Result<Vec<&[u8]>, EnvelopeError> {
         return Err(malformed());
     }
     Ok(out)
+}
+
+/// Client side: frames each party's encoded bundles into an envelope and seals it to that
+/// party's pinned key under `purpose`; `per_party[p]` and `party_keys[p]` belong to party `p`
+/// (the first `N` parties: three for iris, the evaluators P0 and P1 for faces; the pinned keys
+/// of all three parties are passed).
+pub fn seal_envelopes<const N: usize, R: RngCore + CryptoRng>(
+    per_party: &[Vec<Vec<u8>>; N],
+    party_keys: &[PartyPublicKey; 3],
+    purpose: &str,
+    rng: &mut R,
+) -> [Vec<u8>; N] {
+    const { assert!(N <= 3, "privmatch has three parties") };
+    std::array::from_fn(|p| {
+        seal_to_party(
+            PartyIndex::ALL[p],
+            &party_keys[p],
+            purpose,
+            &envelope_plaintext(&per_party[p]),
+            rng,
+        )
+    })
 }
 
 const BATCH_MAGIC: &[u8; 4] = b"PMEB";
