@@ -6,8 +6,8 @@
 //! templates, half of them noisy re-captures of the probe — through the protocol's steps:
 //! the dealer's `deal_batch` (setup), one evaluator's `masked_inputs` + `distance_shares`
 //! (eval_dist) and `sign_shares` (sign-gate evaluation), per comparison (each the best of
-//! three runs over the whole batch). Next to them: the
-//! Funshade C reference of seed 000 measured on this kind of machine (setup 15–41 µs at
+//! three runs over the whole batch). Next to them: the Funshade C reference (Ibarrondo et al.,
+//! ePrint 2022/1688) measured on this kind of machine (setup 15–41 µs at
 //! l = 128, sign-gate evaluation 5.7 µs per party, preprocessing 12·l + 732 bytes per
 //! comparison per party) with the ratios, the bytes per comparison per party (preprocessing =
 //! one key; online = round 1: 8·l, round 2: 4, output: 4), and a plaintext baseline measured
