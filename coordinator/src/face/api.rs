@@ -1,6 +1,7 @@
 //! The JSON shapes of the coordinator's face endpoints (Funshade: Ibarrondo, Chabanne, Önen,
-//! PETS 2023, ePrint 2022/1688), shared by the server ([`crate::face::routes`]) and the client ([`crate::face::client`]). Binary values
-//! (sealed envelopes and probes) are standard padded base64; session ids are 32 hex digits.
+//! PETS 2023, ePrint 2022/1688), shared by the server ([`crate::face::routes`]) and the
+//! client ([`crate::face::client`]). Binary values (sealed envelopes and probes) are standard
+//! padded base64; session ids are 32 hex digits.
 //!
 //! | method, path | body | answer |
 //! |---|---|---|
