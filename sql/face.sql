@@ -3,7 +3,7 @@
 -- sessions). Runs after sql/common.sql.
 
 -- ---------------------------------------------------------------------------------------------
--- Face templates (Funshade, seed 000). P0 and P1 hold additive Z_2^32 shares of each quantised
+-- Face templates (Funshade, ePrint 2022/1688). P0 and P1 hold additive Z_2^32 shares of each quantised
 -- embedding (type face_share, typmod = dimension) and of its squared norm; P2 holds none.
 -- Layout and text form: core/src/wire/storage.rs (kind 3) and core/src/face; the C functions
 -- are in extension/src/face/types.rs.

@@ -49,11 +49,21 @@ impl SearchMode {
         }
     }
 
-    /// The byte the session binding hashes: 0 identify, 1 uniqueness.
+    /// The byte the session binding hashes and the engine socket carries: 0 identify,
+    /// 1 uniqueness.
     pub fn to_byte(self) -> u8 {
         match self {
             SearchMode::Identify => 0,
             SearchMode::Uniqueness => 1,
+        }
+    }
+
+    /// The mode [`SearchMode::to_byte`] wrote, `None` for any other byte.
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            0 => Some(SearchMode::Identify),
+            1 => Some(SearchMode::Uniqueness),
+            _ => None,
         }
     }
 }
@@ -162,5 +172,9 @@ mod tests {
         assert!(SearchMode::parse("lookup").is_err());
         assert_eq!(SearchMode::Identify.to_byte(), 0);
         assert_eq!(SearchMode::Uniqueness.to_byte(), 1);
+        for mode in [SearchMode::Identify, SearchMode::Uniqueness] {
+            assert_eq!(SearchMode::from_byte(mode.to_byte()), Some(mode));
+        }
+        assert_eq!(SearchMode::from_byte(2), None);
     }
 }

@@ -191,13 +191,6 @@ fn malformed() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "malformed engine frame")
 }
 
-/// The mode whose [`SearchMode::to_byte`] is `byte`.
-fn mode_from_byte(byte: u8) -> Option<SearchMode> {
-    [SearchMode::Identify, SearchMode::Uniqueness]
-        .into_iter()
-        .find(|mode| mode.to_byte() == byte)
-}
-
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> io::Result<&'a [u8]> {
         if self.0.len() < n {
@@ -296,7 +289,7 @@ impl Request<'_> {
             1 => {
                 let session = r.array()?;
                 let probe = r.bytes()?;
-                let mode = mode_from_byte(r.u8()?).ok_or_else(malformed)?;
+                let mode = SearchMode::from_byte(r.u8()?).ok_or_else(malformed)?;
                 let max_rotation = r.u32()? as i32;
                 let threshold = f64::from_bits(r.u64()?);
                 let params =

@@ -1,4 +1,4 @@
-//! The party engine (design brief §3): a background worker ([`worker`]) that hosts the
+//! The party engine (docs/architecture.md): a background worker ([`worker`]) that hosts the
 //! modality services keeping state in memory — today the iris search service ([`iris`]: the
 //! share matrix and the running searches) — the local socket protocol to it ([`ipc`]), the
 //! backend side of that socket and `engine_status()` ([`client`]), and the heap tuning both

@@ -1,7 +1,7 @@
 //! The party engine worker: one background worker per party (registered when privmatch is in
 //! `shared_preload_libraries`) that hosts the modality services holding state in memory —
 //! today the iris search service ([`super::iris`]: the share matrix and the running searches)
-//! — and the scan threads (design brief §3). Backends hand it work over a Unix socket in the
+//! — and the scan threads (docs/architecture.md). Backends hand it work over a Unix socket in the
 //! data directory ([`super::client`], protocol [`super::ipc`]).
 //!
 //! The worker chooses the scan backend ([`scan_backend`], GUC `privmatch.scan_backend`): the

@@ -1,4 +1,4 @@
-//! The face modality at one party (Funshade, seed 000; protocol in [`privmatch_core::face`]).
+//! The face modality at one party (Funshade, ePrint 2022/1688; protocol in [`privmatch_core::face`]).
 //!
 //! * The share type `face_share` ([`types`]).
 //! * P0 and P1 store shares of face templates ([`enroll`]), keep the single-use key material

@@ -1,6 +1,6 @@
 -- The share types iris_code_share and iris_mask_share: text form, typmods, send, and the
 -- rejection of malformed text (SQLSTATE, a message naming the type, nothing stored).
--- Layout and text form: core/src/storage.rs.
+-- Layout and text form: core/src/wire/storage.rs.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS privmatch;
 RESET client_min_messages;

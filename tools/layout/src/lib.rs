@@ -175,8 +175,7 @@ fn named_paths(code: &str) -> Vec<String> {
         while let Some(pos) = code[from..].find(root) {
             let start = from + pos;
             from = start + root.len();
-            if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_')
-            {
+            if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_') {
                 continue;
             }
             let end = code[start..]
@@ -254,7 +253,10 @@ fn scan_crate(krate: &str) -> CrateScan {
     let mut violations = Vec::new();
     let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
     for file in rust_files(&src) {
-        let rel = file.strip_prefix(&root).expect("below the crate").to_path_buf();
+        let rel = file
+            .strip_prefix(&root)
+            .expect("below the crate")
+            .to_path_buf();
         let rel_text = rel.to_string_lossy().replace('\\', "/");
         let module = module_of(&rel);
         let own = modality(&module);
@@ -394,12 +396,23 @@ fn the_checker_sees_what_it_must() {
          #[cfg(test)]\nmod tests { use crate::face::x; }\n",
     );
     let paths = named_paths(&code);
-    assert!(paths.contains(&"crate::iris::enroll::Eye".to_owned()), "{paths:?}");
-    assert!(paths.contains(&"crate::wire::envelope".to_owned()), "{paths:?}");
-    assert!(paths.contains(&"privmatch_core::face::FaceError".to_owned()), "{paths:?}");
+    assert!(
+        paths.contains(&"crate::iris::enroll::Eye".to_owned()),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"crate::wire::envelope".to_owned()),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"privmatch_core::face::FaceError".to_owned()),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"super::x::y".to_owned()), "{paths:?}");
     assert!(
-        !paths.iter().any(|p| p.contains("hidden") || p.contains("in_a_string")),
+        !paths
+            .iter()
+            .any(|p| p.contains("hidden") || p.contains("in_a_string")),
         "comments, strings and test modules do not count: {paths:?}"
     );
     assert!(!paths.iter().any(|p| p == "crate::face::x"), "{paths:?}");
@@ -412,7 +425,10 @@ fn the_checker_sees_what_it_must() {
         absolute(&m, "crate::iris::x"),
         Some(vec!["iris".to_owned(), "x".to_owned()])
     );
-    assert_eq!(core_modality("privmatch_core::iris::params::SearchMode"), Some("iris"));
+    assert_eq!(
+        core_modality("privmatch_core::iris::params::SearchMode"),
+        Some("iris")
+    );
     assert_eq!(core_modality("privmatch_core::wire::session"), None);
     let mut edges = BTreeMap::new();
     let (a, b, c) = (PathBuf::from("a"), PathBuf::from("b"), PathBuf::from("c"));
