@@ -33,7 +33,8 @@ CREATE TABLE privmatch.consumed_bundles (
 
 -- One row per distributed (two-phase) transaction this party took part in, written inside that
 -- transaction. Its presence at P0, the first party committed, is the commit decision that
--- recovery of in-doubt prepared transactions follows (see coordinator/src/twophase.rs).
+-- recovery of in-doubt prepared transactions follows (see core/src/twophase.rs and
+-- coordinator/src/txn/recovery.rs).
 CREATE TABLE privmatch.distributed_transactions (
     gid        text PRIMARY KEY,
     started_at timestamptz NOT NULL DEFAULT now()

@@ -232,14 +232,11 @@ pub fn open_key_batch(
 mod tests {
     use super::*;
 
-    use crate::face::encoding::test_support::keys;
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha20Rng;
+    use crate::face::encoding::test_support::seeded_keys;
 
     #[test]
     fn key_batches_are_authenticated_as_the_dealers() {
-        let mut rng = ChaCha20Rng::seed_from_u64(6);
-        let (secrets, publics) = keys(&mut rng);
+        let (mut rng, secrets, publics) = seeded_keys(6);
         let pair = |a: usize, b: usize| {
             PairwiseSecrets::derive(
                 PartyIndex::ALL[a],
@@ -275,8 +272,7 @@ mod tests {
 
     #[test]
     fn dealer_config_is_validated_on_both_sides() {
-        let mut rng = ChaCha20Rng::seed_from_u64(4);
-        let (secrets, publics) = keys(&mut rng);
+        let (mut rng, secrets, publics) = seeded_keys(4);
         let config = DealerConfig {
             metric: Metric::Euclidean,
             dim: 512,

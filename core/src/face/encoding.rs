@@ -168,6 +168,7 @@ impl<'a> Reader<'a> {
 pub(crate) mod test_support {
     use crate::crypto::seal::{PartyPublicKey, PartySecretKey};
     use crate::face::quantize::Quantizer;
+    use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
     use rand_core::RngCore;
 
@@ -176,6 +177,15 @@ pub(crate) mod test_support {
         let secrets: [PartySecretKey; 3] = std::array::from_fn(|_| PartySecretKey::generate(rng));
         let publics = std::array::from_fn(|i| secrets[i].public_key());
         (secrets, publics)
+    }
+
+    /// A generator seeded with `seed` and three party key pairs drawn from it.
+    pub(crate) fn seeded_keys(
+        seed: u64,
+    ) -> (ChaCha20Rng, [PartySecretKey; 3], [PartyPublicKey; 3]) {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let (secrets, publics) = keys(&mut rng);
+        (rng, secrets, publics)
     }
 
     /// A random quantised embedding of dimension `dim` within the quantiser's range.

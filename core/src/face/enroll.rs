@@ -151,14 +151,11 @@ pub fn template_set_digest<S: AsRef<str>>(templates: &[(S, BundleId)]) -> [u8; 3
 mod tests {
     use super::*;
     use crate::face::encoding::reconstruct_embedding;
-    use crate::face::encoding::test_support::{embedding, keys};
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha20Rng;
+    use crate::face::encoding::test_support::{embedding, seeded_keys};
 
     #[test]
     fn enrollment_round_trips_and_refuses_the_wrong_party() {
-        let mut rng = ChaCha20Rng::seed_from_u64(2);
-        let (secrets, publics) = keys(&mut rng);
+        let (mut rng, secrets, publics) = seeded_keys(2);
         let q = embedding(&mut rng, 256);
         let records = [FaceEnrollRequest {
             subject: "alice",

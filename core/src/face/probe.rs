@@ -118,14 +118,11 @@ pub fn channel_session(
 mod tests {
     use super::*;
     use crate::face::encoding::reconstruct_embedding;
-    use crate::face::encoding::test_support::{embedding, keys};
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha20Rng;
+    use crate::face::encoding::test_support::{embedding, seeded_keys};
 
     #[test]
     fn probes_are_bound_to_their_session_party_and_target() {
-        let mut rng = ChaCha20Rng::seed_from_u64(3);
-        let (secrets, publics) = keys(&mut rng);
+        let (mut rng, secrets, publics) = seeded_keys(3);
         let q = embedding(&mut rng, 128);
         let session = [5u8; 16];
         let sealed = seal_face_probe(&q, session, Some("alice"), &publics, &mut rng).unwrap();
