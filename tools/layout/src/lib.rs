@@ -8,9 +8,9 @@
 //! 3. **No import circle between files**: the graph of `use crate::…` / `super::…` edges
 //!    between the files of a crate has no cycle.
 //!
-//! Only production code counts: `#[cfg(test)]` modules at the end of a file are cut off (a test
-//! may drive a lower layer with a higher one's fixtures). A rule broken fails with the file,
-//! the offending path and the rule.
+//! Rules 1 and 2 hold for test modules too; rule 3 looks at production code only (the
+//! `#[cfg(test)]` modules at the end of a file are cut off: a test may import its parent's
+//! siblings). A rule broken fails with the file, the offending path and the rule.
 
 #![cfg(test)]
 
@@ -71,12 +71,19 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The source with comments and string/char literals blanked out and the trailing
-/// `#[cfg(test)]` module cut off.
-fn code_only(source: &str) -> String {
-    let cut = source
-        .find("#[cfg(test)]\nmod tests")
-        .or_else(|| source.find("#[cfg(test)]\nmod test_support"))
+/// The source with comments and string/char literals blanked out; unless `with_tests`, the
+/// `#[cfg(test)]` modules at the end of the file are cut off.
+fn code_only(source: &str, with_tests: bool) -> String {
+    let test_modules = [
+        "#[cfg(test)]\nmod tests",
+        "#[cfg(test)]\nmod test_support",
+        "#[cfg(test)]\npub(crate) mod test_support",
+    ];
+    let cut = test_modules
+        .iter()
+        .filter(|_| !with_tests)
+        .filter_map(|m| source.find(m))
+        .min()
         .unwrap_or(source.len());
     let bytes = &source.as_bytes()[..cut];
     let mut out = String::with_capacity(bytes.len());
@@ -262,16 +269,15 @@ fn scan_crate(krate: &str) -> CrateScan {
         let own = modality(&module);
         let source = std::fs::read_to_string(&file).expect("read source");
         let targets = edges.entry(file.clone()).or_default();
-        for path in named_paths(&code_only(&source)) {
+        for path in named_paths(&code_only(&source, false)) {
+            let target = absolute(&module, &path).and_then(|abs| file_of(&src, &abs));
+            if let Some(target) = target.filter(|t| *t != file) {
+                targets.insert(target);
+            }
+        }
+        for path in named_paths(&code_only(&source, true)) {
             let named = match absolute(&module, &path) {
-                Some(abs) => {
-                    if let Some(target) = file_of(&src, &abs) {
-                        if target != file {
-                            targets.insert(target);
-                        }
-                    }
-                    modality(&abs)
-                }
+                Some(abs) => modality(&abs),
                 None => core_modality(&path),
             };
             let Some(named) = named else { continue };
@@ -388,14 +394,12 @@ fn no_import_circle_between_files() {
 #[test]
 fn the_checker_sees_what_it_must() {
     // The rules are only as good as the path extraction: pin it on known inputs.
-    let code = code_only(
-        "use crate::{iris::enroll::{Eye, IrisEnrollBundle}, wire::envelope};\n\
+    let source = "use crate::{iris::enroll::{Eye, IrisEnrollBundle}, wire::envelope};\n\
          // use crate::face::hidden;\n\
          let s = \"crate::face::in_a_string\";\n\
          fn f() -> privmatch_core::face::FaceError { super::x::y() }\n\
-         #[cfg(test)]\nmod tests { use crate::face::x; }\n",
-    );
-    let paths = named_paths(&code);
+         #[cfg(test)]\nmod tests { use crate::face::x; }\n";
+    let paths = named_paths(&code_only(source, false));
     assert!(
         paths.contains(&"crate::iris::enroll::Eye".to_owned()),
         "{paths:?}"
@@ -413,9 +417,14 @@ fn the_checker_sees_what_it_must() {
         !paths
             .iter()
             .any(|p| p.contains("hidden") || p.contains("in_a_string")),
-        "comments, strings and test modules do not count: {paths:?}"
+        "comments and strings do not count: {paths:?}"
     );
     assert!(!paths.iter().any(|p| p == "crate::face::x"), "{paths:?}");
+    let with_tests = named_paths(&code_only(source, true));
+    assert!(
+        with_tests.iter().any(|p| p == "crate::face::x"),
+        "test modules count for the modality rules: {with_tests:?}"
+    );
     let m = vec!["face".to_owned(), "enroll".to_owned()];
     assert_eq!(
         absolute(&m, "super::FaceError"),
