@@ -4,18 +4,16 @@
 -- sql/face.sql follow, then the pgrx-generated functions.
 
 -- ---------------------------------------------------------------------------------------------
--- The party's identity: its index and X25519 key pair, generated inside the party by
--- privmatch.init_party(). The secret key is readable by no role but the owner; no function
--- returns it.
+-- The party's identity: its index and X25519 public key, set by privmatch.init_party(). The
+-- secret key is not here: it is in the party's key file (GUC privmatch.key_file), so it is in
+-- no WAL record, dump or replica.
 -- ---------------------------------------------------------------------------------------------
 CREATE TABLE privmatch.party_identity (
     singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     party_index integer NOT NULL CHECK (party_index BETWEEN 0 AND 2),
     public_key  bytea   NOT NULL CHECK (length(public_key) = 32),
-    secret_key  bytea   NOT NULL CHECK (length(secret_key) = 32),
     created_at  timestamptz NOT NULL DEFAULT now()
 );
-REVOKE ALL ON privmatch.party_identity FROM PUBLIC;
 
 -- Public keys of the other parties, pinned by the operator (fingerprints compared out of band).
 CREATE TABLE privmatch.peers (

@@ -1,19 +1,37 @@
-//! The configuration every `privmatch` command reads: where the three parties are, their
-//! pinned public keys, and where the coordinator listens. `privmatch cluster up` writes it for
-//! a local cluster; for a real deployment the operator writes it, pinning each party's key
-//! after comparing fingerprints out of band. The client seals to the keys pinned here, never
-//! to keys the coordinator reports.
+//! The configuration files, split by who holds them (docs/trust-model.md):
+//!
+//! * [`Config`] (`privmatch.toml`), **the client's**: the coordinator's URL, the CA that
+//!   signed its certificate, the client's API credential and the three pinned party keys. No
+//!   database password. The client seals to the keys pinned here, never to keys the
+//!   coordinator reports.
+//! * [`CoordinatorConfig`] (`coordinator.toml`), **the coordinator's**: where it listens, its
+//!   TLS key and certificate, the digests of the API credentials it accepts, and per party the
+//!   endpoint and the credentials of its own login role (member of `privmatch_coordinator`:
+//!   the protocol functions and nothing else).
+//! * [`OperatorConfig`] (`operators/p<i>.toml`), **each party's operator's**: the endpoint and
+//!   credentials of the operator's role at that one party, and the operator's signing key.
+//!
+//! `privmatch cluster up` writes all of them for a local cluster (each 0600); in a real
+//! deployment each organisation writes its own, after comparing key fingerprints out of band.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use privmatch_core::crypto::seal::PartyPublicKey;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// Name of the configuration file inside the privmatch home directory.
+/// Name of the client's configuration file inside the privmatch home directory.
 pub const CONFIG_FILE: &str = "privmatch.toml";
+/// Name of the coordinator's configuration file inside the privmatch home directory.
+pub const COORDINATOR_CONFIG_FILE: &str = "coordinator.toml";
 
-/// One party as the coordinator and the client see it.
+/// The operator configuration of party `index` inside the privmatch home directory.
+pub fn operator_config_file(home: &Path, index: u8) -> PathBuf {
+    home.join("operators").join(format!("p{index}.toml"))
+}
+
+/// One party's PostgreSQL endpoint and the role a holder of this file logs in as.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PartyConfig {
     /// 0, 1 or 2.
@@ -24,7 +42,7 @@ pub struct PartyConfig {
     pub port: u16,
     /// Database holding the extension.
     pub dbname: String,
-    /// Role the coordinator connects as.
+    /// Role to connect as.
     pub user: String,
     /// Password of that role.
     pub password: String,
@@ -36,7 +54,7 @@ impl PartyConfig {
     /// A tokio-postgres connection string.
     pub fn connection_string(&self) -> String {
         format!(
-            "host={} port={} dbname={} user={} password={} application_name=privmatch-coordinator connect_timeout=5",
+            "host={} port={} dbname={} user={} password={} application_name=privmatch connect_timeout=5",
             self.host, self.port, self.dbname, self.user, self.password
         )
     }
@@ -48,80 +66,176 @@ impl PartyConfig {
     }
 }
 
-/// The whole configuration file.
+/// Reads and parses a TOML configuration file; `what` names it in errors.
+fn load_toml<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read the {what} {} (run `privmatch cluster up` for a local cluster)",
+            path.display()
+        )
+    })?;
+    toml::from_str(&text).with_context(|| format!("invalid {what} {}", path.display()))
+}
+
+/// Writes `value` as TOML to `path` atomically, readable by its owner only (configurations
+/// hold credentials).
+pub fn save_toml<T: Serialize>(value: &T, path: &Path) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = toml::to_string_pretty(value)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("toml.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn check_parties(parties: &[PartyConfig]) -> Result<()> {
+    if parties.len() != 3 {
+        bail!(
+            "the configuration must list exactly 3 parties, found {}",
+            parties.len()
+        );
+    }
+    for (i, party) in parties.iter().enumerate() {
+        if usize::from(party.index) != i {
+            bail!(
+                "parties must be listed in index order: entry {i} has index {}",
+                party.index
+            );
+        }
+        party.pinned_key()?;
+    }
+    Ok(())
+}
+
+/// The client's configuration file (`privmatch.toml`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Config {
-    /// Address the coordinator's HTTP API listens on (and the CLI talks to).
-    pub coordinator_addr: String,
-    /// The three parties, in index order.
-    pub parties: Vec<PartyConfig>,
+    /// The coordinator's base URL (`https://host:port`; `http://` only on loopback).
+    pub coordinator_url: String,
+    /// The CA certificate (PEM) the coordinator's certificate must chain to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
+    /// The client's API credential (`pm_<id>_<secret>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_token: Option<String>,
+    /// The parties' pinned X25519 public keys (hex), in index order.
+    pub party_keys: Vec<String>,
 }
 
 impl Config {
-    /// Reads and checks a configuration file.
+    /// Reads and checks a client configuration file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read the privmatch configuration {} (run `privmatch cluster up` for a local cluster)",
-                path.display()
-            )
-        })?;
-        let config: Config = toml::from_str(&text)
-            .with_context(|| format!("invalid configuration {}", path.display()))?;
-        config.check()?;
+        let config: Config = load_toml(path, "privmatch client configuration")?;
+        config.pinned_keys()?;
         Ok(config)
     }
 
-    /// Writes the configuration, readable by its owner only (it holds passwords).
+    /// Writes the configuration (0600).
     pub fn save(&self, path: &Path) -> Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let text = toml::to_string_pretty(self)?;
-        let tmp = path.with_extension("toml.tmp");
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    }
-
-    fn check(&self) -> Result<()> {
-        if self.parties.len() != 3 {
-            bail!(
-                "the configuration must list exactly 3 parties, found {}",
-                self.parties.len()
-            );
-        }
-        for (i, party) in self.parties.iter().enumerate() {
-            if usize::from(party.index) != i {
-                bail!(
-                    "parties must be listed in index order: entry {i} has index {}",
-                    party.index
-                );
-            }
-            party.pinned_key()?;
-        }
-        Ok(())
+        save_toml(self, path)
     }
 
     /// The three pinned party keys, in index order.
     pub fn pinned_keys(&self) -> Result<[PartyPublicKey; 3]> {
+        if self.party_keys.len() != 3 {
+            bail!(
+                "the configuration must pin exactly 3 party keys, found {}",
+                self.party_keys.len()
+            );
+        }
+        let key = |i: usize| {
+            PartyPublicKey::from_hex(&self.party_keys[i])
+                .with_context(|| format!("pinned key of party P{i} in the configuration"))
+        };
+        Ok([key(0)?, key(1)?, key(2)?])
+    }
+
+    /// The coordinator's base URL, without a trailing slash.
+    pub fn coordinator_url(&self) -> String {
+        self.coordinator_url.trim_end_matches('/').to_owned()
+    }
+}
+
+/// The coordinator's configuration file (`coordinator.toml`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// Address the HTTP API listens on.
+    pub listen: String,
+    /// The server certificate (PEM); with `tls_key`, the API is served over TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// The API credentials file (digests and scopes, never the tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys: Option<PathBuf>,
+    /// The three parties, in index order, with the coordinator's own login at each.
+    pub parties: Vec<PartyConfig>,
+}
+
+impl CoordinatorConfig {
+    /// Reads and checks a coordinator configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let config: CoordinatorConfig = load_toml(path, "coordinator configuration")?;
+        check_parties(&config.parties)?;
+        if config.tls_cert.is_some() != config.tls_key.is_some() {
+            bail!(
+                "{}: tls_cert and tls_key go together (both, or neither for plain HTTP on loopback)",
+                path.display()
+            );
+        }
+        Ok(config)
+    }
+
+    /// Writes the configuration (0600).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        save_toml(self, path)
+    }
+}
+
+/// A party operator's configuration file (`operators/p<i>.toml`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OperatorConfig {
+    /// The party, with the operator's own role.
+    pub party: PartyConfig,
+    /// The operator's Ed25519 signing key file: it signs changes of security state that the
+    /// coordinator relays to this party.
+    pub signing_key: PathBuf,
+}
+
+impl OperatorConfig {
+    /// Reads an operator configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let config: OperatorConfig = load_toml(path, "operator configuration")?;
+        config.party.pinned_key()?;
+        Ok(config)
+    }
+
+    /// The operator configurations of the three parties of a local cluster at `home`.
+    pub fn load_all(home: &Path) -> Result<[OperatorConfig; 3]> {
         Ok([
-            self.parties[0].pinned_key()?,
-            self.parties[1].pinned_key()?,
-            self.parties[2].pinned_key()?,
+            Self::load(&operator_config_file(home, 0))?,
+            Self::load(&operator_config_file(home, 1))?,
+            Self::load(&operator_config_file(home, 2))?,
         ])
     }
 
-    /// The coordinator's base URL.
-    pub fn coordinator_url(&self) -> String {
-        format!("http://{}", self.coordinator_addr)
+    /// Writes the configuration (0600).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        save_toml(self, path)
     }
 }
 
@@ -145,34 +259,67 @@ pub fn default_home() -> PathBuf {
 mod tests {
     use super::*;
 
-    fn sample() -> Config {
-        let key = hex::encode([7u8; 32]);
-        Config {
-            coordinator_addr: "127.0.0.1:1".into(),
-            parties: (0..3)
-                .map(|i| PartyConfig {
-                    index: i,
-                    host: "127.0.0.1".into(),
-                    port: 5000 + u16::from(i),
-                    dbname: "privmatch".into(),
-                    user: "privmatch".into(),
-                    password: "pw".into(),
-                    public_key: key.clone(),
-                })
-                .collect(),
+    fn party(i: u8) -> PartyConfig {
+        PartyConfig {
+            index: i,
+            host: "127.0.0.1".into(),
+            port: 5000 + u16::from(i),
+            dbname: "privmatch".into(),
+            user: "coordinator".into(),
+            password: "pw".into(),
+            public_key: hex::encode([7u8; 32]),
         }
     }
 
-    #[test]
-    fn save_and_load_round_trip() {
-        let dir = std::env::temp_dir().join(format!("pm-config-{}", std::process::id()));
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pm-config-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join(CONFIG_FILE);
-        sample().save(&path).expect("save");
-        assert_eq!(Config::load(&path).expect("load"), sample());
-        let mut bad = sample();
+        dir
+    }
+
+    #[test]
+    fn coordinator_config_round_trips_and_checks_order() {
+        let dir = temp("coordinator");
+        let path = dir.join(COORDINATOR_CONFIG_FILE);
+        let config = CoordinatorConfig {
+            listen: "127.0.0.1:1".into(),
+            tls_cert: None,
+            tls_key: None,
+            api_keys: Some(dir.join("api-keys.toml")),
+            parties: (0..3).map(party).collect(),
+        };
+        config.save(&path).expect("save");
+        assert_eq!(CoordinatorConfig::load(&path).expect("load"), config);
+        let mut bad = config.clone();
         bad.parties.swap(0, 1);
         bad.save(&path).expect("save");
+        assert!(CoordinatorConfig::load(&path).is_err());
+        let mut half_tls = config;
+        half_tls.tls_cert = Some(dir.join("cert.pem"));
+        half_tls.save(&path).expect("save");
+        assert!(CoordinatorConfig::load(&path).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn client_config_holds_no_party_credentials() {
+        let dir = temp("client");
+        let path = dir.join(CONFIG_FILE);
+        let config = Config {
+            coordinator_url: "https://127.0.0.1:1/".into(),
+            ca_cert: Some(dir.join("ca.pem")),
+            api_token: Some("pm_cli_00".into()),
+            party_keys: vec![hex::encode([7u8; 32]); 3],
+        };
+        config.save(&path).expect("save");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(!text.contains("password"), "{text}");
+        let loaded = Config::load(&path).expect("load");
+        assert_eq!(loaded, config);
+        assert_eq!(loaded.coordinator_url(), "https://127.0.0.1:1");
+        let mut two = config;
+        two.party_keys.pop();
+        two.save(&path).expect("save");
         assert!(Config::load(&path).is_err());
         std::fs::remove_dir_all(&dir).ok();
     }

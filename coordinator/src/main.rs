@@ -18,7 +18,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use privmatch_coordinator::cli::recover;
-use privmatch_coordinator::dev::{bench, cluster};
+use privmatch_coordinator::dev::{bench, cluster, LocalConfigs};
 use privmatch_coordinator::server::state::ServeOptions;
 use privmatch_coordinator::{config, face, iris, server};
 
@@ -33,7 +33,7 @@ struct Cli {
     /// ~/.local/share/privmatch otherwise).
     #[arg(long, global = true)]
     home: Option<PathBuf>,
-    /// Configuration file (default: HOME/privmatch.toml).
+    /// The client's configuration file (default: HOME/privmatch.toml).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -76,6 +76,9 @@ enum Command {
 enum CoordinatorAction {
     /// Serve the HTTP API in the foreground.
     Serve {
+        /// The coordinator's configuration (default: HOME/coordinator.toml).
+        #[arg(long)]
+        coordinator_config: Option<PathBuf>,
         /// Per-call timeout of the parties' search functions, in seconds.
         #[arg(long, env = "PRIVMATCH_SEARCH_TIMEOUT", default_value_t = 60.0)]
         search_timeout: f64,
@@ -102,7 +105,11 @@ async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
         Command::Cluster { action } => cluster::run(action, &cli.home(), &cli.config_path()).await,
         Command::Coordinator {
-            action: CoordinatorAction::Serve { search_timeout },
+            action:
+                CoordinatorAction::Serve {
+                    coordinator_config,
+                    search_timeout,
+                },
         } => {
             if !(search_timeout.is_finite() && *search_timeout > 0.0) {
                 anyhow::bail!("--search-timeout must be a positive number of seconds");
@@ -110,12 +117,20 @@ async fn run(cli: Cli) -> Result<()> {
             let options = ServeOptions {
                 search_timeout: std::time::Duration::from_secs_f64(*search_timeout),
             };
-            server::serve(cli.load_config()?, options).await
+            let path = coordinator_config
+                .clone()
+                .unwrap_or_else(|| cli.home().join(config::COORDINATOR_CONFIG_FILE));
+            server::serve(config::CoordinatorConfig::load(&path)?, options).await
         }
         Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
         Command::Face { action } => face::cli::run(action, || cli.load_config()).await,
         Command::Recover => recover::run(&cli.load_config()?).await,
-        Command::Bench { action } => bench::run(action, || cli.load_config()).await,
+        Command::Bench { action } => {
+            bench::run(action, || {
+                LocalConfigs::load(&cli.home(), &cli.config_path())
+            })
+            .await
+        }
     }
 }
 

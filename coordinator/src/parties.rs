@@ -9,7 +9,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Client, NoTls, Row};
 
-use crate::config::{Config, PartyConfig};
+use crate::config::{CoordinatorConfig, PartyConfig};
 
 /// A failure at one party, as reported to the user.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -132,16 +132,26 @@ pub struct Parties {
 
 impl Parties {
     /// Pools for the parties of `config` (no connection is opened yet).
-    pub fn new(config: &Config) -> Self {
-        let make = |i: usize| {
+    pub fn new(config: &CoordinatorConfig) -> Self {
+        Self::from_configs([
+            config.parties[0].clone(),
+            config.parties[1].clone(),
+            config.parties[2].clone(),
+        ])
+    }
+
+    /// Pools for three parties given in index order, logging in as each entry says.
+    pub fn from_configs(configs: [PartyConfig; 3]) -> Self {
+        let [c0, c1, c2] = configs;
+        let make = |i: usize, config: PartyConfig| {
             Arc::new(Party {
                 index: PartyIndex::ALL[i],
-                config: config.parties[i].clone(),
+                config,
                 idle: Mutex::new(Vec::new()),
             })
         };
         Parties {
-            parties: [make(0), make(1), make(2)],
+            parties: [make(0, c0), make(1, c1), make(2, c2)],
         }
     }
 

@@ -1,16 +1,54 @@
-//! A party's identity: its index and long-term X25519 key, generated inside this database by
+//! A party's identity: its index and long-term X25519 key, generated inside this party by
 //! [`init_party`], and the pinned public keys of its peers ([`pin_peer`], [`pinned_peer`]).
-//! The secret key is stored in `privmatch.party_identity` (no privileges for PUBLIC) and no
-//! function returns it; only its public half and fingerprint leave the party. Tables:
-//! `sql/common.sql`.
+//! The table `privmatch.party_identity` holds the index and the **public** key; the secret key
+//! is in the party's key file ([`crate::keyfile`], GUC `privmatch.key_file`), so it is in no
+//! table, no WAL record, no dump and no replica. No function returns it; only its public half
+//! and fingerprint leave the party. Tables: `sql/common.sql`; who may call what:
+//! `sql/roles.sql` (`init_party` and `pin_peer` belong to the party's operator).
 //!
-//! Imports: [`crate::errors`] only (no modality).
+//! Imports: [`crate::errors`] and [`crate::keyfile`] only (no modality).
 
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
 
 use crate::errors::{get_one, raise, raise_internal};
+use crate::keyfile::{self, KeyFileError};
+
+/// `privmatch.key_file`: the party's key file; a relative path is under the data directory.
+/// Settable only in the server's configuration (SIGHUP), never by a session.
+pub static KEY_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"privmatch_party.key"));
+
+/// Defines the identity GUCs (called from `_PG_init`).
+pub fn register_gucs() {
+    GucRegistry::define_string_guc(
+        c"privmatch.key_file",
+        c"The privmatch party's key file (its long-term secret key).",
+        c"Relative paths are under the data directory. Keep it outside the data directory when physical backups of it are taken.",
+        &KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+}
+
+/// The key file's path, as configured now.
+pub fn key_file_path() -> PathBuf {
+    let setting = KEY_FILE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "privmatch_party.key".to_owned());
+    // SAFETY: DataDir is set by the postmaster before any backend or worker runs and is a
+    // NUL-terminated string that lives as long as the process.
+    let data_dir = unsafe { std::ffi::CStr::from_ptr(pg_sys::DataDir) }
+        .to_string_lossy()
+        .into_owned();
+    keyfile::resolve(&setting, std::path::Path::new(&data_dir))
+}
 
 /// This party's index and secret key, as loaded for one call.
 pub struct Identity {
@@ -24,7 +62,7 @@ fn not_initialised() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         "this privmatch party has no identity yet",
-        Some("run SELECT privmatch.init_party(<index>) once on this database"),
+        Some("its operator runs SELECT privmatch.init_party(<index>) once on this database"),
     )
 }
 
@@ -34,22 +72,68 @@ pub struct StoredIdentity {
     pub index: i32,
     /// `public_key` (32 bytes unless corrupted).
     pub public: Vec<u8>,
-    /// `secret_key` (32 bytes unless corrupted).
-    pub secret: Vec<u8>,
+}
+
+/// Why the stored identity cannot be used.
+#[derive(Debug)]
+pub enum IdentityError {
+    /// The row is corrupted.
+    Corrupted(String),
+    /// The key file is missing, unreadable or malformed.
+    KeyFile(KeyFileError),
+    /// The key file holds another party's key.
+    Mismatch(PathBuf),
+}
+
+impl std::fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdentityError::Corrupted(e) => f.write_str(e),
+            IdentityError::KeyFile(e) => e.fmt(f),
+            IdentityError::Mismatch(path) => write!(
+                f,
+                "the party key file {} does not hold the secret key of this party's public key",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl IdentityError {
+    /// The SQLSTATE it is raised with.
+    pub fn code(&self) -> PgSqlErrorCode {
+        match self {
+            IdentityError::Corrupted(_)
+            | IdentityError::Mismatch(_)
+            | IdentityError::KeyFile(KeyFileError::Malformed(_)) => {
+                PgSqlErrorCode::ERRCODE_DATA_CORRUPTED
+            }
+            IdentityError::KeyFile(KeyFileError::Missing(_)) => {
+                PgSqlErrorCode::ERRCODE_UNDEFINED_FILE
+            }
+            IdentityError::KeyFile(KeyFileError::Permissions(..)) => {
+                PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR
+            }
+            IdentityError::KeyFile(KeyFileError::Exists(_)) => {
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
+            IdentityError::KeyFile(KeyFileError::Io(..)) => PgSqlErrorCode::ERRCODE_IO_ERROR,
+        }
+    }
 }
 
 impl StoredIdentity {
-    /// The identity this row holds, or what is corrupted about it.
-    pub fn decode(self) -> Result<Identity, String> {
-        let index = PartyIndex::new(i64::from(self.index)).map_err(|e| e.to_string())?;
-        let secret: [u8; 32] = self
-            .secret
-            .try_into()
-            .map_err(|_| "privmatch.party_identity holds a secret key of the wrong length")?;
-        Ok(Identity {
-            index,
-            secret: PartySecretKey::from_bytes(secret),
-        })
+    /// The identity this row and the key file hold, or what is wrong with them (a missing or
+    /// unreadable key file, or one that does not belong to this party's public key).
+    pub fn decode(self) -> Result<Identity, IdentityError> {
+        let index = PartyIndex::new(i64::from(self.index))
+            .map_err(|e| IdentityError::Corrupted(e.to_string()))?;
+        let path = key_file_path();
+        let secret = keyfile::read(&path).map_err(IdentityError::KeyFile)?;
+        if secret.public_key().as_bytes().as_slice() != self.public.as_slice() {
+            return Err(IdentityError::Mismatch(path));
+        }
+        Ok(Identity { index, secret })
     }
 }
 
@@ -58,7 +142,7 @@ impl StoredIdentity {
 pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT party_index, public_key, secret_key FROM privmatch.party_identity",
+            "SELECT party_index, public_key FROM privmatch.party_identity",
             None,
             &[],
         )?;
@@ -68,7 +152,6 @@ pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
         Ok(Some(StoredIdentity {
             index: row.get(1)?.unwrap_or(-1),
             public: row.get(2)?.unwrap_or_default(),
-            secret: row.get(3)?.unwrap_or_default(),
         }))
     })
 }
@@ -107,7 +190,7 @@ pub fn load_identity() -> Identity {
     };
     stored
         .decode()
-        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, e, None))
+        .unwrap_or_else(|e| raise(e.code(), e.to_string(), None))
 }
 
 /// The pinned public key of `peer`, or a 55000 error from `function` naming what to do.
@@ -128,9 +211,12 @@ pub fn pinned_peer(function: &str, peer: PartyIndex) -> PartyPublicKey {
     }
 }
 
-/// Gives this database its party identity: index `party_index` (0, 1 or 2) and a fresh X25519
-/// key pair generated here from the operating system's CSPRNG. Returns the public key (hex).
-/// Running it again with the same index returns the existing key; with another index it fails.
+/// Gives this database its party identity: index `party_index` (0, 1 or 2) and its X25519
+/// key pair. The secret key goes to the key file (`privmatch.key_file`), never to a table: a
+/// fresh one from the operating system's CSPRNG, or the one already in the key file (a party
+/// restored from a dump, its key file copied by its operator). Returns the public key (hex).
+/// Running it again with the same index returns the existing key; with another index it
+/// fails. The party's operator's function (`sql/roles.sql`).
 #[pg_extern(volatile)]
 fn init_party(party_index: i32) -> String {
     let index = PartyIndex::new(i64::from(party_index)).unwrap_or_else(|e| {
@@ -143,7 +229,6 @@ fn init_party(party_index: i32) -> String {
     if let Some(StoredIdentity {
         index: existing,
         public,
-        ..
     }) = stored_identity()
     {
         if existing != party_index {
@@ -157,14 +242,28 @@ fn init_party(party_index: i32) -> String {
         }
         return hex::encode(public);
     }
-    let secret = PartySecretKey::generate(&mut rand::rngs::OsRng);
+    let path = key_file_path();
+    let secret = match keyfile::read(&path) {
+        Ok(secret) => secret,
+        Err(KeyFileError::Missing(_)) => {
+            let secret = PartySecretKey::generate(&mut rand::rngs::OsRng);
+            keyfile::create(&path, &secret).unwrap_or_else(|e| {
+                let e = IdentityError::KeyFile(e);
+                raise(e.code(), format!("init_party: {e}"), None)
+            });
+            secret
+        }
+        Err(e) => {
+            let e = IdentityError::KeyFile(e);
+            raise(e.code(), format!("init_party: {e}"), None)
+        }
+    };
     let public = secret.public_key();
     Spi::run_with_args(
-        "INSERT INTO privmatch.party_identity (party_index, public_key, secret_key) VALUES ($1, $2, $3)",
+        "INSERT INTO privmatch.party_identity (party_index, public_key) VALUES ($1, $2)",
         &[
             i32::from(index.as_u8()).into(),
             public.as_bytes().to_vec().into(),
-            secret.to_bytes().to_vec().into(),
         ],
     )
     .unwrap_or_else(|e| raise_internal(e));
@@ -182,7 +281,7 @@ fn party_info() -> TableIterator<
         name!(fingerprint, String),
     ),
 > {
-    let Some(StoredIdentity { index, public, .. }) = stored_identity() else {
+    let Some(StoredIdentity { index, public }) = stored_identity() else {
         not_initialised()
     };
     let key: [u8; 32] = public.try_into().unwrap_or_else(|_| {
@@ -197,7 +296,9 @@ fn party_info() -> TableIterator<
 }
 
 /// Pins the public key of peer party `party_index`. Re-pinning a different key requires
-/// `replace => true` (a key rotation is a deliberate act, never a side effect).
+/// `replace => true` (a key rotation is a deliberate act, never a side effect). The party's
+/// operator's function (`sql/roles.sql`): the coordinator cannot call it, so it cannot swap a
+/// peer's key for its own and read the pairwise channels.
 #[pg_extern(volatile)]
 fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) -> String {
     let me = load_identity();

@@ -21,6 +21,8 @@ mod errors;
 mod face;
 mod identity;
 mod iris;
+mod keyfile;
+mod txn;
 
 use pgrx::prelude::*;
 
@@ -30,6 +32,7 @@ use pgrx::prelude::*;
 /// `shared_preload_libraries`, registers the party engine worker.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    identity::register_gucs();
     engine::worker::register();
 }
 
@@ -47,6 +50,10 @@ pgrx::extension_sql_file!(
     name = "privmatch_face",
     requires = ["privmatch_common"]
 );
+
+// Who may call what, after every function exists: roles, SECURITY DEFINER, grants, and the
+// tables pg_dump saves.
+pgrx::extension_sql_file!("../../sql/roles.sql", name = "privmatch_roles", finalize);
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

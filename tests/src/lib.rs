@@ -302,7 +302,10 @@ fn signal(pid: u32, sig: &str) {
 // Configuration (HOME/privmatch.toml, written by `privmatch cluster up`).
 // ------------------------------------------------------------------------------------------
 
-pub use privmatch_coordinator::config::{Config, PartyConfig};
+pub use privmatch_coordinator::config::{
+    operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig,
+    COORDINATOR_CONFIG_FILE,
+};
 
 // ------------------------------------------------------------------------------------------
 // Input files.
@@ -408,8 +411,12 @@ pub struct Cluster {
     pub base_port: u16,
     /// Port of the coordinator.
     pub coordinator_port: u16,
-    /// The parsed configuration.
+    /// The client's configuration.
     pub config: Config,
+    /// Each party as its operator reaches it (what the tests inspect tables with).
+    pub operators: Vec<PartyConfig>,
+    /// Each party as the coordinator's login role reaches it (the protocol functions only).
+    pub coordinator_logins: Vec<PartyConfig>,
     rt: tokio::runtime::Runtime,
     /// A coordinator this test started itself (with a fault injected).
     own_coordinator: Option<Child>,
@@ -452,9 +459,13 @@ impl Cluster {
             base_port,
             coordinator_port,
             config: Config {
-                coordinator_addr: String::new(),
-                parties: Vec::new(),
+                coordinator_url: String::new(),
+                ca_cert: None,
+                api_token: None,
+                party_keys: Vec::new(),
             },
+            operators: Vec::new(),
+            coordinator_logins: Vec::new(),
             rt,
             own_coordinator: None,
             started: Instant::now(),
@@ -464,10 +475,26 @@ impl Cluster {
         cluster.cluster_up();
         cluster.config = Config::load(&home.join("privmatch.toml"))
             .unwrap_or_else(|e| panic!("{}/privmatch.toml: {e:#}", home.display()));
-        assert_eq!(cluster.config.parties[0].port, base_port);
-        assert_eq!(
-            cluster.config.coordinator_addr,
-            format!("127.0.0.1:{coordinator_port}")
+        cluster.operators = (0..3u8)
+            .map(|i| {
+                let path = operator_config_file(&home, i);
+                OperatorConfig::load(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()))
+                    .party
+            })
+            .collect();
+        let coordinator_path = home.join(COORDINATOR_CONFIG_FILE);
+        cluster.coordinator_logins = CoordinatorConfig::load(&coordinator_path)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", coordinator_path.display()))
+            .parties;
+        assert_eq!(cluster.operators[0].port, base_port);
+        assert!(
+            cluster
+                .config
+                .coordinator_url
+                .ends_with(&format!("127.0.0.1:{coordinator_port}")),
+            "{}",
+            cluster.config.coordinator_url
         );
         eprintln!(
             "[{name}] cluster up in {:.1} s ({}; ports {base_port}-{}, coordinator {coordinator_port})",
@@ -537,43 +564,92 @@ impl Cluster {
 
     // --- databases ---------------------------------------------------------------------------
 
-    /// Runs one query at `party` on a fresh connection.
+    /// Runs one query at `party` as its operator, on a fresh connection.
     pub fn query(
         &self,
         party: usize,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Vec<tokio_postgres::Row> {
-        let conn = self.config.parties[party].connection_string();
-        self.rt
-            .block_on(async {
-                let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| format!("connecting: {e}"))?;
-                let driver = tokio::spawn(connection);
-                let rows = client
-                    .query(sql, params)
-                    .await
-                    .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())));
-                drop(client);
-                let _ = driver.await;
-                rows
-            })
+        self.query_as(&self.operators[party], sql, params)
             .unwrap_or_else(|e| panic!("[{}] P{party}: {sql}: {e}", self.name))
+    }
+
+    /// Runs one query at `party` as the coordinator's login role: its rows, or the SQLSTATE
+    /// and message of the error.
+    pub fn query_as_coordinator(
+        &self,
+        party: usize,
+        sql: &str,
+    ) -> Result<Vec<tokio_postgres::Row>, (String, String)> {
+        let login = &self.coordinator_logins[party];
+        self.rt.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&login.connection_string(), tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| (String::new(), format!("connecting: {e}")))?;
+            let driver = tokio::spawn(connection);
+            let rows = client.batch_execute(sql).await;
+            let rows = match rows {
+                Ok(()) => client.simple_query("SELECT 1").await.map(|_| Vec::new()),
+                Err(e) => Err(e),
+            };
+            drop(client);
+            let _ = driver.await;
+            rows.map_err(|e| {
+                let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+                let message = e
+                    .as_db_error()
+                    .map(|d| d.message().to_owned())
+                    .unwrap_or_else(|| e.to_string());
+                (code, message)
+            })
+        })
+    }
+
+    fn query_as(
+        &self,
+        login: &PartyConfig,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, String> {
+        let conn = login.connection_string();
+        self.rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("connecting: {e}"))?;
+            let driver = tokio::spawn(connection);
+            let rows = client
+                .query(sql, params)
+                .await
+                .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())));
+            drop(client);
+            let _ = driver.await;
+            rows
+        })
     }
 
     /// The three parties' public keys, as pinned in the configuration.
     pub fn party_keys(&self) -> [PartyPublicKey; 3] {
         std::array::from_fn(|i| {
-            PartyPublicKey::from_hex(&self.config.parties[i].public_key).expect("pinned key")
+            PartyPublicKey::from_hex(&self.config.party_keys[i]).expect("pinned key")
         })
     }
 
-    /// One connection per party, P0 to P2 (call inside [`Cluster::block_on`]).
+    /// One connection per party, P0 to P2, as the coordinator's login role: what the tests
+    /// drive protocol functions with, so they pass only with the coordinator's privileges
+    /// (call inside [`Cluster::block_on`]).
     pub async fn clients(&self) -> Vec<tokio_postgres::Client> {
         let mut out = Vec::with_capacity(3);
-        for party in 0..3 {
-            out.push(self.connect(party).await);
+        for login in &self.coordinator_logins {
+            let (client, connection) =
+                tokio_postgres::connect(&login.connection_string(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("[{}] connecting to P{}: {e}", self.name, login.index)
+                    });
+            tokio::spawn(connection);
+            out.push(client);
         }
         out
     }
@@ -583,10 +659,10 @@ impl Cluster {
         self.rt.block_on(f)
     }
 
-    /// Opens a connection to `party` whose driver runs on this test's runtime (call inside
-    /// [`Cluster::block_on`]).
+    /// Opens a connection to `party` as its operator, whose driver runs on this test's runtime
+    /// (call inside [`Cluster::block_on`]).
     pub async fn connect(&self, party: usize) -> tokio_postgres::Client {
-        let conn = self.config.parties[party].connection_string();
+        let conn = self.operators[party].connection_string();
         let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
             .await
             .unwrap_or_else(|e| panic!("[{}] connecting to P{party}: {e}", self.name));
@@ -723,7 +799,7 @@ impl Cluster {
 
     /// Base URL of the coordinator.
     pub fn coordinator_url(&self) -> String {
-        format!("http://{}", self.config.coordinator_addr)
+        self.config.coordinator_url()
     }
 
     /// Whether GET /v1/health answers 200.

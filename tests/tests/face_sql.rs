@@ -334,7 +334,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
                     rt.block_on(async {
                         let mut clients = Vec::new();
                         for p in 0..3 {
-                            let conn = cluster.config.parties[p].connection_string();
+                            let conn = cluster.coordinator_logins[p].connection_string();
                             let (client, connection) =
                                 tokio_postgres::connect(&conn, tokio_postgres::NoTls)
                                     .await

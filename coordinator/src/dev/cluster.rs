@@ -4,9 +4,16 @@
 //! as an unprivileged user (`postgres` by default). `up` on a running cluster changes nothing;
 //! `down` keeps the data unless `--purge` is given.
 //!
+//! Each party is set up as its own organisation would: the operator (the cluster's superuser
+//! `privmatch`) creates the database and the extension, initialises the party (its key goes
+//! to `p<i>/party.key`, beside the data directory, never into a table) and pins the peers'
+//! keys; the coordinator gets a login role `coordinator` that is a member of
+//! `privmatch_coordinator` only, so it can call the protocol functions and nothing else.
+//!
 //! Layout of the home directory: `p0/`, `p1/`, `p2/` (each: `data/`, `run/` socket directory,
-//! `postgres.log`), `privmatch.toml` (the configuration the other commands read),
-//! `coordinator.log`, `coordinator.pid`.
+//! `party.key`, `postgres.log`); the configurations, one per role (`crate::config`):
+//! `privmatch.toml` (the client's), `coordinator.toml` (the coordinator's),
+//! `operators/p<i>.toml` (each operator's); `coordinator.log`, `coordinator.pid`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,7 +24,10 @@ use clap::Subcommand;
 use tokio_postgres::NoTls;
 
 use crate::cli::http::Coordinator;
-use crate::config::{Config, PartyConfig, CONFIG_FILE};
+use crate::config::{
+    operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
+    COORDINATOR_CONFIG_FILE,
+};
 use crate::wire::PartyStatus;
 
 /// Actions of `privmatch cluster`.
@@ -139,12 +149,23 @@ fn data_dir(home: &Path, index: usize) -> PathBuf {
     party_dir(home, index).join("data")
 }
 
-/// The password of the `privmatch` role of party `index`: generated once, kept (mode 0600) in
-/// the home directory so a half-finished `up` can be resumed.
-fn party_password(home: &Path, index: usize) -> Result<String> {
+/// The login role of the coordinator at every party (a member of `privmatch_coordinator`).
+const COORDINATOR_ROLE: &str = "coordinator";
+/// The operator's role at every party: the cluster's superuser, which owns the database.
+const OPERATOR_ROLE: &str = "privmatch";
+
+/// Where party `index` keeps its secret key: beside its data directory, so that a physical
+/// backup of the data directory does not contain it.
+fn key_file(home: &Path, index: usize) -> PathBuf {
+    party_dir(home, index).join("party.key")
+}
+
+/// The password of role `role` at party `index`: generated once, kept (mode 0600) in the home
+/// directory so a half-finished `up` can be resumed.
+fn party_password(home: &Path, index: usize, role: &str) -> Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = home.join(format!(".p{index}.password"));
+    let path = home.join(password_file(index, role));
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(text.trim().to_owned());
     }
@@ -160,6 +181,14 @@ fn party_password(home: &Path, index: usize) -> Result<String> {
     file.write_all(password.as_bytes())?;
     file.sync_all()?;
     Ok(password)
+}
+
+fn password_file(index: usize, role: &str) -> String {
+    if role == OPERATOR_ROLE {
+        format!(".p{index}.password")
+    } else {
+        format!(".p{index}.{role}.password")
+    }
 }
 
 /// Loads the extension at server start: its engine (the in-memory share matrix and search
@@ -203,8 +232,9 @@ fn initdb(runner: &Runner, home: &Path, index: usize, port: u16, password: &str)
     std::fs::remove_file(&pwfile).ok();
     result?;
     let settings = format!(
-        "{SERVER_SETTINGS}port = {port}\nunix_socket_directories = '{}'\n",
-        dir.join("run").display()
+        "{SERVER_SETTINGS}port = {port}\nunix_socket_directories = '{}'\nprivmatch.key_file = '{}'\n",
+        dir.join("run").display(),
+        key_file(home, index).display()
     );
     let conf = data.join("postgresql.conf");
     let mut text = std::fs::read_to_string(&conf)?;
@@ -282,26 +312,28 @@ fn stop_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
     Ok(())
 }
 
-/// Creates the database, the extension and the party identity; returns the public key.
-async fn provision(party: &PartyConfig) -> Result<String> {
-    let mut admin = party.clone();
+/// As the party's operator: creates the database, the extension and the party identity, and
+/// the coordinator's login role (member of `privmatch_coordinator` only, with
+/// `coordinator_password`). Returns the party's public key.
+async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Result<String> {
+    let mut admin = operator.clone();
     admin.dbname = "postgres".into();
     let (client, conn) = tokio_postgres::connect(&admin.connection_string(), NoTls).await?;
     tokio::spawn(conn);
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_database WHERE datname = $1",
-            &[&party.dbname],
+            &[&operator.dbname],
         )
         .await?
         .is_some();
     if !exists {
         client
-            .batch_execute(&format!("CREATE DATABASE \"{}\"", party.dbname))
+            .batch_execute(&format!("CREATE DATABASE \"{}\"", operator.dbname))
             .await?;
     }
     drop(client);
-    let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls).await?;
+    let (client, conn) = tokio_postgres::connect(&operator.connection_string(), NoTls).await?;
     tokio::spawn(conn);
     client
         .batch_execute("CREATE EXTENSION IF NOT EXISTS privmatch")
@@ -312,17 +344,36 @@ async fn provision(party: &PartyConfig) -> Result<String> {
     let row = client
         .query_one(
             "SELECT privmatch.init_party($1)",
-            &[&i32::from(party.index)],
+            &[&i32::from(operator.index)],
         )
         .await?;
+    // The password is hex (generated here), so quoting it as a literal is safe; utility
+    // statements take no parameters.
+    let role_exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_roles WHERE rolname = $1",
+            &[&COORDINATOR_ROLE],
+        )
+        .await?
+        .is_some();
+    let verb = if role_exists { "ALTER" } else { "CREATE" };
+    client
+        .batch_execute(&format!(
+            "{verb} ROLE {COORDINATOR_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT \
+             NOREPLICATION NOBYPASSRLS PASSWORD '{coordinator_password}'; \
+             GRANT privmatch_coordinator TO {COORDINATOR_ROLE}"
+        ))
+        .await
+        .context("creating the coordinator's login role")?;
     Ok(row.get(0))
 }
 
-async fn pin_peers(config: &Config) -> Result<()> {
-    for party in &config.parties {
+/// As each party's operator: pins the other two parties' keys.
+async fn pin_peers(operators: &[PartyConfig]) -> Result<()> {
+    for party in operators {
         let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls).await?;
         tokio::spawn(conn);
-        for peer in config.parties.iter().filter(|p| p.index != party.index) {
+        for peer in operators.iter().filter(|p| p.index != party.index) {
             client
                 .query_one(
                     "SELECT privmatch.pin_peer($1, $2)",
@@ -341,7 +392,7 @@ async fn coordinator_healthy(config: &Config) -> bool {
         .await
 }
 
-fn start_coordinator(home: &Path, config_path: &Path) -> Result<()> {
+fn start_coordinator(home: &Path, coordinator_config: &Path) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -349,9 +400,8 @@ fn start_coordinator(home: &Path, config_path: &Path) -> Result<()> {
         .open(home.join("coordinator.log"))?;
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.arg("--config")
-        .arg(config_path)
-        .args(["coordinator", "serve"])
+    cmd.args(["coordinator", "serve", "--coordinator-config"])
+        .arg(coordinator_config)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -399,6 +449,38 @@ fn stop_coordinator(home: &Path) {
     std::fs::remove_file(pidfile).ok();
 }
 
+/// One party's endpoint on loopback, logging in as `user`.
+fn local_party(index: usize, port: u16, user: &str, password: String, key: &str) -> PartyConfig {
+    PartyConfig {
+        index: index as u8,
+        host: "127.0.0.1".into(),
+        port,
+        dbname: "privmatch".into(),
+        user: user.into(),
+        password,
+        public_key: key.into(),
+    }
+}
+
+/// Creates (first time) and starts party `index` on `port`; returns its operator's endpoint.
+fn start_local_party(runner: &Runner, home: &Path, index: usize, port: u16) -> Result<PartyConfig> {
+    let password = party_password(home, index, OPERATOR_ROLE)?;
+    if !data_dir(home, index).join("PG_VERSION").exists() {
+        eprintln!(
+            "creating party P{index} in {}",
+            party_dir(home, index).display()
+        );
+        initdb(runner, home, index, port, &password)?;
+    }
+    if ensure_preload(home, index)? && is_running(runner, home, index) {
+        eprintln!(
+            "warning: P{index} runs without the privmatch engine preloaded; restart it (`privmatch cluster down` then `up`) to enable searches"
+        );
+    }
+    start_party(runner, home, index)?;
+    Ok(local_party(index, port, OPERATOR_ROLE, password, ""))
+}
+
 async fn up(
     home: &Path,
     config_path: &Path,
@@ -407,68 +489,68 @@ async fn up(
     runner: &Runner,
 ) -> Result<()> {
     std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
-    let existing = Config::load(config_path).ok();
-    let mut parties = Vec::new();
+    let coordinator_path = home.join(COORDINATOR_CONFIG_FILE);
+    let existing = CoordinatorConfig::load(&coordinator_path).ok();
+    let mut operators = Vec::new();
     for index in 0..3usize {
-        let previous = existing.as_ref().map(|c| c.parties[index].clone());
-        let port = previous
+        let port = existing
             .as_ref()
-            .map_or(base_port + index as u16, |p| p.port);
-        let password = match previous.as_ref() {
-            Some(p) => p.password.clone(),
-            None => party_password(home, index)?,
-        };
-        if !data_dir(home, index).join("PG_VERSION").exists() {
-            eprintln!(
-                "creating party P{index} in {}",
-                party_dir(home, index).display()
-            );
-            initdb(runner, home, index, port, &password)?;
-        }
-        if ensure_preload(home, index)? && is_running(runner, home, index) {
-            eprintln!(
-                "warning: P{index} runs without the privmatch engine preloaded; restart it (`privmatch cluster down` then `up`) to enable searches"
-            );
-        }
-        start_party(runner, home, index)?;
-        parties.push(PartyConfig {
-            index: index as u8,
-            host: "127.0.0.1".into(),
-            port,
-            dbname: "privmatch".into(),
-            user: "privmatch".into(),
-            password,
-            public_key: String::new(),
-        });
+            .map_or(base_port + index as u16, |c| c.parties[index].port);
+        operators.push(start_local_party(runner, home, index, port)?);
     }
-    for party in &mut parties {
-        let key = provision(party).await?;
-        if let Some(previous) = existing
-            .as_ref()
-            .map(|c| &c.parties[usize::from(party.index)])
-        {
+    let mut coordinator_logins = Vec::new();
+    for operator in &mut operators {
+        let index = usize::from(operator.index);
+        let password = party_password(home, index, COORDINATOR_ROLE)?;
+        let key = provision(operator, &password).await?;
+        if let Some(previous) = existing.as_ref().map(|c| &c.parties[index]) {
             if !previous.public_key.is_empty() && previous.public_key != key {
                 bail!(
-                    "P{} reports key {key}, but {} pins {}: refusing to continue",
-                    party.index,
-                    config_path.display(),
+                    "P{index} reports key {key}, but {} pins {}: refusing to continue",
+                    coordinator_path.display(),
                     previous.public_key
                 );
             }
         }
-        party.public_key = key;
+        operator.public_key = key.clone();
+        coordinator_logins.push(local_party(
+            index,
+            operator.port,
+            COORDINATOR_ROLE,
+            password,
+            &key,
+        ));
     }
-    let config = Config {
-        coordinator_addr: existing.as_ref().map_or_else(
+    pin_peers(&operators).await?;
+    for operator in &operators {
+        OperatorConfig {
+            party: operator.clone(),
+            signing_key: home
+                .join("operators")
+                .join(format!("p{}.signing.key", operator.index)),
+        }
+        .save(&operator_config_file(home, operator.index))?;
+    }
+    let coordinator = CoordinatorConfig {
+        listen: existing.as_ref().map_or_else(
             || format!("127.0.0.1:{coordinator_port}"),
-            |c| c.coordinator_addr.clone(),
+            |c| c.listen.clone(),
         ),
-        parties,
+        tls_cert: None,
+        tls_key: None,
+        api_keys: None,
+        parties: coordinator_logins,
     };
-    pin_peers(&config).await?;
+    coordinator.save(&coordinator_path)?;
+    let config = Config {
+        coordinator_url: format!("http://{}", coordinator.listen),
+        ca_cert: None,
+        api_token: None,
+        party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),
+    };
     config.save(config_path)?;
     if !coordinator_healthy(&config).await {
-        start_coordinator(home, config_path)?;
+        start_coordinator(home, &coordinator_path)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while !coordinator_healthy(&config).await {
             if Instant::now() > deadline {
@@ -481,17 +563,22 @@ async fn up(
         }
     }
     println!("privmatch cluster is up (home {})", home.display());
-    for party in &config.parties {
-        let key = party.pinned_key()?;
+    for operator in &operators {
+        let key = operator.pinned_key()?;
         println!(
             "  P{}  127.0.0.1:{}  key fingerprint {}",
-            party.index,
-            party.port,
+            operator.index,
+            operator.port,
             key.fingerprint_hex()
         );
     }
     println!("  coordinator  {}", config.coordinator_url());
-    println!("  configuration {}", config_path.display());
+    println!(
+        "  configurations: client {}, coordinator {}, operators {}",
+        config_path.display(),
+        coordinator_path.display(),
+        home.join("operators").display()
+    );
     Ok(())
 }
 
@@ -554,13 +641,17 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                         std::fs::remove_dir_all(&dir)?;
                     }
                 }
-                for file in [
-                    "coordinator.log",
-                    CONFIG_FILE,
-                    ".p0.password",
-                    ".p1.password",
-                    ".p2.password",
-                ] {
+                std::fs::remove_dir_all(home.join("operators")).ok();
+                let mut files = vec![
+                    "coordinator.log".to_owned(),
+                    CONFIG_FILE.to_owned(),
+                    COORDINATOR_CONFIG_FILE.to_owned(),
+                ];
+                for index in 0..3 {
+                    files.push(password_file(index, OPERATOR_ROLE));
+                    files.push(password_file(index, COORDINATOR_ROLE));
+                }
+                for file in files {
                     std::fs::remove_file(home.join(file)).ok();
                 }
                 println!("privmatch cluster stopped and purged ({})", home.display());

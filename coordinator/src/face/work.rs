@@ -14,7 +14,7 @@ use crate::parties::{column, PartyError};
 use crate::txn::work::{LockMode, TableLock, Work};
 
 /// The table face enrolments and deletions write.
-pub const TEMPLATES: &str = "privmatch.face_templates";
+pub const TEMPLATES: &str = "face_templates";
 
 /// What `party` gets of per-evaluator values: P0's or P1's, None for P2.
 fn of_evaluator<T>(per_evaluator: &[T; 2], party: PartyIndex) -> Option<&T> {

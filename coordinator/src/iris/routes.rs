@@ -28,7 +28,7 @@ use crate::server::state::SharedState;
 use crate::wire::{check_on_duplicate, codes, default_on_duplicate};
 
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
-pub const RECORDS_SQL: &str = "SELECT count(*) FROM privmatch.iris_templates";
+pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
 
 /// The iris routes, merged into the coordinator's router.
 pub fn routes() -> Router<SharedState> {

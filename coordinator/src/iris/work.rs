@@ -16,7 +16,7 @@ use crate::parties::PartyError;
 use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
 
 /// The table iris enrolments and deletions write.
-pub const TEMPLATES: &str = "privmatch.iris_templates";
+pub const TEMPLATES: &str = "iris_templates";
 
 /// Opens and stores sealed iris enrolment bundles at every party.
 #[derive(Clone, Debug)]
@@ -144,8 +144,7 @@ impl EnrollIfUnique {
         txn.agreed(|party, client| async move {
             let row = client
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM privmatch.iris_templates \
-                     WHERE subject = $1 AND eye = $2::text::privmatch.eye)",
+                    "SELECT privmatch.iris_enrolled($1, $2)",
                     &[&self.subject, &self.eye.as_str()],
                 )
                 .await

@@ -29,7 +29,7 @@ pub mod state;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::CoordinatorConfig;
 use crate::guard;
 use crate::parties::Parties;
 use crate::server::state::{AppState, ServeOptions};
@@ -43,8 +43,8 @@ fn random_instance_id() -> String {
 }
 
 /// Runs the coordinator until interrupted: recovers in-doubt transactions at start-up and
-/// every few seconds, and serves the HTTP API on `config.coordinator_addr`.
-pub async fn serve(config: Config, options: ServeOptions) -> anyhow::Result<()> {
+/// every few seconds, and serves the HTTP API on `config.listen`.
+pub async fn serve(config: CoordinatorConfig, options: ServeOptions) -> anyhow::Result<()> {
     let mut lock = Some(guard::acquire(&config.parties[0], Duration::from_secs(30)).await?);
     let parties = Arc::new(Parties::new(&config));
     let instance = random_instance_id();
@@ -80,8 +80,8 @@ pub async fn serve(config: Config, options: ServeOptions) -> anyhow::Result<()> 
         }
     });
     let app = routes::app(state);
-    let listener = tokio::net::TcpListener::bind(&config.coordinator_addr).await?;
-    tracing::info!(addr = %config.coordinator_addr, "coordinator listening");
+    let listener = tokio::net::TcpListener::bind(&config.listen).await?;
+    tracing::info!(addr = %config.listen, "coordinator listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -26,7 +26,7 @@ pub struct RecoveryReport {
 async fn decision_record(p0: &Client, gid: &str) -> Result<DecisionRecord, tokio_postgres::Error> {
     let row = p0
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM privmatch.distributed_transactions WHERE gid = $1), \
+            "SELECT privmatch.txn_committed($1), \
                     EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE gid = $1 AND database = current_database())",
             &[&gid],
         )

@@ -46,10 +46,7 @@ async fn begin_at(party: PartyIndex, client: &Client, gid: &str) -> Result<(), P
     let pg = |e: tokio_postgres::Error| PartyError::from_pg(party, &e);
     client.batch_execute("BEGIN").await.map_err(pg)?;
     client
-        .execute(
-            "INSERT INTO privmatch.distributed_transactions (gid) VALUES ($1)",
-            &[&gid],
-        )
+        .query_one("SELECT privmatch.txn_begin($1)", &[&gid])
         .await
         .map_err(pg)?;
     Ok(())

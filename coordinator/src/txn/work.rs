@@ -22,25 +22,24 @@ pub enum LockMode {
     ShareRowExclusive,
 }
 
-/// A table lock a transaction takes at a party before its work.
+/// A table lock a transaction takes at a party before its work, through the party's
+/// `privmatch.txn_lock_templates` (the coordinator's role has no privilege on the table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableLock {
-    /// The table, schema-qualified.
+    /// The template table, in schema `privmatch` (a name ending in `_templates`).
     pub table: &'static str,
     /// How it is locked.
     pub mode: LockMode,
 }
 
 impl TableLock {
-    /// The SQL that takes the lock.
+    /// The SQL that takes the lock (the table name is a constant of the code, never input).
     pub fn sql(&self) -> String {
-        match self.mode {
-            LockMode::RowExclusive => format!("LOCK TABLE {} IN ROW EXCLUSIVE MODE", self.table),
-            LockMode::ShareRowExclusive => format!(
-                "SET LOCAL lock_timeout = '30s'; LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
-                self.table
-            ),
-        }
+        let exclusive = self.mode == LockMode::ShareRowExclusive;
+        format!(
+            "SELECT privmatch.txn_lock_templates('{}', {exclusive})",
+            self.table
+        )
     }
 }
 
@@ -189,17 +188,20 @@ mod tests {
     #[test]
     fn locks_are_written_as_sql() {
         let write = TableLock {
-            table: "privmatch.t",
+            table: "t_templates",
             mode: LockMode::RowExclusive,
         };
-        assert_eq!(write.sql(), "LOCK TABLE privmatch.t IN ROW EXCLUSIVE MODE");
+        assert_eq!(
+            write.sql(),
+            "SELECT privmatch.txn_lock_templates('t_templates', false)"
+        );
         let exclusive = TableLock {
             mode: LockMode::ShareRowExclusive,
             ..write
         };
         assert_eq!(
             exclusive.sql(),
-            "SET LOCAL lock_timeout = '30s'; LOCK TABLE privmatch.t IN SHARE ROW EXCLUSIVE MODE"
+            "SELECT privmatch.txn_lock_templates('t_templates', true)"
         );
     }
 }

@@ -60,7 +60,9 @@ fn read_keys() -> Result<PartyKeys, EngineError> {
             "this privmatch party has no identity yet: run SELECT privmatch.init_party(<index>)",
         ));
     };
-    let identity = stored.decode().map_err(EngineError::internal)?;
+    let identity = stored
+        .decode()
+        .map_err(|e| EngineError::internal(e.to_string()))?;
     Ok(PartyKeys {
         me: identity.index,
         secret: identity.secret,

@@ -12,7 +12,7 @@ use privmatch_core::wire::storage::{encode_share, ShareKind};
 
 use crate::bundles::{replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
 use crate::datum::{share_datum, type_oid};
-use crate::errors::{raise, raise_internal};
+use crate::errors::{get_one, raise, raise_internal};
 use crate::identity::load_identity;
 
 const ENROLL: &str = "iris_enroll_sealed";
@@ -163,4 +163,36 @@ fn iris_delete(subject: &str, eye: default!(Option<&str>, "NULL")) -> i64 {
             .map(|table| table.len() as i64)
             .unwrap_or_else(|e| raise_internal(e))
     })
+}
+
+/// How many iris records (subject and eye) this party holds: what `privmatch cluster status`
+/// and the coordinator's status show.
+#[pg_extern(stable)]
+fn iris_records() -> i64 {
+    get_one::<i64>(
+        "iris_records",
+        "SELECT count(*) FROM privmatch.iris_templates",
+        &[],
+    )
+    .unwrap_or(0)
+}
+
+/// Whether `subject`'s `eye` ('left' or 'right') is enrolled here: what enroll-if-unique
+/// asks every party before it searches.
+#[pg_extern(stable)]
+fn iris_enrolled(subject: &str, eye: &str) -> bool {
+    if eye != "left" && eye != "right" {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("iris_enrolled: eye must be 'left' or 'right', not {eye:?}"),
+            None,
+        );
+    }
+    get_one::<bool>(
+        "iris_enrolled",
+        "SELECT EXISTS (SELECT 1 FROM privmatch.iris_templates \
+         WHERE subject = $1 AND eye = $2::text::privmatch.eye)",
+        &[subject.into(), eye.into()],
+    )
+    .unwrap_or(false)
 }

@@ -42,8 +42,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 
-use crate::config::Config;
 use crate::dev::bench::stats::{median, percentile};
+use crate::dev::LocalConfigs;
 use crate::face::client::FaceClient;
 use crate::face::input::FaceEnrollRecord;
 use crate::face::synth::{subject_id, FaceSynth};
@@ -481,15 +481,16 @@ async fn held_counts(parties: &Parties, prefix: &str, n: usize) -> Result<[(i64,
 }
 
 /// The cluster part (see the module docs).
-async fn cluster(args: &FaceBenchArgs, config: &Config) -> Result<ClusterFigures> {
+async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<ClusterFigures> {
     let metric = metric_of(args)?;
     let dim = args.dim;
     if args.n == 0 {
         bail!("--n must be at least 1");
     }
     let theta = quantized_threshold(metric, dim, args.threshold)?;
-    let parties = Parties::new(config);
-    let mut client = FaceClient::new(config)?;
+    // Counting held templates is the operators' business.
+    let parties = configs.operator_parties();
+    let mut client = FaceClient::new(&configs.client)?;
     let dealer = client
         .configure(metric, args.threshold, dim)
         .await
@@ -710,7 +711,10 @@ fn print_cluster(f: &ClusterFigures) {
 }
 
 /// `privmatch bench face`.
-pub async fn run(args: &FaceBenchArgs, config: impl FnOnce() -> Result<Config>) -> Result<()> {
+pub async fn run(
+    args: &FaceBenchArgs,
+    configs: impl FnOnce() -> Result<LocalConfigs>,
+) -> Result<()> {
     let metric = metric_of(args)?;
     if !(args.noise.is_finite() && args.noise >= 0.0) {
         bail!("--noise must be a non-negative number");
@@ -737,8 +741,8 @@ pub async fn run(args: &FaceBenchArgs, config: impl FnOnce() -> Result<Config>) 
         report["micro"] = serde_json::to_value(&figures)?;
     }
     if args.part != "micro" {
-        let config = config()?;
-        let figures = cluster(args, &config).await?;
+        let configs = configs()?;
+        let figures = cluster(args, &configs).await?;
         if !args.json {
             print_cluster(&figures);
         }

@@ -32,6 +32,7 @@ use rand_chacha::ChaCha20Rng;
 
 use crate::config::Config;
 use crate::dev::bench::stats::median;
+use crate::dev::LocalConfigs;
 use crate::iris::api::{SearchRequest, SearchStats, DEFAULT_THRESHOLD};
 use crate::iris::client::{enroll_file, BatchOptions};
 use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError, SearchResult};
@@ -417,13 +418,13 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
 /// `--reuse`).
 async fn ensure_enrolled(
     config: &Config,
-    parties: &Parties,
+    operators: &Parties,
     prefix: &str,
     templates: &[(String, IrisTemplate)],
     reuse: bool,
 ) -> Result<()> {
     let n = templates.len();
-    let held = held_counts(parties, prefix, n).await?;
+    let held = held_counts(operators, prefix, n).await?;
     if held.iter().all(|&c| c == n as i64) {
         eprintln!("the parties already hold the {n} bench templates ({prefix}-*): reusing them");
         return Ok(());
@@ -438,17 +439,20 @@ async fn ensure_enrolled(
 }
 
 /// `privmatch bench iris`.
-pub async fn run(config: &Config, args: &IrisBenchArgs) -> Result<()> {
+pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     if args.n == 0 {
         bail!("--n must be at least 1");
     }
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds");
     }
-    let parties = Parties::new(config);
+    // Searches run as the coordinator does (its role); counting held templates is the
+    // operators' business.
+    let parties = configs.coordinator_parties();
     eprintln!("synthesising {} templates (seed {})", args.n, args.seed);
     let (prefix, templates) = bench_templates(args.n, args.seed)?;
-    ensure_enrolled(config, &parties, &prefix, &templates, args.reuse).await?;
+    let operators = configs.operator_parties();
+    ensure_enrolled(&configs.client, &operators, &prefix, &templates, args.reuse).await?;
     let mut rng = ChaCha20Rng::from_rng(rand::rngs::OsRng)
         .context("the operating system's random source is unavailable")?;
     let original = rng.gen_range(0..templates.len());
@@ -461,7 +465,7 @@ pub async fn run(config: &Config, args: &IrisBenchArgs) -> Result<()> {
     let bandwidth = memory_bandwidth(args.bandwidth_mib);
     let setup = Setup {
         parties: &parties,
-        keys: config.pinned_keys()?,
+        keys: configs.client.pinned_keys()?,
         prefix: &prefix,
         templates: &templates,
         probe,

@@ -22,7 +22,8 @@ use futures::future::try_join_all;
 use rand::RngCore;
 use tokio_postgres::{Client, NoTls};
 
-use crate::config::{Config, PartyConfig};
+use crate::config::PartyConfig;
+use crate::dev::LocalConfigs;
 use crate::iris::client::{enroll_file, BatchOptions};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 
@@ -110,7 +111,7 @@ async fn baseline_insert(client: &Client, n: usize, batch: usize) -> Result<()> 
     Ok(())
 }
 
-async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
+async fn enroll_bench(configs: &LocalConfigs, args: &EnrollBenchArgs) -> Result<()> {
     let run_id = {
         let mut b = [0u8; 4];
         rand::rngs::OsRng.fill_bytes(&mut b);
@@ -146,7 +147,8 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
         })?;
         out.flush()?;
     }
-    let clients = try_join_all(config.parties.iter().map(connect)).await?;
+    // The operators' connections: the baseline writes a table of its own and reads WAL positions.
+    let clients = try_join_all(configs.operators.iter().map(|o| connect(&o.party))).await?;
 
     eprintln!("baseline: plain inserts of the same bytes at the three parties");
     let before = try_join_all(clients.iter().map(snapshot)).await?;
@@ -178,7 +180,7 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
         parallel: 2,
         progress: true,
     };
-    let (totals, _) = enroll_file(config, &input, &options).await?;
+    let (totals, _) = enroll_file(&configs.client, &input, &options).await?;
     let seconds = started.elapsed().as_secs_f64();
     let after = try_join_all(clients.iter().map(snapshot)).await?;
     if temporary {
@@ -214,12 +216,15 @@ async fn enroll_bench(config: &Config, args: &EnrollBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs a benchmark; `config` loads the configuration (the in-process part of `bench face`
-/// needs none).
-pub async fn run(action: &BenchAction, config: impl FnOnce() -> Result<Config>) -> Result<()> {
+/// Runs a benchmark; `configs` loads the local cluster's configurations (the in-process part
+/// of `bench face` needs none).
+pub async fn run(
+    action: &BenchAction,
+    configs: impl FnOnce() -> Result<LocalConfigs>,
+) -> Result<()> {
     match action {
-        BenchAction::Enroll(args) => enroll_bench(&config()?, args).await,
-        BenchAction::Iris(args) => iris::run(&config()?, args).await,
-        BenchAction::Face(args) => face::run(args, config).await,
+        BenchAction::Enroll(args) => enroll_bench(&configs()?, args).await,
+        BenchAction::Iris(args) => iris::run(&configs()?, args).await,
+        BenchAction::Face(args) => face::run(args, configs).await,
     }
 }
