@@ -37,3 +37,14 @@ CREATE TABLE privmatch.distributed_transactions (
     gid        text PRIMARY KEY,
     started_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- The public half of the party operator's Ed25519 key, set by the operator with
+-- privmatch.set_operator_key(), and the highest counter of an operator command accepted so
+-- far. Changes of security state that the coordinator relays (the face dealer's
+-- configuration) must be signed by this key with a higher counter (core/src/crypto/sign.rs).
+CREATE TABLE privmatch.operator_key (
+    singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    public_key   bytea   NOT NULL CHECK (length(public_key) = 32),
+    last_counter bigint  NOT NULL DEFAULT 0 CHECK (last_counter >= 0),
+    set_at       timestamptz NOT NULL DEFAULT now()
+);

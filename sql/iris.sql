@@ -84,3 +84,13 @@ CREATE TABLE privmatch.iris_templates (
     enrolled_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT iris_templates_subject_eye_key UNIQUE (subject, eye)
 );
+
+-- Iris search sessions started at this party: a session id is single-use, and this table is
+-- what makes that survive a restart of the party (the engine's memory of used ids does not).
+-- A row is kept for twice the lifetime of a sealed probe (core/src/iris/probe.rs,
+-- PROBE_LIFETIME_SECS), after which any probe of that session is refused as stale anyway.
+CREATE TABLE privmatch.iris_used_sessions (
+    session bytea PRIMARY KEY CHECK (length(session) = 16),
+    used_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX iris_used_sessions_used_at ON privmatch.iris_used_sessions (used_at);

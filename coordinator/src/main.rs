@@ -123,7 +123,7 @@ async fn run(cli: Cli) -> Result<()> {
             server::serve(config::CoordinatorConfig::load(&path)?, options).await
         }
         Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
-        Command::Face { action } => face::cli::run(action, || cli.load_config()).await,
+        Command::Face { action } => face::cli::run(action, &cli.home(), || cli.load_config()).await,
         Command::Recover => recover::run(&cli.load_config()?).await,
         Command::Bench { action } => {
             bench::run(action, || {

@@ -22,6 +22,7 @@ mod face;
 mod identity;
 mod iris;
 mod keyfile;
+mod operator;
 mod txn;
 
 use pgrx::prelude::*;

@@ -886,9 +886,8 @@ impl Cluster {
             .open(self.home.join("coordinator-e2e.log"))
             .expect("coordinator log");
         let mut cmd = Command::new(privmatch_bin());
-        cmd.arg("--config")
-            .arg(self.home.join("privmatch.toml"))
-            .args(["coordinator", "serve"])
+        cmd.args(["coordinator", "serve", "--coordinator-config"])
+            .arg(self.home.join(COORDINATOR_CONFIG_FILE))
             .env_remove("PRIVMATCH_FAULT")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))

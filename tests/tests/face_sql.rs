@@ -4,14 +4,17 @@
 //! the plaintext comparison on the quantised values; key material must be single-use under
 //! concurrency and crashes; bad inputs fail with clear SQLSTATEs and change nothing.
 
+use privmatch_coordinator::cli::operator_key;
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig};
+use privmatch_core::crypto::sign::OperatorSigningKey;
+use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::{
     dot, normalize, plaintext_match, squared_distance, Quantizer,
 };
 use privmatch_core::face::{funshade, Metric};
+use privmatch_core::party::PartyIndex;
 use privmatch_e2e::Cluster;
 use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
@@ -42,28 +45,50 @@ fn recapture(rng: &mut ChaCha20Rng, e: &[f64], noise: f64) -> Vec<f64> {
     .expect("non-zero")
 }
 
+/// Seals a dealer configuration to P2 and signs it as P2's operator (the key `cluster up`
+/// wrote), with a fresh counter.
+fn signed_config(cluster: &Cluster, keys: &[PartyPublicKey; 3], config: &DealerConfig) -> Vec<u8> {
+    let mut rng = ChaCha20Rng::from_entropy();
+    let sealed = seal_dealer_config(config, &keys[2], &mut rng).expect("config");
+    let operator = operator_key::load(&cluster.home.join("operators/p2.signing.key"))
+        .expect("P2's operator key");
+    operator.sign(
+        PartyIndex::ALL[2],
+        operator_key::fresh_counter(),
+        DEALER_CONFIG_ACTION,
+        &sealed,
+    )
+}
+
+/// P2's dealer configuration generation.
+async fn dealer_generation(p2: &Client) -> i64 {
+    p2.query_one("SELECT generation FROM privmatch.face_dealer_status()", &[])
+        .await
+        .expect("dealer status")
+        .get(0)
+}
+
 async fn configure(
+    cluster: &Cluster,
     clients: &[Client],
     keys: &[PartyPublicKey; 3],
     metric: Metric,
     dim: usize,
     threshold: f64,
 ) {
-    let mut rng = ChaCha20Rng::from_entropy();
-    let sealed = seal_dealer_config(
+    let command = signed_config(
+        cluster,
+        keys,
         &DealerConfig {
             metric,
             dim,
             threshold,
         },
-        &keys[2],
-        &mut rng,
-    )
-    .expect("config");
+    );
     clients[2]
         .query(
             "SELECT * FROM privmatch.face_dealer_configure($1)",
-            &[&sealed],
+            &[&command],
         )
         .await
         .expect("configure");
@@ -255,7 +280,7 @@ fn face_comparisons_agree_with_the_plaintext_reference_on_both_metrics() {
             let pivot = metric_value(metric, &probes[2], &records[14].1);
             for step in [-1i64, 0, 1] {
                 let theta_q = pivot + step;
-                configure(&clients, &keys, metric, DIM, theta_q as f64 / m2).await;
+                configure(&cluster, &clients, &keys, metric, DIM, theta_q as f64 / m2).await;
                 refill(&clients, (probes.len() * TEMPLATES) as i32 + 20).await;
                 for (i, probe) in probes.iter().enumerate() {
                     let got = compare(&clients, &keys, None, probe)
@@ -317,7 +342,7 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
     let probe = q.quantize(&recapture(&mut rng, &other, 0.0)).expect("q");
     cluster.block_on(async {
         let clients = cluster.clients().await;
-        configure(&clients, &keys, Metric::Cosine, DIM, 0.5).await;
+        configure(&cluster, &clients, &keys, Metric::Cosine, DIM, 0.5).await;
         enroll(&clients, &keys, &[("alice".to_owned(), enrolled.clone())]).await;
         refill(&clients, POOL).await;
     });
@@ -415,7 +440,10 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
             2,
             "the crashed session's key is not back in the pool"
         );
-        let claimed: i64 = clients[0]
+        // Inspecting the claims table is the operator's business.
+        let claimed: i64 = cluster
+            .connect(0)
+            .await
             .query_one(
                 "SELECT count(*) FROM privmatch.face_key_claims WHERE session = $1",
                 &[&crashed.as_slice()],
@@ -459,7 +487,9 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
         assert_eq!(available(&clients[0]).await, 2);
         let got = compare(&clients, &keys, Some("alice"), &probe).await.expect("after restart");
         assert_eq!(got.len(), 1);
-        let firsts: Vec<i32> = clients[0]
+        let firsts: Vec<i32> = cluster
+            .connect(0)
+            .await
             .query("SELECT first_key FROM privmatch.face_key_claims WHERE batch = (SELECT max(batch) FROM privmatch.face_key_batches) ORDER BY 1", &[])
             .await
             .expect("claims")
@@ -503,7 +533,66 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .await
             .expect_err("not P2");
         assert_eq!(err.code().map(|c| c.code()), Some("55000"), "{err:?}");
-        configure(&clients, &keys, Metric::Euclidean, DIM, 0.8).await;
+        let accepted = signed_config(
+            &cluster,
+            &keys,
+            &DealerConfig {
+                metric: Metric::Euclidean,
+                dim: DIM,
+                threshold: 0.8,
+            },
+        );
+        clients[2]
+            .query(
+                "SELECT * FROM privmatch.face_dealer_configure($1)",
+                &[&accepted],
+            )
+            .await
+            .expect("a configuration signed by P2's operator");
+        let before = dealer_generation(&clients[2]).await;
+        // What a coordinator could try: replay the accepted configuration, forge one with a
+        // threshold of its choosing (cosine θ = −1: every face verifies), or send a bare sealed
+        // configuration. P2 refuses each (28000 / 22023) and its state does not change.
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let door_open = seal_dealer_config(
+            &DealerConfig {
+                metric: Metric::Cosine,
+                dim: DIM,
+                threshold: -1.0,
+            },
+            &keys[2],
+            &mut rng,
+        )
+        .expect("seal");
+        let forged = OperatorSigningKey::generate(&mut rng).sign(
+            PartyIndex::ALL[2],
+            u64::MAX >> 2,
+            DEALER_CONFIG_ACTION,
+            &door_open,
+        );
+        for (what, command, sqlstate) in [
+            ("replayed", accepted.clone(), "28000"),
+            ("forged", forged, "28000"),
+            ("unsigned", door_open.clone(), "22023"),
+        ] {
+            let err = clients[2]
+                .query(
+                    "SELECT * FROM privmatch.face_dealer_configure($1)",
+                    &[&command],
+                )
+                .await
+                .expect_err(what);
+            assert_eq!(
+                err.code().map(|c| c.code()),
+                Some(sqlstate),
+                "{what}: {err:?}"
+            );
+        }
+        assert_eq!(
+            dealer_generation(&clients[2]).await,
+            before,
+            "a refused configuration changed P2"
+        );
         enroll(&clients, &keys, &[("alice".to_owned(), alice.clone())]).await;
         // An empty pool is a clear error.
         let err = compare(&clients, &keys, Some("alice"), &alice)

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use privmatch_core::iris::enroll::Eye;
-use privmatch_core::iris::probe::seal_iris_probe;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
 use privmatch_e2e::{by_key, privmatch, read_ndjson, Cluster, RecordKey};
@@ -21,6 +22,27 @@ use tokio_postgres::Client;
 enum Outcome {
     Subjects(Vec<String>),
     Unique(bool),
+}
+
+/// Seals `probe` for `session` with the parameters `start` calls the parties with (`mode`,
+/// `max_rotation`, threshold 0.345), sealed now.
+fn seal(
+    cluster: &Cluster,
+    probe: &IrisTemplate,
+    eye: Eye,
+    session: [u8; 16],
+    mode: &str,
+    max_rotation: i32,
+    rng: &mut ChaCha20Rng,
+) -> [Vec<u8>; 3] {
+    let mode = SearchMode::parse(mode).expect("mode");
+    let context = ProbeContext {
+        session,
+        eye,
+        params: SearchParams::new(mode, max_rotation, 0.345).expect("params"),
+        sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
+    };
+    seal_iris_probe(probe, &context, &cluster.party_keys(), rng).expect("seal")
 }
 
 async fn start(
@@ -104,7 +126,7 @@ async fn search(
     max_rotation: i32,
 ) -> Result<Outcome, Failure> {
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_iris_probe(probe, eye, session, &cluster.party_keys(), rng).expect("seal");
+    let sealed = seal(cluster, probe, eye, session, mode, max_rotation, rng);
     let starts = start(clients, &session, &sealed, mode, max_rotation).await?;
     assert!(starts
         .windows(2)
@@ -231,8 +253,7 @@ fn refused_round_messages_abort_the_search() {
         let clients = cluster.clients().await;
         // A tampered message: 08P01 at the receiver, which drops the search (42704 after).
         let session: [u8; 16] = rng.gen();
-        let sealed =
-            seal_iris_probe(&t, eye, session, &cluster.party_keys(), &mut rng).expect("seal");
+        let sealed = seal(&cluster, &t, eye, session, "identify", 15, &mut rng);
         let starts = start(&clients, &session, &sealed, "identify", 15)
             .await
             .expect("start");
@@ -309,7 +330,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     let eye = Eye::parse(&key.1).expect("eye");
     let mut rng = ChaCha20Rng::seed_from_u64(7);
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_iris_probe(&t, eye, session, &cluster.party_keys(), &mut rng).expect("seal");
+    let sealed = seal(&cluster, &t, eye, session, "identify", 15, &mut rng);
     let starts = cluster.block_on(async {
         let clients = cluster.clients().await;
         start(&clients, &session, &sealed, "identify", 15)
@@ -348,4 +369,83 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
             .expect("after restart");
         assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
     });
+}
+
+#[test]
+fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and_a_restart() {
+    let cluster = Cluster::start("search-replay", 27);
+    let enrolled = enroll_synthetic(&cluster, 30);
+    let (key, t) = enrolled
+        .iter()
+        .next()
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("one");
+    let eye = Eye::parse(&key.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(9);
+    let session: [u8; 16] = rng.gen();
+    // The client's uniqueness search, run to the end.
+    let sealed = seal(&cluster, &t, eye, session, "uniqueness", 15, &mut rng);
+    let outcome = cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let starts = start(&clients, &session, &sealed, "uniqueness", 15)
+            .await
+            .expect("start");
+        drive(
+            &clients,
+            &session,
+            starts.into_iter().map(|s| s.2).collect(),
+        )
+        .await
+    });
+    assert_eq!(outcome.expect("search"), Outcome::Unique(false));
+    // What a coordinator would try next: the same probes as an identification (which subjects
+    // match), or at another threshold (to bisect the distance). Refused by every party.
+    let replay = |what: &str| {
+        cluster.block_on(async {
+            let clients = cluster.clients().await;
+            for (i, c) in clients.iter().enumerate() {
+                for (mode, threshold) in [("identify", 0.345), ("uniqueness", 0.2)] {
+                    let err = c
+                        .query_one(
+                            "SELECT entries FROM privmatch.iris_search_start($1, $2, $3, 15, $4)",
+                            &[&session.as_slice(), &sealed[i], &mode, &threshold],
+                        )
+                        .await
+                        .expect_err("a replayed probe must be refused");
+                    let f = failure(i, &err);
+                    assert_eq!(f.sqlstate.as_deref(), Some("42704"), "{what}: {f:?}");
+                    assert!(f.message.contains("already used"), "{what}: {f:?}");
+                }
+            }
+        })
+    };
+    replay("right after the search");
+    // 10,000 junk starts at P0 (the engine remembers only the last 4,096 ids in memory).
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        clients[0]
+            .batch_execute(
+                "DO $$ BEGIN FOR i IN 1..10000 LOOP BEGIN \
+                   PERFORM * FROM privmatch.iris_search_start(decode(md5(random()::text), 'hex'), '\\x00'::bytea); \
+                 EXCEPTION WHEN others THEN NULL; END; END LOOP; END $$",
+            )
+            .await
+            .expect("junk starts");
+    });
+    replay("after 10,000 junk starts");
+    cluster.kill_party(0);
+    cluster.start_party(0);
+    replay("after a restart of P0");
+    // The parameters are sealed: a fresh session run with other parameters than sealed is
+    // refused too (22023), before anything is scanned.
+    let fresh: [u8; 16] = rng.gen();
+    let sealed = seal(&cluster, &t, eye, fresh, "uniqueness", 15, &mut rng);
+    let err = cluster.block_on(async {
+        let clients = cluster.clients().await;
+        start(&clients, &fresh, &sealed, "identify", 15)
+            .await
+            .expect_err("other parameters than sealed")
+    });
+    assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
+    assert!(err.message.contains("sealed with the probe"), "{err:?}");
 }

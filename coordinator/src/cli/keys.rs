@@ -32,3 +32,11 @@ impl Sealer {
         })
     }
 }
+
+/// The time a probe is sealed at (seconds since the Unix epoch): parties refuse probes older
+/// than `privmatch_core::iris::probe::PROBE_LIFETIME_SECS`.
+pub fn sealing_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

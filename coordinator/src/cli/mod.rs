@@ -1,13 +1,15 @@
 //! The client side of the `privmatch` CLI, shared by the modalities: the one HTTP client of
 //! the coordinator's API and its error type ([`http`]), the pinned keys and the CSPRNG that
 //! templates and probes are shared and sealed with ([`keys`]), the accounting of enrolment
-//! batches ([`batch`]), progress bars ([`progress`]), NDJSON input and output ([`ndjson`]) and the
-//! modality-neutral `privmatch recover` ([`recover`]). The modalities' subcommands are in
+//! batches ([`batch`]), progress bars ([`progress`]), NDJSON input and output ([`ndjson`]), an
+//! operator's signing key ([`operator_key`]) and the modality-neutral `privmatch recover`
+//! ([`recover`]). The modalities' subcommands are in
 //! their `cli.rs`; the command tree in `main.rs`.
 
 pub mod batch;
 pub mod http;
 pub mod keys;
 pub mod ndjson;
+pub mod operator_key;
 pub mod progress;
 pub mod recover;

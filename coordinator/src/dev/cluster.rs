@@ -24,6 +24,7 @@ use clap::Subcommand;
 use tokio_postgres::NoTls;
 
 use crate::cli::http::Coordinator;
+use crate::cli::operator_key;
 use crate::config::{
     operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
     COORDINATOR_CONFIG_FILE,
@@ -386,6 +387,22 @@ async fn pin_peers(operators: &[PartyConfig]) -> Result<()> {
     Ok(())
 }
 
+/// As the party's operator: creates the operator's signing key (first time) and sets its
+/// public half at the party, which then accepts relayed commands signed by it.
+async fn set_operator_key(operator: &PartyConfig, signing_key: &Path) -> Result<()> {
+    let key = operator_key::create_if_missing(signing_key)?;
+    let (client, conn) = tokio_postgres::connect(&operator.connection_string(), NoTls).await?;
+    tokio::spawn(conn);
+    client
+        .query_one(
+            "SELECT privmatch.set_operator_key($1)",
+            &[&key.verifying_key().to_hex()],
+        )
+        .await
+        .with_context(|| format!("setting the operator key of P{}", operator.index))?;
+    Ok(())
+}
+
 async fn coordinator_healthy(config: &Config) -> bool {
     Coordinator::new(config)
         .is_healthy(Duration::from_secs(2))
@@ -523,11 +540,13 @@ async fn up(
     }
     pin_peers(&operators).await?;
     for operator in &operators {
+        let signing_key = home
+            .join("operators")
+            .join(format!("p{}.signing.key", operator.index));
+        set_operator_key(operator, &signing_key).await?;
         OperatorConfig {
             party: operator.clone(),
-            signing_key: home
-                .join("operators")
-                .join(format!("p{}.signing.key", operator.index)),
+            signing_key,
         }
         .save(&operator_config_file(home, operator.index))?;
     }

@@ -11,6 +11,7 @@ use privmatch_core::face::Metric;
 use serde::Serialize;
 
 use crate::cli::ndjson::{emit, json_line};
+use crate::cli::operator_key;
 use crate::config::Config;
 use crate::face::api::{DEFAULT_REFILL_BATCH, DEFAULT_REFILL_TARGET};
 use crate::face::client::{configure, delete, enroll_file, pool, refill, FaceClient};
@@ -60,6 +61,10 @@ pub struct ConfigureArgs {
     /// Embedding dimension (128..=1024).
     #[arg(long)]
     pub dim: usize,
+    /// P2's operator signing key, which P2 requires on every dealer configuration (default:
+    /// HOME/operators/p2.signing.key, written by `privmatch cluster up`).
+    #[arg(long, env = "PRIVMATCH_OPERATOR_KEY")]
+    pub operator_key: Option<PathBuf>,
 }
 
 /// Options of `privmatch face refill`.
@@ -149,8 +154,13 @@ pub fn identify_line(probe: usize, matches: &[String]) -> String {
     json_line(&IdentifyLine { probe, matches })
 }
 
-/// Runs `privmatch face …`; `config` loads the configuration (not needed by `synth`).
-pub async fn run(action: &FaceAction, config: impl FnOnce() -> Result<Config>) -> Result<()> {
+/// Runs `privmatch face …`; `config` loads the configuration (not needed by `synth`); `home`
+/// is the privmatch home directory (where a local cluster keeps its operators' keys).
+pub async fn run(
+    action: &FaceAction,
+    home: &Path,
+    config: impl FnOnce() -> Result<Config>,
+) -> Result<()> {
     if let FaceAction::Synth(args) = action {
         return crate::face::synth::run(args);
     }
@@ -158,7 +168,12 @@ pub async fn run(action: &FaceAction, config: impl FnOnce() -> Result<Config>) -
     match action {
         FaceAction::Configure(args) => {
             let metric = Metric::parse(&args.metric).map_err(|e| anyhow!("--metric: {e}"))?;
-            let status = configure(&config, metric, args.threshold, args.dim).await?;
+            let key_path = args
+                .operator_key
+                .clone()
+                .unwrap_or_else(|| home.join("operators").join("p2.signing.key"));
+            let operator = operator_key::load(&key_path)?;
+            let status = configure(&config, metric, args.threshold, args.dim, &operator).await?;
             if let Some([p0, p1]) = status.retired_keys {
                 eprintln!(
                     "retired the keys of earlier generations (P0: {p0}, P1: {p1}); run `privmatch face refill` before verifying"

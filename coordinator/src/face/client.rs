@@ -13,11 +13,13 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig};
+use privmatch_core::crypto::sign::OperatorSigningKey;
+use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::Quantizer;
 use privmatch_core::face::Metric;
+use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::new_session_id;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -25,6 +27,7 @@ use serde::Serialize;
 use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
 use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::Sealer;
+use crate::cli::operator_key::fresh_counter;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
 use crate::face::api::{
@@ -76,6 +79,7 @@ impl FaceClient {
         metric: Metric,
         threshold: f64,
         dim: usize,
+        operator: &OperatorSigningKey,
     ) -> Result<DealerStatus> {
         let sealed = seal_dealer_config(
             &DealerConfig {
@@ -87,8 +91,16 @@ impl FaceClient {
             &mut self.sealer.rng,
         )
         .map_err(|e| anyhow!("{e}"))?;
+        // Signed by P2's operator: P2 refuses a configuration its operator did not sign, or
+        // one replayed, whoever relays it.
+        let command = operator.sign(
+            PartyIndex::ALL[2],
+            fresh_counter(),
+            DEALER_CONFIG_ACTION,
+            &sealed,
+        );
         let body = FaceConfigureBody {
-            config: to_base64(&sealed),
+            config: to_base64(&command),
         };
         Ok(self.coordinator.post("/v1/face/configure", &body).await?)
     }
@@ -317,15 +329,16 @@ fn quantize_all(embeddings: &[Vec<f64>]) -> Result<Vec<Vec<i32>>> {
     }
     Ok(out)
 }
-/// Configures the dealer (`privmatch face configure`).
+/// Configures the dealer (`privmatch face configure`), signed by P2's operator key.
 pub async fn configure(
     config: &Config,
     metric: Metric,
     threshold: f64,
     dim: usize,
+    operator: &OperatorSigningKey,
 ) -> Result<DealerStatus> {
     FaceClient::new(config)?
-        .configure(metric, threshold, dim)
+        .configure(metric, threshold, dim, operator)
         .await
 }
 

@@ -17,7 +17,7 @@ use privmatch_core::iris::enroll::{
     seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye,
 };
 use privmatch_core::iris::params::SearchParams;
-use privmatch_core::iris::probe::seal_iris_probe;
+use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::template::IrisTemplate;
 use privmatch_core::wire::envelope::encode_enroll_batch;
 use privmatch_core::wire::session::new_session_id;
@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
 use crate::cli::http::{CallError, Coordinator};
-use crate::cli::keys::{sharing_rng, Sealer};
+use crate::cli::keys::{sealing_time, sharing_rng, Sealer};
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
 use crate::iris::api::{
@@ -176,14 +176,22 @@ pub struct IrisClient {
     sealer: Sealer,
 }
 
-/// Shares `template` as a probe and seals it to the three parties for a fresh session.
+/// Shares `template` as a probe and seals it to the three parties for a fresh session, with
+/// the search parameters and the time: the parties refuse to run it with other parameters.
 fn seal_probe(
     sealer: &mut Sealer,
     template: &IrisTemplate,
     eye: Eye,
+    params: SearchParams,
 ) -> Result<(String, [String; 3]), CallError> {
-    let session = new_session_id(&mut rand::rngs::OsRng);
-    let sealed = seal_iris_probe(template, eye, session, &sealer.keys, &mut sealer.rng)
+    let context = ProbeContext {
+        session: new_session_id(&mut rand::rngs::OsRng),
+        eye,
+        params,
+        sealed_at: sealing_time(),
+    };
+    let session = context.session;
+    let sealed = seal_iris_probe(template, &context, &sealer.keys, &mut sealer.rng)
         .map_err(|e| CallError::Local(format!("sealing the {} eye probe: {e}", eye.as_str())))?;
     Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
 }
@@ -209,7 +217,7 @@ impl IrisClient {
         let body = || {
             let mut eyes = Vec::with_capacity(probe.eyes.len());
             for (eye, template) in &probe.eyes {
-                let (session, probes) = seal_probe(sealer, template, *eye)?;
+                let (session, probes) = seal_probe(sealer, template, *eye, params)?;
                 eyes.push(EyeProbeBody {
                     eye: eye.as_str().to_owned(),
                     session,
@@ -250,7 +258,7 @@ impl IrisClient {
         .map_err(|e| (CallError::Local(format!("sealing the enrolment: {e}")), 0))?;
         let envelopes = envelopes.map(|e| to_base64(&e));
         let body = || {
-            let (session, probes) = seal_probe(sealer, &record.template, record.eye)?;
+            let (session, probes) = seal_probe(sealer, &record.template, record.eye, params)?;
             Ok(EnrollIfUniqueBody {
                 subject: record.subject.clone(),
                 eye: record.eye.as_str().to_owned(),

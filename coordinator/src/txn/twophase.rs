@@ -41,6 +41,15 @@ pub struct TwoPhase {
     fault: Fault,
 }
 
+/// How many times a transaction that lost a conflict is run again ([`TwoPhase::run`]).
+pub const RETRIES: u64 = 5;
+
+/// A conflict the transaction lost as a whole (deadlock victim, serialisation failure): it
+/// may simply run again.
+fn is_retryable(err: &PartyError) -> bool {
+    matches!(err.sqlstate.as_deref(), Some("40P01" | "40001"))
+}
+
 /// BEGIN and the transaction's marker row at one party.
 async fn begin_at(party: PartyIndex, client: &Client, gid: &str) -> Result<(), PartyError> {
     let pg = |e: tokio_postgres::Error| PartyError::from_pg(party, &e);
@@ -86,12 +95,28 @@ impl TwoPhase {
     /// Runs `work` as one atomic distributed transaction. Work whose phase one decides not to
     /// write ([`Decision::Abandon`]) is rolled back everywhere and its result returned as a
     /// success, with nothing pending.
+    ///
+    /// A transaction a party aborted as a deadlock victim or a serialisation failure (40P01,
+    /// 40001) before anything was prepared is run again, up to [`RETRIES`] times with a short
+    /// random pause: nothing of it was written anywhere, and its sealed inputs were not
+    /// consumed (their consumption rolled back with it).
     pub async fn run<W: Work>(&self, work: &W) -> Result<Outcome<W::Output>, TxnError<W::Error>> {
-        let gid = make_gid(&self.instance, self.sequence.fetch_add(1, Ordering::SeqCst));
-        self.in_flight.lock().await.insert(gid.clone());
-        let outcome = self.run_gid(&gid, work).await;
-        self.in_flight.lock().await.remove(&gid);
-        outcome
+        let mut attempt = 0;
+        loop {
+            let gid = make_gid(&self.instance, self.sequence.fetch_add(1, Ordering::SeqCst));
+            self.in_flight.lock().await.insert(gid.clone());
+            let outcome = self.run_gid(&gid, work).await;
+            self.in_flight.lock().await.remove(&gid);
+            match outcome {
+                Err(TxnError::Aborted(e)) if attempt < RETRIES && is_retryable(&e) => {
+                    attempt += 1;
+                    tracing::info!(%gid, attempt, error = %e, "transaction lost a conflict; running it again");
+                    let pause = rand::Rng::gen_range(&mut rand::thread_rng(), 10..100 * attempt);
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn run_gid<W: Work>(

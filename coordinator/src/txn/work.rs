@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
 
-use futures::future::join_all;
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
 
@@ -126,25 +125,30 @@ impl<'a> Txn<'a> {
         self.parties
     }
 
-    /// Runs `call` at the three parties in parallel and returns what the parties that
+    /// Runs `call` at P0, then at P1 and P2 in parallel, and returns what the parties that
     /// answered Some agree on (at least one must).
+    ///
+    /// **Lock order.** P0 first is what makes overlapping transactions deadlock-free: every
+    /// party holds the same records, so two transactions that touch a common row conflict at
+    /// P0 first, and the second waits there (taking its rows in (subject, eye) order, as the
+    /// parties' enrolment functions do, so neither can hold a row the other waits for) until
+    /// the first commits or rolls back; no transaction ever waits at P1 or P2 for one that
+    /// waits on it elsewhere. Parallel at all three, each party could let a different one
+    /// through first: a cycle across servers that no server's deadlock detector sees.
     pub async fn agreed<T, E, F, Fut>(&self, mut call: F) -> Result<T, TxnError<E>>
     where
         T: PartialEq + Debug,
         F: FnMut(PartyIndex, &'a Client) -> Fut,
         Fut: Future<Output = Result<Option<T>, PartyError>>,
     {
-        let answers = join_all(
-            PartyIndex::ALL
-                .iter()
-                .zip(self.clients)
-                .map(|(&party, client)| call(party, client)),
-        )
-        .await;
-        let answers = answers
-            .into_iter()
-            .collect::<Result<Vec<_>, PartyError>>()
-            .map_err(TxnError::Aborted)?;
+        let [p0, p1, p2] = PartyIndex::ALL;
+        let first = call(p0, self.clients[0]).await.map_err(TxnError::Aborted)?;
+        let (second, third) = futures::join!(call(p1, self.clients[1]), call(p2, self.clients[2]));
+        let answers = vec![
+            first,
+            second.map_err(TxnError::Aborted)?,
+            third.map_err(TxnError::Aborted)?,
+        ];
         agreed_among_workers(answers)
     }
 

@@ -25,6 +25,9 @@ use crate::wire::session::SESSION_ID_LEN;
 
 /// Sealing purpose of the dealer configuration.
 pub const FACE_CONFIG_PURPOSE: &str = "face-dealer-config";
+/// The action of the operator command (`crate::crypto::sign`) that carries a sealed dealer
+/// configuration to P2, signed by P2's operator.
+pub const DEALER_CONFIG_ACTION: &str = "face-dealer-config";
 
 const CONFIG_MAGIC: &[u8; 4] = b"PMFC";
 const KEYS_MAGIC: &[u8; 4] = b"PMFK";

@@ -127,11 +127,49 @@ impl SearchParams {
     pub fn threshold_ratio(&self) -> f64 {
         self.threshold.numerator() as f64 / 10_000.0
     }
+
+    /// The parameters as sealed inside a probe ([`crate::iris::probe`]): mode byte, maximum
+    /// rotation, threshold numerator P (u16, little-endian).
+    pub fn to_bytes(&self) -> [u8; PARAMS_LEN] {
+        // max_rotation is 0..=15 and P ≤ 5,000 by construction, so both fit.
+        let p = self.threshold.numerator() as u16;
+        let [p0, p1] = p.to_le_bytes();
+        [self.mode.to_byte(), self.max_rotation as u8, p0, p1]
+    }
+
+    /// Parses [`SearchParams::to_bytes`], with the checks of [`SearchParams::new`].
+    pub fn from_bytes(bytes: [u8; PARAMS_LEN]) -> Result<Self, ParamError> {
+        let mode = SearchMode::from_byte(bytes[0])
+            .ok_or_else(|| ParamError(format!("unknown search mode byte {}", bytes[0])))?;
+        let numerator = u16::from_le_bytes([bytes[2], bytes[3]]);
+        Self::new(mode, i32::from(bytes[1]), f64::from(numerator) / 10_000.0)
+    }
 }
+
+/// Length of [`SearchParams::to_bytes`].
+pub const PARAMS_LEN: usize = 4;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_round_trip_through_their_sealed_bytes() {
+        for (mode, rotation, threshold) in [
+            (SearchMode::Identify, 15, 0.345),
+            (SearchMode::Uniqueness, 0, 0.0001),
+            (SearchMode::Identify, 7, 0.5),
+        ] {
+            let params = SearchParams::new(mode, rotation, threshold).expect("valid");
+            assert_eq!(SearchParams::from_bytes(params.to_bytes()), Ok(params));
+        }
+        assert!(SearchParams::from_bytes([9, 0, 1, 0]).is_err());
+        assert!(SearchParams::from_bytes([0, 16, 1, 0]).is_err());
+        assert!(
+            SearchParams::from_bytes([0, 0, 0x89, 0x13]).is_err(),
+            "0.5001"
+        );
+    }
 
     fn new(max_rotation: i32, threshold: f64) -> Result<SearchParams, ParamError> {
         SearchParams::new(SearchMode::Identify, max_rotation, threshold)

@@ -3,19 +3,26 @@
 //! The client shares the probe with [`share_query_template`] (probes need the constant-term
 //! layout applied before sharing) and seals party i's share to party i's pinned key
 //! ([`seal_to_party`], purpose [`IRIS_PROBE_PURPOSE`]). The plaintext names the search
-//! session it belongs to, so a coordinator cannot replay a probe into another session, and
-//! the party it belongs to, so a misrouted probe is refused.
+//! session it belongs to, so a coordinator cannot replay a probe into another session; the
+//! party it belongs to, so a misrouted probe is refused; the **search parameters** the client
+//! chose (mode, rotations, threshold), so a coordinator cannot run a client's probe as
+//! another kind of search (a uniqueness probe as an identification, or at other thresholds
+//! to bisect a distance): the party compares them with the parameters it is called with; and
+//! the time it was sealed, so a party refuses a probe older than [`PROBE_LIFETIME_SECS`] and
+//! need remember used session ids only that long.
 //!
 //! Plaintext layout (all integers little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `PMPR` |
-//! | 4 | 1 | layout version (1) |
+//! | 4 | 1 | layout version (2) |
 //! | 5 | 1 | party index the share belongs to |
 //! | 6 | 16 | search session id |
 //! | 22 | 1 | eye: 0 left, 1 right |
-//! | 23 | 2·12,800 | code share coefficients (u16) |
+//! | 23 | 4 | search parameters ([`SearchParams::to_bytes`]) |
+//! | 27 | 8 | sealed at, seconds since the Unix epoch |
+//! | 35 | 2·12,800 | code share coefficients (u16) |
 //! | … | 2·6,400 | mask share coefficients (u16) |
 
 use rand_core::{CryptoRng, RngCore};
@@ -23,6 +30,7 @@ use rand_core::{CryptoRng, RngCore};
 use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{BundleError, Eye};
+use crate::iris::params::{SearchParams, PARAMS_LEN};
 use crate::iris::query::share_query_template;
 use crate::iris::template::IrisTemplate;
 use crate::party::PartyIndex;
@@ -33,9 +41,15 @@ pub const IRIS_PROBE_PURPOSE: &str = "iris-probe";
 
 use crate::wire::session::SESSION_ID_LEN;
 
+/// How long after sealing a probe is accepted (seconds); parties record used session ids at
+/// least this long.
+pub const PROBE_LIFETIME_SECS: u64 = 600;
+/// How far in the future a probe's sealing time may lie (clocks of client and party differ).
+pub const CLOCK_SKEW_SECS: u64 = 60;
+
 const MAGIC: &[u8; 4] = b"PMPR";
-const VERSION: u8 = 1;
-const HEADER_LEN: usize = 4 + 1 + 1 + SESSION_ID_LEN + 1;
+const VERSION: u8 = 2;
+const HEADER_LEN: usize = 4 + 1 + 1 + SESSION_ID_LEN + 1 + PARAMS_LEN + 8;
 const PLAINTEXT_LEN: usize = HEADER_LEN + 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
 
 /// One party's opened probe.
@@ -45,6 +59,10 @@ pub struct IrisProbe {
     pub session: [u8; SESSION_ID_LEN],
     /// Which eye the probe is; it is compared with enrolled templates of the same eye.
     pub eye: Eye,
+    /// The search parameters the client sealed with the probe.
+    pub params: SearchParams,
+    /// When the client sealed it (seconds since the Unix epoch).
+    pub sealed_at: u64,
     /// The party's share of the probe (query layout, see [`share_query_template`]).
     pub share: IrisShare,
 }
@@ -53,9 +71,11 @@ impl std::fmt::Debug for IrisProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "IrisProbe {{ session: {}, eye: {}, party: {}, share: <redacted> }}",
+            "IrisProbe {{ session: {}, eye: {}, params: {:?}, sealed_at: {}, party: {}, share: <redacted> }}",
             hex::encode(self.session),
             self.eye.as_str(),
+            self.params,
+            self.sealed_at,
             self.share.party
         )
     }
@@ -69,6 +89,8 @@ impl IrisProbe {
         out.push(self.share.party.as_u8());
         out.extend_from_slice(&self.session);
         out.push(self.eye.to_byte());
+        out.extend_from_slice(&self.params.to_bytes());
+        out.extend_from_slice(&self.sealed_at.to_le_bytes());
         push_coefs_le(&mut out, &self.share.code);
         push_coefs_le(&mut out, &self.share.mask);
         out
@@ -88,10 +110,18 @@ impl IrisProbe {
         let mut session = [0u8; SESSION_ID_LEN];
         session.copy_from_slice(&bytes[6..22]);
         let eye = Eye::from_byte(bytes[22])?;
+        let mut params = [0u8; PARAMS_LEN];
+        params.copy_from_slice(&bytes[23..23 + PARAMS_LEN]);
+        let params = SearchParams::from_bytes(params)
+            .map_err(|_| BundleError::Malformed("probe: invalid sealed search parameters"))?;
+        let mut sealed_at = [0u8; 8];
+        sealed_at.copy_from_slice(&bytes[23 + PARAMS_LEN..HEADER_LEN]);
         let code_end = HEADER_LEN + 2 * CODE_SHARE_COEFS;
         Ok(IrisProbe {
             session,
             eye,
+            params,
+            sealed_at: u64::from_le_bytes(sealed_at),
             share: IrisShare {
                 party,
                 code: coefs_from_le_bytes(&bytes[HEADER_LEN..code_end]),
@@ -101,13 +131,26 @@ impl IrisProbe {
     }
 }
 
+/// What a client seals with a probe besides the template: the session, the eye, the search
+/// parameters and the time (seconds since the Unix epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeContext {
+    /// The search session.
+    pub session: [u8; SESSION_ID_LEN],
+    /// Which eye the probe is.
+    pub eye: Eye,
+    /// The search parameters.
+    pub params: SearchParams,
+    /// When it is sealed.
+    pub sealed_at: u64,
+}
+
 /// Client side: shares `template` as a probe and seals party i's share to `party_keys[i]`
-/// for search session `session`. Returns the three sealed probes, indexed by party. Fails if
-/// the template cannot be encoded (e.g. a mask that is not doubled).
+/// with `context`. Returns the three sealed probes, indexed by party. Fails if the template
+/// cannot be encoded (e.g. a mask that is not doubled).
 pub fn seal_iris_probe<R: RngCore + CryptoRng>(
     template: &IrisTemplate,
-    eye: Eye,
-    session: [u8; SESSION_ID_LEN],
+    context: &ProbeContext,
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<[Vec<u8>; 3], BundleError> {
@@ -116,8 +159,10 @@ pub fn seal_iris_probe<R: RngCore + CryptoRng>(
     for share in shares {
         let p = share.party;
         let probe = IrisProbe {
-            session,
-            eye,
+            session: context.session,
+            eye: context.eye,
+            params: context.params,
+            sealed_at: context.sealed_at,
             share,
         };
         sealed[p.as_usize()] = seal_to_party(
@@ -133,7 +178,7 @@ pub fn seal_iris_probe<R: RngCore + CryptoRng>(
 
 /// Party side: opens a sealed probe as party `me` for search session `session`. Refuses a
 /// probe sealed to another party or key, tampered, of another session, or carrying another
-/// party's share.
+/// party's share. The caller checks the sealed parameters and time ([`check_probe`]).
 pub fn open_iris_probe(
     me: PartyIndex,
     secret: &PartySecretKey,
@@ -156,9 +201,52 @@ pub fn open_iris_probe(
     Ok(probe)
 }
 
+/// Why an opened probe may not be used for the search it was sent to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeRefusal {
+    /// The parameters the party was called with are not those the client sealed.
+    #[error("the search parameters differ from those sealed with the probe (sealed: {sealed:?}, called with: {called:?})")]
+    OtherParameters {
+        /// What the client sealed.
+        sealed: SearchParams,
+        /// What the party was called with.
+        called: SearchParams,
+    },
+    /// The probe was sealed too long ago (or too far in the future).
+    #[error("the probe was sealed at {sealed_at}, outside the accepted window at {now} (lifetime {PROBE_LIFETIME_SECS} s)")]
+    Stale {
+        /// When it was sealed.
+        sealed_at: u64,
+        /// The party's clock.
+        now: u64,
+    },
+}
+
+/// Checks that `probe` may run a search with `params` at time `now` (seconds since the Unix
+/// epoch): the parameters are the sealed ones, and the probe is at most
+/// [`PROBE_LIFETIME_SECS`] old (and at most [`CLOCK_SKEW_SECS`] ahead).
+pub fn check_probe(probe: &IrisProbe, params: &SearchParams, now: u64) -> Result<(), ProbeRefusal> {
+    if &probe.params != params {
+        return Err(ProbeRefusal::OtherParameters {
+            sealed: probe.params,
+            called: *params,
+        });
+    }
+    let fresh = probe.sealed_at <= now.saturating_add(CLOCK_SKEW_SECS)
+        && now.saturating_sub(probe.sealed_at) <= PROBE_LIFETIME_SECS;
+    if !fresh {
+        return Err(ProbeRefusal::Stale {
+            sealed_at: probe.sealed_at,
+            now,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iris::params::SearchMode;
     use crate::iris::synth::random_template;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
@@ -169,21 +257,68 @@ mod tests {
         (secrets, publics)
     }
 
+    fn context(session: [u8; 16], eye: Eye) -> ProbeContext {
+        ProbeContext {
+            session,
+            eye,
+            params: SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params"),
+            sealed_at: 1_000_000,
+        }
+    }
+
     #[test]
     fn probe_round_trips_at_each_party() {
         let mut rng = ChaCha20Rng::seed_from_u64(7);
         let (secrets, publics) = keys(&mut rng);
         let t = random_template(&mut rng);
         let session = [9u8; 16];
-        let sealed = seal_iris_probe(&t, Eye::Right, session, &publics, &mut rng).unwrap();
+        let ctx = context(session, Eye::Right);
+        let sealed = seal_iris_probe(&t, &ctx, &publics, &mut rng).unwrap();
         for p in PartyIndex::ALL {
             let probe = open_iris_probe(p, &secrets[p.as_usize()], &session, &sealed[p.as_usize()])
                 .unwrap();
             assert_eq!(probe.eye, Eye::Right);
+            assert_eq!(probe.params, ctx.params);
+            assert_eq!(probe.sealed_at, ctx.sealed_at);
             assert_eq!(probe.share.party, p);
             assert_eq!(probe.share.code.len(), CODE_SHARE_COEFS);
             assert_eq!(probe.share.mask.len(), MASK_SHARE_COEFS);
+            assert_eq!(check_probe(&probe, &ctx.params, ctx.sealed_at + 5), Ok(()));
         }
+    }
+
+    #[test]
+    fn a_probe_runs_only_with_its_sealed_parameters_and_while_fresh() {
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let (secrets, publics) = keys(&mut rng);
+        let t = random_template(&mut rng);
+        let ctx = context([3u8; 16], Eye::Left);
+        let sealed = seal_iris_probe(&t, &ctx, &publics, &mut rng).unwrap();
+        let probe =
+            open_iris_probe(PartyIndex::ALL[0], &secrets[0], &ctx.session, &sealed[0]).unwrap();
+        let now = ctx.sealed_at;
+        for other in [
+            SearchParams::new(SearchMode::Identify, 15, 0.345),
+            SearchParams::new(SearchMode::Uniqueness, 14, 0.345),
+            SearchParams::new(SearchMode::Uniqueness, 15, 0.3449),
+        ] {
+            let other = other.expect("params");
+            assert!(matches!(
+                check_probe(&probe, &other, now),
+                Err(ProbeRefusal::OtherParameters { .. })
+            ));
+        }
+        let late = now + PROBE_LIFETIME_SECS + 1;
+        assert!(matches!(
+            check_probe(&probe, &ctx.params, late),
+            Err(ProbeRefusal::Stale { .. })
+        ));
+        assert_eq!(
+            check_probe(&probe, &ctx.params, now + PROBE_LIFETIME_SECS),
+            Ok(())
+        );
+        let early = now - CLOCK_SKEW_SECS - 1;
+        assert!(check_probe(&probe, &ctx.params, early).is_err());
     }
 
     #[test]
@@ -192,7 +327,7 @@ mod tests {
         let (secrets, publics) = keys(&mut rng);
         let t = random_template(&mut rng);
         let session = [1u8; 16];
-        let sealed = seal_iris_probe(&t, Eye::Left, session, &publics, &mut rng).unwrap();
+        let sealed = seal_iris_probe(&t, &context(session, Eye::Left), &publics, &mut rng).unwrap();
         let p0 = PartyIndex::ALL[0];
         let p1 = PartyIndex::ALL[1];
         assert!(open_iris_probe(p0, &secrets[0], &[2u8; 16], &sealed[0]).is_err());

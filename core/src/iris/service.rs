@@ -35,7 +35,7 @@ use crate::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretK
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
-use crate::iris::probe::open_iris_probe;
+use crate::iris::probe::{check_probe, open_iris_probe, ProbeRefusal};
 use crate::iris::query::PreparedQuery;
 use crate::iris::scan::ScanBackend;
 use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
@@ -72,6 +72,10 @@ pub enum SearchError {
     /// The sealed probe could not be opened or decoded.
     #[error("iris search probe: {0}")]
     Probe(#[from] BundleError),
+    /// The probe opened, but may not run this search: other parameters than the client
+    /// sealed, or too old.
+    #[error("iris search probe refused: {0}")]
+    ProbeRefused(#[from] ProbeRefusal),
     /// A peer's key is not pinned.
     #[error("no public key is pinned for {0}: run privmatch.pin_peer first")]
     PeerNotPinned(PartyIndex),
@@ -237,8 +241,12 @@ impl SearchService {
     }
 
     /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
-    /// probe, scans the store's entries of the probe's eye in canonical order and returns the
-    /// first message. The store must have been brought up to date by the caller.
+    /// probe, checks that `params` are the parameters sealed with it and that it is fresh at
+    /// `unix_now` (seconds since the Unix epoch), scans the store's entries of the probe's eye
+    /// in canonical order and returns the first message. The store must have been brought up
+    /// to date by the caller.
+    // Each argument is a distinct input of the protocol step; bundling them would only rename.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         &mut self,
         store: &mut IrisStore,
@@ -247,10 +255,12 @@ impl SearchService {
         sealed_probe: &[u8],
         params: SearchParams,
         now: Instant,
+        unix_now: u64,
     ) -> Result<StartReply, SearchError> {
         self.remember(id)?;
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
+        check_probe(&probe, &params, unix_now)?;
         let peer_key =
             |p: PartyIndex| keys.peers[p.as_usize()].ok_or(SearchError::PeerNotPinned(p));
         let (next_key, prev_key) = (peer_key(me.next())?, peer_key(me.prev())?);

@@ -34,7 +34,9 @@ const LOAD_CHUNK: usize = 256;
 /// The engine's error for a refused search call.
 fn search_error(err: SearchError) -> EngineError {
     let kind = match &err {
-        SearchError::BadParameter(_) => ErrorKind::BadParameter,
+        // A probe called with other parameters than sealed, or too old: the call's
+        // parameters are wrong for this probe.
+        SearchError::BadParameter(_) | SearchError::ProbeRefused(_) => ErrorKind::BadParameter,
         SearchError::UnknownSession(_) | SearchError::ReplayedSession(_) => {
             ErrorKind::UnknownSession
         }
@@ -259,8 +261,13 @@ impl IrisSearch {
             .store
             .as_mut()
             .ok_or_else(|| EngineError::internal("no store"))?;
+        // The wall clock bounds a probe's age (its sealing time is inside it); a clock before
+        // 1970 reads as 0 and refuses every probe rather than accepting stale ones.
+        let unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         self.service
-            .start(store, keys, session, probe, params, now)
+            .start(store, keys, session, probe, params, now, unix_now)
             .map_err(search_error)
             .map(|r| Response::Started {
                 entries: r.entries as u64,

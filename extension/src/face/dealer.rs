@@ -4,7 +4,7 @@
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::dealer::{
-    open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader,
+    open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader, DEALER_CONFIG_ACTION,
 };
 use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
 use privmatch_core::face::Metric;
@@ -15,6 +15,7 @@ use rand_chacha::ChaCha20Rng;
 use super::raise_face;
 use crate::errors::{get_one, modify, raise};
 use crate::identity::{load_identity, pinned_peer, Identity};
+use crate::operator::accept_command;
 
 /// Most keys one `face_dealer_generate` call makes (a batch of 50,000 is ~36 MB per party).
 const MAX_BATCH: i32 = 50_000;
@@ -36,11 +37,14 @@ fn dealer_identity(function: &str) -> Identity {
 
 /// Stores the dealer configuration sealed to this party (P2) by the operator's CLI: metric,
 /// dimension and the secret threshold, which never leaves P2 in any form but the keys it
-/// deals. Starts a new key generation: P0 and P1 retire keys of older generations when the
+/// deals. `command` is an operator command (core's `crypto::sign`, action
+/// [`DEALER_CONFIG_ACTION`]) signed by P2's operator key and carrying the sealed
+/// configuration: the coordinator relays it but can neither forge one (a threshold of its
+/// choosing would make every face match) nor replay an old one. Starts a new key generation: P0 and P1 retire keys of older generations when the
 /// first batch of the new one arrives. Returns the metric, dimension and generation.
 #[pg_extern(volatile)]
 fn face_dealer_configure(
-    config: &[u8],
+    command: &[u8],
 ) -> TableIterator<
     'static,
     (
@@ -51,8 +55,9 @@ fn face_dealer_configure(
 > {
     const F: &str = "face_dealer_configure";
     let me = dealer_identity(F);
+    let config = accept_command(F, DEALER_CONFIG_ACTION, command);
     let opened =
-        open_dealer_config(me.index, &me.secret, config).unwrap_or_else(|e| raise_face(F, e));
+        open_dealer_config(me.index, &me.secret, &config).unwrap_or_else(|e| raise_face(F, e));
     let generation = get_one::<i64>(
         F,
         "INSERT INTO privmatch.face_dealer (metric, dim, threshold, generation) \

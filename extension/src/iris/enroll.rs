@@ -77,7 +77,10 @@ fn iris_enroll_sealed(
                 ],
             )
             .unwrap_or_else(|e| raise_internal(e));
-        let mut record = 0usize;
+        // Open everything first, then write in (subject, eye) order: every enrolment takes
+        // its row locks in the same order, so overlapping enrolments wait for each other
+        // instead of deadlocking (docs/architecture.md, "Lock order").
+        let mut opened = Vec::new();
         for (position, sealed) in envelopes.iter().enumerate() {
             let Some(sealed) = sealed else {
                 raise(
@@ -88,54 +91,66 @@ fn iris_enroll_sealed(
             };
             let bundles = open_iris_enrollment(me.index, &me.secret, sealed)
                 .unwrap_or_else(|e| raise_bundle(position, e));
-            for bundle in bundles {
-                let party = bundle.share.party;
-                let fresh = guard
-                    .consume(client, &bundle.bundle_id)
-                    .unwrap_or_else(|e| raise_internal(e));
-                if !fresh {
-                    raise(
-                        PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                        replayed(record, &bundle.bundle_id),
-                        None,
-                    );
-                }
-                let inserted = client
-                    .update(
-                        &insert,
-                        None,
-                        &[
-                            bundle.subject.clone().into(),
-                            bundle.eye.as_str().into(),
-                            share_datum(
-                                &encode_share(ShareKind::IrisCode, party, &bundle.share.code),
-                                code_oid,
-                            ),
-                            share_datum(
-                                &encode_share(ShareKind::IrisMask, party, &bundle.share.mask),
-                                mask_oid,
-                            ),
-                        ],
-                    )
-                    .unwrap_or_else(|e| raise_internal(e))
-                    .len()
-                    == 1;
-                if !inserted && on_duplicate == OnDuplicate::Error {
-                    raise(
-                        PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                        format!(
-                            "subject {:?} ({} eye) is already enrolled",
-                            bundle.subject,
-                            bundle.eye.as_str()
-                        ),
-                        Some(DUPLICATE_HINT),
-                    );
-                }
-                results.push((bundle.subject, bundle.eye.as_str().to_owned(), inserted));
-                record += 1;
-                pg_sys::check_for_interrupts!();
-            }
+            opened.extend(bundles);
         }
+        let mut order: Vec<usize> = (0..opened.len()).collect();
+        order.sort_by(|&a, &b| {
+            (opened[a].subject.as_str(), opened[a].eye.as_str())
+                .cmp(&(opened[b].subject.as_str(), opened[b].eye.as_str()))
+        });
+        let mut inserted_at = vec![false; opened.len()];
+        for record in order {
+            let bundle = &opened[record];
+            let party = bundle.share.party;
+            let fresh = guard
+                .consume(client, &bundle.bundle_id)
+                .unwrap_or_else(|e| raise_internal(e));
+            if !fresh {
+                raise(
+                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                    replayed(record, &bundle.bundle_id),
+                    None,
+                );
+            }
+            let inserted = client
+                .update(
+                    &insert,
+                    None,
+                    &[
+                        bundle.subject.clone().into(),
+                        bundle.eye.as_str().into(),
+                        share_datum(
+                            &encode_share(ShareKind::IrisCode, party, &bundle.share.code),
+                            code_oid,
+                        ),
+                        share_datum(
+                            &encode_share(ShareKind::IrisMask, party, &bundle.share.mask),
+                            mask_oid,
+                        ),
+                    ],
+                )
+                .unwrap_or_else(|e| raise_internal(e))
+                .len()
+                == 1;
+            if !inserted && on_duplicate == OnDuplicate::Error {
+                raise(
+                    PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+                    format!(
+                        "subject {:?} ({} eye) is already enrolled",
+                        bundle.subject,
+                        bundle.eye.as_str()
+                    ),
+                    Some(DUPLICATE_HINT),
+                );
+            }
+            inserted_at[record] = inserted;
+            pg_sys::check_for_interrupts!();
+        }
+        results = opened
+            .into_iter()
+            .zip(inserted_at)
+            .map(|(bundle, inserted)| (bundle.subject, bundle.eye.as_str().to_owned(), inserted))
+            .collect();
     });
     TableIterator::new(results)
 }

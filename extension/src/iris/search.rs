@@ -11,11 +11,12 @@
 
 use pgrx::prelude::*;
 use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::probe::PROBE_LIFETIME_SECS;
 use privmatch_core::iris::service::SearchError;
 
 use crate::engine::client::{call, release_round_buffers};
 use crate::engine::ipc::{Request, Response};
-use crate::errors::{parse_session_id, raise};
+use crate::errors::{get_one, parse_session_id, raise, run};
 
 /// The search parameters of `iris_search_start`: 22023 with core's message (`iris search:
 /// …`) when one is out of range.
@@ -29,6 +30,34 @@ fn search_params(mode: &str, max_rotation: i32, threshold: f64) -> SearchParams 
                 None,
             )
         })
+}
+
+/// Records `session` as used at this party, durably (in the caller's transaction, so a start
+/// that fails records nothing), and prunes records older than twice a probe's lifetime.
+/// Raises 42704, as the engine does for a session id it remembers, when it was used before.
+fn record_session(session: &[u8; 16]) {
+    const F: &str = "iris_search_start";
+    let keep_secs = (2 * PROBE_LIFETIME_SECS) as f64;
+    run(
+        F,
+        "DELETE FROM privmatch.iris_used_sessions WHERE used_at < now() - make_interval(secs => $1)",
+        &[keep_secs.into()],
+    );
+    let fresh = get_one::<bool>(
+        F,
+        "WITH i AS (INSERT INTO privmatch.iris_used_sessions (session) VALUES ($1) \
+                    ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM i)",
+        &[session.to_vec().into()],
+    )
+    .unwrap_or(false);
+    if !fresh {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            SearchError::ReplayedSession(hex::encode(session)).to_string(),
+            None,
+        );
+    }
 }
 
 fn unexpected(function: &str, response: &Response) -> ! {
@@ -59,8 +88,10 @@ fn iris_search_start(
         name!(message, Vec<u8>),
     ),
 > {
+    let session = parse_session_id("iris_search_start", "session_id", session_id);
+    record_session(&session);
     let request = Request::Start {
-        session: parse_session_id("iris_search_start", "session_id", session_id),
+        session,
         probe: probe.to_vec(),
         params: search_params(mode, max_rotation, threshold),
     };

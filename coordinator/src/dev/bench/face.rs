@@ -42,6 +42,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 
+use crate::cli::operator_key;
 use crate::dev::bench::stats::{median, percentile};
 use crate::dev::LocalConfigs;
 use crate::face::client::FaceClient;
@@ -491,8 +492,9 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
     // Counting held templates is the operators' business.
     let parties = configs.operator_parties();
     let mut client = FaceClient::new(&configs.client)?;
+    let operator = operator_key::load(&configs.operators[2].signing_key)?;
     let dealer = client
-        .configure(metric, args.threshold, dim)
+        .configure(metric, args.threshold, dim, &operator)
         .await
         .context("configuring the dealer")?;
     eprintln!(

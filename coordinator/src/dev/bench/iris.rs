@@ -23,13 +23,14 @@ use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::matcher::expected_rounds;
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::seal_iris_probe;
+use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
 use privmatch_core::wire::session::new_session_id;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
+use crate::cli::keys::sealing_time;
 use crate::config::Config;
 use crate::dev::bench::stats::median;
 use crate::dev::LocalConfigs;
@@ -203,8 +204,14 @@ async fn search_once(
     timeout: Duration,
 ) -> Result<(Vec<String>, SearchStats)> {
     let outcome = retry_on_set_mismatch(&RetryPolicy::default(), || {
-        let session = new_session_id(&mut rand::rngs::OsRng);
-        let sealed = seal_iris_probe(probe, Eye::Left, session, keys, rng);
+        let context = ProbeContext {
+            session: new_session_id(&mut rand::rngs::OsRng),
+            eye: Eye::Left,
+            params,
+            sealed_at: sealing_time(),
+        };
+        let session = context.session;
+        let sealed = seal_iris_probe(probe, &context, keys, rng);
         async move {
             let probes = sealed.map_err(|e| SearchError::Invalid(e.to_string()))?;
             let request = SearchRequest {

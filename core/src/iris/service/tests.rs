@@ -3,7 +3,19 @@
 
 use super::*;
 use crate::iris::encoding::share_template;
-use crate::iris::probe::seal_iris_probe;
+use crate::iris::probe::{seal_iris_probe, ProbeContext};
+
+/// The sealing time of the tests' probes; they are started at the same time.
+const SEALED_AT: u64 = 1_700_000_000;
+
+fn context(session: SessionId, eye: Eye, params: SearchParams) -> ProbeContext {
+    ProbeContext {
+        session,
+        eye,
+        params,
+        sealed_at: SEALED_AT,
+    }
+}
 use crate::iris::scan::CpuScan;
 use crate::iris::store::StoredTemplate;
 use crate::iris::synth::{near_duplicate, random_template};
@@ -77,14 +89,28 @@ impl World {
         eye: Eye,
         params: SearchParams,
     ) -> Vec<StartReply> {
-        let sealed = seal_iris_probe(probe, eye, id, &self.publics, &mut self.rng).unwrap();
+        let sealed = seal_iris_probe(
+            probe,
+            &context(id, eye, params),
+            &self.publics,
+            &mut self.rng,
+        )
+        .unwrap();
         let now = Instant::now();
         self.parties
             .iter_mut()
             .enumerate()
             .map(|(i, p)| {
                 p.service
-                    .start(&mut p.store, &p.keys, id, &sealed[i], params, now)
+                    .start(
+                        &mut p.store,
+                        &p.keys,
+                        id,
+                        &sealed[i],
+                        params,
+                        now,
+                        SEALED_AT,
+                    )
                     .unwrap()
             })
             .collect()
@@ -276,16 +302,32 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
     let t = random_template(&mut w.rng);
     w.enroll("a", Eye::Left, &t);
     let id = w.session();
-    let sealed = seal_iris_probe(&t, Eye::Left, id, &w.publics, &mut w.rng).unwrap();
+    let params = params("identify", 0);
+    let sealed =
+        seal_iris_probe(&t, &context(id, Eye::Left, params), &w.publics, &mut w.rng).unwrap();
     let p = &mut w.parties[0];
     let now = Instant::now();
-    let params = params("identify", 0);
     p.service
-        .start(&mut p.store, &p.keys, id, &sealed[0], params, now)
+        .start(
+            &mut p.store,
+            &p.keys,
+            id,
+            &sealed[0],
+            params,
+            now,
+            SEALED_AT,
+        )
         .unwrap();
     assert!(matches!(
-        p.service
-            .start(&mut p.store, &p.keys, id, &sealed[0], params, now),
+        p.service.start(
+            &mut p.store,
+            &p.keys,
+            id,
+            &sealed[0],
+            params,
+            now,
+            SEALED_AT
+        ),
         Err(SearchError::ReplayedSession(_))
     ));
     assert_eq!(p.service.expire(now + Duration::from_secs(30)), 0);
@@ -334,4 +376,58 @@ fn messages_do_not_depend_on_the_secrets() {
         lengths.push(seen);
     }
     assert_eq!(lengths[0], lengths[1]);
+}
+
+#[test]
+fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
+    let mut w = world(17);
+    let t = random_template(&mut w.rng);
+    w.enroll("a", Eye::Left, &t);
+    let sealed_params = params("uniqueness", 15);
+    let id = w.session();
+    let sealed = seal_iris_probe(
+        &t,
+        &context(id, Eye::Left, sealed_params),
+        &w.publics,
+        &mut w.rng,
+    )
+    .unwrap();
+    let p = &mut w.parties[0];
+    let now = Instant::now();
+    // A coordinator running the client's uniqueness probe as an identification is refused.
+    assert!(matches!(
+        p.service.start(
+            &mut p.store,
+            &p.keys,
+            id,
+            &sealed[0],
+            params("identify", 15),
+            now,
+            SEALED_AT
+        ),
+        Err(SearchError::ProbeRefused(_))
+    ));
+    // So is a probe kept past its lifetime, even in a session id never seen.
+    let late = SEALED_AT + crate::iris::probe::PROBE_LIFETIME_SECS + 1;
+    let other_id = w.rng.gen();
+    let again = seal_iris_probe(
+        &t,
+        &context(other_id, Eye::Left, sealed_params),
+        &w.publics,
+        &mut w.rng,
+    )
+    .unwrap();
+    let p = &mut w.parties[0];
+    assert!(matches!(
+        p.service.start(
+            &mut p.store,
+            &p.keys,
+            other_id,
+            &again[0],
+            sealed_params,
+            now,
+            late
+        ),
+        Err(SearchError::ProbeRefused(_))
+    ));
 }
