@@ -33,6 +33,8 @@ fi
 
 echo "==> building and installing the privmatch extension"
 (cd extension && $SUDO env "PATH=$PATH" "HOME=$HOME" cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+# The upgrade scripts (ALTER EXTENSION privmatch UPDATE) from earlier versions.
+$SUDO install -m 0644 migrations/privmatch--*--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 echo "==> building the privmatch CLI"
 cargo build --release -p privmatch-coordinator --quiet
 echo "==> ready: $(pwd)/target/release/privmatch"

@@ -345,3 +345,45 @@ fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) 
     .unwrap_or_else(|e| raise_internal(e));
     key.fingerprint_hex()
 }
+
+/// Upgrade from 0.1.0 only (`migrations/privmatch--0.1.0--0.2.0.sql` creates, calls and drops
+/// it; a fresh install does not have it): moves the party's secret key from the 0.1.0 column
+/// `party_identity.secret_key` into the key file, which must not exist yet or must hold the
+/// same key. Returns the key file's path, or NULL when the party had no identity yet. The
+/// upgrade drops the column afterwards; the old key remains in WAL written before the
+/// upgrade and in older backups, so operators rotate the key after upgrading
+/// (docs/trust-model.md).
+#[pg_extern(sql = false, volatile)]
+fn migrate_party_key_to_file() -> Option<String> {
+    const F: &str = "migrate_party_key_to_file";
+    let stored = get_one::<Vec<u8>>(F, "SELECT secret_key FROM privmatch.party_identity", &[])?;
+    let bytes: [u8; 32] = stored.try_into().unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("{F}: the stored secret key has the wrong length"),
+            None,
+        )
+    });
+    let secret = PartySecretKey::from_bytes(bytes);
+    let path = key_file_path();
+    match keyfile::read(&path) {
+        Ok(existing) if existing.to_bytes() == secret.to_bytes() => {}
+        Ok(_) => raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "{F}: the key file {} holds another key than this party's",
+                path.display()
+            ),
+            Some("move it aside: the upgrade writes the party's own key there"),
+        ),
+        Err(KeyFileError::Missing(_)) => keyfile::create(&path, &secret).unwrap_or_else(|e| {
+            let e = IdentityError::KeyFile(e);
+            raise(e.code(), format!("{F}: {e}"), None)
+        }),
+        Err(e) => {
+            let e = IdentityError::KeyFile(e);
+            raise(e.code(), format!("{F}: {e}"), None)
+        }
+    }
+    Some(path.display().to_string())
+}

@@ -308,7 +308,9 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
         .unwrap_or_else(|| "privmatch".into());
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     let Some(listener) = bind_socket() else {
-        return;
+        // Exit code 1: the postmaster starts the engine again (restart time 2 s), so a socket
+        // that could not be bound now (a stale file, a transient error) is tried again.
+        exit_for_restart();
     };
     let mut engine = Engine::new();
     pgrx::log!(
@@ -336,4 +338,15 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
         }
     }
     let _ = std::fs::remove_file(SOCKET_NAME);
+    // Asked to stop: at server shutdown nothing is restarted whatever the exit code; when
+    // only this worker was terminated (DROP DATABASE … WITH (FORCE), pg_terminate_backend)
+    // exit code 1 makes the postmaster start it again, where 0 would end it for good.
+    exit_for_restart();
+}
+
+/// Exits so that the postmaster restarts the engine after its restart time.
+fn exit_for_restart() -> ! {
+    // SAFETY: proc_exit runs the process's exit callbacks and never returns; nothing of ours
+    // is borrowed across it.
+    unsafe { pg_sys::proc_exit(1) }
 }

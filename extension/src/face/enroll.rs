@@ -65,10 +65,15 @@ fn face_enroll_sealed(
             _ => dim = Some(got),
         }
     }
-    let mut results = Vec::with_capacity(bundles.len());
+    // Written in subject order, so overlapping enrolments take their row locks in the same
+    // order and wait for each other instead of deadlocking (as iris enrolment does).
+    let mut order: Vec<usize> = (0..bundles.len()).collect();
+    order.sort_by(|&a, &b| bundles[a].subject.cmp(&bundles[b].subject));
+    let mut inserted_at = vec![false; bundles.len()];
     Spi::connect_mut(|client| {
         let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_spi(ENROLL, e));
-        for (record, bundle) in bundles.into_iter().enumerate() {
+        for record in order {
+            let bundle = &bundles[record];
             let fresh = guard
                 .consume(client, &bundle.bundle_id)
                 .unwrap_or_else(|e| raise_spi(ENROLL, e));
@@ -107,10 +112,15 @@ fn face_enroll_sealed(
                     Some(DUPLICATE_HINT),
                 );
             }
-            results.push((bundle.subject, inserted));
+            inserted_at[record] = inserted;
             pg_sys::check_for_interrupts!();
         }
     });
+    let results: Vec<(String, bool)> = bundles
+        .into_iter()
+        .zip(inserted_at)
+        .map(|(bundle, inserted)| (bundle.subject, inserted))
+        .collect();
     TableIterator::new(results)
 }
 

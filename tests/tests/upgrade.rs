@@ -1,0 +1,340 @@
+//! The upgrade path from 0.1.0 (`migrations/privmatch--0.1.0--0.2.0.sql`): a party created
+//! with the released 0.1.0 schema (its install script is kept in `tests/upgrade/`), holding an
+//! identity (secret key in the 0.1.0 column), pinned peers and enrolled templates, is upgraded
+//! with `ALTER EXTENSION privmatch UPDATE` under the 0.2.0 library; it must then have the
+//! catalog of a fresh 0.2.0 party (functions, grants, types, tables, dumped tables), its key in
+//! the key file and out of every table, the same templates, and still search: its engine opens
+//! a probe sealed to its (unchanged) public key and scans every enrolled template.
+//!
+//! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
+//! library is not built here; the rows are plain data of the 0.1.0 tables).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use privmatch_core::crypto::seal::PartySecretKey;
+use privmatch_core::iris::encoding::share_template;
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
+use privmatch_core::iris::synth::random_template;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::storage::{decode_share, encode_share, format_share_text, ShareKind};
+use privmatch_e2e::{pg_bindir, run, wait_until};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+const PORT: u16 = 16990;
+const OLD_SCRIPT: &str = "privmatch--0.1.0.sql";
+
+/// Everything the catalog says about the extension's objects, one line each, sorted.
+const CATALOG: &str = "
+SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
+  SELECT 'function ' || p.oid::regprocedure::text || ' -> ' || pg_get_function_result(p.oid)
+         || ' secdef=' || p.prosecdef || ' config=' || coalesce(array_to_string(p.proconfig, ','), '')
+         || ' vol=' || p.provolatile::text || ' strict=' || p.proisstrict || ' par=' || p.proparallel::text
+         || ' acl=' || coalesce(p.proacl::text, '') || ' src=' || p.prosrc
+         || ' args=' || coalesce(pg_get_function_arguments(p.oid), '')
+    FROM pg_proc p WHERE p.pronamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+         || ' notnull=' || a.attnotnull || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+         || ' identity=' || a.attidentity::text || ' storage=' || a.attstorage::text
+    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+   WHERE c.relnamespace = 'privmatch'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT 'relation ' || c.relname || ' kind=' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '')
+    FROM pg_class c WHERE c.relnamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+    FROM pg_constraint WHERE connamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+   WHERE c.relnamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'view ' || c.relname || ' ' || pg_get_viewdef(c.oid)
+    FROM pg_class c WHERE c.relnamespace = 'privmatch'::regnamespace AND c.relkind = 'v'
+  UNION ALL
+  SELECT 'type ' || t.typname || ' acl=' || coalesce(t.typacl::text, '')
+    FROM pg_type t WHERE t.typnamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'cast ' || format_type(castsource, NULL) || ' -> ' || format_type(casttarget, NULL) || ' ' || castcontext::text
+    FROM pg_cast WHERE castfunc IN (SELECT oid FROM pg_proc WHERE pronamespace = 'privmatch'::regnamespace)
+  UNION ALL
+  SELECT 'schema acl=' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'privmatch'
+  UNION ALL
+  SELECT 'extension ' || extversion || ' dumps '
+         || coalesce((SELECT string_agg(c::regclass::text, ',' ORDER BY c::regclass::text) FROM unnest(extconfig) c), '')
+    FROM pg_extension WHERE extname = 'privmatch'
+  UNION ALL
+  SELECT 'member ' || pg_describe_object(classid, objid, 0)
+    FROM pg_depend
+   WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+     AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'privmatch')
+) s(x)";
+
+fn pg_config(flag: &str) -> PathBuf {
+    let out = Command::new("/usr/lib/postgresql/15/bin/pg_config")
+        .arg(flag)
+        .output()
+        .expect("pg_config");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A throwaway PostgreSQL cluster run as `postgres`, removed on drop.
+struct Server {
+    dir: PathBuf,
+    old_script: PathBuf,
+}
+
+impl Server {
+    fn as_postgres(program: &Path) -> Command {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    }
+
+    fn start(dir: &Path) -> Server {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).expect("dir");
+        let mut chown = Command::new("chown");
+        chown.args(["postgres:", &dir.display().to_string()]);
+        run(chown, Duration::from_secs(10)).expect_success();
+        // The released 0.1.0 install script, so that CREATE EXTENSION … VERSION '0.1.0' works.
+        let old_script = pg_config("--sharedir").join("extension").join(OLD_SCRIPT);
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("upgrade")
+                .join(OLD_SCRIPT),
+            &old_script,
+        )
+        .expect("install the 0.1.0 script");
+        let server = Server {
+            dir: dir.to_path_buf(),
+            old_script,
+        };
+        let data = dir.join("data");
+        let mut initdb = Self::as_postgres(&pg_bindir().join("initdb"));
+        initdb.arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-locale",
+            "-E",
+            "UTF8",
+        ]);
+        run(initdb, Duration::from_secs(120)).expect_success();
+        let conf = format!(
+            "port = {PORT}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             shared_preload_libraries = 'privmatch'\nprivmatch.database = 'party'\n\
+             privmatch.key_file = '{}'\nmax_prepared_transactions = 8\n",
+            dir.display(),
+            dir.join("party.key").display()
+        );
+        let path = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&path).expect("conf");
+        text.push_str(&conf);
+        std::fs::write(&path, text).expect("conf");
+        let mut start = Self::as_postgres(&pg_bindir().join("pg_ctl"));
+        start
+            .args(["start", "-w", "-D"])
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.join("postgres.log"));
+        run(start, Duration::from_secs(60)).expect_success();
+        server
+    }
+
+    fn client(&self, db: &str) -> postgres_sync::Client {
+        postgres_sync::Client::connect(&format!(
+            "host=127.0.0.1 port={PORT} user=postgres dbname={db}"
+        ))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.old_script);
+        let mut stop = Self::as_postgres(&pg_bindir().join("pg_ctl"));
+        stop.args(["stop", "-m", "immediate", "-D"])
+            .arg(self.dir.join("data"));
+        let _ = stop.output();
+        if std::thread::panicking() {
+            if let Ok(log) = std::fs::read_to_string(self.dir.join("postgres.log")) {
+                eprintln!("--- postgres.log ---\n{log}");
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A blocking wrapper over tokio-postgres, enough for this test.
+mod postgres_sync {
+    pub struct Client {
+        rt: tokio::runtime::Runtime,
+        client: tokio_postgres::Client,
+    }
+
+    impl Client {
+        pub fn connect(conn: &str) -> Client {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let client = rt.block_on(async {
+                let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+                    .await
+                    .unwrap_or_else(|e| panic!("connecting ({conn}): {e}"));
+                tokio::spawn(connection);
+                client
+            });
+            Client { rt, client }
+        }
+
+        pub fn execute(&self, sql: &str) {
+            self.rt
+                .block_on(self.client.batch_execute(sql))
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        }
+
+        pub fn try_query(
+            &self,
+            sql: &str,
+            params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+            self.rt.block_on(self.client.query(sql, params))
+        }
+
+        pub fn query(
+            &self,
+            sql: &str,
+            params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        ) -> Vec<tokio_postgres::Row> {
+            self.rt
+                .block_on(self.client.query(sql, params))
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        }
+    }
+}
+
+#[test]
+fn a_0_1_0_party_upgrades_to_the_catalog_of_a_fresh_0_2_0_party_and_keeps_matching() {
+    let server = Server::start(Path::new("/tmp/pm-e2e-upgrade"));
+    let mut rng = ChaCha20Rng::seed_from_u64(2024);
+    let admin = server.client("postgres");
+    admin.execute("CREATE DATABASE party");
+    admin.execute("CREATE DATABASE fresh");
+
+    // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
+    // enrolled templates (its Shamir shares).
+    let party = server.client("party");
+    party.execute("CREATE EXTENSION privmatch VERSION '0.1.0'");
+    let me = PartyIndex::ALL[1];
+    let secrets: Vec<PartySecretKey> = (0..3).map(|_| PartySecretKey::generate(&mut rng)).collect();
+    let publics: [_; 3] = std::array::from_fn(|i| secrets[i].public_key());
+    party.query(
+        "INSERT INTO privmatch.party_identity (party_index, public_key, secret_key) VALUES (1, $1, $2)",
+        &[&publics[1].as_bytes().to_vec(), &secrets[1].to_bytes().to_vec()],
+    );
+    for peer in [0usize, 2] {
+        party.query(
+            "INSERT INTO privmatch.peers (party_index, public_key) VALUES ($1, $2)",
+            &[&(peer as i32), &publics[peer].as_bytes().to_vec()],
+        );
+    }
+    let templates: Vec<_> = (0..20).map(|_| random_template(&mut rng)).collect();
+    for (i, t) in templates.iter().enumerate() {
+        let share = share_template(t, &mut rng)
+            .expect("share")
+            .into_iter()
+            .find(|s| s.party == me)
+            .expect("P1's share");
+        let text = |kind: ShareKind, coefs: &[u16]| {
+            let bytes = encode_share(kind, me, coefs);
+            format_share_text(&decode_share(kind, &bytes).expect("share layout"))
+        };
+        party.query(
+            "INSERT INTO privmatch.iris_templates (subject, eye, code_share, mask_share) \
+             VALUES ($1, 'left', $2::text::privmatch.iris_code_share, $3::text::privmatch.iris_mask_share)",
+            &[
+                &format!("s{i:03}"),
+                &text(ShareKind::IrisCode, &share.code),
+                &text(ShareKind::IrisMask, &share.mask),
+            ],
+        );
+    }
+    let shares_sql = "SELECT subject, privmatch.iris_code_share_send(code_share), \
+                      privmatch.iris_mask_share_send(mask_share) FROM privmatch.iris_templates ORDER BY subject";
+    let rows = |c: &postgres_sync::Client| -> Vec<(String, Vec<u8>, Vec<u8>)> {
+        c.query(shares_sql, &[])
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    };
+    let before = rows(&party);
+
+    // The upgrade, under the 0.2.0 library.
+    party.execute("ALTER EXTENSION privmatch UPDATE TO '0.2.0'");
+    let fresh = server.client("fresh");
+    fresh.execute("CREATE EXTENSION privmatch");
+    let catalog = |c: &postgres_sync::Client| -> String { c.query(CATALOG, &[])[0].get(0) };
+    let (upgraded, expected) = (catalog(&party), catalog(&fresh));
+    // Functions, columns, grants, …: a fingerprint of well over a hundred lines.
+    assert!(expected.lines().count() > 100, "{expected}");
+    if upgraded != expected {
+        let a: Vec<&str> = upgraded.lines().collect();
+        let b: Vec<&str> = expected.lines().collect();
+        let only_upgraded: Vec<_> = a.iter().filter(|l| !b.contains(l)).collect();
+        let only_fresh: Vec<_> = b.iter().filter(|l| !a.contains(l)).collect();
+        panic!("catalogs differ:\nonly after the upgrade: {only_upgraded:#?}\nonly in a fresh 0.2.0: {only_fresh:#?}");
+    }
+
+    // The key: same identity, in the key file (0600), in no column.
+    let info = party.query(
+        "SELECT party_index, public_key FROM privmatch.party_info()",
+        &[],
+    );
+    assert_eq!(info[0].get::<_, i32>(0), 1);
+    assert_eq!(info[0].get::<_, String>(1), publics[1].to_hex());
+    let key_file = server.dir.join("party.key");
+    let text = std::fs::read_to_string(&key_file).expect("key file written by the upgrade");
+    assert!(text.contains(&hex::encode(secrets[1].to_bytes())));
+    let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&key_file).expect("meta"));
+    assert_eq!(mode & 0o777, 0o600);
+    let secret_columns = party.query(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'privmatch' AND column_name LIKE '%secret%'",
+        &[],
+    );
+    assert_eq!(secret_columns[0].get::<_, i64>(0), 0);
+
+    // The templates, unchanged; and the party still searches them: its engine opens a probe
+    // sealed to its public key and scans all 20.
+    assert_eq!(rows(&party), before);
+    let params = SearchParams::new(SearchMode::Identify, 15, 0.345).expect("params");
+    let session: [u8; 16] = rand::Rng::gen(&mut rng);
+    let context = ProbeContext {
+        session,
+        eye: Eye::Left,
+        params,
+        sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
+    };
+    let sealed = seal_iris_probe(&templates[3], &context, &publics, &mut rng).expect("seal");
+    let mut entries = 0i64;
+    wait_until(
+        Duration::from_secs(60),
+        "the engine to serve the upgraded party",
+        || {
+            let got = party.try_query(
+                "SELECT entries FROM privmatch.iris_search_start($1, $2)",
+                &[&session.as_slice(), &sealed[1]],
+            );
+            entries = got.map_or(-1, |rows| rows[0].get(0));
+            entries >= 0
+        },
+    );
+    assert_eq!(entries, 20);
+}
