@@ -29,6 +29,9 @@ CREATE TABLE privmatch.iris_used_sessions (
 );
 CREATE INDEX iris_used_sessions_used_at ON privmatch.iris_used_sessions (used_at);
 
+-- Recovery's abort fences at P0 (privmatch.txn_fence).
+ALTER TABLE privmatch.distributed_transactions ADD COLUMN aborted boolean NOT NULL DEFAULT false;
+
 -- ---------------------------------------------------------------------------------------------
 -- The party key: from the column to the key file, then the column goes.
 -- ---------------------------------------------------------------------------------------------
@@ -72,6 +75,14 @@ STRICT STABLE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'iris_records_wrapper';
 
+-- privmatch::operator::pin_peer_signed
+CREATE  FUNCTION "pin_peer_signed"(
+	"command" bytea /* &[u8] */
+) RETURNS TEXT /* alloc::string::String */
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pin_peer_signed_wrapper';
+
 -- privmatch::operator::set_operator_key
 CREATE  FUNCTION "set_operator_key"(
 	"public_key" TEXT, /* & str */
@@ -96,6 +107,14 @@ CREATE  FUNCTION "txn_committed"(
 STRICT STABLE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'txn_committed_wrapper';
+
+-- privmatch::txn::txn_fence
+CREATE  FUNCTION "txn_fence"(
+	"gid" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'txn_fence_wrapper';
 
 -- privmatch::txn::txn_lock_templates
 CREATE  FUNCTION "txn_lock_templates"(
@@ -143,6 +162,8 @@ AS $list$
         ('init_party'::name,          ARRAY['privmatch_operator']::name[]),
         ('pin_peer',                  ARRAY['privmatch_operator']),
         ('set_operator_key',          ARRAY['privmatch_operator']),
+        -- a peer pin signed by the operator, relayed by the coordinator
+        ('pin_peer_signed',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
         -- identity and status, for everyone who may use the schema
         ('party_info',                ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
         ('engine_status',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
@@ -152,6 +173,7 @@ AS $list$
         -- distributed transactions (the coordinator)
         ('txn_begin',                 ARRAY['privmatch_coordinator']),
         ('txn_committed',             ARRAY['privmatch_coordinator']),
+        ('txn_fence',                 ARRAY['privmatch_coordinator']),
         ('txn_lock_templates',        ARRAY['privmatch_coordinator']),
         -- iris protocol (the coordinator)
         ('iris_enroll_sealed',        ARRAY['privmatch_coordinator']),

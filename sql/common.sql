@@ -33,9 +33,14 @@ CREATE TABLE privmatch.consumed_bundles (
 -- transaction. Its presence at P0, the first party committed, is the commit decision that
 -- recovery of in-doubt prepared transactions follows (see core/src/twophase.rs and
 -- coordinator/src/txn/recovery.rs).
+--
+-- A row with aborted = true is a fence written by recovery at P0 (privmatch.txn_fence): the
+-- transaction was decided aborted while no coordinator held it open at P0, so no coordinator
+-- can commit it there afterwards.
 CREATE TABLE privmatch.distributed_transactions (
     gid        text PRIMARY KEY,
-    started_at timestamptz NOT NULL DEFAULT now()
+    started_at timestamptz NOT NULL DEFAULT now(),
+    aborted    boolean NOT NULL DEFAULT false
 );
 
 -- The public half of the party operator's Ed25519 key, set by the operator with

@@ -50,6 +50,8 @@ AS $list$
         ('init_party'::name,          ARRAY['privmatch_operator']::name[]),
         ('pin_peer',                  ARRAY['privmatch_operator']),
         ('set_operator_key',          ARRAY['privmatch_operator']),
+        -- a peer pin signed by the operator, relayed by the coordinator
+        ('pin_peer_signed',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
         -- identity and status, for everyone who may use the schema
         ('party_info',                ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
         ('engine_status',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
@@ -59,6 +61,7 @@ AS $list$
         -- distributed transactions (the coordinator)
         ('txn_begin',                 ARRAY['privmatch_coordinator']),
         ('txn_committed',             ARRAY['privmatch_coordinator']),
+        ('txn_fence',                 ARRAY['privmatch_coordinator']),
         ('txn_lock_templates',        ARRAY['privmatch_coordinator']),
         -- iris protocol (the coordinator)
         ('iris_enroll_sealed',        ARRAY['privmatch_coordinator']),

@@ -48,13 +48,23 @@ pub struct PartyConfig {
     pub password: String,
     /// The party's pinned X25519 public key (hex).
     pub public_key: String,
+    /// The CA certificate (PEM) the party's server certificate must chain to: with it, the
+    /// connection is TLS, verified against this CA and `host`; without it, plain (loopback
+    /// development only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl PartyConfig {
     /// A tokio-postgres connection string.
     pub fn connection_string(&self) -> String {
+        let sslmode = if self.ca_cert.is_some() {
+            "require"
+        } else {
+            "disable"
+        };
         format!(
-            "host={} port={} dbname={} user={} password={} application_name=privmatch connect_timeout=5",
+            "host={} port={} dbname={} user={} password={} application_name=privmatch connect_timeout=5 sslmode={sslmode}",
             self.host, self.port, self.dbname, self.user, self.password
         )
     }
@@ -139,12 +149,39 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let config: Config = load_toml(path, "privmatch client configuration")?;
         config.pinned_keys()?;
+        config
+            .check_transport()
+            .with_context(|| format!("in {}", path.display()))?;
         Ok(config)
     }
 
     /// Writes the configuration (0600).
     pub fn save(&self, path: &Path) -> Result<()> {
         save_toml(self, path)
+    }
+
+    /// Checks that the coordinator is reached over TLS verified against a readable CA, or
+    /// over plain HTTP on loopback only (a local development cluster).
+    pub fn check_transport(&self) -> Result<()> {
+        let url = self.coordinator_url();
+        if let Some(rest) = url.strip_prefix("http://") {
+            let host = rest.split([':', '/']).next().unwrap_or_default();
+            let loopback = host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !loopback {
+                bail!("coordinator_url {url}: plain http:// is allowed on loopback only; use https:// with ca_cert");
+            }
+        } else if url.starts_with("https://") {
+            let Some(ca) = &self.ca_cert else {
+                bail!("coordinator_url {url} is https://: ca_cert must name the CA certificate its certificate chains to");
+            };
+            crate::tls::root_store(ca)?;
+        } else {
+            bail!("coordinator_url {url} must start with https:// (or http:// on loopback)");
+        }
+        Ok(())
     }
 
     /// The three pinned party keys, in index order.
@@ -268,6 +305,7 @@ mod tests {
             user: "coordinator".into(),
             password: "pw".into(),
             public_key: hex::encode([7u8; 32]),
+            ca_cert: None,
         }
     }
 
@@ -305,9 +343,10 @@ mod tests {
     fn client_config_holds_no_party_credentials() {
         let dir = temp("client");
         let path = dir.join(CONFIG_FILE);
+        let ca = crate::tls::LocalCa::open_or_create(&dir).expect("local CA");
         let config = Config {
             coordinator_url: "https://127.0.0.1:1/".into(),
-            ca_cert: Some(dir.join("ca.pem")),
+            ca_cert: Some(ca.cert_path()),
             api_token: Some("pm_cli_00".into()),
             party_keys: vec![hex::encode([7u8; 32]); 3],
         };
@@ -317,6 +356,10 @@ mod tests {
         let loaded = Config::load(&path).expect("load");
         assert_eq!(loaded, config);
         assert_eq!(loaded.coordinator_url(), "https://127.0.0.1:1");
+        std::fs::rename(ca.cert_path(), dir.join("moved.pem")).expect("move CA");
+        let missing = format!("{:#}", Config::load(&path).expect_err("CA missing"));
+        assert!(missing.contains("ca.pem"), "{missing}");
+        std::fs::rename(dir.join("moved.pem"), ca.cert_path()).expect("restore CA");
         let mut two = config;
         two.party_keys.pop();
         two.save(&path).expect("save");

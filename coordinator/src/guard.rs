@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::config::PartyConfig;
 
@@ -26,13 +26,10 @@ pub enum LockAttempt {
 
 /// One attempt to take the coordinator lock at P0.
 pub async fn try_lock(p0: &PartyConfig) -> LockAttempt {
-    let (client, connection) = match tokio_postgres::connect(&p0.connection_string(), NoTls).await {
-        Ok(pair) => pair,
+    let client = match crate::parties::open(p0).await {
+        Ok(client) => client,
         Err(e) => return LockAttempt::Unreachable(e.to_string()),
     };
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
     match client
         .query_one("SELECT pg_try_advisory_lock($1)", &[&LOCK_KEY])
         .await

@@ -9,6 +9,7 @@
 //! | [`config`] | the configuration file: the parties, their pinned keys, the coordinator's address |
 //! | [`parties`] | connection pools to the three parties, their errors |
 //! | [`guard`] | one coordinator per deployment (an advisory lock at P0) |
+//! | [`tls`] | TLS of the API and of the links to the parties, a local CA for `cluster up` |
 //! | [`wire`] | the HTTP error body and codes, the encodings of binary values, modality-neutral shapes |
 //! | [`session`] | the round-driver skeleton every modality's sessions run on, retries |
 //! | [`txn`] | two-phase commit over a modality's [`txn::work::Work`], recovery |
@@ -29,5 +30,6 @@ pub mod iris;
 pub mod parties;
 pub mod server;
 pub mod session;
+pub mod tls;
 pub mod txn;
 pub mod wire;

@@ -9,6 +9,8 @@
 //! * `privmatch face configure|refill|pool|enroll|delete|verify|identify|synth` — face
 //!   templates with Funshade: P0 and P1 evaluate, P2 deals single-use keys; embeddings are
 //!   quantised, shared and sealed here.
+//! * `privmatch party pin` — a party's operator pins a peer's key through the coordinator,
+//!   signed with the operator's key.
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
 //! * `privmatch bench enroll|iris|face` — the bulk-enrolment, search and face benchmarks.
 
@@ -62,6 +64,11 @@ enum Command {
         #[command(subcommand)]
         action: face::cli::FaceAction,
     },
+    /// A party's security state, changed by its operator through the coordinator (signed).
+    Party {
+        #[command(subcommand)]
+        action: privmatch_coordinator::cli::party::PartyAction,
+    },
     /// Finish distributed transactions left in doubt by a crash (also runs automatically in the
     /// coordinator every few seconds).
     Recover,
@@ -82,6 +89,12 @@ enum CoordinatorAction {
         /// Per-call timeout of the parties' search functions, in seconds.
         #[arg(long, env = "PRIVMATCH_SEARCH_TIMEOUT", default_value_t = 60.0)]
         search_timeout: f64,
+        /// Largest request body in bytes; larger requests are refused with 413.
+        #[arg(long, default_value_t = privmatch_coordinator::server::routes::MAX_BODY_BYTES)]
+        max_body_bytes: usize,
+        /// API requests served at once; more are refused with 429 (retry shortly).
+        #[arg(long, default_value_t = privmatch_coordinator::server::routes::MAX_IN_FLIGHT)]
+        max_in_flight: usize,
     },
 }
 
@@ -109,6 +122,8 @@ async fn run(cli: Cli) -> Result<()> {
                 CoordinatorAction::Serve {
                     coordinator_config,
                     search_timeout,
+                    max_body_bytes,
+                    max_in_flight,
                 },
         } => {
             if !(search_timeout.is_finite() && *search_timeout > 0.0) {
@@ -116,6 +131,8 @@ async fn run(cli: Cli) -> Result<()> {
             }
             let options = ServeOptions {
                 search_timeout: std::time::Duration::from_secs_f64(*search_timeout),
+                max_body_bytes: *max_body_bytes,
+                max_in_flight: *max_in_flight,
             };
             let path = coordinator_config
                 .clone()
@@ -124,6 +141,9 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
         Command::Face { action } => face::cli::run(action, &cli.home(), || cli.load_config()).await,
+        Command::Party { action } => {
+            privmatch_coordinator::cli::party::run(action, &cli.home(), || cli.load_config()).await
+        }
         Command::Recover => recover::run(&cli.load_config()?).await,
         Command::Bench { action } => {
             bench::run(action, || {

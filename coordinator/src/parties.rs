@@ -23,7 +23,63 @@ pub struct PartyError {
     pub message: String,
 }
 
+/// Why a connection to a party could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The party's TLS settings (its CA file) are unusable.
+    #[error("TLS settings of P{party}: {message}")]
+    Tls {
+        /// Which party.
+        party: u8,
+        /// What is wrong.
+        message: String,
+    },
+    /// PostgreSQL refused or could not be reached.
+    #[error(transparent)]
+    Pg(#[from] tokio_postgres::Error),
+}
+
+/// Opens a connection to `config`'s party and drives it on the current runtime: TLS verified
+/// against the party's CA and host name when the configuration names a CA (`ca_cert`), plain
+/// otherwise.
+pub async fn open(config: &PartyConfig) -> Result<Client, ConnectError> {
+    let connection_string = config.connection_string();
+    match &config.ca_cert {
+        Some(ca) => {
+            let tls = crate::tls::party_connector(ca).map_err(|e| ConnectError::Tls {
+                party: config.index,
+                message: format!("{e:#}"),
+            })?;
+            let (client, connection) = tokio_postgres::connect(&connection_string, tls).await?;
+            tokio::spawn(async move {
+                // Ends when the connection closes; errors surface on the next query.
+                let _ = connection.await;
+            });
+            Ok(client)
+        }
+        None => {
+            let (client, connection) = tokio_postgres::connect(&connection_string, NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok(client)
+        }
+    }
+}
+
 impl PartyError {
+    /// Wraps a connection failure at `party`.
+    pub fn from_connect(party: PartyIndex, err: &ConnectError) -> Self {
+        match err {
+            ConnectError::Pg(e) => Self::from_pg(party, e),
+            ConnectError::Tls { message, .. } => PartyError {
+                party,
+                sqlstate: None,
+                message: format!("TLS settings: {message}"),
+            },
+        }
+    }
+
     /// Wraps a tokio-postgres error from `party`.
     pub fn from_pg(party: PartyIndex, err: &tokio_postgres::Error) -> Self {
         match err.as_db_error() {
@@ -71,14 +127,9 @@ impl Party {
                 return Ok(client);
             }
         }
-        let (client, connection) = tokio_postgres::connect(&self.config.connection_string(), NoTls)
+        open(&self.config)
             .await
-            .map_err(|e| PartyError::from_pg(self.index, &e))?;
-        tokio::spawn(async move {
-            // Ends when the connection closes; errors surface on the next query.
-            let _ = connection.await;
-        });
-        Ok(client)
+            .map_err(|e| PartyError::from_connect(self.index, &e))
     }
 
     /// Runs one statement on a pooled connection, given back afterwards (dropped after an

@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 
 /// Error codes of [`ErrorBody::code`].
 pub mod codes {
+    /// No valid API credential (401).
+    pub const UNAUTHENTICATED: &str = "unauthenticated";
+    /// The credential lacks the scope the endpoint needs (403).
+    pub const FORBIDDEN: &str = "forbidden";
+    /// The request body is over the limit (413).
+    pub const TOO_LARGE: &str = "too_large";
+    /// The coordinator is at its concurrency limit (429): retry shortly.
+    pub const TOO_BUSY: &str = "too_busy";
     /// The request is malformed or out of range.
     pub const BAD_REQUEST: &str = "bad_request";
     /// A party rejected the request's content (SQLSTATE class 22/23).
@@ -42,7 +50,7 @@ pub mod codes {
     pub const NOT_CONFIGURED: &str = "not_configured";
 
     /// The codes of transient failures: a new session (freshly sealed probes) may succeed.
-    pub const TRANSIENT: [&str; 2] = [SETS_DIFFER, KEY_CONFLICT];
+    pub const TRANSIENT: [&str; 3] = [SETS_DIFFER, KEY_CONFLICT, TOO_BUSY];
 }
 
 /// An error answer.
@@ -173,4 +181,23 @@ mod tests {
         assert!(check_on_duplicate("skip").is_ok() && check_on_duplicate("error").is_ok());
         assert!(check_on_duplicate("replace").is_err());
     }
+}
+
+/// The body of `POST /v1/party/pin`: a peer pin signed by the operator of party `party`
+/// (core's `crypto::sign` command of action `peer-pin`, base64), relayed to that party.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PinBody {
+    /// The party the command is addressed to (0, 1 or 2).
+    pub party: u8,
+    /// The signed command (base64).
+    pub command: String,
+}
+
+/// The answer to `POST /v1/party/pin`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PinResponse {
+    /// The party that pinned the key.
+    pub party: u8,
+    /// The fingerprint of the key now pinned there.
+    pub fingerprint: String,
 }

@@ -10,6 +10,25 @@ use pgrx::spi::{PreparedStatement, SpiClient};
 
 use crate::errors::raise;
 
+/// Envelopes one enrolment call takes (the coordinator sends 250 per batch): a call with more
+/// is refused with 54000 before any is opened, so one call cannot hold a backend's memory and
+/// a party's locks for an unbounded time.
+pub const MAX_ENVELOPES_PER_CALL: usize = 10_000;
+
+/// Refuses (54000 program_limit_exceeded) a call of `function` with more than
+/// [`MAX_ENVELOPES_PER_CALL`] envelopes.
+pub fn check_envelope_count(function: &str, count: usize) {
+    if count > MAX_ENVELOPES_PER_CALL {
+        raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "{function}: {count} envelopes in one call, more than the limit of {MAX_ENVELOPES_PER_CALL}"
+            ),
+            Some("send the envelopes in several calls"),
+        );
+    }
+}
+
 /// The hint of an "already enrolled" error.
 pub const DUPLICATE_HINT: &str = "delete it first, or enrol with on_duplicate => 'skip'";
 

@@ -298,31 +298,46 @@ fn party_info() -> TableIterator<
 /// Pins the public key of peer party `party_index`. Re-pinning a different key requires
 /// `replace => true` (a key rotation is a deliberate act, never a side effect). The party's
 /// operator's function (`sql/roles.sql`): the coordinator cannot call it, so it cannot swap a
-/// peer's key for its own and read the pairwise channels.
+/// peer's key for its own and read the pairwise channels. (A pin relayed by the coordinator
+/// goes through `pin_peer_signed`, signed by this party's operator.)
 #[pg_extern(volatile)]
 fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) -> String {
-    let me = load_identity();
+    const F: &str = "pin_peer";
     let peer = PartyIndex::new(i64::from(party_index)).unwrap_or_else(|e| {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("pin_peer: {e}"),
+            format!("{F}: {e}"),
             None,
         )
     });
-    if peer == me.index {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("pin_peer: {peer} is this party itself"),
-            None,
-        );
-    }
     let key = PartyPublicKey::from_hex(public_key).unwrap_or_else(|e| {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("pin_peer: {e}"),
+            format!("{F}: {e}"),
             None,
         )
     });
+    pin_peer_key(F, peer, &key, replace)
+}
+
+/// Pins `key` for `peer` at this party (the work of `pin_peer` and `pin_peer_signed`, after
+/// their checks of who asks): refuses this party itself (22023) and, unless `replace`, a
+/// different key already pinned (23505). Returns the key's fingerprint.
+pub fn pin_peer_key(
+    function: &str,
+    peer: PartyIndex,
+    key: &PartyPublicKey,
+    replace: bool,
+) -> String {
+    let me = load_identity();
+    if peer == me.index {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{function}: {peer} is this party itself"),
+            None,
+        );
+    }
+    let party_index = i32::from(peer.as_u8());
     let existing: Option<Vec<u8>> = Spi::get_one_with_args(
         "SELECT (SELECT public_key FROM privmatch.peers WHERE party_index = $1)",
         &[party_index.into()],
@@ -332,7 +347,7 @@ fn pin_peer(party_index: i32, public_key: &str, replace: default!(bool, false)) 
         if old.as_slice() != key.as_bytes() && !replace {
             raise(
                 PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                format!("a different key is already pinned for {peer}"),
+                format!("{function}: a different key is already pinned for {peer}"),
                 Some("pass replace => true to rotate the pinned key deliberately"),
             );
         }

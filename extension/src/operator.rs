@@ -8,10 +8,13 @@
 //! Imports: [`crate::errors`] and [`crate::identity`] only (no modality).
 
 use pgrx::prelude::*;
-use privmatch_core::crypto::sign::{verify_command, CommandError, OperatorVerifyingKey};
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::crypto::sign::{
+    verify_command, CommandError, OperatorVerifyingKey, PeerPin, PEER_PIN_ACTION,
+};
 
 use crate::errors::{get_one, modify, raise, run};
-use crate::identity::load_identity;
+use crate::identity::{load_identity, pin_peer_key};
 
 fn raise_command(function: &str, err: CommandError) -> ! {
     let code = match err {
@@ -57,6 +60,24 @@ fn set_operator_key(public_key: &str, replace: default!(bool, false)) -> String 
         &[key.to_bytes().to_vec().into()],
     );
     key.to_hex()
+}
+
+/// Pins a peer's key as this party's operator signed it (`command`: an operator command of
+/// action `peer-pin` whose payload is core's `PeerPin`), relayed by the coordinator or any
+/// tool: the relay can neither forge a pin (its own key in place of a peer's would open the
+/// pairwise channels to it) nor replay an old one (28000, nothing changed). The same checks
+/// as `pin_peer` follow. Returns the pinned key's fingerprint.
+#[pg_extern(volatile)]
+fn pin_peer_signed(command: &[u8]) -> String {
+    const F: &str = "pin_peer_signed";
+    let payload = accept_command(F, PEER_PIN_ACTION, command);
+    let pin = PeerPin::decode(&payload).unwrap_or_else(|e| raise_command(F, e));
+    pin_peer_key(
+        F,
+        pin.peer,
+        &PartyPublicKey::from_bytes(pin.key),
+        pin.replace,
+    )
 }
 
 /// Checks the operator command `command` that `function` received for `action`, records its

@@ -1,7 +1,8 @@
 //! What a distributed (two-phase) transaction needs at a party, as functions the coordinator's
 //! role may call instead of table privileges: the transaction's marker row ([`txn_begin`]),
-//! the commit decision recovery reads at P0 ([`txn_committed`]), and the table lock taken
-//! before a modality's work ([`txn_lock_templates`]). The rule they serve is in core's
+//! the commit decision recovery reads at P0 ([`txn_committed`]), the abort decision recovery
+//! writes there ([`txn_fence`]), and the table lock taken before a modality's work
+//! ([`txn_lock_templates`]). The rule they serve is in core's
 //! `twophase` module; the coordinator's side in `coordinator/src/txn/`.
 //!
 //! Imports: [`crate::errors`] only (no modality).
@@ -41,10 +42,38 @@ fn txn_committed(gid: &str) -> bool {
     let gid = checked_gid("txn_committed", gid);
     get_one::<bool>(
         "txn_committed",
-        "SELECT EXISTS (SELECT 1 FROM privmatch.distributed_transactions WHERE gid = $1)",
+        "SELECT EXISTS (SELECT 1 FROM privmatch.distributed_transactions \
+                         WHERE gid = $1 AND NOT aborted)",
         &[gid.into()],
     )
     .unwrap_or(false)
+}
+
+/// Recovery at P0, for a transaction prepared elsewhere but neither prepared nor committed
+/// here: decides it aborted by writing a fence row for `gid`, unless a coordinator still holds
+/// it open here. Returns true when the transaction is aborted (fenced now or before), false
+/// when it committed meanwhile. If the coordinator that runs it still holds its marker row
+/// (uncommitted), the fence waits at most a second and fails with 55P03: the transaction is
+/// alive, and recovery must leave it alone. Once the fence is committed no coordinator can
+/// commit the transaction at P0 (its marker would collide with the fence), so rolling it back
+/// at P1 and P2 cannot race with a late commit.
+#[pg_extern(volatile)]
+fn txn_fence(gid: &str) -> bool {
+    const F: &str = "txn_fence";
+    let gid = checked_gid(F, gid);
+    run(F, "SET LOCAL lock_timeout = '1s'", &[]);
+    run(
+        F,
+        "INSERT INTO privmatch.distributed_transactions (gid, aborted) VALUES ($1, true) \
+         ON CONFLICT (gid) DO NOTHING",
+        &[gid.into()],
+    );
+    get_one::<bool>(
+        F,
+        "SELECT aborted FROM privmatch.distributed_transactions WHERE gid = $1",
+        &[gid.into()],
+    )
+    .unwrap_or(true)
 }
 
 /// Locks a privmatch template table (a table of schema `privmatch` whose name ends in

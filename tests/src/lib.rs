@@ -584,18 +584,15 @@ impl Cluster {
     ) -> Result<Vec<tokio_postgres::Row>, (String, String)> {
         let login = &self.coordinator_logins[party];
         self.rt.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&login.connection_string(), tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| (String::new(), format!("connecting: {e}")))?;
-            let driver = tokio::spawn(connection);
+            let client = privmatch_coordinator::parties::open(login)
+                .await
+                .map_err(|e| (String::new(), format!("connecting: {e}")))?;
             let rows = client.batch_execute(sql).await;
             let rows = match rows {
                 Ok(()) => client.simple_query("SELECT 1").await.map(|_| Vec::new()),
                 Err(e) => Err(e),
             };
             drop(client);
-            let _ = driver.await;
             rows.map_err(|e| {
                 let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
                 let message = e
@@ -613,19 +610,14 @@ impl Cluster {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, String> {
-        let conn = login.connection_string();
         self.rt.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+            let client = privmatch_coordinator::parties::open(login)
                 .await
                 .map_err(|e| format!("connecting: {e}"))?;
-            let driver = tokio::spawn(connection);
-            let rows = client
+            client
                 .query(sql, params)
                 .await
-                .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())));
-            drop(client);
-            let _ = driver.await;
-            rows
+                .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())))
         })
     }
 
@@ -642,13 +634,9 @@ impl Cluster {
     pub async fn clients(&self) -> Vec<tokio_postgres::Client> {
         let mut out = Vec::with_capacity(3);
         for login in &self.coordinator_logins {
-            let (client, connection) =
-                tokio_postgres::connect(&login.connection_string(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap_or_else(|e| {
-                        panic!("[{}] connecting to P{}: {e}", self.name, login.index)
-                    });
-            tokio::spawn(connection);
+            let client = privmatch_coordinator::parties::open(login)
+                .await
+                .unwrap_or_else(|e| panic!("[{}] connecting to P{}: {e}", self.name, login.index));
             out.push(client);
         }
         out
@@ -662,12 +650,9 @@ impl Cluster {
     /// Opens a connection to `party` as its operator, whose driver runs on this test's runtime
     /// (call inside [`Cluster::block_on`]).
     pub async fn connect(&self, party: usize) -> tokio_postgres::Client {
-        let conn = self.operators[party].connection_string();
-        let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        privmatch_coordinator::parties::open(&self.operators[party])
             .await
-            .unwrap_or_else(|e| panic!("[{}] connecting to P{party}: {e}", self.name));
-        tokio::spawn(connection);
-        client
+            .unwrap_or_else(|e| panic!("[{}] connecting to P{party}: {e}", self.name))
     }
 
     /// A single bigint from a query.
@@ -802,14 +787,28 @@ impl Cluster {
         self.config.coordinator_url()
     }
 
+    /// An HTTP client that trusts the cluster's CA only.
+    fn http_client(&self, timeout: Option<Duration>) -> Result<reqwest::Client, reqwest::Error> {
+        let mut builder = reqwest::Client::builder().tls_built_in_root_certs(false);
+        if let Some(pem) = self
+            .config
+            .ca_cert
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+        {
+            builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+        }
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
+        builder.build()
+    }
+
     /// Whether GET /v1/health answers 200.
     pub fn healthy(&self) -> bool {
         let url = format!("{}/v1/health", self.coordinator_url());
         self.rt.block_on(async {
-            let Ok(client) = reqwest::Client::builder()
-                .timeout(Duration::from_secs(2))
-                .build()
-            else {
+            let Ok(client) = self.http_client(Some(Duration::from_secs(2))) else {
                 return false;
             };
             client
@@ -820,17 +819,21 @@ impl Cluster {
         })
     }
 
-    /// POSTs raw bytes; returns the HTTP status and the JSON answer.
+    /// POSTs raw bytes with the client's API credential; returns the HTTP status and the JSON
+    /// answer.
     pub fn post_bytes(&self, path_and_query: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
         let url = format!("{}{path_and_query}", self.coordinator_url());
         self.rt
             .block_on(async {
-                let response = reqwest::Client::new()
+                let mut request = self
+                    .http_client(None)?
                     .post(&url)
                     .header("content-type", "application/octet-stream")
-                    .body(body)
-                    .send()
-                    .await?;
+                    .body(body);
+                if let Some(token) = &self.config.api_token {
+                    request = request.bearer_auth(token);
+                }
+                let response = request.send().await?;
                 let status = response.status().as_u16();
                 let text = response.text().await?;
                 Ok::<_, reqwest::Error>((status, text))

@@ -693,3 +693,85 @@ fn overlapping_concurrent_enrolments_all_succeed() {
     assert_eq!(c.prepared_counts(), [0; 3]);
     assert_eq!(c.assert_reconstructs(&expected), 400);
 }
+
+/// Recovery by a second coordinator, against one stalled after P1 and P2 prepared but before
+/// P0's PREPARE: while the first still holds its transaction open at P0, recovery leaves it
+/// alone (the fence at P0 waits on it), and when the first resumes everything commits; once
+/// the first is gone, recovery fences P0 and rolls P1 and P2 back. Never a half-enrolled
+/// record.
+#[test]
+fn recovery_is_fenced_against_a_stalled_coordinator() {
+    use std::sync::Arc;
+
+    use privmatch_coordinator::parties::Parties;
+    use privmatch_coordinator::txn::fault::Fault;
+    use privmatch_coordinator::txn::twophase::TwoPhase;
+
+    let mut c = Cluster::start("fence", 6);
+    let coordinator_config = privmatch_e2e::CoordinatorConfig::load(
+        &c.home.join(privmatch_e2e::COORDINATOR_CONFIG_FILE),
+    )
+    .expect("coordinator configuration");
+    let second_recovery = |c: &Cluster| {
+        c.block_on(async {
+            let parties = Arc::new(Parties::new(&coordinator_config));
+            TwoPhase::new(parties, "second".into(), Fault::None)
+                .recover()
+                .await
+        })
+    };
+    let pause = c.path("pause");
+    let fault = format!("pause-before-p0-prepare={}", pause.display());
+
+    // 1. The first coordinator stalls and then resumes.
+    c.stop_coordinator();
+    c.start_coordinator(Some(&fault));
+    let (first, _) = synth(&c, "first.ndjson", 5, 91, "fence-a");
+    let first = first.display().to_string();
+    let enroll = c.cli_background(&["iris", "enroll", "--input", &first, "--no-progress"]);
+    privmatch_e2e::wait_until(Duration::from_secs(30), "the pause file", || pause.exists());
+    assert_eq!(
+        c.prepared_counts(),
+        [0, 1, 1],
+        "P1 and P2 prepared, P0 not yet"
+    );
+    let report = second_recovery(&c);
+    assert!(
+        report.rolled_back.is_empty() && report.committed.is_empty(),
+        "recovery touched a transaction its coordinator still runs: {report:?}"
+    );
+    assert_eq!(c.prepared_counts(), [0, 1, 1]);
+    std::fs::remove_file(&pause).expect("resume");
+    let out = enroll.wait(Duration::from_secs(60));
+    assert!(out.success(), "{out}");
+    assert_eq!(c.record_counts(), [5, 5, 5]);
+    assert_eq!(c.prepared_counts(), [0, 0, 0]);
+
+    // 2. The first coordinator stalls and dies.
+    let (second, _) = synth(&c, "second.ndjson", 5, 92, "fence-b");
+    let second = second.display().to_string();
+    let enroll = c.cli_background(&["iris", "enroll", "--input", &second, "--no-progress"]);
+    privmatch_e2e::wait_until(Duration::from_secs(30), "the pause file", || pause.exists());
+    assert_eq!(c.prepared_counts(), [0, 1, 1]);
+    c.stop_coordinator();
+    std::fs::remove_file(&pause).ok();
+    let _ = enroll.wait(Duration::from_secs(60));
+    // P0 aborts the dead coordinator's open transaction when it notices the lost connection;
+    // until then the fence still waits on it.
+    let mut rolled_back = Vec::new();
+    privmatch_e2e::wait_until(
+        Duration::from_secs(30),
+        "recovery to fence and roll back",
+        || {
+            rolled_back.extend(second_recovery(&c).rolled_back);
+            !rolled_back.is_empty()
+        },
+    );
+    assert_eq!(rolled_back.len(), 1, "{rolled_back:?}");
+    assert_eq!(c.prepared_counts(), [0, 0, 0]);
+    assert_eq!(
+        c.record_counts(),
+        [5, 5, 5],
+        "nothing of the dead coordinator's batch"
+    );
+}

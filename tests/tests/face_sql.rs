@@ -359,12 +359,11 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
                     rt.block_on(async {
                         let mut clients = Vec::new();
                         for p in 0..3 {
-                            let conn = cluster.coordinator_logins[p].connection_string();
-                            let (client, connection) =
-                                tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-                                    .await
-                                    .expect("connect");
-                            tokio::spawn(connection);
+                            let client = privmatch_coordinator::parties::open(
+                                &cluster.coordinator_logins[p],
+                            )
+                            .await
+                            .expect("connect");
                             clients.push(client);
                         }
                         let (mut done, mut exhausted) = (0, 0);

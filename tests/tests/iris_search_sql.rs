@@ -2,7 +2,7 @@
 //! coordinator drives them (start at the three parties, then rounds routing party i's message
 //! to party i+1), against three real PostgreSQL parties with the engine worker: results
 //! against the plaintext matcher, refused messages abort, a party killed mid-search fails the
-//! search cleanly and the next search works.
+//! search cleanly and the next search works, a search cancelled mid-scan stops the scan.
 
 use std::collections::BTreeMap;
 
@@ -448,4 +448,87 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
     });
     assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
     assert!(err.message.contains("sealed with the probe"), "{err:?}");
+}
+
+#[test]
+fn a_search_cancelled_mid_scan_stops_the_scan_and_the_next_search_works() {
+    // 30,000 templates with 31 rotations: a scan of a few hundred milliseconds on two threads,
+    // so a 30 ms statement timeout lands in it.
+    let cluster = Cluster::start("search-cancel", 35);
+    let enrolled = enroll_synthetic(&cluster, 30_000);
+    let (key, t) = enrolled
+        .iter()
+        .nth(11)
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("one");
+    let eye = Eye::parse(&key.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(8);
+    // A first search loads the templates into every engine.
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let got = search(&cluster, &clients, &mut rng, &t, eye, "identify", 15)
+            .await
+            .expect("first search");
+        assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
+    });
+    let log = cluster.home.join("p0/postgres.log");
+    let stopped = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("its scan was stopped")
+            .count()
+    };
+    let before = stopped(&log);
+    let mut stopped_scans = 0;
+    for attempt in 0..3 {
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal(&cluster, &t, eye, session, "identify", 15, &mut rng);
+        let (elapsed, err) = cluster.block_on(async {
+            let clients = cluster.clients().await;
+            clients[0]
+                .batch_execute("SET statement_timeout = 30")
+                .await
+                .expect("set");
+            let began = std::time::Instant::now();
+            let err = clients[0]
+                .query_one(
+                    "SELECT entries FROM privmatch.iris_search_start($1, $2, 'identify', 15, 0.345)",
+                    &[&session.as_slice(), &sealed[0]],
+                )
+                .await
+                .expect_err("cancelled");
+            (began.elapsed(), err)
+        });
+        assert_eq!(
+            err.code().map(|c| c.code()),
+            Some("57014"),
+            "attempt {attempt}: {err}"
+        );
+        assert!(
+            elapsed < std::time::Duration::from_secs(1),
+            "the cancelled call took {elapsed:?}"
+        );
+        // The engine notices the hang-up between chunks of rows and says so in the log.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline && stopped(&log) == before + stopped_scans {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        stopped_scans = stopped(&log) - before;
+        if stopped_scans > 0 {
+            break;
+        }
+    }
+    assert!(
+        stopped_scans > 0,
+        "no cancelled request stopped its scan (see {})",
+        log.display()
+    );
+    // The next search works and finds the template.
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let got = search(&cluster, &clients, &mut rng, &t, eye, "identify", 15)
+            .await
+            .expect("after the cancelled search");
+        assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
+    });
 }

@@ -227,11 +227,9 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
         admin
     };
     cluster.block_on(async {
-        let (client, conn) =
-            tokio_postgres::connect(&admin.connection_string(), tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-        tokio::spawn(conn);
+        let client = privmatch_coordinator::parties::open(&admin)
+            .await
+            .expect("connect");
         // Two statements: neither may run inside the implicit transaction of a batch.
         client
             .batch_execute("DROP DATABASE privmatch WITH (FORCE)")
@@ -273,5 +271,255 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
             let out = cluster.cli(&["iris", "search", "--input", &input, "--json"]);
             out.success() && out.stdout.lines().map(str::to_owned).collect::<Vec<_>>() == before
         },
+    );
+}
+
+/// Sends a request head (and no body) to the coordinator over TLS (verified against the
+/// cluster's CA); returns the status code.
+fn raw_status(cluster: &Cluster, head: &str) -> u16 {
+    use std::io::{Read, Write};
+    let addr = cluster
+        .coordinator_url()
+        .trim_start_matches("https://")
+        .to_owned();
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr.as_str(), |(h, _)| h)
+        .to_owned();
+    let ca = cluster.config.ca_cert.clone().expect("the cluster's CA");
+    let tls = privmatch_coordinator::tls::client_config(&ca).expect("TLS client config");
+    let name = rustls::pki_types::ServerName::try_from(host).expect("server name");
+    let connection =
+        rustls::ClientConnection::new(std::sync::Arc::new(tls), name).expect("TLS session");
+    let socket = std::net::TcpStream::connect(&addr).expect("connect to the coordinator");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut stream = rustls::StreamOwned::new(connection, socket);
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut answer = String::new();
+    let mut buf = [0u8; 512];
+    while !answer.contains("\r\n") {
+        let n = stream.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
+
+/// Whether the coordinator answers a plain-HTTP request (it must not: TLS only).
+fn answers_plain_http(cluster: &Cluster) -> bool {
+    use std::io::{Read, Write};
+    let addr = cluster
+        .coordinator_url()
+        .trim_start_matches("https://")
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect to the coordinator");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+#[test]
+fn api_calls_need_tls_and_a_credential_with_the_right_scope_and_a_bounded_body() {
+    let mut cluster = Cluster::start("trust-api", 42);
+    let templates = cluster.path("t.ndjson");
+    let t = templates.display().to_string();
+    cluster
+        .cli(&["iris", "synth", "3", "-o", &t])
+        .expect_success();
+    cluster.enroll(&templates, &[]).expect_success();
+    let subject = "synth-0000000";
+    let delete = "POST /v1/iris/delete HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 2\r\nConnection: close\r\n{auth}\r\n{}";
+    let with = |auth: &str| delete.replace("{auth}", auth);
+    // No credential, a wrong one, a malformed header: 401, and nothing is deleted.
+    for auth in [
+        String::new(),
+        "Authorization: Bearer pm_cli_0000\r\n".to_owned(),
+        "Authorization: Basic cm9vdDpyb290\r\n".to_owned(),
+    ] {
+        assert_eq!(raw_status(&cluster, &with(&auth)), 401, "{auth:?}");
+    }
+    assert_eq!(cluster.subject_count(0, subject), 1);
+    // A credential with the search scope only: 403 for a deletion, and nothing is deleted.
+    let keys_file = cluster.home.join("api-keys.toml");
+    let mut keys = std::fs::read_to_string(&keys_file).expect("keys file");
+    let (search_only, entry) = privmatch_coordinator::server::auth::ApiKeys::generate(
+        "search-only",
+        &[privmatch_coordinator::server::auth::Scope::Search],
+    )
+    .expect("generate");
+    keys.push_str(&format!(
+        "\n[[key]]\nid = \"{}\"\nscopes = [\"search\"]\nsha256 = \"{}\"\n",
+        entry.id, entry.sha256
+    ));
+    std::fs::write(&keys_file, keys).expect("keys file");
+    cluster.restart_coordinator().expect_success();
+    let forbidden = with(&format!("Authorization: Bearer {search_only}\r\n"));
+    assert_eq!(raw_status(&cluster, &forbidden), 403);
+    assert_eq!(cluster.subject_count(0, subject), 1);
+    // The operator's client credential may delete; the body is checked by the handler.
+    let token = cluster.config.api_token.clone().expect("client credential");
+    let allowed = with(&format!("Authorization: Bearer {token}\r\n"));
+    assert_eq!(
+        raw_status(&cluster, &allowed),
+        400,
+        "an empty JSON object is a bad request"
+    );
+    // A body over the limit (64 MiB by default) is refused before it is read.
+    let oversize = format!(
+        "POST /v1/iris/enroll HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: 1000000000\r\nConnection: close\r\n\r\n"
+    );
+    assert_eq!(raw_status(&cluster, &oversize), 413);
+    // Health stays open; an unknown endpoint is not found.
+    assert_eq!(
+        raw_status(
+            &cluster,
+            "GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ),
+        200
+    );
+    assert_eq!(cluster.record_counts(), [3, 3, 3]);
+    // TLS only: the API does not answer plain HTTP, and every party refuses a TCP session
+    // without TLS, even with the right password.
+    assert!(!answers_plain_http(&cluster));
+    for party in 0..3 {
+        let mut plain = cluster.coordinator_logins[party].clone();
+        plain.ca_cert = None;
+        let refused = cluster
+            .block_on(privmatch_coordinator::parties::open(&plain))
+            .err()
+            .map(|e| match e {
+                privmatch_coordinator::parties::ConnectError::Pg(e) => e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+                other => other.to_string(),
+            })
+            .unwrap_or_default();
+        assert!(
+            refused.contains("no encryption"),
+            "P{party} accepted or refused a plain session otherwise: {refused:?}"
+        );
+    }
+}
+
+#[test]
+fn a_relayed_peer_pin_must_be_signed_by_the_party_operator_and_fresh() {
+    use privmatch_coordinator::cli::operator_key::{fresh_counter, load};
+    use privmatch_core::crypto::sign::{PeerPin, PEER_PIN_ACTION};
+    use privmatch_core::party::PartyIndex;
+    const P: [PartyIndex; 3] = PartyIndex::ALL;
+    let cluster = Cluster::start("trust-pins", 43);
+    let operator = |i: usize| {
+        load(&cluster.home.join(format!("operators/p{i}.signing.key"))).expect("operator key")
+    };
+    let pinned = |party: usize, peer: i32| -> Vec<u8> {
+        cluster.query(
+            party,
+            "SELECT public_key FROM privmatch.peers WHERE party_index = $1",
+            &[&peer],
+        )[0]
+        .get(0)
+    };
+    let relay = |party: usize, command: &[u8]| {
+        cluster.query_as_coordinator(
+            party,
+            &format!(
+                "SELECT privmatch.pin_peer_signed('\\x{}'::bytea)",
+                hex::encode(command)
+            ),
+        )
+    };
+    let honest = pinned(0, 1);
+    // The coordinator's own key in place of P1's, at P0: every forgery is refused with 28000.
+    let swap = PeerPin {
+        peer: P[1],
+        key: [0x42; 32],
+        replace: true,
+    }
+    .encode();
+    let forgeries = [
+        (
+            "signed by P1's operator",
+            operator(1).sign(P[0], fresh_counter(), PEER_PIN_ACTION, &swap),
+        ),
+        (
+            "addressed to P2",
+            operator(0).sign(P[2], fresh_counter(), PEER_PIN_ACTION, &swap),
+        ),
+        (
+            "for another action",
+            operator(0).sign(P[0], fresh_counter(), "face-dealer-config", &swap),
+        ),
+    ];
+    for (what, command) in &forgeries {
+        let err = relay(0, command).expect_err(what);
+        assert_eq!(err.0, "28000", "{what}: {err:?}");
+    }
+    assert_eq!(pinned(0, 1), honest, "a refused pin changed nothing");
+    // P0's operator's pin of the key already pinned is accepted once; its replay is refused.
+    let same = PeerPin {
+        peer: P[1],
+        key: honest.clone().try_into().expect("32 bytes"),
+        replace: false,
+    }
+    .encode();
+    let good = operator(0).sign(P[0], fresh_counter(), PEER_PIN_ACTION, &same);
+    relay(0, &good).expect("a signed pin");
+    let replayed = relay(0, &good).expect_err("a replayed pin");
+    assert_eq!(replayed.0, "28000", "{replayed:?}");
+    // A signed pin of another key without replace is refused by the pin's own rule (23505).
+    let other = PeerPin {
+        peer: P[1],
+        key: [0x43; 32],
+        replace: false,
+    }
+    .encode();
+    let command = operator(0).sign(P[0], fresh_counter(), PEER_PIN_ACTION, &other);
+    assert_eq!(relay(0, &command).expect_err("no replace").0, "23505");
+    assert_eq!(pinned(0, 1), honest);
+    // Through the coordinator's API with the CLI: the honest pin is relayed and accepted, and
+    // searches still work.
+    let out = cluster
+        .cli(&[
+            "party",
+            "pin",
+            "--party",
+            "2",
+            "--peer",
+            "0",
+            "--key",
+            &cluster.config.party_keys[0],
+        ])
+        .expect_success();
+    assert!(out.stdout.contains("P2 pinned P0's key"), "{}", out.stdout);
+    let templates = cluster.path("t.ndjson");
+    let t = templates.display().to_string();
+    cluster
+        .cli(&["iris", "synth", "5", "-o", &t])
+        .expect_success();
+    cluster.enroll(&templates, &[]).expect_success();
+    let found = cluster
+        .cli(&["iris", "search", "--input", &t, "--json"])
+        .expect_success();
+    assert_eq!(
+        found.stdout.matches("\"matches\":[{").count(),
+        5,
+        "{}",
+        found.stdout
     );
 }

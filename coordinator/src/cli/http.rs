@@ -96,9 +96,38 @@ pub struct Coordinator {
 impl Coordinator {
     /// A client of the coordinator of `config`, retrying transient failures on the default
     /// back-off schedule.
+    ///
+    /// Every call carries the configuration's API credential (`api_token`) as a bearer token.
     pub fn new(config: &Config) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &config.api_token {
+            // A token with bytes a header cannot carry is sent as none: the coordinator then
+            // answers 401, which names the problem.
+            if let Ok(mut value) =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            {
+                value.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+            }
+        }
+        let mut builder = reqwest::Client::builder()
+            .default_headers(headers)
+            .tls_built_in_root_certs(false);
+        // The CA was checked when the configuration was loaded (`Config::check_transport`);
+        // one that cannot be read now is left out, and the TLS handshake then fails naming
+        // the unknown issuer.
+        if let Some(ca) = config
+            .ca_cert
+            .as_deref()
+            .and_then(|p| std::fs::read(p).ok())
+        {
+            if let Ok(cert) = reqwest::Certificate::from_pem(&ca) {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().unwrap_or_else(|_| reqwest::Client::new());
         Coordinator {
-            http: reqwest::Client::new(),
+            http,
             base: config.coordinator_url(),
             retry: RetryPolicy::default(),
         }

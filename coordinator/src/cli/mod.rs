@@ -11,5 +11,6 @@ pub mod http;
 pub mod keys;
 pub mod ndjson;
 pub mod operator_key;
+pub mod party;
 pub mod progress;
 pub mod recover;

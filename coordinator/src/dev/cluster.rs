@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use tokio_postgres::NoTls;
 
 use crate::cli::http::Coordinator;
 use crate::cli::operator_key;
@@ -29,6 +28,9 @@ use crate::config::{
     operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
     COORDINATOR_CONFIG_FILE,
 };
+use crate::parties::open;
+use crate::server::auth::{ApiKeys, Scope};
+use crate::tls::LocalCa;
 use crate::wire::PartyStatus;
 
 /// Actions of `privmatch cluster`.
@@ -261,6 +263,48 @@ fn ensure_preload(home: &Path, index: usize) -> Result<bool> {
     Ok(true)
 }
 
+/// Where party `index`'s TLS certificate and key live (owned by the cluster user).
+fn party_tls_dir(home: &Path, index: usize) -> PathBuf {
+    party_dir(home, index).join("tls")
+}
+
+/// Rejects every TCP session without TLS; the Unix socket stays open to the server's own
+/// user for maintenance. Put first in pg_hba.conf, since the first matching line decides.
+const HBA_REQUIRE_TLS: &str = "hostnossl all all all reject  # privmatch: TLS only over TCP";
+
+/// Gives party `index` a server certificate from the cluster's CA, turns TLS on and refuses
+/// TCP sessions without it. Returns whether the configuration changed (a running server must
+/// then reload).
+fn ensure_party_tls(runner: &Runner, home: &Path, index: usize, ca: &LocalCa) -> Result<bool> {
+    let dir = party_tls_dir(home, index);
+    let issued = ca.server_cert(&dir, "server", &["127.0.0.1", "localhost"])?;
+    runner.own(&dir)?;
+    let data = data_dir(home, index);
+    let conf = data.join("postgresql.conf");
+    let text = std::fs::read_to_string(&conf)
+        .with_context(|| format!("cannot read {}", conf.display()))?;
+    let mut changed = false;
+    if !text.contains("# --- privmatch TLS ---") {
+        let settings = format!(
+            "\n# --- privmatch TLS ---\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nssl_min_protocol_version = 'TLSv1.2'\n",
+            issued.cert.display(),
+            issued.key.display()
+        );
+        std::fs::write(&conf, format!("{text}{settings}"))
+            .with_context(|| format!("cannot write {}", conf.display()))?;
+        changed = true;
+    }
+    let hba = data.join("pg_hba.conf");
+    let text =
+        std::fs::read_to_string(&hba).with_context(|| format!("cannot read {}", hba.display()))?;
+    if !text.lines().any(|line| line.trim() == HBA_REQUIRE_TLS) {
+        std::fs::write(&hba, format!("{HBA_REQUIRE_TLS}\n{text}"))
+            .with_context(|| format!("cannot write {}", hba.display()))?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
 fn is_running(runner: &Runner, home: &Path, index: usize) -> bool {
     runner
         .command("pg_ctl")
@@ -319,8 +363,7 @@ fn stop_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
 async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Result<String> {
     let mut admin = operator.clone();
     admin.dbname = "postgres".into();
-    let (client, conn) = tokio_postgres::connect(&admin.connection_string(), NoTls).await?;
-    tokio::spawn(conn);
+    let client = open(&admin).await?;
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_database WHERE datname = $1",
@@ -334,8 +377,7 @@ async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Result
             .await?;
     }
     drop(client);
-    let (client, conn) = tokio_postgres::connect(&operator.connection_string(), NoTls).await?;
-    tokio::spawn(conn);
+    let client = open(operator).await?;
     client
         .batch_execute("CREATE EXTENSION IF NOT EXISTS privmatch")
         .await
@@ -372,8 +414,7 @@ async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Result
 /// As each party's operator: pins the other two parties' keys.
 async fn pin_peers(operators: &[PartyConfig]) -> Result<()> {
     for party in operators {
-        let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls).await?;
-        tokio::spawn(conn);
+        let client = open(party).await?;
         for peer in operators.iter().filter(|p| p.index != party.index) {
             client
                 .query_one(
@@ -391,8 +432,7 @@ async fn pin_peers(operators: &[PartyConfig]) -> Result<()> {
 /// public half at the party, which then accepts relayed commands signed by it.
 async fn set_operator_key(operator: &PartyConfig, signing_key: &Path) -> Result<()> {
     let key = operator_key::create_if_missing(signing_key)?;
-    let (client, conn) = tokio_postgres::connect(&operator.connection_string(), NoTls).await?;
-    tokio::spawn(conn);
+    let client = open(operator).await?;
     client
         .query_one(
             "SELECT privmatch.set_operator_key($1)",
@@ -466,8 +506,33 @@ fn stop_coordinator(home: &Path) {
     std::fs::remove_file(pidfile).ok();
 }
 
-/// One party's endpoint on loopback, logging in as `user`.
-fn local_party(index: usize, port: u16, user: &str, password: String, key: &str) -> PartyConfig {
+/// The coordinator's API credentials file in the home directory (digests only).
+const API_KEYS_FILE: &str = "api-keys.toml";
+
+/// The client's API credential: the one in the existing client configuration when the keys
+/// file still accepts it, else a fresh one with every scope (replacing the keys file).
+fn client_credential(config_path: &Path, api_keys: &Path) -> Result<String> {
+    let previous = Config::load(config_path).ok().and_then(|c| c.api_token);
+    if let (Some(token), Ok(keys)) = (previous, ApiKeys::load(api_keys)) {
+        if keys.accepts(&token) {
+            return Ok(token);
+        }
+    }
+    let (token, entry) = ApiKeys::generate("cli", &Scope::ALL)?;
+    ApiKeys::save(&[entry], api_keys)?;
+    Ok(token)
+}
+
+/// One party's endpoint on loopback over TLS (certificate from the CA `ca_cert`), logging in
+/// as `user`.
+fn local_party(
+    index: usize,
+    port: u16,
+    user: &str,
+    password: String,
+    key: &str,
+    ca_cert: &Path,
+) -> PartyConfig {
     PartyConfig {
         index: index as u8,
         host: "127.0.0.1".into(),
@@ -476,11 +541,19 @@ fn local_party(index: usize, port: u16, user: &str, password: String, key: &str)
         user: user.into(),
         password,
         public_key: key.into(),
+        ca_cert: Some(ca_cert.to_owned()),
     }
 }
 
-/// Creates (first time) and starts party `index` on `port`; returns its operator's endpoint.
-fn start_local_party(runner: &Runner, home: &Path, index: usize, port: u16) -> Result<PartyConfig> {
+/// Creates (first time) and starts party `index` on `port`, with TLS from `ca`; returns its
+/// operator's endpoint.
+fn start_local_party(
+    runner: &Runner,
+    home: &Path,
+    index: usize,
+    port: u16,
+    ca: &LocalCa,
+) -> Result<PartyConfig> {
     let password = party_password(home, index, OPERATOR_ROLE)?;
     if !data_dir(home, index).join("PG_VERSION").exists() {
         eprintln!(
@@ -494,8 +567,21 @@ fn start_local_party(runner: &Runner, home: &Path, index: usize, port: u16) -> R
             "warning: P{index} runs without the privmatch engine preloaded; restart it (`privmatch cluster down` then `up`) to enable searches"
         );
     }
+    if ensure_party_tls(runner, home, index, ca)? && is_running(runner, home, index) {
+        runner.run(
+            "pg_ctl",
+            &["reload", "-D", &data_dir(home, index).display().to_string()],
+        )?;
+    }
     start_party(runner, home, index)?;
-    Ok(local_party(index, port, OPERATOR_ROLE, password, ""))
+    Ok(local_party(
+        index,
+        port,
+        OPERATOR_ROLE,
+        password,
+        "",
+        &ca.cert_path(),
+    ))
 }
 
 async fn up(
@@ -508,12 +594,13 @@ async fn up(
     std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
     let coordinator_path = home.join(COORDINATOR_CONFIG_FILE);
     let existing = CoordinatorConfig::load(&coordinator_path).ok();
+    let ca = LocalCa::open_or_create(&home.join("tls"))?;
     let mut operators = Vec::new();
     for index in 0..3usize {
         let port = existing
             .as_ref()
             .map_or(base_port + index as u16, |c| c.parties[index].port);
-        operators.push(start_local_party(runner, home, index, port)?);
+        operators.push(start_local_party(runner, home, index, port, &ca)?);
     }
     let mut coordinator_logins = Vec::new();
     for operator in &mut operators {
@@ -536,6 +623,7 @@ async fn up(
             COORDINATOR_ROLE,
             password,
             &key,
+            &ca.cert_path(),
         ));
     }
     pin_peers(&operators).await?;
@@ -550,21 +638,28 @@ async fn up(
         }
         .save(&operator_config_file(home, operator.index))?;
     }
+    let api_keys = home.join(API_KEYS_FILE);
+    let api_token = client_credential(config_path, &api_keys)?;
+    let api_cert = ca.server_cert(
+        &home.join("tls"),
+        "coordinator",
+        &["127.0.0.1", "localhost"],
+    )?;
     let coordinator = CoordinatorConfig {
         listen: existing.as_ref().map_or_else(
             || format!("127.0.0.1:{coordinator_port}"),
             |c| c.listen.clone(),
         ),
-        tls_cert: None,
-        tls_key: None,
-        api_keys: None,
+        tls_cert: Some(api_cert.cert),
+        tls_key: Some(api_cert.key),
+        api_keys: Some(api_keys),
         parties: coordinator_logins,
     };
     coordinator.save(&coordinator_path)?;
     let config = Config {
-        coordinator_url: format!("http://{}", coordinator.listen),
-        ca_cert: None,
-        api_token: None,
+        coordinator_url: format!("https://{}", coordinator.listen),
+        ca_cert: Some(ca.cert_path()),
+        api_token: Some(api_token),
         party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),
     };
     config.save(config_path)?;
@@ -663,6 +758,7 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                 std::fs::remove_dir_all(home.join("operators")).ok();
                 let mut files = vec![
                     "coordinator.log".to_owned(),
+                    API_KEYS_FILE.to_owned(),
                     CONFIG_FILE.to_owned(),
                     COORDINATOR_CONFIG_FILE.to_owned(),
                 ];

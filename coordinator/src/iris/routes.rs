@@ -3,6 +3,7 @@
 //! [`crate::iris::driver`], one session per eye) and enroll-if-unique.
 
 use axum::body::Bytes;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -91,8 +92,15 @@ async fn enroll(
 
 async fn delete(
     State(state): State<SharedState>,
-    Json(request): Json<DeleteBody>,
+    request: Result<Json<DeleteBody>, JsonRejection>,
 ) -> Result<Json<DeleteResponse>, ApiError> {
+    // A malformed body is a 400 in the API's JSON error shape, like every other bad request.
+    let Json(request) = request.map_err(|e| {
+        bad_request(format!(
+            "invalid delete request (expected {{\"subject\": …, \"eye\": \"left\"|\"right\"|null}}): {}",
+            e.body_text()
+        ))
+    })?;
     privmatch_core::wire::envelope::validate_subject(&request.subject)
         .map_err(|e| bad_request(e.to_string()))?;
     if let Some(eye) = &request.eye {

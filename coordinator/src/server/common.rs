@@ -1,15 +1,18 @@
 //! The endpoints every deployment has, whatever its modalities: `GET /v1/health`,
 //! `GET /v1/status` (per party: reachable, enrolled records, key fingerprint, prepared
-//! transactions) and `POST /v1/recover`.
+//! transactions), `POST /v1/recover` and `POST /v1/party/pin` (relays a peer pin signed by a
+//! party's operator: the coordinator cannot forge or replay one, the party checks).
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
 use crate::parties::{Party, PartyError};
+use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
 use crate::server::state::SharedState;
-use crate::wire::PartyStatus;
+use crate::wire::{from_base64, PartyStatus, PinBody, PinResponse};
 
 /// The modality-neutral routes. `records_sql` is the SQL expression counting a party's
 /// enrolled records for `/v1/status` (the composition point supplies it).
@@ -21,6 +24,31 @@ pub fn routes(records_sql: &'static str) -> Router<SharedState> {
             get(move |state: State<SharedState>| status(state, records_sql)),
         )
         .route("/v1/recover", post(recover))
+        .route("/v1/party/pin", post(pin))
+}
+
+/// Relays a signed peer pin to the party it is addressed to.
+async fn pin(State(state): State<SharedState>, body: Bytes) -> Result<Json<PinResponse>, ApiError> {
+    let request: PinBody = parse_json(&body)?;
+    let command = from_base64(&request.command, "command").map_err(bad_request)?;
+    let party = state
+        .parties
+        .all()
+        .get(usize::from(request.party))
+        .ok_or_else(|| bad_request(format!("party must be 0, 1 or 2, not {}", request.party)))?;
+    let row = party
+        .query_one("SELECT privmatch.pin_peer_signed($1)", &[&command])
+        .await
+        .map_err(|e| {
+            let (status, code) = party_failure_status(&e);
+            party_error(status, code, format!("pinning a peer key: {e}"), &e)
+        })?;
+    let fingerprint: String = row.get(0);
+    tracing::info!(party = request.party, %fingerprint, "peer pin relayed and accepted");
+    Ok(Json(PinResponse {
+        party: request.party,
+        fingerprint,
+    }))
 }
 
 async fn health(State(state): State<SharedState>) -> Json<serde_json::Value> {

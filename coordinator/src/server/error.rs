@@ -2,7 +2,8 @@
 //! [`ErrorBody`]), the helpers handlers build them with, and the mapping of the failures every
 //! modality shares (a party's error, a distributed transaction's) to statuses and codes.
 //!
-//! Statuses: 400 (bad request), 409 (not unique), 422 (a party rejected the content), 502 (a
+//! Statuses: 400 (bad request), 403 (a party refused an operator command), 409 (not unique),
+//! 422 (a party rejected the content), 502 (a
 //! party failed or the parties disagree), 503 (a party is unavailable, the parties hold
 //! different template sets — retry with a new session — or a transaction's outcome is left to
 //! recovery), 504 (a party timed out).
@@ -77,6 +78,8 @@ pub fn party_failure_status(err: &PartyError) -> (StatusCode, &'static str) {
         ("", _) => (StatusCode::SERVICE_UNAVAILABLE, codes::PARTY_UNAVAILABLE),
         ("57014", _) => (StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT),
         (_, "22" | "23") => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+        // A party refused an operator command (not its operator's, replayed).
+        (_, "28") => (StatusCode::FORBIDDEN, codes::FORBIDDEN),
         (_, "08" | "53" | "55" | "57") => {
             (StatusCode::SERVICE_UNAVAILABLE, codes::PARTY_UNAVAILABLE)
         }

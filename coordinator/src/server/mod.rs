@@ -18,9 +18,13 @@
 //! `crate::face::api`); errors in [`crate::wire`] and [`error`]. The coordinator never reuses
 //! a session id it has seen (it keeps the last 65,536), on top of the parties' own checks.
 //!
-//! * [`state`]: what handlers share. [`error`]: error answers. [`common`]: the
+//! Every call passes [`auth::guard`] first: an API credential with the endpoint's scope (401,
+//! 403), the body and concurrency limits (413, 429), one audit line.
+//!
+//! * [`auth`]: credentials, scopes, limits, audit. [`state`]: what handlers share. [`error`]: error answers. [`common`]: the
 //!   modality-neutral endpoints. [`routes`]: the composition of the API.
 
+pub mod auth;
 pub mod common;
 pub mod error;
 pub mod routes;
@@ -29,9 +33,12 @@ pub mod state;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use crate::config::CoordinatorConfig;
 use crate::guard;
 use crate::parties::Parties;
+use crate::server::auth::{ApiKeys, Guard};
 use crate::server::state::{AppState, ServeOptions};
 use crate::txn::fault::Fault;
 use crate::txn::twophase::TwoPhase;
@@ -79,13 +86,59 @@ pub async fn serve(config: CoordinatorConfig, options: ServeOptions) -> anyhow::
             }
         }
     });
-    let app = routes::app(state);
-    let listener = tokio::net::TcpListener::bind(&config.listen).await?;
-    tracing::info!(addr = %config.listen, "coordinator listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    let keys = match &config.api_keys {
+        Some(path) => ApiKeys::load(path)?,
+        None => anyhow::bail!(
+            "the coordinator serves only callers with API credentials: set api_keys in its configuration (privmatch cluster up writes api-keys.toml)"
+        ),
+    };
+    let guard = Guard::new(keys, options.max_body_bytes, options.max_in_flight);
+    let app = routes::app(state, guard);
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => serve_tls(listener, app, cert, key).await,
+        _ => {
+            let addr = listener.local_addr()?;
+            if !addr.ip().is_loopback() {
+                anyhow::bail!(
+                    "the coordinator serves plain HTTP on loopback only: set tls_cert and tls_key to listen on {addr}"
+                );
+            }
+            tracing::warn!(%addr, "coordinator listening without TLS (loopback only)");
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Serves `app` over TLS (rustls) on `listener` until interrupted.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<()> {
+    let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(
+        crate::tls::server_config(cert, key)?,
+    ));
+    let listener = listener.into_std()?;
+    let addr = listener.local_addr()?;
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(30)));
+    });
+    tracing::info!(%addr, "coordinator listening (TLS)");
+    axum_server::from_tcp_rustls(listener, tls)
+        .handle(handle)
+        .serve(app.into_make_service())
         .await?;
     Ok(())
 }

@@ -1,21 +1,29 @@
 //! The one place that composes the coordinator's HTTP API from the modalities' routes (each
 //! modality's `routes.rs`) and the modality-neutral ones ([`crate::server::common`]).
 
-use axum::extract::DefaultBodyLimit;
-use axum::Router;
+use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
+use axum::{middleware, Router};
+
+use crate::server::auth::{self, Guard};
 use crate::server::common;
 use crate::server::state::SharedState;
 
-/// Largest accepted request body (a batch of sealed bundles).
-pub const MAX_BODY_BYTES: usize = 256 << 20;
+/// The default largest request body: a batch of 250 sealed iris enrolments is ~29 MB.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+/// The default number of API requests served at once.
+pub const MAX_IN_FLIGHT: usize = 32;
 
-/// The whole API, for the coordinator's state.
-pub fn app(state: SharedState) -> Router {
+/// The whole API, for the coordinator's state, behind `guard` (credentials, scopes, limits,
+/// the audit line: [`auth`]).
+pub fn app(state: SharedState, guard: Arc<Guard>) -> Router {
+    let limit = guard.max_body_bytes;
     Router::new()
         .merge(common::routes(crate::iris::routes::RECORDS_SQL))
         .merge(crate::iris::routes::routes())
         .merge(crate::face::routes::routes())
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(guard, auth::guard))
         .with_state(state)
 }

@@ -22,13 +22,19 @@ pub const RECENT_SESSIONS: usize = 65_536;
 pub struct ServeOptions {
     /// Per-call timeout of the parties' session functions (searches, face rounds).
     pub search_timeout: Duration,
+    /// Largest request body, in bytes (larger: 413).
+    pub max_body_bytes: usize,
+    /// API requests served at once (more: 429).
+    pub max_in_flight: usize,
 }
 
 impl Default for ServeOptions {
-    /// A 60 s call timeout.
+    /// A 60 s call timeout, the default limits of [`crate::server::routes`].
     fn default() -> Self {
         ServeOptions {
             search_timeout: DEFAULT_CALL_TIMEOUT,
+            max_body_bytes: crate::server::routes::MAX_BODY_BYTES,
+            max_in_flight: crate::server::routes::MAX_IN_FLIGHT,
         }
     }
 }

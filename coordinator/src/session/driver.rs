@@ -90,6 +90,9 @@ pub async fn call_with_timeout<T, E: SessionError>(
         Err(_) => {
             let token = client.cancel_token();
             tokio::spawn(async move {
+                // PostgreSQL takes a cancel request before any authentication or TLS, so the
+                // plain one reaches a party that refuses plain sessions too; it carries only
+                // the backend's one-off cancel key.
                 let _ = token.cancel_query(NoTls).await;
             });
             Err(E::timeout(PartyError {

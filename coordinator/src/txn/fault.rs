@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 /// A fault to inject. `crash-after-prepare` and `crash-after-decision` abort the process at
 /// that point; `pause-after-prepare=FILE` creates FILE once all parties are prepared and waits
-/// until it is removed.
+/// until it is removed; `pause-before-p0-prepare=FILE` prepares P1 and P2, then creates FILE
+/// and waits until it is removed before it prepares P0 (a coordinator stalled mid-commit, for
+/// the fencing of recovery).
 #[derive(Clone, Debug, Default)]
 pub enum Fault {
     /// No fault.
@@ -17,6 +19,8 @@ pub enum Fault {
     CrashAfterDecision,
     /// Pause once every party has prepared.
     PauseAfterPrepare(PathBuf),
+    /// Prepare P1 and P2, then pause before P0's PREPARE.
+    PauseBeforeP0Prepare(PathBuf),
 }
 
 impl Fault {
@@ -25,10 +29,15 @@ impl Fault {
         match std::env::var("PRIVMATCH_FAULT").ok().as_deref() {
             Some("crash-after-prepare") => Fault::CrashAfterPrepare,
             Some("crash-after-decision") => Fault::CrashAfterDecision,
-            Some(other) => match other.strip_prefix("pause-after-prepare=") {
-                Some(path) => Fault::PauseAfterPrepare(PathBuf::from(path)),
-                None => Fault::None,
-            },
+            Some(other) => {
+                if let Some(path) = other.strip_prefix("pause-after-prepare=") {
+                    Fault::PauseAfterPrepare(PathBuf::from(path))
+                } else if let Some(path) = other.strip_prefix("pause-before-p0-prepare=") {
+                    Fault::PauseBeforeP0Prepare(PathBuf::from(path))
+                } else {
+                    Fault::None
+                }
+            }
             None => Fault::None,
         }
     }
@@ -40,16 +49,20 @@ impl Fault {
                 eprintln!("privmatch: injected fault crash-after-prepare");
                 std::process::abort();
             }
-            Fault::PauseAfterPrepare(path) => {
-                let _ = std::fs::write(path, b"prepared\n");
-                for _ in 0..1200 {
-                    if !path.exists() {
-                        break;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            }
-            Fault::None | Fault::CrashAfterDecision => {}
+            Fault::PauseAfterPrepare(path) => pause_at(path).await,
+            Fault::None | Fault::CrashAfterDecision | Fault::PauseBeforeP0Prepare(_) => {}
+        }
+    }
+
+    /// Whether P0 must be prepared last, after [`Fault::before_p0_prepare`].
+    pub fn delays_p0_prepare(&self) -> bool {
+        matches!(self, Fault::PauseBeforeP0Prepare(_))
+    }
+
+    /// Injects the fault due once P1 and P2 have prepared, before P0 (if any).
+    pub async fn before_p0_prepare(&self) {
+        if let Fault::PauseBeforeP0Prepare(path) = self {
+            pause_at(path).await;
         }
     }
 
@@ -59,5 +72,16 @@ impl Fault {
             eprintln!("privmatch: injected fault crash-after-decision ({gid})");
             std::process::abort();
         }
+    }
+}
+
+/// Creates `path` and waits (at most two minutes) until it is removed.
+async fn pause_at(path: &std::path::Path) {
+    let _ = std::fs::write(path, b"paused\n");
+    for _ in 0..1200 {
+        if !path.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }

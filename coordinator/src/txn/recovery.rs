@@ -38,6 +38,16 @@ async fn decision_record(p0: &Client, gid: &str) -> Result<DecisionRecord, tokio
     })
 }
 
+/// Writes the abort fence of `gid` at P0 (`privmatch.txn_fence`): true when the transaction
+/// is aborted, false when it committed meanwhile; an error (55P03) while its coordinator still
+/// holds it open at P0.
+async fn fence(p0: &Client, gid: &str) -> Result<bool, tokio_postgres::Error> {
+    Ok(p0
+        .query_one("SELECT privmatch.txn_fence($1)", &[&gid])
+        .await?
+        .get(0))
+}
+
 impl TwoPhase {
     /// Finds every privmatch transaction left prepared at any party (except this process's
     /// in-flight ones) and finishes it by the rule of `privmatch_core::twophase`, in gid order.
@@ -92,6 +102,24 @@ impl TwoPhase {
             // No decision yet: make the abort decision at P0 first. Once P0's prepared
             // transaction is rolled back, no coordinator can commit it any more, so rolling back
             // the others cannot race with a commit (e.g. by another coordinator instance).
+            // Neither prepared nor committed at P0: its coordinator may still hold it open
+            // there (stalled before P0's PREPARE). The fence decides it aborted only if not,
+            // so a late PREPARE and COMMIT at P0 cannot follow a rollback at P1 and P2.
+            let record = if record == DecisionRecord::Absent {
+                match fence(p0, &gid).await {
+                    Ok(true) => DecisionRecord::Absent,
+                    Ok(false) => DecisionRecord::Committed,
+                    Err(e) => {
+                        report.errors.push(format!(
+                            "{gid}: still open at P0, left to its coordinator ({}; will retry)",
+                            PartyError::from_pg(PartyIndex::ALL[0], &e)
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                record
+            };
             let record = if record == DecisionRecord::StillPrepared {
                 match finish_prepared(p0, &gid, Resolution::Rollback).await {
                     Ok(()) => DecisionRecord::Absent,

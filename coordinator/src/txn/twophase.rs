@@ -192,17 +192,24 @@ impl TwoPhase {
         result: T,
     ) -> Result<Outcome<T>, TxnError<E>> {
         let prepare = &format!("PREPARE TRANSACTION '{gid}'");
-        let prepared = join_all(
-            PartyIndex::ALL
-                .iter()
-                .zip(&clients)
-                .map(|(&p, c)| async move {
-                    c.batch_execute(prepare)
-                        .await
-                        .map_err(|e| PartyError::from_pg(p, &e))
-                }),
-        )
-        .await;
+        let prepare_at = |i: usize| {
+            let (party, client) = (PartyIndex::ALL[i], &clients[i]);
+            async move {
+                client
+                    .batch_execute(prepare)
+                    .await
+                    .map_err(|e| PartyError::from_pg(party, &e))
+            }
+        };
+        let prepared = if self.fault.delays_p0_prepare() {
+            let rest = join_all([1, 2].map(prepare_at)).await;
+            self.fault.before_p0_prepare().await;
+            let mut all = vec![prepare_at(0).await];
+            all.extend(rest);
+            all
+        } else {
+            join_all([0, 1, 2].map(prepare_at)).await
+        };
         if let Some(err) = prepared.iter().find_map(|r| r.as_ref().err().cloned()) {
             // Roll back wherever it did prepare; where PREPARE failed, end the transaction.
             join_all(prepared.iter().zip(&clients).map(|(r, c)| async move {

@@ -1,5 +1,5 @@
-//! Operator-signed commands: how a change of a party's security state (today: the face
-//! dealer's configuration at P2) travels through the untrusted coordinator without the
+//! Operator-signed commands: how a change of a party's security state (the face dealer's
+//! configuration at P2, a peer pin at any party: [`PeerPin`]) travels through the untrusted coordinator without the
 //! coordinator being able to forge, alter, redirect or replay it.
 //!
 //! Each party's operator holds an Ed25519 key pair (RFC 8032; `ed25519-dalek`, strict
@@ -31,6 +31,52 @@ const VERSION: u8 = 1;
 const SIGNATURE_LEN: usize = 64;
 /// Largest payload a command may carry (the sealed dealer configuration is ~100 bytes).
 pub const MAX_PAYLOAD: usize = 1 << 16;
+
+/// The action of a relayed peer pin ([`PeerPin`]).
+pub const PEER_PIN_ACTION: &str = "peer-pin";
+const PEER_PIN_VERSION: u8 = 1;
+const PEER_PIN_LEN: usize = 3 + 32;
+
+/// The payload of a signed peer pin: pin `key` (X25519, 32 bytes) for party `peer`, replacing
+/// a different pinned key only when `replace` is set. Encoded as
+/// `version (1) | peer index (1) | replace (1: 0 or 1) | key (32)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerPin {
+    /// The peer whose key is pinned.
+    pub peer: PartyIndex,
+    /// Its X25519 public key.
+    pub key: [u8; 32],
+    /// Whether a different key already pinned may be replaced (a key rotation).
+    pub replace: bool,
+}
+
+impl PeerPin {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PEER_PIN_LEN);
+        out.extend_from_slice(&[PEER_PIN_VERSION, self.peer.as_u8(), u8::from(self.replace)]);
+        out.extend_from_slice(&self.key);
+        out
+    }
+
+    /// Parses payload bytes, refusing any other length, version, index or flag.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CommandError> {
+        let malformed = CommandError::Malformed;
+        if bytes.len() != PEER_PIN_LEN || bytes[0] != PEER_PIN_VERSION {
+            return Err(malformed("a peer pin is version 1 and 35 bytes"));
+        }
+        let peer = PartyIndex::new(i64::from(bytes[1]))
+            .map_err(|_| malformed("peer pin: party index out of range"))?;
+        let replace = match bytes[2] {
+            0 => false,
+            1 => true,
+            _ => return Err(malformed("peer pin: replace flag is not 0 or 1")),
+        };
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&bytes[3..]);
+        Ok(PeerPin { peer, key, replace })
+    }
+}
 
 /// Why a command was refused. Messages name the check that failed, never key material.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -254,10 +300,35 @@ pub fn verify_command(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_pin_round_trips_and_malformed_payloads_are_refused() {
+        for (peer, replace) in [(0u8, false), (2, true)] {
+            let pin = PeerPin {
+                peer: PartyIndex::ALL[usize::from(peer)],
+                key: [peer + 7; 32],
+                replace,
+            };
+            assert_eq!(PeerPin::decode(&pin.encode()), Ok(pin));
+        }
+        let good = PeerPin {
+            peer: PartyIndex::ALL[1],
+            key: [9; 32],
+            replace: false,
+        }
+        .encode();
+        for (at, value) in [(0usize, 2u8), (1, 3), (2, 2)] {
+            let mut bad = good.clone();
+            bad[at] = value;
+            assert!(PeerPin::decode(&bad).is_err(), "byte {at} = {value}");
+        }
+        assert!(PeerPin::decode(&good[..34]).is_err());
+        assert!(PeerPin::decode(&[good.clone(), vec![0]].concat()).is_err());
+    }
+
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
-
-    use super::*;
 
     const P2: PartyIndex = PartyIndex::ALL[2];
 

@@ -91,6 +91,9 @@ pub enum DotError {
     /// The prepared query is malformed.
     #[error(transparent)]
     Query(#[from] EncodingError),
+    /// The scan was stopped through its [`crate::iris::scan::Interrupt`] (the caller gave up).
+    #[error("iris scan: interrupted (the caller cancelled the search)")]
+    Interrupted,
 }
 
 /// Which implementation a [`DotKernel`] runs.

@@ -11,9 +11,48 @@
 //! interchangeable within one search and across parties.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::iris::dot::{scan_range, DotError, DotKernel, DotShares, ShareMatrix};
 use crate::iris::query::PreparedQuery;
+
+/// A request to stop a scan early, raised from another thread: the engine raises it when the
+/// backend that asked for the search hangs up (its query was cancelled or timed out), so a
+/// long scan does not hold the engine after nobody waits for it. A backend checks it between
+/// chunks of [`INTERRUPT_CHUNK_ROWS`] rows and then fails with [`DotError::Interrupted`].
+#[derive(Debug, Default)]
+pub struct Interrupt(AtomicBool);
+
+impl Interrupt {
+    /// An interrupt nobody raises.
+    pub fn never() -> &'static Interrupt {
+        static NEVER: Interrupt = Interrupt(AtomicBool::new(false));
+        &NEVER
+    }
+
+    /// Asks the scan to stop.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the scan was asked to stop.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// [`DotError::Interrupted`] when raised.
+    pub fn check(&self) -> Result<(), DotError> {
+        if self.is_raised() {
+            Err(DotError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Rows a CPU scan thread computes between two looks at the [`Interrupt`] (about 10 ms of one
+/// thread's work with 31 rotations).
+pub const INTERRUPT_CHUNK_ROWS: usize = 512;
 
 /// Something that computes a search's local dot-product shares (module docs).
 pub trait ScanBackend: Send + Sync {
@@ -24,8 +63,14 @@ pub trait ScanBackend: Send + Sync {
     fn parallelism(&self) -> usize;
 
     /// The dot-product shares of every row of `db` with every rotation of `query`,
-    /// entry-major (`db.len() × R`) in row order.
-    fn scan(&self, db: &ShareMatrix<'_>, query: &PreparedQuery) -> Result<DotShares, DotError>;
+    /// entry-major (`db.len() × R`) in row order; [`DotError::Interrupted`] soon after
+    /// `interrupt` is raised.
+    fn scan(
+        &self,
+        db: &ShareMatrix<'_>,
+        query: &PreparedQuery,
+        interrupt: &Interrupt,
+    ) -> Result<DotShares, DotError>;
 }
 
 /// The CPU backend: the best SIMD kernel of [`DotKernel`] on `threads` scoped threads, the
@@ -65,12 +110,23 @@ impl ScanBackend for CpuScan {
         self.threads
     }
 
-    fn scan(&self, db: &ShareMatrix<'_>, query: &PreparedQuery) -> Result<DotShares, DotError> {
+    fn scan(
+        &self,
+        db: &ShareMatrix<'_>,
+        query: &PreparedQuery,
+        interrupt: &Interrupt,
+    ) -> Result<DotShares, DotError> {
         let r = query.num_rotations();
         let n = db.len();
         let mut code = vec![0u16; n * r];
         let mut mask = vec![0u16; n * r];
-        scan_parallel(self.kernel, db, query, self.threads, &mut code, &mut mask)?;
+        let job = Job {
+            kernel: self.kernel,
+            db,
+            query,
+            interrupt,
+        };
+        scan_parallel(&job, self.threads, &mut code, &mut mask)?;
         Ok(DotShares {
             num_rotations: r,
             num_entries: n,
@@ -90,19 +146,53 @@ fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// [`scan_range`] over all rows of `db`, the rows split across `threads` scoped threads.
-fn scan_parallel(
+/// What every scan thread reads.
+struct Job<'a> {
     kernel: DotKernel,
-    db: &ShareMatrix<'_>,
-    query: &PreparedQuery,
+    db: &'a ShareMatrix<'a>,
+    query: &'a PreparedQuery,
+    interrupt: &'a Interrupt,
+}
+
+impl Job<'_> {
+    /// [`scan_range`] over `range` in chunks of [`INTERRUPT_CHUNK_ROWS`], looking at the
+    /// interrupt before each.
+    fn scan_range(
+        &self,
+        range: Range<usize>,
+        code: &mut [u16],
+        mask: &mut [u16],
+    ) -> Result<(), DotError> {
+        let r = self.query.num_rotations();
+        let chunks = code
+            .chunks_mut(INTERRUPT_CHUNK_ROWS * r.max(1))
+            .zip(mask.chunks_mut(INTERRUPT_CHUNK_ROWS * r.max(1)));
+        let mut start = range.start;
+        for (c, m) in chunks {
+            self.interrupt.check()?;
+            let end = (start + INTERRUPT_CHUNK_ROWS).min(range.end);
+            scan_range(self.kernel, self.db, self.query, start..end, c, m)?;
+            start = end;
+        }
+        // An empty range (or no rotation) has no chunk: still one call, for its checks.
+        if start == range.start {
+            scan_range(self.kernel, self.db, self.query, range, code, mask)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`Job::scan_range`] over all rows, the rows split across `threads` scoped threads.
+fn scan_parallel(
+    job: &Job<'_>,
     threads: usize,
     code: &mut [u16],
     mask: &mut [u16],
 ) -> Result<(), DotError> {
-    let r = query.num_rotations();
-    let ranges = split_ranges(db.len(), threads);
+    let r = job.query.num_rotations();
+    let ranges = split_ranges(job.db.len(), threads);
     if ranges.len() <= 1 {
-        return scan_range(kernel, db, query, 0..db.len(), code, mask);
+        return job.scan_range(0..job.db.len(), code, mask);
     }
     std::thread::scope(|scope| {
         let mut code_rest = code;
@@ -113,7 +203,7 @@ fn scan_parallel(
             let (m, m_tail) = std::mem::take(&mut mask_rest).split_at_mut(range.len() * r);
             code_rest = c_tail;
             mask_rest = m_tail;
-            handles.push(scope.spawn(move || scan_range(kernel, db, query, range, c, m)));
+            handles.push(scope.spawn(move || job.scan_range(range, c, m)));
         }
         handles
             .into_iter()
@@ -161,11 +251,47 @@ mod tests {
             let reference = scan(kernel, &db, &query).expect("scan");
             for threads in [1, 2, 5] {
                 let got = CpuScan::new(kernel, threads)
-                    .scan(&db, &query)
+                    .scan(&db, &query, Interrupt::never())
                     .expect("scan");
                 assert_eq!(got, reference, "{} on {threads} threads", kernel.name());
             }
         }
+    }
+
+    #[test]
+    fn a_chunked_scan_equals_the_reference_and_stops_when_interrupted() {
+        let mut rng = ChaCha20Rng::seed_from_u64(43);
+        let rows = 2 * INTERRUPT_CHUNK_ROWS + 77;
+        let share = share_template(&random_template(&mut rng), &mut rng).expect("share")[0].clone();
+        let (mut codes, mut masks) = (Vec::new(), Vec::new());
+        for i in 0..rows {
+            // Rows differ (a rotated copy per row) so a chunk written at the wrong offset shows.
+            let k = i % share.code.len();
+            codes.extend(share.code[k..].iter().chain(&share.code[..k]));
+            masks.extend(
+                share.mask[k % share.mask.len()..]
+                    .iter()
+                    .chain(&share.mask[..k % share.mask.len()]),
+            );
+        }
+        let db = ShareMatrix::new(&codes, &masks).expect("matrix");
+        let probe = random_template(&mut rng);
+        let [share, _, _] = share_query_template(&probe, &mut rng).expect("query");
+        let query = PreparedQuery::prepare(&share, 0).expect("prepare");
+        let kernel = DotKernel::detect();
+        let reference = scan(kernel, &db, &query).expect("scan");
+        for threads in [1, 2] {
+            let got = CpuScan::new(kernel, threads)
+                .scan(&db, &query, Interrupt::never())
+                .expect("scan");
+            assert_eq!(got, reference, "{threads} threads");
+        }
+        let raised = Interrupt::default();
+        raised.raise();
+        assert!(matches!(
+            CpuScan::new(kernel, 2).scan(&db, &query, &raised),
+            Err(DotError::Interrupted)
+        ));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutpu
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
 use crate::iris::probe::{check_probe, open_iris_probe, ProbeRefusal};
 use crate::iris::query::PreparedQuery;
-use crate::iris::scan::ScanBackend;
+use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
 use crate::mpc::binary::{MpcContext, Step};
 use crate::party::PartyIndex;
@@ -57,6 +57,11 @@ pub struct PartyKeys {
     pub peers: [Option<PartyPublicKey>; 3],
 }
 
+/// Searches one party runs at once (each holds its dot-product shares, 4 bytes per entry
+/// and rotation, until it ends or expires); more are refused with
+/// [`SearchError::TooManySearches`].
+pub const MAX_ACTIVE_SEARCHES: usize = 64;
+
 /// Why a search call was refused. Never contains share values, distances or keys.
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
@@ -69,6 +74,9 @@ pub enum SearchError {
     /// The session id was used before.
     #[error("iris search session {0} was already used: session ids are single-use")]
     ReplayedSession(String),
+    /// As many searches as allowed are running at this party.
+    #[error("iris search: {0} searches are running at this party, the most it runs at once; retry when one ends")]
+    TooManySearches(usize),
     /// The sealed probe could not be opened or decoded.
     #[error("iris search probe: {0}")]
     Probe(#[from] BundleError),
@@ -243,7 +251,8 @@ impl SearchService {
     /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
     /// probe, checks that `params` are the parameters sealed with it and that it is fresh at
     /// `unix_now` (seconds since the Unix epoch), scans the store's entries of the probe's eye
-    /// in canonical order and returns the first message. The store must have been brought up
+    /// in canonical order (stopping with an error once `interrupt` is raised) and returns the
+    /// first message. The store must have been brought up
     /// to date by the caller.
     // Each argument is a distinct input of the protocol step; bundling them would only rename.
     #[allow(clippy::too_many_arguments)]
@@ -256,7 +265,12 @@ impl SearchService {
         params: SearchParams,
         now: Instant,
         unix_now: u64,
+        interrupt: &Interrupt,
     ) -> Result<StartReply, SearchError> {
+        // Refused before the id is remembered, so a refused start leaves nothing behind here.
+        if self.sessions.len() >= MAX_ACTIVE_SEARCHES {
+            return Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES));
+        }
         self.remember(id)?;
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
@@ -289,7 +303,7 @@ impl SearchService {
         } else {
             let query = PreparedQuery::prepare(&probe.share, params.max_rotation())
                 .map_err(|e| protocol(e.into()))?;
-            let dots = store.scan(probe.eye, &order, &*self.backend, &query)?;
+            let dots = store.scan(probe.eye, &order, &*self.backend, &query, interrupt)?;
             let ctx = MpcContext::new(me, bound, with_next.prf(), with_prev.prf());
             let config = MatchConfig {
                 max_rotation: params.max_rotation(),

@@ -29,7 +29,7 @@ use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::Eye;
 use crate::iris::query::PreparedQuery;
-use crate::iris::scan::ScanBackend;
+use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::party::PartyIndex;
 
 /// Bytes of shares one enrolled template occupies at one party (code + mask, u16 each).
@@ -358,6 +358,7 @@ impl IrisStore {
         order: &CanonicalOrder,
         backend: &dyn ScanBackend,
         query: &PreparedQuery,
+        interrupt: &Interrupt,
     ) -> Result<DotShares, StoreError> {
         let matrix = &self.eyes[eye_slot(eye)];
         let n = matrix.len();
@@ -370,7 +371,7 @@ impl IrisStore {
         }
         let db = matrix.matrix()?;
         let r = query.num_rotations();
-        let dots = backend.scan(&db, query)?;
+        let dots = backend.scan(&db, query, interrupt)?;
         Ok(DotShares {
             num_rotations: r,
             num_entries: n,
@@ -481,7 +482,13 @@ mod tests {
         let order = store.canonical(Eye::Left);
         let kernel = DotKernel::detect();
         let got = store
-            .scan(Eye::Left, &order, &CpuScan::new(kernel, 3), &query)
+            .scan(
+                Eye::Left,
+                &order,
+                &CpuScan::new(kernel, 3),
+                &query,
+                Interrupt::never(),
+            )
             .unwrap();
         // Reference: the rows copied in canonical order, scanned on one thread.
         let eye = &store.eyes[0];

@@ -56,7 +56,13 @@ fn wait_readable(stream: &UnixStream) {
     loop {
         // SAFETY: polling one valid descriptor owned by `stream`.
         let rc = unsafe { libc::poll(&mut fds, 1, TICK_MS) };
-        if rc != 0 {
+        if rc > 0 {
+            return;
+        }
+        // A signal (the statement-timeout alarm, a cancel request) interrupts the poll: look
+        // at the interrupts now rather than treat it as readable and block in the read until
+        // the engine answers. Other errors are left to the read, which reports them.
+        if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             return;
         }
         pgrx::check_for_interrupts!();
@@ -142,6 +148,7 @@ fn sqlstate(kind: ErrorKind) -> PgSqlErrorCode {
         ErrorKind::NotReady => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         ErrorKind::Internal => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
         ErrorKind::Probe => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
+        ErrorKind::Busy => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
     }
 }
 

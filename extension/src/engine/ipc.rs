@@ -68,6 +68,8 @@ pub enum ErrorKind {
     Internal = 5,
     /// 22P03 invalid_binary_representation: the probe could not be opened.
     Probe = 6,
+    /// 53400 configuration_limit_exceeded: as many searches as allowed are running.
+    Busy = 7,
 }
 
 /// A refused request: its class and a message without secrets.
@@ -103,6 +105,7 @@ impl ErrorKind {
             4 => ErrorKind::NotReady,
             5 => ErrorKind::Internal,
             6 => ErrorKind::Probe,
+            7 => ErrorKind::Busy,
             _ => return None,
         })
     }

@@ -19,7 +19,7 @@ use pgrx::prelude::*;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
 use privmatch_core::iris::params::SearchParams;
-use privmatch_core::iris::scan::ScanBackend;
+use privmatch_core::iris::scan::{Interrupt, ScanBackend};
 use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchError, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
@@ -45,6 +45,8 @@ fn search_error(err: SearchError) -> EngineError {
         SearchError::WrongRound { .. }
         | SearchError::Channel { .. }
         | SearchError::Protocol { .. } => ErrorKind::Protocol,
+        SearchError::TooManySearches(_) => ErrorKind::Busy,
+        // Also a scan stopped because its backend hung up (nobody reads that answer).
         SearchError::Store(_) => ErrorKind::Internal,
     };
     EngineError::new(kind, err.to_string())
@@ -248,7 +250,8 @@ impl IrisSearch {
         Ok(keys)
     }
 
-    /// Starts search `session` with `keys` (from [`IrisSearch::refresh`]).
+    /// Starts search `session` with `keys` (from [`IrisSearch::refresh`]); its scan stops
+    /// early once `interrupt` is raised.
     pub fn start(
         &mut self,
         keys: &PartyKeys,
@@ -256,6 +259,7 @@ impl IrisSearch {
         probe: &[u8],
         params: SearchParams,
         now: Instant,
+        interrupt: &Interrupt,
     ) -> Result<Response, EngineError> {
         let store = self
             .store
@@ -267,7 +271,9 @@ impl IrisSearch {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         self.service
-            .start(store, keys, session, probe, params, now, unix_now)
+            .start(
+                store, keys, session, probe, params, now, unix_now, interrupt,
+            )
             .map_err(search_error)
             .map(|r| Response::Started {
                 entries: r.entries as u64,

@@ -28,7 +28,7 @@ use pgrx::bgworkers::{
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use privmatch_core::iris::scan::{CpuScan, ScanBackend};
+use privmatch_core::iris::scan::{CpuScan, Interrupt, ScanBackend};
 use privmatch_core::iris::service::PartyKeys;
 
 use super::heap::{keep_freed_memory, release_free_memory};
@@ -185,16 +185,17 @@ impl Engine {
         result
     }
 
-    fn handle(&mut self, request: Request<'_>) -> Response {
+    fn handle(&mut self, request: Request<'_>, interrupt: &Interrupt) -> Response {
         let now = Instant::now();
         let result = match request {
             Request::Start {
                 session,
                 probe,
                 params,
-            } => self
-                .refresh()
-                .and_then(|keys| self.iris.start(&keys, session, &probe, params, now)),
+            } => self.refresh().and_then(|keys| {
+                self.iris
+                    .start(&keys, session, &probe, params, now, interrupt)
+            }),
             Request::Round {
                 session,
                 round,
@@ -238,16 +239,117 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
     let request = setup
         .and_then(|_| read_frame(&mut stream))
         .and_then(Request::decode);
-    let response = match request {
-        Ok(request) => engine.handle(request),
+    let request = match request {
+        Ok(request) => request,
         Err(e) => {
             pgrx::log!("privmatch engine: unreadable request: {e}");
             return;
         }
     };
+    // Only a start scans the store (long); the other requests are answered in milliseconds.
+    let response = if matches!(request, Request::Start { .. }) {
+        let interrupt = Interrupt::default();
+        let response = handle_watched(engine, request, &stream, &interrupt);
+        if interrupt.is_raised() {
+            pgrx::log!(
+                "privmatch engine: a backend hung up during its request; its scan was stopped"
+            );
+            return;
+        }
+        response
+    } else {
+        engine.handle(request, Interrupt::never())
+    };
     let (head, payload) = response.encode_parts();
     if let Err(e) = write_frame(&mut stream, &head, payload) {
         pgrx::log!("privmatch engine: could not answer a backend (it gave up?): {e}");
+    }
+}
+
+/// Answers `request` while a watcher thread raises `interrupt` if the backend at the other
+/// end of `stream` hangs up (its query was cancelled or timed out, so it closed the socket).
+/// The watcher only polls (it calls nothing of Postgres) and is woken through a socket pair
+/// the moment the answer is ready, so a normal request never waits for it.
+fn handle_watched(
+    engine: &mut Engine,
+    request: Request<'_>,
+    stream: &UnixStream,
+    interrupt: &Interrupt,
+) -> Response {
+    let Ok((wake, woken)) = UnixStream::pair() else {
+        pgrx::log!("privmatch engine: no hang-up watcher (no socket pair); a cancelled search runs its scan to the end");
+        return engine.handle(request, interrupt);
+    };
+    std::thread::scope(|scope| {
+        let watcher = without_signals(|| {
+            std::thread::Builder::new()
+                .name("privmatch-hangup".into())
+                .spawn_scoped(scope, || watch_hangup(stream, &woken, interrupt))
+        });
+        if watcher.is_err() {
+            pgrx::log!("privmatch engine: no hang-up watcher (cannot start a thread); a cancelled search runs its scan to the end");
+        }
+        let response = engine.handle(request, interrupt);
+        // Closing our end wakes the watcher (its poll sees the hang-up) and it returns.
+        drop(wake);
+        response
+    })
+}
+
+/// Raises `interrupt` when `stream`'s peer hangs up; returns without raising it when `woken`'s
+/// peer does (the request was answered).
+fn watch_hangup(stream: &UnixStream, woken: &UnixStream, interrupt: &Interrupt) {
+    let hangup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+    let mut fds = [
+        libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: woken.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: polls two descriptors that `stream` and `woken` keep open for the whole
+        // scope of the watcher.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        if fds[0].revents & hangup != 0 {
+            interrupt.raise();
+            return;
+        }
+        if fds[0].revents != 0 {
+            // Unexpected bytes after the request: stop watching the backend (a negative
+            // descriptor is ignored by poll) rather than spin on it.
+            fds[0].fd = -1;
+        }
+    }
+}
+
+/// Runs `start` (which starts a thread) with every signal blocked, so that the new thread
+/// inherits a mask that keeps Postgres's signal handlers on the main thread.
+fn without_signals<T>(start: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data; sigfillset initialises it; pthread_sigmask changes only
+    // the calling thread's mask and is restored right after.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let result = start();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        result
     }
 }
 

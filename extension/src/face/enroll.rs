@@ -11,7 +11,7 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::encode_face_share;
 
 use super::raise_face;
-use crate::bundles::{replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{raise, raise_spi};
 use crate::identity::load_identity;
@@ -38,6 +38,7 @@ fn face_enroll_sealed(
     on_duplicate: default!(&str, "'skip'"),
 ) -> TableIterator<'static, (name!(subject, String), name!(enrolled, bool))> {
     let on_duplicate = OnDuplicate::parse(ENROLL, on_duplicate);
+    check_envelope_count(ENROLL, envelopes.len());
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(ENROLL, e));
     let share_oid = type_oid("privmatch.face_share");

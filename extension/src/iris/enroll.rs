@@ -10,7 +10,7 @@ use privmatch_core::iris::enroll::{open_iris_enrollment, BundleError};
 use privmatch_core::wire::envelope::EnvelopeError;
 use privmatch_core::wire::storage::{encode_share, ShareKind};
 
-use crate::bundles::{replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{get_one, raise, raise_internal};
 use crate::identity::load_identity;
@@ -58,6 +58,7 @@ fn iris_enroll_sealed(
     ),
 > {
     let on_duplicate = OnDuplicate::parse(ENROLL, on_duplicate);
+    check_envelope_count(ENROLL, envelopes.len());
     let me = load_identity();
     let code_oid = type_oid("privmatch.iris_code_share");
     let mask_oid = type_oid("privmatch.iris_mask_share");

@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use futures::future::try_join_all;
 use rand::RngCore;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::config::PartyConfig;
 use crate::dev::LocalConfigs;
@@ -57,11 +57,9 @@ const CODE_SHARE_BYTES: usize = 25_600;
 const MASK_SHARE_BYTES: usize = 12_800;
 
 async fn connect(party: &PartyConfig) -> Result<Client> {
-    let (client, conn) = tokio_postgres::connect(&party.connection_string(), NoTls)
+    crate::parties::open(party)
         .await
-        .with_context(|| format!("cannot connect to P{}", party.index))?;
-    tokio::spawn(conn);
-    Ok(client)
+        .with_context(|| format!("cannot connect to P{}", party.index))
 }
 
 /// WAL position and the size of the party's iris tables.

@@ -110,6 +110,7 @@ impl World {
                         params,
                         now,
                         SEALED_AT,
+                        Interrupt::never(),
                     )
                     .unwrap()
             })
@@ -316,6 +317,7 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
             params,
             now,
             SEALED_AT,
+            Interrupt::never(),
         )
         .unwrap();
     assert!(matches!(
@@ -326,7 +328,8 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
             &sealed[0],
             params,
             now,
-            SEALED_AT
+            SEALED_AT,
+            Interrupt::never(),
         ),
         Err(SearchError::ReplayedSession(_))
     ));
@@ -403,7 +406,8 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
             &sealed[0],
             params("identify", 15),
             now,
-            SEALED_AT
+            SEALED_AT,
+            Interrupt::never(),
         ),
         Err(SearchError::ProbeRefused(_))
     ));
@@ -426,8 +430,48 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
             &again[0],
             sealed_params,
             now,
-            late
+            late,
+            Interrupt::never(),
         ),
         Err(SearchError::ProbeRefused(_))
     ));
+}
+
+#[test]
+fn a_party_refuses_more_running_searches_than_its_limit_and_consumes_no_id() {
+    let mut w = world(8);
+    let t = random_template(&mut w.rng);
+    w.enroll("a", Eye::Left, &t);
+    let params = params("identify", 0);
+    let now = Instant::now();
+    let start = |w: &mut World, id| {
+        let sealed =
+            seal_iris_probe(&t, &context(id, Eye::Left, params), &w.publics, &mut w.rng).unwrap();
+        let p = &mut w.parties[0];
+        p.service.start(
+            &mut p.store,
+            &p.keys,
+            id,
+            &sealed[0],
+            params,
+            now,
+            SEALED_AT,
+            Interrupt::never(),
+        )
+    };
+    for _ in 0..MAX_ACTIVE_SEARCHES {
+        let id = w.session();
+        start(&mut w, id).expect("under the limit");
+    }
+    let id = w.session();
+    assert!(matches!(
+        start(&mut w, id),
+        Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES))
+    ));
+    // Once one ends, the same id starts: the refusal did not consume it.
+    assert_eq!(
+        w.parties[0].service.expire(now + Duration::from_secs(61)),
+        MAX_ACTIVE_SEARCHES
+    );
+    start(&mut w, id).expect("after the others expired");
 }
