@@ -90,10 +90,10 @@ enum CoordinatorAction {
         #[arg(long, env = "PRIVMATCH_SEARCH_TIMEOUT", default_value_t = 60.0)]
         search_timeout: f64,
         /// Largest request body in bytes; larger requests are refused with 413.
-        #[arg(long, default_value_t = privmatch_coordinator::server::routes::MAX_BODY_BYTES)]
+        #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_BODY_BYTES)]
         max_body_bytes: usize,
         /// API requests served at once; more are refused with 429 (retry shortly).
-        #[arg(long, default_value_t = privmatch_coordinator::server::routes::MAX_IN_FLIGHT)]
+        #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
         max_in_flight: usize,
     },
 }

@@ -10,11 +10,6 @@ use crate::server::auth::{self, Guard};
 use crate::server::common;
 use crate::server::state::SharedState;
 
-/// The default largest request body: a batch of 250 sealed iris enrolments is ~29 MB.
-pub const MAX_BODY_BYTES: usize = 64 << 20;
-/// The default number of API requests served at once.
-pub const MAX_IN_FLIGHT: usize = 32;
-
 /// The whole API, for the coordinator's state, behind `guard` (credentials, scopes, limits,
 /// the audit line: [`auth`]).
 pub fn app(state: SharedState, guard: Arc<Guard>) -> Router {

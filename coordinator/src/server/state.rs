@@ -17,6 +17,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How many session ids the coordinator remembers to refuse their reuse.
 pub const RECENT_SESSIONS: usize = 65_536;
 
+/// The default largest request body: a batch of 250 sealed iris enrolments is ~29 MB.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+/// The default number of API requests served at once.
+pub const MAX_IN_FLIGHT: usize = 32;
+
 /// Options of `privmatch coordinator serve`.
 #[derive(Clone, Copy, Debug)]
 pub struct ServeOptions {
@@ -29,12 +34,12 @@ pub struct ServeOptions {
 }
 
 impl Default for ServeOptions {
-    /// A 60 s call timeout, the default limits of [`crate::server::routes`].
+    /// A 60 s call timeout, [`MAX_BODY_BYTES`], [`MAX_IN_FLIGHT`].
     fn default() -> Self {
         ServeOptions {
             search_timeout: DEFAULT_CALL_TIMEOUT,
-            max_body_bytes: crate::server::routes::MAX_BODY_BYTES,
-            max_in_flight: crate::server::routes::MAX_IN_FLIGHT,
+            max_body_bytes: MAX_BODY_BYTES,
+            max_in_flight: MAX_IN_FLIGHT,
         }
     }
 }
