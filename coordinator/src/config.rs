@@ -145,9 +145,16 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads and checks a client configuration file.
+    /// Reads and checks a client configuration file (a relative `ca_cert` names a file in
+    /// the configuration's own directory).
     pub fn load(path: &Path) -> Result<Self> {
-        let config: Config = load_toml(path, "privmatch client configuration")?;
+        let mut config: Config = load_toml(path, "privmatch client configuration")?;
+        // A relative CA path names a file beside the configuration.
+        if let (Some(ca), Some(dir)) = (&config.ca_cert, path.parent()) {
+            if ca.is_relative() {
+                config.ca_cert = Some(dir.join(ca));
+            }
+        }
         config.pinned_keys()?;
         config
             .check_transport()

@@ -69,6 +69,12 @@ enum Command {
         #[command(subcommand)]
         action: privmatch_coordinator::cli::party::PartyAction,
     },
+    /// A party operator's own commands at its party: initialise it, pin peers (key ceremony),
+    /// show its identity, make its TLS certificate.
+    Operator {
+        #[command(subcommand)]
+        action: privmatch_coordinator::cli::operator::OperatorAction,
+    },
     /// Finish distributed transactions left in doubt by a crash (also runs automatically in the
     /// coordinator every few seconds).
     Recover,
@@ -96,6 +102,11 @@ enum CoordinatorAction {
         #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
         max_in_flight: usize,
     },
+    /// Configure the coordinator of a deployment (HOME/coordinator.toml, its TLS certificate)
+    /// from what the parties' operators handed over.
+    Init(privmatch_coordinator::cli::deploy::InitArgs),
+    /// Add an API credential (printed once); restart the coordinator to accept it.
+    Credential(privmatch_coordinator::cli::deploy::CredentialArgs),
 }
 
 impl Cli {
@@ -139,11 +150,18 @@ async fn run(cli: Cli) -> Result<()> {
                 .unwrap_or_else(|| cli.home().join(config::COORDINATOR_CONFIG_FILE));
             server::serve(config::CoordinatorConfig::load(&path)?, options).await
         }
+        Command::Coordinator {
+            action: CoordinatorAction::Init(args),
+        } => privmatch_coordinator::cli::deploy::init(&cli.home(), args),
+        Command::Coordinator {
+            action: CoordinatorAction::Credential(args),
+        } => privmatch_coordinator::cli::deploy::credential(&cli.home(), args),
         Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
         Command::Face { action } => face::cli::run(action, &cli.home(), || cli.load_config()).await,
         Command::Party { action } => {
             privmatch_coordinator::cli::party::run(action, &cli.home(), || cli.load_config()).await
         }
+        Command::Operator { action } => privmatch_coordinator::cli::operator::run(action).await,
         Command::Recover => recover::run(&cli.load_config()?).await,
         Command::Bench { action } => {
             bench::run(action, || {

@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
+use crate::cli::deploy::API_KEYS_FILE;
 use crate::cli::http::Coordinator;
-use crate::cli::operator_key;
+use crate::cli::operator::{self, provision, set_operator_key, COORDINATOR_ROLE};
 use crate::config::{
     operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
     COORDINATOR_CONFIG_FILE,
 };
-use crate::parties::open;
 use crate::server::auth::{ApiKeys, Scope};
 use crate::tls::LocalCa;
 use crate::wire::PartyStatus;
@@ -152,8 +152,6 @@ fn data_dir(home: &Path, index: usize) -> PathBuf {
     party_dir(home, index).join("data")
 }
 
-/// The login role of the coordinator at every party (a member of `privmatch_coordinator`).
-const COORDINATOR_ROLE: &str = "coordinator";
 /// The operator's role at every party: the cluster's superuser, which owns the database.
 const OPERATOR_ROLE: &str = "privmatch";
 
@@ -357,89 +355,13 @@ fn stop_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
     Ok(())
 }
 
-/// As the party's operator: creates the database, the extension and the party identity, and
-/// the coordinator's login role (member of `privmatch_coordinator` only, with
-/// `coordinator_password`). Returns the party's public key.
-async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Result<String> {
-    let mut admin = operator.clone();
-    admin.dbname = "postgres".into();
-    let client = open(&admin).await?;
-    let exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_database WHERE datname = $1",
-            &[&operator.dbname],
-        )
-        .await?
-        .is_some();
-    if !exists {
-        client
-            .batch_execute(&format!("CREATE DATABASE \"{}\"", operator.dbname))
-            .await?;
-    }
-    drop(client);
-    let client = open(operator).await?;
-    client
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS privmatch")
-        .await
-        .context(
-            "CREATE EXTENSION privmatch failed: is the extension installed (cargo pgrx install)?",
-        )?;
-    let row = client
-        .query_one(
-            "SELECT privmatch.init_party($1)",
-            &[&i32::from(operator.index)],
-        )
-        .await?;
-    // The password is hex (generated here), so quoting it as a literal is safe; utility
-    // statements take no parameters.
-    let role_exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_roles WHERE rolname = $1",
-            &[&COORDINATOR_ROLE],
-        )
-        .await?
-        .is_some();
-    let verb = if role_exists { "ALTER" } else { "CREATE" };
-    client
-        .batch_execute(&format!(
-            "{verb} ROLE {COORDINATOR_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT \
-             NOREPLICATION NOBYPASSRLS PASSWORD '{coordinator_password}'; \
-             GRANT privmatch_coordinator TO {COORDINATOR_ROLE}"
-        ))
-        .await
-        .context("creating the coordinator's login role")?;
-    Ok(row.get(0))
-}
-
 /// As each party's operator: pins the other two parties' keys.
 async fn pin_peers(operators: &[PartyConfig]) -> Result<()> {
     for party in operators {
-        let client = open(party).await?;
         for peer in operators.iter().filter(|p| p.index != party.index) {
-            client
-                .query_one(
-                    "SELECT privmatch.pin_peer($1, $2)",
-                    &[&i32::from(peer.index), &peer.public_key],
-                )
-                .await
-                .with_context(|| format!("pinning P{}'s key at P{}", peer.index, party.index))?;
+            operator::pin_peer(party, peer.index, &peer.public_key, false).await?;
         }
     }
-    Ok(())
-}
-
-/// As the party's operator: creates the operator's signing key (first time) and sets its
-/// public half at the party, which then accepts relayed commands signed by it.
-async fn set_operator_key(operator: &PartyConfig, signing_key: &Path) -> Result<()> {
-    let key = operator_key::create_if_missing(signing_key)?;
-    let client = open(operator).await?;
-    client
-        .query_one(
-            "SELECT privmatch.set_operator_key($1)",
-            &[&key.verifying_key().to_hex()],
-        )
-        .await
-        .with_context(|| format!("setting the operator key of P{}", operator.index))?;
     Ok(())
 }
 
@@ -505,9 +427,6 @@ fn stop_coordinator(home: &Path) {
     }
     std::fs::remove_file(pidfile).ok();
 }
-
-/// The coordinator's API credentials file in the home directory (digests only).
-const API_KEYS_FILE: &str = "api-keys.toml";
 
 /// The client's API credential: the one in the existing client configuration when the keys
 /// file still accepts it, else a fresh one with every scope (replacing the keys file).

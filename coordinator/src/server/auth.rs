@@ -58,6 +58,14 @@ impl Scope {
             Scope::Admin => "admin",
         }
     }
+
+    /// The scope named `name`; an error that lists the names otherwise.
+    pub fn parse(name: &str) -> Result<Scope> {
+        Scope::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .with_context(|| format!("unknown scope {name:?}: enroll, search, delete or admin"))
+    }
 }
 
 /// What a request needs (module docs).
@@ -191,6 +199,11 @@ impl ApiKeys {
             },
             path,
         )
+    }
+
+    /// The credentials, as the keys file holds them (digests, never tokens).
+    pub fn entries(&self) -> &[ApiKeyEntry] {
+        &self.keys
     }
 
     /// Whether `token` is one of these credentials.

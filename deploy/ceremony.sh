@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The key ceremony of the docker compose deployment, all on this host (README, "Deploy with
+# docker compose", says who does which step when the parties are three organisations):
+#   1. each party initialised itself on first start and made its key inside itself;
+#   2. its identity (public key, fingerprint) and TLS CA certificate are read out;
+#   3. each operator pins the two peers' keys at its own party;
+#   4. the identities and CA certificates are handed to the coordinator, which then starts;
+#   5. a client credential is issued: deploy/client/privmatch.toml (with the coordinator's CA
+#      certificate beside it), for `privmatch --config deploy/client/privmatch.toml …`.
+# Safe to run again: pins of the same keys and the handover are idempotent; an existing client
+# configuration is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+compose() {
+  if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
+}
+
+wait_healthy() {
+  local service=$1 probe=$2 deadline=$((SECONDS + ${PRIVMATCH_WAIT:-600}))
+  until compose exec -T "$service" "$probe" health >/dev/null 2>&1; do
+    if [ $SECONDS -gt $deadline ]; then
+      echo "ceremony: $service is not healthy; see: docker compose logs $service" >&2
+      exit 1
+    fi
+    sleep 2
+  done
+}
+
+declare -a keys
+for i in 0 1 2; do
+  wait_healthy "p$i" privmatch-party
+  identity=$(compose exec -T "p$i" privmatch-party identity)
+  keys[i]=$(echo "$identity" | sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p')
+  fingerprint=$(echo "$identity" | sed -n 's/.*"fingerprint":"\([0-9a-f]*\)".*/\1/p')
+  [ ${#keys[i]} = 64 ] || { echo "ceremony: P$i's identity is unreadable: $identity" >&2; exit 1; }
+  echo "P$i  key fingerprint $fingerprint"
+done
+for i in 0 1 2; do
+  for j in 0 1 2; do
+    [ "$i" = "$j" ] && continue
+    compose exec -T "p$i" privmatch-party pin "$j" "${keys[j]}"
+  done
+done
+for i in 0 1 2; do
+  dir=/var/lib/privmatch/handover/p$i
+  compose exec -T "p$i" privmatch-party identity |
+    compose exec -T coordinator sh -c "mkdir -p $dir && cat > $dir/identity.json"
+  compose exec -T "p$i" cat /var/lib/privmatch/public/ca.pem |
+    compose exec -T coordinator sh -c "cat > $dir/ca.pem"
+done
+echo "ceremony: handed the identities and CA certificates to the coordinator"
+wait_healthy coordinator privmatch-coordinator
+client=deploy/client
+if [ ! -s "$client/privmatch.toml" ]; then
+  name=client-$(date +%s)
+  compose exec -T coordinator privmatch-coordinator credential --name "$name" \
+    --scopes enroll,search,delete,admin \
+    --client-config "/var/lib/privmatch/clients/$name/privmatch.toml" \
+    --url "https://localhost:${PRIVMATCH_API_PORT:-8443}" >/dev/null
+  mkdir -p "$client"
+  chmod 0700 "$client"
+  for f in privmatch.toml coordinator-ca.pem; do
+    compose exec -T coordinator cat "/var/lib/privmatch/clients/$name/$f" >"$client/$f"
+  done
+  chmod 0600 "$client/privmatch.toml"
+  compose exec -T coordinator rm -rf "/var/lib/privmatch/clients/$name"
+  compose restart coordinator >/dev/null
+  wait_healthy coordinator privmatch-coordinator
+fi
+echo "ceremony: done; client configuration $client/privmatch.toml"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the privmatch images for docker-compose.yml.
+#
+#   bash deploy/images.sh              from source (deploy/Dockerfile), as `docker compose
+#                                      build` does
+#   bash deploy/images.sh --prebuilt   from the binaries built on this host (deploy/stage.sh,
+#                                      then deploy/prebuilt.Dockerfile): seconds once the host
+#                                      has built privmatch (scripts/setup.sh)
+#
+# Base images: the official ones by default; with PRIVMATCH_LOCAL_BASE=1 (or when no registry
+# is reachable: set it), the local ones of deploy/base-images.sh, made once and reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-source}
+
+if [ "${PRIVMATCH_LOCAL_BASE:-0}" = 1 ]; then
+  read -r debian rust < <(bash deploy/base-images.sh | tail -1)
+  export PRIVMATCH_PG_IMAGE=$debian PRIVMATCH_DEBIAN_IMAGE=$debian PRIVMATCH_RUST_IMAGE=$rust
+fi
+args=(--build-arg "PG_IMAGE=${PRIVMATCH_PG_IMAGE:-postgres:15-bookworm}"
+  --build-arg "RUST_IMAGE=${PRIVMATCH_RUST_IMAGE:-rust:1.95-bookworm}"
+  --build-arg "DEBIAN_IMAGE=${PRIVMATCH_DEBIAN_IMAGE:-debian:bookworm-slim}")
+tag=${PRIVMATCH_TAG:-0.2.0}
+
+case "$MODE" in
+  source | --source)
+    docker build -q "${args[@]}" -f deploy/Dockerfile --target party -t "privmatch/party:$tag" .
+    docker build -q "${args[@]}" -f deploy/Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
+    ;;
+  --prebuilt)
+    bash deploy/stage.sh
+    # The runtime stages come before the build stage: the build from source is not run.
+    docker build -q "${args[@]}" -f deploy/Dockerfile --target party-runtime -t privmatch/party-runtime:local .
+    docker build -q "${args[@]}" -f deploy/Dockerfile --target coordinator-runtime -t privmatch/coordinator-runtime:local .
+    docker build -q -f deploy/prebuilt.Dockerfile --target party -t "privmatch/party:$tag" .
+    docker build -q -f deploy/prebuilt.Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
+    ;;
+  *) echo "usage: deploy/images.sh [--prebuilt]" >&2; exit 2 ;;
+esac
+echo "images: privmatch/party:$tag privmatch/coordinator:$tag"

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Entrypoint of a privmatch party container (deploy/Dockerfile, target party).
+#
+#   serve            initialise the party on first start, then run PostgreSQL (default)
+#   health           healthy when PostgreSQL accepts connections and the party is initialised
+#   identity         the party's identity (JSON): index, public key, fingerprint
+#   pin PEER KEY     the operator pins peer PEER's public key (key ceremony)
+#   psql [ARGS]      psql as the party's operator
+#
+# Environment:
+#   PRIVMATCH_PARTY_INDEX                 0, 1 or 2 (required)
+#   PRIVMATCH_TLS_HOSTS                   names in the server certificate (default: the
+#                                         container's host name, localhost)
+#   PRIVMATCH_OPERATOR_PASSWORD_FILE      the operator role's password (default
+#                                         /run/secrets/operator_password; generated if absent)
+#   PRIVMATCH_COORDINATOR_PASSWORD_FILE   the password of the coordinator's login role
+#                                         (default /run/secrets/coordinator_password; required)
+#   PRIVMATCH_COORDINATOR_NETWORK         address range the coordinator connects from
+#                                         (default: every address; TLS and password required)
+#
+# The volume /var/lib/privmatch holds everything the party keeps:
+#   data/          the PostgreSQL data directory (templates, key material, journals)
+#   party.key      the party's X25519 key (0600, owned by postgres), outside data/ so that a
+#                  physical backup of data/ does not contain it
+#   tls/           the party's own CA and server certificate (ca.pem is what the coordinator's
+#                  operator pins)
+#   operator/      the operator's configuration and Ed25519 signing key (in a deployment where
+#                  the operator signs from elsewhere, move signing.key off this volume)
+#   public/        identity.json and ca.pem: what this party's operator hands to the others
+set -euo pipefail
+
+HOME_DIR=${PRIVMATCH_HOME:-/var/lib/privmatch}
+DATA=$HOME_DIR/data
+PG_BIN=/usr/lib/postgresql/15/bin
+SOCKET_DIR=/var/run/postgresql
+OPERATOR_CONFIG=$HOME_DIR/operator/operator.toml
+
+as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+
+die() { echo "privmatch-party: $*" >&2; exit 1; }
+
+party_index() {
+  case "${PRIVMATCH_PARTY_INDEX:-}" in
+    0 | 1 | 2) echo "$PRIVMATCH_PARTY_INDEX" ;;
+    *) die "PRIVMATCH_PARTY_INDEX must be 0, 1 or 2 (got '${PRIVMATCH_PARTY_INDEX:-}')" ;;
+  esac
+}
+
+# The operator's password: a provided secret, else one generated once and kept on the volume.
+operator_password_file() {
+  local given=${PRIVMATCH_OPERATOR_PASSWORD_FILE:-/run/secrets/operator_password}
+  if [ -r "$given" ]; then
+    echo "$given"
+    return
+  fi
+  local kept=$HOME_DIR/operator/password
+  if [ ! -s "$kept" ]; then
+    (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$kept")
+  fi
+  echo "$kept"
+}
+
+coordinator_password_file() {
+  local given=${PRIVMATCH_COORDINATOR_PASSWORD_FILE:-/run/secrets/coordinator_password}
+  [ -r "$given" ] || die "no coordinator password: mount it at $given (a docker secret) or set PRIVMATCH_COORDINATOR_PASSWORD_FILE"
+  echo "$given"
+}
+
+prepare_dirs() {
+  mkdir -p "$HOME_DIR"/{operator,public,tls} "$SOCKET_DIR"
+  chmod 0700 "$HOME_DIR/operator"
+  chown postgres:postgres "$HOME_DIR" "$HOME_DIR/tls" "$SOCKET_DIR"
+}
+
+make_tls() {
+  local hosts=${PRIVMATCH_TLS_HOSTS:-$(hostname),localhost}
+  as_postgres privmatch operator tls --dir "$HOME_DIR/tls" --hosts "$hosts" >/dev/null
+  cp "$HOME_DIR/tls/ca.pem" "$HOME_DIR/public/ca.pem"
+}
+
+initdb_once() {
+  [ -s "$DATA/PG_VERSION" ] && return
+  echo "privmatch-party: initdb (first start of P$(party_index))"
+  local pwfile
+  pwfile=$(mktemp)
+  chown postgres "$pwfile"
+  cat "$(operator_password_file)" >"$pwfile"
+  as_postgres "$PG_BIN/initdb" -D "$DATA" -U privmatch --auth=scram-sha-256 \
+    --pwfile "$pwfile" --no-locale -E UTF8 >/dev/null
+  rm -f "$pwfile"
+  cat >>"$DATA/postgresql.conf" <<EOF
+
+# --- privmatch party ---
+shared_preload_libraries = 'privmatch'
+listen_addresses = '*'
+port = 5432
+unix_socket_directories = '$SOCKET_DIR'
+max_prepared_transactions = 64
+max_connections = 64
+shared_buffers = 256MB
+max_wal_size = 4GB
+privmatch.key_file = '$HOME_DIR/party.key'
+ssl = on
+ssl_cert_file = '$HOME_DIR/tls/server.pem'
+ssl_key_file = '$HOME_DIR/tls/server.key'
+ssl_min_protocol_version = 'TLSv1.2'
+EOF
+  local network=${PRIVMATCH_COORDINATOR_NETWORK:-all}
+  cat >"$DATA/pg_hba.conf" <<EOF
+# privmatch party: TLS only over TCP; the Unix socket for the operator's maintenance.
+hostnossl all all all                reject
+local     all all                    scram-sha-256
+hostssl   all all $network           scram-sha-256
+EOF
+}
+
+# First start: the operator's initialisation while PostgreSQL listens on its socket only.
+initialise_once() {
+  [ -s "$HOME_DIR/public/identity.json" ] && return
+  echo "privmatch-party: initialising P$(party_index)"
+  as_postgres "$PG_BIN/pg_ctl" start -w -t 300 -D "$DATA" -o "-c listen_addresses=''" \
+    -l "$HOME_DIR/init.log" >/dev/null
+  privmatch operator init --index "$(party_index)" --host "$SOCKET_DIR" \
+    --password-file "$(operator_password_file)" \
+    --coordinator-password-file "$(coordinator_password_file)" \
+    --signing-key "$HOME_DIR/operator/signing.key" --config "$OPERATOR_CONFIG" \
+    >"$HOME_DIR/public/identity.json.tmp"
+  as_postgres "$PG_BIN/pg_ctl" stop -w -m fast -D "$DATA" >/dev/null
+  mv "$HOME_DIR/public/identity.json.tmp" "$HOME_DIR/public/identity.json"
+  echo "privmatch-party: P$(party_index) initialised: $(cat "$HOME_DIR/public/identity.json")"
+}
+
+serve() {
+  party_index >/dev/null
+  prepare_dirs
+  make_tls
+  initdb_once
+  initialise_once
+  echo "privmatch-party: P$(party_index) serving: $(cat "$HOME_DIR/public/identity.json")"
+  exec setpriv --reuid=postgres --regid=postgres --init-groups -- "$PG_BIN/postgres" -D "$DATA"
+}
+
+case "${1:-serve}" in
+  serve) serve ;;
+  health)
+    [ -s "$HOME_DIR/public/identity.json" ] || exit 1
+    "$PG_BIN/pg_isready" -q -h "$SOCKET_DIR" -p 5432
+    ;;
+  identity) cat "$HOME_DIR/public/identity.json" ;;
+  pin)
+    [ $# -ge 3 ] || die "usage: pin PEER_INDEX PUBLIC_KEY [--replace]"
+    shift
+    peer=$1 key=$2
+    shift 2
+    privmatch operator pin --config "$OPERATOR_CONFIG" --peer "$peer" --key "$key" "$@"
+    ;;
+  psql)
+    shift
+    PGPASSWORD=$(cat "$(operator_password_file)") exec psql -h "$SOCKET_DIR" -U privmatch -d privmatch "$@"
+    ;;
+  *) exec "$@" ;;
+esac
