@@ -7,7 +7,8 @@
 #                                     with ca-certificates and this host's extra CAs
 #   privmatch-local/rust:1.95-bookworm  the same plus this host's Rust toolchain (rustc, cargo)
 #
-# Each image is made once and reused (its tag is the cache); --rebuild makes them again.
+# Each image is made once and reused (its tag is the cache); --rebuild makes them again;
+# --no-rust makes the Debian image only.
 # Needs root (debootstrap) and Docker. Prints the two tags on its last line.
 set -euo pipefail
 
@@ -16,14 +17,22 @@ RUST_TAG=privmatch-local/rust:1.95-bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WORK=${PRIVMATCH_BASE_WORK:-/var/tmp/privmatch-base}
 REBUILD=0
-[ "${1:-}" = "--rebuild" ] && REBUILD=1
+WITH_RUST=1
+for arg in "$@"; do
+  case "$arg" in
+    --rebuild) REBUILD=1 ;;
+    --no-rust) WITH_RUST=0 ;; # only the Debian image (enough for prebuilt images)
+    *) echo "usage: deploy/base-images.sh [--rebuild] [--no-rust]" >&2; exit 2 ;;
+  esac
+done
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
 make_debian() {
   if ! command -v debootstrap >/dev/null; then
     echo "==> installing debootstrap"
-    apt-get install -y -qq debootstrap >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
   fi
   local root="$WORK/rootfs"
   rm -rf "$root"
@@ -81,7 +90,7 @@ if [ $REBUILD = 1 ] || ! have_image "$DEBIAN_TAG"; then
   make_debian
   REBUILD=1
 fi
-if [ $REBUILD = 1 ] || ! have_image "$RUST_TAG"; then
+if [ $WITH_RUST = 1 ] && { [ $REBUILD = 1 ] || ! have_image "$RUST_TAG"; }; then
   make_rust
 fi
 echo "$DEBIAN_TAG $RUST_TAG"

@@ -6,7 +6,8 @@
 #   3. each operator pins the two peers' keys at its own party;
 #   4. the identities and CA certificates are handed to the coordinator, which then starts;
 #   5. a client credential is issued: deploy/client/privmatch.toml (with the coordinator's CA
-#      certificate beside it), for `privmatch --config deploy/client/privmatch.toml …`.
+#      certificate beside it), for `privmatch --config deploy/client/privmatch.toml …`
+#      (PRIVMATCH_CLIENT_DIR: elsewhere).
 # Safe to run again: pins of the same keys and the handover are idempotent; an existing client
 # configuration is kept.
 set -euo pipefail
@@ -51,7 +52,7 @@ for i in 0 1 2; do
 done
 echo "ceremony: handed the identities and CA certificates to the coordinator"
 wait_healthy coordinator privmatch-coordinator
-client=deploy/client
+client=${PRIVMATCH_CLIENT_DIR:-deploy/client}
 if [ ! -s "$client/privmatch.toml" ]; then
   name=client-$(date +%s)
   compose exec -T coordinator privmatch-coordinator credential --name "$name" \

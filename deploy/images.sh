@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 MODE=${1:-source}
 
 if [ "${PRIVMATCH_LOCAL_BASE:-0}" = 1 ]; then
-  read -r debian rust < <(bash deploy/base-images.sh | tail -1)
+  base_args=()
+  [ "$MODE" = --prebuilt ] && base_args=(--no-rust)
+  read -r debian rust < <(bash deploy/base-images.sh "${base_args[@]}" | tail -1)
   export PRIVMATCH_PG_IMAGE=$debian PRIVMATCH_DEBIAN_IMAGE=$debian PRIVMATCH_RUST_IMAGE=$rust
 fi
 args=(--build-arg "PG_IMAGE=${PRIVMATCH_PG_IMAGE:-postgres:15-bookworm}"
@@ -22,18 +24,24 @@ args=(--build-arg "PG_IMAGE=${PRIVMATCH_PG_IMAGE:-postgres:15-bookworm}"
   --build-arg "DEBIAN_IMAGE=${PRIVMATCH_DEBIAN_IMAGE:-debian:bookworm-slim}")
 tag=${PRIVMATCH_TAG:-0.2.0}
 
+# docker build, quiet, without the classic builder's deprecation banner.
+build() {
+  docker build -q "$@" 2> >(grep -v -e DEPRECATED -e 'buildx' -e 'docs.docker.com' -e '^[[:space:]]*$' >&2) >/dev/null
+}
+
 case "$MODE" in
   source | --source)
-    docker build -q "${args[@]}" -f deploy/Dockerfile --target party -t "privmatch/party:$tag" .
-    docker build -q "${args[@]}" -f deploy/Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
+    build "${args[@]}" -f deploy/Dockerfile --target party -t "privmatch/party:$tag" .
+    build "${args[@]}" -f deploy/Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
     ;;
   --prebuilt)
-    bash deploy/stage.sh
+    # PRIVMATCH_KEEP_STAGE=1 packs target/docker-stage as it is (staged before).
+    [ "${PRIVMATCH_KEEP_STAGE:-0}" = 1 ] || bash deploy/stage.sh
     # The runtime stages come before the build stage: the build from source is not run.
-    docker build -q "${args[@]}" -f deploy/Dockerfile --target party-runtime -t privmatch/party-runtime:local .
-    docker build -q "${args[@]}" -f deploy/Dockerfile --target coordinator-runtime -t privmatch/coordinator-runtime:local .
-    docker build -q -f deploy/prebuilt.Dockerfile --target party -t "privmatch/party:$tag" .
-    docker build -q -f deploy/prebuilt.Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
+    build "${args[@]}" -f deploy/Dockerfile --target party-runtime -t privmatch/party-runtime:local .
+    build "${args[@]}" -f deploy/Dockerfile --target coordinator-runtime -t privmatch/coordinator-runtime:local .
+    build -f deploy/prebuilt.Dockerfile --target party -t "privmatch/party:$tag" .
+    build -f deploy/prebuilt.Dockerfile --target coordinator -t "privmatch/coordinator:$tag" .
     ;;
   *) echo "usage: deploy/images.sh [--prebuilt]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# End-to-end check of the docker compose deployment on this host, in its own compose project
+# (privmatch-smoke), secrets and client directory, removed afterwards:
+#   images from this host's binaries (deploy/images.sh --prebuilt, on local base images unless
+#   PRIVMATCH_LOCAL_BASE=0), `up`, the key ceremony, 1,000 iris templates and 1,000 faces
+#   enrolled through the coordinator, searches and identifications checked against what the
+#   synthetic data implies, a party killed mid-search (a clear error, nothing left prepared,
+#   the next search works), `down` then `up` (the data is kept).
+# Prints SKIP and succeeds where Docker is not available. Needs scripts/setup.sh first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+if ! docker info >/dev/null 2>&1; then
+  echo "SKIP deploy/smoke.sh: Docker is not available here"
+  exit 0
+fi
+compose() {
+  if docker compose version >/dev/null 2>&1; then
+    (cd "$REPO" && docker compose "$@")
+  else
+    (cd "$REPO" && docker-compose "$@")
+  fi
+}
+export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-privmatch-smoke}
+export PRIVMATCH_API_PORT=${PRIVMATCH_API_PORT:-18443}
+work=$(mktemp -d /tmp/privmatch-smoke.XXXXXX)
+export PRIVMATCH_SECRETS_DIR=$work/secrets PRIVMATCH_CLIENT_DIR=$work/client
+cleanup() {
+  compose down -v >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+P=${PRIVMATCH_BIN:-$REPO/target/release/privmatch}
+C=(--config "$work/client/privmatch.toml")
+fail() { echo "FAIL deploy/smoke.sh: $*" >&2; exit 1; }
+
+step() { echo "==> smoke: $*"; }
+wait_all_healthy() {
+  for _ in $(seq 150); do
+    [ "$(compose ps | grep -c '(healthy)')" = 4 ] && return
+    sleep 2
+  done
+  compose ps
+  fail "not every service became healthy"
+}
+
+step "images (prebuilt)"
+PRIVMATCH_LOCAL_BASE=${PRIVMATCH_LOCAL_BASE:-1} bash deploy/images.sh --prebuilt
+step "up and key ceremony"
+compose down -v >/dev/null 2>&1 || true
+bash deploy/secrets.sh >/dev/null
+compose up -d
+bash deploy/ceremony.sh
+wait_all_healthy
+
+cd "$work"
+step "iris: enrol 1,000 (20 with a near-duplicate) and search 40"
+"$P" iris synth 1000 --near-duplicates 20 -o iris.ndjson
+"$P" "${C[@]}" iris enroll --input iris.ndjson
+head -40 iris.ndjson >probes.ndjson
+"$P" "${C[@]}" iris search --input probes.ndjson >search.out
+# Probe i is enrolled template i: it matches itself, and its near-duplicate for i < 20.
+for i in $(seq 0 39); do
+  subject=$(printf 'synth-%07d' "$i")
+  if [ "$i" -lt 20 ]; then
+    want="probe $i (line $((i + 1))): 2 matches: $subject (left), $subject-near (left)"
+  else
+    want="probe $i (line $((i + 1))): 1 match: $subject (left)"
+  fi
+  grep -qxF "$want" search.out || fail "iris search: expected '$want' in $(pwd)/search.out"
+done
+
+step "faces: configure, refill, enrol 1,000, identify 20, verify 2"
+compose exec -T p2 cat /var/lib/privmatch/operator/signing.key >p2.key
+chmod 0600 p2.key
+"$P" "${C[@]}" face configure --metric cosine --threshold 0.7 --dim 128 --operator-key p2.key >/dev/null
+"$P" "${C[@]}" face refill --target 30000 >/dev/null
+"$P" face synth --subjects 1000 --dim 128 --out faces.ndjson --probes face-probes.ndjson
+"$P" "${C[@]}" face enroll --input faces.ndjson
+# Each identification uses one single-use key per enrolled template: 20 + 5 of them below.
+head -20 face-probes.ndjson >fp.ndjson
+"$P" "${C[@]}" face identify --input fp.ndjson >identify.out
+for i in $(seq 0 19); do
+  want=$(printf '{"probe":%d,"matches":["face-%07d"]}' "$i" "$i")
+  grep -qxF "$want" identify.out || fail "face identify: expected $want"
+done
+"$P" "${C[@]}" face verify --subject face-0000007 --input <(sed -n 8p face-probes.ndjson) >verify.out
+grep -q '"match":true' verify.out || fail "face verify of face-0000007: $(cat verify.out)"
+"$P" "${C[@]}" face verify --subject face-0000008 --input <(sed -n 8p face-probes.ndjson) >verify.out
+grep -q '"match":false' verify.out || fail "face verify of another subject: $(cat verify.out)"
+
+step "a party killed mid-search"
+head -300 iris.ndjson >many.ndjson
+set +e
+"$P" "${C[@]}" iris search --input many.ndjson >killed.out 2>killed.err &
+search=$!
+sleep 3
+docker kill "$(compose ps -q p1)" >/dev/null
+wait $search
+rc=$?
+set -e
+[ $rc != 0 ] || fail "the search went on with P1 killed"
+grep -q "P1" killed.err || fail "the error does not name P1: $(cat killed.err)"
+echo "    error while P1 was down: $(tail -1 killed.err)"
+compose start p1 >/dev/null
+wait_all_healthy
+for i in 0 1 2; do
+  prepared=$(compose exec -T "p$i" privmatch-party psql -Atc "SELECT count(*) FROM pg_prepared_xacts")
+  [ "$prepared" = 0 ] || fail "P$i holds $prepared prepared transaction(s)"
+done
+"$P" "${C[@]}" iris search --input probes.ndjson | cmp -s - search.out || fail "search after P1's restart differs"
+
+step "down, then up: the data is kept"
+compose down >/dev/null
+compose up -d >/dev/null
+wait_all_healthy
+"$P" "${C[@]}" iris search --input probes.ndjson | cmp -s - search.out || fail "search after down/up differs"
+head -5 fp.ndjson >fp5.ndjson
+"$P" "${C[@]}" face identify --input fp5.ndjson | grep '^{' | cmp -s - <(head -5 identify.out) ||
+  fail "identify after down/up differs"
+step "ok"
