@@ -6,8 +6,9 @@
 --                          state. Usually the database owner.
 --   privmatch_coordinator  the coordinator's login roles: the protocol functions and nothing
 --                          else (no table privilege, no schema CREATE, not an owner).
---   privmatch_application  the application's SQL entry points (a later version adds them);
---                          today the party's public identity only.
+--   privmatch_application  the application's SQL front door: enrol, identify, verify with
+--                          sealed inputs (the coordinator runs the protocol), and the party's
+--                          public identity; nothing else.
 --
 -- Every function that touches a table or a secret runs as its owner (SECURITY DEFINER) with a
 -- pinned search_path, its EXECUTE revoked from PUBLIC and granted per role, as secret-holding
@@ -81,7 +82,14 @@ AS $list$
         ('face_template_set',         ARRAY['privmatch_coordinator']),
         ('face_session_open',         ARRAY['privmatch_coordinator']),
         ('face_session_round',        ARRAY['privmatch_coordinator']),
-        ('face_session_abort',        ARRAY['privmatch_coordinator'])
+        ('face_session_abort',        ARRAY['privmatch_coordinator']),
+        -- the SQL front door (the application); the function asks the coordinator
+        ('iris_enroll',               ARRAY['privmatch_application']),
+        ('iris_identify',             ARRAY['privmatch_application']),
+        ('iris_is_unique',            ARRAY['privmatch_application']),
+        ('face_enroll',               ARRAY['privmatch_application']),
+        ('face_verify',               ARRAY['privmatch_application']),
+        ('face_identify',             ARRAY['privmatch_application'])
 $list$;
 
 -- Applies the lists: SECURITY DEFINER, a pinned search_path, EXECUTE for the listed roles

@@ -90,24 +90,11 @@ fn load_toml<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
 /// Writes `value` as TOML to `path` atomically, readable by its owner only (configurations
 /// hold credentials).
 pub fn save_toml<T: Serialize>(value: &T, path: &Path) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let text = toml::to_string_pretty(value)?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let tmp = path.with_extension("toml.tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    crate::files::write_private(path, &text)
 }
 
 fn check_parties(parties: &[PartyConfig]) -> Result<()> {

@@ -7,6 +7,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`config`] | the configuration file: the parties, their pinned keys, the coordinator's address |
+//! | [`files`] | atomic writes of configurations, credentials, keys and certificates, with their modes |
 //! | [`parties`] | connection pools to the three parties, their errors |
 //! | [`guard`] | one coordinator per deployment (an advisory lock at P0) |
 //! | [`tls`] | TLS of the API and of the links to the parties, a local CA for `cluster up` |
@@ -14,10 +15,10 @@
 //! | [`session`] | the round-driver skeleton every modality's sessions run on, retries |
 //! | [`txn`] | two-phase commit over a modality's [`txn::work::Work`], recovery |
 //! | [`server`] | the HTTP service: state, errors, the one composition of the modalities' routes |
-//! | [`cli`] | the one HTTP client, sealing keys, batch accounting, progress bars, NDJSON output |
+//! | [`cli`] | the one HTTP client, sealing keys, batch accounting, progress bars, NDJSON output, sealed inputs for the SQL front door |
 //!
 //! Modalities, each with the same files (`api`, `driver`, `work`, `routes`, `client`, `cli`,
-//! `input`, `synth`), importing shared layers only, never each other: [`iris`], [`face`].
+//! `seal`, `input`, `synth`), importing shared layers only, never each other: [`iris`], [`face`].
 //!
 //! Developer tooling, apart from the service: [`dev`] (local clusters, benchmarks).
 
@@ -25,6 +26,7 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod face;
+pub mod files;
 pub mod guard;
 pub mod iris;
 pub mod parties;

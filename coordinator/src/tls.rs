@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::files::write_atomic;
 use anyhow::{bail, Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -112,24 +113,6 @@ fn ca_params() -> Result<CertificateParams> {
     Ok(params)
 }
 
-/// Writes `text` to `path` with `mode`, atomically.
-fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
-}
-
 impl LocalCa {
     /// The CA in `dir`: loaded when `ca.key` exists, else created.
     pub fn open_or_create(dir: &Path) -> Result<Self> {
@@ -141,7 +124,7 @@ impl LocalCa {
             KeyPair::from_pem(&pem).with_context(|| format!("invalid {}", key_path.display()))?
         } else {
             let key = KeyPair::generate()?;
-            write_file(&key_path, &key.serialize_pem(), 0o600)?;
+            write_atomic(&key_path, &key.serialize_pem(), 0o600)?;
             key
         };
         let ca = LocalCa {
@@ -151,7 +134,7 @@ impl LocalCa {
         };
         if !ca.cert_path().exists() {
             let cert = ca.params.clone().self_signed(&ca.key)?;
-            write_file(&ca.cert_path(), &cert.pem(), 0o644)?;
+            write_atomic(&ca.cert_path(), &cert.pem(), 0o644)?;
         }
         Ok(ca)
     }
@@ -183,8 +166,8 @@ impl LocalCa {
         // key identifier, signature) is identical to the stored ca.pem.
         let issuer = self.params.clone().self_signed(&self.key)?;
         let cert = params.signed_by(&key, &issuer, &self.key)?;
-        write_file(&issued.key, &key.serialize_pem(), 0o600)?;
-        write_file(&issued.cert, &cert.pem(), 0o644)?;
+        write_atomic(&issued.key, &key.serialize_pem(), 0o600)?;
+        write_atomic(&issued.cert, &cert.pem(), 0o644)?;
         Ok(issued)
     }
 }

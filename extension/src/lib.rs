@@ -5,7 +5,9 @@
 //! * shared: [`identity`] (the party's index and X25519 key, generated here and never
 //!   exported; the pinned peer keys), [`errors`] (SQLSTATEs, SPI helpers), [`datum`] (the
 //!   varlena share types' I/O functions), [`bundles`] (what enrolment of every modality
-//!   shares), and the [`engine`] background worker with its socket protocol;
+//!   shares), the [`engine`] background worker with its socket protocol, and the SQL
+//!   [`front_door`] (the coordinator's HTTPS client behind each modality's front-door
+//!   functions);
 //! * [`iris`]: share types, enrolment and deletion, the SQL functions of a search's rounds;
 //! * [`face`]: share type, enrolment and deletion, comparison sessions, the dealer, the key
 //!   pool.
@@ -19,10 +21,12 @@ mod datum;
 mod engine;
 mod errors;
 mod face;
+mod front_door;
 mod identity;
 mod iris;
 mod keyfile;
 mod operator;
+mod signals;
 mod txn;
 
 use pgrx::prelude::*;
@@ -34,6 +38,7 @@ use pgrx::prelude::*;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     identity::register_gucs();
+    front_door::register_gucs();
     engine::worker::register();
 }
 

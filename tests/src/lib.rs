@@ -401,6 +401,16 @@ pub struct PartyState {
     pub prepared: i64,
 }
 
+/// The SQLSTATE (empty when there is none) and the message of a failed query.
+pub fn sqlstate_and_message(e: &tokio_postgres::Error) -> (String, String) {
+    let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+    let message = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_else(|| e.to_string());
+    (code, message)
+}
+
 /// A local deployment for one test (see the module docs).
 pub struct Cluster {
     /// Test name (part of the home directory).
@@ -593,14 +603,7 @@ impl Cluster {
                 Err(e) => Err(e),
             };
             drop(client);
-            rows.map_err(|e| {
-                let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
-                let message = e
-                    .as_db_error()
-                    .map(|d| d.message().to_owned())
-                    .unwrap_or_else(|| e.to_string());
-                (code, message)
-            })
+            rows.map_err(|e| sqlstate_and_message(&e))
         })
     }
 
@@ -618,6 +621,52 @@ impl Cluster {
                 .query(sql, params)
                 .await
                 .map_err(|e| format!("{e} ({:?})", e.as_db_error().map(|d| d.message())))
+        })
+    }
+
+    /// A login at `party` in the application role `privmatch_application` (created on first
+    /// use, by the operator): what an application calls the SQL front door with.
+    pub fn application(&self, party: usize) -> PartyConfig {
+        let user = format!("app_p{party}");
+        let password = format!("app-{}-{party}", self.name);
+        let exists: i64 = self.query(
+            party,
+            "SELECT count(*) FROM pg_roles WHERE rolname = $1",
+            &[&user],
+        )[0]
+        .get(0);
+        if exists == 0 {
+            self.query(
+                party,
+                &format!(
+                    "CREATE ROLE {user} LOGIN PASSWORD '{password}' IN ROLE privmatch_application"
+                ),
+                &[],
+            );
+        }
+        PartyConfig {
+            user,
+            password,
+            ..self.operators[party].clone()
+        }
+    }
+
+    /// Runs one query at a login (e.g. [`Cluster::application`]): its rows, or the SQLSTATE
+    /// and message of the error.
+    pub fn query_login(
+        &self,
+        login: &PartyConfig,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, (String, String)> {
+        self.rt.block_on(async {
+            let client = privmatch_coordinator::parties::open(login)
+                .await
+                .map_err(|e| (String::new(), format!("connecting: {e}")))?;
+            client
+                .query(sql, params)
+                .await
+                .map_err(|e| sqlstate_and_message(&e))
         })
     }
 

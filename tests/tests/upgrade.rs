@@ -1,10 +1,12 @@
-//! The upgrade path from 0.1.0 (`migrations/privmatch--0.1.0--0.2.0.sql`): a party created
-//! with the released 0.1.0 schema (its install script is kept in `tests/upgrade/`), holding an
-//! identity (secret key in the 0.1.0 column), pinned peers and enrolled templates, is upgraded
-//! with `ALTER EXTENSION privmatch UPDATE` under the 0.2.0 library; it must then have the
-//! catalog of a fresh 0.2.0 party (functions, grants, types, tables, dumped tables), its key in
-//! the key file and out of every table, the same templates, and still search: its engine opens
-//! a probe sealed to its (unchanged) public key and scans every enrolled template.
+//! The upgrade paths (`migrations/privmatch--0.1.0--0.2.0.sql`, then `--0.2.0--0.3.0.sql`): a
+//! party created with the released 0.1.0 schema (the released install scripts are kept in
+//! `tests/upgrade/`), holding an identity (secret key in the 0.1.0 column), pinned peers and
+//! enrolled templates, is upgraded with `ALTER EXTENSION privmatch UPDATE` under the current
+//! library; it must then have the catalog of a fresh install (functions, grants, types,
+//! tables, dumped tables), its key in the key file and out of every table, the same
+//! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
+//! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
+//! catalog of a fresh install.
 //!
 //! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
 //! library is not built here; the rows are plain data of the 0.1.0 tables).
@@ -26,7 +28,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 const PORT: u16 = 16990;
-const OLD_SCRIPT: &str = "privmatch--0.1.0.sql";
+/// The released install scripts kept in `tests/upgrade/`.
+const OLD_SCRIPTS: [&str; 2] = ["privmatch--0.1.0.sql", "privmatch--0.2.0.sql"];
 
 /// Everything the catalog says about the extension's objects, one line each, sorted.
 const CATALOG: &str = "
@@ -87,7 +90,7 @@ fn pg_config(flag: &str) -> PathBuf {
 /// A throwaway PostgreSQL cluster run as `postgres`, removed on drop.
 struct Server {
     dir: PathBuf,
-    old_script: PathBuf,
+    old_scripts: Vec<PathBuf>,
 }
 
 impl Server {
@@ -103,18 +106,22 @@ impl Server {
         let mut chown = Command::new("chown");
         chown.args(["postgres:", &dir.display().to_string()]);
         run(chown, Duration::from_secs(10)).expect_success();
-        // The released 0.1.0 install script, so that CREATE EXTENSION … VERSION '0.1.0' works.
-        let old_script = pg_config("--sharedir").join("extension").join(OLD_SCRIPT);
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("upgrade")
-                .join(OLD_SCRIPT),
-            &old_script,
-        )
-        .expect("install the 0.1.0 script");
+        // The released install scripts, so that CREATE EXTENSION … VERSION '0.1.0' works.
+        let mut old_scripts = Vec::new();
+        for script in OLD_SCRIPTS {
+            let installed = pg_config("--sharedir").join("extension").join(script);
+            std::fs::copy(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("upgrade")
+                    .join(script),
+                &installed,
+            )
+            .unwrap_or_else(|e| panic!("install {script}: {e}"));
+            old_scripts.push(installed);
+        }
         let server = Server {
             dir: dir.to_path_buf(),
-            old_script,
+            old_scripts,
         };
         let data = dir.join("data");
         let mut initdb = Self::as_postgres(&pg_bindir().join("initdb"));
@@ -157,7 +164,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.old_script);
+        for script in &self.old_scripts {
+            let _ = std::fs::remove_file(script);
+        }
         let mut stop = Self::as_postgres(&pg_bindir().join("pg_ctl"));
         stop.args(["stop", "-m", "immediate", "-D"])
             .arg(self.dir.join("data"));
@@ -221,13 +230,26 @@ mod postgres_sync {
     }
 }
 
+/// Fails listing the differences when the catalog of a party upgraded from `from` is not
+/// that of a fresh install.
+fn assert_same_catalog(from: &str, upgraded: &str, expected: &str) {
+    if upgraded != expected {
+        let a: Vec<&str> = upgraded.lines().collect();
+        let b: Vec<&str> = expected.lines().collect();
+        let only_upgraded: Vec<_> = a.iter().filter(|l| !b.contains(l)).collect();
+        let only_fresh: Vec<_> = b.iter().filter(|l| !a.contains(l)).collect();
+        panic!("catalogs differ after the upgrade from {from}:\nonly after the upgrade: {only_upgraded:#?}\nonly in a fresh install: {only_fresh:#?}");
+    }
+}
+
 #[test]
-fn a_0_1_0_party_upgrades_to_the_catalog_of_a_fresh_0_2_0_party_and_keeps_matching() {
+fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     let server = Server::start(Path::new("/tmp/pm-e2e-upgrade"));
     let mut rng = ChaCha20Rng::seed_from_u64(2024);
     let admin = server.client("postgres");
     admin.execute("CREATE DATABASE party");
     admin.execute("CREATE DATABASE fresh");
+    admin.execute("CREATE DATABASE at_0_2_0");
 
     // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
     // enrolled templates (its Shamir shares).
@@ -277,21 +299,19 @@ fn a_0_1_0_party_upgrades_to_the_catalog_of_a_fresh_0_2_0_party_and_keeps_matchi
     };
     let before = rows(&party);
 
-    // The upgrade, under the 0.2.0 library.
-    party.execute("ALTER EXTENSION privmatch UPDATE TO '0.2.0'");
+    // The upgrade, under the current library, through every script on the way.
+    party.execute("ALTER EXTENSION privmatch UPDATE");
     let fresh = server.client("fresh");
     fresh.execute("CREATE EXTENSION privmatch");
     let catalog = |c: &postgres_sync::Client| -> String { c.query(CATALOG, &[])[0].get(0) };
-    let (upgraded, expected) = (catalog(&party), catalog(&fresh));
+    let expected = catalog(&fresh);
     // Functions, columns, grants, …: a fingerprint of well over a hundred lines.
     assert!(expected.lines().count() > 100, "{expected}");
-    if upgraded != expected {
-        let a: Vec<&str> = upgraded.lines().collect();
-        let b: Vec<&str> = expected.lines().collect();
-        let only_upgraded: Vec<_> = a.iter().filter(|l| !b.contains(l)).collect();
-        let only_fresh: Vec<_> = b.iter().filter(|l| !a.contains(l)).collect();
-        panic!("catalogs differ:\nonly after the upgrade: {only_upgraded:#?}\nonly in a fresh 0.2.0: {only_fresh:#?}");
-    }
+    assert_same_catalog("0.1.0", &catalog(&party), &expected);
+    let at_0_2_0 = server.client("at_0_2_0");
+    at_0_2_0.execute("CREATE EXTENSION privmatch VERSION '0.2.0'");
+    at_0_2_0.execute("ALTER EXTENSION privmatch UPDATE");
+    assert_same_catalog("0.2.0", &catalog(&at_0_2_0), &expected);
 
     // The key: same identity, in the key file (0600), in no column.
     let info = party.query(

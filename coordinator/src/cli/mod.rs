@@ -4,7 +4,8 @@
 //! batches ([`batch`]), progress bars ([`progress`]), NDJSON input and output ([`ndjson`]), an
 //! operator's signing key ([`operator_key`]), the operator's own commands at its party
 //! ([`operator`]), the configuration of a deployment's coordinator ([`deploy`]) and the modality-neutral `privmatch recover`
-//! ([`recover`]). The modalities' subcommands are in
+//! ([`recover`]) and the sealed inputs of the SQL front door ([`sealed`]). The modalities'
+//! subcommands are in
 //! their `cli.rs`; the command tree in `main.rs`.
 
 pub mod batch;
@@ -17,3 +18,4 @@ pub mod operator_key;
 pub mod party;
 pub mod progress;
 pub mod recover;
+pub mod sealed;

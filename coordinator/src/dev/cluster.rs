@@ -428,18 +428,83 @@ fn stop_coordinator(home: &Path) {
     std::fs::remove_file(pidfile).ok();
 }
 
-/// The client's API credential: the one in the existing client configuration when the keys
-/// file still accepts it, else a fresh one with every scope (replacing the keys file).
-fn client_credential(config_path: &Path, api_keys: &Path) -> Result<String> {
+/// Where party `index` keeps its SQL front door's API credential (mode 0600, owned by the
+/// cluster user; read by its server only).
+fn front_door_credential_file(home: &Path, index: usize) -> PathBuf {
+    party_dir(home, index).join("front-door.credential")
+}
+
+/// The scopes of a party's SQL front door at the coordinator: it enrols and searches, never
+/// deletes or administers.
+const FRONT_DOOR_SCOPES: [Scope; 2] = [Scope::Enroll, Scope::Search];
+
+/// The API credentials: the client's (every scope, returned) and each party's front door's
+/// (enroll and search, written to its credential file). Kept when the keys file still accepts
+/// all of them; otherwise all are made afresh (replacing the keys file).
+fn api_credentials(home: &Path, config_path: &Path, api_keys: &Path) -> Result<String> {
+    let keys = ApiKeys::load(api_keys).ok();
+    let accepted = |token: &str| keys.as_ref().is_some_and(|k| k.accepts(token));
     let previous = Config::load(config_path).ok().and_then(|c| c.api_token);
-    if let (Some(token), Ok(keys)) = (previous, ApiKeys::load(api_keys)) {
-        if keys.accepts(&token) {
-            return Ok(token);
-        }
+    let doors_kept = (0..3).all(|i| {
+        std::fs::read_to_string(front_door_credential_file(home, i))
+            .is_ok_and(|t| accepted(t.trim()))
+    });
+    if let Some(token) = previous.filter(|t| accepted(t) && doors_kept) {
+        return Ok(token);
     }
     let (token, entry) = ApiKeys::generate("cli", &Scope::ALL)?;
-    ApiKeys::save(&[entry], api_keys)?;
+    let mut entries = vec![entry];
+    for index in 0..3 {
+        let (door, entry) = ApiKeys::generate(&format!("front-door-p{index}"), &FRONT_DOOR_SCOPES)?;
+        crate::files::write_private(&front_door_credential_file(home, index), &door)?;
+        entries.push(entry);
+    }
+    ApiKeys::save(&entries, api_keys)?;
     Ok(token)
+}
+
+/// Points party `index`'s SQL front door at the coordinator `url` (certificate from `ca`):
+/// its credential file (written by [`api_credentials`]), a copy of the CA certificate in its
+/// TLS directory, and the settings in postgresql.conf. Returns whether the configuration
+/// changed (a running server must then reload).
+fn ensure_front_door(
+    runner: &Runner,
+    home: &Path,
+    index: usize,
+    ca: &LocalCa,
+    url: &str,
+) -> Result<bool> {
+    let ca_copy = party_tls_dir(home, index).join("coordinator-ca.pem");
+    std::fs::copy(ca.cert_path(), &ca_copy)
+        .with_context(|| format!("cannot write {}", ca_copy.display()))?;
+    let credential = front_door_credential_file(home, index);
+    runner.own(&ca_copy)?;
+    runner.own(&credential)?;
+    let conf = data_dir(home, index).join("postgresql.conf");
+    let text = std::fs::read_to_string(&conf)
+        .with_context(|| format!("cannot read {}", conf.display()))?;
+    let block = format!(
+        "\n# --- privmatch front door ---\nprivmatch.coordinator_url = '{url}'\nprivmatch.coordinator_ca_file = '{}'\nprivmatch.coordinator_credential_file = '{}'\n",
+        ca_copy.display(),
+        credential.display()
+    );
+    if text.contains(block.trim_start()) {
+        return Ok(false);
+    }
+    let kept = match text.find("\n# --- privmatch front door ---\n") {
+        // An earlier block (another coordinator address): replaced, with what follows it.
+        Some(at) => {
+            let rest = &text[at + 1..];
+            let end = rest[1..]
+                .find("\n# --- ")
+                .map_or(text.len(), |e| at + 2 + e);
+            format!("{}{}", &text[..at], &text[end..])
+        }
+        None => text,
+    };
+    std::fs::write(&conf, format!("{kept}{block}"))
+        .with_context(|| format!("cannot write {}", conf.display()))?;
+    Ok(true)
 }
 
 /// One party's endpoint on loopback over TLS (certificate from the CA `ca_cert`), logging in
@@ -558,7 +623,7 @@ async fn up(
         .save(&operator_config_file(home, operator.index))?;
     }
     let api_keys = home.join(API_KEYS_FILE);
-    let api_token = client_credential(config_path, &api_keys)?;
+    let api_token = api_credentials(home, config_path, &api_keys)?;
     let api_cert = ca.server_cert(
         &home.join("tls"),
         "coordinator",
@@ -575,8 +640,17 @@ async fn up(
         parties: coordinator_logins,
     };
     coordinator.save(&coordinator_path)?;
+    let coordinator_url = format!("https://{}", coordinator.listen);
+    for index in 0..3usize {
+        if ensure_front_door(runner, home, index, &ca, &coordinator_url)? {
+            runner.run(
+                "pg_ctl",
+                &["reload", "-D", &data_dir(home, index).display().to_string()],
+            )?;
+        }
+    }
     let config = Config {
-        coordinator_url: format!("https://{}", coordinator.listen),
+        coordinator_url,
         ca_cert: Some(ca.cert_path()),
         api_token: Some(api_token),
         party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),

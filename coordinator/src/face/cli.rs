@@ -44,6 +44,10 @@ pub enum FaceAction {
     /// 1:N identification: which enrolled subjects does each probe match? Prints
     /// {"probe": i, "matches": [...]} per probe.
     Identify(IdentifyArgs),
+    /// Quantise, share and seal enrolments or probes for the SQL front door
+    /// (privmatch.face_enroll, face_verify, face_identify) without sending them:
+    /// `<subject>\t<sealed>` per record.
+    Seal(crate::face::seal::FaceSealArgs),
     /// Write synthetic embeddings (enrolment file and noisy re-captures as probes).
     Synth(FaceSynthArgs),
 }
@@ -233,6 +237,7 @@ pub async fn run(
         FaceAction::Identify(args) => {
             compare(&config, None, &args.input, args.normalize).await?;
         }
+        FaceAction::Seal(args) => crate::face::seal::run(&config, args)?,
         FaceAction::Synth(_) => {}
     }
     Ok(())

@@ -8,7 +8,7 @@
 //! The same files as every modality: [`api`] (JSON bodies shared by server and client),
 //! [`driver`] (the comparison rounds on the shared skeleton), [`work`] (its distributed
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
-//! [`cli`] (its subcommands), [`input`] (NDJSON parsing and quantisation) and [`synth`]
+//! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing and quantisation) and [`synth`]
 //! (synthetic embeddings: `privmatch face synth` writes the input format [`input`] reads, for
 //! demos, tests and benchmarks). Modality-specific: [`admin`] (the dealer's configuration,
 //! the key pools and their refill).
@@ -22,5 +22,6 @@ pub mod client;
 pub mod driver;
 pub mod input;
 pub mod routes;
+pub mod seal;
 pub mod synth;
 pub mod work;

@@ -45,6 +45,9 @@ pub enum IrisAction {
         #[arg(long)]
         eye: Option<String>,
     },
+    /// Share and seal enrolments or probes for the SQL front door (privmatch.iris_enroll,
+    /// iris_identify, iris_is_unique) without sending them: `<subject>\t<sealed>` per record.
+    Seal(crate::iris::seal::SealArgs),
     /// Write synthetic templates as enrolment NDJSON.
     Synth(SynthArgs),
 }
@@ -142,6 +145,7 @@ pub async fn run(action: &IrisAction, config: impl FnOnce() -> Result<Config>) -
             );
             Ok(())
         }
+        IrisAction::Seal(args) => crate::iris::seal::run(&config()?, args),
         IrisAction::Synth(args) => crate::iris::synth::run(args),
     }
 }

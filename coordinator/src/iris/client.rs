@@ -196,6 +196,40 @@ fn seal_probe(
     Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
 }
 
+/// The body of a search for `probe`: each eye shared and sealed for a fresh session.
+pub fn search_body(
+    sealer: &mut Sealer,
+    probe: &ProbeRecord,
+    params: SearchParams,
+    policy: EyePolicy,
+) -> Result<SearchBody, CallError> {
+    let mut eyes = Vec::with_capacity(probe.eyes.len());
+    for (eye, template) in &probe.eyes {
+        let (session, probes) = seal_probe(sealer, template, *eye, params)?;
+        eyes.push(EyeProbeBody {
+            eye: eye.as_str().to_owned(),
+            session,
+            probes,
+        });
+    }
+    Ok(SearchBody {
+        mode: params.mode(),
+        max_rotation: params.max_rotation(),
+        threshold: params.threshold_ratio(),
+        policy,
+        eyes,
+    })
+}
+
+/// The framed body of `POST /v1/iris/enroll` for `records`: one envelope per party.
+pub fn enroll_body(
+    records: &[EnrollRecord],
+    keys: &[PartyPublicKey; 3],
+    rng: &mut ChaCha20Rng,
+) -> Result<Vec<u8>> {
+    Ok(seal_batch(records, keys, rng)?.body)
+}
+
 impl IrisClient {
     /// A client for the coordinator and the pinned keys of `config`.
     pub fn new(config: &Config) -> Result<Self> {
@@ -214,24 +248,7 @@ impl IrisClient {
         policy: EyePolicy,
     ) -> Result<SearchResponse> {
         let sealer = &mut self.sealer;
-        let body = || {
-            let mut eyes = Vec::with_capacity(probe.eyes.len());
-            for (eye, template) in &probe.eyes {
-                let (session, probes) = seal_probe(sealer, template, *eye, params)?;
-                eyes.push(EyeProbeBody {
-                    eye: eye.as_str().to_owned(),
-                    session,
-                    probes,
-                });
-            }
-            Ok(SearchBody {
-                mode: params.mode(),
-                max_rotation: params.max_rotation(),
-                threshold: params.threshold_ratio(),
-                policy,
-                eyes,
-            })
-        };
+        let body = || search_body(sealer, probe, params, policy);
         let (result, attempts) = self
             .coordinator
             .post_retrying("/v1/iris/search", body)

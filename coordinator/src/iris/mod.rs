@@ -6,7 +6,7 @@
 //! The same files as every modality: [`api`] (JSON bodies shared by server and client),
 //! [`driver`] (the search rounds on the shared skeleton), [`work`] (its distributed
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
-//! [`cli`] (its subcommands), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
+//! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
 //! `privmatch iris synth` writes the input format [`input`] reads, for demos, tests and
 //! benchmarks). Modality-specific: [`eyes`] (how the two eyes of a probe combine).
 //!
@@ -19,5 +19,6 @@ pub mod driver;
 pub mod eyes;
 pub mod input;
 pub mod routes;
+pub mod seal;
 pub mod synth;
 pub mod work;

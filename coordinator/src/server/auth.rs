@@ -324,14 +324,7 @@ async fn check_and_run(guard: &Guard, request: Request, next: Next) -> (Option<S
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > guard.max_body_bytes as u64) {
-        let message = format!(
-            "the request body is larger than the limit of {} bytes: send smaller batches",
-            guard.max_body_bytes
-        );
-        return (
-            who,
-            refusal(StatusCode::PAYLOAD_TOO_LARGE, codes::TOO_LARGE, &message),
-        );
+        return (who, too_large(guard.max_body_bytes));
     }
     let Ok(_permit) = guard.in_flight.try_acquire() else {
         let message = "the coordinator is serving as many requests as it may; retry shortly";
@@ -347,16 +340,16 @@ async fn check_and_run(guard: &Guard, request: Request, next: Next) -> (Option<S
         && response.headers().get(header::CONTENT_TYPE)
             != Some(&HeaderValue::from_static("application/json"))
     {
-        let message = format!(
-            "the request body is larger than the limit of {} bytes: send smaller batches",
-            guard.max_body_bytes
-        );
-        return (
-            who,
-            refusal(StatusCode::PAYLOAD_TOO_LARGE, codes::TOO_LARGE, &message),
-        );
+        return (who, too_large(guard.max_body_bytes));
     }
     (who, response)
+}
+
+/// The 413 refusal of a body over `limit` bytes.
+fn too_large(limit: usize) -> Response {
+    let message =
+        format!("the request body is larger than the limit of {limit} bytes: send smaller batches");
+    refusal(StatusCode::PAYLOAD_TOO_LARGE, codes::TOO_LARGE, &message)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! template table and the party's keys); the scan threads run pure Rust on borrowed slices.
 //! Requests are served one at a time, so a search's state is never touched concurrently.
 //!
-//! Imports: [`super::ipc`], [`super::iris`], [`super::heap`] and core's `iris` (the scan
+//! Imports: [`super::ipc`], [`super::iris`], [`super::heap`], [`crate::signals`] and core's `iris` (the scan
 //! backends, the service's keys); no module of `crate::iris` or `crate::face`.
 
 use std::ffi::CString;
@@ -36,6 +36,7 @@ use super::ipc::{
     read_frame, write_frame, EngineError, EngineStatus, Request, Response, SOCKET_NAME,
 };
 use super::iris::IrisSearch;
+use crate::signals::without_signals;
 
 /// `privmatch.database`: the database whose templates the engine serves (read when the
 /// engine starts; the GUCs are SIGHUP-level because a library loaded by CREATE EXTENSION
@@ -334,22 +335,6 @@ fn watch_hangup(stream: &UnixStream, woken: &UnixStream, interrupt: &Interrupt) 
             // descriptor is ignored by poll) rather than spin on it.
             fds[0].fd = -1;
         }
-    }
-}
-
-/// Runs `start` (which starts a thread) with every signal blocked, so that the new thread
-/// inherits a mask that keeps Postgres's signal handlers on the main thread.
-fn without_signals<T>(start: impl FnOnce() -> T) -> T {
-    // SAFETY: sigset_t is plain data; sigfillset initialises it; pthread_sigmask changes only
-    // the calling thread's mask and is restored right after.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let result = start();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        result
     }
 }
 

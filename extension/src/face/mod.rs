@@ -5,6 +5,7 @@
 //!   P2 deals ([`pool`]) and evaluate comparisons in sessions ([`search`]).
 //! * P2 is the dealer ([`dealer`]): it holds the metric and the secret threshold and makes
 //!   key batches sealed to P0 and P1.
+//! * The application's SQL front door ([`front_door`]): enrol, verify, identify.
 //!
 //! Single use of key material is a property of the database, not of the caller: a session's
 //! keys are claimed (and the claim committed) before anything derived from them leaves the
@@ -12,11 +13,12 @@
 //! forbids overlapping claims, and a session's inputs are fixed when it opens, so re-running
 //! a round after a crash recomputes the same values instead of evaluating new ones.
 //!
-//! Imports: the shared modules (`errors`, `datum`, `bundles`, `identity`) and core; never
+//! Imports: the shared modules (`errors`, `datum`, `bundles`, `identity`, `front_door`) and core; never
 //! `crate::iris` or `crate::engine`. Tables: `sql/face.sql`.
 
 mod dealer;
 mod enroll;
+mod front_door;
 mod pool;
 mod search;
 mod types;
