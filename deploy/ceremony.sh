@@ -7,7 +7,9 @@
 #   4. the identities and CA certificates are handed to the coordinator, which then starts;
 #   5. a client credential is issued: deploy/client/privmatch.toml (with the coordinator's CA
 #      certificate beside it), for `privmatch --config deploy/client/privmatch.toml …`
-#      (PRIVMATCH_CLIENT_DIR: elsewhere).
+#      (PRIVMATCH_CLIENT_DIR: elsewhere);
+#   6. each party's SQL front door gets its own API credential (enroll, search) and the
+#      coordinator's CA certificate.
 # Safe to run again: pins of the same keys and the handover are idempotent; an existing client
 # configuration is kept.
 set -euo pipefail
@@ -66,6 +68,21 @@ if [ ! -s "$client/privmatch.toml" ]; then
   done
   chmod 0600 "$client/privmatch.toml"
   compose exec -T coordinator rm -rf "/var/lib/privmatch/clients/$name"
+  compose restart coordinator >/dev/null
+  wait_healthy coordinator privmatch-coordinator
+fi
+# 6. each party's SQL front door gets its own credential (scopes enroll and search) and the
+#    coordinator's CA certificate; the coordinator restarts to accept the new credentials.
+doors=0
+for i in 0 1 2; do
+  if compose exec -T "p$i" test -s /var/lib/privmatch/front-door/credential; then continue; fi
+  token=$(compose exec -T coordinator privmatch-coordinator credential \
+    --name "front-door-p$i-$(date +%s)" --scopes enroll,search | tr -d '\r' | tail -n 1)
+  { echo "$token"; compose exec -T coordinator cat /var/lib/privmatch/tls/ca.pem; } |
+    compose exec -T "p$i" privmatch-party front-door
+  doors=$((doors + 1))
+done
+if [ "$doors" -gt 0 ]; then
   compose restart coordinator >/dev/null
   wait_healthy coordinator privmatch-coordinator
 fi

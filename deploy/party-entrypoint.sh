@@ -6,6 +6,9 @@
 #   identity         the party's identity (JSON): index, public key, fingerprint
 #   pin PEER KEY     the operator pins peer PEER's public key (key ceremony)
 #   psql [ARGS]      psql as the party's operator
+#   front-door       install the SQL front door's credential and the coordinator's CA
+#                    certificate (standard input: the credential on the first line, then the
+#                    PEM); the key ceremony runs it
 #
 # Environment:
 #   PRIVMATCH_PARTY_INDEX                 0, 1 or 2 (required)
@@ -17,6 +20,8 @@
 #                                         (default /run/secrets/coordinator_password; required)
 #   PRIVMATCH_COORDINATOR_NETWORK         address range the coordinator connects from
 #                                         (default: every address; TLS and password required)
+#   PRIVMATCH_COORDINATOR_URL             where the SQL front door reaches the coordinator
+#                                         (default https://coordinator:8443)
 #
 # The volume /var/lib/privmatch holds everything the party keeps:
 #   data/          the PostgreSQL data directory (templates, key material, journals)
@@ -27,6 +32,7 @@
 #   operator/      the operator's configuration and Ed25519 signing key (in a deployment where
 #                  the operator signs from elsewhere, move signing.key off this volume)
 #   public/        identity.json and ca.pem: what this party's operator hands to the others
+#   front-door/    the SQL front door's API credential (0600) and the coordinator's CA
 set -euo pipefail
 
 HOME_DIR=${PRIVMATCH_HOME:-/var/lib/privmatch}
@@ -130,12 +136,44 @@ initialise_once() {
   echo "privmatch-party: P$(party_index) initialised: $(cat "$HOME_DIR/public/identity.json")"
 }
 
+# The SQL front door's settings (docs/front-door.md), rewritten on every start so that a
+# changed PRIVMATCH_COORDINATOR_URL applies; postgresql.conf includes the file.
+front_door_settings() {
+  cat >"$DATA/privmatch-front-door.conf" <<EOF
+# written by the privmatch party entrypoint on every start
+privmatch.coordinator_url = '${PRIVMATCH_COORDINATOR_URL:-https://coordinator:8443}'
+privmatch.coordinator_ca_file = '$HOME_DIR/front-door/coordinator-ca.pem'
+privmatch.coordinator_credential_file = '$HOME_DIR/front-door/credential'
+EOF
+  chown postgres: "$DATA/privmatch-front-door.conf"
+  grep -q "^include_if_exists = 'privmatch-front-door.conf'" "$DATA/postgresql.conf" ||
+    echo "include_if_exists = 'privmatch-front-door.conf'" >>"$DATA/postgresql.conf"
+}
+
+# `front-door`: the credential (first line of standard input) and the coordinator's CA
+# certificate (the rest), written for the server's user only; read at each front-door call.
+install_front_door() {
+  local dir=$HOME_DIR/front-door credential
+  mkdir -p "$dir"
+  IFS= read -r credential
+  [ -n "$credential" ] || die "front-door: no credential on the first line of standard input"
+  (umask 077 && printf '%s\n' "$credential" >"$dir/credential.tmp" && cat >"$dir/coordinator-ca.pem.tmp")
+  grep -q "BEGIN CERTIFICATE" "$dir/coordinator-ca.pem.tmp" || die "front-door: no PEM certificate after the credential"
+  chmod 0644 "$dir/coordinator-ca.pem.tmp"
+  chown -R postgres: "$dir"
+  chmod 0700 "$dir"
+  mv "$dir/credential.tmp" "$dir/credential"
+  mv "$dir/coordinator-ca.pem.tmp" "$dir/coordinator-ca.pem"
+  echo "privmatch-party: P$(party_index)'s SQL front door is configured"
+}
+
 serve() {
   party_index >/dev/null
   prepare_dirs
   make_tls
   initdb_once
   initialise_once
+  front_door_settings
   echo "privmatch-party: P$(party_index) serving: $(cat "$HOME_DIR/public/identity.json")"
   exec setpriv --reuid=postgres --regid=postgres --init-groups -- "$PG_BIN/postgres" -D "$DATA"
 }
@@ -154,6 +192,7 @@ case "${1:-serve}" in
     shift 2
     privmatch operator pin --config "$OPERATOR_CONFIG" --peer "$peer" --key "$key" "$@"
     ;;
+  front-door) install_front_door ;;
   psql)
     shift
     PGPASSWORD=$(cat "$(operator_password_file)") exec psql -h "$SOCKET_DIR" -U privmatch -d privmatch "$@"

@@ -4,8 +4,11 @@
 #   images from this host's binaries (deploy/images.sh --prebuilt, on local base images unless
 #   PRIVMATCH_LOCAL_BASE=0), `up`, the key ceremony, 1,000 iris templates and 1,000 faces
 #   enrolled through the coordinator, searches and identifications checked against what the
-#   synthetic data implies, a party killed mid-search (a clear error, nothing left prepared,
-#   the next search works), `down` then `up` (the data is kept).
+#   synthetic data implies, the SQL front door (an application role enrols, identifies and
+#   verifies with SQL and can read no table), the coordinator killed during an enrolment (the
+#   front door names it while it is down; after its restart no transaction is left prepared
+#   and the three parties hold the same records), a party killed mid-search (a clear error,
+#   nothing left prepared, the next search works), `down` then `up` (the data is kept).
 # Prints SKIP and succeeds where Docker is not available. Needs scripts/setup.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +92,57 @@ done
 grep -q '"match":true' verify.out || fail "face verify of face-0000007: $(cat verify.out)"
 "$P" "${C[@]}" face verify --subject face-0000008 --input <(sed -n 8p face-probes.ndjson) >verify.out
 grep -q '"match":false' verify.out || fail "face verify of another subject: $(cat verify.out)"
+
+step "SQL front door at P0: an application enrols and matches with SQL"
+app_password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+compose exec -T p0 privmatch-party psql -q -v ON_ERROR_STOP=1 \
+  -c "CREATE ROLE smoke_app LOGIN PASSWORD '$app_password' IN ROLE privmatch_application" >/dev/null
+app_sql() { # app_sql SQL [FILE]: runs SQL as smoke_app at P0 over TLS; FILE is its standard input
+  compose exec -T -e PGPASSWORD="$app_password" -e PGSSLMODE=require p0 \
+    psql -h 127.0.0.1 -U smoke_app -d privmatch -Atq -v ON_ERROR_STOP=1 -c "$1" <"${2:-/dev/null}"
+}
+head -5 iris.ndjson | sed 's/"synth-/"sql-/' >sql-enrol.ndjson
+"$P" "${C[@]}" iris seal --for enroll --input sql-enrol.ndjson --out sql-enrol.tsv 2>/dev/null
+"$P" "${C[@]}" iris seal --for identify --input <(head -3 iris.ndjson) --out sql-probes.tsv 2>/dev/null
+"$P" "${C[@]}" face seal --for verify --input <(sed -n 8p faces.ndjson) --out sql-verify.tsv 2>/dev/null
+enrolled=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT count(*) FILTER (WHERE privmatch.iris_enroll(sealed)) FROM s" sql-enrol.tsv)
+[ "$enrolled" = 5 ] || fail "front door: enrolled $enrolled of 5"
+matches=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT string_agg(m.subject, ',' ORDER BY m.subject) FROM s, privmatch.iris_identify(s.sealed) m" sql-probes.tsv)
+want="sql-0000000,sql-0000001,sql-0000002,synth-0000000,synth-0000000-near,synth-0000001,synth-0000001-near,synth-0000002,synth-0000002-near"
+[ "$matches" = "$want" ] || fail "front door identify: got $matches, want $want"
+verified=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT privmatch.face_verify(subject, sealed) FROM s" sql-verify.tsv)
+[ "$verified" = t ] || fail "front door face_verify: $verified"
+denied=$(app_sql "SELECT count(*) FROM privmatch.iris_templates" 2>&1 || true)
+echo "$denied" | grep -q "permission denied" || fail "the application role read the templates: $denied"
+echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table"
+
+step "the coordinator killed during an enrolment, and while the front door is used"
+"$P" iris synth 3000 --seed 7 | sed 's/"synth-/"more-/' >more.ndjson
+set +e
+"$P" "${C[@]}" iris enroll --input more.ndjson --batch-size 20 --no-progress >kill-enrol.out 2>kill-enrol.err &
+enrol=$!
+sleep 2
+docker kill "$(compose ps -q coordinator)" >/dev/null
+wait $enrol
+rc=$?
+down=$(app_sql "SELECT privmatch.iris_is_unique(sealed) FROM (SELECT 'privmatch-sealed-v1:iris-uniqueness:AAAA'::text) v(sealed)" 2>&1)
+set -e
+[ $rc != 0 ] || fail "the enrolment went on with the coordinator killed"
+echo "$down" | grep -q "cannot reach the coordinator at https://coordinator:8443" ||
+  fail "front door with the coordinator down: $down"
+echo "    enrolment: $(tail -1 kill-enrol.err)"
+echo "    front door: $(echo "$down" | head -1)"
+compose start coordinator >/dev/null
+wait_all_healthy
+"$P" "${C[@]}" recover >/dev/null
+"$P" "${C[@]}" iris enroll --input more.ndjson --batch-size 20 --no-progress >/dev/null
+for i in 0 1 2; do
+  prepared=$(compose exec -T "p$i" privmatch-party psql -Atc "SELECT count(*) FROM pg_prepared_xacts")
+  [ "$prepared" = 0 ] || fail "P$i holds $prepared prepared transaction(s) after the coordinator's restart"
+  counts[i]=$(compose exec -T "p$i" privmatch-party psql -Atc "SELECT count(*) FROM privmatch.iris_templates")
+done
+[ "${counts[0]}" = 4025 ] && [ "${counts[1]}" = 4025 ] && [ "${counts[2]}" = 4025 ] ||
+  fail "after the coordinator's restart the parties hold ${counts[*]} iris templates, not 4025 each"
 
 step "a party killed mid-search"
 head -300 iris.ndjson >many.ndjson

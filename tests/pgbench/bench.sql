@@ -1,0 +1,65 @@
+-- privmatch pgbench load tests: the staging table, the outcomes and the one step every
+-- pgbench script runs; created by the application login itself (no privilege beyond
+-- privmatch_application and its own schema).
+--
+-- A step takes the next unused sealed input of its kind (FOR UPDATE SKIP LOCKED: concurrent
+-- clients never take the same one; marked used in the step's own transaction), calls the
+-- front-door function, and records the outcome: ok with the function's answer, or the
+-- SQLSTATE and message of its error. Errors are recorded rather than raised so that a load
+-- run goes on through faults (pgbench ends a client at its first error that is not a
+-- serialization failure); the runner reports them. An exhausted staging table raises: the
+-- runner sealed too few inputs for the level, and the level is invalid.
+DROP TABLE IF EXISTS privmatch_bench.outcomes, privmatch_bench.inputs;
+CREATE TABLE privmatch_bench.inputs (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind    text    NOT NULL,
+    level   integer NOT NULL,
+    subject text    NOT NULL,
+    sealed  text    NOT NULL,
+    used    boolean NOT NULL DEFAULT false
+);
+CREATE INDEX inputs_unused ON privmatch_bench.inputs (kind, level, id) WHERE NOT used;
+CREATE TABLE privmatch_bench.outcomes (
+    input    bigint  PRIMARY KEY REFERENCES privmatch_bench.inputs (id),
+    kind     text    NOT NULL,
+    level    integer NOT NULL,
+    ok       boolean NOT NULL,
+    answer   text,
+    sqlstate text,
+    message  text,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE OR REPLACE FUNCTION privmatch_bench.step(step_kind text, step_level integer)
+RETURNS text LANGUAGE plpgsql AS $step$
+DECLARE
+    chosen privmatch_bench.inputs%ROWTYPE;
+    result text;
+BEGIN
+    UPDATE privmatch_bench.inputs SET used = true
+     WHERE id = (SELECT id FROM privmatch_bench.inputs
+                  WHERE kind = step_kind AND level = step_level AND NOT used
+                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING * INTO chosen;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'privmatch_bench: no unused % input left for level %', step_kind, step_level;
+    END IF;
+    BEGIN
+        result := CASE step_kind
+            WHEN 'iris-enroll'     THEN privmatch.iris_enroll(chosen.sealed)::text
+            WHEN 'iris-identify'   THEN (SELECT count(*) FROM privmatch.iris_identify(chosen.sealed))::text
+            WHEN 'iris-uniqueness' THEN privmatch.iris_is_unique(chosen.sealed)::text
+            WHEN 'face-enroll'     THEN privmatch.face_enroll(chosen.sealed)::text
+            WHEN 'face-verify'     THEN privmatch.face_verify(chosen.subject, chosen.sealed)::text
+            WHEN 'face-identify'   THEN (SELECT count(*) FROM privmatch.face_identify(chosen.sealed))::text
+        END;
+        INSERT INTO privmatch_bench.outcomes (input, kind, level, ok, answer)
+        VALUES (chosen.id, step_kind, step_level, true, result);
+    EXCEPTION WHEN OTHERS THEN
+        INSERT INTO privmatch_bench.outcomes (input, kind, level, ok, sqlstate, message)
+        VALUES (chosen.id, step_kind, step_level, false, SQLSTATE, SQLERRM);
+        result := 'error ' || SQLSTATE;
+    END;
+    RETURN result;
+END
+$step$;
