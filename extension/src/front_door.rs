@@ -264,8 +264,13 @@ fn classify(error: ureq::Error) -> Failure {
             | Error::Pem(_)
             | Error::TlsRequired
             | Error::ConnectProxyFailed(_)
-    ) || matches!(&error, Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
-        || matches!(&error, Error::Timeout(t) if matches!(t, ureq::Timeout::Connect | ureq::Timeout::Resolve));
+    ) || matches!(&error, Error::Io(e) if matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::HostUnreachable
+            | std::io::ErrorKind::NetworkUnreachable
+            | std::io::ErrorKind::AddrNotAvailable
+    )) || matches!(&error, Error::Timeout(t) if matches!(t, ureq::Timeout::Connect | ureq::Timeout::Resolve));
     if before_sending {
         Failure::Unreachable(error.to_string())
     } else {
@@ -273,8 +278,33 @@ fn classify(error: ureq::Error) -> Failure {
     }
 }
 
+/// Resolves the host of `url` (`https://host[:port]/…`): a name that does not resolve (a
+/// stopped container's name, a typo) means nothing can have been sent.
+fn resolve(url: &str) -> Result<(), Failure> {
+    use std::net::ToSocketAddrs;
+    let authority = url
+        .strip_prefix("https://")
+        .unwrap_or(url)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let with_port = if authority.ends_with(']') || !authority.contains(':') {
+        format!("{authority}:443")
+    } else {
+        authority.to_owned()
+    };
+    match with_port.to_socket_addrs().map(|mut a| a.next().is_some()) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Failure::Unreachable(format!("{authority} has no address"))),
+        Err(e) => Err(Failure::Unreachable(format!(
+            "cannot resolve {authority}: {e}"
+        ))),
+    }
+}
+
 /// Posts `input`'s body to its endpoint; the HTTP status and answer body.
 fn post(endpoint: &Endpoint, input: &SealedInput) -> Result<(u16, Vec<u8>), Failure> {
+    resolve(&endpoint.url)?;
     let agent = agent(endpoint)?;
     let content_type = if input.kind.is_json() {
         "application/json"

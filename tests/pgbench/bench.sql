@@ -27,7 +27,9 @@ CREATE TABLE privmatch_bench.outcomes (
     answer   text,
     sqlstate text,
     message  text,
-    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+    at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- For a failed enrolment, what calling again with the same input found (resolve()).
+    resolved text
 );
 
 CREATE OR REPLACE FUNCTION privmatch_bench.step(step_kind text, step_level integer)
@@ -59,7 +61,49 @@ BEGIN
         INSERT INTO privmatch_bench.outcomes (input, kind, level, ok, sqlstate, message)
         VALUES (chosen.id, step_kind, step_level, false, SQLSTATE, SQLERRM);
         result := 'error ' || SQLSTATE;
+        -- An application backs off after an error; without this a client would drain the
+        -- staging table in a tight loop while a party or the coordinator is down.
+        PERFORM pg_sleep(0.05);
     END;
     RETURN result;
 END
 $step$;
+
+-- After a run with faults: learns the outcome of every enrolment whose call failed, as
+-- docs/front-door.md tells an application to: the same sealed input is sent again; 23505
+-- ("already consumed") means the first call committed, true means it had not and is enrolled
+-- now. Returns how many of each.
+CREATE OR REPLACE FUNCTION privmatch_bench.resolve()
+RETURNS TABLE (resolution text, how_many bigint) LANGUAGE plpgsql AS $resolve$
+DECLARE
+    failed record;
+    answer boolean;
+BEGIN
+    FOR failed IN
+        SELECT o.input, o.kind, i.sealed FROM privmatch_bench.outcomes o
+          JOIN privmatch_bench.inputs i ON i.id = o.input
+         WHERE NOT o.ok AND o.kind IN ('iris-enroll', 'face-enroll') AND o.resolved IS NULL
+         ORDER BY o.input
+    LOOP
+        BEGIN
+            IF failed.kind = 'iris-enroll' THEN
+                answer := privmatch.iris_enroll(failed.sealed);
+            ELSE
+                answer := privmatch.face_enroll(failed.sealed);
+            END IF;
+            UPDATE privmatch_bench.outcomes
+               SET resolved = CASE WHEN answer THEN 'enrolled-now' ELSE 'already-enrolled' END
+             WHERE input = failed.input;
+        EXCEPTION
+            WHEN unique_violation THEN
+                UPDATE privmatch_bench.outcomes SET resolved = 'committed-before'
+                 WHERE input = failed.input;
+            WHEN OTHERS THEN
+                UPDATE privmatch_bench.outcomes SET resolved = 'error ' || SQLSTATE
+                 WHERE input = failed.input;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT o.resolved, count(*) FROM privmatch_bench.outcomes o
+                  WHERE o.resolved IS NOT NULL GROUP BY o.resolved ORDER BY o.resolved;
+END
+$resolve$;
