@@ -5,7 +5,8 @@
 #   PRIVMATCH_LOCAL_BASE=0), `up`, the key ceremony, 1,000 iris templates and 1,000 faces
 #   enrolled through the coordinator, searches and identifications checked against what the
 #   synthetic data implies, the SQL front door (an application role enrols, identifies and
-#   verifies with SQL and can read no table), the coordinator killed during an enrolment (the
+#   verifies with SQL and can read no table), a party unreachable from the api network and
+#   refusing connections without TLS or with a wrong password, the coordinator killed during an enrolment (the
 #   front door names it while it is down; after its restart no transaction is left prepared
 #   and the three parties hold the same records), a party killed mid-search (a clear error,
 #   nothing left prepared, the next search works), `down` then `up` (the data is kept).
@@ -116,6 +117,21 @@ verified=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM
 denied=$(app_sql "SELECT count(*) FROM privmatch.iris_templates" 2>&1 || true)
 echo "$denied" | grep -q "permission denied" || fail "the application role read the templates: $denied"
 echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table"
+
+step "a party is reachable only on the internal network, and only with TLS and a password"
+image=privmatch/party:${PRIVMATCH_TAG:-0.3.0}
+probe() { # probe NETWORK CONNINFO: psql from a throwaway container on NETWORK; its error
+  docker run --rm --network "${COMPOSE_PROJECT_NAME}_$1" --entrypoint psql -e PGCONNECT_TIMEOUT=5 \
+    "$image" "$2" -Atc "SELECT 1" 2>&1 || true
+}
+out=$(probe api "host=p0 dbname=privmatch user=privmatch sslmode=require")
+echo "$out" | grep -qiE "could not translate host name|timeout expired|could not connect" ||
+  fail "P0 answered on the api network: $out"
+out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=disable")
+echo "$out" | grep -q "no pg_hba.conf entry" || fail "P0 accepted a connection without TLS: $out"
+out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=require password=wrong")
+echo "$out" | grep -q "password authentication failed" || fail "P0 accepted a wrong password: $out"
+echo "    api network: no route to P0; parties network: no TLS refused, wrong password refused"
 
 step "the coordinator killed during an enrolment, and while the front door is used"
 "$P" iris synth 3000 --seed 7 | sed 's/"synth-/"more-/' >more.ndjson

@@ -186,7 +186,7 @@ seal() {
 # A first guess of each script's throughput at one client (inputs/s), raised as levels run.
 guess() {
   case $1 in
-    iris-enroll) echo 30 ;; face-enroll) echo 40 ;; face-verify) echo 150 ;; *) echo 50 ;;
+    iris-enroll) echo 150 ;; face-enroll) echo 150 ;; face-verify) echo 150 ;; *) echo 30 ;;
   esac
 }
 
@@ -203,7 +203,7 @@ for kind in ${scripts//,/ }; do
     # A level whose staging table ran dry (a client aborted) is run again with more inputs.
     for attempt in 1 2 3; do
       level=$((level + 1))
-      need=$(awk -v r="$rate" -v d="$duration" -v c="$c" 'BEGIN { print int(r * d * 2 * (c > 1 ? 1.5 : 1)) + 20 }')
+      need=$(awk -v r="$rate" -v d="$duration" -v c="$c" 'BEGIN { print int(r * d * (c > 1 ? 1.6 : 1.3)) + 20 }')
       say "$kind, $c client(s): sealing $need inputs"
       # One single-use Funshade key per comparison: a verification uses one, an identification
       # one per enrolled face.
@@ -233,7 +233,7 @@ for kind in ${scripts//,/ }; do
       rate=$(awk -v r="$rate" -v t="${tps:-0}" 'BEGIN { print (t > r ? t : r) }')
       [ "$aborted" = 0 ] && break
       say "$kind, $c client(s): the inputs ran out; again with more"
-      rate=$(awk -v r="$rate" 'BEGIN { print r * 2 }')
+      rate=$(awk -v r="$rate" 'BEGIN { print r * 1.3 }')
     done
     processed=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
     read -r ok errors codes <<<"$(app_sql -F ' ' -c "SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok), coalesce(string_agg(DISTINCT sqlstate, ','), '-') FROM privmatch_bench.outcomes WHERE level = $level")"

@@ -136,7 +136,13 @@ async fn serve_tls(
         stopper.graceful_shutdown(Some(Duration::from_secs(30)));
     });
     tracing::info!(%addr, "coordinator listening (TLS)");
-    axum_server::from_tcp_rustls(listener, tls)
+    // TCP_NODELAY: an answer written as two TLS records would otherwise wait for the client's
+    // delayed acknowledgement of the first (40 ms on Linux): measured through the SQL front
+    // door, a fifth of face verifications took 40 ms more than the rest.
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+        .acceptor(axum_server::accept::NoDelayAcceptor::new());
+    axum_server::from_tcp(listener)
+        .acceptor(acceptor)
         .handle(handle)
         .serve(app.into_make_service())
         .await?;
