@@ -167,6 +167,39 @@ fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
         found >= 30 && found < probes.len(),
         "{found} probes matched"
     );
+    // Four clients searching at once (the engine runs their starts and rounds on request
+    // threads side by side): each answer still equals the plaintext matcher's.
+    let quarters: Vec<Vec<usize>> = (0..4)
+        .map(|q| (0..probes.len()).filter(|i| i % 4 == q).collect())
+        .collect();
+    let concurrent: Vec<Vec<Value>> = std::thread::scope(|scope| {
+        let running: Vec<_> = quarters
+            .iter()
+            .enumerate()
+            .map(|(q, indices)| {
+                let path = cluster.path(&format!("probes-{q}.ndjson"));
+                let lines: Vec<String> = indices
+                    .iter()
+                    .map(|&i| probe_line(&probes[i].0, &probes[i].1))
+                    .collect();
+                write_lines(&path, &lines);
+                let cluster = &cluster;
+                scope.spawn(move || search_json(cluster, &path, &[]))
+            })
+            .collect();
+        running.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for (indices, answers) in quarters.iter().zip(&concurrent) {
+        assert_eq!(answers.len(), indices.len());
+        for (&i, v) in indices.iter().zip(answers) {
+            let (eye, probe) = &probes[i];
+            assert_eq!(
+                matches_of(v),
+                expected_matches(&enrolled, probe, eye, 15),
+                "probe {i} ({eye}) in four concurrent searches"
+            );
+        }
+    }
     eprintln!(
         "[search-cli] {compared} comparisons, {near_threshold} probes within 0.005 of τ, {found} matched: zero disagreements"
     );

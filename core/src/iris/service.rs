@@ -19,13 +19,20 @@
 //! it fail with [`SearchError::UnknownSession`]. Idle searches expire after the configured
 //! timeout ([`SearchService::expire`]). Errors name sessions, rounds and shapes, never values.
 //!
+//! **Concurrency.** Every method takes `&self`: the table of running searches sits behind a
+//! mutex held only to look a search up, take it out or put it back, never while a probe is
+//! opened, the store scanned or a round computed. An engine may therefore run the starts
+//! and rounds of different searches on as many threads as the CPU has room for; the rounds
+//! of one search stay sequential (a round takes its search out of the table, so a second
+//! call for the same search meanwhile is refused as unknown and aborts it).
+//!
 //! **Empty eye.** With no enrolled template of the probe's eye, the three parties skip the
 //! protocol in the same way: `start` returns an empty message and round 0 ends the search
 //! (no match; unique).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::OsRng;
@@ -186,11 +193,64 @@ struct ActiveSearch {
 
 /// The running searches of one party (module docs).
 pub struct SearchService {
-    sessions: HashMap<SessionId, ActiveSearch>,
-    used: HashSet<SessionId>,
-    used_order: VecDeque<SessionId>,
+    table: Mutex<SessionTable>,
     backend: Arc<dyn ScanBackend>,
     timeout: Duration,
+}
+
+/// The searches between calls, and the session ids already used.
+#[derive(Default)]
+struct SessionTable {
+    sessions: HashMap<SessionId, ActiveSearch>,
+    /// Starts admitted and still computing (counted against [`MAX_ACTIVE_SEARCHES`]).
+    starting: usize,
+    /// Searches taken out of `sessions` while one of their rounds is computed.
+    in_round: usize,
+    used: HashSet<SessionId>,
+    used_order: VecDeque<SessionId>,
+}
+
+impl SessionTable {
+    fn remember(&mut self, id: SessionId) -> Result<(), SearchError> {
+        if !self.used.insert(id) {
+            return Err(SearchError::ReplayedSession(session_hex(&id)));
+        }
+        self.used_order.push_back(id);
+        if self.used_order.len() > REMEMBERED_SESSIONS {
+            if let Some(old) = self.used_order.pop_front() {
+                self.used.remove(&old);
+            }
+        }
+        Ok(())
+    }
+
+    fn active(&self) -> usize {
+        self.sessions.len() + self.starting + self.in_round
+    }
+}
+
+/// Which counter of the [`SessionTable`] a running call holds.
+#[derive(Clone, Copy)]
+enum Busy {
+    Starting,
+    InRound,
+}
+
+/// Holds one unit of a [`SessionTable`] counter while a start or a round computes outside
+/// the lock; gives it back when dropped (also on an error or a panic).
+struct BusyGuard<'a> {
+    service: &'a SearchService,
+    which: Busy,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        let mut table = self.service.table();
+        match self.which {
+            Busy::Starting => table.starting -= 1,
+            Busy::InRound => table.in_round -= 1,
+        }
+    }
 }
 
 fn session_hex(id: &SessionId) -> String {
@@ -217,9 +277,7 @@ impl SearchService {
     /// or a GPU crate's backend); idle searches expire after `timeout`.
     pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration) -> Self {
         SearchService {
-            sessions: HashMap::new(),
-            used: HashSet::new(),
-            used_order: VecDeque::new(),
+            table: Mutex::new(SessionTable::default()),
             backend,
             timeout,
         }
@@ -230,22 +288,23 @@ impl SearchService {
         &*self.backend
     }
 
-    /// Number of running searches.
+    /// Number of running searches (including those in a start or a round right now).
     pub fn active(&self) -> usize {
-        self.sessions.len()
+        self.table().active()
     }
 
-    fn remember(&mut self, id: SessionId) -> Result<(), SearchError> {
-        if !self.used.insert(id) {
-            return Err(SearchError::ReplayedSession(session_hex(&id)));
+    /// The table; a panic of another call while it held the lock leaves the table itself
+    /// consistent (every change under the lock is one insert, remove or counter step), so
+    /// the lock's poison is ignored.
+    fn table(&self) -> MutexGuard<'_, SessionTable> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn busy(&self, which: Busy) -> BusyGuard<'_> {
+        BusyGuard {
+            service: self,
+            which,
         }
-        self.used_order.push_back(id);
-        if self.used_order.len() > REMEMBERED_SESSIONS {
-            if let Some(old) = self.used_order.pop_front() {
-                self.used.remove(&old);
-            }
-        }
-        Ok(())
     }
 
     /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
@@ -257,8 +316,8 @@ impl SearchService {
     // Each argument is a distinct input of the protocol step; bundling them would only rename.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
-        &mut self,
-        store: &mut IrisStore,
+        &self,
+        store: &IrisStore,
         keys: &PartyKeys,
         id: SessionId,
         sealed_probe: &[u8],
@@ -267,11 +326,16 @@ impl SearchService {
         unix_now: u64,
         interrupt: &Interrupt,
     ) -> Result<StartReply, SearchError> {
-        // Refused before the id is remembered, so a refused start leaves nothing behind here.
-        if self.sessions.len() >= MAX_ACTIVE_SEARCHES {
-            return Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES));
-        }
-        self.remember(id)?;
+        let _starting = {
+            let mut table = self.table();
+            // Refused before the id is remembered, so a refused start leaves nothing behind.
+            if table.active() >= MAX_ACTIVE_SEARCHES {
+                return Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES));
+            }
+            table.remember(id)?;
+            table.starting += 1;
+            self.busy(Busy::Starting)
+        };
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
         check_probe(&probe, &params, unix_now)?;
@@ -323,7 +387,7 @@ impl SearchService {
         let message = to_next.seal(0, &payload, &mut OsRng);
         let entries = order.subjects.len();
         let digest = order.digest;
-        self.sessions.insert(
+        self.table().sessions.insert(
             id,
             ActiveSearch {
                 me,
@@ -345,14 +409,19 @@ impl SearchService {
     /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure
     /// aborts the search.
     pub fn round(
-        &mut self,
+        &self,
         id: SessionId,
         round: u32,
         message: &[u8],
         now: Instant,
     ) -> Result<RoundReply, SearchError> {
-        let Some(mut active) = self.sessions.remove(&id) else {
-            return Err(SearchError::UnknownSession(session_hex(&id)));
+        let (mut active, _in_round) = {
+            let mut table = self.table();
+            let Some(active) = table.sessions.remove(&id) else {
+                return Err(SearchError::UnknownSession(session_hex(&id)));
+            };
+            table.in_round += 1;
+            (active, self.busy(Busy::InRound))
         };
         let session = session_hex(&id);
         if round != active.next_round {
@@ -397,7 +466,7 @@ impl SearchService {
                 active.state = State::Running(Box::new(next));
                 active.next_round = round + 1;
                 active.last_used = now;
-                self.sessions.insert(id, active);
+                self.table().sessions.insert(id, active);
                 Ok(RoundReply::Continue(sealed))
             }
             Step::Done(output) => Ok(match output {
@@ -414,17 +483,19 @@ impl SearchService {
     }
 
     /// Drops search `id`; returns whether it was running.
-    pub fn abort(&mut self, id: &SessionId) -> bool {
-        self.sessions.remove(id).is_some()
+    pub fn abort(&self, id: &SessionId) -> bool {
+        self.table().sessions.remove(id).is_some()
     }
 
     /// Drops searches idle for longer than the timeout; returns how many.
-    pub fn expire(&mut self, now: Instant) -> usize {
-        let before = self.sessions.len();
+    pub fn expire(&self, now: Instant) -> usize {
         let timeout = self.timeout;
-        self.sessions
+        let mut table = self.table();
+        let before = table.sessions.len();
+        table
+            .sessions
             .retain(|_, s| now.saturating_duration_since(s.last_used) <= timeout);
-        before - self.sessions.len()
+        before - table.sessions.len()
     }
 }
 

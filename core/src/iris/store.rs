@@ -21,7 +21,7 @@
 //! 1.125 × the shares held.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -135,7 +135,9 @@ struct EyeMatrix {
     subjects: Vec<String>,
     /// The subjects held, for the duplicate check.
     subject_set: HashSet<String>,
-    order: Option<Arc<CanonicalOrder>>,
+    /// The cached canonical order (behind a mutex so that concurrent searches, which hold
+    /// the store shared, can fill it).
+    order: Mutex<Option<Arc<CanonicalOrder>>>,
 }
 
 impl EyeMatrix {
@@ -162,7 +164,7 @@ impl EyeMatrix {
         self.ids.push(t.id);
         self.subject_set.insert(t.subject.clone());
         self.subjects.push(t.subject);
-        self.order = None;
+        self.forget_order();
     }
 
     /// Removes physical row `row` by moving the last row into it; returns the id that moved
@@ -184,12 +186,19 @@ impl EyeMatrix {
         self.ids.swap_remove(row);
         let subject = self.subjects.swap_remove(row);
         self.subject_set.remove(&subject);
-        self.order = None;
+        self.forget_order();
         (row != last).then(|| self.ids[row])
     }
 
-    fn canonical(&mut self, eye: Eye) -> Arc<CanonicalOrder> {
-        if let Some(order) = &self.order {
+    /// Drops the cached order after a change of the rows.
+    fn forget_order(&mut self) {
+        *self.order.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    fn canonical(&self, eye: Eye) -> Arc<CanonicalOrder> {
+        // Held while the order is computed, so concurrent searches of one eye compute it once.
+        let mut cached = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(order) = cached.as_ref() {
             return Arc::clone(order);
         }
         let mut rows: Vec<usize> = (0..self.len()).collect();
@@ -208,7 +217,7 @@ impl EyeMatrix {
             subjects,
             digest: hash.finalize().into(),
         });
-        self.order = Some(Arc::clone(&order));
+        *cached = Some(Arc::clone(&order));
         order
     }
 
@@ -345,7 +354,7 @@ impl IrisStore {
     }
 
     /// The canonical order of `eye` (cached until the eye changes).
-    pub fn canonical(&mut self, eye: Eye) -> Arc<CanonicalOrder> {
+    pub fn canonical(&self, eye: Eye) -> Arc<CanonicalOrder> {
         self.eyes[eye_slot(eye)].canonical(eye)
     }
 

@@ -1,18 +1,24 @@
 //! The iris search service the engine hosts: the in-memory share matrix ([`IrisStore`]), kept
 //! in step with `privmatch.iris_templates`, and the running searches ([`SearchService`], the
 //! protocol of Bloemen et al., "Large-Scale MPC: Scaling Private Iris Code Uniqueness Checks
-//! to Millions of Users", ePrint 2024/705). The worker ([`super::worker`]) calls it on its
-//! main thread, one request at a time.
+//! to Millions of Users", ePrint 2024/705). The worker ([`super::worker`]) refreshes it on its
+//! main thread (SPI) and runs starts and rounds on request threads, concurrently.
 //!
 //! Consistency: before every search start the worker runs [`IrisSearch::refresh`] in a fresh
 //! transaction: it reads the ids the table holds (so every enrolment committed before the
 //! search started is seen) and loads missing rows / drops deleted ones. After a restart it
 //! rebuilds everything from the table.
 //!
+//! Concurrency: the store sits behind a read-write lock. Scans hold it shared, so searches
+//! run side by side; a refresh that finds the table unchanged takes it shared too, and one
+//! that must load or drop rows takes it exclusively, waiting for the running scans to end
+//! (enrolments and searches interleave; searches of an unchanged set never wait for each
+//! other).
+//!
 //! Imports: [`super::ipc`], [`crate::identity`] and core's `iris`; this is where the engine
 //! depends on the iris modality (of core, not `crate::iris`).
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
@@ -212,12 +218,14 @@ fn sync_store(store: &mut IrisStore, ids: &[i64]) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// The iris search service of the engine (module docs).
+/// The iris search service of the engine (module docs). Cloning shares it: the worker's
+/// main thread refreshes it, request threads start and step searches through their clones.
+#[derive(Clone)]
 pub struct IrisSearch {
-    store: Option<IrisStore>,
+    store: Arc<RwLock<Option<IrisStore>>>,
     /// The running searches (the worker aborts and expires them, and reports their count and
     /// scan backend, directly).
-    pub service: SearchService,
+    pub service: Arc<SearchService>,
 }
 
 impl IrisSearch {
@@ -225,14 +233,25 @@ impl IrisSearch {
     /// without a request.
     pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration) -> Self {
         IrisSearch {
-            store: None,
-            service: SearchService::new(backend, timeout),
+            store: Arc::new(RwLock::new(None)),
+            service: Arc::new(SearchService::new(backend, timeout)),
         }
     }
 
+    // A panic while the lock was held (a bug) leaves the store as the last completed insert
+    // or remove left it, and the next refresh repairs any difference with the table, so the
+    // lock's poison is ignored.
+    fn read_store(&self) -> RwLockReadGuard<'_, Option<IrisStore>> {
+        self.store.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_store(&self) -> RwLockWriteGuard<'_, Option<IrisStore>> {
+        self.store.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Brings the store up to date with the table (module docs) and returns the keys. Runs
-    /// inside the caller's transaction.
-    pub fn refresh(&mut self) -> Result<PartyKeys, EngineError> {
+    /// inside the caller's transaction, on the worker's main thread.
+    pub fn refresh(&self) -> Result<PartyKeys, EngineError> {
         if !extension_created()? {
             return Err(EngineError::new(
                 ErrorKind::NotReady,
@@ -240,20 +259,30 @@ impl IrisSearch {
             ));
         }
         let keys = read_keys()?;
-        let store = self.store.get_or_insert_with(|| IrisStore::new(keys.me));
-        if store.party() != keys.me {
-            return Err(EngineError::internal(
-                "the party index changed under the running engine",
-            ));
+        let ids = committed_ids()?;
+        let changed_party =
+            || EngineError::internal("the party index changed under the running engine");
+        if let Some(store) = self.read_store().as_ref() {
+            if store.party() != keys.me {
+                return Err(changed_party());
+            }
+            if store.plan_sync(&ids).is_empty() {
+                return Ok(keys);
+            }
         }
-        sync_store(store, &committed_ids()?)?;
+        let mut guard = self.write_store();
+        let store = guard.get_or_insert_with(|| IrisStore::new(keys.me));
+        if store.party() != keys.me {
+            return Err(changed_party());
+        }
+        sync_store(store, &ids)?;
         Ok(keys)
     }
 
     /// Starts search `session` with `keys` (from [`IrisSearch::refresh`]); its scan stops
-    /// early once `interrupt` is raised.
+    /// early once `interrupt` is raised. Calls nothing of Postgres (runs on a request thread).
     pub fn start(
-        &mut self,
+        &self,
         keys: &PartyKeys,
         session: [u8; 16],
         probe: &[u8],
@@ -261,9 +290,9 @@ impl IrisSearch {
         now: Instant,
         interrupt: &Interrupt,
     ) -> Result<Response, EngineError> {
-        let store = self
-            .store
-            .as_mut()
+        let guard = self.read_store();
+        let store = guard
+            .as_ref()
             .ok_or_else(|| EngineError::internal("no store"))?;
         // The wall clock bounds a probe's age (its sealing time is inside it); a clock before
         // 1970 reads as 0 and refuses every probe rather than accepting stale ones.
@@ -282,9 +311,10 @@ impl IrisSearch {
             })
     }
 
-    /// Runs round `round` of search `session` with the message of party i−1.
+    /// Runs round `round` of search `session` with the message of party i−1. Calls nothing
+    /// of Postgres (runs on a request thread).
     pub fn round(
-        &mut self,
+        &self,
         session: [u8; 16],
         round: u32,
         message: &[u8],
@@ -302,11 +332,11 @@ impl IrisSearch {
 
     /// Templates in memory.
     pub fn templates(&self) -> usize {
-        self.store.as_ref().map_or(0, |s| s.len())
+        self.read_store().as_ref().map_or(0, |s| s.len())
     }
 
     /// Bytes of shares in memory.
     pub fn share_bytes(&self) -> usize {
-        self.store.as_ref().map_or(0, |s| s.share_bytes())
+        self.read_store().as_ref().map_or(0, |s| s.share_bytes())
     }
 }

@@ -8,8 +8,13 @@
 //! one place where another implementation of [`ScanBackend`] (a GPU crate) plugs in.
 //!
 //! Threads: the worker's main thread is the only one that calls Postgres (SPI to read the
-//! template table and the party's keys); the scan threads run pure Rust on borrowed slices.
-//! Requests are served one at a time, so a search's state is never touched concurrently.
+//! template table and the party's keys). It accepts each backend's connection, reads the
+//! request, brings the store up to date before a search start, and hands starts and rounds to
+//! a request thread of their own, which computes, answers the backend and ends; so concurrent
+//! searches use the CPU side by side instead of queueing behind one request. Request threads
+//! and the scan threads they start run pure Rust, with Postgres's signals blocked; what they
+//! have to log goes to the main thread through a channel. Status and abort requests are
+//! answered on the main thread (microseconds).
 //!
 //! Imports: [`super::ipc`], [`super::iris`], [`super::heap`], [`crate::signals`] and core's `iris` (the scan
 //! backends, the service's keys); no module of `crate::iris` or `crate::face`.
@@ -18,7 +23,9 @@ use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::panic::AssertUnwindSafe;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,11 +36,11 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use privmatch_core::iris::scan::{CpuScan, Interrupt, ScanBackend};
-use privmatch_core::iris::service::PartyKeys;
+use privmatch_core::iris::service::{PartyKeys, MAX_ACTIVE_SEARCHES};
 
 use super::heap::{keep_freed_memory, release_free_memory};
 use super::ipc::{
-    read_frame, write_frame, EngineError, EngineStatus, Request, Response, SOCKET_NAME,
+    read_frame, write_frame, EngineError, EngineStatus, ErrorKind, Request, Response, SOCKET_NAME,
 };
 use super::iris::IrisSearch;
 use crate::signals::without_signals;
@@ -156,10 +163,20 @@ fn in_transaction<R>(body: impl FnOnce() -> Result<R, EngineError>) -> Result<R,
     result
 }
 
+/// Request threads running at once at most: each running search has at most one request
+/// in flight (the coordinator steps a search's rounds one after the other), so this leaves
+/// room for every search the service admits plus stragglers of aborted ones.
+const MAX_REQUEST_THREADS: usize = 2 * MAX_ACTIVE_SEARCHES;
+
 /// The worker's state.
 struct Engine {
     iris: IrisSearch,
     state: String,
+    /// Request threads running now.
+    in_flight: Arc<AtomicUsize>,
+    /// Lines the request threads want logged (only the main thread may call Postgres).
+    log_tx: Sender<String>,
+    log_rx: Receiver<String>,
 }
 
 impl Engine {
@@ -169,9 +186,13 @@ impl Engine {
             _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let timeout = Duration::from_secs(SEARCH_TIMEOUT.get().max(1) as u64);
+        let (log_tx, log_rx) = channel();
         Engine {
             iris: IrisSearch::new(scan_backend(SCAN_BACKEND.get(), threads), timeout),
             state: "starting".into(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            log_tx,
+            log_rx,
         }
     }
 
@@ -186,26 +207,16 @@ impl Engine {
         result
     }
 
-    fn handle(&mut self, request: Request<'_>, interrupt: &Interrupt) -> Response {
-        let now = Instant::now();
-        let result = match request {
-            Request::Start {
-                session,
-                probe,
-                params,
-            } => self.refresh().and_then(|keys| {
-                self.iris
-                    .start(&keys, session, &probe, params, now, interrupt)
-            }),
-            Request::Round {
-                session,
-                round,
-                message,
-            } => self.iris.round(session, round, &message, now),
-            Request::Abort { session } => Ok(Response::Aborted(self.iris.service.abort(&session))),
-            Request::Status => Ok(Response::Status(self.status())),
-        };
-        result.unwrap_or_else(Response::Error)
+    /// Whether nothing runs: no search between rounds and no request thread.
+    fn idle(&self) -> bool {
+        self.iris.service.active() == 0 && self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Logs what the request threads sent.
+    fn drain_log(&self) {
+        while let Ok(line) = self.log_rx.try_recv() {
+            pgrx::log!("{line}");
+        }
     }
 
     fn status(&self) -> EngineStatus {
@@ -229,8 +240,9 @@ fn resident_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-/// Reads one request from `stream`, answers it. I/O failures (a backend that gave up) are
-/// logged without content and otherwise ignored.
+/// Reads one request from `stream` and answers it: status and abort here, a start (after
+/// bringing the store up to date) and a round on a request thread. I/O failures (a backend
+/// that gave up) are logged without content and otherwise ignored.
 fn serve(engine: &mut Engine, stream: UnixStream) {
     let mut stream = stream;
     let setup = stream
@@ -247,50 +259,138 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
             return;
         }
     };
-    // Only a start scans the store (long); the other requests are answered in milliseconds.
-    let response = if matches!(request, Request::Start { .. }) {
-        let interrupt = Interrupt::default();
-        let response = handle_watched(engine, request, &stream, &interrupt);
-        if interrupt.is_raised() {
-            pgrx::log!(
-                "privmatch engine: a backend hung up during its request; its scan was stopped"
-            );
-            return;
+    let now = Instant::now();
+    match request {
+        Request::Start {
+            session,
+            probe,
+            params,
+        } => {
+            let keys = match engine.refresh() {
+                Ok(keys) => keys,
+                Err(e) => return answer(&mut stream, &Response::Error(e), &engine.log_tx),
+            };
+            let iris = engine.iris.clone();
+            spawn_request(engine, stream, move |stream| {
+                let interrupt = Interrupt::default();
+                let response = watched(stream, &interrupt, || {
+                    iris.start(&keys, session, &probe, params, now, &interrupt)
+                });
+                (!interrupt.is_raised()).then_some(response)
+            });
         }
-        response
-    } else {
-        engine.handle(request, Interrupt::never())
-    };
-    let (head, payload) = response.encode_parts();
-    if let Err(e) = write_frame(&mut stream, &head, payload) {
-        pgrx::log!("privmatch engine: could not answer a backend (it gave up?): {e}");
+        Request::Round {
+            session,
+            round,
+            message,
+        } => {
+            let iris = engine.iris.clone();
+            spawn_request(engine, stream, move |_| {
+                Some(
+                    iris.round(session, round, &message, now)
+                        .unwrap_or_else(Response::Error),
+                )
+            });
+        }
+        Request::Abort { session } => {
+            let aborted = engine.iris.service.abort(&session);
+            answer(&mut stream, &Response::Aborted(aborted), &engine.log_tx);
+        }
+        Request::Status => answer(
+            &mut stream,
+            &Response::Status(engine.status()),
+            &engine.log_tx,
+        ),
     }
 }
 
-/// Answers `request` while a watcher thread raises `interrupt` if the backend at the other
-/// end of `stream` hangs up (its query was cancelled or timed out, so it closed the socket).
-/// The watcher only polls (it calls nothing of Postgres) and is woken through a socket pair
-/// the moment the answer is ready, so a normal request never waits for it.
-fn handle_watched(
-    engine: &mut Engine,
-    request: Request<'_>,
+/// Writes `response` to the backend at the other end of `stream`.
+fn answer(stream: &mut UnixStream, response: &Response, log: &Sender<String>) {
+    let (head, payload) = response.encode_parts();
+    if let Err(e) = write_frame(stream, &head, payload) {
+        let _ = log.send(format!(
+            "privmatch engine: could not answer a backend (it gave up?): {e}"
+        ));
+    }
+}
+
+/// Counts a request thread while it runs (also when it panics).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs `job` on a request thread of its own, which answers the backend on `stream` with the
+/// job's response (none: the backend hung up, nobody reads an answer). A panic in the job (a
+/// bug) is answered as an internal error and logged; the engine keeps serving. With
+/// [`MAX_REQUEST_THREADS`] running, the request is refused as busy.
+fn spawn_request(
+    engine: &Engine,
+    mut stream: UnixStream,
+    job: impl FnOnce(&UnixStream) -> Option<Response> + Send + 'static,
+) {
+    let log = engine.log_tx.clone();
+    if engine.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_REQUEST_THREADS {
+        engine.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let busy = EngineError::new(
+            ErrorKind::Busy,
+            format!("the engine is running {MAX_REQUEST_THREADS} requests, the most it runs at once; retry"),
+        );
+        return answer(&mut stream, &Response::Error(busy), &log);
+    }
+    let counted = InFlight(Arc::clone(&engine.in_flight));
+    let spawned = without_signals(|| {
+        std::thread::Builder::new()
+            .name("privmatch-request".into())
+            .spawn(move || {
+                let _counted = counted;
+                let response = match catch_unwind(AssertUnwindSafe(|| job(&stream))) {
+                    Ok(Some(response)) => response,
+                    Ok(None) => {
+                        let _ = log.send(
+                            "privmatch engine: a backend hung up during its request; its scan was stopped".into(),
+                        );
+                        return;
+                    }
+                    Err(_) => {
+                        let _ = log.send("privmatch engine: a request failed with a panic (a bug); the engine keeps serving".into());
+                        Response::Error(EngineError::internal(
+                            "the engine failed on this request (a bug; see the server log)",
+                        ))
+                    }
+                };
+                answer(&mut stream, &response, &log);
+            })
+    });
+    if let Err(e) = spawned {
+        // The job, the stream and the count went with the closure: the backend reads an
+        // end of stream and reports the engine as unavailable.
+        pgrx::log!("privmatch engine: cannot start a request thread: {e}");
+    }
+}
+
+/// Computes `work` while a watcher thread raises `interrupt` if the backend at the other end
+/// of `stream` hangs up (its query was cancelled or timed out, so it closed the socket). The
+/// watcher only polls and is woken through a socket pair the moment the answer is ready, so a
+/// normal request never waits for it.
+fn watched(
     stream: &UnixStream,
     interrupt: &Interrupt,
+    work: impl FnOnce() -> Result<Response, EngineError>,
 ) -> Response {
     let Ok((wake, woken)) = UnixStream::pair() else {
-        pgrx::log!("privmatch engine: no hang-up watcher (no socket pair); a cancelled search runs its scan to the end");
-        return engine.handle(request, interrupt);
+        return work().unwrap_or_else(Response::Error);
     };
     std::thread::scope(|scope| {
-        let watcher = without_signals(|| {
-            std::thread::Builder::new()
-                .name("privmatch-hangup".into())
-                .spawn_scoped(scope, || watch_hangup(stream, &woken, interrupt))
-        });
-        if watcher.is_err() {
-            pgrx::log!("privmatch engine: no hang-up watcher (cannot start a thread); a cancelled search runs its scan to the end");
-        }
-        let response = engine.handle(request, interrupt);
+        // Started from a request thread, whose signals are blocked already: the watcher
+        // inherits that mask.
+        let _watcher = std::thread::Builder::new()
+            .name("privmatch-hangup".into())
+            .spawn_scoped(scope, || watch_hangup(stream, &woken, interrupt));
+        let response = work().unwrap_or_else(Response::Error);
         // Closing our end wakes the watcher (its poll sees the hang-up) and it returns.
         drop(wake);
         response
@@ -412,8 +512,9 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     while !BackgroundWorker::sigterm_received() {
         let readable = wait_for_work(listener.as_raw_fd());
         engine.iris.service.expire(Instant::now());
+        engine.drain_log();
         if !readable {
-            if !idle_trimmed && engine.iris.service.active() == 0 {
+            if !idle_trimmed && engine.idle() {
                 release_free_memory();
                 idle_trimmed = true;
             }

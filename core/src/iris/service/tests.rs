@@ -475,3 +475,150 @@ fn a_party_refuses_more_running_searches_than_its_limit_and_consumes_no_id() {
     );
     start(&mut w, id).expect("after the others expired");
 }
+
+/// Runs one whole search over shared services (`&Party` only), as a request thread of the
+/// engine does: starts at the three parties, then rounds until the output.
+fn run_shared(
+    parties: &[Party],
+    id: SessionId,
+    sealed: &[Vec<u8>],
+    params: SearchParams,
+) -> RoundReply {
+    let now = Instant::now();
+    let mut messages: Vec<Vec<u8>> = parties
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.service
+                .start(
+                    &p.store,
+                    &p.keys,
+                    id,
+                    &sealed[i],
+                    params,
+                    now,
+                    SEALED_AT,
+                    Interrupt::never(),
+                )
+                .unwrap()
+                .message
+        })
+        .collect();
+    for round in 0.. {
+        let replies: Vec<RoundReply> = (0..3)
+            .map(|i| {
+                parties[i]
+                    .service
+                    .round(id, round, &messages[(i + 2) % 3], now)
+                    .unwrap()
+            })
+            .collect();
+        if replies
+            .iter()
+            .all(|r| !matches!(r, RoundReply::Continue(_)))
+        {
+            assert!(replies.windows(2).all(|w| w[0] == w[1]), "{replies:?}");
+            return replies.into_iter().next().unwrap();
+        }
+        messages = replies
+            .into_iter()
+            .map(|r| match r {
+                RoundReply::Continue(m) => m,
+                other => panic!("parties out of step: {other:?}"),
+            })
+            .collect();
+    }
+    unreachable!()
+}
+
+#[test]
+fn concurrent_searches_through_shared_services_match_the_plaintext_reference() {
+    fn shared<T: Send + Sync>() {}
+    shared::<SearchService>();
+    shared::<IrisStore>();
+    let mut w = world(21);
+    let mut enrolled = Vec::new();
+    for i in 0..30 {
+        let t = random_template(&mut w.rng);
+        let subject = format!("subject-{i:02}");
+        w.enroll(&subject, Eye::Left, &t);
+        enrolled.push((subject, t));
+    }
+    // Eight searches at once: near duplicates of enrolled templates and strangers, with and
+    // without rotations, identification and uniqueness mixed.
+    let mut jobs = Vec::new();
+    for k in 0..8 {
+        let probe = if k % 3 == 2 {
+            random_template(&mut w.rng)
+        } else {
+            near_duplicate(&enrolled[k].1, 0.2, k as i32 - 4, &mut w.rng)
+        };
+        let p = params(
+            if k % 2 == 0 { "identify" } else { "uniqueness" },
+            15 * (k as i32 % 2),
+        );
+        let id = w.session();
+        let sealed =
+            seal_iris_probe(&probe, &context(id, Eye::Left, p), &w.publics, &mut w.rng).unwrap();
+        let expected: Vec<String> = enrolled
+            .iter()
+            .filter(|(_, t)| plain_match(&probe, t, p.max_rotation(), 3450))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let want = match p.mode() {
+            SearchMode::Identify => RoundReply::Identified(expected),
+            SearchMode::Uniqueness => RoundReply::Unique(expected.is_empty()),
+        };
+        jobs.push((id, sealed, p, want));
+    }
+    let parties = &w.parties;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = jobs
+            .iter()
+            .map(|(id, sealed, p, want)| {
+                scope.spawn(move || assert_eq!(&run_shared(parties, *id, sealed, *p), want))
+            })
+            .collect();
+        for r in running {
+            r.join().unwrap();
+        }
+    });
+    assert!(w.parties.iter().all(|p| p.service.active() == 0));
+}
+
+#[test]
+fn admission_counts_searches_that_are_starting() {
+    let mut w = world(22);
+    for i in 0..3 {
+        let t = random_template(&mut w.rng);
+        w.enroll(&format!("s{i}"), Eye::Left, &t);
+    }
+    let p = &w.parties[0];
+    // Holding MAX_ACTIVE_SEARCHES start slots (as that many starts in progress would) leaves
+    // no room for another start, and the refused one leaves its session id unused.
+    let slots: Vec<_> = (0..MAX_ACTIVE_SEARCHES)
+        .map(|_| {
+            p.service.table().starting += 1;
+            p.service.busy(Busy::Starting)
+        })
+        .collect();
+    let id = [7u8; 16];
+    let refused = p.service.start(
+        &p.store,
+        &p.keys,
+        id,
+        b"not even a probe",
+        params("identify", 0),
+        Instant::now(),
+        SEALED_AT,
+        Interrupt::never(),
+    );
+    assert!(
+        matches!(refused, Err(SearchError::TooManySearches(_))),
+        "{refused:?}"
+    );
+    assert_eq!(p.service.active(), MAX_ACTIVE_SEARCHES);
+    drop(slots);
+    assert_eq!(p.service.active(), 0);
+    assert!(!p.service.table().used.contains(&id));
+}
