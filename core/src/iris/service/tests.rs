@@ -103,7 +103,7 @@ impl World {
             .map(|(i, p)| {
                 p.service
                     .start(
-                        &mut p.store,
+                        &p.store,
                         &p.keys,
                         id,
                         &sealed[i],
@@ -310,7 +310,7 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
     let now = Instant::now();
     p.service
         .start(
-            &mut p.store,
+            &p.store,
             &p.keys,
             id,
             &sealed[0],
@@ -322,7 +322,7 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
         .unwrap();
     assert!(matches!(
         p.service.start(
-            &mut p.store,
+            &p.store,
             &p.keys,
             id,
             &sealed[0],
@@ -400,7 +400,7 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
     // A coordinator running the client's uniqueness probe as an identification is refused.
     assert!(matches!(
         p.service.start(
-            &mut p.store,
+            &p.store,
             &p.keys,
             id,
             &sealed[0],
@@ -424,7 +424,7 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
     let p = &mut w.parties[0];
     assert!(matches!(
         p.service.start(
-            &mut p.store,
+            &p.store,
             &p.keys,
             other_id,
             &again[0],
@@ -449,7 +449,7 @@ fn a_party_refuses_more_running_searches_than_its_limit_and_consumes_no_id() {
             seal_iris_probe(&t, &context(id, Eye::Left, params), &w.publics, &mut w.rng).unwrap();
         let p = &mut w.parties[0];
         p.service.start(
-            &mut p.store,
+            &p.store,
             &p.keys,
             id,
             &sealed[0],
