@@ -128,7 +128,7 @@ out=$(probe api "host=p0 dbname=privmatch user=privmatch sslmode=require")
 echo "$out" | grep -qiE "could not translate host name|timeout expired|could not connect" ||
   fail "P0 answered on the api network: $out"
 out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=disable")
-echo "$out" | grep -q "no pg_hba.conf entry" || fail "P0 accepted a connection without TLS: $out"
+echo "$out" | grep -qE "no pg_hba.conf entry|pg_hba.conf rejects connection" || fail "P0 accepted a connection without TLS: $out"
 out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=require password=wrong")
 echo "$out" | grep -q "password authentication failed" || fail "P0 accepted a wrong password: $out"
 echo "    api network: no route to P0; parties network: no TLS refused, wrong password refused"
