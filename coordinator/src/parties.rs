@@ -217,16 +217,23 @@ impl Parties {
         let connected = join_all(self.parties[..N].iter().map(|p| p.connect())).await;
         let mut clients = Vec::with_capacity(N);
         let mut error = None;
-        for result in connected {
+        for (party, result) in self.parties.iter().zip(connected) {
             match result {
-                Ok(client) => clients.push(client),
+                Ok(client) => clients.push((party, client)),
                 Err(e) => error = error.or(Some(e)),
             }
         }
         if let Some(err) = error {
-            self.give_back_all(clients).await;
+            // Each connection goes back to its own party's pool: with P1 unreachable, P2's
+            // connection filed by position under P1 would serve the next transaction as P1's
+            // (found under load with P1 killed: that transaction began twice at P2 and
+            // waited on itself).
+            for (party, client) in clients {
+                party.give_back(client).await;
+            }
             return Err(err);
         }
+        let clients: Vec<Client> = clients.into_iter().map(|(_, client)| client).collect();
         clients.try_into().map_err(|_| PartyError {
             party: PartyIndex::ALL[0],
             sqlstate: None,

@@ -418,22 +418,50 @@ fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
         &[probe_line(&eye, &near_duplicate(&t, 0.1, -6, &mut rng))],
     );
     let input = probes.display().to_string();
-    cluster.kill_party(2);
+    // P1, the middle one: the coordinator reaches P0 and P2 and must give each connection
+    // back to its own party's pool (a P2 connection filed under P1 once served the next
+    // transaction as P1's).
+    cluster.kill_party(1);
     let out = cluster
         .cli(&["iris", "search", "--input", &input, "--json"])
         .expect_failure();
-    out.assert_stderr_contains(&["P2"]);
+    out.assert_stderr_contains(&["P1"]);
     assert!(
         out.stdout.trim().is_empty(),
         "no result may be printed: {out}"
     );
     // The parties that were reached hold no session of the failed search.
-    for p in 0..2 {
+    for p in [0, 2] {
         let sessions: i32 =
             cluster.query(p, "SELECT sessions FROM privmatch.engine_status()", &[])[0].get(0);
         assert_eq!(sessions, 0, "P{p} kept a session");
     }
-    cluster.start_party(2);
+    let down = cluster.path("while-down.ndjson");
+    write_lines(
+        &down,
+        &[enrollment_line(
+            "while-down",
+            "left",
+            &random_template(&mut rng),
+        )],
+    );
+    cluster
+        .enroll(&down, &[])
+        .expect_failure()
+        .assert_stderr_contains(&["P1"]);
+    cluster.start_party(1);
     let got = search_json(&cluster, &probes, &[]);
-    assert_eq!(matches_of(&got[0]), vec![(subject, eye)]);
+    assert_eq!(matches_of(&got[0]), vec![(subject.clone(), eye.clone())]);
+    // Enrolment and search through the same coordinator after the party is back.
+    let more = enroll(&cluster, &mut rng, 3, "after");
+    let ((new_subject, new_eye), new_t) = more.into_iter().next().expect("one");
+    write_lines(
+        &probes,
+        &[probe_line(
+            &new_eye,
+            &near_duplicate(&new_t, 0.1, 4, &mut rng),
+        )],
+    );
+    let got = search_json(&cluster, &probes, &[]);
+    assert_eq!(matches_of(&got[0]), vec![(new_subject, new_eye)]);
 }
