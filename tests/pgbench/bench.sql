@@ -77,7 +77,8 @@ CREATE OR REPLACE FUNCTION privmatch_bench.resolve()
 RETURNS TABLE (resolution text, how_many bigint) LANGUAGE plpgsql AS $resolve$
 DECLARE
     failed record;
-    answer boolean;
+    enrolled_now boolean;
+    failure text;
 BEGIN
     FOR failed IN
         SELECT o.input, o.kind, i.sealed FROM privmatch_bench.outcomes o
@@ -87,19 +88,21 @@ BEGIN
     LOOP
         BEGIN
             IF failed.kind = 'iris-enroll' THEN
-                answer := privmatch.iris_enroll(failed.sealed);
+                enrolled_now := privmatch.iris_enroll(failed.sealed);
             ELSE
-                answer := privmatch.face_enroll(failed.sealed);
+                enrolled_now := privmatch.face_enroll(failed.sealed);
             END IF;
             UPDATE privmatch_bench.outcomes
-               SET resolved = CASE WHEN answer THEN 'enrolled-now' ELSE 'already-enrolled' END
+               SET resolved = CASE WHEN enrolled_now THEN 'enrolled-now' ELSE 'already-enrolled' END
              WHERE input = failed.input;
         EXCEPTION
             WHEN unique_violation THEN
                 UPDATE privmatch_bench.outcomes SET resolved = 'committed-before'
                  WHERE input = failed.input;
             WHEN OTHERS THEN
-                UPDATE privmatch_bench.outcomes SET resolved = 'error ' || SQLSTATE
+                -- Through a variable: inside the UPDATE, SQLSTATE would name the column.
+                failure := SQLSTATE;
+                UPDATE privmatch_bench.outcomes SET resolved = 'error ' || failure
                  WHERE input = failed.input;
         END;
     END LOOP;

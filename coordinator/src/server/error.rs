@@ -100,11 +100,9 @@ impl<E: Display + Into<ApiError>> From<TxnError<E>> for ApiError {
         let message = err.to_string();
         match err {
             TxnError::Aborted(party) => {
-                let (status, code) = if party.is_client_error() {
-                    (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED)
-                } else {
-                    (StatusCode::BAD_GATEWAY, codes::PARTY_ERROR)
-                };
+                // Classified as a search's party failure: an unreachable party is
+                // `party_unavailable` (503, the front door's 08006), not a generic failure.
+                let (status, code) = party_failure_status(&party);
                 party_error(status, code, message, &party)
             }
             TxnError::Disagreement(_) => {
