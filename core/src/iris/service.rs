@@ -23,8 +23,10 @@
 //! mutex held only to look a search up, take it out or put it back, never while a probe is
 //! opened, the store scanned or a round computed. An engine may therefore run the starts
 //! and rounds of different searches on as many threads as the CPU has room for; the rounds
-//! of one search stay sequential (a round takes its search out of the table, so a second
-//! call for the same search meanwhile is refused as unknown and aborts it).
+//! of one search stay sequential: a round takes its search out of the table, so a second
+//! call for the same search meanwhile is refused as unknown (the round in progress goes on),
+//! and an abort meanwhile finds nothing to drop (the search then ends at its next refused
+//! message or at the idle timeout).
 //!
 //! **Empty eye.** With no enrolled template of the probe's eye, the three parties skip the
 //! protocol in the same way: `start` returns an empty message and round 0 ends the search

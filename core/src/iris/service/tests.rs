@@ -96,57 +96,12 @@ impl World {
             &mut self.rng,
         )
         .unwrap();
-        let now = Instant::now();
-        self.parties
-            .iter_mut()
-            .enumerate()
-            .map(|(i, p)| {
-                p.service
-                    .start(
-                        &p.store,
-                        &p.keys,
-                        id,
-                        &sealed[i],
-                        params,
-                        now,
-                        SEALED_AT,
-                        Interrupt::never(),
-                    )
-                    .unwrap()
-            })
-            .collect()
+        start_all(&self.parties, id, &sealed, params)
     }
 
     /// Drives rounds as the coordinator does: party i's message goes to party i+1.
     fn finish(&mut self, id: SessionId, first: Vec<Vec<u8>>) -> (Vec<RoundReply>, u32) {
-        let mut messages = first;
-        let mut round = 0;
-        loop {
-            let now = Instant::now();
-            let replies: Vec<RoundReply> = (0..3)
-                .map(|i| {
-                    let inbound = &messages[(i + 2) % 3];
-                    self.parties[i]
-                        .service
-                        .round(id, round, inbound, now)
-                        .unwrap()
-                })
-                .collect();
-            if replies
-                .iter()
-                .all(|r| !matches!(r, RoundReply::Continue(_)))
-            {
-                return (replies, round + 1);
-            }
-            messages = replies
-                .into_iter()
-                .map(|r| match r {
-                    RoundReply::Continue(m) => m,
-                    other => panic!("parties out of step: {other:?}"),
-                })
-                .collect();
-            round += 1;
-        }
+        finish_all(&self.parties, id, first)
     }
 
     fn search(&mut self, probe: &IrisTemplate, eye: Eye, params: SearchParams) -> RoundReply {
@@ -163,6 +118,64 @@ impl World {
             0
         );
         replies.into_iter().next().unwrap()
+    }
+}
+
+/// Starts search `id` at the three parties with their sealed probes.
+fn start_all(
+    parties: &[Party],
+    id: SessionId,
+    sealed: &[Vec<u8>],
+    params: SearchParams,
+) -> Vec<StartReply> {
+    let now = Instant::now();
+    parties
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.service
+                .start(
+                    &p.store,
+                    &p.keys,
+                    id,
+                    &sealed[i],
+                    params,
+                    now,
+                    SEALED_AT,
+                    Interrupt::never(),
+                )
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Drives rounds as the coordinator does (party i's message goes to party i+1) until every
+/// party answers its output; returns the outputs and the number of rounds.
+fn finish_all(parties: &[Party], id: SessionId, first: Vec<Vec<u8>>) -> (Vec<RoundReply>, u32) {
+    let mut messages = first;
+    let mut round = 0;
+    loop {
+        let now = Instant::now();
+        let replies: Vec<RoundReply> = (0..3)
+            .map(|i| {
+                let inbound = &messages[(i + 2) % 3];
+                parties[i].service.round(id, round, inbound, now).unwrap()
+            })
+            .collect();
+        if replies
+            .iter()
+            .all(|r| !matches!(r, RoundReply::Continue(_)))
+        {
+            return (replies, round + 1);
+        }
+        messages = replies
+            .into_iter()
+            .map(|r| match r {
+                RoundReply::Continue(m) => m,
+                other => panic!("parties out of step: {other:?}"),
+            })
+            .collect();
+        round += 1;
     }
 }
 
@@ -484,51 +497,13 @@ fn run_shared(
     sealed: &[Vec<u8>],
     params: SearchParams,
 ) -> RoundReply {
-    let now = Instant::now();
-    let mut messages: Vec<Vec<u8>> = parties
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            p.service
-                .start(
-                    &p.store,
-                    &p.keys,
-                    id,
-                    &sealed[i],
-                    params,
-                    now,
-                    SEALED_AT,
-                    Interrupt::never(),
-                )
-                .unwrap()
-                .message
-        })
+    let first = start_all(parties, id, sealed, params)
+        .into_iter()
+        .map(|s| s.message)
         .collect();
-    for round in 0.. {
-        let replies: Vec<RoundReply> = (0..3)
-            .map(|i| {
-                parties[i]
-                    .service
-                    .round(id, round, &messages[(i + 2) % 3], now)
-                    .unwrap()
-            })
-            .collect();
-        if replies
-            .iter()
-            .all(|r| !matches!(r, RoundReply::Continue(_)))
-        {
-            assert!(replies.windows(2).all(|w| w[0] == w[1]), "{replies:?}");
-            return replies.into_iter().next().unwrap();
-        }
-        messages = replies
-            .into_iter()
-            .map(|r| match r {
-                RoundReply::Continue(m) => m,
-                other => panic!("parties out of step: {other:?}"),
-            })
-            .collect();
-    }
-    unreachable!()
+    let (replies, _) = finish_all(parties, id, first);
+    assert!(replies.windows(2).all(|w| w[0] == w[1]), "{replies:?}");
+    replies.into_iter().next().unwrap()
 }
 
 #[test]
