@@ -23,6 +23,7 @@
 //! |---|---|
 //! | [`iris`] | 3-party iris matching: templates, shares, enrolment bundles, probes, scan, matcher, search service |
 //! | [`face`] | Funshade face matching: quantisation, bundles, probes, key batches, evaluation steps |
+//! | [`paillier`] | device-held face templates with packed Paillier (Game-Set-MATCH) |
 
 //!
 //! Papers are cited as `[KEY] §x` (section numbers of the version named in
@@ -42,6 +43,7 @@ pub mod crypto;
 pub mod face;
 pub mod iris;
 pub mod mpc;
+pub mod paillier;
 pub mod party;
 pub mod sharing;
 pub mod twophase;

@@ -1,0 +1,15 @@
+//! # Device-held face templates with packed Paillier [ABMR20]
+//!
+//! Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH: Using Mobile Devices for
+//! Seamless External-Facing Biometric Matching", CCS 2020, ePrint 2020/1363. The template stays
+//! encrypted under the user's own device key; a service provider (a privmatch party) stores
+//! the signed encrypted template; a terminal matches a live capture against it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
+//!
+//! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
+//! the paper.
+
+pub mod cipher;
