@@ -17,6 +17,16 @@ echo "==> unit and property tests (core, coordinator, the layout rules, the exte
 cargo test --release -p privmatch-core -p privmatch-coordinator -p privmatch-layout
 (cd extension && cargo test --release --lib)
 
+echo "==> Paillier interoperability with python-paillier (phe)"
+# A private virtual environment with the pinned phe, reused when present.
+PHE_VENV=target/python-phe
+if ! "$PHE_VENV/bin/python" -c 'import phe' 2>/dev/null; then
+  python3 -m venv "$PHE_VENV"
+  "$PHE_VENV/bin/pip" install --quiet phe==1.5.0
+fi
+cargo build --release -p privmatch-core --example paillier_interop --quiet
+"$PHE_VENV/bin/python" tests/python/test_phe_interop.py target/release/examples/paillier_interop
+
 echo "==> SQL regression tests (extension)"
 bash scripts/regress.sh
 

@@ -402,19 +402,20 @@ impl SecretKey {
         }
     }
 
-    /// The key with primes p and q: distinct, ≡ 3 (mod 4), equally long, and with an N of a
-    /// supported size.
+    /// The key with primes p and q: distinct, odd, equally long, and with an N of a supported
+    /// size. Keys made elsewhere (e.g. by `phe`) need not be Blum integers; such a key works for
+    /// Π1 but fails the Paillier–Blum modulus proof of the malicious-device enrolment.
     pub fn from_primes(p: Integer, q: Integer) -> Result<Self, PaillierError> {
         use rug::integer::IsPrime;
         if p == q
             || p.significant_bits() != q.significant_bits()
-            || p.mod_u(4) != 3
-            || q.mod_u(4) != 3
+            || p.is_even()
+            || q.is_even()
             || p.is_probably_prime(PRIME_TEST_REPS) == IsPrime::No
             || q.is_probably_prime(PRIME_TEST_REPS) == IsPrime::No
         {
             return Err(PaillierError::BadPrimes(
-                "p and q must be distinct primes ≡ 3 (mod 4) of equal length".into(),
+                "p and q must be distinct odd primes of equal length".into(),
             ));
         }
         let public = PublicKey::from_modulus((&p * &q).complete())?;
