@@ -8,8 +8,10 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
+//! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
+pub mod record;
