@@ -1,11 +1,13 @@
 //! Cryptography that is not secret sharing: sealing ([`seal`]: client→party sealed boxes,
 //! party↔party AEAD channels, pairwise PRF seeds), operator-signed commands ([`sign`]:
 //! changes of a party's security state relayed by the coordinator) and function secret
-//! sharing ([`fss`]: fixed-key AES PRG, DCF, interval containment). Boolean circuits for the
-//! two-party garbled circuits of protocol Π3 of [ABMR20] ([`circuit`]). No modality lives
+//! sharing ([`fss`]: fixed-key AES PRG, DCF, interval containment). Two-party garbled
+//! circuits for protocol Π3 of [ABMR20]: boolean circuits and their gadgets ([`circuit`]) and
+//! half-gates garbling with free-XOR over the fixed-key AES ([`garble`]). No modality lives
 //! here.
 
 pub mod circuit;
 pub mod fss;
+pub mod garble;
 pub mod seal;
 pub mod sign;
