@@ -2,12 +2,14 @@
 //! party↔party AEAD channels, pairwise PRF seeds), operator-signed commands ([`sign`]:
 //! changes of a party's security state relayed by the coordinator) and function secret
 //! sharing ([`fss`]: fixed-key AES PRG, DCF, interval containment). Two-party garbled
-//! circuits for protocol Π3 of [ABMR20]: boolean circuits and their gadgets ([`circuit`]) and
-//! half-gates garbling with free-XOR over the fixed-key AES ([`garble`]). No modality lives
+//! circuits for protocol Π3 of [ABMR20]: boolean circuits and their gadgets ([`circuit`]),
+//! half-gates garbling with free-XOR over the fixed-key AES ([`garble`]) and the two-message
+//! endemic OT of Masny–Rindal for the evaluator's input labels ([`ot`]). No modality lives
 //! here.
 
 pub mod circuit;
 pub mod fss;
 pub mod garble;
+pub mod ot;
 pub mod seal;
 pub mod sign;
