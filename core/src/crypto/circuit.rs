@@ -21,6 +21,8 @@
 //!
 //! [`Circuit::eval_plain`] evaluates in the clear; it is the reference the garbling is tested
 //! against.
+//!
+//! [ABMR20]: https://eprint.iacr.org/2020/1363
 
 use std::collections::BTreeMap;
 
@@ -928,6 +930,8 @@ impl MatchCheckWidths {
 }
 
 /// The consistency-and-threshold circuit of Π3 ([ABMR20] Fig. 6), generic over widths.
+///
+/// [ABMR20]: https://eprint.iacr.org/2020/1363
 ///
 /// Inputs: garbler (terminal) pad, a, b; evaluator (device) X, Y; all unsigned,
 /// little-endian, in that order (see [`MatchCheckWidths::garbler_bits`] and

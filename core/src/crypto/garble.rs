@@ -13,7 +13,7 @@
 //!   (the permute bit p = lsb(W⁰); lsb(Δ) = 1 makes the two labels' lsbs differ).
 //! * **Hash**: the tweakable circular-correlation-robust hash of Guo, Katz, Wang, Yu,
 //!   "Efficient and Secure Multiparty Computation from Fixed-Key Block Ciphers", IEEE S&P
-//!   2020, ePrint 2019/074, §7 (the MMO construction with an orthomorphism):
+//!   2020, ePrint 2019/074 (their MMO-style construction with a linear orthomorphism σ):
 //!   `H(x, i) = π(σ(x) ⊕ i) ⊕ σ(x)`, σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L (linear, and
 //!   x ↦ σ(x) ⊕ x is also a permutation), π = AES-128 under the public key
 //!   [`crate::crypto::fss::aes::FIXED_KEY`] ([`fixed_encrypt`], AES-NI/VAES where available).
@@ -39,6 +39,8 @@
 //! a cheating evaluator. The evaluator may learn its output bits through
 //! [`OutputDecoding`] (the permute bits of the outputs), which the garbler sends only if the
 //! protocol lets the evaluator learn the output (Π3, Round 5: "D learns the output bit y").
+//!
+//! [ABMR20]: https://eprint.iacr.org/2020/1363
 
 use rand_core::{CryptoRng, RngCore};
 use thiserror::Error;
@@ -167,6 +169,8 @@ pub enum GarbleError {
 
 /// The public garbled tables: for AND gate k (in circuit order), blocks 2k = T_G and
 /// 2k + 1 = T_E of [ZRE15] Fig. 2.
+///
+/// [ZRE15]: https://eprint.iacr.org/2014/756
 #[derive(Clone, PartialEq, Eq)]
 pub struct GarbledCircuit {
     tables: Vec<u128>,
@@ -379,7 +383,7 @@ impl OutputDecoding {
 }
 
 /// σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L with x_L the high 64 bits: the linear orthomorphism of
-/// [GKWY20] §7.
+/// Guo–Katz–Wang–Yu (ePrint 2019/074).
 #[inline(always)]
 fn sigma(x: u128) -> u128 {
     let hi = x >> 64;
@@ -411,6 +415,8 @@ fn tccr<const N: usize>(x: [u128; N], i: [u128; N]) -> [u128; N] {
 /// Garbles `circuit` ([ZRE15] Fig. 2, Gb): fresh Δ (lsb 1) and input zero-labels from
 /// `rng`, free-XOR/free-NOT labels, two ciphertexts per AND gate. Returns the public tables
 /// and the garbler's secrets.
+///
+/// [ZRE15]: https://eprint.iacr.org/2014/756
 pub fn garble<R: RngCore + CryptoRng>(
     circuit: &Circuit,
     rng: &mut R,
@@ -474,6 +480,8 @@ pub fn garble<R: RngCore + CryptoRng>(
 /// garbler's, then the evaluator's); returns one label per output. The tables must be for this
 /// circuit ([`GarbleError::Length`] otherwise). With wrong labels or tables it still returns
 /// labels, which the garbler's [`GarblerSecrets::decode_output`] then rejects.
+///
+/// [ZRE15]: https://eprint.iacr.org/2014/756
 pub fn evaluate(
     circuit: &Circuit,
     garbled: &GarbledCircuit,

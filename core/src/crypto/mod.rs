@@ -6,6 +6,8 @@
 //! half-gates garbling with free-XOR over the fixed-key AES ([`garble`]) and the two-message
 //! endemic OT of Masny–Rindal for the evaluator's input labels ([`ot`]). No modality lives
 //! here.
+//!
+//! [ABMR20]: https://eprint.iacr.org/2020/1363
 
 pub mod circuit;
 pub mod fss;

@@ -3,8 +3,8 @@
 //! The evaluator of a garbled circuit (the device in Π3 of [ABMR20]) obtains the labels of its
 //! input bits by 1-out-of-2 OT from the garbler (the terminal). This is the two-message
 //! "endemic" OT of Masny and Rindal, "Endemic Oblivious Transfer", CCS 2019 (ePrint
-//! 2019/706), §4 (OT from a key agreement with uniform public messages, random-oracle
-//! model), instantiated with Diffie–Hellman over the prime-order Ristretto255 group
+//! 2019/706; the construction of OT from a key agreement whose messages are uniform in a
+//! group, random-oracle model), instantiated with Diffie–Hellman over the prime-order Ristretto255 group
 //! (`curve25519-dalek`), generator G:
 //!
 //! ```text
@@ -42,6 +42,8 @@
 //! Ristretto encoding. Every point received is decoded with the canonical-encoding check
 //! (`CompressedRistretto::decompress`), and an invalid one is an error naming its index; the
 //! sender never panics on the receiver's bytes.
+//!
+//! [ABMR20]: https://eprint.iacr.org/2020/1363
 
 use curve25519_dalek::constants::RISTRETTO_BASEPOINT_TABLE;
 use curve25519_dalek::ristretto::{CompressedRistretto, RistrettoBasepointTable, RistrettoPoint};
@@ -283,7 +285,7 @@ impl std::fmt::Debug for OtReceiver {
 
 impl OtReceiver {
     /// The receiver's first (and only) message for the choice bits `choices` in session
-    /// `session` ([MR19] §4, receiver step): per OT, m_c = a·G, r_{1−c} uniform, r_c =
+    /// `session` (Masny–Rindal, receiver step): per OT, m_c = a·G, r_{1−c} uniform, r_c =
     /// m_c − H_i(r_{1−c}). The session id must be the one the sender uses (the protocol's
     /// session binding); a different one makes every label come out wrong.
     pub fn new<R: RngCore + CryptoRng>(
@@ -326,7 +328,7 @@ impl OtReceiver {
         self.choices.is_empty()
     }
 
-    /// The chosen labels from the sender's message ([MR19] §4, receiver output): k_c =
+    /// The chosen labels from the sender's message (Masny–Rindal, receiver output): k_c =
     /// KDF_i(c, a_i·B), L_c = e_c ⊕ k_c. Fails if the count differs or B is not a valid
     /// non-identity point.
     pub fn finish(self, reply: &SenderMessage) -> Result<Vec<Label>, OtError> {
@@ -369,7 +371,7 @@ pub struct OtSender;
 
 impl OtSender {
     /// The sender's message for the receiver's `request` in session `session`, transferring
-    /// label pair i in OT i ([MR19] §4, sender step): B = b·G for a fresh b, m_0 = r_0 +
+    /// label pair i in OT i (Masny–Rindal, sender step): B = b·G for a fresh b, m_0 = r_0 +
     /// H_i(r_1), m_1 = r_1 + H_i(r_0), e_j = L_j ⊕ KDF_i(j, b·m_j). Fails (never panics) if
     /// the counts differ, there are more than [`MAX_OTS`] OTs, or a point is invalid (naming
     /// the OT).
