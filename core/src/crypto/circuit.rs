@@ -42,7 +42,7 @@ pub enum CircuitError {
     /// topological order: gate k reads only wires below `num_inputs + k`).
     #[error("gate {gate} reads wire {wire}, which is not defined before it")]
     WireOutOfOrder {
-        /// The gate index (or `usize::MAX` for an output).
+        /// The gate index.
         gate: usize,
         /// The offending wire.
         wire: u32,
