@@ -1,8 +1,17 @@
 //! Cryptography that is not secret sharing: sealing ([`seal`]: client→party sealed boxes,
 //! party↔party AEAD channels, pairwise PRF seeds), operator-signed commands ([`sign`]:
 //! changes of a party's security state relayed by the coordinator) and function secret
-//! sharing ([`fss`]: fixed-key AES PRG, DCF, interval containment). No modality lives here.
+//! sharing ([`fss`]: fixed-key AES PRG, DCF, interval containment). Two-party garbled
+//! circuits for protocol Π3 of [ABMR20]: boolean circuits and their gadgets ([`circuit`]),
+//! half-gates garbling with free-XOR over the fixed-key AES ([`garble`]) and the two-message
+//! endemic OT of Masny–Rindal for the evaluator's input labels ([`ot`]). No modality lives
+//! here.
+//!
+//! [ABMR20]: https://eprint.iacr.org/2020/1363
 
+pub mod circuit;
 pub mod fss;
+pub mod garble;
+pub mod ot;
 pub mod seal;
 pub mod sign;
