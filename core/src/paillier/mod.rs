@@ -8,8 +8,12 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
+//! | [`params`] | the agreed parameters (ℓ, m, \|N\|, λ, ζ², protocol), their canonical bytes, the derived slot layout (3-AP-free positions) |
+//! | [`encoding`] | the packing of [ABMR20] §4 (signed slots, norm-derived width), Mask and ρ, the homomorphic inner product by multi-exponentiation |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
+pub mod encoding;
+pub mod params;
