@@ -705,21 +705,39 @@ pub fn masked_affine_inner_product_with_nonce<R: RngCore + CryptoRng + ?Sized>(
     r_to_n: &Integer,
     rng: &mut R,
 ) -> Result<Ciphertext, EncodingError> {
+    let product = homomorphic_inner_product(pk, layout, template, w)?;
+    mask_affine_product(pk, layout, &product, a, b, r_to_n, rng)
+}
+
+/// The second half of [`masked_affine_inner_product_with_nonce`], for a product ⟦z⟧ from
+/// [`homomorphic_inner_product`]: ⟦Mask(a·z + Encode2(ρ + (0, …, 0, b)))⟧ re-randomised with
+/// `r_to_n`. Π3 ([ABMR20] Fig. 5 Round 2 steps (3)–(5)) computes ⟦z⟧ once and calls this twice:
+/// a = 1, b = pad for X̃ and a, b for Ỹ (each with fresh masks, ρ and r^N).
+pub fn mask_affine_product<R: RngCore + CryptoRng + ?Sized>(
+    pk: &PublicKey,
+    layout: &Layout,
+    product: &Ciphertext,
+    a: &Integer,
+    b: &Integer,
+    r_to_n: &Integer,
+    rng: &mut R,
+) -> Result<Ciphertext, EncodingError> {
     check_affine(layout, a, b)?;
     let nonce = pk
         .ciphertext_from_integer(r_to_n.clone())
         .map_err(|_| range("r_to_n", "not an element of Z_{N²}^* of this key"))?;
-    let mut product = homomorphic_inner_product(pk, layout, template, w)?;
-    if *a != 1 {
+    let scaled = if *a == 1 {
+        product.clone()
+    } else {
         // a is the terminal's secret: constant-time exponentiation (product is a unit).
         let raised = product
             .as_integer()
             .clone()
             .secure_pow_mod(a, pk.n_squared());
-        product = pk.ciphertext_from_integer(raised)?;
-    }
+        pk.ciphertext_from_integer(raised)?
+    };
     let addend = affine_mask_addend(layout, b, rng)?;
-    let masked = pk.add_plain(&product, &addend);
+    let masked = pk.add_plain(&scaled, &addend);
     Ok(pk.rerandomize(&masked, nonce.as_integer()))
 }
 
