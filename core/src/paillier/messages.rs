@@ -13,7 +13,7 @@
 
 use super::cipher::{Ciphertext, PaillierError, PublicKey};
 use super::encoding::EncodingError;
-use super::params::{Params, ParamsError};
+use super::params::{Params, ParamsError, Protocol};
 use rug::integer::Order;
 use rug::Integer;
 
@@ -284,6 +284,39 @@ pub fn template_signing_bytes(params: &Params, pk: &PublicKey, template: &[Ciphe
 /// The big-endian bytes needed for an integer of `bits` bits.
 pub fn bytes_for_bits(bits: u32) -> usize {
     bits.div_ceil(8) as usize
+}
+
+/// Checks that `params` are for `protocol` and that |threshold| ≤ ζ².
+pub fn check_session_params(
+    params: &Params,
+    protocol: Protocol,
+    threshold: i64,
+) -> Result<(), MatchError> {
+    if params.protocol() != protocol {
+        return Err(MatchError::Argument {
+            argument: "params",
+            reason: format!("parameters for {:?}, not {protocol:?}", params.protocol()),
+        });
+    }
+    let t = Integer::from(threshold);
+    if t.clone().abs() > *params.norm_bound() {
+        return Err(MatchError::Argument {
+            argument: "threshold",
+            reason: format!(
+                "{threshold} is outside [−ζ², ζ²] = ±{}",
+                params.norm_bound()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The inner product as an i64 (|IP| ≤ ζ² ≤ 2^58 for valid parameters).
+pub fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
+    x.to_i64().ok_or_else(|| MatchError::Argument {
+        argument,
+        reason: format!("{x} does not fit an i64"),
+    })
 }
 
 /// Shared test fixtures of the protocol tests.

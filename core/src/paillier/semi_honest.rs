@@ -24,43 +24,13 @@ use super::cipher::{Ciphertext, PublicKey, SecretKey};
 use super::encoding::{
     check_template, decode_sum, encode_template, masked_affine_inner_product_with_nonce,
 };
-use super::messages::{header, put_template, read_template, MatchError, MessageKind, Reader};
+use super::messages::{
+    check_session_params, header, put_template, read_template, to_i64, MatchError, MessageKind,
+    Reader,
+};
 use super::params::{Params, Protocol};
 use rand_core::{CryptoRng, RngCore};
 use rug::Integer;
-
-/// Checks that `params` are for `protocol` and that |threshold| ≤ ζ².
-pub(crate) fn check_session_params(
-    params: &Params,
-    protocol: Protocol,
-    threshold: i64,
-) -> Result<(), MatchError> {
-    if params.protocol() != protocol {
-        return Err(MatchError::Argument {
-            argument: "params",
-            reason: format!("parameters for {:?}, not {protocol:?}", params.protocol()),
-        });
-    }
-    let t = Integer::from(threshold);
-    if t.clone().abs() > *params.norm_bound() {
-        return Err(MatchError::Argument {
-            argument: "threshold",
-            reason: format!(
-                "{threshold} is outside [−ζ², ζ²] = ±{}",
-                params.norm_bound()
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The inner product as an i64 (|IP| ≤ ζ² ≤ 2^58 for valid parameters).
-pub(crate) fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
-    x.to_i64().ok_or_else(|| MatchError::Argument {
-        argument,
-        reason: format!("{x} does not fit an i64"),
-    })
-}
 
 /// Π1 enrolment ([ABMR20] Fig. 3, enrolment steps 1–2): Encode1 of the template u (checked:
 /// length ℓ, m-bit elements, ‖u‖² ≤ ζ²) into t plaintexts, each encrypted by the key owner
