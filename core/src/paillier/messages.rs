@@ -281,11 +281,6 @@ pub fn template_signing_bytes(params: &Params, pk: &PublicKey, template: &[Ciphe
     out
 }
 
-/// The big-endian bytes needed for an integer of `bits` bits.
-pub fn bytes_for_bits(bits: u32) -> usize {
-    bits.div_ceil(8) as usize
-}
-
 /// Checks that `params` are for `protocol` and that |threshold| ≤ ζ².
 pub fn check_session_params(
     params: &Params,

@@ -215,28 +215,7 @@ impl Params {
         stat_bits: u32,
         norm_bound: Integer,
     ) -> Result<Self, ParamsError> {
-        if !DIM_RANGE.contains(&dim) {
-            return Err(field("dim", format!("{dim}; accepted: {DIM_RANGE:?}")));
-        }
-        if !VALUE_BITS_RANGE.contains(&value_bits) {
-            return Err(field(
-                "value_bits",
-                format!("{value_bits}; accepted: {VALUE_BITS_RANGE:?}"),
-            ));
-        }
-        if !STAT_BITS_RANGE.contains(&stat_bits) {
-            return Err(field(
-                "stat_bits",
-                format!("{stat_bits}; accepted: {STAT_BITS_RANGE:?}"),
-            ));
-        }
-        let max_norm = Self::max_norm_bound(dim, value_bits);
-        if norm_bound < 1 || norm_bound > max_norm {
-            return Err(field(
-                "norm_bound",
-                format!("{norm_bound}; accepted: 1..={max_norm} (ℓ·2^(2(m−1)))"),
-            ));
-        }
+        validate_fields(dim, value_bits, stat_bits, &norm_bound)?;
         let layout = Layout::derive(
             protocol,
             dim,
@@ -366,6 +345,38 @@ impl Params {
     }
 }
 
+/// The range checks of [`Params::new`] that do not concern the modulus.
+fn validate_fields(
+    dim: usize,
+    value_bits: u32,
+    stat_bits: u32,
+    norm_bound: &Integer,
+) -> Result<(), ParamsError> {
+    if !DIM_RANGE.contains(&dim) {
+        return Err(field("dim", format!("{dim}; accepted: {DIM_RANGE:?}")));
+    }
+    if !VALUE_BITS_RANGE.contains(&value_bits) {
+        return Err(field(
+            "value_bits",
+            format!("{value_bits}; accepted: {VALUE_BITS_RANGE:?}"),
+        ));
+    }
+    if !STAT_BITS_RANGE.contains(&stat_bits) {
+        return Err(field(
+            "stat_bits",
+            format!("{stat_bits}; accepted: {STAT_BITS_RANGE:?}"),
+        ));
+    }
+    let max_norm = Params::max_norm_bound(dim, value_bits);
+    if *norm_bound < 1 || *norm_bound > max_norm {
+        return Err(field(
+            "norm_bound",
+            format!("{norm_bound}; accepted: 1..={max_norm} (ℓ·2^(2(m−1)))"),
+        ));
+    }
+    Ok(())
+}
+
 /// The slot layout of the packing ([ABMR20] §4, with the deviations documented in
 /// `encoding.rs`): every quantity the encoder, the terminal and the device need, derived from
 /// [`Params`] by [`Layout::derive`].
@@ -428,8 +439,10 @@ impl Layout {
         stat_bits: u32,
         norm_bound: &Integer,
     ) -> Result<Self, ParamsError> {
-        if dim == 0 {
-            return Err(field("dim", "0"));
+        // Params::new has checked all this; repeated so that a direct call cannot overflow.
+        validate_fields(dim, value_bits, stat_bits, norm_bound)?;
+        if !(1024..=4096).contains(&modulus_bits) {
+            return Err(field("modulus_bits", format!("{modulus_bits}")));
         }
         let ip_bits = norm_bound.significant_bits();
         let (multiplier_bits, max_multiplier) = match protocol {
@@ -676,12 +689,13 @@ fn search_with_ends(p: u32, target: usize, sizes: &[usize]) -> Option<Vec<u32>> 
 /// `n` slot positions without a 3-term arithmetic progression, 0 first, with the smallest
 /// maximum the exact search knows; beyond it the first n integers whose base-3 digits are 0
 /// or 1 (Salem–Spencer; x + z = 2y has no carries in base 3 there, so it forces x = z).
+/// Layouts ask for n ≤ ℓ ≤ 4096; fewer than n come back only past 2^20 positions.
 pub fn ap_free_positions(n: usize) -> Vec<u32> {
     let table = exact_table();
     if let Some(set) = table.iter().find(|s| s.len() >= n) {
         return set[..n].to_vec();
     }
-    (0u32..)
+    (0u32..=u32::MAX)
         .filter(|&x| {
             let mut y = x;
             while y > 0 {
@@ -700,7 +714,8 @@ pub fn ap_free_positions(n: usize) -> Vec<u32> {
 pub fn is_ap_free(set: &[u32]) -> bool {
     for (i, &x) in set.iter().enumerate() {
         for &z in &set[i + 1..] {
-            if (x + z) % 2 == 0 && set.binary_search(&((x + z) / 2)).is_ok() {
+            let sum = u64::from(x) + u64::from(z);
+            if sum.is_multiple_of(2) && set.binary_search(&((sum / 2) as u32)).is_ok() {
                 return false;
             }
         }
