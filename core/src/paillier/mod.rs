@@ -8,10 +8,20 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
+//! | [`params`] | the agreed parameters (ℓ, m, \|N\|, λ, ζ², protocol), their canonical bytes, the derived slot layout (3-AP-free positions) |
+//! | [`encoding`] | the packing of [ABMR20] §4 (signed slots, norm-derived width), Mask and ρ, the homomorphic inner product by multi-exponentiation |
+//! | [`messages`] | the wire format (strict decoding), the template signing bytes, the session error type |
+//! | [`semi_honest`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
+//! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines, the multiplier/addend and X check that Π3 reuses |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
+pub mod encoding;
+pub mod malicious;
+pub mod messages;
+pub mod params;
 pub mod record;
+pub mod semi_honest;

@@ -1,0 +1,1089 @@
+//! # Π2: matching secure against a malicious device ([ABMR20] §6)
+//!
+//! [ABMR20] = Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH: Using Mobile
+//! Devices for Seamless External-Facing Biometric Matching", CCS 2020, ePrint 2020/1363.
+//!
+//! The paper's Fig. 4 did not survive in the copy we work from; the protocol below is rebuilt
+//! from §6.1's text, the simulator of Appendix D.1 and Fig. 5 (Π3, which extends it):
+//!
+//! * **Enrolment** (§6.1 "Overview"): D encrypts its elements one by one,
+//!   ⟦u_1⟧ … ⟦u_ℓ⟧ ([`encrypt_elements`]), and proves in zero knowledge that the key is well
+//!   formed, that it knows the plaintexts and that ‖u‖² ≤ ζ² (§8; the proofs are elsewhere).
+//!   SP turns them into the packed ⟦u_1*⟧ … ⟦u_t*⟧ homomorphically
+//!   ([`pack_element_ciphertexts`]) and signs (params, epk, ⟦u_c*⟧) with its own scheme over
+//!   [`template_signing_bytes`]; because SP packs, the packed ciphertexts are honest encodings
+//!   of a norm-bounded u whatever D does, which the slot sizing relies on.
+//! * **Round 1** D → T ([`Pi2Round1`]): (σ, epk, ⟦u_1*⟧ … ⟦u_t*⟧). Reusable.
+//! * **Round 2** T → D ([`Pi2Round2`]): T verifies σ (else ⊥), picks a fresh random prime a of
+//!   κ ≥ 64 bits ([`random_prime_multiplier`]) and b uniform in [0, 2^B)
+//!   ([`random_addend`]), and sends ⟦Mask(a·Σ_c u_c*·w_c* + Encode2(ρ̃ + (0, …, 0, b)))⟧,
+//!   re-randomised. The product is computed with m-bit exponents and a applied once to it (the
+//!   cheaper of the two ways, measured by the `timings` test).
+//! * **Round 3** D → T ([`Pi2Round3`]): X, the sum of the decoded diagonal slots
+//!   (= a·IP + b for an honest D).
+//! * **Round 4** T → D ([`Pi2Round4`]): T computes IP′ = (X − b)/a and outputs ⊥ (a
+//!   [`MatchError::Cheating`]) unless a | (X − b) and |IP′| ≤ IP_max = ζ² (the signed form of
+//!   §6.1's 0 ≤ IP′ ≤ IP_max); otherwise it outputs [IP′ ≥ threshold] and sends the bit.
+//!
+//! Leakage: T learns IP (L_term); D learns the bit only: X = a·IP + b is within 2^−(λ+1) of
+//! uniform given anything D knows, and the masked slots are simulatable (see `encoding.rs`).
+//!
+//! **Why a prime a of κ ≥ 64 bits.** A device that sends X′ = X + Δ is accepted only if a | Δ
+//! and |IP + Δ/a| ≤ ζ², so |Δ| < 2^(κ+1)·ζ². Its view is independent of a (up to 2^−(λ+1)), so Δ
+//! is fixed before a is drawn. A uniform κ-bit *integer* a is a poor choice: a Δ with many
+//! divisors (a product of many small primes) is divisible by a noticeable fraction of them. For
+//! a uniform κ-bit *prime*, Δ has at most ⌊(κ + 1 + bits(ζ²))/(κ − 1)⌋ prime factors of κ bits
+//! among at least 2^(κ−1)/κ such primes, so the cheating chance is below 2^−56 at κ = 64,
+//! λ = 40, bits(ζ²) ≤ 59; `Layout::multiplier_bits` raises κ when λ demands it. A λ-bit prime
+//! would give only about 2^−33 for λ = 40. Sampling costs about 22 primality tests of 64-bit
+//! numbers, negligible.
+//!
+//! **Cost** (the `timings` test; release, one core of a 2-vCPU AMD EPYC, ℓ = 256, m = 16,
+//! |N| = 3072, n = 5, t = 52): T's Round 2 about 24 ms with a pooled r^N (about 52 ms computing
+//! r^N on the spot), D's Round 3 about 11 ms, T's Round 4 a few µs; applying a once costs about
+//! 23 ms for the product and its power, folding a into the exponents about 46 ms. [ABMR20] §9
+//! reports 49 ms for the Π2 matching phase on a laptop.
+//!
+//! **What Π3 reuses** ([ABMR20] Fig. 5 Round 2, T's side): [`random_addend`] for b and pad,
+//! `encoding::homomorphic_inner_product` once for ⟦z⟧, then `encoding::mask_affine_product`
+//! twice (a = 1, b = pad for X̃; a, b for Ỹ), and on D's side `encoding::decode_sum` for X
+//! and Y. Π3's layout takes a uniform in [1, 2^λ) (its circuit checks Y = a·(X − pad) + b, an
+//! equation: a device without a guesses it with probability 2^−λ).
+
+use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
+use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
+use super::messages::{
+    check_session_params, header, put_signed, put_template, read_template, template_signing_bytes,
+    to_i64, MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
+};
+use super::params::{Layout, Params, Protocol};
+use rand_core::{CryptoRng, RngCore};
+use rug::integer::IsPrime;
+use rug::{Complete, Integer};
+
+/// Miller–Rabin rounds (after GMP's Baillie–PSW) for the multiplier a.
+const PRIME_TEST_REPS: u32 = 30;
+
+/// Π2 enrolment, D's first step ([ABMR20] §6.1 "Overview"): the template u (checked: ℓ
+/// elements of m bits, ‖u‖² ≤ ζ²) encrypted element by element, by the key owner's CRT path.
+/// These ciphertexts are what the zero-knowledge proofs of §8 speak about.
+pub fn encrypt_elements<R: RngCore + CryptoRng + ?Sized>(
+    secret: &SecretKey,
+    params: &Params,
+    u: &[i32],
+    rng: &mut R,
+) -> Result<Vec<Ciphertext>, MatchError> {
+    let pk = secret.public_key();
+    if pk.modulus_bits() != params.modulus_bits() {
+        return Err(MatchError::Argument {
+            argument: "secret",
+            reason: format!(
+                "{}-bit key, the parameters say {} bits",
+                pk.modulus_bits(),
+                params.modulus_bits()
+            ),
+        });
+    }
+    check_template(params.layout(), "u", u)?;
+    u.iter()
+        .map(|&x| {
+            let m = pk.reduce_signed(&Integer::from(x))?;
+            Ok(secret.encrypt(&m, rng)?)
+        })
+        .collect()
+}
+
+/// Π2 enrolment, SP's step ([ABMR20] §6.1 "Overview", D.1 step (2)): the packed ⟦u_c*⟧ from
+/// the element ciphertexts ⟦u_(c,0)⟧ … ⟦u_(c,n−1)⟧, homomorphically: Horner over the slot
+/// positions, ⟦u_c*⟧ = (…(⟦u_(c,n−1)⟧^(2^(k(p_(n−1)−p_(n−2)))) · ⟦u_(c,n−2)⟧)…)^(2^(k·p_1)) · ⟦u_(c,0)⟧,
+/// the powers of two as repeated squaring. Deterministic (D knows the plaintexts anyway); the
+/// result is what SP signs.
+pub fn pack_element_ciphertexts(
+    pk: &PublicKey,
+    params: &Params,
+    elements: &[Ciphertext],
+) -> Result<Vec<Ciphertext>, MatchError> {
+    let layout = params.layout();
+    if pk.modulus_bits() != params.modulus_bits() {
+        return Err(MatchError::Argument {
+            argument: "public_key",
+            reason: "key size differs from the parameters".into(),
+        });
+    }
+    if elements.len() != layout.dim() {
+        return Err(MatchError::Argument {
+            argument: "elements",
+            reason: format!(
+                "{} ciphertexts, expected ℓ = {}",
+                elements.len(),
+                layout.dim()
+            ),
+        });
+    }
+    let n2 = pk.n_squared();
+    let k = layout.slot_bits();
+    let positions = layout.positions();
+    let mut out = Vec::with_capacity(layout.ciphertexts());
+    for chunk in elements.chunks(layout.values_per_ciphertext()) {
+        let mut acc: Option<Integer> = None;
+        for j in (0..chunk.len()).rev() {
+            let x = chunk[j].as_integer();
+            if x >= n2 || *x <= 0 {
+                return Err(MatchError::Argument {
+                    argument: "elements",
+                    reason: "a ciphertext is not below N² of this key".into(),
+                });
+            }
+            acc = Some(match acc {
+                None => x.clone(),
+                Some(mut a) => {
+                    // positions[j + 1] exists: the loop went down from the last one.
+                    let gap = k * (positions[j + 1] - positions[j]);
+                    for _ in 0..gap {
+                        a.square_mut();
+                        a %= n2;
+                    }
+                    a *= x;
+                    a %= n2;
+                    a
+                }
+            });
+        }
+        let acc = acc.unwrap_or_else(|| Integer::from(1));
+        out.push(pk.ciphertext_from_integer(acc)?);
+    }
+    Ok(out)
+}
+
+/// A uniform prime of exactly κ = [`Layout::multiplier_bits`] bits: Π2's multiplier a
+/// ([ABMR20] §6.1 Round 2; see the module documentation for why a prime).
+pub fn random_prime_multiplier<R: RngCore + CryptoRng + ?Sized>(
+    layout: &Layout,
+    rng: &mut R,
+) -> Result<Integer, MatchError> {
+    let bits = layout.multiplier_bits();
+    if layout.protocol() != Protocol::Pi2 || bits < 2 {
+        return Err(MatchError::Argument {
+            argument: "layout",
+            reason: format!("no prime multiplier in a {:?} layout", layout.protocol()),
+        });
+    }
+    let top = Integer::from(1) << (bits - 1);
+    loop {
+        // Uniform in [2^(κ−1), 2^κ): rejection keeps the prime uniform among κ-bit primes.
+        let candidate = random_below(&top, rng) + &top;
+        if candidate.is_probably_prime(PRIME_TEST_REPS) != IsPrime::No {
+            return Ok(candidate);
+        }
+    }
+}
+
+/// The addend b (Π2, [ABMR20] §6.1) or Π3's b and pad (Fig. 5 Round 2 step (2)): uniform in
+/// [0, 2^B), B = [`Layout::addend_bits`] = bits(A·ζ²) + λ + 1, so that b hides a·IP within
+/// 2^−(λ+1).
+pub fn random_addend<R: RngCore + CryptoRng + ?Sized>(layout: &Layout, rng: &mut R) -> Integer {
+    random_below(&(Integer::from(1) << layout.addend_bits()), rng)
+}
+
+/// [ABMR20] §6.1 Round 4's check: IP′ = (X − b)/a, refused ([`MatchError::Cheating`]) unless a
+/// divides X − b and |IP′| ≤ IP_max = ζ².
+pub fn recover_inner_product(
+    layout: &Layout,
+    a: &Integer,
+    b: &Integer,
+    x: &Integer,
+) -> Result<Integer, MatchError> {
+    if *a < 1 {
+        return Err(MatchError::Argument {
+            argument: "a",
+            reason: "the multiplier must be positive".into(),
+        });
+    }
+    let shifted = (x - b).complete();
+    let (quotient, remainder) = shifted.div_rem_euc_ref(a).complete();
+    if remainder != 0 {
+        return Err(MatchError::Cheating(
+            "X − b is not a multiple of the terminal's multiplier a".into(),
+        ));
+    }
+    if quotient.clone().abs() > *layout.ip_bound() {
+        return Err(MatchError::Cheating(format!(
+            "the implied inner product (X − b)/a is outside [−IP_max, IP_max] = ±{}",
+            layout.ip_bound()
+        )));
+    }
+    Ok(quotient)
+}
+
+/// Π2 Round 1, D → T ([ABMR20] §6.1 / Fig. 5 Round 1): (σ, epk, ⟦u_1*⟧ … ⟦u_t*⟧).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pi2Round1 {
+    /// epk.
+    pub public_key: PublicKey,
+    /// ⟦u_1*⟧ … ⟦u_t*⟧ as packed and signed by SP.
+    pub template: Vec<Ciphertext>,
+    /// σ, SP's signature over [`template_signing_bytes`] (opaque here).
+    pub signature: Vec<u8>,
+}
+
+impl Pi2Round1 {
+    /// `version ‖ kind ‖ template fields ‖ len(σ) (u16) ‖ σ`.
+    pub fn to_bytes(&self, params: &Params) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi2Template);
+        put_template(&mut out, params, &self.public_key, &self.template);
+        // At most MAX_SIGNATURE_BYTES (checked when the device is built).
+        out.extend_from_slice(&(self.signature.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.signature);
+        out
+    }
+
+    /// Strict decoding against the expected parameters.
+    pub fn from_bytes(params: &Params, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π2 round 1", bytes, MessageKind::Pi2Template)?;
+        let (public_key, template) = read_template(&mut r, params)?;
+        let len = usize::from(r.u16("signature length")?);
+        if len > MAX_SIGNATURE_BYTES {
+            return Err(r.error(format!(
+                "signature of {len} bytes, at most {MAX_SIGNATURE_BYTES}"
+            )));
+        }
+        let signature = r.take(len, "signature")?.to_vec();
+        r.finish()?;
+        Ok(Self {
+            public_key,
+            template,
+            signature,
+        })
+    }
+
+    /// The bytes σ must sign ([`template_signing_bytes`]).
+    pub fn signed_bytes(&self, params: &Params) -> Vec<u8> {
+        template_signing_bytes(params, &self.public_key, &self.template)
+    }
+}
+
+/// Π2 Round 2, T → D ([ABMR20] §6.1): ⟦Mask(a·z + Encode2(b) + ρ̃)⟧.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pi2Round2 {
+    /// The masked level-2 encoding of a·IP + b.
+    pub ciphertext: Ciphertext,
+}
+
+impl Pi2Round2 {
+    /// `version ‖ kind ‖ ciphertext`.
+    pub fn to_bytes(&self, pk: &PublicKey) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi2Masked);
+        out.extend_from_slice(&pk.ciphertext_to_bytes(&self.ciphertext));
+        out
+    }
+
+    /// Strict decoding for the key `pk`.
+    pub fn from_bytes(pk: &PublicKey, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π2 round 2", bytes, MessageKind::Pi2Masked)?;
+        let ciphertext = r.ciphertext(pk, "masked ciphertext")?;
+        r.finish()?;
+        Ok(Self { ciphertext })
+    }
+}
+
+/// Π2 Round 3, D → T ([ABMR20] §6.1, D.1 "Round 3"): X.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pi2Round3 {
+    /// X, the sum of the decoded slots (a·IP + b from an honest device).
+    pub x: Integer,
+}
+
+impl Pi2Round3 {
+    /// `version ‖ kind ‖ X` (sign byte, u16 length, big-endian magnitude, canonical).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi2Decoded);
+        put_signed(&mut out, &self.x);
+        out
+    }
+
+    /// Strict decoding; |X| may have at most as many bytes as N.
+    pub fn from_bytes(params: &Params, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π2 round 3", bytes, MessageKind::Pi2Decoded)?;
+        let x = r.signed(params.modulus_bits().div_ceil(8) as usize, "X")?;
+        r.finish()?;
+        Ok(Self { x })
+    }
+}
+
+/// Π2 Round 4, T → D ([ABMR20] §6.1 Round 4): the match bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pi2Round4 {
+    /// [IP′ ≥ threshold].
+    pub matched: bool,
+}
+
+impl Pi2Round4 {
+    /// `version ‖ kind ‖ bit`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi2Outcome);
+        out.push(u8::from(self.matched));
+        out
+    }
+
+    /// Strict decoding: one byte 0 or 1.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π2 round 4", bytes, MessageKind::Pi2Outcome)?;
+        let matched = r.bit("match bit")?;
+        r.finish()?;
+        Ok(Self { matched })
+    }
+}
+
+/// What the terminal outputs in Π2 ([ABMR20] §6.1 Round 4, and L_term = IP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TerminalOutcome {
+    /// [IP ≥ threshold].
+    pub matched: bool,
+    /// IP = ⟨u, w⟩, the leakage to the terminal.
+    pub inner_product: i64,
+}
+
+/// The device D of Π2 after enrolment: its key and SP's signed packed template.
+pub struct Pi2Device {
+    params: Params,
+    secret: SecretKey,
+    template: Vec<Ciphertext>,
+    signature: Vec<u8>,
+}
+
+impl std::fmt::Debug for Pi2Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pi2Device")
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pi2Device {
+    /// The device from SP's enrolment answer: the packed template and σ ([ABMR20] §6.1).
+    pub fn new(
+        params: Params,
+        secret: SecretKey,
+        template: Vec<Ciphertext>,
+        signature: Vec<u8>,
+    ) -> Result<Self, MatchError> {
+        check_session_params(&params, Protocol::Pi2, 0)?;
+        if secret.public_key().modulus_bits() != params.modulus_bits() {
+            return Err(MatchError::Argument {
+                argument: "secret",
+                reason: "key size differs from the parameters".into(),
+            });
+        }
+        if template.len() != params.layout().ciphertexts() {
+            return Err(MatchError::Argument {
+                argument: "template",
+                reason: format!(
+                    "{} ciphertexts, expected t = {}",
+                    template.len(),
+                    params.layout().ciphertexts()
+                ),
+            });
+        }
+        if signature.len() > MAX_SIGNATURE_BYTES {
+            return Err(MatchError::Argument {
+                argument: "signature",
+                reason: format!("{} bytes, at most {MAX_SIGNATURE_BYTES}", signature.len()),
+            });
+        }
+        Ok(Self {
+            params,
+            secret,
+            template,
+            signature,
+        })
+    }
+
+    /// The public key.
+    pub fn public_key(&self) -> &PublicKey {
+        self.secret.public_key()
+    }
+
+    /// Round 1 ([ABMR20] §6.1 Round 1), encoded.
+    pub fn round1(&self) -> Vec<u8> {
+        Pi2Round1 {
+            public_key: self.secret.public_key().clone(),
+            template: self.template.clone(),
+            signature: self.signature.clone(),
+        }
+        .to_bytes(&self.params)
+    }
+
+    /// A matching session (Rounds 3 and 4 of one run).
+    pub fn session(&self) -> Pi2DeviceSession<'_> {
+        Pi2DeviceSession {
+            device: self,
+            state: DeviceState::AwaitingRound2,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum DeviceState {
+    AwaitingRound2,
+    AwaitingRound4,
+    Done(bool),
+}
+
+/// One Π2 session on the device's side.
+#[derive(Debug)]
+pub struct Pi2DeviceSession<'a> {
+    device: &'a Pi2Device,
+    state: DeviceState,
+}
+
+impl Pi2DeviceSession<'_> {
+    /// Round 3 ([ABMR20] §6.1 Round 3): decrypt, Decode2, X = Σ of the slots; encoded.
+    pub fn round3(&mut self, round2: &[u8]) -> Result<Vec<u8>, MatchError> {
+        if !matches!(self.state, DeviceState::AwaitingRound2) {
+            return Err(MatchError::State("Π2 round 3 was already sent".into()));
+        }
+        let d = self.device;
+        let msg = Pi2Round2::from_bytes(d.secret.public_key(), round2)?;
+        let x = decode_sum(&d.secret, d.params.layout(), &msg.ciphertext)?;
+        self.state = DeviceState::AwaitingRound4;
+        Ok(Pi2Round3 { x }.to_bytes())
+    }
+
+    /// Output ([ABMR20] §6.1 Round 4): the bit T sent.
+    pub fn finish(&mut self, round4: &[u8]) -> Result<bool, MatchError> {
+        if !matches!(self.state, DeviceState::AwaitingRound4) {
+            return Err(MatchError::State(
+                "Π2 round 4 arrives only after round 3".into(),
+            ));
+        }
+        let matched = Pi2Round4::from_bytes(round4)?.matched;
+        self.state = DeviceState::Done(matched);
+        Ok(matched)
+    }
+
+    /// The output once the session is over.
+    pub fn outcome(&self) -> Option<bool> {
+        match self.state {
+            DeviceState::Done(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+enum TerminalState {
+    AwaitingRound1,
+    AwaitingRound3 { a: Integer, b: Integer },
+    Done(TerminalOutcome),
+    Failed,
+}
+
+impl std::fmt::Debug for TerminalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // a and b are the terminal's secrets.
+        match self {
+            TerminalState::AwaitingRound1 => f.write_str("AwaitingRound1"),
+            TerminalState::AwaitingRound3 { .. } => f.write_str("AwaitingRound3(<secret a, b>)"),
+            TerminalState::Done(o) => write!(f, "Done({o:?})"),
+            TerminalState::Failed => f.write_str("Failed"),
+        }
+    }
+}
+
+/// The terminal T of Π2 for one session: its measurement w, its threshold, and (after Round
+/// 2) its secret a and b.
+#[derive(Debug)]
+pub struct Pi2Terminal {
+    params: Params,
+    w: Vec<i32>,
+    threshold: i64,
+    state: TerminalState,
+}
+
+impl Pi2Terminal {
+    /// A session with measurement `w` (checked: length ℓ, m-bit elements, ‖w‖² ≤ ζ²) and
+    /// `threshold` (|threshold| ≤ ζ²).
+    pub fn new(params: Params, w: Vec<i32>, threshold: i64) -> Result<Self, MatchError> {
+        check_session_params(&params, Protocol::Pi2, threshold)?;
+        check_template(params.layout(), "w", &w)?;
+        Ok(Self {
+            params,
+            w,
+            threshold,
+            state: TerminalState::AwaitingRound1,
+        })
+    }
+
+    /// Round 2 ([ABMR20] §6.1 Round 2) with a fresh r^N computed now. `verify(message,
+    /// signature)` is SP's signature check over [`template_signing_bytes`].
+    pub fn round2<R: RngCore + CryptoRng + ?Sized>(
+        &mut self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        let msg = self.check_round1(round1, verify)?;
+        let r_to_n = msg.public_key.random_nonce_power(rng);
+        self.respond(msg, &r_to_n, rng)
+    }
+
+    /// Round 2 with an r^N precomputed offline for the device's key (fresh, of this key).
+    pub fn round2_with_nonce_power<R: RngCore + CryptoRng + ?Sized>(
+        &mut self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+        r_to_n: &Integer,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        let msg = self.check_round1(round1, verify)?;
+        self.respond(msg, r_to_n, rng)
+    }
+
+    /// Step (1): decode and verify σ (⊥ if it does not verify).
+    fn check_round1(
+        &self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+    ) -> Result<Pi2Round1, MatchError> {
+        if !matches!(self.state, TerminalState::AwaitingRound1) {
+            return Err(MatchError::State("Π2 round 2 was already sent".into()));
+        }
+        let msg = Pi2Round1::from_bytes(&self.params, round1)?;
+        if !verify(&msg.signed_bytes(&self.params), &msg.signature) {
+            return Err(MatchError::Signature);
+        }
+        Ok(msg)
+    }
+
+    fn respond<R: RngCore + CryptoRng + ?Sized>(
+        &mut self,
+        msg: Pi2Round1,
+        r_to_n: &Integer,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        let layout = self.params.layout();
+        let a = random_prime_multiplier(layout, rng)?;
+        let b = random_addend(layout, rng);
+        let product = homomorphic_inner_product(&msg.public_key, layout, &msg.template, &self.w)?;
+        let ciphertext =
+            mask_affine_product(&msg.public_key, layout, &product, &a, &b, r_to_n, rng)?;
+        self.state = TerminalState::AwaitingRound3 { a, b };
+        Ok(Pi2Round2 { ciphertext }.to_bytes(&msg.public_key))
+    }
+
+    /// Round 4 ([ABMR20] §6.1 Round 4): checks X ([`recover_inner_product`]; a cheating
+    /// device gets [`MatchError::Cheating`] and the session fails), compares IP′ with the
+    /// threshold; returns the encoded bit for D and T's outcome.
+    pub fn round4(&mut self, round3: &[u8]) -> Result<(Vec<u8>, TerminalOutcome), MatchError> {
+        let (a, b) = match &self.state {
+            TerminalState::AwaitingRound3 { a, b } => (a.clone(), b.clone()),
+            _ => {
+                return Err(MatchError::State(
+                    "Π2 round 3 arrives only after round 2, once".into(),
+                ))
+            }
+        };
+        let result = Pi2Round3::from_bytes(&self.params, round3).and_then(|msg| {
+            let ip = recover_inner_product(self.params.layout(), &a, &b, &msg.x)?;
+            to_i64("inner product", &ip)
+        });
+        match result {
+            Ok(inner_product) => {
+                let outcome = TerminalOutcome {
+                    matched: inner_product >= self.threshold,
+                    inner_product,
+                };
+                self.state = TerminalState::Done(outcome);
+                Ok((
+                    Pi2Round4 {
+                        matched: outcome.matched,
+                    }
+                    .to_bytes(),
+                    outcome,
+                ))
+            }
+            Err(e) => {
+                self.state = TerminalState::Failed;
+                Err(e)
+            }
+        }
+    }
+
+    /// The output once the session is over (None while running or after a failure).
+    pub fn outcome(&self) -> Option<TerminalOutcome> {
+        match self.state {
+            TerminalState::Done(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cipher::test_support::{key_2048, small_key};
+    use super::super::cipher::NoncePool;
+    use super::super::encoding::{homomorphic_inner_product_folded, masked_affine_inner_product};
+    use super::super::messages::test_support::key_3072;
+    use super::super::params::DEFAULT_STAT_BITS;
+    use super::*;
+    use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+    use std::time::Instant;
+
+    fn clone_key(sk: &SecretKey) -> SecretKey {
+        let (p, q) = sk.primes();
+        SecretKey::from_primes(p.clone(), q.clone()).unwrap()
+    }
+
+    fn params(dim: usize, m: u32, bits: u32, norm: Integer) -> Params {
+        Params::new_allowing_test_modulus(Protocol::Pi2, dim, m, bits, DEFAULT_STAT_BITS, norm)
+            .unwrap()
+    }
+
+    fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
+        let half = 1u64 << (m - 1);
+        (0..dim)
+            .map(|_| ((rng.next_u64() % (2 * half)) as i64 - half as i64) as i32)
+            .collect()
+    }
+
+    fn dot(u: &[i32], w: &[i32]) -> i64 {
+        u.iter()
+            .zip(w)
+            .map(|(&a, &b)| i64::from(a) * i64::from(b))
+            .sum()
+    }
+
+    /// The service provider of the tests: an Ed25519 key.
+    struct Sp(SigningKey);
+
+    impl Sp {
+        fn new() -> Self {
+            Sp(SigningKey::from_bytes(&[7u8; 32]))
+        }
+
+        /// The enrolment: pack D's element ciphertexts and sign.
+        fn enrol(
+            &self,
+            params: &Params,
+            pk: &PublicKey,
+            elements: &[Ciphertext],
+        ) -> (Vec<Ciphertext>, Vec<u8>) {
+            let packed = pack_element_ciphertexts(pk, params, elements).unwrap();
+            let sig = self.0.sign(&template_signing_bytes(params, pk, &packed));
+            (packed, sig.to_bytes().to_vec())
+        }
+
+        fn verifier(&self) -> impl Fn(&[u8], &[u8]) -> bool {
+            let vk: VerifyingKey = self.0.verifying_key();
+            move |msg: &[u8], sig: &[u8]| {
+                Signature::from_slice(sig)
+                    .map(|s| vk.verify(msg, &s).is_ok())
+                    .unwrap_or(false)
+            }
+        }
+    }
+
+    fn enrol_device(
+        params: &Params,
+        sk: &SecretKey,
+        u: &[i32],
+        sp: &Sp,
+        rng: &mut ChaCha20Rng,
+    ) -> Pi2Device {
+        let elements = encrypt_elements(sk, params, u, rng).unwrap();
+        let (packed, sig) = sp.enrol(params, sk.public_key(), &elements);
+        Pi2Device::new(params.clone(), clone_key(sk), packed, sig).unwrap()
+    }
+
+    fn run(
+        device: &Pi2Device,
+        params: &Params,
+        w: &[i32],
+        threshold: i64,
+        sp: &Sp,
+        rng: &mut ChaCha20Rng,
+    ) -> (TerminalOutcome, bool) {
+        let mut terminal = Pi2Terminal::new(params.clone(), w.to_vec(), threshold).unwrap();
+        let verify = sp.verifier();
+        let r2 = terminal.round2(&device.round1(), &verify, rng).unwrap();
+        let mut session = device.session();
+        let r3 = session.round3(&r2).unwrap();
+        let (r4, outcome) = terminal.round4(&r3).unwrap();
+        let d = session.finish(&r4).unwrap();
+        assert_eq!(terminal.outcome(), Some(outcome));
+        assert_eq!(session.outcome(), Some(d));
+        (outcome, d)
+    }
+
+    #[test]
+    fn packing_by_the_service_provider_equals_encode1() {
+        let sk = small_key();
+        let pk = sk.public_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(200);
+        let p = params(11, 16, 1024, Params::max_norm_bound(11, 16));
+        let u = random_vector(11, 16, &mut rng);
+        let elements = encrypt_elements(sk, &p, &u, &mut rng).unwrap();
+        let packed = pack_element_ciphertexts(pk, &p, &elements).unwrap();
+        let expected = super::super::encoding::encode_template(p.layout(), "u", &u).unwrap();
+        assert_eq!(packed.len(), expected.len());
+        for (c, e) in packed.iter().zip(&expected) {
+            assert_eq!(sk.decrypt_signed(c), *e);
+        }
+        assert!(pack_element_ciphertexts(pk, &p, &elements[1..]).is_err());
+        assert!(pack_element_ciphertexts(key_2048().public_key(), &p, &elements).is_err());
+    }
+
+    /// Thousands of random pairs at 1024 bits (small ℓ): the terminal's and the device's
+    /// outputs equal the plaintext comparison, including IP = T and T ± 1.
+    #[test]
+    fn outputs_equal_the_plaintext_comparison_on_many_pairs() {
+        let mut rng = ChaCha20Rng::seed_from_u64(201);
+        let sp = Sp::new();
+        let dim = 6;
+        let m = 8;
+        let p = params(dim, m, 1024, Params::max_norm_bound(dim, m));
+        let bound = p.norm_bound().to_i64().unwrap();
+        let sk = small_key();
+        let mut matches = 0;
+        let mut pairs = 0;
+        for _ in 0..300 {
+            let u = random_vector(dim, m, &mut rng);
+            let device = enrol_device(&p, sk, &u, &sp, &mut rng);
+            for i in 0..5 {
+                let w = random_vector(dim, m, &mut rng);
+                let ip = dot(&u, &w);
+                let threshold = match i {
+                    0 => ip - 1,
+                    1 => ip,
+                    2 => ip + 1,
+                    _ => (rng.next_u64() % (2 * bound as u64)) as i64 - bound,
+                }
+                .clamp(-bound, bound);
+                let (t, d) = run(&device, &p, &w, threshold, &sp, &mut rng);
+                assert_eq!(t.inner_product, ip);
+                assert_eq!(t.matched, ip >= threshold);
+                assert_eq!(d, t.matched);
+                matches += usize::from(d);
+                pairs += 1;
+            }
+        }
+        assert!(matches > pairs / 4 && matches < pairs);
+    }
+
+    #[test]
+    fn realistic_shape_at_2048_bits() {
+        let mut rng = ChaCha20Rng::seed_from_u64(202);
+        let sp = Sp::new();
+        let p = params(256, 16, 2048, Params::max_norm_bound(256, 16));
+        let u = random_vector(256, 16, &mut rng);
+        let device = enrol_device(&p, key_2048(), &u, &sp, &mut rng);
+        for delta in [-1i64, 0, 1] {
+            let w = random_vector(256, 16, &mut rng);
+            let ip = dot(&u, &w);
+            let (t, d) = run(&device, &p, &w, ip + delta, &sp, &mut rng);
+            assert_eq!(t.inner_product, ip);
+            assert_eq!(d, delta <= 0);
+        }
+        // Extreme values with a tight norm bound.
+        let p = params(8, 24, 2048, Integer::from(1u64 << 46));
+        let mut u = vec![0i32; 8];
+        u[5] = -(1 << 23);
+        let device = enrol_device(&p, key_2048(), &u, &sp, &mut rng);
+        let (t, d) = run(&device, &p, &u, 1 << 46, &sp, &mut rng);
+        assert_eq!(t.inner_product, 1 << 46);
+        assert!(d);
+        let mut w = u.clone();
+        w[5] = (1 << 23) - 1;
+        let (t, d) = run(&device, &p, &w, -(1 << 46), &sp, &mut rng);
+        assert_eq!(t.inner_product, -(1i64 << 23) * ((1 << 23) - 1));
+        assert!(d);
+    }
+
+    /// A cheating device's X as a function of the honest X and the terminal's a.
+    type Cheat<'a> = Box<dyn Fn(&Integer, &Integer) -> Integer + 'a>;
+
+    /// A device that shifts X is caught unless it shifts by a multiple of the secret a that
+    /// keeps IP′ in range (which needs a).
+    #[test]
+    fn a_cheating_device_is_caught() {
+        let mut rng = ChaCha20Rng::seed_from_u64(203);
+        let sp = Sp::new();
+        let p = params(16, 8, 1024, Params::max_norm_bound(16, 8));
+        let ip_max = p.norm_bound().clone();
+        let u = random_vector(16, 8, &mut rng);
+        let device = enrol_device(&p, small_key(), &u, &sp, &mut rng);
+        let verify = sp.verifier();
+        let w = random_vector(16, 8, &mut rng);
+        let ip = dot(&u, &w);
+        // Returns (honest X, a, the terminal awaiting round 3).
+        let setup = |rng: &mut ChaCha20Rng| {
+            let mut t = Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
+            let r2 = t.round2(&device.round1(), &verify, rng).unwrap();
+            let r3 = device.session().round3(&r2).unwrap();
+            let x = Pi2Round3::from_bytes(&p, &r3).unwrap().x;
+            let a = match &t.state {
+                TerminalState::AwaitingRound3 { a, .. } => a.clone(),
+                _ => unreachable!(),
+            };
+            (x, a, t)
+        };
+        let send = |t: &mut Pi2Terminal, x: Integer| t.round4(&Pi2Round3 { x }.to_bytes());
+        let wide = (ip_max.clone() * 2u32) + 1u32;
+        let cheats: Vec<Cheat<'_>> = vec![
+            Box::new(|x, _| x.clone() + 1u32),
+            Box::new(|x, _| x.clone() - 1u32),
+            Box::new(|x, a| x.clone() + a.clone() * &wide),
+            Box::new(|x, a| x.clone() - a.clone() * &wide),
+            Box::new(|x, a| x.clone() + a.clone() * (ip_max.clone() + 1u32) * 2u32),
+            Box::new(|x, a| x.clone() + (a.clone() >> 1u32)),
+            Box::new(|x, _| -x.clone()),
+            Box::new(|_, _| Integer::new()),
+            Box::new(|x, _| x.clone() << 100u32),
+        ];
+        for (i, cheat) in cheats.iter().enumerate() {
+            let (x, a, mut t) = setup(&mut rng);
+            let e = send(&mut t, cheat(&x, &a)).unwrap_err();
+            assert!(matches!(e, MatchError::Cheating(_)), "cheat {i}: {e}");
+            assert!(e.to_string().contains("cheated"), "{e}");
+            assert!(t.outcome().is_none());
+            assert!(send(&mut t, x).is_err(), "the session failed for good");
+        }
+        // Random shifts without knowing a: all refused.
+        for _ in 0..50 {
+            let (x, _, mut t) = setup(&mut rng);
+            let shift = Integer::from(rng.next_u64()) * Integer::from(rng.next_u64() | 1);
+            assert!(matches!(
+                send(&mut t, x + shift),
+                Err(MatchError::Cheating(_))
+            ));
+        }
+        // With a (which the device never sees), X − a passes as IP − 1: this is why a is secret.
+        let (x, a, mut t) = setup(&mut rng);
+        let (_, outcome) = send(&mut t, x - a).unwrap();
+        assert_eq!(outcome.inner_product, ip - 1);
+        // The honest X passes.
+        let (x, _, mut t) = setup(&mut rng);
+        assert_eq!(send(&mut t, x).unwrap().1.inner_product, ip);
+    }
+
+    #[test]
+    fn tampered_and_out_of_order_messages_are_refused() {
+        let mut rng = ChaCha20Rng::seed_from_u64(204);
+        let sp = Sp::new();
+        let p = params(12, 8, 1024, Params::max_norm_bound(12, 8));
+        let u = random_vector(12, 8, &mut rng);
+        let w = random_vector(12, 8, &mut rng);
+        let device = enrol_device(&p, small_key(), &u, &sp, &mut rng);
+        let pk = device.public_key().clone();
+        let verify = sp.verifier();
+        let r1 = device.round1();
+        let fresh = || Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
+        // A forged signature, a swapped ciphertext, another SP.
+        let mut t = fresh();
+        let mut forged = r1.clone();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        assert!(matches!(
+            t.round2(&forged, &verify, &mut rng),
+            Err(MatchError::Signature)
+        ));
+        let mut msg = Pi2Round1::from_bytes(&p, &r1).unwrap();
+        msg.template.swap(0, 1);
+        assert!(matches!(
+            t.round2(&msg.to_bytes(&p), &verify, &mut rng),
+            Err(MatchError::Signature)
+        ));
+        let other_sp = Sp(SigningKey::from_bytes(&[8u8; 32]));
+        assert!(matches!(
+            t.round2(&r1, &other_sp.verifier(), &mut rng),
+            Err(MatchError::Signature)
+        ));
+        // The signature binds the parameters: a terminal with other parameters refuses even
+        // before the signature.
+        let other = params(12, 8, 1024, Params::max_norm_bound(12, 8) - 1u32);
+        let mut t_other = Pi2Terminal::new(other, w.clone(), 0).unwrap();
+        assert!(t_other.round2(&r1, &verify, &mut rng).is_err());
+        // Structure: truncated, trailing, kind, oversized signature length.
+        assert!(t.round2(&r1[..r1.len() - 1], &verify, &mut rng).is_err());
+        let mut longer = r1.clone();
+        longer.push(0);
+        assert!(t.round2(&longer, &verify, &mut rng).is_err());
+        let mut kind = r1.clone();
+        kind[1] = MessageKind::Pi1Template as u8;
+        assert!(t.round2(&kind, &verify, &mut rng).is_err());
+        let mut huge = Pi2Round1::from_bytes(&p, &r1).unwrap();
+        huge.signature = vec![0; MAX_SIGNATURE_BYTES + 1];
+        assert!(t.round2(&huge.to_bytes(&p), &verify, &mut rng).is_err());
+        // Round 4 before round 2.
+        assert!(t
+            .round4(&Pi2Round3 { x: Integer::new() }.to_bytes())
+            .is_err());
+        // Honest round 2 after the refusals.
+        let r2 = t.round2(&r1, &verify, &mut rng).unwrap();
+        assert!(t.round2(&r1, &verify, &mut rng).is_err(), "once");
+        let mut session = device.session();
+        assert!(session
+            .finish(&Pi2Round4 { matched: true }.to_bytes())
+            .is_err());
+        assert!(session.round3(&r2[..r2.len() - 1]).is_err());
+        let mut zero = r2.clone();
+        for b in &mut zero[2..] {
+            *b = 0;
+        }
+        assert!(session.round3(&zero).is_err());
+        let junk = pk.encrypt(&(pk.n().clone() >> 1u32), &mut rng).unwrap();
+        assert!(session
+            .round3(&Pi2Round2 { ciphertext: junk }.to_bytes(&pk))
+            .is_err());
+        let r3 = session.round3(&r2).unwrap();
+        assert!(session.round3(&r2).is_err(), "once");
+        // Round 3 at the terminal: malformed X.
+        let mut bad_sign = r3.clone();
+        bad_sign[2] = 7;
+        let mut t2 = fresh();
+        let r2b = t2.round2(&r1, &verify, &mut rng).unwrap();
+        assert!(t2.round4(&bad_sign).is_err());
+        assert!(t2.round4(&r3).is_err(), "a failed session stays failed");
+        let mut s2 = device.session();
+        let _ = s2.round3(&r2b).unwrap();
+        // Round 4 at the device: not a bit.
+        let (r4, _) = t.round4(&r3).unwrap();
+        let mut not_bit = r4.clone();
+        not_bit[2] = 3;
+        assert!(session.finish(&not_bit).is_err());
+        assert_eq!(session.finish(&r4).unwrap(), dot(&u, &w) >= 0);
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let mut rng = ChaCha20Rng::seed_from_u64(205);
+        let p = params(4, 8, 1024, Integer::from(500));
+        assert!(Pi2Terminal::new(p.clone(), vec![1, 2, 3], 0).is_err());
+        assert!(Pi2Terminal::new(p.clone(), vec![30, 0, 0, 0], 0).is_err());
+        let e = Pi2Terminal::new(p.clone(), vec![1, 1, 1, 1], -501).unwrap_err();
+        assert!(e.to_string().contains("threshold"), "{e}");
+        assert!(encrypt_elements(small_key(), &p, &[-129, 0, 0, 0], &mut rng).is_err());
+        assert!(encrypt_elements(key_2048(), &p, &[1, 0, 0, 0], &mut rng).is_err());
+        assert!(Pi2Device::new(p.clone(), clone_key(small_key()), vec![], vec![]).is_err());
+        let pi1 =
+            Params::new_allowing_test_modulus(Protocol::Pi1, 4, 8, 1024, 40, Integer::from(500))
+                .unwrap();
+        assert!(Pi2Terminal::new(pi1.clone(), vec![1, 1, 1, 1], 0).is_err());
+        assert!(random_prime_multiplier(pi1.layout(), &mut rng).is_err());
+        let a = random_prime_multiplier(p.layout(), &mut rng).unwrap();
+        assert_eq!(a.significant_bits(), p.layout().multiplier_bits());
+        assert_ne!(a.is_probably_prime(30), IsPrime::No);
+    }
+
+    /// Single-core timings at ℓ = 256, m = 16, |N| = 3072 ([ABMR20] §9 reports 49 ms for the
+    /// Π2 matching phase on a laptop), and the two ways of applying a. Printed, not asserted;
+    /// run alone, in release: `cargo test --release -p privmatch-core
+    /// paillier::malicious::tests::timings -- --nocapture --test-threads=1`.
+    #[test]
+    fn timings() {
+        let mut rng = ChaCha20Rng::seed_from_u64(206);
+        let sk = key_3072();
+        let sp = Sp::new();
+        let p = Params::new(
+            Protocol::Pi2,
+            256,
+            16,
+            3072,
+            DEFAULT_STAT_BITS,
+            Params::max_norm_bound(256, 16),
+        )
+        .unwrap();
+        let l = p.layout();
+        let u = random_vector(256, 16, &mut rng);
+        let w = random_vector(256, 16, &mut rng);
+        // D's per-element encryption, timed on 16 elements (the enrolment is not the point).
+        let start = Instant::now();
+        for &x in &u[..16] {
+            let m = sk.public_key().reduce_signed(&Integer::from(x)).unwrap();
+            sk.encrypt(&m, &mut rng).unwrap();
+        }
+        let enc_per_element = start.elapsed().as_secs_f64() / 16.0;
+        // Element ciphertexts with the trivial nonce 1: what SP packs costs the same.
+        let elements: Vec<Ciphertext> = u
+            .iter()
+            .map(|&x| {
+                let m = sk.public_key().reduce_signed(&Integer::from(x)).unwrap();
+                sk.public_key()
+                    .encrypt_with_nonce_power(&m, &Integer::from(1))
+                    .unwrap()
+            })
+            .collect();
+        let start = Instant::now();
+        let (packed, sig) = sp.enrol(&p, sk.public_key(), &elements);
+        let pack = start.elapsed();
+        let device = Pi2Device::new(p.clone(), clone_key(sk), packed.clone(), sig).unwrap();
+        let r1 = device.round1();
+        let verify = sp.verifier();
+        let runs = 5;
+        let mut pool = NoncePool::new(device.public_key().clone());
+        pool.fill_public(runs, &mut rng);
+        let (mut t2, mut t2_fresh, mut t3, mut t4) = (0.0, 0.0, 0.0, 0.0);
+        for _ in 0..runs {
+            let mut terminal = Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
+            let start = Instant::now();
+            let r_to_n = pool.take(&mut rng);
+            let r2 = terminal
+                .round2_with_nonce_power(&r1, &verify, &r_to_n, &mut rng)
+                .unwrap();
+            t2 += start.elapsed().as_secs_f64();
+            let mut fresh = Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
+            let start = Instant::now();
+            fresh.round2(&r1, &verify, &mut rng).unwrap();
+            t2_fresh += start.elapsed().as_secs_f64();
+            let mut session = device.session();
+            let start = Instant::now();
+            let r3 = session.round3(&r2).unwrap();
+            t3 += start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            let (_, outcome) = terminal.round4(&r3).unwrap();
+            t4 += start.elapsed().as_secs_f64();
+            assert_eq!(outcome.inner_product, dot(&u, &w));
+        }
+        // a applied once to the product vs folded into the exponents.
+        let pk = device.public_key();
+        let a = random_prime_multiplier(l, &mut rng).unwrap();
+        let (mut once, mut folded) = (0.0, 0.0);
+        for _ in 0..runs {
+            let start = Instant::now();
+            let z = homomorphic_inner_product(pk, l, &packed, &w).unwrap();
+            let za = z.as_integer().clone().secure_pow_mod(&a, pk.n_squared());
+            once += start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            let zf = homomorphic_inner_product_folded(pk, l, &packed, &w, &a).unwrap();
+            folded += start.elapsed().as_secs_f64();
+            assert_eq!(&za, zf.as_integer());
+        }
+        let ms = |x: f64| x * 1000.0 / runs as f64;
+        println!(
+            "Π2 ℓ = 256, m = 16, |N| = 3072 (n = {}, k = {}, t = {}, κ = {}): enrolment: D encrypts \
+             ℓ elements ≈ {:.0} ms (CRT, {:.1} ms each), SP packs {:.1} ms; round 2 (T) {:.2} ms with a pooled r^N, {:.2} ms \
+             with a fresh r^N; round 3 (D) {:.2} ms; round 4 (T) {:.3} ms; product then ^a {:.2} ms vs \
+             a folded into the exponents {:.2} ms; round 1 {} bytes",
+            l.values_per_ciphertext(),
+            l.slot_bits(),
+            l.ciphertexts(),
+            l.multiplier_bits(),
+            enc_per_element * 256.0 * 1000.0,
+            enc_per_element * 1000.0,
+            pack.as_secs_f64() * 1000.0,
+            ms(t2),
+            ms(t2_fresh),
+            ms(t3),
+            ms(t4),
+            ms(once),
+            ms(folded),
+            r1.len(),
+        );
+        // The one-shot helper agrees with the state machine's composition.
+        let b = random_addend(l, &mut rng);
+        let ct = masked_affine_inner_product(pk, l, &packed, &w, &a, &b, &mut rng).unwrap();
+        let x = decode_sum(sk, l, &ct).unwrap();
+        assert_eq!(recover_inner_product(l, &a, &b, &x).unwrap(), dot(&u, &w));
+    }
+}

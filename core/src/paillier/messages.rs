@@ -1,0 +1,374 @@
+//! # Wire format and errors shared by the matching protocols of [ABMR20]
+//!
+//! [ABMR20] = Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH: Using Mobile
+//! Devices for Seamless External-Facing Biometric Matching", CCS 2020, ePrint 2020/1363.
+//!
+//! Every message starts with the wire version ([`WIRE_VERSION`]) and a kind byte
+//! ([`MessageKind`]); integers are big-endian; public keys and ciphertexts have the fixed
+//! lengths of the key (`PublicKey::modulus_bytes`, `PublicKey::ciphertext_bytes`). Decoding is
+//! strict and never panics: a wrong version or kind, a length that does not match the agreed
+//! parameters, a count other than t, a ciphertext that is not in Z_{N²}^*, a non-canonical
+//! integer or trailing bytes are all errors. The receiver always decodes against the
+//! [`Params`] it expects (it does not take the sender's word for them).
+
+use super::cipher::{Ciphertext, PaillierError, PublicKey};
+use super::encoding::EncodingError;
+use super::params::{Params, ParamsError, Protocol};
+use rug::integer::Order;
+use rug::Integer;
+
+/// The version byte every message starts with.
+pub const WIRE_VERSION: u8 = 1;
+
+/// Domain separation of [`template_signing_bytes`].
+const SIGNING_DOMAIN: &[u8] = b"privmatch/paillier/signed-template/v1";
+
+/// The largest accepted signature (bytes), whatever the service provider's scheme.
+pub const MAX_SIGNATURE_BYTES: usize = 4096;
+
+/// The kind byte of each message ([ABMR20] Fig. 3 for Π1, §6.1 for Π2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MessageKind {
+    /// Π1 Round 1, D → T: (epk, {⟦u_c*⟧}).
+    Pi1Template = 0x11,
+    /// Π1 Round 2, T → D: ⟦Mask(z + ρ)⟧.
+    Pi1Masked = 0x12,
+    /// Π1 Round 3, D → T: the match bit.
+    Pi1Outcome = 0x13,
+    /// Π2 Round 1, D → T: (σ, epk, {⟦u_c*⟧}).
+    Pi2Template = 0x21,
+    /// Π2 Round 2, T → D: ⟦Mask(a·z + Encode2(b) + ρ)⟧.
+    Pi2Masked = 0x22,
+    /// Π2 Round 3, D → T: X, the sum of the decoded slots.
+    Pi2Decoded = 0x23,
+    /// Π2 Round 4, T → D: the match bit.
+    Pi2Outcome = 0x24,
+}
+
+/// Everything that can go wrong in a matching session (input, wire, or protocol).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MatchError {
+    /// A message that does not decode (names the message and what is wrong).
+    #[error("{message}: {reason}")]
+    Wire {
+        /// The message.
+        message: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An argument out of range (names the argument).
+    #[error("{argument}: {reason}")]
+    Argument {
+        /// The argument.
+        argument: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A call out of the protocol's order.
+    #[error("out of order: {0}")]
+    State(String),
+    /// The service provider's signature on the template does not verify ([ABMR20] §6.1
+    /// Round 2 step 1: output ⊥).
+    #[error("the service provider's signature on the encrypted template does not verify")]
+    Signature,
+    /// The device's answer is inconsistent with the terminal's a and b ([ABMR20] §6.1
+    /// Round 4: output ⊥).
+    #[error("the device cheated: {0}")]
+    Cheating(String),
+    /// Parameters.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// Packing.
+    #[error(transparent)]
+    Encoding(#[from] EncodingError),
+    /// Paillier.
+    #[error(transparent)]
+    Paillier(#[from] PaillierError),
+}
+
+/// A strict reader over one message.
+pub struct Reader<'a> {
+    message: &'static str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader for `bytes`, which must start with [`WIRE_VERSION`] and `kind`.
+    pub fn new(
+        message: &'static str,
+        bytes: &'a [u8],
+        kind: MessageKind,
+    ) -> Result<Self, MatchError> {
+        let mut r = Self {
+            message,
+            bytes,
+            pos: 0,
+        };
+        let version = r.u8("version")?;
+        if version != WIRE_VERSION {
+            return Err(r.error(format!("version {version}, expected {WIRE_VERSION}")));
+        }
+        let found = r.u8("kind")?;
+        if found != kind as u8 {
+            return Err(r.error(format!(
+                "kind 0x{found:02x}, expected 0x{:02x} ({kind:?})",
+                kind as u8
+            )));
+        }
+        Ok(r)
+    }
+
+    /// A wire error naming this message.
+    pub fn error(&self, reason: impl Into<String>) -> MatchError {
+        MatchError::Wire {
+            message: self.message,
+            reason: reason.into(),
+        }
+    }
+
+    /// The next `len` bytes.
+    pub fn take(&mut self, len: usize, what: &str) -> Result<&'a [u8], MatchError> {
+        let end = self
+            .pos
+            .checked_add(len)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or_else(|| {
+                self.error(format!(
+                    "truncated in {what}: {len} bytes needed, {} left",
+                    self.bytes.len() - self.pos
+                ))
+            })?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    /// One byte.
+    pub fn u8(&mut self, what: &str) -> Result<u8, MatchError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    /// A big-endian u16.
+    pub fn u16(&mut self, what: &str) -> Result<u16, MatchError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    /// A big-endian u32.
+    pub fn u32(&mut self, what: &str) -> Result<u32, MatchError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// A bit encoded as one byte 0 or 1.
+    pub fn bit(&mut self, what: &str) -> Result<bool, MatchError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(self.error(format!("{what}: byte {other} is not a bit"))),
+        }
+    }
+
+    /// A ciphertext of `pk` (fixed length, checked to be in Z_{N²}^*).
+    pub fn ciphertext(&mut self, pk: &PublicKey, what: &str) -> Result<Ciphertext, MatchError> {
+        let bytes = self.take(pk.ciphertext_bytes(), what)?;
+        pk.ciphertext_from_bytes(bytes)
+            .map_err(|e| self.error(format!("{what}: {e}")))
+    }
+
+    /// A signed integer as written by [`put_signed`], at most `max_bytes` of magnitude.
+    pub fn signed(&mut self, max_bytes: usize, what: &str) -> Result<Integer, MatchError> {
+        let sign = self.u8(what)?;
+        let len = usize::from(self.u16(what)?);
+        if len > max_bytes {
+            return Err(self.error(format!("{what}: {len} bytes, at most {max_bytes}")));
+        }
+        let magnitude = self.take(len, what)?;
+        if magnitude.first() == Some(&0) {
+            return Err(self.error(format!("{what}: leading zero byte")));
+        }
+        let x = Integer::from_digits(magnitude, Order::Msf);
+        match sign {
+            0 => Ok(x),
+            1 if x != 0 => Ok(-x),
+            1 => Err(self.error(format!("{what}: negative zero"))),
+            other => Err(self.error(format!("{what}: sign byte {other}"))),
+        }
+    }
+
+    /// Succeeds only if every byte was read.
+    pub fn finish(self) -> Result<(), MatchError> {
+        if self.pos != self.bytes.len() {
+            return Err(self.error(format!("{} trailing bytes", self.bytes.len() - self.pos)));
+        }
+        Ok(())
+    }
+}
+
+/// The header of a message of `kind`.
+pub fn header(kind: MessageKind) -> Vec<u8> {
+    vec![WIRE_VERSION, kind as u8]
+}
+
+/// Appends a signed integer: sign byte (0 or 1), u16 length, big-endian magnitude without a
+/// leading zero byte (zero: sign 0, length 0).
+pub fn put_signed(out: &mut Vec<u8>, x: &Integer) {
+    let magnitude = x.clone().abs().to_digits::<u8>(Order::Msf);
+    out.push(u8::from(*x < 0));
+    // Callers write bounded values (far below 2^(8·65535)); saturate rather than wrap.
+    let len = u16::try_from(magnitude.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&magnitude[..usize::from(len)]);
+}
+
+/// Appends the fields of an encrypted template message (Round 1 of Π1 and Π2): the
+/// canonical parameters, the public key, the count t and the t ciphertexts.
+pub fn put_template(out: &mut Vec<u8>, params: &Params, pk: &PublicKey, template: &[Ciphertext]) {
+    let p = params.to_bytes();
+    // Canonical parameters are about 20 bytes; t ≤ 4096.
+    out.extend_from_slice(&(p.len() as u16).to_be_bytes());
+    out.extend_from_slice(&p);
+    out.extend_from_slice(&pk.to_bytes());
+    out.extend_from_slice(&(template.len() as u32).to_be_bytes());
+    for c in template {
+        out.extend_from_slice(&pk.ciphertext_to_bytes(c));
+    }
+}
+
+/// Reads the fields written by [`put_template`], checked against the expected `params`: the
+/// same canonical parameters, a key of |N| bits, exactly t valid ciphertexts.
+pub fn read_template(
+    r: &mut Reader<'_>,
+    params: &Params,
+) -> Result<(PublicKey, Vec<Ciphertext>), MatchError> {
+    let len = usize::from(r.u16("parameters length")?);
+    let p = r.take(len, "parameters")?;
+    if p != params.to_bytes().as_slice() {
+        return Err(r.error("the parameters differ from the agreed ones"));
+    }
+    let modulus_bytes = params.modulus_bits().div_ceil(8) as usize;
+    let pk_bytes = r.take(modulus_bytes, "public key")?;
+    let pk = PublicKey::from_bytes(pk_bytes).map_err(|e| r.error(format!("public key: {e}")))?;
+    if pk.modulus_bits() != params.modulus_bits() {
+        return Err(r.error(format!(
+            "public key: {}-bit modulus, expected {}",
+            pk.modulus_bits(),
+            params.modulus_bits()
+        )));
+    }
+    let count = r.u32("ciphertext count")? as usize;
+    let expected = params.layout().ciphertexts();
+    if count != expected {
+        return Err(r.error(format!("{count} ciphertexts, expected t = {expected}")));
+    }
+    let mut template = Vec::with_capacity(count);
+    for _ in 0..count {
+        template.push(r.ciphertext(&pk, "template ciphertext")?);
+    }
+    Ok((pk, template))
+}
+
+/// The bytes the service provider signs at enrolment and the terminal verifies in Round 2
+/// ([ABMR20] §6.1: σ = Sign(sk, (epk, ⟦u_1*⟧, …, ⟦u_t*⟧))), with a domain separator and the
+/// canonical parameters added: `domain ‖ len(params) (u16) ‖ params ‖ N ‖ t (u32) ‖ ⟦u_c*⟧…`.
+pub fn template_signing_bytes(params: &Params, pk: &PublicKey, template: &[Ciphertext]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        SIGNING_DOMAIN.len() + 64 + pk.modulus_bytes() + template.len() * pk.ciphertext_bytes(),
+    );
+    out.extend_from_slice(SIGNING_DOMAIN);
+    put_template(&mut out, params, pk, template);
+    out
+}
+
+/// Checks that `params` are for `protocol` and that |threshold| ≤ ζ².
+pub fn check_session_params(
+    params: &Params,
+    protocol: Protocol,
+    threshold: i64,
+) -> Result<(), MatchError> {
+    if params.protocol() != protocol {
+        return Err(MatchError::Argument {
+            argument: "params",
+            reason: format!("parameters for {:?}, not {protocol:?}", params.protocol()),
+        });
+    }
+    let t = Integer::from(threshold);
+    if t.clone().abs() > *params.norm_bound() {
+        return Err(MatchError::Argument {
+            argument: "threshold",
+            reason: format!(
+                "{threshold} is outside [−ζ², ζ²] = ±{}",
+                params.norm_bound()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The inner product as an i64 (|IP| ≤ ζ² ≤ 2^58 for valid parameters).
+pub fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
+    x.to_i64().ok_or_else(|| MatchError::Argument {
+        argument,
+        reason: format!("{x} does not fit an i64"),
+    })
+}
+
+/// Shared test fixtures of the protocol tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::super::cipher::SecretKey;
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+    use std::sync::OnceLock;
+
+    /// A 3072-bit key generated once per test process from a fixed seed (timings).
+    pub(crate) fn key_3072() -> &'static SecretKey {
+        static KEY: OnceLock<SecretKey> = OnceLock::new();
+        KEY.get_or_init(|| {
+            let mut rng = ChaCha20Rng::seed_from_u64(0x3072);
+            SecretKey::generate(3072, &mut rng).expect("keygen")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_integers_round_trip_and_are_canonical() {
+        for x in [0i64, 1, -1, 255, -256, 1 << 40, -(1 << 58)] {
+            let mut out = header(MessageKind::Pi2Decoded);
+            put_signed(&mut out, &Integer::from(x));
+            let mut r = Reader::new("X", &out, MessageKind::Pi2Decoded).unwrap();
+            assert_eq!(r.signed(16, "X").unwrap(), x);
+            r.finish().unwrap();
+        }
+        let bad = |body: &[u8]| {
+            let mut out = header(MessageKind::Pi2Decoded);
+            out.extend_from_slice(body);
+            let mut r = Reader::new("X", &out, MessageKind::Pi2Decoded).unwrap();
+            r.signed(4, "X").and_then(|_| r.finish())
+        };
+        assert!(bad(&[1, 0, 0]).is_err(), "negative zero");
+        assert!(bad(&[0, 0, 1, 0]).is_err(), "leading zero");
+        assert!(bad(&[2, 0, 1, 5]).is_err(), "sign byte");
+        assert!(bad(&[0, 0, 5, 1, 2, 3, 4, 5]).is_err(), "too long");
+        assert!(bad(&[0, 0, 2, 1]).is_err(), "truncated");
+        assert!(bad(&[0, 0, 1, 1, 9]).is_err(), "trailing");
+        assert!(bad(&[0, 0, 1, 7]).is_ok());
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let out = header(MessageKind::Pi1Outcome);
+        assert!(Reader::new("m", &out, MessageKind::Pi1Outcome).is_ok());
+        assert!(Reader::new("m", &out, MessageKind::Pi2Outcome).is_err());
+        assert!(Reader::new("m", &[2, 0x13], MessageKind::Pi1Outcome).is_err());
+        assert!(Reader::new("m", &[1], MessageKind::Pi1Outcome).is_err());
+        assert!(Reader::new("m", &[], MessageKind::Pi1Outcome).is_err());
+        let mut r = Reader::new("m", &[1, 0x13, 2], MessageKind::Pi1Outcome).unwrap();
+        assert!(r.bit("bit").is_err());
+    }
+}
