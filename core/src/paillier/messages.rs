@@ -43,6 +43,15 @@ pub enum MessageKind {
     Pi2Decoded = 0x23,
     /// Π2 Round 4, T → D: the match bit.
     Pi2Outcome = 0x24,
+    /// Π3 Round 2, T → D: ⟦X̃⟧, ⟦Ỹ⟧ (Π3's Round 1 is Π2's).
+    Pi3Masked = 0x32,
+    /// Π3 Round 3, D → T: the OT receiver's message for the bits of X and Y.
+    Pi3OtRequest = 0x33,
+    /// Π3 Round 4, T → D: the garbled circuit, the labels of pad, a, b, the OT sender's
+    /// message and the public output decoding.
+    Pi3Garbled = 0x34,
+    /// Π3 Round 5, D → T: the output labels.
+    Pi3OutputLabels = 0x35,
 }
 
 /// Everything that can go wrong in a matching session (input, wire, or protocol).
@@ -75,6 +84,9 @@ pub enum MatchError {
     /// Round 4: output ⊥).
     #[error("the device cheated: {0}")]
     Cheating(String),
+    /// The garbled circuit or the oblivious transfer of Π3 refused an input (names what).
+    #[error("Π3 {0}")]
+    Garbled(String),
     /// Parameters.
     #[error(transparent)]
     Params(#[from] ParamsError),

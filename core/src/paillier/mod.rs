@@ -13,6 +13,7 @@
 //! | [`messages`] | the wire format (strict decoding), the template signing bytes, the session error type |
 //! | [`semi_honest`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
 //! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines, the multiplier/addend and X check that Π3 reuses |
+//! | [`no_leakage`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
@@ -22,6 +23,7 @@ pub mod cipher;
 pub mod encoding;
 pub mod malicious;
 pub mod messages;
+pub mod no_leakage;
 pub mod params;
 pub mod record;
 pub mod semi_honest;

@@ -1,0 +1,897 @@
+//! # Π3: matching with a malicious device and no leakage ([ABMR20] §7, Fig. 5 and 6)
+//!
+//! [ABMR20] = Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH: Using Mobile
+//! Devices for Seamless External-Facing Biometric Matching", CCS 2020, ePrint 2020/1363.
+//!
+//! * **Round 1** D → T: Π2's Round 1 ([`Pi2Round1`]: σ, epk, ⟦u_1*⟧ … ⟦u_t*⟧), unchanged.
+//! * **Round 2** T → D ([`Pi3Round2`]): T checks σ, picks a uniform in [1, 2^λ), pad and b,
+//!   computes the product ⟦z⟧ = ⟦Σ u_c*·w_c*⟧ once and sends ⟦X̃⟧ = ⟦Mask(z + Encode2(ρ_0 +
+//!   pad))⟧ and ⟦Ỹ⟧ = ⟦Mask(a·z + Encode2(ρ_1 + b))⟧, each with fresh masks, zero-sum ρ and
+//!   r^N (Fig. 5 Round 2 steps (1)–(5)), and its threshold (the circuit's constant, public).
+//! * **Round 3** D → T ([`Pi3Round3`]): D decodes X = IP + pad and Y = a·IP + b and sends the
+//!   OT receiver's message for their bits (two-message OT of [MR19], secure against a malicious
+//!   receiver; the paper used Chou–Orlandi).
+//! * **Round 4** T → D ([`Pi3Round4`]): T garbles the circuit of Fig. 6
+//!   ([`match_check_circuit`]: IP = X − pad; valid = (a·IP + b = Y); matched = valid ∧ IP ≥
+//!   threshold), and sends it with the labels of pad, a, b, the OT sender's message (the labels
+//!   of X and Y) and the public output decoding (Fig. 5 Round 5 step (2): "D learns y").
+//! * **Round 5** D → T ([`Pi3Round5`]): D evaluates and returns the two output labels; T
+//!   accepts only labels it made ([`GarblerSecrets::decode_output`]): a wrong label is caught.
+//!   valid = 0 means the device fed values other than the decrypted ones: T refuses
+//!   ([`MatchError::Cheating`]).
+//!
+//! **Ranges.** The circuit's inputs are non-negative integers of fixed widths, so T offsets
+//! its one-time pads: pad = ζ² + U[0, 2^(bits(ζ²)+λ)) makes X = IP + pad ≥ 0 and hides IP
+//! (|IP| ≤ ζ²) within 2^−λ; b = A·ζ² + U[0, 2^(B−1)) with A = 2^λ − 1 and B = bits(A·ζ²) + λ + 1
+//! (the layout's addend width) makes Y ≥ 0 and hides a·IP within 2^−λ. Both stay below 2^B,
+//! the room the layout reserves. The circuit compares exactly over the integers (its work width
+//! covers every value), so a device cannot win by a wrap-around; changing X by δ requires
+//! changing Y by a·δ, i.e. guessing a: probability 2^−λ.
+//!
+//! Leakage: none beyond the bit. D sees X and Y (one-time padded), the garbled circuit and its
+//! output; T sees the OT receiver's message (hides X, Y) and the output labels.
+
+use rand_core::{CryptoRng, RngCore};
+use rug::integer::Order;
+use rug::{Complete, Integer};
+use sha2::{Digest, Sha256};
+
+use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
+use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
+use super::malicious::Pi2Round1;
+use super::messages::{
+    check_session_params, header, put_signed, to_i64, MatchError, MessageKind, Reader,
+    MAX_SIGNATURE_BYTES,
+};
+use super::params::{Layout, Params, Protocol};
+use crate::crypto::circuit::{
+    match_check_circuit, Circuit, MatchCheckWidths, MATCH_CHECK_MATCHED, MATCH_CHECK_VALID,
+};
+use crate::crypto::garble::{
+    evaluate, garble, labels_from_bytes, labels_to_bytes, GarbledCircuit, GarblerSecrets,
+    OutputDecoding,
+};
+use crate::crypto::ot::{OtReceiver, OtSender, ReceiverMessage, SenderMessage};
+
+/// Domain of the OT session id, derived from T's Round 2 (fresh randomness both sides hold).
+const OT_SESSION_DOMAIN: &[u8] = b"privmatch/paillier/pi3/ot-session/v1";
+
+fn garbled(what: &str, e: impl std::fmt::Display) -> MatchError {
+    MatchError::Garbled(format!("{what}: {e}"))
+}
+
+/// The widths of the circuit's inputs for a Π3 layout (see the module documentation).
+pub fn circuit_widths(layout: &Layout) -> MatchCheckWidths {
+    let ip = layout.ip_bound().significant_bits() as usize;
+    let lambda = layout.stat_bits() as usize;
+    let b = layout.addend_bits() as usize;
+    MatchCheckWidths {
+        x: ip + lambda + 2,
+        y: b + 1,
+        pad: ip + lambda + 1,
+        a: layout.multiplier_bits() as usize,
+        b,
+    }
+}
+
+/// The circuit of [ABMR20] Fig. 6 for `params` and the terminal's `threshold`.
+pub fn circuit(params: &Params, threshold: i64) -> Result<Circuit, MatchError> {
+    match_check_circuit(circuit_widths(params.layout()), i128::from(threshold))
+        .map_err(|e| garbled("circuit", e))
+}
+
+fn le_bytes(x: &Integer) -> Vec<u8> {
+    x.to_digits::<u8>(Order::Lsf)
+}
+
+fn put_block(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Blocks are far below 4 GiB (the circuit of ℓ = 1024 is under 1 MiB).
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn read_block<'a>(r: &mut Reader<'a>, max: usize, what: &str) -> Result<&'a [u8], MatchError> {
+    let len = r.u32(what)? as usize;
+    if len > max {
+        return Err(r.error(format!("{what}: {len} bytes, at most {max}")));
+    }
+    r.take(len, what)
+}
+
+/// The OT session id: a hash of T's Round 2 message.
+fn ot_session(round2: &[u8]) -> Vec<u8> {
+    let mut h = Sha256::new();
+    h.update(OT_SESSION_DOMAIN);
+    h.update(round2);
+    h.finalize().to_vec()
+}
+
+/// Π3 Round 2, T → D ([ABMR20] Fig. 5 Round 2 step (5)): ⟦X̃⟧, ⟦Ỹ⟧ and the threshold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pi3Round2 {
+    /// ⟦Mask(z + ρ_0 + pad)⟧: X = IP + pad.
+    pub x: Ciphertext,
+    /// ⟦Mask(a·z + ρ_1 + b)⟧: Y = a·IP + b.
+    pub y: Ciphertext,
+    /// The threshold the circuit compares with (public, as in [ABMR20]).
+    pub threshold: i64,
+}
+
+impl Pi3Round2 {
+    /// `version ‖ kind ‖ ⟦X̃⟧ ‖ ⟦Ỹ⟧ ‖ threshold (signed)`.
+    pub fn to_bytes(&self, pk: &PublicKey) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi3Masked);
+        out.extend_from_slice(&pk.ciphertext_to_bytes(&self.x));
+        out.extend_from_slice(&pk.ciphertext_to_bytes(&self.y));
+        put_signed(&mut out, &Integer::from(self.threshold));
+        out
+    }
+
+    /// Strict decoding for the key `pk`.
+    pub fn from_bytes(pk: &PublicKey, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π3 round 2", bytes, MessageKind::Pi3Masked)?;
+        let x = r.ciphertext(pk, "X̃")?;
+        let y = r.ciphertext(pk, "Ỹ")?;
+        let threshold = to_i64("threshold", &r.signed(8, "threshold")?)?;
+        r.finish()?;
+        Ok(Self { x, y, threshold })
+    }
+}
+
+/// Π3 Round 3, D → T ([ABMR20] Fig. 5 Round 3 step (3)): OT.Round1((X, Y)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pi3Round3 {
+    /// The OT receiver's message, one OT per bit of X and Y.
+    pub ot: ReceiverMessage,
+}
+
+impl Pi3Round3 {
+    /// `version ‖ kind ‖ len (u32) ‖ OT receiver message`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi3OtRequest);
+        put_block(&mut out, &self.ot.to_bytes());
+        out
+    }
+
+    /// Strict decoding; the number of OTs must be the circuit's evaluator inputs.
+    pub fn from_bytes(circuit: &Circuit, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π3 round 3", bytes, MessageKind::Pi3OtRequest)?;
+        let block = read_block(&mut r, 1 << 20, "OT request")?;
+        r.finish()?;
+        let ot = ReceiverMessage::from_bytes(block).map_err(|e| garbled("OT request", e))?;
+        if ot.len() != circuit.evaluator_inputs() {
+            return Err(garbled(
+                "OT request",
+                format!(
+                    "{} OTs, the circuit has {} evaluator inputs",
+                    ot.len(),
+                    circuit.evaluator_inputs()
+                ),
+            ));
+        }
+        Ok(Self { ot })
+    }
+}
+
+/// Π3 Round 4, T → D ([ABMR20] Fig. 5 Round 4 step (3)): (C̃, lab_pad, lab_a, lab_b, ot^sen)
+/// and the public decoding of the output bits.
+#[derive(Clone, Debug)]
+pub struct Pi3Round4 {
+    /// C̃.
+    pub circuit: GarbledCircuit,
+    /// The labels of pad, a, b (the garbler's inputs, in the circuit's order).
+    pub garbler_labels: Vec<crate::crypto::garble::Label>,
+    /// The OT sender's message carrying the labels of X and Y.
+    pub ot: SenderMessage,
+    /// The permute bits of the output wires, so D learns its output bit.
+    pub decoding: OutputDecoding,
+}
+
+impl Pi3Round4 {
+    /// `version ‖ kind ‖ C̃ (u32-prefixed) ‖ garbler labels ‖ OT (u32-prefixed) ‖ decoding
+    /// (u32-prefixed)`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi3Garbled);
+        put_block(&mut out, &self.circuit.to_bytes());
+        out.extend_from_slice(&labels_to_bytes(&self.garbler_labels));
+        put_block(&mut out, &self.ot.to_bytes());
+        put_block(&mut out, &self.decoding.to_bytes());
+        out
+    }
+
+    /// Strict decoding against the circuit D rebuilt from the parameters and threshold.
+    pub fn from_bytes(circuit: &Circuit, bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π3 round 4", bytes, MessageKind::Pi3Garbled)?;
+        let tables = read_block(&mut r, GarbledCircuit::byte_len(circuit), "garbled circuit")?;
+        let gc = GarbledCircuit::from_bytes(circuit, tables).map_err(|e| garbled("circuit", e))?;
+        let count = circuit.garbler_inputs();
+        let labels = r.take(16 * count, "garbler labels")?;
+        let garbler_labels =
+            labels_from_bytes(labels, count).map_err(|e| garbled("garbler labels", e))?;
+        let ot_bytes = read_block(&mut r, 1 << 22, "OT reply")?;
+        let ot = SenderMessage::from_bytes(ot_bytes).map_err(|e| garbled("OT reply", e))?;
+        let dec = read_block(&mut r, 1024, "output decoding")?;
+        let decoding =
+            OutputDecoding::from_bytes(circuit, dec).map_err(|e| garbled("output decoding", e))?;
+        r.finish()?;
+        Ok(Self {
+            circuit: gc,
+            garbler_labels,
+            ot,
+            decoding,
+        })
+    }
+}
+
+/// Π3 Round 5, D → T ([ABMR20] Fig. 5 Round 5 step (2)): the output labels.
+#[derive(Clone, Debug)]
+pub struct Pi3Round5 {
+    /// The labels of the outputs [valid, matched].
+    pub labels: Vec<crate::crypto::garble::Label>,
+}
+
+impl Pi3Round5 {
+    /// `version ‖ kind ‖ labels (16 bytes each)`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = header(MessageKind::Pi3OutputLabels);
+        out.extend_from_slice(&labels_to_bytes(&self.labels));
+        out
+    }
+
+    /// Strict decoding: exactly two labels.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, MatchError> {
+        let mut r = Reader::new("Π3 round 5", bytes, MessageKind::Pi3OutputLabels)?;
+        let raw = r.take(32, "output labels")?;
+        r.finish()?;
+        let labels = labels_from_bytes(raw, 2).map_err(|e| garbled("output labels", e))?;
+        Ok(Self { labels })
+    }
+}
+
+/// The device D of Π3 after enrolment: its key and SP's signed packed template.
+pub struct Pi3Device {
+    params: Params,
+    secret: SecretKey,
+    template: Vec<Ciphertext>,
+    signature: Vec<u8>,
+}
+
+impl std::fmt::Debug for Pi3Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pi3Device")
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pi3Device {
+    /// The device from SP's enrolment answer (the same as Π2's, under Π3 parameters).
+    pub fn new(
+        params: Params,
+        secret: SecretKey,
+        template: Vec<Ciphertext>,
+        signature: Vec<u8>,
+    ) -> Result<Self, MatchError> {
+        check_session_params(&params, Protocol::Pi3, 0)?;
+        if secret.public_key().modulus_bits() != params.modulus_bits() {
+            return Err(MatchError::Argument {
+                argument: "secret",
+                reason: "key size differs from the parameters".into(),
+            });
+        }
+        if template.len() != params.layout().ciphertexts() {
+            return Err(MatchError::Argument {
+                argument: "template",
+                reason: format!(
+                    "{} ciphertexts, expected t = {}",
+                    template.len(),
+                    params.layout().ciphertexts()
+                ),
+            });
+        }
+        if signature.len() > MAX_SIGNATURE_BYTES {
+            return Err(MatchError::Argument {
+                argument: "signature",
+                reason: format!("{} bytes, at most {MAX_SIGNATURE_BYTES}", signature.len()),
+            });
+        }
+        Ok(Self {
+            params,
+            secret,
+            template,
+            signature,
+        })
+    }
+
+    /// Round 1 (Fig. 5 Round 1, the same message as Π2's), encoded.
+    pub fn round1(&self) -> Vec<u8> {
+        Pi2Round1 {
+            public_key: self.secret.public_key().clone(),
+            template: self.template.clone(),
+            signature: self.signature.clone(),
+        }
+        .to_bytes(&self.params)
+    }
+
+    /// A matching session (Rounds 3 and 5 of one run).
+    pub fn session(&self) -> Pi3DeviceSession<'_> {
+        Pi3DeviceSession {
+            device: self,
+            state: DeviceState::AwaitingRound2,
+        }
+    }
+}
+
+enum DeviceState {
+    AwaitingRound2,
+    AwaitingRound4 {
+        circuit: Circuit,
+        receiver: OtReceiver,
+    },
+    Done(bool),
+    Failed,
+}
+
+/// One Π3 session on the device's side.
+pub struct Pi3DeviceSession<'a> {
+    device: &'a Pi3Device,
+    state: DeviceState,
+}
+
+impl std::fmt::Debug for Pi3DeviceSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            DeviceState::AwaitingRound2 => "AwaitingRound2",
+            DeviceState::AwaitingRound4 { .. } => "AwaitingRound4",
+            DeviceState::Done(_) => "Done",
+            DeviceState::Failed => "Failed",
+        };
+        write!(f, "Pi3DeviceSession({state})")
+    }
+}
+
+impl Pi3DeviceSession<'_> {
+    /// Round 3 (Fig. 5 Round 3): decrypt and decode X and Y, then the OT receiver's message
+    /// for their bits; encoded.
+    pub fn round3<R: RngCore + CryptoRng>(
+        &mut self,
+        round2: &[u8],
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        if !matches!(self.state, DeviceState::AwaitingRound2) {
+            return Err(MatchError::State("Π3 round 3 was already sent".into()));
+        }
+        let d = self.device;
+        let msg = Pi3Round2::from_bytes(d.secret.public_key(), round2)?;
+        check_session_params(&d.params, Protocol::Pi3, msg.threshold)?;
+        let layout = d.params.layout();
+        let x = decode_sum(&d.secret, layout, &msg.x)?;
+        let y = decode_sum(&d.secret, layout, &msg.y)?;
+        let widths = circuit_widths(layout);
+        if x < 0 || y < 0 {
+            return Err(MatchError::Cheating(
+                "the terminal's X or Y is negative, which its offsets rule out".into(),
+            ));
+        }
+        let choices = widths
+            .evaluator_bits(&le_bytes(&x), &le_bytes(&y))
+            .map_err(|e| garbled("X, Y", e))?;
+        let circuit = circuit(&d.params, msg.threshold)?;
+        let (receiver, request) = OtReceiver::new(&ot_session(round2), &choices, rng);
+        self.state = DeviceState::AwaitingRound4 { circuit, receiver };
+        Ok(Pi3Round3 { ot: request }.to_bytes())
+    }
+
+    /// Round 5 (Fig. 5 Round 5): obtain the labels of X and Y by OT, evaluate, learn the
+    /// output bit; returns the encoded output labels for T and D's output (matched).
+    pub fn round5(&mut self, round4: &[u8]) -> Result<(Vec<u8>, bool), MatchError> {
+        let (circuit, receiver) = match std::mem::replace(&mut self.state, DeviceState::Failed) {
+            DeviceState::AwaitingRound4 { circuit, receiver } => (circuit, receiver),
+            other => {
+                self.state = other;
+                return Err(MatchError::State("Π3 round 5 follows round 3, once".into()));
+            }
+        };
+        let msg = Pi3Round4::from_bytes(&circuit, round4)?;
+        let mine = receiver
+            .finish(&msg.ot)
+            .map_err(|e| garbled("OT reply", e))?;
+        let outputs = evaluate(&circuit, &msg.circuit, &msg.garbler_labels, &mine)
+            .map_err(|e| garbled("evaluation", e))?;
+        let bits = msg
+            .decoding
+            .decode(&outputs)
+            .map_err(|e| garbled("output decoding", e))?;
+        let matched = bits[MATCH_CHECK_VALID] && bits[MATCH_CHECK_MATCHED];
+        self.state = DeviceState::Done(matched);
+        Ok((Pi3Round5 { labels: outputs }.to_bytes(), matched))
+    }
+
+    /// D's output once the session is over.
+    pub fn outcome(&self) -> Option<bool> {
+        match self.state {
+            DeviceState::Done(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// T's secrets of one session.
+struct TerminalSecrets {
+    a: Integer,
+    b: Integer,
+    pad: Integer,
+}
+
+enum TerminalState {
+    AwaitingRound1,
+    AwaitingRound3 {
+        secrets: TerminalSecrets,
+        session: Vec<u8>,
+    },
+    AwaitingRound5 {
+        garbler: Box<GarblerSecrets>,
+    },
+    Done(bool),
+    Failed,
+}
+
+/// The terminal T of Π3 for one session: its measurement w and threshold, then its secrets.
+pub struct Pi3Terminal {
+    params: Params,
+    w: Vec<i32>,
+    threshold: i64,
+    state: TerminalState,
+}
+
+impl std::fmt::Debug for Pi3Terminal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // w and the session secrets are the terminal's.
+        let state = match self.state {
+            TerminalState::AwaitingRound1 => "AwaitingRound1",
+            TerminalState::AwaitingRound3 { .. } => "AwaitingRound3",
+            TerminalState::AwaitingRound5 { .. } => "AwaitingRound5",
+            TerminalState::Done(_) => "Done",
+            TerminalState::Failed => "Failed",
+        };
+        write!(f, "Pi3Terminal({state})")
+    }
+}
+
+impl Pi3Terminal {
+    /// A session with measurement `w` (length ℓ, m-bit elements, ‖w‖² ≤ ζ²) and `threshold`
+    /// (|threshold| ≤ ζ²).
+    pub fn new(params: Params, w: Vec<i32>, threshold: i64) -> Result<Self, MatchError> {
+        check_session_params(&params, Protocol::Pi3, threshold)?;
+        check_template(params.layout(), "w", &w)?;
+        Ok(Self {
+            params,
+            w,
+            threshold,
+            state: TerminalState::AwaitingRound1,
+        })
+    }
+
+    /// Round 2 (Fig. 5 Round 2): verify σ with `verify(message, signature)`, draw a, b, pad,
+    /// compute ⟦X̃⟧ and ⟦Ỹ⟧ with fresh r^N; encoded.
+    pub fn round2<R: RngCore + CryptoRng>(
+        &mut self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        if !matches!(self.state, TerminalState::AwaitingRound1) {
+            return Err(MatchError::State("Π3 round 2 was already sent".into()));
+        }
+        let msg = Pi2Round1::from_bytes(&self.params, round1)?;
+        if !verify(&msg.signed_bytes(&self.params), &msg.signature) {
+            return Err(MatchError::Signature);
+        }
+        let layout = self.params.layout();
+        let pk = &msg.public_key;
+        let zeta2 = layout.ip_bound();
+        let lambda = layout.stat_bits();
+        let one = Integer::from(1);
+        let a = random_below(&((&one << lambda).complete() - 1u32), rng) + 1u32;
+        let pad_range = (&one << (zeta2.significant_bits() + lambda)).complete();
+        let pad = random_below(&pad_range, rng) + zeta2;
+        let b_offset = (layout.max_multiplier() * zeta2).complete();
+        let b = b_offset + random_below(&(&one << (layout.addend_bits() - 1)).complete(), rng);
+        let product = homomorphic_inner_product(pk, layout, &msg.template, &self.w)?;
+        let x = mask_affine_product(
+            pk,
+            layout,
+            &product,
+            &one,
+            &pad,
+            &pk.random_nonce_power(rng),
+            rng,
+        )?;
+        let y = mask_affine_product(
+            pk,
+            layout,
+            &product,
+            &a,
+            &b,
+            &pk.random_nonce_power(rng),
+            rng,
+        )?;
+        let out = Pi3Round2 {
+            x,
+            y,
+            threshold: self.threshold,
+        }
+        .to_bytes(pk);
+        self.state = TerminalState::AwaitingRound3 {
+            secrets: TerminalSecrets { a, b, pad },
+            session: ot_session(&out),
+        };
+        Ok(out)
+    }
+
+    /// Round 4 (Fig. 5 Round 4): garble the circuit, answer the OT with the labels of X and
+    /// Y; encoded.
+    pub fn round4<R: RngCore + CryptoRng>(
+        &mut self,
+        round3: &[u8],
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        let (secrets, session) = match std::mem::replace(&mut self.state, TerminalState::Failed) {
+            TerminalState::AwaitingRound3 { secrets, session } => (secrets, session),
+            other => {
+                self.state = other;
+                return Err(MatchError::State("Π3 round 4 follows round 2, once".into()));
+            }
+        };
+        let widths = circuit_widths(self.params.layout());
+        let circuit = circuit(&self.params, self.threshold)?;
+        let request = Pi3Round3::from_bytes(&circuit, round3)?;
+        let (tables, garbler) = garble(&circuit, rng);
+        let inputs = widths
+            .garbler_bits(
+                &le_bytes(&secrets.pad),
+                &le_bytes(&secrets.a),
+                &le_bytes(&secrets.b),
+            )
+            .map_err(|e| garbled("pad, a, b", e))?;
+        let garbler_labels = garbler
+            .garbler_input_labels(&inputs)
+            .map_err(|e| garbled("garbler labels", e))?;
+        let ot = OtSender::respond(&session, &request.ot, &garbler.evaluator_label_pairs(), rng)
+            .map_err(|e| garbled("OT request", e))?;
+        let out = Pi3Round4 {
+            circuit: tables,
+            garbler_labels,
+            ot,
+            decoding: garbler.output_decoding(),
+        }
+        .to_bytes();
+        self.state = TerminalState::AwaitingRound5 {
+            garbler: Box::new(garbler),
+        };
+        Ok(out)
+    }
+
+    /// Output (Fig. 5 "Output Computation"): decode D's output labels. A label T did not make
+    /// for that output, or valid = 0 (X, Y inconsistent with a, b, pad), is
+    /// [`MatchError::Cheating`] and the session fails.
+    pub fn finish(&mut self, round5: &[u8]) -> Result<bool, MatchError> {
+        let garbler = match std::mem::replace(&mut self.state, TerminalState::Failed) {
+            TerminalState::AwaitingRound5 { garbler } => garbler,
+            other => {
+                self.state = other;
+                return Err(MatchError::State("Π3 round 5 follows round 4, once".into()));
+            }
+        };
+        let msg = Pi3Round5::from_bytes(round5)?;
+        let bits = garbler.decode_output(&msg.labels).map_err(|e| {
+            MatchError::Cheating(format!("an output label the terminal did not make ({e})"))
+        })?;
+        if !bits[MATCH_CHECK_VALID] {
+            return Err(MatchError::Cheating(
+                "the circuit's check a·(X − pad) + b = Y failed: the device fed other values \
+                 than the ones it decrypted"
+                    .into(),
+            ));
+        }
+        let matched = bits[MATCH_CHECK_MATCHED];
+        self.state = TerminalState::Done(matched);
+        Ok(matched)
+    }
+
+    /// The output once the session is over (None while running or after a failure).
+    pub fn outcome(&self) -> Option<bool> {
+        match self.state {
+            TerminalState::Done(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cipher::test_support::{key_2048, small_key};
+    use super::super::malicious::{encrypt_elements, pack_element_ciphertexts};
+    use super::super::messages::template_signing_bytes;
+    use super::super::params::DEFAULT_STAT_BITS;
+    use super::*;
+    use crate::crypto::garble::Label;
+    use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+    use std::time::Instant;
+
+    fn clone_key(sk: &SecretKey) -> SecretKey {
+        let (p, q) = sk.primes();
+        SecretKey::from_primes(p.clone(), q.clone()).unwrap()
+    }
+
+    fn params(dim: usize, m: u32, bits: u32) -> Params {
+        Params::new_allowing_test_modulus(
+            Protocol::Pi3,
+            dim,
+            m,
+            bits,
+            DEFAULT_STAT_BITS,
+            Params::max_norm_bound(dim, m),
+        )
+        .unwrap()
+    }
+
+    fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
+        let half = 1i64 << (m - 1);
+        (0..dim)
+            .map(|_| ((rng.next_u64() % (2 * half as u64)) as i64 - half) as i32)
+            .collect()
+    }
+
+    fn dot(u: &[i32], w: &[i32]) -> i64 {
+        u.iter()
+            .zip(w)
+            .map(|(&a, &b)| i64::from(a) * i64::from(b))
+            .sum()
+    }
+
+    fn sp_key() -> SigningKey {
+        SigningKey::from_bytes(&[9u8; 32])
+    }
+
+    fn verifier(sp: &SigningKey) -> impl Fn(&[u8], &[u8]) -> bool {
+        let vk = sp.verifying_key();
+        move |msg: &[u8], sig: &[u8]| {
+            Signature::from_slice(sig)
+                .map(|s| vk.verify(msg, &s).is_ok())
+                .unwrap_or(false)
+        }
+    }
+
+    fn enrol(params: &Params, sk: &SecretKey, u: &[i32], rng: &mut ChaCha20Rng) -> Pi3Device {
+        let elements = encrypt_elements(sk, params, u, rng).unwrap();
+        let packed = pack_element_ciphertexts(sk.public_key(), params, &elements).unwrap();
+        let sig = sp_key().sign(&template_signing_bytes(params, sk.public_key(), &packed));
+        Pi3Device::new(
+            params.clone(),
+            clone_key(sk),
+            packed,
+            sig.to_bytes().to_vec(),
+        )
+        .unwrap()
+    }
+
+    /// One honest run: (T's output, D's output).
+    fn run(device: &Pi3Device, w: &[i32], threshold: i64, rng: &mut ChaCha20Rng) -> (bool, bool) {
+        let mut t = Pi3Terminal::new(device.params.clone(), w.to_vec(), threshold).unwrap();
+        let r2 = t
+            .round2(&device.round1(), &verifier(&sp_key()), rng)
+            .unwrap();
+        let mut s = device.session();
+        let r3 = s.round3(&r2, rng).unwrap();
+        let r4 = t.round4(&r3, rng).unwrap();
+        let (r5, d) = s.round5(&r4).unwrap();
+        let out = t.finish(&r5).unwrap();
+        assert_eq!(t.outcome(), Some(out));
+        assert_eq!(s.outcome(), Some(d));
+        (out, d)
+    }
+
+    #[test]
+    fn outputs_equal_the_plaintext_comparison_on_random_pairs() {
+        let sk = small_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(300);
+        for (dim, m) in [(8usize, 8u32), (16, 12), (5, 16)] {
+            let p = params(dim, m, 1024);
+            for _ in 0..12 {
+                let u = random_vector(dim, m, &mut rng);
+                let device = enrol(&p, sk, &u, &mut rng);
+                for _ in 0..5 {
+                    let w = random_vector(dim, m, &mut rng);
+                    let ip = dot(&u, &w);
+                    let random_t = (rng.next_u64() % 2001) as i64 - 1000;
+                    for threshold in [ip, ip - 1, ip + 1, random_t] {
+                        let (t_out, d_out) = run(&device, &w, threshold, &mut rng);
+                        assert_eq!(t_out, ip >= threshold, "IP {ip}, threshold {threshold}");
+                        assert_eq!(d_out, t_out);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_templates_at_2048_bits() {
+        let sk = key_2048();
+        let mut rng = ChaCha20Rng::seed_from_u64(301);
+        let p = params(256, 16, 2048);
+        let u = random_vector(256, 16, &mut rng);
+        let device = enrol(&p, sk, &u, &mut rng);
+        let w = random_vector(256, 16, &mut rng);
+        let ip = dot(&u, &w);
+        for threshold in [ip, ip + 1] {
+            assert_eq!(run(&device, &w, threshold, &mut rng).0, ip >= threshold);
+        }
+        // Extremes: every element at the most negative value.
+        let p = params(16, 16, 2048);
+        let low = vec![-(1i32 << 15); 16];
+        let device = enrol(&p, sk, &low, &mut rng);
+        let ip = dot(&low, &low);
+        // IP = ζ², the largest possible, and IP = −ζ², the smallest.
+        assert!(run(&device, &low, ip, &mut rng).0);
+        let high: Vec<i32> = low.iter().map(|&v| -(v + 1)).collect();
+        let ip = dot(&low, &high);
+        assert!(run(&device, &high, ip, &mut rng).0);
+        assert!(!run(&device, &high, ip + 1, &mut rng).0);
+    }
+
+    /// A device that feeds the circuit other values than the ones it decrypted (X + δ, or Y
+    /// changed) is caught by valid = 0; a wrong output label is caught by T's decoding.
+    #[test]
+    fn a_cheating_device_is_caught() {
+        let sk = small_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(302);
+        let p = params(8, 8, 1024);
+        let u = random_vector(8, 8, &mut rng);
+        let device = enrol(&p, sk, &u, &mut rng);
+        let w = random_vector(8, 8, &mut rng);
+        let ip = dot(&u, &w);
+        let widths = circuit_widths(p.layout());
+        for (dx, dy) in [(1i64, 0i64), (-1, 0), (0, 1), (1000, 0), (1, 1), (0, -1)] {
+            let mut t = Pi3Terminal::new(p.clone(), w.clone(), ip).unwrap();
+            let r2 = t
+                .round2(&device.round1(), &verifier(&sp_key()), &mut rng)
+                .unwrap();
+            // The device's side, by hand, with shifted inputs.
+            let msg = Pi3Round2::from_bytes(sk.public_key(), &r2).unwrap();
+            let x = decode_sum(sk, p.layout(), &msg.x).unwrap() + dx;
+            let y = decode_sum(sk, p.layout(), &msg.y).unwrap() + dy;
+            let choices = widths.evaluator_bits(&le_bytes(&x), &le_bytes(&y)).unwrap();
+            let c = circuit(&p, ip).unwrap();
+            let (receiver, request) = OtReceiver::new(&ot_session(&r2), &choices, &mut rng);
+            let r4 = t
+                .round4(&Pi3Round3 { ot: request }.to_bytes(), &mut rng)
+                .unwrap();
+            let m4 = Pi3Round4::from_bytes(&c, &r4).unwrap();
+            let labels = receiver.finish(&m4.ot).unwrap();
+            let out = evaluate(&c, &m4.circuit, &m4.garbler_labels, &labels).unwrap();
+            let err = t.finish(&Pi3Round5 { labels: out }.to_bytes()).unwrap_err();
+            assert!(
+                matches!(err, MatchError::Cheating(_)),
+                "shift ({dx}, {dy}): {err}"
+            );
+            assert_eq!(t.outcome(), None);
+        }
+        // Honest evaluation, but a forged output label.
+        let mut t = Pi3Terminal::new(p.clone(), w.clone(), ip).unwrap();
+        let r2 = t
+            .round2(&device.round1(), &verifier(&sp_key()), &mut rng)
+            .unwrap();
+        let mut s = device.session();
+        let r3 = s.round3(&r2, &mut rng).unwrap();
+        let r4 = t.round4(&r3, &mut rng).unwrap();
+        let (r5, _) = s.round5(&r4).unwrap();
+        let mut forged = Pi3Round5::from_bytes(&r5).unwrap();
+        forged.labels[1] = Label::from_bytes([0x5a; 16]);
+        let err = t.finish(&forged.to_bytes()).unwrap_err();
+        assert!(matches!(err, MatchError::Cheating(_)), "{err}");
+    }
+
+    #[test]
+    fn tampered_or_out_of_order_messages_are_refused() {
+        let sk = small_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(303);
+        let p = params(8, 8, 1024);
+        let u = random_vector(8, 8, &mut rng);
+        let device = enrol(&p, sk, &u, &mut rng);
+        let w = random_vector(8, 8, &mut rng);
+        // Another service provider's key.
+        let other = SigningKey::from_bytes(&[1u8; 32]);
+        let mut t = Pi3Terminal::new(p.clone(), w.clone(), 0).unwrap();
+        assert_eq!(
+            t.round2(&device.round1(), &verifier(&other), &mut rng),
+            Err(MatchError::Signature)
+        );
+        // A truncated round 1; out-of-order calls.
+        let mut t = Pi3Terminal::new(p.clone(), w.clone(), 0).unwrap();
+        let r1 = device.round1();
+        assert!(t
+            .round2(&r1[..r1.len() - 1], &verifier(&sp_key()), &mut rng)
+            .is_err());
+        assert!(t.round4(&[1, 0x33], &mut rng).is_err());
+        let r2 = t.round2(&r1, &verifier(&sp_key()), &mut rng).unwrap();
+        let mut s = device.session();
+        assert!(s.round5(&[1, 0x34]).is_err());
+        assert!(s.round3(&r2[..r2.len() - 3], &mut rng).is_err());
+        let mut s = device.session();
+        let r3 = s.round3(&r2, &mut rng).unwrap();
+        assert!(s.round3(&r2, &mut rng).is_err());
+        // A round 3 with a different number of OTs.
+        let mut t2 = Pi3Terminal::new(p.clone(), w.clone(), 0).unwrap();
+        t2.round2(&r1, &verifier(&sp_key()), &mut rng).unwrap();
+        let (_, short) = OtReceiver::new(b"x", &[true; 3], &mut rng);
+        assert!(t2
+            .round4(&Pi3Round3 { ot: short }.to_bytes(), &mut rng)
+            .is_err());
+        // A flipped byte in the garbled circuit: an error or a detected label, never a wrong
+        // accepted answer.
+        let mut r4 = t.round4(&r3, &mut rng).unwrap();
+        r4[100] ^= 0x01;
+        if let Ok((r5, _)) = s.round5(&r4) {
+            let ip = dot(&u, &w);
+            match t.finish(&r5) {
+                Ok(out) => assert_eq!(out, ip >= 0),
+                Err(e) => assert!(matches!(e, MatchError::Cheating(_)), "{e}"),
+            }
+        }
+        // Wrong parameters for the protocol.
+        let p2 = Params::new_allowing_test_modulus(
+            Protocol::Pi2,
+            8,
+            8,
+            1024,
+            DEFAULT_STAT_BITS,
+            Params::max_norm_bound(8, 8),
+        )
+        .unwrap();
+        assert!(Pi3Terminal::new(p2, w, 0).is_err());
+    }
+
+    /// Single-core costs at ℓ = 256, m = 16, 3072-bit N (printed, not asserted).
+    #[test]
+    fn timings() {
+        let sk = super::super::messages::test_support::key_3072();
+        let mut rng = ChaCha20Rng::seed_from_u64(304);
+        let p = params(256, 16, 3072);
+        let u = random_vector(256, 16, &mut rng);
+        let device = enrol(&p, sk, &u, &mut rng);
+        let w = random_vector(256, 16, &mut rng);
+        let mut t = Pi3Terminal::new(p.clone(), w.clone(), 0).unwrap();
+        let clock = Instant::now();
+        let r2 = t
+            .round2(&device.round1(), &verifier(&sp_key()), &mut rng)
+            .unwrap();
+        let t2 = clock.elapsed();
+        let mut s = device.session();
+        let clock = Instant::now();
+        let r3 = s.round3(&r2, &mut rng).unwrap();
+        let t3 = clock.elapsed();
+        let clock = Instant::now();
+        let r4 = t.round4(&r3, &mut rng).unwrap();
+        let t4 = clock.elapsed();
+        let clock = Instant::now();
+        let (r5, _) = s.round5(&r4).unwrap();
+        let t5 = clock.elapsed();
+        let clock = Instant::now();
+        assert_eq!(t.finish(&r5).unwrap(), dot(&u, &w) >= 0);
+        let tf = clock.elapsed();
+        println!(
+            "Π3 ℓ = 256, m = 16, |N| = 3072: round 2 (T) {t2:?}, round 3 (D) {t3:?}, round 4 (T) \
+             {t4:?}, round 5 (D) {t5:?}, output (T) {tf:?}; bytes: round 1 {}, 2 {}, 3 {}, 4 {}, 5 {}; \
+             AND gates {}",
+            device.round1().len(),
+            r2.len(),
+            r3.len(),
+            r4.len(),
+            r5.len(),
+            circuit(&p, 0).unwrap().and_count()
+        );
+    }
+}
