@@ -19,12 +19,23 @@
 //!        | Ed25519 signature (64)
 //! ```
 //!
-//! The Ed25519 signature (RFC 8032, strict verification) covers [`DOMAIN`] followed by every
-//! byte before it, so an SP key's signature over anything else is never a template signature.
+//! The Ed25519 signature (RFC 8032, strict verification) covers
+//!
+//! ```text
+//! DOMAIN | device id length (1) | device id | expires at (8) | template_signing_bytes(params, epk, ⟦u*⟧)
+//! ```
+//!
+//! ([`signing_message`]; the last part is what the matching protocols' Round 1 carries, see
+//! `messages::template_signing_bytes`), so a terminal that receives Round 1 (params, epk,
+//! ⟦u*⟧) and the short σ of [`SignedTemplate::round1_signature`] (device id, expiry,
+//! signature) checks everything with [`verify_round1_signature`], and an SP key's signature
+//! over anything else is never a template signature.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
 use super::cipher::{Ciphertext, PaillierError, PublicKey};
+use super::messages::template_signing_bytes;
+use super::params::{Params, ParamsError};
 
 /// The label every template signature starts with.
 pub const DOMAIN: &[u8] = b"privmatch paillier template v1";
@@ -33,8 +44,6 @@ const VERSION: u8 = 1;
 const SIGNATURE_LEN: usize = 64;
 /// Longest device id, in bytes.
 pub const MAX_DEVICE_ID: usize = 64;
-/// Most packed ciphertexts one record may hold (ℓ = 4096 at one value per ciphertext).
-pub const MAX_CIPHERTEXTS: usize = 4096;
 
 /// Why a record was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,6 +54,9 @@ pub enum RecordError {
     /// The device id is empty, too long, or has characters outside [A-Za-z0-9._:-].
     #[error("device id {0:?}: 1 to 64 characters from A-Z a-z 0-9 . _ : -")]
     BadDeviceId(String),
+    /// The parameters do not decode.
+    #[error("template record: {0}")]
+    Params(#[from] ParamsError),
     /// The public key or a ciphertext is invalid.
     #[error("template record: {0}")]
     Paillier(#[from] PaillierError),
@@ -82,9 +94,8 @@ pub fn check_device_id(id: &str) -> Result<(), RecordError> {
 pub struct TemplateRecord {
     /// The device.
     pub device_id: String,
-    /// The canonical parameter encoding (layout, norm bound, protocol) the template was
-    /// enrolled under.
-    pub params: Vec<u8>,
+    /// The parameters (layout, norm bound, protocol) the template was enrolled under.
+    pub params: Params,
     /// The device's Paillier public key.
     pub public_key: PublicKey,
     /// The packed ciphertexts ⟦u_1*⟧ … ⟦u_t*⟧.
@@ -98,7 +109,7 @@ pub struct TemplateRecord {
 pub struct SignedTemplate {
     /// The record.
     pub record: TemplateRecord,
-    /// Ed25519 over [`DOMAIN`] ‖ the record's encoding.
+    /// Ed25519 over [`signing_message`].
     pub signature: [u8; SIGNATURE_LEN],
 }
 
@@ -113,22 +124,29 @@ impl TemplateRecord {
     /// The canonical encoding (everything the signature covers, without [`DOMAIN`]).
     pub fn encode(&self) -> Result<Vec<u8>, RecordError> {
         check_device_id(&self.device_id)?;
-        if self.packed.is_empty() || self.packed.len() > MAX_CIPHERTEXTS {
+        if self.packed.len() != self.params.layout().ciphertexts() {
             return Err(RecordError::Malformed(format!(
-                "{} ciphertexts; 1 to {MAX_CIPHERTEXTS} allowed",
-                self.packed.len()
+                "{} ciphertexts; the parameters give t = {}",
+                self.packed.len(),
+                self.params.layout().ciphertexts()
             )));
         }
+        if self.public_key.modulus_bits() != self.params.modulus_bits() {
+            return Err(RecordError::Malformed(
+                "the public key's size differs from the parameters".into(),
+            ));
+        }
         let pk = &self.public_key;
+        let params = self.params.to_bytes();
         let mut out = Vec::with_capacity(
-            32 + self.params.len() + pk.modulus_bytes() + self.packed.len() * pk.ciphertext_bytes(),
+            32 + params.len() + pk.modulus_bytes() + self.packed.len() * pk.ciphertext_bytes(),
         );
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(self.device_id.len() as u8);
         out.extend_from_slice(self.device_id.as_bytes());
-        push_len16(&mut out, self.params.len(), "params")?;
-        out.extend_from_slice(&self.params);
+        push_len16(&mut out, params.len(), "params")?;
+        out.extend_from_slice(&params);
         let n = pk.to_bytes();
         push_len16(&mut out, n.len(), "public key")?;
         out.extend_from_slice(&n);
@@ -140,10 +158,19 @@ impl TemplateRecord {
         Ok(out)
     }
 
+    /// The bytes the service provider signs ([`signing_message`]).
+    pub fn signing_message(&self) -> Result<Vec<u8>, RecordError> {
+        check_device_id(&self.device_id)?;
+        Ok(signing_message(
+            &self.device_id,
+            self.expires_at,
+            &template_signing_bytes(&self.params, &self.public_key, &self.packed),
+        ))
+    }
+
     /// Signs the record with the service provider's key.
     pub fn sign(self, key: &SigningKey) -> Result<SignedTemplate, RecordError> {
-        let mut message = DOMAIN.to_vec();
-        message.extend_from_slice(&self.encode()?);
+        let message = self.signing_message()?;
         let signature = key.sign(&message).to_bytes();
         Ok(SignedTemplate {
             record: self,
@@ -207,7 +234,7 @@ impl SignedTemplate {
             .to_owned();
         check_device_id(&id)?;
         let params_len = r.u16("params length")?;
-        let params = r.take(params_len, "params")?.to_vec();
+        let params = Params::from_bytes(r.take(params_len, "params")?)?;
         let pk_len = r.u16("public key length")?;
         let public_key = PublicKey::from_bytes(r.take(pk_len, "public key")?)?;
         if public_key.modulus_bytes() != pk_len {
@@ -216,8 +243,15 @@ impl SignedTemplate {
             ));
         }
         let count = r.u16("ciphertext count")?;
-        if count == 0 || count > MAX_CIPHERTEXTS {
-            return Err(RecordError::Malformed(format!("{count} ciphertexts")));
+        if count != params.layout().ciphertexts()
+            || public_key.modulus_bits() != params.modulus_bits()
+        {
+            return Err(RecordError::Malformed(format!(
+                "{count} ciphertexts of a {}-bit key; the parameters give t = {} under {} bits",
+                public_key.modulus_bits(),
+                params.layout().ciphertexts(),
+                params.modulus_bits()
+            )));
         }
         let mut packed = Vec::with_capacity(count);
         for _ in 0..count {
@@ -250,8 +284,7 @@ impl SignedTemplate {
     /// Checks the service provider's signature and the expiry at time `now` (Unix seconds):
     /// the terminal's check of [ABMR20] Fig. 5 Round 2 step 1.
     pub fn verify(&self, key: &VerifyingKey, now: i64) -> Result<(), RecordError> {
-        let mut message = DOMAIN.to_vec();
-        message.extend_from_slice(&self.record.encode()?);
+        let message = self.record.signing_message()?;
         let signature = Signature::from_bytes(&self.signature);
         key.verify_strict(&message, &signature)
             .map_err(|_| RecordError::BadSignature)?;
@@ -266,9 +299,75 @@ impl SignedTemplate {
     }
 }
 
+/// DOMAIN ‖ len(id) ‖ id ‖ expires_at ‖ `template_bytes` (the Round-1 signed bytes).
+pub fn signing_message(device_id: &str, expires_at: i64, template_bytes: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(DOMAIN.len() + 9 + device_id.len() + template_bytes.len());
+    m.extend_from_slice(DOMAIN);
+    m.push(device_id.len() as u8);
+    m.extend_from_slice(device_id.as_bytes());
+    m.extend_from_slice(&expires_at.to_be_bytes());
+    m.extend_from_slice(template_bytes);
+    m
+}
+
+impl SignedTemplate {
+    /// σ as the device presents it in Round 1 of Π2 and Π3 (at most a few dozen bytes):
+    /// `len(id) (1) ‖ id ‖ expires at (8) ‖ Ed25519 signature (64)`.
+    pub fn round1_signature(&self) -> Vec<u8> {
+        let id = self.record.device_id.as_bytes();
+        let mut out = Vec::with_capacity(73 + id.len());
+        out.push(id.len() as u8);
+        out.extend_from_slice(id);
+        out.extend_from_slice(&self.record.expires_at.to_be_bytes());
+        out.extend_from_slice(&self.signature);
+        out
+    }
+}
+
+/// The terminal's check of [ABMR20] Fig. 5 Round 2 step (1) on a Round-1 message:
+/// `template_bytes` are its signed bytes (params, epk, ⟦u*⟧), `sigma` the device's
+/// [`SignedTemplate::round1_signature`]. Returns the device id the SP signed for, refused if the
+/// signature does not verify under `key` or the record expired at `now`.
+pub fn verify_round1_signature(
+    key: &VerifyingKey,
+    now: i64,
+    template_bytes: &[u8],
+    sigma: &[u8],
+) -> Result<String, RecordError> {
+    let mut r = Reader {
+        bytes: sigma,
+        at: 0,
+    };
+    let id_len = usize::from(r.u8("σ device id length")?);
+    let id = std::str::from_utf8(r.take(id_len, "σ device id")?)
+        .map_err(|_| RecordError::Malformed("device id is not UTF-8".into()))?
+        .to_owned();
+    check_device_id(&id)?;
+    let mut e = [0u8; 8];
+    e.copy_from_slice(r.take(8, "σ expiry")?);
+    let expires_at = i64::from_be_bytes(e);
+    let mut signature = [0u8; SIGNATURE_LEN];
+    signature.copy_from_slice(r.take(SIGNATURE_LEN, "σ signature")?);
+    if r.at != sigma.len() {
+        return Err(RecordError::Malformed("σ has trailing bytes".into()));
+    }
+    let message = signing_message(&id, expires_at, template_bytes);
+    key.verify_strict(&message, &Signature::from_bytes(&signature))
+        .map_err(|_| RecordError::BadSignature)?;
+    if now > expires_at {
+        return Err(RecordError::Expired {
+            device: id,
+            expires_at,
+            now,
+        });
+    }
+    Ok(id)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::cipher::test_support::small_key;
+    use super::super::cipher::test_support::key_2048;
+    use super::super::params::{Protocol, DEFAULT_STAT_BITS};
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
@@ -281,13 +380,22 @@ mod tests {
     }
 
     fn record(rng: &mut ChaCha20Rng) -> TemplateRecord {
-        let pk = small_key().public_key().clone();
-        let packed = (0..3u32)
+        let pk = key_2048().public_key().clone();
+        let params = Params::new(
+            Protocol::Pi2,
+            40,
+            8,
+            2048,
+            DEFAULT_STAT_BITS,
+            Params::max_norm_bound(40, 8),
+        )
+        .unwrap();
+        let packed = (0..params.layout().ciphertexts() as u32)
             .map(|i| pk.encrypt(&Integer::from(i), rng).unwrap())
             .collect();
         TemplateRecord {
             device_id: "phone-0001".into(),
-            params: vec![1, 2, 3, 4],
+            params,
             public_key: pk,
             packed,
             expires_at: 2_000_000_000,
@@ -333,6 +441,42 @@ mod tests {
         let mut swapped = signed.clone();
         swapped.record.packed.swap(0, 1);
         assert_eq!(swapped.verify(&vk, 0), Err(RecordError::BadSignature));
+    }
+
+    #[test]
+    fn the_round1_signature_verifies_against_the_protocol_bytes() {
+        let mut rng = ChaCha20Rng::seed_from_u64(4);
+        let sp = key(&mut rng);
+        let signed = record(&mut rng).sign(&sp).unwrap();
+        let rec = &signed.record;
+        let bytes = template_signing_bytes(&rec.params, &rec.public_key, &rec.packed);
+        let sigma = signed.round1_signature();
+        let vk = sp.verifying_key();
+        assert_eq!(
+            verify_round1_signature(&vk, 0, &bytes, &sigma).unwrap(),
+            "phone-0001"
+        );
+        assert!(matches!(
+            verify_round1_signature(&vk, 2_000_000_001, &bytes, &sigma),
+            Err(RecordError::Expired { .. })
+        ));
+        let mut other = rec.packed.clone();
+        other.swap(0, 1);
+        let swapped = template_signing_bytes(&rec.params, &rec.public_key, &other);
+        assert_eq!(
+            verify_round1_signature(&vk, 0, &swapped, &sigma),
+            Err(RecordError::BadSignature)
+        );
+        // Another device id or expiry in σ.
+        let mut forged = sigma.clone();
+        forged[1] ^= 1;
+        assert!(verify_round1_signature(&vk, 0, &bytes, &forged).is_err());
+        let mut later = sigma.clone();
+        later[1 + 10] ^= 0x40;
+        assert!(verify_round1_signature(&vk, 0, &bytes, &later).is_err());
+        for len in 0..sigma.len() {
+            assert!(verify_round1_signature(&vk, 0, &bytes, &sigma[..len]).is_err());
+        }
     }
 
     #[test]
