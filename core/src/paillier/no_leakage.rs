@@ -480,6 +480,28 @@ impl Pi3Terminal {
         verify: &dyn Fn(&[u8], &[u8]) -> bool,
         rng: &mut R,
     ) -> Result<Vec<u8>, MatchError> {
+        self.round2_with(round1, verify, None, rng)
+    }
+
+    /// Round 2 with two r^N precomputed offline for the device's key (fresh, of this key;
+    /// Round 1 is reusable, so a terminal can fill a pool for a device ahead of time).
+    pub fn round2_with_nonce_powers<R: RngCore + CryptoRng>(
+        &mut self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+        r_to_n: [&Integer; 2],
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        self.round2_with(round1, verify, Some(r_to_n), rng)
+    }
+
+    fn round2_with<R: RngCore + CryptoRng>(
+        &mut self,
+        round1: &[u8],
+        verify: &dyn Fn(&[u8], &[u8]) -> bool,
+        r_to_n: Option<[&Integer; 2]>,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
         if !matches!(self.state, TerminalState::AwaitingRound1) {
             return Err(MatchError::State("Π3 round 2 was already sent".into()));
         }
@@ -498,24 +520,12 @@ impl Pi3Terminal {
         let b_offset = (layout.max_multiplier() * zeta2).complete();
         let b = b_offset + random_below(&(&one << (layout.addend_bits() - 1)).complete(), rng);
         let product = homomorphic_inner_product(pk, layout, &msg.template, &self.w)?;
-        let x = mask_affine_product(
-            pk,
-            layout,
-            &product,
-            &one,
-            &pad,
-            &pk.random_nonce_power(rng),
-            rng,
-        )?;
-        let y = mask_affine_product(
-            pk,
-            layout,
-            &product,
-            &a,
-            &b,
-            &pk.random_nonce_power(rng),
-            rng,
-        )?;
+        let [nonce_x, nonce_y] = match r_to_n {
+            Some([x, y]) => [x.clone(), y.clone()],
+            None => [pk.random_nonce_power(rng), pk.random_nonce_power(rng)],
+        };
+        let x = mask_affine_product(pk, layout, &product, &one, &pad, &nonce_x, rng)?;
+        let y = mask_affine_product(pk, layout, &product, &a, &b, &nonce_y, rng)?;
         let out = Pi3Round2 {
             x,
             y,

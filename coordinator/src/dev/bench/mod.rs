@@ -11,6 +11,7 @@
 
 pub mod face;
 pub mod iris;
+pub mod paillier;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub enum BenchAction {
     /// Face (Funshade): per-comparison costs against the C reference and a plaintext
     /// baseline, then verify latency and identify time through a running cluster.
     Face(face::FaceBenchArgs),
+    /// Device-held templates (packed Paillier, Game-Set-MATCH): enrolment and Π1/Π2/Π3
+    /// matching per round, in process on one core, against the paper's figures.
+    Paillier(paillier::PaillierBenchArgs),
 }
 
 /// Options of `privmatch bench enroll`.
@@ -224,5 +228,6 @@ pub async fn run(
         BenchAction::Enroll(args) => enroll_bench(&configs()?, args).await,
         BenchAction::Iris(args) => iris::run(&configs()?, args).await,
         BenchAction::Face(args) => face::run(args, configs).await,
+        BenchAction::Paillier(args) => paillier::run(args.clone()),
     }
 }

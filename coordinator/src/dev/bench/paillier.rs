@@ -1,0 +1,485 @@
+//! `privmatch bench paillier`: the device-template (packed Paillier, [ABMR20]) benchmark, in
+//! process on one core (no cluster needed). For every modulus size |N|, template length ℓ and
+//! element width m it runs the core state machines end to end and prints, per protocol:
+//!
+//! * **enrolment**: the device's encryption of its template (Π1: t packed ciphertexts; Π2/Π3:
+//!   one ciphertext per element, plus the SP's packing), the enrolment proofs where built, and
+//!   the bytes the device sends;
+//! * **matching**: each round's time (median of `--reps` runs), the whole matching phase with
+//!   the terminal's r^N taken from a pool filled offline (Round 1 is reusable, so a terminal
+//!   can precompute for a device) and with r^N computed online, and the bytes of every message.
+//!
+//! Every run's output is checked against the plaintext comparison, or the benchmark fails.
+//! The reference is [ABMR20] §9 (C++/GMP on a laptop; its message sizes imply a 2048-bit N),
+//! at ℓ = 256, m = 16: Π1 24 ms, Π2 49 ms, Π3 119 ms, Π2/Π3 enrolment 2.2 s (encryption)
+//! + 5.0 s (proofs), first message 16,656 B (Π1) and 26,896 B (Π2).
+//!
+//! [ABMR20] = Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH", CCS 2020,
+//! ePrint 2020/1363.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
+use privmatch_core::paillier::cipher::SecretKey;
+use privmatch_core::paillier::malicious::{
+    encrypt_elements, pack_element_ciphertexts, Pi2Device, Pi2Terminal,
+};
+use privmatch_core::paillier::messages::template_signing_bytes;
+use privmatch_core::paillier::no_leakage::{circuit, Pi3Device, Pi3Terminal};
+use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Terminal};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+use crate::dev::bench::stats::median;
+
+/// Options of `privmatch bench paillier`.
+#[derive(Args, Clone, Debug)]
+pub struct PaillierBenchArgs {
+    /// Modulus sizes |N| in bits (2048 and/or 3072).
+    #[arg(long, value_delimiter = ',', default_value = "3072,2048")]
+    pub modulus_bits: Vec<u32>,
+    /// Template lengths ℓ.
+    #[arg(long, value_delimiter = ',', default_value = "128,256,512,1024")]
+    pub dims: Vec<usize>,
+    /// Element widths m in bits.
+    #[arg(long, value_delimiter = ',', default_value = "8,16")]
+    pub value_bits: Vec<u32>,
+    /// Protocols (pi1, pi2, pi3).
+    #[arg(long, value_delimiter = ',', default_value = "pi1,pi2,pi3")]
+    pub protocols: Vec<String>,
+    /// Matching runs per configuration (the median is printed).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Seed of the synthetic templates and of all randomness.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One configuration's figures.
+struct Row {
+    protocol: Protocol,
+    modulus_bits: u32,
+    dim: usize,
+    value_bits: u32,
+    /// values per ciphertext / ciphertexts t.
+    layout: (usize, usize),
+    enrol_encrypt: Duration,
+    enrol_pack: Option<Duration>,
+    enrol_bytes: usize,
+    /// Per round: (name, median time, bytes).
+    rounds: Vec<(&'static str, Duration, usize)>,
+    match_pooled: Duration,
+    match_online: Duration,
+    /// Π3: AND gates of the circuit.
+    and_gates: Option<usize>,
+}
+
+fn protocol_of(name: &str) -> Result<Protocol> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "pi1" | "1" => Ok(Protocol::Pi1),
+        "pi2" | "2" => Ok(Protocol::Pi2),
+        "pi3" | "3" => Ok(Protocol::Pi3),
+        other => bail!("--protocols: unknown protocol {other:?} (pi1, pi2, pi3)"),
+    }
+}
+
+fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
+    let half = 1i64 << (m - 1);
+    (0..dim)
+        .map(|_| ((rng.next_u64() % (2 * half as u64)) as i64 - half) as i32)
+        .collect()
+}
+
+fn dot(u: &[i32], w: &[i32]) -> i64 {
+    u.iter()
+        .zip(w)
+        .map(|(&a, &b)| i64::from(a) * i64::from(b))
+        .sum()
+}
+
+fn clone_key(sk: &SecretKey) -> Result<SecretKey> {
+    let (p, q) = sk.primes();
+    SecretKey::from_primes(p.clone(), q.clone()).map_err(|e| anyhow!("{e}"))
+}
+
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Duration)> {
+    let start = Instant::now();
+    let out = f()?;
+    Ok((out, start.elapsed()))
+}
+
+/// Medians of each column over the runs.
+fn medians(runs: &[Vec<Duration>]) -> Vec<Duration> {
+    let columns = runs.first().map_or(0, Vec::len);
+    (0..columns)
+        .map(|c| Duration::from_secs_f64(median(runs.iter().map(|r| r[c].as_secs_f64()).collect())))
+        .collect()
+}
+
+fn verifier(sp: &SigningKey) -> impl Fn(&[u8], &[u8]) -> bool {
+    let vk = sp.verifying_key();
+    move |msg: &[u8], sig: &[u8]| {
+        Signature::from_slice(sig)
+            .map(|s| vk.verify(msg, &s).is_ok())
+            .unwrap_or(false)
+    }
+}
+
+fn check(got: bool, u: &[i32], w: &[i32], threshold: i64, what: &str) -> Result<()> {
+    if got != (dot(u, w) >= threshold) {
+        bail!("{what}: the protocol's output differs from the plaintext comparison");
+    }
+    Ok(())
+}
+
+struct Case<'a> {
+    sk: &'a SecretKey,
+    params: Params,
+    u: Vec<i32>,
+    probes: Vec<Vec<i32>>,
+    sp: SigningKey,
+}
+
+impl Case<'_> {
+    fn threshold(&self, w: &[i32]) -> i64 {
+        // At the inner product itself: the comparison's hardest case (IP = T).
+        dot(&self.u, w)
+    }
+}
+
+fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
+    let p = &case.params;
+    let (device, enrol) = timed(|| {
+        Pi1Device::enrol(p.clone(), clone_key(case.sk)?, &case.u, rng).map_err(|e| anyhow!("{e}"))
+    })?;
+    let r1 = device.round1();
+    let mut runs = Vec::new();
+    let mut sizes = (0, 0);
+    for w in &case.probes {
+        let threshold = case.threshold(w);
+        let mut t = Pi1Terminal::new(p.clone(), w.clone(), threshold)?;
+        let nonce = device.public_key().random_nonce_power(rng);
+        let (r2, t2) = timed(|| Ok(t.round2_with_nonce_power(&r1, &nonce, rng)?))?;
+        let (nonce_online, t_nonce) = timed(|| Ok(device.public_key().random_nonce_power(rng)))?;
+        drop(nonce_online);
+        let ((r3, outcome), t3) = timed(|| Ok(device.round3(&r2)?))?;
+        let (out, tf) = timed(|| Ok(t.finish(&r3)?))?;
+        check(out, &case.u, w, threshold, "Π1 terminal")?;
+        check(outcome.matched, &case.u, w, threshold, "Π1 device")?;
+        sizes = (r2.len(), r3.len());
+        runs.push(vec![t2, t3, tf, t_nonce]);
+    }
+    let m = medians(&runs);
+    let pooled = m[0] + m[1] + m[2];
+    Ok(Row {
+        protocol: Protocol::Pi1,
+        modulus_bits: p.modulus_bits(),
+        dim: p.dim(),
+        value_bits: p.value_bits(),
+        layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
+        enrol_encrypt: enrol,
+        enrol_pack: None,
+        enrol_bytes: r1.len(),
+        rounds: vec![
+            ("R1 D→T", Duration::ZERO, r1.len()),
+            ("R2 T→D", m[0], sizes.0),
+            ("R3 D→T", m[1], sizes.1),
+            ("out T", m[2], 0),
+        ],
+        match_pooled: pooled,
+        match_online: pooled + m[3],
+        and_gates: None,
+    })
+}
+
+/// Π2/Π3 enrolment: element encryption by the device, packing and signing by the SP.
+fn enrol_elements(
+    case: &Case,
+    rng: &mut ChaCha20Rng,
+) -> Result<(
+    Vec<privmatch_core::paillier::cipher::Ciphertext>,
+    Vec<u8>,
+    Duration,
+    Duration,
+    usize,
+)> {
+    let p = &case.params;
+    let (elements, enc) = timed(|| Ok(encrypt_elements(case.sk, p, &case.u, rng)?))?;
+    let pk = case.sk.public_key();
+    let sent = pk.modulus_bytes() + elements.len() * pk.ciphertext_bytes();
+    let ((packed, sig), pack) = timed(|| {
+        let packed = pack_element_ciphertexts(pk, p, &elements)?;
+        let sig = case.sp.sign(&template_signing_bytes(p, pk, &packed));
+        Ok((packed, sig.to_bytes().to_vec()))
+    })?;
+    Ok((packed, sig, enc, pack, sent))
+}
+
+fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
+    let p = &case.params;
+    let (packed, sig, enc, pack, sent) = enrol_elements(case, rng)?;
+    let device = Pi2Device::new(p.clone(), clone_key(case.sk)?, packed, sig)?;
+    let r1 = device.round1();
+    let verify = verifier(&case.sp);
+    let mut runs = Vec::new();
+    let mut sizes = (0, 0, 0);
+    for w in &case.probes {
+        let threshold = case.threshold(w);
+        let mut t = Pi2Terminal::new(p.clone(), w.clone(), threshold)?;
+        let nonce = device.public_key().random_nonce_power(rng);
+        let (r2, t2) = timed(|| Ok(t.round2_with_nonce_power(&r1, &verify, &nonce, rng)?))?;
+        let (_, t_nonce) = timed(|| Ok(device.public_key().random_nonce_power(rng)))?;
+        let mut s = device.session();
+        let (r3, t3) = timed(|| Ok(s.round3(&r2)?))?;
+        let ((r4, outcome), t4) = timed(|| Ok(t.round4(&r3)?))?;
+        let (d, tf) = timed(|| Ok(s.finish(&r4)?))?;
+        check(outcome.matched, &case.u, w, threshold, "Π2 terminal")?;
+        check(d, &case.u, w, threshold, "Π2 device")?;
+        sizes = (r2.len(), r3.len(), r4.len());
+        runs.push(vec![t2, t3, t4, tf, t_nonce]);
+    }
+    let m = medians(&runs);
+    let pooled = m[0] + m[1] + m[2] + m[3];
+    Ok(Row {
+        protocol: Protocol::Pi2,
+        modulus_bits: p.modulus_bits(),
+        dim: p.dim(),
+        value_bits: p.value_bits(),
+        layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
+        enrol_encrypt: enc,
+        enrol_pack: Some(pack),
+        enrol_bytes: sent,
+        rounds: vec![
+            ("R1 D→T", Duration::ZERO, r1.len()),
+            ("R2 T→D", m[0], sizes.0),
+            ("R3 D→T", m[1], sizes.1),
+            ("R4 T→D", m[2], sizes.2),
+            ("out D", m[3], 0),
+        ],
+        match_pooled: pooled,
+        match_online: pooled + m[4],
+        and_gates: None,
+    })
+}
+
+fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
+    let p = &case.params;
+    let (packed, sig, enc, pack, sent) = enrol_elements(case, rng)?;
+    let device = Pi3Device::new(p.clone(), clone_key(case.sk)?, packed, sig)?;
+    let r1 = device.round1();
+    let verify = verifier(&case.sp);
+    let mut runs = Vec::new();
+    let mut sizes = (0, 0, 0, 0);
+    for w in &case.probes {
+        let threshold = case.threshold(w);
+        let mut t = Pi3Terminal::new(p.clone(), w.clone(), threshold)?;
+        let pk = case.sk.public_key();
+        let nonces = [pk.random_nonce_power(rng), pk.random_nonce_power(rng)];
+        let (r2, t2) = timed(|| {
+            Ok(t.round2_with_nonce_powers(&r1, &verify, [&nonces[0], &nonces[1]], rng)?)
+        })?;
+        let (_, t_nonce) = timed(|| Ok([pk.random_nonce_power(rng), pk.random_nonce_power(rng)]))?;
+        let mut s = device.session();
+        let (r3, t3) = timed(|| Ok(s.round3(&r2, rng)?))?;
+        let (r4, t4) = timed(|| Ok(t.round4(&r3, rng)?))?;
+        let ((r5, d), t5) = timed(|| Ok(s.round5(&r4)?))?;
+        let (out, tf) = timed(|| Ok(t.finish(&r5)?))?;
+        check(out, &case.u, w, threshold, "Π3 terminal")?;
+        check(d, &case.u, w, threshold, "Π3 device")?;
+        sizes = (r2.len(), r3.len(), r4.len(), r5.len());
+        runs.push(vec![t2, t3, t4, t5, tf, t_nonce]);
+    }
+    let m = medians(&runs);
+    let pooled = m[0] + m[1] + m[2] + m[3] + m[4];
+    Ok(Row {
+        protocol: Protocol::Pi3,
+        modulus_bits: p.modulus_bits(),
+        dim: p.dim(),
+        value_bits: p.value_bits(),
+        layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
+        enrol_encrypt: enc,
+        enrol_pack: Some(pack),
+        enrol_bytes: sent,
+        rounds: vec![
+            ("R1 D→T", Duration::ZERO, r1.len()),
+            ("R2 T→D", m[0], sizes.0),
+            ("R3 D→T", m[1], sizes.1),
+            ("R4 T→D", m[2], sizes.2),
+            ("R5 D→T", m[3], sizes.3),
+            ("out T", m[4], 0),
+        ],
+        match_pooled: pooled,
+        match_online: pooled + m[5],
+        and_gates: Some(circuit(p, 0)?.and_count()),
+    })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e3)
+}
+
+/// The paper's figure for a row, where [ABMR20] §9 gives one (ℓ = 256, m = 16).
+fn paper_ms(row: &Row) -> Option<f64> {
+    if row.dim != 256 || row.value_bits != 16 {
+        return None;
+    }
+    Some(match row.protocol {
+        Protocol::Pi1 => 24.0,
+        Protocol::Pi2 => 49.0,
+        Protocol::Pi3 => 119.0,
+    })
+}
+
+fn cpu() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mut features = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        for (name, on) in [
+            ("aes", std::is_x86_feature_detected!("aes")),
+            ("vaes", std::is_x86_feature_detected!("vaes")),
+            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("avx512f", std::is_x86_feature_detected!("avx512f")),
+            ("avx512ifma", std::is_x86_feature_detected!("avx512ifma")),
+            ("adx", std::is_x86_feature_detected!("adx")),
+            ("bmi2", std::is_x86_feature_detected!("bmi2")),
+        ] {
+            if on {
+                features.push(name);
+            }
+        }
+    }
+    format!("{model} [{}]", features.join(" "))
+}
+
+/// Runs the benchmark and prints its tables.
+pub fn run(args: PaillierBenchArgs) -> Result<()> {
+    let protocols: Vec<Protocol> = args
+        .protocols
+        .iter()
+        .map(|p| protocol_of(p))
+        .collect::<Result<_>>()?;
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    println!("privmatch bench paillier — one core, {}", cpu());
+    let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    let mut rows = Vec::new();
+    for &bits in &args.modulus_bits {
+        let (sk, keygen) = timed(|| Ok(SecretKey::generate(bits, &mut rng)?))?;
+        println!("key generation, |N| = {bits}: {} ms", ms(keygen));
+        let mut seed = [0u8; 32];
+        rng.fill_bytes(&mut seed);
+        let sp = SigningKey::from_bytes(&seed);
+        for &dim in &args.dims {
+            for &m in &args.value_bits {
+                for &protocol in &protocols {
+                    let params = Params::new(
+                        protocol,
+                        dim,
+                        m,
+                        bits,
+                        DEFAULT_STAT_BITS,
+                        Params::max_norm_bound(dim, m),
+                    )?;
+                    let case = Case {
+                        sk: &sk,
+                        u: random_vector(dim, m, &mut rng),
+                        probes: (0..args.reps)
+                            .map(|_| random_vector(dim, m, &mut rng))
+                            .collect(),
+                        params,
+                        sp: sp.clone(),
+                    };
+                    eprintln!("… {protocol:?} |N| = {bits}, ℓ = {dim}, m = {m}");
+                    let row = match protocol {
+                        Protocol::Pi1 => bench_pi1(&case, &mut rng)?,
+                        Protocol::Pi2 => bench_pi2(&case, &mut rng)?,
+                        Protocol::Pi3 => bench_pi3(&case, &mut rng)?,
+                    };
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    print_tables(&rows);
+    Ok(())
+}
+
+fn print_tables(rows: &[Row]) {
+    println!();
+    println!("## Matching (median of the runs; every output equal to the plaintext comparison)");
+    println!();
+    println!("| protocol | \\|N\\| | ℓ | m | values/ct, t | rounds: time ms / bytes | matching ms (r^N pooled) | matching ms (r^N online) | paper ms | ours / paper |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let rounds: Vec<String> = r
+            .rounds
+            .iter()
+            .map(|(name, t, b)| {
+                if *b == 0 {
+                    format!("{name} {}", ms(*t))
+                } else if t.is_zero() {
+                    format!("{name} {b} B")
+                } else {
+                    format!("{name} {} / {b} B", ms(*t))
+                }
+            })
+            .collect();
+        let paper = paper_ms(r);
+        println!(
+            "| {:?} | {} | {} | {} | {}, {} | {} | {} | {} | {} | {} |",
+            r.protocol,
+            r.modulus_bits,
+            r.dim,
+            r.value_bits,
+            r.layout.0,
+            r.layout.1,
+            rounds.join("; "),
+            ms(r.match_pooled),
+            ms(r.match_online),
+            paper.map_or("–".into(), |p| format!("{p:.0}")),
+            paper.map_or("–".into(), |p| format!(
+                "{:.2}",
+                r.match_pooled.as_secs_f64() * 1e3 / p
+            )),
+        );
+    }
+    println!();
+    println!("## Enrolment (device encryption; SP packing and signing)");
+    println!();
+    println!("| protocol | \\|N\\| | ℓ | m | device encryption ms | SP packing + signing ms | bytes D → SP |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {:?} | {} | {} | {} | {} | {} | {} |",
+            r.protocol,
+            r.modulus_bits,
+            r.dim,
+            r.value_bits,
+            ms(r.enrol_encrypt),
+            r.enrol_pack.map_or("–".into(), ms),
+            r.enrol_bytes
+        );
+    }
+    for r in rows.iter().filter(|r| r.and_gates.is_some()) {
+        println!(
+            "Π3 circuit at |N| = {}, ℓ = {}, m = {}: {} AND gates",
+            r.modulus_bits,
+            r.dim,
+            r.value_bits,
+            r.and_gates.unwrap_or(0)
+        );
+    }
+}
