@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
-use privmatch_core::paillier::cipher::SecretKey;
+use privmatch_core::paillier::cipher::{Ciphertext, SecretKey};
 use privmatch_core::paillier::malicious::{
     encrypt_elements, pack_element_ciphertexts, Pi2Device, Pi2Terminal,
 };
@@ -195,33 +195,40 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
     })
 }
 
+/// What Π2/Π3 enrolment leaves: the signed packed template and its costs.
+struct Enrolled {
+    packed: Vec<Ciphertext>,
+    signature: Vec<u8>,
+    encrypt: Duration,
+    pack: Duration,
+    sent: usize,
+}
+
 /// Π2/Π3 enrolment: element encryption by the device, packing and signing by the SP.
-fn enrol_elements(
-    case: &Case,
-    rng: &mut ChaCha20Rng,
-) -> Result<(
-    Vec<privmatch_core::paillier::cipher::Ciphertext>,
-    Vec<u8>,
-    Duration,
-    Duration,
-    usize,
-)> {
+fn enrol_elements(case: &Case, rng: &mut ChaCha20Rng) -> Result<Enrolled> {
     let p = &case.params;
-    let (elements, enc) = timed(|| Ok(encrypt_elements(case.sk, p, &case.u, rng)?))?;
+    let (elements, encrypt) = timed(|| Ok(encrypt_elements(case.sk, p, &case.u, rng)?))?;
     let pk = case.sk.public_key();
     let sent = pk.modulus_bytes() + elements.len() * pk.ciphertext_bytes();
-    let ((packed, sig), pack) = timed(|| {
+    let ((packed, signature), pack) = timed(|| {
         let packed = pack_element_ciphertexts(pk, p, &elements)?;
         let sig = case.sp.sign(&template_signing_bytes(p, pk, &packed));
         Ok((packed, sig.to_bytes().to_vec()))
     })?;
-    Ok((packed, sig, enc, pack, sent))
+    Ok(Enrolled {
+        packed,
+        signature,
+        encrypt,
+        pack,
+        sent,
+    })
 }
 
 fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
     let p = &case.params;
-    let (packed, sig, enc, pack, sent) = enrol_elements(case, rng)?;
-    let device = Pi2Device::new(p.clone(), clone_key(case.sk)?, packed, sig)?;
+    let e = enrol_elements(case, rng)?;
+    let (enc, pack, sent) = (e.encrypt, e.pack, e.sent);
+    let device = Pi2Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
     let mut runs = Vec::new();
@@ -267,8 +274,9 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
 
 fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
     let p = &case.params;
-    let (packed, sig, enc, pack, sent) = enrol_elements(case, rng)?;
-    let device = Pi3Device::new(p.clone(), clone_key(case.sk)?, packed, sig)?;
+    let e = enrol_elements(case, rng)?;
+    let (enc, pack, sent) = (e.encrypt, e.pack, e.sent);
+    let device = Pi3Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
     let mut runs = Vec::new();
