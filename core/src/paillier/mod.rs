@@ -8,8 +8,10 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
+//! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
+pub mod proofs;
