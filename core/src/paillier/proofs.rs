@@ -601,10 +601,17 @@ impl PlaintextKnowledgeProof {
 /// carries the nonce r_i^α, and a P that chose p − 1 smooth computes α from r_i^α by
 /// Pohlig–Hellman, after which the MAC is void. So each ⟦w_i⟧, ⟦v⟧, ⟦v̂⟧ is multiplied by a
 /// fresh s^N with s uniform in Z_N^* (Fig. 10's ⟦ρ_i⟧ = Plr.Enc(pk, ρ_i) is such a fresh
-/// encryption). No cheaper source of N-th residues works against a P that can take discrete
-/// logarithms (short exponents or products of a few fixed residues leave α in a small
-/// quotient or in a hidden-subset-sum that lattice reduction solves), so these n + 2
-/// exponentiations with the |N|-bit exponent N are V's main cost.
+/// encryption). Cheaper sources of N-th residues are not safe here: P may take discrete
+/// logarithms, and powers of one fixed residue hide nothing in the quotient of Z_N^* by the
+/// cyclic group they span (P can choose p − 1 and q − 1 with a large common smooth factor),
+/// while products of a few fixed residues leave α behind a hidden-subset-sum problem. So
+/// these n + 2 exponentiations with the |N|-bit exponent N are V's main cost.
+///
+/// **Soundness modulo N.** With fresh nonces P's view (w_i, v, v̂ and their nonces) is
+/// uniform and independent of α, β, β̂ (ρ_i, β, β̂ are uniform modulo N). P can compute the
+/// honest γ = v + Σw_i² = α²Σx_i² + β, so answering yα² + β for y − Σx_i² = δ ≢ 0 (mod N)
+/// means guessing α²δ mod N: at most 4 (2 if δ shares a factor with N) of the 2^256 values
+/// of α do, all below both factors of N.
 ///
 /// **N̂: a fresh random [`L2_PRIME_BITS`]-bit prime** instead of Fig. 10's "uniform prime
 /// N̂ < N". If both checks pass, Σx_i² = y + tN (F.2) for an integer t fixed by the ciphertexts,
