@@ -39,7 +39,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroize;
 
 use super::cipher::{
-    fixed_be, random_below, random_unit, Ciphertext, PaillierError, PublicKey, SecretKey,
+    fixed_be, random_below, random_unit, Ciphertext, NoncePool, PaillierError, PublicKey, SecretKey,
 };
 
 /// λ: bits of each Fiat–Shamir challenge e_i of the plaintext-knowledge proof, and the
@@ -688,6 +688,34 @@ impl L2Verifier {
         threads: usize,
         rng: &mut R,
     ) -> Result<(Self, L2Challenge), ProofError> {
+        Self::challenge_inner(pk, ciphertexts, y, None, threads, rng)
+    }
+
+    /// [`Self::challenge_parallel`] taking the fresh N-th powers from `pool`, a [`NoncePool`]
+    /// of D's key filled ahead of time (computed on the spot where it runs short). The n + 2
+    /// powers are V's main cost and depend on N only, so SP can fill the pool as soon as it
+    /// has D's public key, while D encrypts its template; the challenge then costs only the
+    /// multi-exponentiations. `pool` must belong to `pk` (a pool of another key gives a
+    /// challenge that the honest prover cannot answer).
+    pub fn challenge_with_pool<R: RngCore + CryptoRng + ?Sized>(
+        pk: &PublicKey,
+        ciphertexts: &[Ciphertext],
+        y: &Integer,
+        pool: &mut NoncePool,
+        threads: usize,
+        rng: &mut R,
+    ) -> Result<(Self, L2Challenge), ProofError> {
+        Self::challenge_inner(pk, ciphertexts, y, Some(pool), threads, rng)
+    }
+
+    fn challenge_inner<R: RngCore + CryptoRng + ?Sized>(
+        pk: &PublicKey,
+        ciphertexts: &[Ciphertext],
+        y: &Integer,
+        pool: Option<&mut NoncePool>,
+        threads: usize,
+        rng: &mut R,
+    ) -> Result<(Self, L2Challenge), ProofError> {
         check_count(ciphertexts.len())?;
         if *y < 0 || y >= pk.n() {
             return Err(ProofError::InvalidInput(
@@ -702,12 +730,20 @@ impl L2Verifier {
         let mut rho: Vec<Integer> = (0..count).map(|_| random_below(n, rng)).collect();
         let beta = random_below(n, rng);
         let beta_hat = random_below(n, rng);
-        let mut fresh: Vec<Integer> = (0..count + 2).map(|_| random_unit(n, rng)).collect();
-
-        // s^N for every ciphertext sent: the dominant cost, independent per item.
-        let mut fresh_powers = par_map(&fresh, threads, |s| pk.nonce_power(s))
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+        // s^N for every ciphertext sent: the dominant cost, independent per item; from the
+        // pool as far as it goes.
+        let mut fresh_powers: Vec<Integer> = match pool {
+            Some(pool) => (0..pool.len().min(count + 2))
+                .map(|_| pool.take(rng))
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut fresh: Vec<Integer> = (fresh_powers.len()..count + 2)
+            .map(|_| random_unit(n, rng))
+            .collect();
+        for power in par_map(&fresh, threads, |s| pk.nonce_power(s)) {
+            fresh_powers.push(power?);
+        }
 
         // ⟦w_i⟧ = ⟦x_i⟧^α · (1 + ρ_i N) · s_i^N.
         let jobs: Vec<(&Ciphertext, (&Integer, &Integer))> = ciphertexts
@@ -1387,6 +1423,27 @@ mod tests {
     }
 
     #[test]
+    fn l2_challenge_from_a_pool_verifies() {
+        let sk = small_key();
+        let pk = sk.public_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(20);
+        let values = template(6, 16, &mut rng);
+        let (cts, _) = encrypt_template_with_nonces(sk, &values, &mut rng).unwrap();
+        let y = Integer::from(squared_norm(&values));
+        // A full pool, and one that runs short (the rest is computed on the spot).
+        for fill in [8usize, 3] {
+            let mut pool = NoncePool::new(pk.clone());
+            pool.fill_public(fill, &mut rng);
+            let (verifier, challenge) =
+                L2Verifier::challenge_with_pool(pk, &cts, &y, &mut pool, 2, &mut rng).unwrap();
+            assert!(pool.is_empty());
+            verifier
+                .check(&L2Response::respond(sk, &challenge).unwrap())
+                .unwrap();
+        }
+    }
+
+    #[test]
     fn parallel_variants_give_the_same_messages() {
         let sk = small_key();
         let pk = sk.public_key();
@@ -1510,6 +1567,20 @@ mod tests {
                 let (verifier, challenge) =
                     L2Verifier::challenge_parallel(pk, &cts, &y, threads, &mut rng).unwrap();
                 let l2_message = t.elapsed();
+                // SP's variant with the N-th powers computed ahead (while D encrypts).
+                let t = Instant::now();
+                let mut pool = NoncePool::new(pk.clone());
+                pool.fill_public(full.len() + 2, &mut rng);
+                let pool_fill = t.elapsed();
+                let t = Instant::now();
+                let (pooled, _) =
+                    L2Verifier::challenge_with_pool(pk, &cts, &y, &mut pool, threads, &mut rng)
+                        .unwrap();
+                println!(
+                    "L2 verifier message with a pool: {:.2?} (pool filled ahead: {pool_fill:.2?})",
+                    t.elapsed()
+                );
+                drop(pooled);
                 let t = Instant::now();
                 let response = L2Response::respond_parallel(&sk, &challenge, threads).unwrap();
                 let l2_response = t.elapsed();
