@@ -19,7 +19,7 @@
 //! every x_i² ≤ y, that every coordinate is small. The slack ciphertexts are not used for
 //! matching.
 //!
-//! [CDN01]: Cramer, Damgård, Nielsen, "Multiparty Computation from Threshold Homomorphic
+//! [CDN01] Cramer, Damgård, Nielsen, "Multiparty Computation from Threshold Homomorphic
 //! Encryption", EUROCRYPT 2001.
 //!
 //! Signed coordinates x are encrypted as x mod N (balanced representation, as everywhere in
