@@ -15,15 +15,19 @@
 //! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines, the multiplier/addend and X check that Π3 reuses |
 //! | [`no_leakage`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
+//! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
+//! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
 pub mod encoding;
+pub mod key_proof;
 pub mod malicious;
 pub mod messages;
 pub mod no_leakage;
 pub mod params;
+pub mod proofs;
 pub mod record;
 pub mod semi_honest;
