@@ -53,8 +53,8 @@
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
 use super::messages::{
-    check_session_params, header, put_signed, put_template, read_template, template_signing_bytes,
-    to_i64, MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
+    check_device_parts, check_session_params, header, put_signed, put_template, read_template,
+    template_signing_bytes, to_i64, MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
 };
 use super::params::{Layout, Params, Protocol};
 use rand_core::{CryptoRng, RngCore};
@@ -367,29 +367,13 @@ impl Pi2Device {
         template: Vec<Ciphertext>,
         signature: Vec<u8>,
     ) -> Result<Self, MatchError> {
-        check_session_params(&params, Protocol::Pi2, 0)?;
-        if secret.public_key().modulus_bits() != params.modulus_bits() {
-            return Err(MatchError::Argument {
-                argument: "secret",
-                reason: "key size differs from the parameters".into(),
-            });
-        }
-        if template.len() != params.layout().ciphertexts() {
-            return Err(MatchError::Argument {
-                argument: "template",
-                reason: format!(
-                    "{} ciphertexts, expected t = {}",
-                    template.len(),
-                    params.layout().ciphertexts()
-                ),
-            });
-        }
-        if signature.len() > MAX_SIGNATURE_BYTES {
-            return Err(MatchError::Argument {
-                argument: "signature",
-                reason: format!("{} bytes, at most {MAX_SIGNATURE_BYTES}", signature.len()),
-            });
-        }
+        check_device_parts(
+            &params,
+            Protocol::Pi2,
+            secret.public_key(),
+            &template,
+            &signature,
+        )?;
         Ok(Self {
             params,
             secret,
@@ -623,6 +607,7 @@ mod tests {
     use super::super::cipher::NoncePool;
     use super::super::encoding::{homomorphic_inner_product_folded, masked_affine_inner_product};
     use super::super::messages::test_support::key_3072;
+    use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
     use super::*;
     use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
@@ -630,28 +615,9 @@ mod tests {
     use rand_core::SeedableRng;
     use std::time::Instant;
 
-    fn clone_key(sk: &SecretKey) -> SecretKey {
-        let (p, q) = sk.primes();
-        SecretKey::from_primes(p.clone(), q.clone()).unwrap()
-    }
-
     fn params(dim: usize, m: u32, bits: u32, norm: Integer) -> Params {
         Params::new_allowing_test_modulus(Protocol::Pi2, dim, m, bits, DEFAULT_STAT_BITS, norm)
             .unwrap()
-    }
-
-    fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
-        let half = 1u64 << (m - 1);
-        (0..dim)
-            .map(|_| ((rng.next_u64() % (2 * half)) as i64 - half as i64) as i32)
-            .collect()
-    }
-
-    fn dot(u: &[i32], w: &[i32]) -> i64 {
-        u.iter()
-            .zip(w)
-            .map(|(&a, &b)| i64::from(a) * i64::from(b))
-            .sum()
     }
 
     /// The service provider of the tests: an Ed25519 key.

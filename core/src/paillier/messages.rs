@@ -318,6 +318,41 @@ pub fn check_session_params(
     Ok(())
 }
 
+/// The checks of a device built from SP's enrolment answer (Π2, Π3): parameters for
+/// `protocol`, a key of the parameters' size, t ciphertexts, a signature of bounded size.
+pub fn check_device_parts(
+    params: &Params,
+    protocol: Protocol,
+    public_key: &PublicKey,
+    template: &[Ciphertext],
+    signature: &[u8],
+) -> Result<(), MatchError> {
+    check_session_params(params, protocol, 0)?;
+    if public_key.modulus_bits() != params.modulus_bits() {
+        return Err(MatchError::Argument {
+            argument: "secret",
+            reason: "key size differs from the parameters".into(),
+        });
+    }
+    if template.len() != params.layout().ciphertexts() {
+        return Err(MatchError::Argument {
+            argument: "template",
+            reason: format!(
+                "{} ciphertexts, expected t = {}",
+                template.len(),
+                params.layout().ciphertexts()
+            ),
+        });
+    }
+    if signature.len() > MAX_SIGNATURE_BYTES {
+        return Err(MatchError::Argument {
+            argument: "signature",
+            reason: format!("{} bytes, at most {MAX_SIGNATURE_BYTES}", signature.len()),
+        });
+    }
+    Ok(())
+}
+
 /// The inner product as an i64 (|IP| ≤ ζ² ≤ 2^58 for valid parameters).
 pub fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
     x.to_i64().ok_or_else(|| MatchError::Argument {
@@ -331,7 +366,7 @@ pub fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
 pub(crate) mod test_support {
     use super::super::cipher::SecretKey;
     use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
+    use rand_core::{RngCore, SeedableRng};
     use std::sync::OnceLock;
 
     /// A 3072-bit key generated once per test process from a fixed seed (timings).
@@ -341,6 +376,28 @@ pub(crate) mod test_support {
             let mut rng = ChaCha20Rng::seed_from_u64(0x3072);
             SecretKey::generate(3072, &mut rng).expect("keygen")
         })
+    }
+
+    /// A copy of a test key (SecretKey is deliberately not Clone).
+    pub(crate) fn clone_key(sk: &SecretKey) -> SecretKey {
+        let (p, q) = sk.primes();
+        SecretKey::from_primes(p.clone(), q.clone()).expect("a valid key's primes")
+    }
+
+    /// ℓ uniform signed m-bit values.
+    pub(crate) fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
+        let half = 1u64 << (m - 1);
+        (0..dim)
+            .map(|_| ((rng.next_u64() % (2 * half)) as i64 - half as i64) as i32)
+            .collect()
+    }
+
+    /// The plaintext inner product.
+    pub(crate) fn dot(u: &[i32], w: &[i32]) -> i64 {
+        u.iter()
+            .zip(w)
+            .map(|(&a, &b)| i64::from(a) * i64::from(b))
+            .sum()
     }
 }
 

@@ -40,8 +40,8 @@ use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
 use super::malicious::Pi2Round1;
 use super::messages::{
-    check_session_params, header, put_signed, to_i64, MatchError, MessageKind, Reader,
-    MAX_SIGNATURE_BYTES,
+    check_device_parts, check_session_params, header, put_signed, to_i64, MatchError, MessageKind,
+    Reader,
 };
 use super::params::{Layout, Params, Protocol};
 use crate::crypto::circuit::{
@@ -272,29 +272,13 @@ impl Pi3Device {
         template: Vec<Ciphertext>,
         signature: Vec<u8>,
     ) -> Result<Self, MatchError> {
-        check_session_params(&params, Protocol::Pi3, 0)?;
-        if secret.public_key().modulus_bits() != params.modulus_bits() {
-            return Err(MatchError::Argument {
-                argument: "secret",
-                reason: "key size differs from the parameters".into(),
-            });
-        }
-        if template.len() != params.layout().ciphertexts() {
-            return Err(MatchError::Argument {
-                argument: "template",
-                reason: format!(
-                    "{} ciphertexts, expected t = {}",
-                    template.len(),
-                    params.layout().ciphertexts()
-                ),
-            });
-        }
-        if signature.len() > MAX_SIGNATURE_BYTES {
-            return Err(MatchError::Argument {
-                argument: "signature",
-                reason: format!("{} bytes, at most {MAX_SIGNATURE_BYTES}", signature.len()),
-            });
-        }
+        check_device_parts(
+            &params,
+            Protocol::Pi3,
+            secret.public_key(),
+            &template,
+            &signature,
+        )?;
         Ok(Self {
             params,
             secret,
@@ -623,6 +607,7 @@ mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
     use super::super::malicious::{encrypt_elements, pack_element_ciphertexts};
     use super::super::messages::template_signing_bytes;
+    use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
     use super::*;
     use crate::crypto::garble::Label;
@@ -630,11 +615,6 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
     use std::time::Instant;
-
-    fn clone_key(sk: &SecretKey) -> SecretKey {
-        let (p, q) = sk.primes();
-        SecretKey::from_primes(p.clone(), q.clone()).unwrap()
-    }
 
     fn params(dim: usize, m: u32, bits: u32) -> Params {
         Params::new_allowing_test_modulus(
@@ -646,20 +626,6 @@ mod tests {
             Params::max_norm_bound(dim, m),
         )
         .unwrap()
-    }
-
-    fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
-        let half = 1i64 << (m - 1);
-        (0..dim)
-            .map(|_| ((rng.next_u64() % (2 * half as u64)) as i64 - half) as i32)
-            .collect()
-    }
-
-    fn dot(u: &[i32], w: &[i32]) -> i64 {
-        u.iter()
-            .zip(w)
-            .map(|(&a, &b)| i64::from(a) * i64::from(b))
-            .sum()
     }
 
     fn sp_key() -> SigningKey {

@@ -376,35 +376,16 @@ mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
     use super::super::cipher::NoncePool;
     use super::super::messages::test_support::key_3072;
+    use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
     use std::time::Instant;
 
-    fn clone_key(sk: &SecretKey) -> SecretKey {
-        let (p, q) = sk.primes();
-        SecretKey::from_primes(p.clone(), q.clone()).unwrap()
-    }
-
     fn params(dim: usize, m: u32, bits: u32, norm: Integer) -> Params {
         Params::new_allowing_test_modulus(Protocol::Pi1, dim, m, bits, DEFAULT_STAT_BITS, norm)
             .unwrap()
-    }
-
-    fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
-        let half = 1u64 << (m - 1);
-        (0..dim)
-            .map(|_| (rng.next_u64() % (2 * half)) as i64 - half as i64)
-            .map(|x| x as i32)
-            .collect()
-    }
-
-    fn dot(u: &[i32], w: &[i32]) -> i64 {
-        u.iter()
-            .zip(w)
-            .map(|(&a, &b)| i64::from(a) * i64::from(b))
-            .sum()
     }
 
     fn run(
