@@ -17,12 +17,14 @@
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
+//! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
 
 pub mod cipher;
 pub mod encoding;
+pub mod enroll;
 pub mod key_proof;
 pub mod malicious;
 pub mod messages;
