@@ -2,9 +2,10 @@
 //! process on one core (no cluster needed). For every modulus size |N|, template length ℓ and
 //! element width m it runs the core state machines end to end and prints, per protocol:
 //!
-//! * **enrolment**: the device's encryption of its template (Π1: t packed ciphertexts; Π2/Π3:
-//!   one ciphertext per element, plus the SP's packing), the enrolment proofs where built, and
-//!   the bytes the device sends;
+//! * **enrolment**: Π1: the device's encryption of its t packed ciphertexts; Π2/Π3: the whole
+//!   Π_en (slack, encryption of ℓ + 4 coordinates, key and plaintext-knowledge proofs, the SP's
+//!   checks and L2 challenge, the device's response, the SP's check, packing and signing), per
+//!   step, with the bytes of every message;
 //! * **matching**: each round's time (median of `--reps` runs), the whole matching phase with
 //!   the terminal's r^N taken from a pool filled offline (Round 1 is reusable, so a terminal
 //!   can precompute for a device) and with r^N computed online, and the bytes of every message.
@@ -21,14 +22,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
+use ed25519_dalek::SigningKey;
 use privmatch_core::paillier::cipher::{Ciphertext, SecretKey};
-use privmatch_core::paillier::malicious::{
-    encrypt_elements, pack_element_ciphertexts, Pi2Device, Pi2Terminal,
-};
-use privmatch_core::paillier::messages::template_signing_bytes;
+use privmatch_core::paillier::enroll::{DeviceEnrolment, ServiceEnrolment};
+use privmatch_core::paillier::key_proof::{RingPedersenParams, DEFAULT_RING_PEDERSEN_BITS};
+use privmatch_core::paillier::malicious::{Pi2Device, Pi2Terminal};
 use privmatch_core::paillier::no_leakage::{circuit, Pi3Device, Pi3Terminal};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::record::verify_round1_signature;
 use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Terminal};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -58,6 +59,21 @@ pub struct PaillierBenchArgs {
     pub seed: u64,
 }
 
+/// Enrolment costs: Π1 (the device packs and encrypts, no proof) or Π2/Π3 (Π_en).
+enum Enrolment {
+    Packed {
+        encrypt: Duration,
+        bytes: usize,
+    },
+    Proved {
+        device_start: Duration,
+        sp_receive: Duration,
+        device_respond: Duration,
+        sp_finish: Duration,
+        bytes: [usize; 4],
+    },
+}
+
 /// One configuration's figures.
 struct Row {
     protocol: Protocol,
@@ -66,9 +82,7 @@ struct Row {
     value_bits: u32,
     /// values per ciphertext / ciphertexts t.
     layout: (usize, usize),
-    enrol_encrypt: Duration,
-    enrol_pack: Option<Duration>,
-    enrol_bytes: usize,
+    enrolment: Enrolment,
     /// Per round: (name, median time, bytes).
     rounds: Vec<(&'static str, Duration, usize)>,
     match_pooled: Duration,
@@ -119,13 +133,10 @@ fn medians(runs: &[Vec<Duration>]) -> Vec<Duration> {
         .collect()
 }
 
+/// The terminal's check of σ in Round 1 (the SP's template record signature).
 fn verifier(sp: &SigningKey) -> impl Fn(&[u8], &[u8]) -> bool {
     let vk = sp.verifying_key();
-    move |msg: &[u8], sig: &[u8]| {
-        Signature::from_slice(sig)
-            .map(|s| vk.verify(msg, &s).is_ok())
-            .unwrap_or(false)
-    }
+    move |msg: &[u8], sigma: &[u8]| verify_round1_signature(&vk, 0, msg, sigma).is_ok()
 }
 
 fn check(got: bool, u: &[i32], w: &[i32], threshold: i64, what: &str) -> Result<()> {
@@ -141,6 +152,7 @@ struct Case<'a> {
     u: Vec<i32>,
     probes: Vec<Vec<i32>>,
     sp: SigningKey,
+    aux: &'a RingPedersenParams,
 }
 
 impl Case<'_> {
@@ -180,9 +192,10 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         dim: p.dim(),
         value_bits: p.value_bits(),
         layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
-        enrol_encrypt: enrol,
-        enrol_pack: None,
-        enrol_bytes: r1.len(),
+        enrolment: Enrolment::Packed {
+            encrypt: enrol,
+            bytes: r1.len(),
+        },
         rounds: vec![
             ("R1 D→T", Duration::ZERO, r1.len()),
             ("R2 T→D", m[0], sizes.0),
@@ -199,35 +212,72 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
 struct Enrolled {
     packed: Vec<Ciphertext>,
     signature: Vec<u8>,
-    encrypt: Duration,
-    pack: Duration,
-    sent: usize,
+    /// Device: slack, encryption of ℓ + 4 coordinates, plaintext-knowledge and key proofs.
+    device_start: Duration,
+    /// SP: decoding, key and plaintext-knowledge proof checks, the L2 challenge.
+    sp_receive: Duration,
+    /// Device: the L2 response.
+    device_respond: Duration,
+    /// SP: the L2 check, packing and signing.
+    sp_finish: Duration,
+    /// Bytes: request, challenge, response, signed template.
+    bytes: [usize; 4],
 }
 
-/// Π2/Π3 enrolment: element encryption by the device, packing and signing by the SP.
-fn enrol_elements(case: &Case, rng: &mut ChaCha20Rng) -> Result<Enrolled> {
+/// Π2/Π3 enrolment Π_en ([ABMR20] §6.1, §8) between the device and the SP, timed per step.
+fn enrol_with_proofs(case: &Case, rng: &mut ChaCha20Rng) -> Result<Enrolled> {
     let p = &case.params;
-    let (elements, encrypt) = timed(|| Ok(encrypt_elements(case.sk, p, &case.u, rng)?))?;
-    let pk = case.sk.public_key();
-    let sent = pk.modulus_bytes() + elements.len() * pk.ciphertext_bytes();
-    let ((packed, signature), pack) = timed(|| {
-        let packed = pack_element_ciphertexts(pk, p, &elements)?;
-        let sig = case.sp.sign(&template_signing_bytes(p, pk, &packed));
-        Ok((packed, sig.to_bytes().to_vec()))
+    let session = b"bench paillier enrolment";
+    let ((device, request), device_start) = timed(|| {
+        Ok(DeviceEnrolment::start(
+            case.sk,
+            p,
+            "bench-device",
+            &case.u,
+            case.aux,
+            session,
+            rng,
+        )?)
     })?;
+    let ((sp, challenge), sp_receive) = timed(|| {
+        Ok(ServiceEnrolment::receive(
+            &request, p, case.aux, session, rng,
+        )?)
+    })?;
+    let challenge = challenge.ok_or_else(|| anyhow!("Π2/Π3 enrolment without a challenge"))?;
+    let (response, device_respond) = timed(|| Ok(device.respond(&challenge)?))?;
+    let (signed, sp_finish) = timed(|| Ok(sp.finish(Some(&response), &case.sp, i64::MAX)?))?;
+    let signed_bytes = signed.to_bytes()?;
+    let kept = device.finish(&signed_bytes, &case.sp.verifying_key(), 0)?;
+    // σ as presented in Round 1: device id, expiry and the SP's signature over them and the
+    // Round-1 bytes (checked by `verifier` with verify_round1_signature).
+    let signature = kept.round1_signature();
     Ok(Enrolled {
-        packed,
+        packed: kept.record.packed,
         signature,
-        encrypt,
-        pack,
-        sent,
+        device_start,
+        sp_receive,
+        device_respond,
+        sp_finish,
+        bytes: [
+            request.len(),
+            challenge.len(),
+            response.len(),
+            signed_bytes.len(),
+        ],
     })
 }
 
 fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
     let p = &case.params;
-    let e = enrol_elements(case, rng)?;
-    let (enc, pack, sent) = (e.encrypt, e.pack, e.sent);
+    let e = enrol_with_proofs(case, rng)?;
+    let enrolment = Enrolment::Proved {
+        device_start: e.device_start,
+        sp_receive: e.sp_receive,
+        device_respond: e.device_respond,
+        sp_finish: e.sp_finish,
+        bytes: e.bytes,
+    };
     let device = Pi2Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
@@ -256,9 +306,7 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         dim: p.dim(),
         value_bits: p.value_bits(),
         layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
-        enrol_encrypt: enc,
-        enrol_pack: Some(pack),
-        enrol_bytes: sent,
+        enrolment,
         rounds: vec![
             ("R1 D→T", Duration::ZERO, r1.len()),
             ("R2 T→D", m[0], sizes.0),
@@ -274,8 +322,14 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
 
 fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
     let p = &case.params;
-    let e = enrol_elements(case, rng)?;
-    let (enc, pack, sent) = (e.encrypt, e.pack, e.sent);
+    let e = enrol_with_proofs(case, rng)?;
+    let enrolment = Enrolment::Proved {
+        device_start: e.device_start,
+        sp_receive: e.sp_receive,
+        device_respond: e.device_respond,
+        sp_finish: e.sp_finish,
+        bytes: e.bytes,
+    };
     let device = Pi3Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
@@ -308,9 +362,7 @@ fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         dim: p.dim(),
         value_bits: p.value_bits(),
         layout: (p.layout().values_per_ciphertext(), p.layout().ciphertexts()),
-        enrol_encrypt: enc,
-        enrol_pack: Some(pack),
-        enrol_bytes: sent,
+        enrolment,
         rounds: vec![
             ("R1 D→T", Duration::ZERO, r1.len()),
             ("R2 T→D", m[0], sizes.0),
@@ -383,6 +435,16 @@ pub fn run(args: PaillierBenchArgs) -> Result<()> {
     }
     println!("privmatch bench paillier — one core, {}", cpu());
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    let (aux, aux_time) = timed(|| {
+        Ok(RingPedersenParams::generate(
+            DEFAULT_RING_PEDERSEN_BITS,
+            &mut rng,
+        )?)
+    })?;
+    println!(
+        "SP's ring-Pedersen parameters ({DEFAULT_RING_PEDERSEN_BITS}-bit, once per SP): {} ms",
+        ms(aux_time)
+    );
     let mut rows = Vec::new();
     for &bits in &args.modulus_bits {
         let (sk, keygen) = timed(|| Ok(SecretKey::generate(bits, &mut rng)?))?;
@@ -409,6 +471,7 @@ pub fn run(args: PaillierBenchArgs) -> Result<()> {
                             .collect(),
                         params,
                         sp: sp.clone(),
+                        aux: &aux,
                     };
                     eprintln!("… {protocol:?} |N| = {bits}, ℓ = {dim}, m = {m}");
                     let row = match protocol {
@@ -465,21 +528,40 @@ fn print_tables(rows: &[Row]) {
         );
     }
     println!();
-    println!("## Enrolment (device encryption; SP packing and signing)");
+    println!("## Enrolment (Π1: the device packs and encrypts; Π2/Π3: Π_en with the key, plaintext-knowledge and L2-norm proofs)");
     println!();
-    println!("| protocol | \\|N\\| | ℓ | m | device encryption ms | SP packing + signing ms | bytes D → SP |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| protocol | \\|N\\| | ℓ | m | device: encrypt + prove ms | SP: verify + challenge ms | device: L2 response ms | SP: check + pack + sign ms | total ms | bytes: request / challenge / response / signed template |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
-        println!(
-            "| {:?} | {} | {} | {} | {} | {} | {} |",
-            r.protocol,
-            r.modulus_bits,
-            r.dim,
-            r.value_bits,
-            ms(r.enrol_encrypt),
-            r.enrol_pack.map_or("–".into(), ms),
-            r.enrol_bytes
+        let head = format!(
+            "| {:?} | {} | {} | {} |",
+            r.protocol, r.modulus_bits, r.dim, r.value_bits
         );
+        match &r.enrolment {
+            Enrolment::Packed { encrypt, bytes } => println!(
+                "{head} {} | – | – | – | {} | {bytes} / – / – / – |",
+                ms(*encrypt),
+                ms(*encrypt)
+            ),
+            Enrolment::Proved {
+                device_start,
+                sp_receive,
+                device_respond,
+                sp_finish,
+                bytes,
+            } => println!(
+                "{head} {} | {} | {} | {} | {} | {} / {} / {} / {} |",
+                ms(*device_start),
+                ms(*sp_receive),
+                ms(*device_respond),
+                ms(*sp_finish),
+                ms(*device_start + *sp_receive + *device_respond + *sp_finish),
+                bytes[0],
+                bytes[1],
+                bytes[2],
+                bytes[3]
+            ),
+        }
     }
     for r in rows.iter().filter(|r| r.and_gates.is_some()) {
         println!(
