@@ -670,13 +670,15 @@ mod tests {
         (out, d)
     }
 
+    /// 1,200 sessions (3 shapes × 20 devices × 5 captures × 4 thresholds: IP, IP ± 1, random)
+    /// at 1024 bits: both outputs equal the plaintext comparison.
     #[test]
     fn outputs_equal_the_plaintext_comparison_on_random_pairs() {
         let sk = small_key();
         let mut rng = ChaCha20Rng::seed_from_u64(300);
         for (dim, m) in [(8usize, 8u32), (16, 12), (5, 16)] {
             let p = params(dim, m, 1024);
-            for _ in 0..12 {
+            for _ in 0..20 {
                 let u = random_vector(dim, m, &mut rng);
                 let device = enrol(&p, sk, &u, &mut rng);
                 for _ in 0..5 {
