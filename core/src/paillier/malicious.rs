@@ -53,8 +53,9 @@
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
 use super::messages::{
-    check_device_parts, check_session_params, header, put_signed, put_template, read_template,
-    template_signing_bytes, to_i64, MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
+    check_device_parts, check_session_params, decode_bit, encode_bit, header, put_signed,
+    put_template, read_template, template_signing_bytes, to_i64, MatchError, MessageKind, Reader,
+    MAX_SIGNATURE_BYTES,
 };
 use super::params::{Layout, Params, Protocol};
 use rand_core::{CryptoRng, RngCore};
@@ -320,16 +321,12 @@ pub struct Pi2Round4 {
 impl Pi2Round4 {
     /// `version ‖ kind ‖ bit`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = header(MessageKind::Pi2Outcome);
-        out.push(u8::from(self.matched));
-        out
+        encode_bit(MessageKind::Pi2Outcome, self.matched)
     }
 
     /// Strict decoding: one byte 0 or 1.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, MatchError> {
-        let mut r = Reader::new("Π2 round 4", bytes, MessageKind::Pi2Outcome)?;
-        let matched = r.bit("match bit")?;
-        r.finish()?;
+        let matched = decode_bit("Π2 round 4", MessageKind::Pi2Outcome, bytes)?;
         Ok(Self { matched })
     }
 }
@@ -343,33 +340,37 @@ pub struct TerminalOutcome {
     pub inner_product: i64,
 }
 
-/// The device D of Π2 after enrolment: its key and SP's signed packed template.
-pub struct Pi2Device {
+/// A device after the malicious-model enrolment ([ABMR20] §6.1; Π2 and Π3 share it): its
+/// key, the parameters, SP's packed template and σ. Round 1 is the same message in both.
+pub struct SignedDevice {
     params: Params,
     secret: SecretKey,
     template: Vec<Ciphertext>,
     signature: Vec<u8>,
 }
 
-impl std::fmt::Debug for Pi2Device {
+impl std::fmt::Debug for SignedDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pi2Device")
+        // The key is the device's secret.
+        f.debug_struct("SignedDevice")
             .field("params", &self.params)
             .finish_non_exhaustive()
     }
 }
 
-impl Pi2Device {
-    /// The device from SP's enrolment answer: the packed template and σ ([ABMR20] §6.1).
+impl SignedDevice {
+    /// The device from SP's enrolment answer for `protocol` (Π2 or Π3): the packed template
+    /// and σ, checked by [`check_device_parts`].
     pub fn new(
         params: Params,
+        protocol: Protocol,
         secret: SecretKey,
         template: Vec<Ciphertext>,
         signature: Vec<u8>,
     ) -> Result<Self, MatchError> {
         check_device_parts(
             &params,
-            Protocol::Pi2,
+            protocol,
             secret.public_key(),
             &template,
             &signature,
@@ -382,12 +383,22 @@ impl Pi2Device {
         })
     }
 
+    /// The parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The device's secret key.
+    pub fn secret(&self) -> &SecretKey {
+        &self.secret
+    }
+
     /// The public key.
     pub fn public_key(&self) -> &PublicKey {
         self.secret.public_key()
     }
 
-    /// Round 1 ([ABMR20] §6.1 Round 1), encoded.
+    /// Round 1 ([ABMR20] §6.1 Round 1, Fig. 5 Round 1): (σ, epk, ⟦u_1*⟧ … ⟦u_t*⟧), encoded.
     pub fn round1(&self) -> Vec<u8> {
         Pi2Round1 {
             public_key: self.secret.public_key().clone(),
@@ -395,6 +406,35 @@ impl Pi2Device {
             signature: self.signature.clone(),
         }
         .to_bytes(&self.params)
+    }
+}
+
+/// The device D of Π2 after enrolment.
+#[derive(Debug)]
+pub struct Pi2Device {
+    inner: SignedDevice,
+}
+
+impl Pi2Device {
+    /// The device from SP's enrolment answer: the packed template and σ ([ABMR20] §6.1).
+    pub fn new(
+        params: Params,
+        secret: SecretKey,
+        template: Vec<Ciphertext>,
+        signature: Vec<u8>,
+    ) -> Result<Self, MatchError> {
+        let inner = SignedDevice::new(params, Protocol::Pi2, secret, template, signature)?;
+        Ok(Self { inner })
+    }
+
+    /// The public key.
+    pub fn public_key(&self) -> &PublicKey {
+        self.inner.public_key()
+    }
+
+    /// Round 1 ([ABMR20] §6.1 Round 1), encoded.
+    pub fn round1(&self) -> Vec<u8> {
+        self.inner.round1()
     }
 
     /// A matching session (Rounds 3 and 4 of one run).
@@ -426,9 +466,9 @@ impl Pi2DeviceSession<'_> {
         if !matches!(self.state, DeviceState::AwaitingRound2) {
             return Err(MatchError::State("Π2 round 3 was already sent".into()));
         }
-        let d = self.device;
-        let msg = Pi2Round2::from_bytes(d.secret.public_key(), round2)?;
-        let x = decode_sum(&d.secret, d.params.layout(), &msg.ciphertext)?;
+        let d = &self.device.inner;
+        let msg = Pi2Round2::from_bytes(d.public_key(), round2)?;
+        let x = decode_sum(d.secret(), d.params().layout(), &msg.ciphertext)?;
         self.state = DeviceState::AwaitingRound4;
         Ok(Pi2Round3 { x }.to_bytes())
     }

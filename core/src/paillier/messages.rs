@@ -223,6 +223,25 @@ pub fn header(kind: MessageKind) -> Vec<u8> {
     vec![WIRE_VERSION, kind as u8]
 }
 
+/// A one-bit message (the match bit of Π1 Round 3 and Π2 Round 4): `version ‖ kind ‖ bit`.
+pub fn encode_bit(kind: MessageKind, bit: bool) -> Vec<u8> {
+    let mut out = header(kind);
+    out.push(u8::from(bit));
+    out
+}
+
+/// Strict decoding of [`encode_bit`]: exactly one byte, 0 or 1, after the header.
+pub fn decode_bit(
+    message: &'static str,
+    kind: MessageKind,
+    bytes: &[u8],
+) -> Result<bool, MatchError> {
+    let mut r = Reader::new(message, bytes, kind)?;
+    let bit = r.bit("match bit")?;
+    r.finish()?;
+    Ok(bit)
+}
+
 /// Appends a signed integer: sign byte (0 or 1), u16 length, big-endian magnitude without a
 /// leading zero byte (zero: sign 0, length 0).
 pub fn put_signed(out: &mut Vec<u8>, x: &Integer) {

@@ -38,10 +38,9 @@ use sha2::{Digest, Sha256};
 
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
-use super::malicious::Pi2Round1;
+use super::malicious::{Pi2Round1, SignedDevice};
 use super::messages::{
-    check_device_parts, check_session_params, header, put_signed, to_i64, MatchError, MessageKind,
-    Reader,
+    check_session_params, header, put_signed, to_i64, MatchError, MessageKind, Reader,
 };
 use super::params::{Layout, Params, Protocol};
 use crate::crypto::circuit::{
@@ -248,53 +247,27 @@ impl Pi3Round5 {
     }
 }
 
-/// The device D of Π3 after enrolment: its key and SP's signed packed template.
+/// The device D of Π3 after enrolment (the same enrolment as Π2's, under Π3 parameters).
+#[derive(Debug)]
 pub struct Pi3Device {
-    params: Params,
-    secret: SecretKey,
-    template: Vec<Ciphertext>,
-    signature: Vec<u8>,
-}
-
-impl std::fmt::Debug for Pi3Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pi3Device")
-            .field("params", &self.params)
-            .finish_non_exhaustive()
-    }
+    inner: SignedDevice,
 }
 
 impl Pi3Device {
-    /// The device from SP's enrolment answer (the same as Π2's, under Π3 parameters).
+    /// The device from SP's enrolment answer: the packed template and σ.
     pub fn new(
         params: Params,
         secret: SecretKey,
         template: Vec<Ciphertext>,
         signature: Vec<u8>,
     ) -> Result<Self, MatchError> {
-        check_device_parts(
-            &params,
-            Protocol::Pi3,
-            secret.public_key(),
-            &template,
-            &signature,
-        )?;
-        Ok(Self {
-            params,
-            secret,
-            template,
-            signature,
-        })
+        let inner = SignedDevice::new(params, Protocol::Pi3, secret, template, signature)?;
+        Ok(Self { inner })
     }
 
     /// Round 1 (Fig. 5 Round 1, the same message as Π2's), encoded.
     pub fn round1(&self) -> Vec<u8> {
-        Pi2Round1 {
-            public_key: self.secret.public_key().clone(),
-            template: self.template.clone(),
-            signature: self.signature.clone(),
-        }
-        .to_bytes(&self.params)
+        self.inner.round1()
     }
 
     /// A matching session (Rounds 3 and 5 of one run).
@@ -345,12 +318,12 @@ impl Pi3DeviceSession<'_> {
         if !matches!(self.state, DeviceState::AwaitingRound2) {
             return Err(MatchError::State("Π3 round 3 was already sent".into()));
         }
-        let d = self.device;
-        let msg = Pi3Round2::from_bytes(d.secret.public_key(), round2)?;
-        check_session_params(&d.params, Protocol::Pi3, msg.threshold)?;
-        let layout = d.params.layout();
-        let x = decode_sum(&d.secret, layout, &msg.x)?;
-        let y = decode_sum(&d.secret, layout, &msg.y)?;
+        let d = &self.device.inner;
+        let msg = Pi3Round2::from_bytes(d.public_key(), round2)?;
+        check_session_params(d.params(), Protocol::Pi3, msg.threshold)?;
+        let layout = d.params().layout();
+        let x = decode_sum(d.secret(), layout, &msg.x)?;
+        let y = decode_sum(d.secret(), layout, &msg.y)?;
         let widths = circuit_widths(layout);
         if x < 0 || y < 0 {
             return Err(MatchError::Cheating(
@@ -360,7 +333,7 @@ impl Pi3DeviceSession<'_> {
         let choices = widths
             .evaluator_bits(&le_bytes(&x), &le_bytes(&y))
             .map_err(|e| garbled("X, Y", e))?;
-        let circuit = circuit(&d.params, msg.threshold)?;
+        let circuit = circuit(d.params(), msg.threshold)?;
         let (receiver, request) = OtReceiver::new(&ot_session(round2), &choices, rng);
         self.state = DeviceState::AwaitingRound4 { circuit, receiver };
         Ok(Pi3Round3 { ot: request }.to_bytes())
@@ -656,7 +629,7 @@ mod tests {
 
     /// One honest run: (T's output, D's output).
     fn run(device: &Pi3Device, w: &[i32], threshold: i64, rng: &mut ChaCha20Rng) -> (bool, bool) {
-        let mut t = Pi3Terminal::new(device.params.clone(), w.to_vec(), threshold).unwrap();
+        let mut t = Pi3Terminal::new(device.inner.params().clone(), w.to_vec(), threshold).unwrap();
         let r2 = t
             .round2(&device.round1(), &verifier(&sp_key()), rng)
             .unwrap();

@@ -129,12 +129,7 @@ fn field(field: &'static str, reason: impl Into<String>) -> ParamsError {
 /// Construct with [`Params::new`]; the fields are validated and the [`Layout`] is derived once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Params {
-    protocol: Protocol,
-    dim: usize,
-    value_bits: u32,
-    modulus_bits: u32,
-    stat_bits: u32,
-    norm_bound: Integer,
+    /// Every field of the parameters is kept once, in the layout derived from them.
     layout: Layout,
 }
 
@@ -215,7 +210,7 @@ impl Params {
         stat_bits: u32,
         norm_bound: Integer,
     ) -> Result<Self, ParamsError> {
-        validate_fields(dim, value_bits, stat_bits, &norm_bound)?;
+        // Layout::derive validates the fields.
         let layout = Layout::derive(
             protocol,
             dim,
@@ -224,15 +219,7 @@ impl Params {
             stat_bits,
             &norm_bound,
         )?;
-        Ok(Self {
-            protocol,
-            dim,
-            value_bits,
-            modulus_bits,
-            stat_bits,
-            norm_bound,
-            layout,
-        })
+        Ok(Self { layout })
     }
 
     /// ℓ·2^(2(m−1)): the largest squared norm of an ℓ-vector of m-bit elements, and the largest
@@ -243,32 +230,32 @@ impl Params {
 
     /// The protocol.
     pub fn protocol(&self) -> Protocol {
-        self.protocol
+        self.layout.protocol()
     }
 
     /// ℓ, the template length.
     pub fn dim(&self) -> usize {
-        self.dim
+        self.layout.dim()
     }
 
     /// m, the bit length of a template element (two's complement).
     pub fn value_bits(&self) -> u32 {
-        self.value_bits
+        self.layout.value_bits()
     }
 
     /// |N| in bits.
     pub fn modulus_bits(&self) -> u32 {
-        self.modulus_bits
+        self.layout.modulus_bits()
     }
 
     /// λ, the statistical parameter.
     pub fn stat_bits(&self) -> u32 {
-        self.stat_bits
+        self.layout.stat_bits()
     }
 
     /// ζ², the bound on ‖u‖² and ‖w‖²; also IP_max, the bound on |⟨u, w⟩| (Cauchy–Schwarz).
     pub fn norm_bound(&self) -> &Integer {
-        &self.norm_bound
+        self.layout.ip_bound()
     }
 
     /// The derived slot layout.
@@ -282,17 +269,17 @@ impl Params {
     /// `"PMPP" ‖ version (1) ‖ protocol (1) ‖ ℓ (u32 BE) ‖ m (1) ‖ |N| (u16 BE) ‖ λ (u16 BE) ‖
     /// len (u16 BE) ‖ ζ² (len bytes, big-endian, no leading zero)`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let norm = self.norm_bound.to_digits::<u8>(Order::Msf);
+        let norm = self.norm_bound().to_digits::<u8>(Order::Msf);
         let mut out = Vec::with_capacity(16 + norm.len());
         out.extend_from_slice(PARAMS_MAGIC);
         out.push(PARAMS_VERSION);
-        out.push(self.protocol.code());
+        out.push(self.protocol().code());
         // dim ≤ 4096, value_bits ≤ 24, modulus_bits ≤ 3072, stat_bits ≤ 128: the narrowing
         // conversions below are exact for validated parameters.
-        out.extend_from_slice(&(self.dim as u32).to_be_bytes());
-        out.push(self.value_bits as u8);
-        out.extend_from_slice(&(self.modulus_bits as u16).to_be_bytes());
-        out.extend_from_slice(&(self.stat_bits as u16).to_be_bytes());
+        out.extend_from_slice(&(self.dim() as u32).to_be_bytes());
+        out.push(self.value_bits() as u8);
+        out.extend_from_slice(&(self.modulus_bits() as u16).to_be_bytes());
+        out.extend_from_slice(&(self.stat_bits() as u16).to_be_bytes());
         out.extend_from_slice(&(norm.len() as u16).to_be_bytes());
         out.extend_from_slice(&norm);
         out

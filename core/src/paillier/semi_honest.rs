@@ -31,8 +31,8 @@ use super::encoding::{
     check_template, decode_sum, encode_template, masked_affine_inner_product_with_nonce,
 };
 use super::messages::{
-    check_session_params, header, put_template, read_template, to_i64, MatchError, MessageKind,
-    Reader,
+    check_session_params, decode_bit, encode_bit, header, put_template, read_template, to_i64,
+    MatchError, MessageKind, Reader,
 };
 use super::params::{Params, Protocol};
 use rand_core::{CryptoRng, RngCore};
@@ -140,16 +140,12 @@ pub struct Pi1Round3 {
 impl Pi1Round3 {
     /// `version ‖ kind ‖ bit`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = header(MessageKind::Pi1Outcome);
-        out.push(u8::from(self.matched));
-        out
+        encode_bit(MessageKind::Pi1Outcome, self.matched)
     }
 
     /// Strict decoding: one byte 0 or 1.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, MatchError> {
-        let mut r = Reader::new("Π1 round 3", bytes, MessageKind::Pi1Outcome)?;
-        let matched = r.bit("match bit")?;
-        r.finish()?;
+        let matched = decode_bit("Π1 round 3", MessageKind::Pi1Outcome, bytes)?;
         Ok(Self { matched })
     }
 }
