@@ -37,6 +37,7 @@ use std::ops::Range;
 
 use super::encoding::{EncodingError, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use super::query::PreparedQuery;
+use super::journal::RowJournal;
 
 /// Bytes of shares one entry contributes to a scan (code 25,600 + mask 12,800; docs/protocols/iris.md), for
 /// the benchmark's bandwidth figure.
@@ -483,11 +484,16 @@ mod avx512 {
 }
 /// A borrowed, validated matrix of one party's enrolled shares ([BGK+24] §4.3.2/§5 database side): N code rows of 12,800 u16 and
 /// N mask rows of 6,400 u16, row-major (entry e's code at `codes[e*12800..(e+1)*12800]`).
+///
+/// A matrix that lives across scans (the engine's store) carries its [`RowJournal`], so that a
+/// backend keeping its own copy of the rows (a GPU's memory) can bring that copy up to date by
+/// copying only the rows changed since its last scan ([`ShareMatrix::journal`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ShareMatrix<'a> {
     codes: &'a [u16],
     masks: &'a [u16],
     len: usize,
+    journal: Option<&'a RowJournal>,
 }
 
 impl<'a> ShareMatrix<'a> {
@@ -519,7 +525,32 @@ impl<'a> ShareMatrix<'a> {
             codes,
             masks,
             len: nc,
+            journal: None,
         })
+    }
+
+    /// The same matrix, declared to be the current state of the rows `journal` tracks.
+    pub fn tracked_by(self, journal: &'a RowJournal) -> Self {
+        Self {
+            journal: Some(journal),
+            ..self
+        }
+    }
+
+    /// The journal of the rows' changes, when the matrix lives across scans; `None` for a
+    /// one-off matrix (a backend with its own copy must then copy every row).
+    pub fn journal(&self) -> Option<&'a RowJournal> {
+        self.journal
+    }
+
+    /// All code coefficients, row-major (N × 12,800).
+    pub fn codes(&self) -> &'a [u16] {
+        self.codes
+    }
+
+    /// All mask coefficients, row-major (N × 6,400).
+    pub fn masks(&self) -> &'a [u16] {
+        self.masks
     }
 
     /// Number of entries N.

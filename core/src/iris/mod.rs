@@ -7,6 +7,7 @@
 pub mod dot;
 pub mod encoding;
 pub mod enroll;
+pub mod journal;
 pub mod matcher;
 pub mod params;
 pub mod probe;

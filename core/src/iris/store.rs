@@ -29,6 +29,7 @@ use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::Eye;
 use crate::iris::query::PreparedQuery;
+use crate::iris::journal::RowJournal;
 use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::party::PartyIndex;
 
@@ -138,6 +139,8 @@ struct EyeMatrix {
     /// The cached canonical order (behind a mutex so that concurrent searches, which hold
     /// the store shared, can fill it).
     order: Mutex<Option<Arc<CanonicalOrder>>>,
+    /// Which physical rows changed, for backends that keep their own copy of the rows.
+    journal: RowJournal,
 }
 
 impl EyeMatrix {
@@ -161,6 +164,7 @@ impl EyeMatrix {
         self.reserve(1);
         self.codes.extend_from_slice(&t.share.code);
         self.masks.extend_from_slice(&t.share.mask);
+        self.journal.record(self.ids.len());
         self.ids.push(t.id);
         self.subject_set.insert(t.subject.clone());
         self.subjects.push(t.subject);
@@ -181,6 +185,7 @@ impl EyeMatrix {
                 row * MASK_SHARE_COEFS,
             );
         }
+        self.journal.record(row);
         self.codes.truncate(last * CODE_SHARE_COEFS);
         self.masks.truncate(last * MASK_SHARE_COEFS);
         self.ids.swap_remove(row);
@@ -222,7 +227,7 @@ impl EyeMatrix {
     }
 
     fn matrix(&self) -> Result<ShareMatrix<'_>, DotError> {
-        ShareMatrix::new(&self.codes, &self.masks)
+        Ok(ShareMatrix::new(&self.codes, &self.masks)?.tracked_by(&self.journal))
     }
 }
 

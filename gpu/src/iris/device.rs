@@ -1,0 +1,627 @@
+//! One GPU's part of the scan: the party's resident share rows in limb form, kept in step with
+//! the host store, and the chunked GEMM + combine + copy-back pipeline of [`super::limbs`].
+//!
+//! **Residency.** A [`Device`] keeps, per share matrix it has seen (per [`RowJournal`]
+//! identity), one copy of its shard of the rows as int8 limbs (`[lo | hi]`, 2 bytes per u16
+//! coefficient, the same bytes as the u16 shares). Before a scan it asks the journal which
+//! rows changed since its copy's revision and uploads only those (appends, and rows a delete
+//! moved); a copy too far behind, or of a matrix without a journal, is uploaded whole. Copies
+//! of matrices not scanned for a while are dropped when room is needed, least recently used
+//! first. The limb split runs on the GPU ([`super::kernels`]): the upload is the u16 bytes.
+//!
+//! **Sharding.** With D devices, physical row r lives on device `r mod D` at local row
+//! `r div D`: appends and swap-removes touch one row on one device, and the shards stay within
+//! one row of equal size.
+//!
+//! **Pipeline.** Rows go in chunks of [`CHUNK_ROWS`]: for each chunk, on the compute stream,
+//! two int8 GEMMs (code, mask; `cublasGemmEx`, int8 in, int32 out, TN layout) and two combine
+//! launches into one of two alternating u16 output buffers; on the copy stream, the previous
+//! chunk's outputs go back to host memory while the GPU computes the next chunk.
+
+use std::sync::Arc;
+
+use cudarc::cublas::result::gemm_ex;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use privmatch_core::iris::dot::ShareMatrix;
+use privmatch_core::iris::journal::RowJournal;
+use privmatch_core::iris::scan::Interrupt;
+
+use super::kernels::{BLOCK_THREADS, COMBINE, SOURCE, SPLIT_ROWS};
+use super::limbs::{padded_columns, Half};
+use crate::error::GpuError;
+
+/// Database rows per GEMM chunk: 32,768 rows are 1.26 GB of limbs, enough to keep the GPU busy
+/// between two copies back, and the int32 accumulators of a chunk stay small
+/// (32,768 × 64 × 4 bytes = 8 MiB at 31 rotations).
+pub const CHUNK_ROWS: usize = 32_768;
+
+/// Rows uploaded per staging batch (75 MiB of u16 shares).
+const UPLOAD_ROWS: usize = 2_048;
+
+/// Share matrices a device keeps copies of (the engine scans two: left and right eyes).
+const MAX_RESIDENTS: usize = 2;
+
+/// Which rows of a matrix a device holds: physical rows `r` with `r mod of == index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This device's position among the scan's devices.
+    pub index: usize,
+    /// Number of devices the rows are spread over.
+    pub of: usize,
+}
+
+impl Shard {
+    /// The shard of a single device: every row.
+    pub const WHOLE: Shard = Shard { index: 0, of: 1 };
+
+    /// How many of the first `rows` physical rows this shard holds.
+    pub fn local_len(&self, rows: usize) -> usize {
+        if rows > self.index {
+            (rows - self.index - 1) / self.of + 1
+        } else {
+            0
+        }
+    }
+
+    /// The physical row of local row `local`.
+    pub fn global(&self, local: usize) -> usize {
+        local * self.of + self.index
+    }
+
+    /// The local row of physical row `row`, if this shard holds it.
+    pub fn local(&self, row: usize) -> Option<usize> {
+        (row % self.of == self.index).then_some(row / self.of)
+    }
+}
+
+/// A device's copy of one share matrix's shard.
+struct Resident {
+    /// The journal of the matrix copied; `None` for a one-off matrix (never reused).
+    journal: Option<u64>,
+    /// The journal revision the copy reflects.
+    revision: u64,
+    /// Local rows held.
+    rows: usize,
+    /// Local rows the buffers have room for.
+    capacity: usize,
+    code: CudaSlice<i8>,
+    mask: CudaSlice<i8>,
+    /// Scan counter value when last used (for eviction).
+    last_used: u64,
+}
+
+impl Resident {
+    fn limbs(&self, half: Half) -> &CudaSlice<i8> {
+        match half {
+            Half::Code => &self.code,
+            Half::Mask => &self.mask,
+        }
+    }
+}
+
+/// Bytes of limbs per row (code and mask), the same as the u16 share bytes.
+pub const LIMB_BYTES_PER_ROW: usize = 2 * (12_800 + 6_400);
+
+/// What one device reports about itself.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Total device memory in bytes.
+    pub total_memory: usize,
+}
+
+/// One GPU with its streams, cuBLAS handle, kernels and resident copies (module docs).
+pub struct Device {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    blas: CudaBlas,
+    split: CudaFunction,
+    combine: CudaFunction,
+    residents: Vec<Resident>,
+    /// Most bytes of limbs this device may hold.
+    budget: usize,
+    scans: u64,
+}
+
+impl Device {
+    /// Opens device `ordinal`: context, two streams, a cuBLAS handle on the compute stream,
+    /// and the kernels compiled with NVRTC for its architecture. `budget` caps the bytes of
+    /// share limbs it will hold (`None`: 90 % of the memory free now, less 1 GiB of room for
+    /// cuBLAS and the per-scan buffers).
+    pub fn open(ordinal: usize, budget: Option<usize>) -> Result<Self, GpuError> {
+        let ctx = CudaContext::new(ordinal).map_err(GpuError::cuda("open the device"))?;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(GpuError::cuda("read the device name"))?,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(GpuError::cuda("read the compute capability"))?,
+            total_memory: ctx.total_mem().map_err(GpuError::cuda("read the memory size"))?,
+        };
+        let compute = ctx.new_stream().map_err(GpuError::cuda("create a stream"))?;
+        let copy = ctx.new_stream().map_err(GpuError::cuda("create a stream"))?;
+        let blas = CudaBlas::new(Arc::clone(&compute)).map_err(GpuError::cublas("create a handle"))?;
+        let (major, minor) = info.compute_capability;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let ptx = compile_ptx_with_opts(
+            SOURCE,
+            CompileOptions {
+                arch: Some(arch),
+                name: Some("privmatch_iris_scan.cu".into()),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| GpuError::Nvrtc(e.to_string()))?;
+        let module = ctx.load_module(ptx).map_err(GpuError::cuda("load the kernels"))?;
+        let split = module
+            .load_function(SPLIT_ROWS)
+            .map_err(GpuError::cuda("find the split kernel"))?;
+        let combine = module
+            .load_function(COMBINE)
+            .map_err(GpuError::cuda("find the combine kernel"))?;
+        let budget = match budget {
+            Some(b) => b,
+            None => {
+                let (free, _) = ctx.mem_get_info().map_err(GpuError::cuda("read free memory"))?;
+                (free / 10 * 9).saturating_sub(1 << 30)
+            }
+        };
+        Ok(Device {
+            info,
+            ctx,
+            compute,
+            copy,
+            blas,
+            split,
+            combine,
+            residents: Vec::new(),
+            budget,
+            scans: 0,
+        })
+    }
+
+    /// What the device is.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Bytes of limbs this device may hold.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes of limbs held now (all resident copies, with spare capacity).
+    pub fn resident_bytes(&self) -> usize {
+        self.residents
+            .iter()
+            .map(|r| r.capacity * LIMB_BYTES_PER_ROW)
+            .sum()
+    }
+
+    /// The compute stream (for benchmarks that time work on it).
+    pub fn compute_stream(&self) -> &Arc<CudaStream> {
+        &self.compute
+    }
+
+    /// The context (for benchmarks).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Brings this device's copy of `shard` of `db` up to date and returns its position in
+    /// the resident list.
+    fn sync(&mut self, db: &ShareMatrix<'_>, shard: Shard) -> Result<usize, GpuError> {
+        self.scans += 1;
+        let local_rows = shard.local_len(db.len());
+        let journal = db.journal();
+        let found = journal.and_then(|j| {
+            self.residents
+                .iter()
+                .position(|r| r.journal == Some(j.id()))
+        });
+        // Rows to upload (local indices), or None for all of them.
+        let changed = match (found, journal) {
+            (Some(pos), Some(j)) => j
+                .rows_changed_since(self.residents[pos].revision)
+                .map(|rows| local_changes(&rows, shard, local_rows)),
+            _ => None,
+        };
+        let pos = match found {
+            Some(pos) => pos,
+            None => self.make_room_and_insert(journal, local_rows)?,
+        };
+        self.ensure_capacity(pos, local_rows)?;
+        let rows: Vec<usize> = match changed {
+            Some(rows) => rows,
+            None => (0..local_rows).collect(),
+        };
+        self.upload(pos, db, shard, &rows)?;
+        let resident = &mut self.residents[pos];
+        resident.rows = local_rows;
+        resident.revision = journal.map_or(0, RowJournal::revision);
+        resident.last_used = self.scans;
+        Ok(pos)
+    }
+
+    /// Drops one-off copies, and least recently used copies while more than
+    /// [`MAX_RESIDENTS`] − 1 are held, then adds an empty copy for `journal`.
+    fn make_room_and_insert(
+        &mut self,
+        journal: Option<&RowJournal>,
+        local_rows: usize,
+    ) -> Result<usize, GpuError> {
+        self.residents.retain(|r| r.journal.is_some());
+        while self.residents.len() >= MAX_RESIDENTS {
+            let oldest = (0..self.residents.len())
+                .min_by_key(|&i| self.residents[i].last_used)
+                .unwrap_or(0);
+            self.residents.swap_remove(oldest);
+        }
+        self.check_budget(local_rows.max(1) * LIMB_BYTES_PER_ROW)?;
+        let (code, mask) = self.alloc_rows(local_rows)?;
+        self.residents.push(Resident {
+            journal: journal.map(RowJournal::id),
+            revision: 0,
+            rows: 0,
+            capacity: local_rows.max(1),
+            code,
+            mask,
+            last_used: self.scans,
+        });
+        Ok(self.residents.len() - 1)
+    }
+
+    /// Refuses when `extra` more bytes of limbs would exceed the budget.
+    fn check_budget(&self, extra: usize) -> Result<(), GpuError> {
+        let wanted = self.resident_bytes() + extra;
+        if wanted > self.budget {
+            return Err(GpuError::Capacity {
+                wanted,
+                budget: self.budget,
+            });
+        }
+        Ok(())
+    }
+
+    /// Allocates limb buffers for `rows` rows (at least one), without a budget check.
+    fn alloc_rows(&self, rows: usize) -> Result<(CudaSlice<i8>, CudaSlice<i8>), GpuError> {
+        let rows = rows.max(1);
+        let code = self
+            .compute
+            .alloc_zeros::<i8>(rows * Half::Code.limb_row_bytes())
+            .map_err(GpuError::cuda("allocate the code limbs"))?;
+        let mask = self
+            .compute
+            .alloc_zeros::<i8>(rows * Half::Mask.limb_row_bytes())
+            .map_err(GpuError::cuda("allocate the mask limbs"))?;
+        Ok((code, mask))
+    }
+
+    /// Grows copy `pos` to hold `rows` rows (by at least a quarter while the budget allows),
+    /// keeping its rows. The old buffers are freed after the copy, so growing needs room for
+    /// both for a moment.
+    fn ensure_capacity(&mut self, pos: usize, rows: usize) -> Result<(), GpuError> {
+        let current = self.residents[pos].capacity;
+        if rows <= current {
+            return Ok(());
+        }
+        let spare = self.budget.saturating_sub(self.resident_bytes()) / LIMB_BYTES_PER_ROW;
+        let target = rows.max(current + current / 4).min(current + spare).max(rows);
+        self.check_budget((target - current) * LIMB_BYTES_PER_ROW)?;
+        let (mut code, mut mask) = self.alloc_rows(target)?;
+        let old = &self.residents[pos];
+        let kept = old.rows;
+        if kept > 0 {
+            self.compute
+                .memcpy_dtod(
+                    &old.code.slice(..kept * Half::Code.limb_row_bytes()),
+                    &mut code.slice_mut(..kept * Half::Code.limb_row_bytes()),
+                )
+                .map_err(GpuError::cuda("copy the code limbs"))?;
+            self.compute
+                .memcpy_dtod(
+                    &old.mask.slice(..kept * Half::Mask.limb_row_bytes()),
+                    &mut mask.slice_mut(..kept * Half::Mask.limb_row_bytes()),
+                )
+                .map_err(GpuError::cuda("copy the mask limbs"))?;
+        }
+        let resident = &mut self.residents[pos];
+        resident.code = code;
+        resident.mask = mask;
+        resident.capacity = target;
+        Ok(())
+    }
+
+    /// Uploads local rows `rows` of `shard` of `db` into copy `pos`, split into limbs.
+    fn upload(
+        &mut self,
+        pos: usize,
+        db: &ShareMatrix<'_>,
+        shard: Shard,
+        rows: &[usize],
+    ) -> Result<(), GpuError> {
+        for batch in rows.chunks(UPLOAD_ROWS) {
+            let targets: Vec<u32> = batch.iter().map(|&l| l as u32).collect();
+            let targets_dev = self
+                .compute
+                .clone_htod(&targets)
+                .map_err(GpuError::cuda("upload row numbers"))?;
+            for half in [Half::Code, Half::Mask] {
+                let k = half.coefs();
+                let source = half.of(db);
+                let mut staging = Vec::with_capacity(batch.len() * k);
+                for &local in batch {
+                    let row = shard.global(local);
+                    staging.extend_from_slice(&source[row * k..(row + 1) * k]);
+                }
+                let staged = self
+                    .compute
+                    .clone_htod(&staging)
+                    .map_err(GpuError::cuda("upload share rows"))?;
+                let count = batch.len() as u32;
+                let k32 = k as u32;
+                let dst = match half {
+                    Half::Code => &mut self.residents[pos].code,
+                    Half::Mask => &mut self.residents[pos].mask,
+                };
+                let mut launch = self.compute.launch_builder(&self.split);
+                launch.arg(&staged).arg(&targets_dev).arg(&count).arg(&k32).arg(dst);
+                // SAFETY: the kernel's arguments match its signature in kernels.rs
+                // (u16*, u32*, u32, u32, i8*); `staged` holds count·k u16, `targets_dev` count
+                // row numbers below the copy's capacity (ensure_capacity ran first), and `dst`
+                // capacity rows of 2k bytes.
+                unsafe { launch.launch(grid_for((batch.len() * k / 4) as u64)) }
+                    .map(drop)
+                    .map_err(GpuError::cuda("split share rows"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Scans this device's shard of `db` against the query matrices (code, mask), writing
+    /// `R` shares per local row into `code_out` and `mask_out` (entry-major, local order).
+    pub fn scan_shard(
+        &mut self,
+        db: &ShareMatrix<'_>,
+        shard: Shard,
+        queries: &QueryMatrices,
+        code_out: &mut [u16],
+        mask_out: &mut [u16],
+        interrupt: &Interrupt,
+    ) -> Result<(), GpuError> {
+        let pos = self.sync(db, shard)?;
+        let r = queries.rotations;
+        let rows = self.residents[pos].rows;
+        if code_out.len() != rows * r || mask_out.len() != rows * r {
+            return Err(GpuError::Shape(format!(
+                "output of {} / {} slots for {rows} rows × {r} rotations",
+                code_out.len(),
+                mask_out.len()
+            )));
+        }
+        let q_code = self
+            .compute
+            .clone_htod(&queries.code)
+            .map_err(GpuError::cuda("upload the query"))?;
+        let q_mask = self
+            .compute
+            .clone_htod(&queries.mask)
+            .map_err(GpuError::cuda("upload the query"))?;
+        let cols = padded_columns(r);
+        let chunk = CHUNK_ROWS.min(rows.max(1));
+        let mut acc = self
+            .compute
+            .alloc_zeros::<i32>(chunk * cols)
+            .map_err(GpuError::cuda("allocate accumulators"))?;
+        let mut outs = Vec::with_capacity(4);
+        for _ in 0..4 {
+            outs.push(
+                self.compute
+                    .alloc_zeros::<u16>(chunk * r.max(1))
+                    .map_err(GpuError::cuda("allocate outputs"))?,
+            );
+        }
+        let starts: Vec<usize> = (0..rows).step_by(chunk).collect();
+        let mut pending: Option<(usize, usize)> = None;
+        for (c, &start) in starts.iter().enumerate() {
+            interrupt.check()?;
+            let end = (start + chunk).min(rows);
+            let slot = 2 * (c % 2);
+            for (h, (half, q)) in [(Half::Code, &q_code), (Half::Mask, &q_mask)]
+                .into_iter()
+                .enumerate()
+            {
+                self.gemm(pos, half, q, cols, start, end, &mut acc)?;
+                self.launch_combine(&acc, cols, r, end - start, &mut outs[slot + h])?;
+            }
+            // The previous chunk goes back while this one computes.
+            if let Some((p_start, p_slot)) = pending.take() {
+                self.copy_back(&outs, p_slot, p_start, rows, r, code_out, mask_out)?;
+            }
+            pending = Some((start, slot));
+        }
+        if let Some((p_start, p_slot)) = pending {
+            self.copy_back(&outs, p_slot, p_start, rows, r, code_out, mask_out)?;
+        }
+        self.compute
+            .synchronize()
+            .map_err(GpuError::cuda("finish the scan"))?;
+        Ok(())
+    }
+
+    /// One int8 GEMM on the compute stream: `acc (cols × rows) = Qᵀ · D[start..end]`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        pos: usize,
+        half: Half,
+        query: &CudaSlice<i8>,
+        cols: usize,
+        start: usize,
+        end: usize,
+        acc: &mut CudaSlice<i32>,
+    ) -> Result<(), GpuError> {
+        let k = half.limb_row_bytes();
+        let limbs = self.residents[pos].limbs(half);
+        let rows = limbs.slice(start * k..end * k);
+        let (a, _ra) = query.device_ptr(&self.compute);
+        let (b, _rb) = rows.device_ptr(&self.compute);
+        let (c, _rc) = acc.device_ptr_mut(&self.compute);
+        let (alpha, beta) = (1i32, 0i32);
+        // SAFETY: A is the query (k × cols, column-major, lda = k), B the rows (k × n,
+        // ldb = k), C the accumulators (cols × n, ldc = cols, room for CHUNK_ROWS columns);
+        // the pointers come from live allocations of those sizes on this context, and alpha
+        // and beta are host int32 as CUBLAS_COMPUTE_32I requires.
+        unsafe {
+            gemm_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                cols as i32,
+                (end - start) as i32,
+                k as i32,
+                (&alpha as *const i32).cast(),
+                a as *const _,
+                cudaDataType::CUDA_R_8I,
+                k as i32,
+                b as *const _,
+                cudaDataType::CUDA_R_8I,
+                k as i32,
+                (&beta as *const i32).cast(),
+                c as *mut _,
+                cudaDataType::CUDA_R_32I,
+                cols as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(GpuError::cublas("int8 GEMM"))
+    }
+
+    fn launch_combine(
+        &self,
+        acc: &CudaSlice<i32>,
+        cols: usize,
+        r: usize,
+        rows: usize,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), GpuError> {
+        let (ld, rot, n) = (cols as u32, r as u32, rows as u32);
+        let mut launch = self.compute.launch_builder(&self.combine);
+        launch.arg(acc).arg(&ld).arg(&rot).arg(&n).arg(out);
+        // SAFETY: arguments match privmatch_combine (i32*, u32, u32, u32, u16*); `acc` holds
+        // at least rows·cols int32 and `out` at least rows·r u16.
+        unsafe { launch.launch(grid_for((rows * r) as u64)) }
+            .map(drop)
+            .map_err(GpuError::cuda("combine"))
+    }
+
+    /// Copies the chunk in output slot `slot` (rows from `start`) back into the host outputs
+    /// on the copy stream; returns when it has arrived.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_back(
+        &self,
+        outs: &[CudaSlice<u16>],
+        slot: usize,
+        start: usize,
+        rows: usize,
+        r: usize,
+        code_out: &mut [u16],
+        mask_out: &mut [u16],
+    ) -> Result<(), GpuError> {
+        let end = (start + CHUNK_ROWS.min(rows.max(1))).min(rows);
+        let len = (end - start) * r;
+        for (h, dst) in [code_out, mask_out].into_iter().enumerate() {
+            self.copy
+                .memcpy_dtoh(&outs[slot + h].slice(..len), &mut dst[start * r..end * r])
+                .map_err(GpuError::cuda("copy results back"))?;
+        }
+        self.copy
+            .synchronize()
+            .map_err(GpuError::cuda("copy results back"))
+    }
+}
+
+/// The local rows of `shard` among the changed physical `rows`, below `local_rows`.
+fn local_changes(rows: &[usize], shard: Shard, local_rows: usize) -> Vec<usize> {
+    rows.iter()
+        .filter_map(|&r| shard.local(r))
+        .filter(|&l| l < local_rows)
+        .collect()
+}
+
+/// A launch of enough blocks for `items` grid-stride work items (capped; the kernels loop).
+fn grid_for(items: u64) -> LaunchConfig {
+    let blocks = items.div_ceil(u64::from(BLOCK_THREADS)).clamp(1, 65_535 * 8) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The two query matrices of a scan (code, mask), in the layout of
+/// [`super::limbs::query_matrix`].
+pub struct QueryMatrices {
+    /// R.
+    pub rotations: usize,
+    /// Code query matrix (`padded_columns(R)` columns of 25,600 bytes).
+    pub code: Vec<i8>,
+    /// Mask query matrix (`padded_columns(R)` columns of 12,800 bytes).
+    pub mask: Vec<i8>,
+}
+
+impl QueryMatrices {
+    /// The query matrices of `query`.
+    pub fn of(query: &privmatch_core::iris::query::PreparedQuery) -> Self {
+        use super::limbs::query_matrix;
+        QueryMatrices {
+            rotations: query.num_rotations(),
+            code: query_matrix(&Half::Code.rotations(query), Half::Code.coefs()),
+            mask: query_matrix(&Half::Mask.rotations(query), Half::Mask.coefs()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_the_rows() {
+        for of in 1..5 {
+            for rows in [0usize, 1, 2, 7, 64, 101] {
+                let mut seen = vec![0; rows];
+                for index in 0..of {
+                    let s = Shard { index, of };
+                    for l in 0..s.local_len(rows) {
+                        let g = s.global(l);
+                        assert!(g < rows);
+                        assert_eq!(s.local(g), Some(l));
+                        seen[g] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "of={of} rows={rows}");
+            }
+        }
+    }
+
+    #[test]
+    fn local_changes_keep_this_shards_rows_below_the_length() {
+        let s = Shard { index: 1, of: 2 };
+        assert_eq!(local_changes(&[0, 1, 3, 4, 9], s, 3), vec![0, 1]);
+    }
+}
