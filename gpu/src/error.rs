@@ -57,7 +57,9 @@ impl GpuError {
     }
 
     /// Maps a cuBLAS error of step `what`.
-    pub fn cublas(what: &'static str) -> impl FnOnce(cudarc::cublas::result::CublasError) -> GpuError {
+    pub fn cublas(
+        what: &'static str,
+    ) -> impl FnOnce(cudarc::cublas::result::CublasError) -> GpuError {
         move |e| GpuError::Cublas {
             what,
             detail: format!("{e:?}"),

@@ -13,7 +13,9 @@
 //! [BGK+24]: Bloemen, Kales, Sippl, Walch, "Large-Scale MPC: Scaling Private Iris Code
 //! Uniqueness Checks to Millions of Users", ePrint 2024/705.
 
+pub mod ceilings;
 pub mod error;
+pub mod gemm;
 pub mod iris;
 pub mod probe;
 

@@ -44,7 +44,9 @@ pub fn probe() -> Result<Probe, GpuError> {
         .map_err(|_| GpuError::Unavailable("the CUDA driver could not be loaded".into()))?
         .map_err(|e| GpuError::Unavailable(format!("the CUDA driver refused to start: {e}")))?;
     if count <= 0 {
-        return Err(GpuError::Unavailable("the CUDA driver reports no device".into()));
+        return Err(GpuError::Unavailable(
+            "the CUDA driver reports no device".into(),
+        ));
     }
     Ok(Probe {
         devices: count as usize,

@@ -36,8 +36,8 @@
 use std::ops::Range;
 
 use super::encoding::{EncodingError, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
-use super::query::PreparedQuery;
 use super::journal::RowJournal;
+use super::query::PreparedQuery;
 
 /// Bytes of shares one entry contributes to a scan (code 25,600 + mask 12,800; docs/protocols/iris.md), for
 /// the benchmark's bandwidth figure.

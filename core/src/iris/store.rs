@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::Eye;
-use crate::iris::query::PreparedQuery;
 use crate::iris::journal::RowJournal;
+use crate::iris::query::PreparedQuery;
 use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::party::PartyIndex;
 

@@ -20,8 +20,6 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::result::gemm_ex;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
@@ -35,6 +33,7 @@ use privmatch_core::iris::scan::Interrupt;
 use super::kernels::{BLOCK_THREADS, COMBINE, SOURCE, SPLIT_ROWS};
 use super::limbs::{padded_columns, Half};
 use crate::error::GpuError;
+use crate::gemm::int8_gemm_tn;
 
 /// Database rows per GEMM chunk: 32,768 rows are 1.26 GB of limbs, enough to keep the GPU busy
 /// between two copies back, and the int32 accumulators of a chunk stay small
@@ -149,23 +148,32 @@ impl Device {
             compute_capability: ctx
                 .compute_capability()
                 .map_err(GpuError::cuda("read the compute capability"))?,
-            total_memory: ctx.total_mem().map_err(GpuError::cuda("read the memory size"))?,
+            total_memory: ctx
+                .total_mem()
+                .map_err(GpuError::cuda("read the memory size"))?,
         };
-        let compute = ctx.new_stream().map_err(GpuError::cuda("create a stream"))?;
-        let copy = ctx.new_stream().map_err(GpuError::cuda("create a stream"))?;
-        let blas = CudaBlas::new(Arc::clone(&compute)).map_err(GpuError::cublas("create a handle"))?;
+        let compute = ctx
+            .new_stream()
+            .map_err(GpuError::cuda("create a stream"))?;
+        let copy = ctx
+            .new_stream()
+            .map_err(GpuError::cuda("create a stream"))?;
+        let blas =
+            CudaBlas::new(Arc::clone(&compute)).map_err(GpuError::cublas("create a handle"))?;
         let (major, minor) = info.compute_capability;
-        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let ptx = compile_ptx_with_opts(
             SOURCE,
             CompileOptions {
-                arch: Some(arch),
+                // PTX for the device's virtual architecture; the driver compiles it for the chip.
+                options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
                 name: Some("privmatch_iris_scan.cu".into()),
                 ..Default::default()
             },
         )
         .map_err(|e| GpuError::Nvrtc(e.to_string()))?;
-        let module = ctx.load_module(ptx).map_err(GpuError::cuda("load the kernels"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(GpuError::cuda("load the kernels"))?;
         let split = module
             .load_function(SPLIT_ROWS)
             .map_err(GpuError::cuda("find the split kernel"))?;
@@ -175,7 +183,9 @@ impl Device {
         let budget = match budget {
             Some(b) => b,
             None => {
-                let (free, _) = ctx.mem_get_info().map_err(GpuError::cuda("read free memory"))?;
+                let (free, _) = ctx
+                    .mem_get_info()
+                    .map_err(GpuError::cuda("read free memory"))?;
                 (free / 10 * 9).saturating_sub(1 << 30)
             }
         };
@@ -256,21 +266,24 @@ impl Device {
         Ok(pos)
     }
 
-    /// Drops one-off copies, and least recently used copies while more than
-    /// [`MAX_RESIDENTS`] − 1 are held, then adds an empty copy for `journal`.
+    /// Drops one-off copies, and least recently used copies while [`MAX_RESIDENTS`] are held
+    /// or the new copy would not fit the budget beside them, then adds a copy for `journal`.
     fn make_room_and_insert(
         &mut self,
         journal: Option<&RowJournal>,
         local_rows: usize,
     ) -> Result<usize, GpuError> {
         self.residents.retain(|r| r.journal.is_some());
-        while self.residents.len() >= MAX_RESIDENTS {
+        let want = local_rows.max(1) * LIMB_BYTES_PER_ROW;
+        while self.residents.len() >= MAX_RESIDENTS
+            || (!self.residents.is_empty() && self.resident_bytes() + want > self.budget)
+        {
             let oldest = (0..self.residents.len())
                 .min_by_key(|&i| self.residents[i].last_used)
                 .unwrap_or(0);
             self.residents.swap_remove(oldest);
         }
-        self.check_budget(local_rows.max(1) * LIMB_BYTES_PER_ROW)?;
+        self.check_budget(want)?;
         let (code, mask) = self.alloc_rows(local_rows)?;
         self.residents.push(Resident {
             journal: journal.map(RowJournal::id),
@@ -319,7 +332,10 @@ impl Device {
             return Ok(());
         }
         let spare = self.budget.saturating_sub(self.resident_bytes()) / LIMB_BYTES_PER_ROW;
-        let target = rows.max(current + current / 4).min(current + spare).max(rows);
+        let target = rows
+            .max(current + current / 4)
+            .min(current + spare)
+            .max(rows);
         self.check_budget((target - current) * LIMB_BYTES_PER_ROW)?;
         let (mut code, mut mask) = self.alloc_rows(target)?;
         let old = &self.residents[pos];
@@ -378,7 +394,12 @@ impl Device {
                     Half::Mask => &mut self.residents[pos].mask,
                 };
                 let mut launch = self.compute.launch_builder(&self.split);
-                launch.arg(&staged).arg(&targets_dev).arg(&count).arg(&k32).arg(dst);
+                launch
+                    .arg(&staged)
+                    .arg(&targets_dev)
+                    .arg(&count)
+                    .arg(&k32)
+                    .arg(dst);
                 // SAFETY: the kernel's arguments match its signature in kernels.rs
                 // (u16*, u32*, u32, u32, i8*); `staged` holds count·k u16, `targets_dev` count
                 // row numbers below the copy's capacity (ensure_capacity ran first), and `dst`
@@ -403,8 +424,8 @@ impl Device {
         interrupt: &Interrupt,
     ) -> Result<(), GpuError> {
         let pos = self.sync(db, shard)?;
-        let r = queries.rotations;
         let rows = self.residents[pos].rows;
+        let r = queries.rotations;
         if code_out.len() != rows * r || mask_out.len() != rows * r {
             return Err(GpuError::Shape(format!(
                 "output of {} / {} slots for {rows} rows × {r} rotations",
@@ -412,6 +433,57 @@ impl Device {
                 mask_out.len()
             )));
         }
+        self.run_chunks(pos, queries, Some((code_out, mask_out)), interrupt)
+    }
+
+    /// Benchmark helper: brings the copy of `db` up to date, then times `reps` passes of the
+    /// GEMMs and combines over all its rows with device events, without copying results
+    /// back. Returns milliseconds per pass.
+    pub fn time_kernels(
+        &mut self,
+        db: &ShareMatrix<'_>,
+        queries: &QueryMatrices,
+        reps: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let pos = self.sync(db, Shard::WHOLE)?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let start = self
+                .ctx
+                .new_event(None)
+                .map_err(GpuError::cuda("create an event"))?;
+            let end = self
+                .ctx
+                .new_event(None)
+                .map_err(GpuError::cuda("create an event"))?;
+            start
+                .record(&self.compute)
+                .map_err(GpuError::cuda("record an event"))?;
+            self.run_chunks(pos, queries, None, Interrupt::never())?;
+            end.record(&self.compute)
+                .map_err(GpuError::cuda("record an event"))?;
+            end.synchronize()
+                .map_err(GpuError::cuda("wait for an event"))?;
+            times.push(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(GpuError::cuda("read an event"))?,
+            );
+        }
+        Ok(times)
+    }
+
+    /// The chunk pipeline over copy `pos` (module docs); results go back into `outputs` when
+    /// given (else they stay on the device: timing only).
+    fn run_chunks(
+        &mut self,
+        pos: usize,
+        queries: &QueryMatrices,
+        mut outputs: Option<(&mut [u16], &mut [u16])>,
+        interrupt: &Interrupt,
+    ) -> Result<(), GpuError> {
+        let r = queries.rotations;
+        let rows = self.residents[pos].rows;
         let q_code = self
             .compute
             .clone_htod(&queries.code)
@@ -434,9 +506,8 @@ impl Device {
                     .map_err(GpuError::cuda("allocate outputs"))?,
             );
         }
-        let starts: Vec<usize> = (0..rows).step_by(chunk).collect();
-        let mut pending: Option<(usize, usize)> = None;
-        for (c, &start) in starts.iter().enumerate() {
+        let mut pending: Option<(usize, usize, usize)> = None;
+        for (c, start) in (0..rows).step_by(chunk).enumerate() {
             interrupt.check()?;
             let end = (start + chunk).min(rows);
             let slot = 2 * (c % 2);
@@ -448,18 +519,17 @@ impl Device {
                 self.launch_combine(&acc, cols, r, end - start, &mut outs[slot + h])?;
             }
             // The previous chunk goes back while this one computes.
-            if let Some((p_start, p_slot)) = pending.take() {
-                self.copy_back(&outs, p_slot, p_start, rows, r, code_out, mask_out)?;
+            if let (Some(p), Some((code, mask))) = (pending.take(), outputs.as_mut()) {
+                self.copy_back(&outs, p, r, code, mask)?;
             }
-            pending = Some((start, slot));
+            pending = Some((slot, start, end));
         }
-        if let Some((p_start, p_slot)) = pending {
-            self.copy_back(&outs, p_slot, p_start, rows, r, code_out, mask_out)?;
+        if let (Some(p), Some((code, mask))) = (pending, outputs.as_mut()) {
+            self.copy_back(&outs, p, r, code, mask)?;
         }
         self.compute
             .synchronize()
-            .map_err(GpuError::cuda("finish the scan"))?;
-        Ok(())
+            .map_err(GpuError::cuda("finish the scan"))
     }
 
     /// One int8 GEMM on the compute stream: `acc (cols × rows) = Qᵀ · D[start..end]`.
@@ -480,35 +550,10 @@ impl Device {
         let (a, _ra) = query.device_ptr(&self.compute);
         let (b, _rb) = rows.device_ptr(&self.compute);
         let (c, _rc) = acc.device_ptr_mut(&self.compute);
-        let (alpha, beta) = (1i32, 0i32);
-        // SAFETY: A is the query (k × cols, column-major, lda = k), B the rows (k × n,
-        // ldb = k), C the accumulators (cols × n, ldc = cols, room for CHUNK_ROWS columns);
-        // the pointers come from live allocations of those sizes on this context, and alpha
-        // and beta are host int32 as CUBLAS_COMPUTE_32I requires.
-        unsafe {
-            gemm_ex(
-                *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                cols as i32,
-                (end - start) as i32,
-                k as i32,
-                (&alpha as *const i32).cast(),
-                a as *const _,
-                cudaDataType::CUDA_R_8I,
-                k as i32,
-                b as *const _,
-                cudaDataType::CUDA_R_8I,
-                k as i32,
-                (&beta as *const i32).cast(),
-                c as *mut _,
-                cudaDataType::CUDA_R_32I,
-                cols as i32,
-                cublasComputeType_t::CUBLAS_COMPUTE_32I,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(GpuError::cublas("int8 GEMM"))
+        // SAFETY: A is the query (k × cols), B the rows start..end (k × n), C the
+        // accumulators (cols × n, room for CHUNK_ROWS columns): live allocations of this
+        // context of those sizes, and the compute stream orders every other use of them.
+        unsafe { int8_gemm_tn(&self.blas, (cols, end - start, k), a, b, c) }
     }
 
     fn launch_combine(
@@ -529,20 +574,16 @@ impl Device {
             .map_err(GpuError::cuda("combine"))
     }
 
-    /// Copies the chunk in output slot `slot` (rows from `start`) back into the host outputs
+    /// Copies the chunk `(slot, start, end)` of the output buffers back into the host outputs
     /// on the copy stream; returns when it has arrived.
-    #[allow(clippy::too_many_arguments)]
     fn copy_back(
         &self,
         outs: &[CudaSlice<u16>],
-        slot: usize,
-        start: usize,
-        rows: usize,
+        (slot, start, end): (usize, usize, usize),
         r: usize,
         code_out: &mut [u16],
         mask_out: &mut [u16],
     ) -> Result<(), GpuError> {
-        let end = (start + CHUNK_ROWS.min(rows.max(1))).min(rows);
         let len = (end - start) * r;
         for (h, dst) in [code_out, mask_out].into_iter().enumerate() {
             self.copy
@@ -565,7 +606,9 @@ fn local_changes(rows: &[usize], shard: Shard, local_rows: usize) -> Vec<usize> 
 
 /// A launch of enough blocks for `items` grid-stride work items (capped; the kernels loop).
 fn grid_for(items: u64) -> LaunchConfig {
-    let blocks = items.div_ceil(u64::from(BLOCK_THREADS)).clamp(1, 65_535 * 8) as u32;
+    let blocks = items
+        .div_ceil(u64::from(BLOCK_THREADS))
+        .clamp(1, 65_535 * 8) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (BLOCK_THREADS, 1, 1),

@@ -69,7 +69,9 @@ impl GpuScan {
             let device = catch_unwind(AssertUnwindSafe(|| {
                 Device::open(ordinal, config.memory_budget)
             }))
-            .map_err(|p| GpuError::Unavailable(format!("opening device {ordinal}: {}", panic_text(&p))))?
+            .map_err(|p| {
+                GpuError::Unavailable(format!("opening device {ordinal}: {}", panic_text(&p)))
+            })?
             .map_err(|e| GpuError::Unavailable(format!("opening device {ordinal}: {e}")))?;
             devices.push(device);
         }
@@ -87,7 +89,12 @@ impl GpuScan {
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.devices
             .iter()
-            .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner).info().clone())
+            .map(|d| {
+                d.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .info()
+                    .clone()
+            })
             .collect()
     }
 
@@ -103,7 +110,11 @@ impl GpuScan {
     pub fn resident_bytes(&self) -> Vec<usize> {
         self.devices
             .iter()
-            .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner).resident_bytes())
+            .map(|d| {
+                d.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .resident_bytes()
+            })
             .collect()
     }
 
@@ -117,6 +128,21 @@ impl GpuScan {
     ) -> Result<DotShares, GpuError> {
         catch_unwind(AssertUnwindSafe(|| self.scan_sharded(db, query, interrupt)))
             .unwrap_or_else(|p| Err(GpuError::Panicked(panic_text(&p))))
+    }
+
+    /// Benchmark helper: times the GEMMs and combines of a scan of `db` on the first device
+    /// (its copy brought up to date first), without the copy back; milliseconds per pass.
+    pub fn time_kernels(
+        &self,
+        db: &ShareMatrix<'_>,
+        query: &PreparedQuery,
+        reps: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let device = self
+            .devices
+            .first()
+            .ok_or_else(|| GpuError::Shape("no device".into()))?;
+        lock(device)?.time_kernels(db, &QueryMatrices::of(query), reps)
     }
 
     fn scan_sharded(
@@ -147,7 +173,7 @@ impl GpuScan {
                 mask,
             });
         }
-        let parts: Vec<Result<(Vec<u16>, Vec<u16>), GpuError>> = std::thread::scope(|scope| {
+        let parts: Vec<Result<ShardOutput, GpuError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .devices
                 .iter()
@@ -159,9 +185,8 @@ impl GpuScan {
                         let local = shard.local_len(n);
                         let mut code = vec![0u16; local * r];
                         let mut mask = vec![0u16; local * r];
-                        lock(device)?.scan_shard(
-                            db, shard, queries, &mut code, &mut mask, interrupt,
-                        )?;
+                        lock(device)?
+                            .scan_shard(db, shard, queries, &mut code, &mut mask, interrupt)?;
                         Ok((code, mask))
                     })
                 })
@@ -223,13 +248,17 @@ impl ScanBackend for GpuScan {
                     (self.log)(&format!(
                         "privmatch GPU scan failed, falling back to the CPU scan for this and later searches: {e}"
                     ));
-                    *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                    *self.failed.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(e.to_string());
                 }
             }
         }
         self.cpu.scan(db, query, interrupt)
     }
 }
+
+/// One shard's (code, mask) shares, in local row order.
+type ShardOutput = (Vec<u16>, Vec<u16>);
 
 /// A device's lock; a poisoned one (a panic while scanning) is a failure, not a retry.
 fn lock(device: &Mutex<Device>) -> Result<std::sync::MutexGuard<'_, Device>, GpuError> {
