@@ -14,13 +14,15 @@ BIN=target/gpu-check
 if [ "${1:-}" = "--build" ]; then
     set -e
     mkdir -p "$BIN"
-    test_bin=$(cargo test --release -p privmatch-gpu --test device --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
+    for t in device search; do
+        test_bin=$(cargo test --release -p privmatch-gpu --test $t --no-run --message-format=json 2>/dev/null \
+            | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "device":
-        print(m["executable"])')
-    cp "$test_bin" "$BIN/device-tests"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' $t)
+        cp "$test_bin" "$BIN/$t-tests"
+    done
     cargo build --release -p privmatch-gpu --example gpu_scan
     cp target/release/examples/gpu_scan "$BIN/gpu_scan"
     ls -la "$BIN"
@@ -44,6 +46,10 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 step "tests (bit-exact against the CPU scan)"
 timeout 200 "$BIN/device-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
 echo "tests rc=${PIPESTATUS[0]}"
+
+step "whole searches, three parties scanning on the GPU"
+timeout 200 "$BIN/search-tests" --nocapture 2>&1 | tee "$OUT/search.log"
+echo "search rc=${PIPESTATUS[0]}"
 
 step "compute-sanitizer memcheck on the small tests"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::error::GpuError;
@@ -29,10 +30,10 @@ fn time_on_stream(
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = ctx
-            .new_event(None)
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(GpuError::cuda("create an event"))?;
         let end = ctx
-            .new_event(None)
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(GpuError::cuda("create an event"))?;
         start
             .record(stream)

@@ -21,9 +21,10 @@
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use privmatch_core::iris::dot::ShareMatrix;
@@ -130,6 +131,10 @@ pub struct Device {
     split: CudaFunction,
     combine: CudaFunction,
     residents: Vec<Resident>,
+    /// Page-locked buffers the results of two chunks (code, mask) come back through.
+    pinned: Vec<PinnedHostSlice<u16>>,
+    /// Recorded on the copy stream when a transfer into the matching `pinned` buffer is done.
+    arrived: Vec<CudaEvent>,
     /// Most bytes of limbs this device may hold.
     budget: usize,
     scans: u64,
@@ -189,6 +194,10 @@ impl Device {
                 (free / 10 * 9).saturating_sub(1 << 30)
             }
         };
+        let arrived = (0..4)
+            .map(|_| ctx.new_event(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(GpuError::cuda("create events"))?;
         Ok(Device {
             info,
             ctx,
@@ -198,6 +207,8 @@ impl Device {
             split,
             combine,
             residents: Vec::new(),
+            pinned: Vec::new(),
+            arrived,
             budget,
             scans: 0,
         })
@@ -361,7 +372,10 @@ impl Device {
         Ok(())
     }
 
-    /// Uploads local rows `rows` of `shard` of `db` into copy `pos`, split into limbs.
+    /// Uploads local rows `rows` of `shard` of `db` into copy `pos`, split into limbs on the
+    /// device. Rows are gathered into two alternating page-locked staging buffers per half
+    /// (on several host threads), so the gathering of one batch overlaps the transfer and
+    /// split of the previous one.
     fn upload(
         &mut self,
         pos: usize,
@@ -369,23 +383,28 @@ impl Device {
         shard: Shard,
         rows: &[usize],
     ) -> Result<(), GpuError> {
-        for batch in rows.chunks(UPLOAD_ROWS) {
+        let cap = UPLOAD_ROWS.min(rows.len());
+        if cap == 0 {
+            return Ok(());
+        }
+        let mut staging = Vec::with_capacity(4);
+        for _ in 0..2 {
+            for half in [Half::Code, Half::Mask] {
+                staging.push(Staging::new(&self.ctx, &self.compute, cap * half.coefs())?);
+            }
+        }
+        for (b, batch) in rows.chunks(UPLOAD_ROWS).enumerate() {
             let targets: Vec<u32> = batch.iter().map(|&l| l as u32).collect();
             let targets_dev = self
                 .compute
                 .clone_htod(&targets)
                 .map_err(GpuError::cuda("upload row numbers"))?;
-            for half in [Half::Code, Half::Mask] {
+            for (h, half) in [Half::Code, Half::Mask].into_iter().enumerate() {
                 let k = half.coefs();
-                let source = half.of(db);
-                let mut staging = Vec::with_capacity(batch.len() * k);
-                for &local in batch {
-                    let row = shard.global(local);
-                    staging.extend_from_slice(&source[row * k..(row + 1) * k]);
-                }
-                let staged = self
-                    .compute
-                    .clone_htod(&staging)
+                let stage = &mut staging[2 * (b % 2) + h];
+                gather_rows(half.of(db), k, shard, batch, stage.host_mut()?);
+                self.compute
+                    .memcpy_htod(&stage.host, &mut stage.device)
                     .map_err(GpuError::cuda("upload share rows"))?;
                 let count = batch.len() as u32;
                 let k32 = k as u32;
@@ -395,21 +414,23 @@ impl Device {
                 };
                 let mut launch = self.compute.launch_builder(&self.split);
                 launch
-                    .arg(&staged)
+                    .arg(&stage.device)
                     .arg(&targets_dev)
                     .arg(&count)
                     .arg(&k32)
                     .arg(dst);
                 // SAFETY: the kernel's arguments match its signature in kernels.rs
-                // (u16*, u32*, u32, u32, i8*); `staged` holds count·k u16, `targets_dev` count
-                // row numbers below the copy's capacity (ensure_capacity ran first), and `dst`
-                // capacity rows of 2k bytes.
+                // (u16*, u32*, u32, u32, i8*); the staging buffer holds at least count·k u16,
+                // `targets_dev` count row numbers below the copy's capacity (ensure_capacity
+                // ran first), and `dst` capacity rows of 2k bytes.
                 unsafe { launch.launch(grid_for((batch.len() * k / 4) as u64)) }
                     .map(drop)
                     .map_err(GpuError::cuda("split share rows"))?;
             }
         }
-        Ok(())
+        self.compute
+            .synchronize()
+            .map_err(GpuError::cuda("finish the upload"))
     }
 
     /// Scans this device's shard of `db` against the query matrices (code, mask), writing
@@ -450,11 +471,11 @@ impl Device {
         for _ in 0..reps {
             let start = self
                 .ctx
-                .new_event(None)
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(GpuError::cuda("create an event"))?;
             let end = self
                 .ctx
-                .new_event(None)
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(GpuError::cuda("create an event"))?;
             start
                 .record(&self.compute)
@@ -506,6 +527,17 @@ impl Device {
                     .map_err(GpuError::cuda("allocate outputs"))?,
             );
         }
+        let pinned_len = chunk * r.max(1);
+        if self.pinned.first().is_none_or(|p| p.len() < pinned_len) {
+            self.pinned.clear();
+            for _ in 0..4 {
+                // SAFETY: a buffer is only read (finish_copy) after a transfer filled it.
+                // Not write-combined: the host reads it.
+                let buffer = unsafe { self.ctx.alloc_pinned_with_flags::<u16>(pinned_len, 0) }
+                    .map_err(GpuError::cuda("allocate page-locked result buffers"))?;
+                self.pinned.push(buffer);
+            }
+        }
         let mut pending: Option<(usize, usize, usize)> = None;
         for (c, start) in (0..rows).step_by(chunk).enumerate() {
             interrupt.check()?;
@@ -517,15 +549,19 @@ impl Device {
             {
                 self.gemm(pos, half, q, cols, start, end, &mut acc)?;
                 self.launch_combine(&acc, cols, r, end - start, &mut outs[slot + h])?;
+                if outputs.is_some() {
+                    // On the copy stream, after the combine: the next chunk's GEMMs proceed.
+                    self.start_copy(&outs[slot + h], slot + h, (end - start) * r)?;
+                }
             }
-            // The previous chunk goes back while this one computes.
+            // The previous chunk's results are moved into place while this one computes.
             if let (Some(p), Some((code, mask))) = (pending.take(), outputs.as_mut()) {
-                self.copy_back(&outs, p, r, code, mask)?;
+                self.finish_copy(p, r, code, mask)?;
             }
             pending = Some((slot, start, end));
         }
         if let (Some(p), Some((code, mask))) = (pending, outputs.as_mut()) {
-            self.copy_back(&outs, p, r, code, mask)?;
+            self.finish_copy(p, r, code, mask)?;
         }
         self.compute
             .synchronize()
@@ -574,11 +610,37 @@ impl Device {
             .map_err(GpuError::cuda("combine"))
     }
 
-    /// Copies the chunk `(slot, start, end)` of the output buffers back into the host outputs
-    /// on the copy stream; returns when it has arrived.
-    fn copy_back(
+    /// Enqueues, on the copy stream, the transfer of the first `len` results of `out` into
+    /// page-locked buffer `buffer`, and records `arrived[buffer]` after it.
+    fn start_copy(
+        &mut self,
+        out: &CudaSlice<u16>,
+        buffer: usize,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        // Makes the copy stream wait for the combine that wrote `out`.
+        let (src, _read) = out.device_ptr(&self.copy);
+        // The host finished reading this buffer (finish_copy) before it is reused.
+        let dst = self.pinned[buffer]
+            .as_mut_slice()
+            .map_err(GpuError::cuda("copy results back"))?;
+        let dst = dst
+            .get_mut(..len)
+            .ok_or_else(|| GpuError::Shape(format!("result buffer shorter than {len}")))?;
+        // SAFETY: `dst` is page-locked host memory of exactly `len` u16 (the driver copies
+        // size_of_val(dst) bytes) and `src` a device allocation of at least `len` u16 on this
+        // context; the host reads `dst` only after `arrived[buffer]`, recorded below, completes.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.copy.cu_stream()) }
+            .map_err(GpuError::cuda("copy results back"))?;
+        self.arrived[buffer]
+            .record(&self.copy)
+            .map_err(GpuError::cuda("copy results back"))
+    }
+
+    /// Waits for the transfer of chunk `(slot, start, end)` into the page-locked buffers and
+    /// copies it into its place in the host outputs.
+    fn finish_copy(
         &self,
-        outs: &[CudaSlice<u16>],
         (slot, start, end): (usize, usize, usize),
         r: usize,
         code_out: &mut [u16],
@@ -586,14 +648,61 @@ impl Device {
     ) -> Result<(), GpuError> {
         let len = (end - start) * r;
         for (h, dst) in [code_out, mask_out].into_iter().enumerate() {
-            self.copy
-                .memcpy_dtoh(&outs[slot + h].slice(..len), &mut dst[start * r..end * r])
+            self.arrived[slot + h]
+                .synchronize()
                 .map_err(GpuError::cuda("copy results back"))?;
+            let arrived = self.pinned[slot + h]
+                .as_slice()
+                .map_err(GpuError::cuda("copy results back"))?;
+            dst[start * r..end * r].copy_from_slice(&arrived[..len]);
         }
-        self.copy
-            .synchronize()
-            .map_err(GpuError::cuda("copy results back"))
+        Ok(())
     }
+}
+
+/// A page-locked host buffer and a device buffer of the same length, for uploads.
+struct Staging {
+    host: PinnedHostSlice<u16>,
+    device: CudaSlice<u16>,
+}
+
+impl Staging {
+    fn new(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, len: usize) -> Result<Self, GpuError> {
+        // SAFETY: the buffer is written (gather_rows) before any byte of it is read; the
+        // write-combined flag suits memory the host only writes and the device only reads.
+        let host = unsafe { ctx.alloc_pinned::<u16>(len) }
+            .map_err(GpuError::cuda("allocate page-locked staging"))?;
+        let device = stream
+            .alloc_zeros::<u16>(len)
+            .map_err(GpuError::cuda("allocate staging"))?;
+        Ok(Staging { host, device })
+    }
+
+    /// The host side, once the transfer that last read it has finished.
+    fn host_mut(&mut self) -> Result<&mut [u16], GpuError> {
+        self.host
+            .as_mut_slice()
+            .map_err(GpuError::cuda("wait for a staging buffer"))
+    }
+}
+
+/// Copies local rows `batch` of `shard` (rows of `k` coefficients of `source`) into the front
+/// of `out`, on up to eight threads.
+fn gather_rows(source: &[u16], k: usize, shard: Shard, batch: &[usize], out: &mut [u16]) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8);
+    let per = batch.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (rows, dst) in batch.chunks(per).zip(out.chunks_mut(per * k)) {
+            s.spawn(move || {
+                for (&local, d) in rows.iter().zip(dst.chunks_exact_mut(k)) {
+                    let row = shard.global(local);
+                    d.copy_from_slice(&source[row * k..(row + 1) * k]);
+                }
+            });
+        }
+    });
 }
 
 /// The local rows of `shard` among the changed physical `rows`, below `local_rows`.

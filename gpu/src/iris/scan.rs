@@ -156,8 +156,8 @@ impl GpuScan {
         let queries = QueryMatrices::of(query);
         let of = self.devices.len();
         if of == 1 {
-            let mut code = vec![0u16; n * r];
-            let mut mask = vec![0u16; n * r];
+            let mut code = touched_zeros(n * r);
+            let mut mask = touched_zeros(n * r);
             lock(&self.devices[0])?.scan_shard(
                 db,
                 Shard::WHOLE,
@@ -199,8 +199,8 @@ impl GpuScan {
                 })
                 .collect()
         });
-        let mut code = vec![0u16; n * r];
-        let mut mask = vec![0u16; n * r];
+        let mut code = touched_zeros(n * r);
+        let mut mask = touched_zeros(n * r);
         for (index, part) in parts.into_iter().enumerate() {
             let (c, m) = part?;
             let shard = Shard { index, of };
@@ -255,6 +255,30 @@ impl ScanBackend for GpuScan {
         }
         self.cpu.scan(db, query, interrupt)
     }
+}
+
+/// `len` zeros whose pages are already mapped: the zeroed allocation is touched on several
+/// threads, so that the page faults of a large result (124 MB at 1M rows and 31 rotations)
+/// are taken in parallel instead of one by one on the thread that copies the results in.
+fn touched_zeros(len: usize) -> Vec<u16> {
+    const PAGE: usize = 2048; // u16 per 4 KiB page
+    let mut v = vec![0u16; len];
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 16);
+    if len >= 64 * PAGE * threads {
+        let per = len.div_ceil(threads).next_multiple_of(PAGE);
+        std::thread::scope(|s| {
+            for part in v.chunks_mut(per) {
+                s.spawn(move || {
+                    for page in part.chunks_mut(PAGE) {
+                        *std::hint::black_box(&mut page[0]) = 0;
+                    }
+                });
+            }
+        });
+    }
+    v
 }
 
 /// One shard's (code, mask) shares, in local row order.
