@@ -1,7 +1,5 @@
 //! Why GPU work failed. Messages name the step and the CUDA error, never data.
 
-use privmatch_core::iris::dot::DotError;
-
 /// A failure of the GPU path. The scan backend turns every variant but
 /// [`GpuError::Interrupted`] into a fallback to the CPU scan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,15 +61,6 @@ impl GpuError {
         move |e| GpuError::Cublas {
             what,
             detail: format!("{e:?}"),
-        }
-    }
-}
-
-impl From<DotError> for GpuError {
-    fn from(e: DotError) -> Self {
-        match e {
-            DotError::Interrupted => GpuError::Interrupted,
-            other => GpuError::Shape(other.to_string()),
         }
     }
 }

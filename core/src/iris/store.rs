@@ -448,6 +448,29 @@ mod tests {
     }
 
     #[test]
+    fn the_journal_lists_the_rows_a_change_touched() {
+        let mut rng = ChaCha20Rng::seed_from_u64(4);
+        let mut store = party0_store(6, &mut rng);
+        // party0_store puts ids 2, 3, 5, 6 in the left eye (rows 0..4).
+        let left = &store.eyes[eye_slot(Eye::Left)];
+        let before = left.journal.revision();
+        let id = left.journal.id();
+        assert_eq!(
+            left.matrix().unwrap().journal().map(RowJournal::id),
+            Some(id)
+        );
+        // Removing the first left row moves the last one into its place: row 0 changed.
+        assert!(store.remove(2));
+        let left = &store.eyes[eye_slot(Eye::Left)];
+        assert_eq!(left.journal.rows_changed_since(before), Some(vec![0]));
+        let [s0, _, _] = share_template(&random_template(&mut rng), &mut rng).unwrap();
+        store.insert(row(40, "new", Eye::Left, s0)).unwrap();
+        let left = &store.eyes[eye_slot(Eye::Left)];
+        assert_eq!(left.journal.rows_changed_since(before), Some(vec![0, 3]));
+        assert_eq!(left.journal.id(), id);
+    }
+
+    #[test]
     fn remove_keeps_index_and_rows_consistent() {
         let mut rng = ChaCha20Rng::seed_from_u64(2);
         let mut store = party0_store(12, &mut rng);

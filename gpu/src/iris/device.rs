@@ -27,7 +27,7 @@ use cudarc::driver::{
     LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use privmatch_core::iris::dot::ShareMatrix;
+use privmatch_core::iris::dot::{DotError, ShareMatrix};
 use privmatch_core::iris::journal::RowJournal;
 use privmatch_core::iris::scan::Interrupt;
 
@@ -703,6 +703,16 @@ fn gather_rows(source: &[u16], k: usize, shard: Shard, batch: &[usize], out: &mu
             });
         }
     });
+}
+
+/// A stopped scan ([`Interrupt::check`]) is [`GpuError::Interrupted`].
+impl From<DotError> for GpuError {
+    fn from(e: DotError) -> Self {
+        match e {
+            DotError::Interrupted => GpuError::Interrupted,
+            other => GpuError::Shape(other.to_string()),
+        }
+    }
 }
 
 /// The local rows of `shard` among the changed physical `rows`, below `local_rows`.

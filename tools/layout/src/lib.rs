@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The crates whose `src/` follows the layout.
-const CRATES: &[&str] = &["core", "extension", "coordinator"];
+const CRATES: &[&str] = &["core", "gpu", "extension", "coordinator"];
 
 /// The modalities: directories `src/<name>/` and modules `crate::<name>`.
 const MODALITIES: &[&str] = &["iris", "face", "paillier"];
