@@ -2,7 +2,9 @@
 //! coordinator drives them (start at the three parties, then rounds routing party i's message
 //! to party i+1), against three real PostgreSQL parties with the engine worker: results
 //! against the plaintext matcher, refused messages abort, a party killed mid-search fails the
-//! search cleanly and the next search works, a search cancelled mid-scan stops the scan.
+//! search cleanly and the next search works, a search cancelled mid-scan stops the scan, the
+//! scan backend `engine_status()` reports (`privmatch.gpu = auto`, the default, and `on` where
+//! no GPU can be used: the engine starts anyway and scans on the CPU).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,7 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_e2e::{by_key, privmatch, read_ndjson, Cluster, RecordKey};
+use privmatch_e2e::{by_key, privmatch, read_ndjson, wait_until, Cluster, RecordKey};
 use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -226,16 +228,100 @@ fn sql_search_rounds_match_the_plaintext_reference() {
         )
         .await;
         assert_eq!(got.expect("search"), Outcome::Subjects(vec![]));
-        // Nothing stays behind in the engines.
+        // Nothing stays behind in the engines. They scan with what `privmatch.gpu = auto`
+        // (the default) found: the GPUs, or the CPU with the reason.
         for c in &clients {
-            let sessions: i32 = c
-                .query_one("SELECT sessions FROM privmatch.engine_status()", &[])
+            let row = c
+                .query_one(
+                    "SELECT sessions, kernel FROM privmatch.engine_status()",
+                    &[],
+                )
                 .await
-                .expect("status")
-                .get(0);
-            assert_eq!(sessions, 0);
+                .expect("status");
+            assert_eq!(row.get::<_, i32>(0), 0);
+            let kernel: String = row.get(1);
+            assert!(
+                kernel.starts_with("gpu: ") || kernel.contains(" (GPU unavailable: "),
+                "{kernel}"
+            );
         }
     });
+}
+
+/// `engine_status()` of every party: (state, kernel, threads).
+fn engine_status(cluster: &Cluster) -> Vec<(String, String, i32)> {
+    (0..3)
+        .map(|p| {
+            let row = &cluster.query(
+                p,
+                "SELECT state, kernel, threads FROM privmatch.engine_status()",
+                &[],
+            )[0];
+            (row.get(0), row.get(1), row.get(2))
+        })
+        .collect()
+}
+
+#[test]
+fn with_gpu_on_and_no_usable_gpu_the_engine_starts_and_searches_on_the_cpu() {
+    let cluster = Cluster::start("search-gpu-on", 28);
+    let enrolled = enroll_synthetic(&cluster, 40);
+    // GPUs required, on a device no machine has (so that the test means the same on a
+    // machine with GPUs); the engines read the settings when they start, so they are
+    // restarted (the postmaster starts a terminated engine again after two seconds).
+    for p in 0..3 {
+        cluster.query(p, "ALTER SYSTEM SET privmatch.gpu = 'on'", &[]);
+        cluster.query(p, "ALTER SYSTEM SET privmatch.gpu_devices = '999'", &[]);
+        cluster.query(p, "SELECT pg_reload_conf()", &[]);
+        cluster.query(
+            p,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'privmatch engine'",
+            &[],
+        );
+    }
+    let required = " (privmatch.gpu = on, but no GPU is in use: ";
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "the engines to restart with privmatch.gpu = on",
+        || {
+            engine_status(&cluster)
+                .iter()
+                .all(|(_, kernel, _)| kernel.contains(required))
+        },
+    );
+    // A warning with the reason in the server log.
+    let log = std::fs::read_to_string(cluster.home.join("p0/postgres.log")).unwrap_or_default();
+    assert!(
+        log.contains(
+            "WARNING:  privmatch engine: privmatch.gpu = on, but the GPU scan cannot be used ("
+        ),
+        "no warning in p0/postgres.log"
+    );
+    // Searches answer on the CPU, as the plaintext matcher does.
+    let templates: Vec<(RecordKey, IrisTemplate)> =
+        enrolled.iter().map(|(k, t)| (k.clone(), *t)).collect();
+    let mut rng = ChaCha20Rng::seed_from_u64(28);
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        for (i, ((_, eye), t)) in templates.iter().take(4).enumerate() {
+            let eye = Eye::parse(eye).expect("eye");
+            let probe = near_duplicate(t, [0.05, 0.4][i % 2], 3 - i as i32, &mut rng);
+            let expected = plain_matches(&enrolled, &probe, eye, 15);
+            let got = search(&cluster, &clients, &mut rng, &probe, eye, "identify", 15)
+                .await
+                .expect("search");
+            assert_eq!(got, Outcome::Subjects(expected.clone()), "probe {i}");
+            let unique = search(&cluster, &clients, &mut rng, &probe, eye, "uniqueness", 15)
+                .await
+                .expect("uniqueness");
+            assert_eq!(unique, Outcome::Unique(expected.is_empty()), "probe {i}");
+        }
+    });
+    for (state, kernel, threads) in engine_status(&cluster) {
+        assert_eq!(state, "ready");
+        assert!(kernel.contains(required), "{kernel}");
+        assert!(threads > 0);
+    }
 }
 
 #[test]

@@ -163,8 +163,10 @@ fn hint(kind: ErrorKind) -> Option<&'static str> {
 }
 
 /// The engine's state: `ready` (or why not), templates in memory, bytes of shares, resident
-/// memory of the engine process, running searches, dot-product kernel and scan threads.
-/// Reports `not running` instead of failing when the engine is down.
+/// memory of the engine process, running searches, the scan backend (`kernel`: the GPUs or the
+/// CPU kernel, and in parentheses why the CPU scans when `privmatch.gpu` allowed or required a
+/// GPU) and its parallelism (`threads`: CPU threads, or GPUs). Reports `not running` instead
+/// of failing when the engine is down.
 #[pg_extern(volatile, parallel_unsafe)]
 fn engine_status() -> TableIterator<
     'static,

@@ -124,9 +124,10 @@ pub struct EngineStatus {
     pub resident_bytes: u64,
     /// Running searches.
     pub sessions: u32,
-    /// Dot-product kernel.
+    /// The scan backend: a GPU description or the CPU kernel, followed by why the CPU scans
+    /// when a GPU was allowed, required or failed (one text, so the SQL signature stays).
     pub kernel: String,
-    /// Scan threads.
+    /// Scan threads, or GPUs.
     pub threads: u32,
 }
 
