@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-check.sh --build                 # here: build the test and benchmark binaries
 #   scripts/gpu-check.sh [--sizes 1000000,...]   # there: tests, compute-sanitizer, benchmark
+#   scripts/gpu-check.sh --no-bench             # there: the tests only
 #
 # Logs go to $OUT (default target/gpu-check/out). Each step has its own time limit, so one hung
 # step does not eat the others' time. docs/gpu.md explains what each step shows.
@@ -23,6 +24,13 @@ for l in sys.stdin:
         print(m["executable"])' $t)
         cp "$test_bin" "$BIN/$t-tests"
     done
+    engine_bin=$(cd extension && cargo test --release --lib --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "privmatch":
+        print(m["executable"])')
+    cp "$engine_bin" "$BIN/engine-tests"
     cargo build --release -p privmatch-gpu --example gpu_scan
     cp target/release/examples/gpu_scan "$BIN/gpu_scan"
     ls -la "$BIN"
@@ -30,6 +38,7 @@ for l in sys.stdin:
 fi
 SIZES=1000000
 [ "${1:-}" = "--sizes" ] && SIZES=$2
+[ "${1:-}" = "--no-bench" ] && SIZES=
 OUT=${OUT:-$BIN/out}
 mkdir -p "$OUT"
 step() { echo; echo "== $* ($(date -u +%T))"; }
@@ -51,12 +60,17 @@ step "whole searches, three parties scanning on the GPU"
 timeout 200 "$BIN/search-tests" --nocapture 2>&1 | tee "$OUT/search.log"
 echo "search rc=${PIPESTATUS[0]}"
 
+step "the engine worker's choice of backend (privmatch.gpu), with the real probe"
+timeout 60 "$BIN/engine-tests" engine::worker --nocapture 2>&1 | grep -v '^test .* ok$' | tee "$OUT/engine.log"
+echo "engine rc=${PIPESTATUS[0]}"
+
 step "compute-sanitizer memcheck on the small tests"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/device-tests" small_bit_exact small_follows small_two_shards --test-threads=1 2>&1 \
     | tail -40 | tee "$OUT/sanitizer.log"
 echo "sanitizer rc=${PIPESTATUS[0]}"
 
+[ -z "$SIZES" ] && exit 0
 step "benchmark (N = $SIZES)"
 timeout 230 "$BIN/gpu_scan" --n "$SIZES" --reps 5 2>&1 | tee "$OUT/bench.log"
 echo "bench rc=${PIPESTATUS[0]}"
