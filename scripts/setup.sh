@@ -26,7 +26,9 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   echo "==> installing cargo-pgrx $PGRX_VERSION"
   cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
 fi
-PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+# Another PostgreSQL 15 (a relocated copy, a custom build) can be named with PG_CONFIG; the
+# tests and the CLI find it through the `pg_config` first on PATH.
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/$PG_MAJOR/bin/pg_config}
 if ! grep -q "pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null; then
   cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG"
 fi
