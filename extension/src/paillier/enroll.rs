@@ -226,8 +226,8 @@ fn paillier_delete(device_id: &str) -> bool {
 pub(super) fn stored_record(function: &str, device_id: &str) -> Vec<u8> {
     get_one::<Vec<u8>>(
         function,
-        "SELECT privmatch.paillier_template_send(record) FROM privmatch.paillier_devices \
-         WHERE device_id = $1",
+        "SELECT (SELECT privmatch.paillier_template_send(record) \
+         FROM privmatch.paillier_devices WHERE device_id = $1)",
         &[device_id.into()],
     )
     .unwrap_or_else(|| {

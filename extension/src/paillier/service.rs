@@ -114,7 +114,7 @@ fn paillier_init_service(ring_pedersen_bits: default!(i32, 2048)) -> String {
     require_sp(F);
     if let Some(public) = get_one::<Vec<u8>>(
         F,
-        "SELECT signing_public FROM privmatch.paillier_service",
+        "SELECT (SELECT signing_public FROM privmatch.paillier_service)",
         &[],
     ) {
         return hex::encode(public);
