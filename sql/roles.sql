@@ -37,7 +37,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA privmatch FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA privmatch FROM PUBLIC;
 -- The share types and the eye enum are usable by any role that may use the schema.
 GRANT USAGE ON TYPE privmatch.iris_code_share, privmatch.iris_mask_share, privmatch.face_share,
-    privmatch.eye TO privmatch_operator, privmatch_coordinator, privmatch_application;
+    privmatch.paillier_template, privmatch.eye TO privmatch_operator, privmatch_coordinator, privmatch_application;
 
 -- The function lists. Adding a function means adding its name here (and to the upgrade
 -- script of the version that adds it).
@@ -59,6 +59,12 @@ AS $list$
         ('iris_records',              ARRAY['privmatch_operator', 'privmatch_coordinator']),
         ('face_dealer_status',        ARRAY['privmatch_operator', 'privmatch_coordinator']),
         ('face_pool_status',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('paillier_service_info',     ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('paillier_parameters',       ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('paillier_devices',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- the Paillier service provider's keys and parameters (its operator)
+        ('paillier_init_service',     ARRAY['privmatch_operator']),
+        ('paillier_set_params',       ARRAY['privmatch_operator']),
         -- distributed transactions (the coordinator)
         ('txn_begin',                 ARRAY['privmatch_coordinator']),
         ('txn_committed',             ARRAY['privmatch_coordinator']),
@@ -83,6 +89,12 @@ AS $list$
         ('face_session_open',         ARRAY['privmatch_coordinator']),
         ('face_session_round',        ARRAY['privmatch_coordinator']),
         ('face_session_abort',        ARRAY['privmatch_coordinator']),
+        -- Paillier service provider (the coordinator relays device and terminal messages)
+        ('paillier_enroll_begin',     ARRAY['privmatch_coordinator']),
+        ('paillier_enroll_finish',    ARRAY['privmatch_coordinator']),
+        ('paillier_delete',           ARRAY['privmatch_coordinator']),
+        ('paillier_device',           ARRAY['privmatch_coordinator']),
+        ('paillier_pi1_round2',       ARRAY['privmatch_coordinator']),
         -- the SQL front door (the application); the function asks the coordinator
         ('iris_enroll',               ARRAY['privmatch_application']),
         ('iris_identify',             ARRAY['privmatch_application']),
@@ -147,3 +159,8 @@ SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_templates', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_templates_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates_id_seq', '');
+-- The Paillier service provider's records, parameters and public material (its signing seed is
+-- in the key file); pending enrolments are not dumped (secret, short-lived).
+SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_service', '');
+SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_params', '');
+SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_devices', '');

@@ -140,7 +140,7 @@ pub unsafe fn varlena_payload<'a>(datum: pg_sys::Datum) -> &'a [u8] {
 }
 
 /// `text` as a palloc'd, NUL-terminated C string datum.
-fn cstring_datum(text: &str) -> pg_sys::Datum {
+pub fn cstring_datum(text: &str) -> pg_sys::Datum {
     // SAFETY: palloc returns `text.len() + 1` writable bytes (or raises): the text is copied
     // into the first `text.len()` and the NUL written into the last one.
     unsafe {

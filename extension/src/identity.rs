@@ -213,7 +213,8 @@ pub fn pinned_peer(function: &str, peer: PartyIndex) -> PartyPublicKey {
 
 /// Gives this database its party identity: index `party_index` (0, 1 or 2) and its X25519
 /// key pair. The secret key goes to the key file (`privmatch.key_file`), never to a table: a
-/// fresh one from the operating system's CSPRNG, or the one already in the key file (a party
+/// fresh one (with a fresh Ed25519 service-provider signing seed beside it) from the operating
+/// system's CSPRNG, or the one already in the key file (a party
 /// restored from a dump, its key file copied by its operator). Returns the public key (hex).
 /// Running it again with the same index returns the existing key; with another index it
 /// fails. The party's operator's function (`sql/roles.sql`).
@@ -247,7 +248,11 @@ fn init_party(party_index: i32) -> String {
         Ok(secret) => secret,
         Err(KeyFileError::Missing(_)) => {
             let secret = PartySecretKey::generate(&mut rand::rngs::OsRng);
-            keyfile::create(&path, &secret).unwrap_or_else(|e| {
+            // A new party's file also gets the Ed25519 seed it signs Paillier templates with
+            // if it is the service provider (Game-Set-MATCH §6.1 σ; see keyfile.rs).
+            let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, seed.as_mut_slice());
+            keyfile::create_with(&path, &secret, Some(&seed)).unwrap_or_else(|e| {
                 let e = IdentityError::KeyFile(e);
                 raise(e.code(), format!("init_party: {e}"), None)
             });

@@ -1,8 +1,14 @@
 //! The party's key file: where its long-term X25519 secret key lives, outside every SQL table
-//! (so outside the WAL, `pg_dump` output and streaming replicas).
+//! (so outside the WAL, `pg_dump` output and streaming replicas), and, when this party is the
+//! service provider of the packed Paillier modality, its Ed25519 signing key (σ of
+//! Game-Set-MATCH [ABMR20] §6.1, signed over every enrolled template).
 //!
-//! The file holds one line, `privmatch-party-key-v1 <64 hex digits>`; it is created by
-//! `init_party` with mode 0600 (never overwritten), and read by the party's own server
+//! The file holds the line `privmatch-party-key-v1 <64 hex digits>` and, optionally, a second
+//! line `privmatch-sp-signing-key-v1 <64 hex digits>` (the Ed25519 seed). It is created by
+//! `init_party` with mode 0600 (never overwritten; both lines for a new party), and a key file
+//! of an older party gets its signing line from `paillier_init_service` ([`add_signing_key`]:
+//! a new file written beside it and renamed over it, so a crash leaves the old file or the
+//! new one, never half of one). It is read by the party's own server
 //! processes, which refuse a file that other users may read or write. Its path is the GUC
 //! `privmatch.key_file`: relative paths are taken from the data directory. Operators who take
 //! physical backups of the data directory keep the file outside it (`privmatch cluster up`
@@ -23,6 +29,18 @@ use zeroize::Zeroizing;
 
 /// The first word of the file: names the format, so another file is never mistaken for a key.
 const MAGIC: &str = "privmatch-party-key-v1";
+
+/// The first word of the optional signing-key line.
+const SIGNING_MAGIC: &str = "privmatch-sp-signing-key-v1";
+
+/// Everything the key file holds.
+pub struct KeyFileContents {
+    /// The party's long-term X25519 secret key.
+    pub party: PartySecretKey,
+    /// The service provider's Ed25519 signing key seed (Game-Set-MATCH [ABMR20] §6.1 σ), if
+    /// the file has one.
+    pub sp_signing: Option<Zeroizing<[u8; 32]>>,
+}
 
 /// Why the key file cannot be used. Messages name the path, never the key.
 #[derive(Debug)]
@@ -69,6 +87,11 @@ pub fn resolve(setting: &str, data_dir: &Path) -> PathBuf {
 
 /// Reads the secret key at `path`, refusing a file other users may read or write.
 pub fn read(path: &Path) -> Result<PartySecretKey, KeyFileError> {
+    read_contents(path).map(|c| c.party)
+}
+
+/// Reads every key at `path`, refusing a file other users may read or write.
+pub fn read_contents(path: &Path) -> Result<KeyFileContents, KeyFileError> {
     let io = |e: std::io::Error| KeyFileError::Io(path.to_path_buf(), e);
     let mut file = match File::open(path) {
         Ok(f) => f,
@@ -82,17 +105,17 @@ pub fn read(path: &Path) -> Result<PartySecretKey, KeyFileError> {
         return Err(KeyFileError::Permissions(path.to_path_buf(), mode));
     }
     let mut text = Zeroizing::new(String::new());
-    // A key file is ~90 bytes; reading at most 256 keeps a wrong path from filling memory.
+    // A key file is ~180 bytes; reading at most 512 keeps a wrong path from filling memory.
     Read::by_ref(&mut file)
-        .take(256)
+        .take(512)
         .read_to_string(&mut text)
         .map_err(|_| KeyFileError::Malformed(path.to_path_buf()))?;
     parse(&text).ok_or_else(|| KeyFileError::Malformed(path.to_path_buf()))
 }
 
-fn parse(text: &str) -> Option<PartySecretKey> {
-    let mut words = text.split_whitespace();
-    if words.next()? != MAGIC {
+fn parse_line(line: &str, magic: &str) -> Option<Zeroizing<[u8; 32]>> {
+    let mut words = line.split_whitespace();
+    if words.next()? != magic {
         return None;
     }
     let hex_key = words.next()?;
@@ -101,13 +124,56 @@ fn parse(text: &str) -> Option<PartySecretKey> {
     }
     let mut bytes = Zeroizing::new([0u8; 32]);
     hex::decode_to_slice(hex_key, bytes.as_mut_slice()).ok()?;
-    Some(PartySecretKey::from_bytes(*bytes))
+    Some(bytes)
+}
+
+fn parse(text: &str) -> Option<KeyFileContents> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let party = parse_line(lines.next()?, MAGIC)?;
+    let sp_signing = match lines.next() {
+        Some(line) => Some(parse_line(line, SIGNING_MAGIC)?),
+        None => None,
+    };
+    if lines.next().is_some() {
+        return None;
+    }
+    Some(KeyFileContents {
+        party: PartySecretKey::from_bytes(*party),
+        sp_signing,
+    })
+}
+
+fn contents_text(secret: &PartySecretKey, sp_signing: Option<&[u8; 32]>) -> Zeroizing<String> {
+    let bytes = Zeroizing::new(secret.to_bytes());
+    let mut line = Zeroizing::new(format!("{MAGIC} {}\n", hex::encode(bytes.as_slice())));
+    if let Some(seed) = sp_signing {
+        line.push_str(&format!("{SIGNING_MAGIC} {}\n", hex::encode(seed)));
+    }
+    line
+}
+
+fn sync_dir(path: &Path) -> Result<(), KeyFileError> {
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| KeyFileError::Io(path.to_path_buf(), e))?;
+    }
+    Ok(())
 }
 
 /// Writes `secret` to a new file at `path` with mode 0600 and makes it durable (the file and
 /// its directory are synced before the identity row that depends on it commits). Never
 /// overwrites: an existing file is [`KeyFileError::Exists`].
 pub fn create(path: &Path, secret: &PartySecretKey) -> Result<(), KeyFileError> {
+    create_with(path, secret, None)
+}
+
+/// [`create`] with the service provider's Ed25519 signing seed as a second line.
+pub fn create_with(
+    path: &Path,
+    secret: &PartySecretKey,
+    sp_signing: Option<&[u8; 32]>,
+) -> Result<(), KeyFileError> {
     let io = |e: std::io::Error| KeyFileError::Io(path.to_path_buf(), e);
     let mut file = match OpenOptions::new()
         .write(true)
@@ -121,14 +187,41 @@ pub fn create(path: &Path, secret: &PartySecretKey) -> Result<(), KeyFileError> 
         }
         Err(e) => return Err(io(e)),
     };
-    let bytes = Zeroizing::new(secret.to_bytes());
-    let line = Zeroizing::new(format!("{MAGIC} {}\n", hex::encode(bytes.as_slice())));
+    let line = contents_text(secret, sp_signing);
     file.write_all(line.as_bytes()).map_err(io)?;
     file.sync_all().map_err(io)?;
-    if let Some(dir) = path.parent() {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    sync_dir(path)
+}
+
+/// Adds the service provider's Ed25519 signing seed to the existing key file at `path`
+/// (which must not have one: [`KeyFileError::Exists`]): the whole file is written anew beside
+/// it (`<path>.new`, mode 0600, synced) and renamed over it, then the directory is synced.
+pub fn add_signing_key(path: &Path, seed: &[u8; 32]) -> Result<(), KeyFileError> {
+    let io = |e: std::io::Error| KeyFileError::Io(path.to_path_buf(), e);
+    let current = read_contents(path)?;
+    if current.sp_signing.is_some() {
+        return Err(KeyFileError::Exists(path.to_path_buf()));
     }
-    Ok(())
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    // A leftover of an interrupted earlier call holds no key that is in use: start over.
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    let text = contents_text(&current.party, Some(seed));
+    file.write_all(text.as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    sync_dir(path)
 }
 
 #[cfg(test)]
@@ -188,6 +281,35 @@ mod tests {
                 "{bad:?}"
             );
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_signing_key_is_added_once_and_read_back() {
+        let dir = temp_dir("signing");
+        let path = dir.join("party.key");
+        let secret = PartySecretKey::generate(&mut rand_chacha::ChaCha20Rng::seed_from_u64(10));
+        create(&path, &secret).expect("create");
+        assert!(read_contents(&path).expect("read").sp_signing.is_none());
+        add_signing_key(&path, &[5u8; 32]).expect("add");
+        let back = read_contents(&path).expect("read");
+        assert_eq!(back.party.to_bytes(), secret.to_bytes());
+        assert_eq!(back.sp_signing.as_deref(), Some(&[5u8; 32]));
+        let mode = std::fs::metadata(&path).expect("metadata").mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(matches!(
+            add_signing_key(&path, &[6u8; 32]),
+            Err(KeyFileError::Exists(_))
+        ));
+        assert_eq!(read(&path).expect("read").to_bytes(), secret.to_bytes());
+        let other = dir.join("both.key");
+        create_with(&other, &secret, Some(&[7u8; 32])).expect("create both");
+        assert_eq!(
+            read_contents(&other).expect("read").sp_signing.as_deref(),
+            Some(&[7u8; 32])
+        );
+        std::fs::write(&other, format!("{MAGIC} {}\nother 00\n", "00".repeat(32))).expect("write");
+        assert!(matches!(read(&other), Err(KeyFileError::Malformed(_))));
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -10,7 +10,9 @@
 //!   functions);
 //! * [`iris`]: share types, enrolment and deletion, the SQL functions of a search's rounds;
 //! * [`face`]: share type, enrolment and deletion, comparison sessions, the dealer, the key
-//!   pool.
+//!   pool;
+//! * [`paillier`]: the service provider of device-held Paillier templates (Game-Set-MATCH):
+//!   the record type, its keys and parameters, enrolment, records, the terminal's Round 2.
 //!
 //! Every rule about bytes lives in `core/`; this crate only moves bytes between Postgres and
 //! core, and turns core's errors into SQLSTATEs. The schema is hand-written in `sql/`, one
@@ -26,6 +28,7 @@ mod identity;
 mod iris;
 mod keyfile;
 mod operator;
+mod paillier;
 mod signals;
 mod txn;
 
@@ -39,6 +42,7 @@ use pgrx::prelude::*;
 pub extern "C-unwind" fn _PG_init() {
     identity::register_gucs();
     front_door::register_gucs();
+    paillier::register_gucs();
     engine::worker::register();
 }
 
@@ -54,6 +58,11 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/face.sql",
     name = "privmatch_face",
+    requires = ["privmatch_common"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/paillier.sql",
+    name = "privmatch_paillier",
     requires = ["privmatch_common"]
 );
 

@@ -20,6 +20,13 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("SELECT * FROM privmatch.face_dealer", "42501"),
     ("DELETE FROM privmatch.face_key_claims", "42501"),
     ("DELETE FROM privmatch.consumed_bundles", "42501"),
+    ("SELECT * FROM privmatch.paillier_pending", "42501"),
+    ("SELECT * FROM privmatch.paillier_devices", "42501"),
+    ("SELECT privmatch.paillier_init_service(1024)", "42501"),
+    (
+        "SELECT privmatch.paillier_set_params('\\x00'::bytea)",
+        "42501",
+    ),
     (
         "SELECT privmatch.pin_peer(1, repeat('ab', 32), true)",
         "42501",

@@ -398,6 +398,16 @@ fn malicious_request<R: RngCore + CryptoRng + ?Sized>(
     })
 }
 
+/// The device id and parameters an enrolment request ([ABMR20] §6.1 "Overview", Fig. 3
+/// enrolment) names, decoded from its header only (nothing is verified): what the service
+/// provider needs to pick the parameters it expects before [`ServiceEnrolment::receive`]
+/// decodes and verifies the whole request against them.
+pub fn request_header(request: &[u8]) -> Result<(String, Params), EnrolError> {
+    let mut r = Reader::new(REQUEST, request);
+    let (device_id, params, _) = r.head(REQUEST_MAGIC, None)?;
+    Ok((device_id, params))
+}
+
 /// The device D's side of Π_en ([ABMR20] §6.1 "Overview" and §8 for Π2/Π3, Fig. 3 enrolment
 /// for Π1): its key, the template, and what it expects back.
 pub struct DeviceEnrolment {
@@ -733,6 +743,12 @@ impl ServiceEnrolment {
     /// The device being enrolled.
     pub fn device_id(&self) -> &str {
         &self.device_id
+    }
+
+    /// The parameters the device enrols under ([ABMR20] Fig. 1; checked at
+    /// [`Self::receive`] against the SP's own).
+    pub fn params(&self) -> &Params {
+        &self.params
     }
 
     /// SP's last step of Π_en: for Π2/Π3 checks D's norm answer (Fig. 10, last step), packs

@@ -18,6 +18,7 @@
 //! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
+//! | [`terminal`] | the terminal's w and threshold, sealed to the service provider for Round 2 |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
@@ -33,3 +34,4 @@ pub mod params;
 pub mod proofs;
 pub mod record;
 pub mod semi_honest;
+pub mod terminal;

@@ -1,0 +1,67 @@
+-- privmatch: hand-written schema of one party, the packed Paillier modality (device-held face
+-- templates, Game-Set-MATCH, Agrawal et al., CCS 2020). Only the service provider (the party
+-- named by privmatch.paillier_sp_party, P0 by default) fills these tables. Runs after
+-- sql/common.sql. Design: docs/protocols/paillier.md.
+
+-- ---------------------------------------------------------------------------------------------
+-- The signed template record (σ of [ABMR20] §6.1): device id, parameters, Paillier public key,
+-- packed ciphertexts, expiry and the SP's Ed25519 signature. Layout: core/src/paillier/record.rs;
+-- text form: hex. The C functions are in extension/src/paillier/types.rs.
+-- ---------------------------------------------------------------------------------------------
+CREATE TYPE privmatch.paillier_template;
+CREATE FUNCTION privmatch.paillier_template_in(cstring, oid, integer) RETURNS privmatch.paillier_template
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'paillier_template_in';
+CREATE FUNCTION privmatch.paillier_template_out(privmatch.paillier_template) RETURNS cstring
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'paillier_template_out';
+CREATE FUNCTION privmatch.paillier_template_recv(internal, oid, integer) RETURNS privmatch.paillier_template
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'paillier_template_recv';
+CREATE FUNCTION privmatch.paillier_template_send(privmatch.paillier_template) RETURNS bytea
+    IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'paillier_template_send';
+CREATE TYPE privmatch.paillier_template (
+    INPUT = privmatch.paillier_template_in,
+    OUTPUT = privmatch.paillier_template_out,
+    RECEIVE = privmatch.paillier_template_recv,
+    SEND = privmatch.paillier_template_send,
+    INTERNALLENGTH = VARIABLE,
+    ALIGNMENT = int4,
+    STORAGE = external
+);
+COMMENT ON TYPE privmatch.paillier_template IS
+    'A device''s packed Paillier-encrypted face template, signed by the service provider';
+
+-- The service provider's public material: the public half of its Ed25519 signing key (the
+-- seed is in the party's key file) and the ring-Pedersen parameters devices prove their key in.
+CREATE TABLE privmatch.paillier_service (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    signing_public bytea   NOT NULL CHECK (length(signing_public) = 32),
+    ring_pedersen  bytea   NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- The parameters (canonical encoding of core's Params) the SP enrols under, one set per
+-- protocol (1 = Π1, 2 = Π2, 3 = Π3), and how long a new record is valid.
+CREATE TABLE privmatch.paillier_params (
+    protocol   smallint PRIMARY KEY CHECK (protocol BETWEEN 1 AND 3),
+    params     bytea    NOT NULL,
+    valid_days integer  NOT NULL CHECK (valid_days BETWEEN 1 AND 3650),
+    set_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- Enrolled devices: one signed record each (protocol and expiry repeated from it for listing).
+CREATE TABLE privmatch.paillier_devices (
+    device_id   text     PRIMARY KEY CHECK (length(device_id) BETWEEN 1 AND 64),
+    protocol    smallint NOT NULL CHECK (protocol BETWEEN 1 AND 3),
+    record      privmatch.paillier_template NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    enrolled_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Enrolments between their two calls: the SP's state (core's ServiceEnrolment::to_bytes; its
+-- seed gives the norm challenge's secret α, so no role but the owner reads it). Rows older than
+-- 10 minutes are refused and swept.
+CREATE TABLE privmatch.paillier_pending (
+    device_id  text  PRIMARY KEY CHECK (length(device_id) BETWEEN 1 AND 64),
+    state      bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX paillier_pending_created ON privmatch.paillier_pending (created_at);
