@@ -85,7 +85,9 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
 ) s(x)";
 
 fn pg_config(flag: &str) -> PathBuf {
-    let out = Command::new("/usr/lib/postgresql/15/bin/pg_config")
+    // The `pg_config` on PATH, as for the clusters (`pg_bindir`): the old scripts must go to
+    // the PostgreSQL the test runs.
+    let out = Command::new("pg_config")
         .arg(flag)
         .output()
         .expect("pg_config");
