@@ -112,13 +112,22 @@ fn the_coordinator_role_can_call_protocol_functions_only() {
     );
 }
 
-fn secret_key_bytes(cluster: &Cluster, party: usize) -> ([u8; 32], String) {
+/// Every secret of a party's key file: (what it is, raw bytes, hex) for each line — the
+/// party's X25519 secret, and the Paillier service provider's Ed25519 seed where the file has
+/// one (`init_party` writes it).
+fn secret_keys(cluster: &Cluster, party: usize) -> Vec<(String, Vec<u8>, String)> {
     let path = cluster.home.join(format!("p{party}/party.key"));
     let text = std::fs::read_to_string(&path).expect("key file");
-    let hex_key = text.split_whitespace().nth(1).expect("key line").to_owned();
-    let mut bytes = [0u8; 32];
-    hex::decode_to_slice(&hex_key, &mut bytes).expect("hex key");
-    (bytes, hex_key)
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let what = words.next().expect("key line tag").to_owned();
+            let hex_key = words.next().expect("key line value").to_owned();
+            let raw = hex::decode(&hex_key).expect("hex key");
+            (what, raw, hex_key)
+        })
+        .collect()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -192,7 +201,8 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
     );
 
     for party in 0..3 {
-        let (raw, hex_key) = secret_key_bytes(&cluster, party);
+        let keys = secret_keys(&cluster, party);
+        assert!(!keys.is_empty(), "P{party}'s key file holds no key");
         let mode = std::os::unix::fs::MetadataExt::mode(
             &std::fs::metadata(cluster.home.join(format!("p{party}/party.key"))).expect("meta"),
         );
@@ -209,16 +219,28 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
         cluster.query(party, "CHECKPOINT", &[]);
         let wal = wal_bytes(&cluster.home.join(format!("p{party}/data")));
         assert!(!wal.is_empty());
-        assert!(!contains(&wal, &raw), "P{party}'s secret key is in its WAL");
-        assert!(
-            !contains(&wal, hex_key.as_bytes()),
-            "P{party}'s key (hex) is in its WAL"
-        );
         // Not in a dump, which does hold the templates.
         let dump = cluster.path(&format!("p{party}.sql"));
         pg_dump(&cluster, party, "p", &dump);
         let text = std::fs::read(&dump).expect("dump");
-        assert!(!contains(&text, &raw) && !contains(&text, hex_key.as_bytes()));
+        for (what, raw, hex_key) in &keys {
+            assert!(!contains(&wal, raw), "P{party}'s {what} is in its WAL");
+            assert!(
+                !contains(&wal, hex_key.as_bytes()),
+                "P{party}'s {what} (hex) is in its WAL"
+            );
+            assert!(
+                !contains(&text, raw) && !contains(&text, hex_key.as_bytes()),
+                "P{party}'s {what} is in its dump"
+            );
+        }
+        if party == 0 {
+            assert!(
+                keys.iter()
+                    .any(|(what, _, _)| what == "privmatch-sp-signing-key-v1"),
+                "P0's key file holds no Paillier service-provider signing seed"
+            );
+        }
         assert!(
             contains(&text, b"COPY privmatch.iris_templates"),
             "templates not dumped"
