@@ -1,6 +1,7 @@
 //! The two ceilings a GPU benchmark is read against, measured on the device in the same run
 //! (not taken from a datasheet): device-to-device copy bandwidth, and the rate of a large
-//! cuBLAS int8 GEMM. Used by `examples/gpu_scan.rs`.
+//! cuBLAS int8 GEMM; and the event timing both they and the scan's kernel timing use. Used by
+//! `examples/gpu_scan.rs`.
 
 use std::sync::Arc;
 
@@ -27,6 +28,17 @@ fn time_on_stream(
 ) -> Result<Vec<f32>, GpuError> {
     work()?;
     stream.synchronize().map_err(GpuError::cuda("warm up"))?;
+    time_with_events(ctx, stream, reps, work)
+}
+
+/// Times `reps` runs of `work`, whose device work goes to `stream`, with device events
+/// recorded around each run; milliseconds per run.
+pub fn time_with_events(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    reps: usize,
+    mut work: impl FnMut() -> Result<(), GpuError>,
+) -> Result<Vec<f32>, GpuError> {
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = ctx

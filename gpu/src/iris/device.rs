@@ -21,7 +21,6 @@
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
     LaunchConfig, PinnedHostSlice, PushKernelArg,
@@ -33,6 +32,7 @@ use privmatch_core::iris::scan::Interrupt;
 
 use super::kernels::{BLOCK_THREADS, COMBINE, SOURCE, SPLIT_ROWS};
 use super::limbs::{padded_columns, Half};
+use crate::ceilings::time_with_events;
 use crate::error::GpuError;
 use crate::gemm::int8_gemm_tn;
 
@@ -467,31 +467,10 @@ impl Device {
         reps: usize,
     ) -> Result<Vec<f32>, GpuError> {
         let pos = self.sync(db, Shard::WHOLE)?;
-        let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            let start = self
-                .ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(GpuError::cuda("create an event"))?;
-            let end = self
-                .ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(GpuError::cuda("create an event"))?;
-            start
-                .record(&self.compute)
-                .map_err(GpuError::cuda("record an event"))?;
-            self.run_chunks(pos, queries, None, Interrupt::never())?;
-            end.record(&self.compute)
-                .map_err(GpuError::cuda("record an event"))?;
-            end.synchronize()
-                .map_err(GpuError::cuda("wait for an event"))?;
-            times.push(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(GpuError::cuda("read an event"))?,
-            );
-        }
-        Ok(times)
+        let (ctx, stream) = (Arc::clone(&self.ctx), Arc::clone(&self.compute));
+        time_with_events(&ctx, &stream, reps, || {
+            self.run_chunks(pos, queries, None, Interrupt::never())
+        })
     }
 
     /// The chunk pipeline over copy `pos` (module docs); results go back into `outputs` when
