@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The GPU checks of privmatch-gpu, for a machine with an NVIDIA GPU and the CUDA 13 libraries
-# (driver, cuBLAS, NVRTC) but no Rust toolchain: the binaries are built elsewhere with
-# `scripts/gpu-check.sh --build` (into target/gpu-check/) and carried over.
+# The GPU checks of privmatch, for a machine with an NVIDIA GPU and the CUDA 13 libraries
+# (driver, cuBLAS, NVRTC) but no Rust toolchain and no PostgreSQL: the binaries are built
+# elsewhere with `scripts/gpu-check.sh --build` (into target/gpu-check/) and carried over.
 #
-#   scripts/gpu-check.sh --build                 # here: build the test and benchmark binaries
-#   scripts/gpu-check.sh [--sizes 1000000,...]   # there: tests, compute-sanitizer, benchmark
-#   scripts/gpu-check.sh --no-bench             # there: the tests only
+#   scripts/gpu-check.sh --build                       # here: test and benchmark binaries, and
+#                                                      # pg-bundle.tar.xz (PostgreSQL with the
+#                                                      # extension, the CLI, the e2e test)
+#   scripts/gpu-check.sh [--sizes 1000000,...]         # there: every step below
+#   scripts/gpu-check.sh --no-bench                    # there: every step but the benchmark
+#   scripts/gpu-check.sh --steps e2e,bench [--sizes …] # there: the steps named
 #
-# Logs go to $OUT (default target/gpu-check/out). Each step has its own time limit, so one hung
-# step does not eat the others' time. docs/gpu.md explains what each step shows.
+# Steps: tests (bit-exact against the CPU scan), search (three parties in one process),
+# engine (the worker's backend choice), sanitizer (compute-sanitizer memcheck on the small
+# tests; sanitizer-large, not in the default list, on the 100,000-row one), e2e (the
+# whole search through three PostgreSQL parties and the coordinator, privmatch.gpu = on),
+# bench (gpu_scan). Logs go to $OUT (default target/gpu-check/out). Each step has its own time
+# limit, so one hung step does not eat the others' time. docs/gpu.md explains what each shows.
 set -u
 cd "$(dirname "$0")/.."
 BIN=target/gpu-check
@@ -33,12 +40,21 @@ for l in sys.stdin:
     cp "$engine_bin" "$BIN/engine-tests"
     cargo build --release -p privmatch-gpu --example gpu_scan
     cp target/release/examples/gpu_scan "$BIN/gpu_scan"
+    scripts/pg-bundle.sh "$BIN/pg-bundle.tar.xz"
     ls -la "$BIN"
     exit 0
 fi
 SIZES=1000000
-[ "${1:-}" = "--sizes" ] && SIZES=$2
-[ "${1:-}" = "--no-bench" ] && SIZES=
+STEPS=tests,search,engine,sanitizer,e2e,bench
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sizes) SIZES=$2; shift 2 ;;
+        --steps) STEPS=$2; shift 2 ;;
+        --no-bench) STEPS=${STEPS/,bench/}; shift ;;
+        *) echo "gpu-check.sh: unknown argument $1 (see the header)" >&2; exit 2 ;;
+    esac
+done
+wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${OUT:-$BIN/out}
 mkdir -p "$OUT"
 step() { echo; echo "== $* ($(date -u +%T))"; }
@@ -52,25 +68,57 @@ libs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.13*' -o -name 
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
+if wanted tests; then
 step "tests (bit-exact against the CPU scan)"
 timeout 200 "$BIN/device-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
 echo "tests rc=${PIPESTATUS[0]}"
+fi
 
+if wanted search; then
 step "whole searches, three parties scanning on the GPU"
 timeout 200 "$BIN/search-tests" --nocapture 2>&1 | tee "$OUT/search.log"
 echo "search rc=${PIPESTATUS[0]}"
+fi
 
+if wanted engine; then
 step "the engine worker's choice of backend (privmatch.gpu), with the real probe"
 timeout 60 "$BIN/engine-tests" engine::worker --nocapture 2>&1 | grep -v '^test .* ok$' | tee "$OUT/engine.log"
 echo "engine rc=${PIPESTATUS[0]}"
+fi
 
+if wanted sanitizer; then
 step "compute-sanitizer memcheck on the small tests"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/device-tests" small_bit_exact small_follows small_two_shards --test-threads=1 2>&1 \
     | tail -40 | tee "$OUT/sanitizer.log"
 echo "sanitizer rc=${PIPESTATUS[0]}"
+fi
 
-[ -z "$SIZES" ] && exit 0
+if wanted sanitizer-large; then
+step "compute-sanitizer memcheck on the 100,000-row bit-exact test"
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$BIN/device-tests" large_bit_exact --test-threads=1 2>&1 \
+    | tail -40 | tee "$OUT/sanitizer-large.log"
+echo "sanitizer-large rc=${PIPESTATUS[0]}"
+fi
+
+if wanted e2e; then
+step "the whole search through three PostgreSQL parties and the coordinator, privmatch.gpu = on"
+# PostgreSQL, the extension, the CLI and the test come in pg-bundle.tar.xz (scripts/pg-bundle.sh);
+# the bundle's libraries that this machine lacks are put on the library path.
+PM=/tmp/privmatch-e2e
+rm -rf "$PM" && mkdir -p "$PM" && tar -xJf "$BIN/pg-bundle.tar.xz" -C "$PM"
+. "$PM/env.sh"
+id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+echo "$(postgres --version); $(privmatch --version)"
+ldd "$(pg_config --pkglibdir)/privmatch.so" "$(pg_config --bindir)/postgres" | grep 'not found' && echo "e2e: libraries missing"
+timeout 420 "$PM/e2e/iris_search_cli" --exact \
+    with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher --nocapture 2>&1 \
+    | tee "$OUT/e2e.log"
+echo "e2e rc=${PIPESTATUS[0]}"
+fi
+
+wanted bench || exit 0
 step "benchmark (N = $SIZES)"
 timeout 230 "$BIN/gpu_scan" --n "$SIZES" --reps 5 2>&1 | tee "$OUT/bench.log"
 echo "bench rc=${PIPESTATUS[0]}"

@@ -225,6 +225,132 @@ fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
     );
 }
 
+/// `engine_status()`'s `kernel` column of every party.
+fn engine_kernels(cluster: &Cluster) -> Vec<String> {
+    (0..3)
+        .map(|p| {
+            cluster.query(p, "SELECT kernel FROM privmatch.engine_status()", &[])[0].get(0)
+        })
+        .collect()
+}
+
+/// Probes of `enrolled`: rotated near-duplicates around τ, and `strangers` unrelated ones.
+fn probes_near(
+    enrolled: &Enrolled,
+    rng: &mut ChaCha20Rng,
+    count: usize,
+    strangers: usize,
+) -> Vec<(String, IrisTemplate)> {
+    let templates: Vec<(&(String, String), &IrisTemplate)> = enrolled.iter().collect();
+    let mut probes: Vec<(String, IrisTemplate)> = (0..count)
+        .map(|i| {
+            let ((_, eye), t) = templates[(i * 37) % templates.len()];
+            let flip = [0.05, 0.3, 0.34, 0.35, 0.4][i % 5];
+            let rotation = rng.gen_range(-15..=15);
+            (eye.clone(), near_duplicate(t, flip, rotation, rng))
+        })
+        .collect();
+    probes.extend((0..strangers).map(|i| {
+        let eye = if i % 2 == 0 { "left" } else { "right" };
+        (eye.to_owned(), random_template(rng))
+    }));
+    probes
+}
+
+/// Searches `probes` through the CLI and the coordinator with ±15 columns and with none,
+/// and asserts every answer equals the plaintext matcher's; returns the comparisons made.
+fn assert_searches_agree(
+    cluster: &Cluster,
+    enrolled: &Enrolled,
+    probes: &[(String, IrisTemplate)],
+    file: &str,
+) -> usize {
+    let path = cluster.path(file);
+    let lines: Vec<String> = probes.iter().map(|(eye, t)| probe_line(eye, t)).collect();
+    write_lines(&path, &lines);
+    let mut compared = 0;
+    for (rot, extra) in [(15, vec![]), (0, vec!["--max-rotation", "0"])] {
+        let got = search_json(cluster, &path, &extra);
+        assert_eq!(got.len(), probes.len());
+        for (i, ((eye, probe), v)) in probes.iter().zip(&got).enumerate() {
+            let expected = expected_matches(enrolled, probe, eye, rot);
+            assert_eq!(matches_of(v), expected, "{file}: probe {i} ({eye}), ±{rot}");
+            compared += enrolled.len() * (2 * rot as usize + 1);
+        }
+    }
+    compared
+}
+
+/// The whole search with `privmatch.gpu = on` on a machine with a usable GPU: every party's
+/// engine scans on the GPU (`engine_status()` says so before and after), and CLI searches
+/// through the coordinator equal the plaintext matcher's answers, also after the store grew
+/// and shrank under the GPU copy (enrolments and deletions between searches) and after the
+/// engines restarted (the copy is rebuilt). Prints SKIP and passes where no GPU is usable
+/// (CI); `scripts/gpu-check.sh` runs it on a GPU machine.
+#[test]
+fn with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher() {
+    if let Err(reason) = privmatch_gpu::probe() {
+        eprintln!("SKIP: no usable GPU here ({reason})");
+        return;
+    }
+    let cluster = Cluster::start("search-gpu", 29);
+    let mut rng = ChaCha20Rng::seed_from_u64(29);
+    let mut enrolled = enroll(&cluster, &mut rng, 2_000, "before");
+    let restart_engines_on_the_gpu = |cluster: &Cluster| {
+        for p in 0..3 {
+            cluster.query(p, "ALTER SYSTEM SET privmatch.gpu = 'on'", &[]);
+            cluster.query(p, "SELECT pg_reload_conf()", &[]);
+            cluster.query(
+                p,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'privmatch engine'",
+                &[],
+            );
+        }
+        privmatch_e2e::wait_until(
+            std::time::Duration::from_secs(60),
+            "every engine to scan on the GPU",
+            || engine_kernels(cluster).iter().all(|k| k.starts_with("gpu: ")),
+        );
+    };
+    restart_engines_on_the_gpu(&cluster);
+    eprintln!("[search-gpu] engines: {:?}", engine_kernels(&cluster));
+    let mut compared = 0;
+    let probes = probes_near(&enrolled, &mut rng, 24, 6);
+    compared += assert_searches_agree(&cluster, &enrolled, &probes, "probes-1.ndjson");
+    // The store grows and shrinks under the GPU's copy of the shares.
+    enrolled.extend(enroll(&cluster, &mut rng, 1_001, "after"));
+    let deleted: Vec<(String, String)> = enrolled.keys().step_by(40).cloned().collect();
+    let mut gone = Enrolled::new();
+    for (subject, _) in &deleted {
+        cluster
+            .cli(&["iris", "delete", "--subject", subject])
+            .expect_success();
+        gone.extend(enrolled.extract_if(.., |(s, _), _| s == subject));
+    }
+    // New probes, and probes of deleted records (which must find nothing of them).
+    let mut probes = probes_near(&enrolled, &mut rng, 24, 6);
+    probes.extend(probes_near(&gone, &mut rng, 6, 0));
+    compared += assert_searches_agree(&cluster, &enrolled, &probes, "probes-2.ndjson");
+    // Restarted engines rebuild the copy from the store.
+    restart_engines_on_the_gpu(&cluster);
+    let probes = probes_near(&enrolled, &mut rng, 12, 4);
+    compared += assert_searches_agree(&cluster, &enrolled, &probes, "probes-3.ndjson");
+    let kernels = engine_kernels(&cluster);
+    assert!(kernels.iter().all(|k| k.starts_with("gpu: ")), "{kernels:?}");
+    for p in 0..3 {
+        let log = std::fs::read_to_string(cluster.path(&format!("p{p}/postgres.log")))
+            .unwrap_or_default();
+        assert!(
+            !log.contains("falling back to the CPU"),
+            "party {p} fell back to the CPU scan:\n{log}"
+        );
+    }
+    eprintln!(
+        "[search-gpu] {} records, {compared} rotation comparisons on the GPU scan: zero disagreements; {kernels:?}",
+        enrolled.len()
+    );
+}
+
 #[test]
 fn both_eyes_policies_and_probe_file_errors() {
     let cluster = Cluster::start("search-eyes", 24);
