@@ -21,6 +21,7 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("DELETE FROM privmatch.face_key_claims", "42501"),
     ("DELETE FROM privmatch.consumed_bundles", "42501"),
     ("SELECT * FROM privmatch.paillier_pending", "42501"),
+    ("SELECT * FROM privmatch.paillier_sessions", "42501"),
     ("SELECT * FROM privmatch.paillier_devices", "42501"),
     ("SELECT privmatch.paillier_init_service(1024)", "42501"),
     (
