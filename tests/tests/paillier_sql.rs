@@ -22,7 +22,7 @@ use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::party::PartyIndex;
-use privmatch_e2e::{sqlstate_and_message, Cluster};
+use privmatch_e2e::{contains, sqlstate_and_message, wal_bytes, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
@@ -600,6 +600,19 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             "23505",
             "a session id in use",
         );
+        let state_in_wal = || async {
+            let row = operator
+                .query_one("SELECT state FROM privmatch.paillier_sessions", &[])
+                .await
+                .expect("the session's state");
+            operator
+                .execute("CHECKPOINT", &[])
+                .await
+                .expect("checkpoint");
+            let state: Vec<u8> = row.get(0);
+            contains(&wal_bytes(&cluster.home.join("p0/data")), &state)
+        };
+        assert!(!state_in_wal().await, "Π2 session secrets in the WAL");
         let round3 = device2.session().round3(&round2).expect("round 3");
         let (_, matched, valid) = pi2_round4(sp, &session, &round3).await.expect("round 4");
         assert!(valid && matched);
@@ -652,6 +665,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             "P0002",
             "Round 4 again",
         );
+        assert!(!state_in_wal().await, "Π3 output labels in the WAL");
         let (round5, _) = s.round5(&round4).expect("round 5");
         expect_code(
             pi3_finish(sp, &session, &round5[..round5.len() - 1]).await,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use privmatch_e2e::{pg_bindir, run, wait_until, Cluster};
+use privmatch_e2e::{contains, pg_bindir, run, wait_until, wal_bytes, Cluster};
 
 /// What the coordinator's login may not do at a party, with the SQLSTATE it gets.
 const FORBIDDEN: &[(&str, &str)] = &[
@@ -129,22 +129,6 @@ fn secret_keys(cluster: &Cluster, party: usize) -> Vec<(String, Vec<u8>, String)
             (what, raw, hex_key)
         })
         .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Every byte of every WAL segment of a party.
-fn wal_bytes(data_dir: &Path) -> Vec<u8> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(data_dir.join("pg_wal")).expect("pg_wal") {
-        let path = entry.expect("entry").path();
-        if path.is_file() {
-            all.extend(std::fs::read(&path).expect("WAL segment"));
-        }
-    }
-    all
 }
 
 /// `pg_dump` of a party's database as its operator, in `format` (`p` plain, `c` custom).

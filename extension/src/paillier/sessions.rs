@@ -105,7 +105,7 @@ fn round2_with_session(
             device_id.into(),
             i16::from(protocol.code()).into(),
             AFTER_ROUND2.into(),
-            state.to_vec().into(),
+            state.as_slice().into(),
         ],
         |_| (),
     );
@@ -293,7 +293,7 @@ fn paillier_pi3_round4(session: &[u8], round3: &[u8]) -> Vec<u8> {
         &[
             session.to_vec().into(),
             AFTER_ROUND4.into(),
-            state.to_vec().into(),
+            state.as_slice().into(),
         ],
     );
     message
