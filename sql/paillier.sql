@@ -65,3 +65,22 @@ CREATE TABLE privmatch.paillier_pending (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX paillier_pending_created ON privmatch.paillier_pending (created_at);
+
+-- Π2 and Π3 sessions between the terminal's rounds, which the SP runs for the terminal: the
+-- terminal's state after its Round 2 (Π2: threshold, a, b; Π3: threshold, a, b, pad, the OT
+-- session id) or, in Π3, after its Round 4 (the two labels of each output wire), core's
+-- Pi2Terminal/Pi3Terminal::suspend bytes, under the 16-byte session id of the terminal's sealed
+-- input. Secret (a and b are what stop a cheating device from shifting its answer): no role
+-- but the owner reads it, it is not dumped, and it is UNLOGGED, so the secrets are in no WAL
+-- record or replica (a crash drops running sessions; their terminals start again). The
+-- terminal's last round deletes the row; rows older than 10 minutes are refused and swept.
+CREATE UNLOGGED TABLE privmatch.paillier_sessions (
+    session    bytea    PRIMARY KEY CHECK (length(session) = 16),
+    device_id  text     NOT NULL CHECK (length(device_id) BETWEEN 1 AND 64),
+    protocol   smallint NOT NULL CHECK (protocol IN (2, 3)),
+    stage      smallint NOT NULL CHECK (stage = 2 OR (protocol = 3 AND stage = 4)),
+    state      bytea    NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX paillier_sessions_created ON privmatch.paillier_sessions (created_at);
+CREATE INDEX paillier_sessions_device ON privmatch.paillier_sessions (device_id);

@@ -95,6 +95,11 @@ AS $list$
         ('paillier_delete',           ARRAY['privmatch_coordinator']),
         ('paillier_device',           ARRAY['privmatch_coordinator']),
         ('paillier_pi1_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi2_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi2_round4',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_round4',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_finish',       ARRAY['privmatch_coordinator']),
         -- the SQL front door (the application); the function asks the coordinator
         ('iris_enroll',               ARRAY['privmatch_application']),
         ('iris_identify',             ARRAY['privmatch_application']),
@@ -160,7 +165,7 @@ SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_templates_id_seq', ''
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates_id_seq', '');
 -- The Paillier service provider's records, parameters and public material (its signing seed is
--- in the key file); pending enrolments are not dumped (secret, short-lived).
+-- in the key file); pending enrolments and Π2/Π3 sessions are not dumped (secret, short-lived).
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_service', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_params', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_devices', '');

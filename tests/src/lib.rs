@@ -401,6 +401,23 @@ pub struct PartyState {
     pub prepared: i64,
 }
 
+/// Whether `needle` occurs in `haystack` (the secret searches of the WAL and dumps).
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Every byte of every WAL segment of the cluster in `data_dir`.
+pub fn wal_bytes(data_dir: &Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(data_dir.join("pg_wal")).expect("pg_wal") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            all.extend(std::fs::read(&path).expect("WAL segment"));
+        }
+    }
+    all
+}
+
 /// The SQLSTATE (empty when there is none) and the message of a failed query.
 pub fn sqlstate_and_message(e: &tokio_postgres::Error) -> (String, String) {
     let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();

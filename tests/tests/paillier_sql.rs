@@ -1,20 +1,28 @@
 //! End-to-end tests of the packed Paillier service provider over SQL (Game-Set-MATCH,
 //! Agrawal et al., CCS 2020): P0 of a real three-party deployment is the SP. The device side
-//! runs here with core's state machines (`DeviceEnrolment`, `Pi1Device`), the SP side through
-//! the coordinator's login role, as the coordinator will relay it: enrolment end to end with
-//! the SP's signature verified by the device, refused requests and proofs that store nothing,
-//! a duplicate device (23505), fetch, delete, and Π1's Round 2 computed at the SP from the
-//! terminal's sealed input, against the plaintext inner product.
+//! runs here with core's state machines (`DeviceEnrolment`, `Pi1Device`, `Pi2Device`,
+//! `Pi3Device`), the SP side through the coordinator's login role, as the coordinator will
+//! relay it: enrolment end to end with the SP's signature verified by the device, refused
+//! requests and proofs that store nothing, a duplicate device (23505), fetch, delete, Π1's
+//! Round 2 computed at the SP from the terminal's sealed input, against the plaintext inner
+//! product; and Π2 and Π3 with the terminal's rounds at the SP (its secrets kept in
+//! `paillier_sessions` between the calls) against the plaintext comparison, cheating devices
+//! (valid = false, the session consumed), replayed, unknown, expired and misdirected sessions.
 
+use ed25519_dalek::VerifyingKey;
+use privmatch_core::crypto::garble::Label;
+use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
+use privmatch_core::paillier::malicious::{Pi2Device, Pi2Round3};
+use privmatch_core::paillier::no_leakage::{Pi3Device, Pi3Round5};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::party::PartyIndex;
-use privmatch_e2e::{sqlstate_and_message, Cluster};
+use privmatch_e2e::{contains, sqlstate_and_message, wal_bytes, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
@@ -81,19 +89,19 @@ fn expect_code<T: std::fmt::Debug>(got: Result<T, (String, String)>, code: &str,
 const BEGIN: &str = "SELECT privmatch.paillier_enroll_begin($1, $2, $3)";
 const FINISH: &str = "SELECT privmatch.paillier_enroll_finish($1, $2)";
 
-#[test]
-fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
-    let cluster = Cluster::start("paillier-sql", 60);
-    let keys = cluster.party_keys();
-    let mut rng = ChaCha20Rng::seed_from_u64(60);
-    // The SP's operator: its keys (1024-bit ring-Pedersen parameters keep the test fast) and
-    // the parameter sets for Π1 and Π2.
+/// The SP's operator at P0 makes it the service provider (1024-bit ring-Pedersen parameters
+/// keep the tests fast; idempotent) and sets the parameters of `protocols`; returns the key
+/// that verifies σ and the ring-Pedersen parameters, as `paillier_service_info` gives them.
+fn init_service_provider(
+    cluster: &Cluster,
+    protocols: &[Protocol],
+) -> (VerifyingKey, RingPedersenParams) {
     let signing: String =
         cluster.query(0, "SELECT privmatch.paillier_init_service(1024)", &[])[0].get(0);
     let again: String =
         cluster.query(0, "SELECT privmatch.paillier_init_service(1024)", &[])[0].get(0);
     assert_eq!(signing, again, "idempotent");
-    for protocol in [Protocol::Pi1, Protocol::Pi2] {
+    for &protocol in protocols {
         cluster.query(
             0,
             "SELECT privmatch.paillier_set_params($1, 30)",
@@ -108,9 +116,18 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
     assert_eq!(info[0].get::<_, i32>(0), 0);
     let vk_bytes: Vec<u8> = info[0].get(1);
     assert_eq!(hex::encode(&vk_bytes), signing);
-    let vk = ed25519_dalek::VerifyingKey::from_bytes(&vk_bytes.try_into().expect("32 bytes"))
-        .expect("Ed25519 key");
+    let vk =
+        VerifyingKey::from_bytes(&vk_bytes.try_into().expect("32 bytes")).expect("Ed25519 key");
     let aux = RingPedersenParams::from_bytes(&info[0].get::<_, Vec<u8>>(2)).expect("aux");
+    (vk, aux)
+}
+
+#[test]
+fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
+    let cluster = Cluster::start("paillier-sql", 60);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(60);
+    let (vk, aux) = init_service_provider(&cluster, &[Protocol::Pi1, Protocol::Pi2]);
 
     let secret = SecretKey::generate(2048, &mut rng).expect("device key");
     let p2 = params(Protocol::Pi2);
@@ -346,6 +363,399 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             .await,
             "55000",
             "P1 is no service provider",
+        );
+    });
+}
+
+/// The coordinator's calls of Π2 and Π3 at the SP.
+const PI2_ROUND2: &str = "SELECT privmatch.paillier_pi2_round2($1, $2)";
+const PI2_ROUND4: &str =
+    "SELECT message, matched, valid FROM privmatch.paillier_pi2_round4($1, $2)";
+const PI3_ROUND2: &str = "SELECT privmatch.paillier_pi3_round2($1, $2)";
+const PI3_ROUND4: &str = "SELECT privmatch.paillier_pi3_round4($1, $2)";
+const PI3_FINISH: &str = "SELECT matched, valid FROM privmatch.paillier_pi3_finish($1, $2)";
+
+/// Π2 Round 4 at the SP: (message, matched, valid), or (SQLSTATE, message).
+async fn pi2_round4(
+    sp: &Client,
+    session: &[u8],
+    round3: &[u8],
+) -> Result<(Option<Vec<u8>>, bool, bool), (String, String)> {
+    sp.query_one(PI2_ROUND4, &[&session, &round3])
+        .await
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .map_err(|e| sqlstate_and_message(&e))
+}
+
+/// Π3's output at the SP: (matched, valid), or (SQLSTATE, message).
+async fn pi3_finish(
+    sp: &Client,
+    session: &[u8],
+    round5: &[u8],
+) -> Result<(bool, bool), (String, String)> {
+    sp.query_one(PI3_FINISH, &[&session, &round5])
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .map_err(|e| sqlstate_and_message(&e))
+}
+
+/// The terminal's input for `device` sealed to P0, with a fresh random session id.
+fn sealed_input(
+    keys: &[PartyPublicKey; 3],
+    protocol: Protocol,
+    device: &str,
+    w: &[i32],
+    threshold: i64,
+    rng: &mut ChaCha20Rng,
+) -> ([u8; 16], Vec<u8>) {
+    let session: [u8; 16] = rng.gen();
+    let input = TerminalInput {
+        protocol,
+        session,
+        device_id: device.into(),
+        threshold,
+        w: w.to_vec(),
+    };
+    let sealed = input.seal(PartyIndex::ALL[0], &keys[0], rng).expect("seal");
+    (session, sealed)
+}
+
+/// Captures to match against template `u`: u itself and four random ones, each with the
+/// thresholds IP, IP + 1 and IP − 1: (w, IP, threshold).
+fn captures(u: &[i32], rng: &mut ChaCha20Rng) -> Vec<(Vec<i32>, i64, i64)> {
+    let mut out = Vec::new();
+    for k in 0..5 {
+        let w = if k == 0 { u.to_vec() } else { template(rng) };
+        let ip = dot(u, &w);
+        for threshold in [ip, ip + 1, ip - 1] {
+            out.push((w.clone(), ip, threshold));
+        }
+    }
+    out
+}
+
+/// Enrols `device` for `protocol` through the SP (begin, norm answer, finish) and returns the
+/// record the device accepted.
+#[allow(clippy::too_many_arguments)]
+async fn enrol(
+    sp: &Client,
+    secret: &SecretKey,
+    protocol: Protocol,
+    device: &str,
+    u: &[i32],
+    aux: &RingPedersenParams,
+    vk: &VerifyingKey,
+    rng: &mut ChaCha20Rng,
+) -> SignedTemplate {
+    let p = params(protocol);
+    let session = device.as_bytes();
+    let (state, request) =
+        DeviceEnrolment::start(secret, &p, device, u, aux, session, rng).expect("request");
+    let challenge = call(sp, BEGIN, &[&device, &request, &session])
+        .await
+        .expect("begin")
+        .expect("challenge");
+    let response = state.respond(&challenge).expect("response");
+    let record = call(sp, FINISH, &[&device, &Some(response)])
+        .await
+        .expect("finish")
+        .expect("record");
+    state.finish(&record, vk, now()).expect("σ")
+}
+
+#[test]
+fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
+    let cluster = Cluster::start("paillier-sql-malicious", 64);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(64);
+    let (vk, aux) = init_service_provider(&cluster, &[Protocol::Pi2, Protocol::Pi3]);
+    let secret = SecretKey::generate(2048, &mut rng).expect("device key");
+    let (p2, p3) = (params(Protocol::Pi2), params(Protocol::Pi3));
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let sp = &clients[0];
+        let operator = cluster.connect(0).await;
+        let sessions = || {
+            let operator = &operator;
+            async move {
+                let row = operator
+                    .query_one("SELECT count(*) FROM privmatch.paillier_sessions", &[])
+                    .await
+                    .expect("count");
+                row.get::<_, i64>(0)
+            }
+        };
+
+        // Two devices per protocol; for each, captures whose inner product is the threshold,
+        // one above and one below it, against the plaintext comparison.
+        let mut pi2_devices = Vec::new();
+        let mut pi3_devices = Vec::new();
+        for i in 0..2 {
+            let u = template(&mut rng);
+            let id = format!("phone-pi2-{i}");
+            let signed = enrol(sp, &secret, Protocol::Pi2, &id, &u, &aux, &vk, &mut rng).await;
+            let device = Pi2Device::new(
+                p2.clone(),
+                clone_key(&secret),
+                signed.record.packed.clone(),
+                signed.round1_signature(),
+            )
+            .expect("Π2 device");
+            pi2_devices.push((id, u, device));
+            let u = template(&mut rng);
+            let id = format!("phone-pi3-{i}");
+            let signed = enrol(sp, &secret, Protocol::Pi3, &id, &u, &aux, &vk, &mut rng).await;
+            let device = Pi3Device::new(
+                p3.clone(),
+                clone_key(&secret),
+                signed.record.packed.clone(),
+                signed.round1_signature(),
+            )
+            .expect("Π3 device");
+            pi3_devices.push((id, u, device));
+        }
+        let mut runs = 0;
+        for (id, u, device) in &pi2_devices {
+            for (w, ip, threshold) in captures(u, &mut rng) {
+                let (session, sealed) =
+                    sealed_input(&keys, Protocol::Pi2, id, &w, threshold, &mut rng);
+                let round2 = call(sp, PI2_ROUND2, &[id, &sealed])
+                    .await
+                    .expect("Π2 round 2")
+                    .expect("bytes");
+                assert_eq!(sessions().await, 1);
+                let mut s = device.session();
+                let round3 = s.round3(&round2).expect("round 3");
+                let (message, matched, valid) =
+                    pi2_round4(sp, &session, &round3).await.expect("Π2 round 4");
+                assert!(valid);
+                assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
+                let bit = s.finish(&message.expect("the bit")).expect("round 4");
+                assert_eq!(bit, matched);
+                assert_eq!(sessions().await, 0, "consumed");
+                runs += 1;
+            }
+        }
+        for (id, u, device) in &pi3_devices {
+            for (w, ip, threshold) in captures(u, &mut rng) {
+                let (session, sealed) =
+                    sealed_input(&keys, Protocol::Pi3, id, &w, threshold, &mut rng);
+                let round2 = call(sp, PI3_ROUND2, &[id, &sealed])
+                    .await
+                    .expect("Π3 round 2")
+                    .expect("bytes");
+                let mut s = device.session();
+                let round3 = s.round3(&round2, &mut rng).expect("round 3");
+                let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+                    .await
+                    .expect("Π3 round 4")
+                    .expect("bytes");
+                assert_eq!(sessions().await, 1);
+                let (round5, device_bit) = s.round5(&round4).expect("round 5");
+                let (matched, valid) = pi3_finish(sp, &session, &round5).await.expect("Π3 output");
+                assert!(valid);
+                assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
+                assert_eq!(device_bit, matched);
+                assert_eq!(sessions().await, 0, "consumed");
+                runs += 1;
+            }
+        }
+        assert_eq!(runs, 60);
+
+        // Π2: a device that shifts X is refused (valid = false, no message) and the session is
+        // gone: the honest X cannot follow (P0002). A Round 3 that does not decode first:
+        // 22P03, the session untouched.
+        let (id2, u2, device2) = &pi2_devices[0];
+        let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
+        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
+            .await
+            .expect("round 2")
+            .expect("bytes");
+        let round3 = device2.session().round3(&round2).expect("round 3");
+        expect_code(
+            pi2_round4(sp, &session, &round3[..round3.len() - 1]).await,
+            "22P03",
+            "truncated Round 3",
+        );
+        assert_eq!(sessions().await, 1, "a malformed Round 3 changes nothing");
+        let x = Pi2Round3::from_bytes(&p2, &round3).expect("X").x;
+        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
+        let refused = pi2_round4(sp, &session, &shifted).await.expect("answered");
+        assert_eq!(refused, (None, false, false));
+        assert_eq!(sessions().await, 0, "a refused X consumes the session");
+        expect_code(
+            pi2_round4(sp, &session, &round3).await,
+            "P0002",
+            "the honest X after a refused one",
+        );
+        // The same sealed input twice: the session id is in use (23505); after the session
+        // ends, the replayed Round 3 finds none (P0002).
+        let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
+        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
+            .await
+            .expect("round 2")
+            .expect("bytes");
+        expect_code(
+            call(sp, PI2_ROUND2, &[id2, &sealed]).await,
+            "23505",
+            "a session id in use",
+        );
+        let state_in_wal = || async {
+            let row = operator
+                .query_one("SELECT state FROM privmatch.paillier_sessions", &[])
+                .await
+                .expect("the session's state");
+            operator
+                .execute("CHECKPOINT", &[])
+                .await
+                .expect("checkpoint");
+            let state: Vec<u8> = row.get(0);
+            contains(&wal_bytes(&cluster.home.join("p0/data")), &state)
+        };
+        assert!(!state_in_wal().await, "Π2 session secrets in the WAL");
+        let round3 = device2.session().round3(&round2).expect("round 3");
+        let (_, matched, valid) = pi2_round4(sp, &session, &round3).await.expect("round 4");
+        assert!(valid && matched);
+        expect_code(
+            pi2_round4(sp, &session, &round3).await,
+            "P0002",
+            "replayed Round 3",
+        );
+        expect_code(
+            pi2_round4(sp, &[7u8; 16], &round3).await,
+            "P0002",
+            "unknown session",
+        );
+        expect_code(
+            pi2_round4(sp, &[7u8; 15], &round3).await,
+            "22023",
+            "a session id of 15 bytes",
+        );
+
+        // Π3: a wrong output label is refused (valid = false) and consumes the session.
+        let (id3, u3, device3) = &pi3_devices[0];
+        let (session, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
+        let round2 = call(sp, PI3_ROUND2, &[id3, &sealed])
+            .await
+            .expect("round 2")
+            .expect("bytes");
+        let mut s = device3.session();
+        let round3 = s.round3(&round2, &mut rng).expect("round 3");
+        expect_code(
+            pi3_finish(sp, &session, &[1, 0x35]).await,
+            "P0002",
+            "output before Round 4",
+        );
+        expect_code(
+            call(
+                sp,
+                PI3_ROUND4,
+                &[&session.as_slice(), &round3[..40].to_vec()],
+            )
+            .await,
+            "22P03",
+            "truncated Round 3",
+        );
+        let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+            .await
+            .expect("round 4")
+            .expect("bytes");
+        expect_code(
+            call(sp, PI3_ROUND4, &[&session.as_slice(), &round3]).await,
+            "P0002",
+            "Round 4 again",
+        );
+        assert!(!state_in_wal().await, "Π3 output labels in the WAL");
+        let (round5, _) = s.round5(&round4).expect("round 5");
+        expect_code(
+            pi3_finish(sp, &session, &round5[..round5.len() - 1]).await,
+            "22P03",
+            "truncated Round 5",
+        );
+        assert_eq!(sessions().await, 1, "a malformed Round 5 changes nothing");
+        let mut forged = Pi3Round5::from_bytes(&round5).expect("labels");
+        forged.labels[1] = Label::from_bytes([0x5a; 16]);
+        assert_eq!(
+            pi3_finish(sp, &session, &forged.to_bytes()).await,
+            Ok((false, false))
+        );
+        assert_eq!(sessions().await, 0, "a refused label consumes the session");
+        expect_code(
+            pi3_finish(sp, &session, &round5).await,
+            "P0002",
+            "the honest labels after a refused one",
+        );
+        expect_code(
+            pi2_round4(sp, &session, &round3).await,
+            "P0002",
+            "a Π3 session id at Π2",
+        );
+
+        // Wrong protocol: a Π3 input at Π2's function, a Π2 input for a Π3 device.
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
+        expect_code(
+            call(sp, PI2_ROUND2, &[id3, &sealed]).await,
+            "22023",
+            "a Π3 input at paillier_pi2_round2",
+        );
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi2, id3, u3, 0, &mut rng);
+        expect_code(
+            call(sp, PI2_ROUND2, &[id3, &sealed]).await,
+            "22023",
+            "a Π2 input for a Π3 device",
+        );
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id2, u2, 0, &mut rng);
+        expect_code(
+            call(sp, PI3_ROUND2, &[id3, &sealed]).await,
+            "22023",
+            "an input for another device",
+        );
+        assert_eq!(sessions().await, 0);
+
+        // An expired session (its Round 2 made 11 minutes old by the operator): P0002, and
+        // the next Round 2 sweeps it.
+        let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
+        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
+            .await
+            .expect("round 2")
+            .expect("bytes");
+        operator
+            .execute(
+                "UPDATE privmatch.paillier_sessions SET created_at = now() - interval '11 minutes'",
+                &[],
+            )
+            .await
+            .expect("age the session");
+        let round3 = device2.session().round3(&round2).expect("round 3");
+        expect_code(
+            pi2_round4(sp, &session, &round3).await,
+            "P0002",
+            "expired session",
+        );
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
+        call(sp, PI2_ROUND2, &[id2, &sealed])
+            .await
+            .expect("round 2");
+        assert_eq!(sessions().await, 1, "the expired session was swept");
+        // Deleting the device ends its sessions.
+        let row = sp
+            .query_one("SELECT privmatch.paillier_delete($1)", &[id2])
+            .await
+            .expect("delete");
+        assert!(row.get::<_, bool>(0));
+        assert_eq!(sessions().await, 0, "deleted with its device");
+
+        // Only the SP runs them; the coordinator cannot read the sessions.
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
+        expect_code(
+            call(&clients[1], PI3_ROUND2, &[id3, &sealed]).await,
+            "55000",
+            "P1 is no service provider",
+        );
+        expect_code(
+            call(sp, "SELECT state FROM privmatch.paillier_sessions", &[]).await,
+            "42501",
+            "the coordinator reads the sessions",
         );
     });
 }

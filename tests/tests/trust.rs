@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use privmatch_e2e::{pg_bindir, run, wait_until, Cluster};
+use privmatch_e2e::{contains, pg_bindir, run, wait_until, wal_bytes, Cluster};
 
 /// What the coordinator's login may not do at a party, with the SQLSTATE it gets.
 const FORBIDDEN: &[(&str, &str)] = &[
@@ -21,6 +21,7 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("DELETE FROM privmatch.face_key_claims", "42501"),
     ("DELETE FROM privmatch.consumed_bundles", "42501"),
     ("SELECT * FROM privmatch.paillier_pending", "42501"),
+    ("SELECT * FROM privmatch.paillier_sessions", "42501"),
     ("SELECT * FROM privmatch.paillier_devices", "42501"),
     ("SELECT privmatch.paillier_init_service(1024)", "42501"),
     (
@@ -128,22 +129,6 @@ fn secret_keys(cluster: &Cluster, party: usize) -> Vec<(String, Vec<u8>, String)
             (what, raw, hex_key)
         })
         .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Every byte of every WAL segment of a party.
-fn wal_bytes(data_dir: &Path) -> Vec<u8> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(data_dir.join("pg_wal")).expect("pg_wal") {
-        let path = entry.expect("entry").path();
-        if path.is_file() {
-            all.extend(std::fs::read(&path).expect("WAL segment"));
-        }
-    }
-    all
 }
 
 /// `pg_dump` of a party's database as its operator, in `format` (`p` plain, `c` custom).

@@ -165,6 +165,14 @@ pub enum GarbleError {
         /// Its index.
         index: usize,
     },
+    /// Stored output labels whose two labels of output `index` do not differ by the one Δ
+    /// (lsb 1) that free-XOR gives every wire: not what [`GarblerSecrets::output_labels`]
+    /// wrote.
+    #[error("output {index}: the two labels do not differ by the garbling's Δ")]
+    BadOutputPair {
+        /// The output index.
+        index: usize,
+    },
 }
 
 /// The public garbled tables: for AND gate k (in circuit order), blocks 2k = T_G and
@@ -283,24 +291,17 @@ impl GarblerSecrets {
     /// i, 1 if it is W⁰ ⊕ Δ, and [`GarbleError::InvalidOutputLabel`] naming i otherwise (a
     /// label the evaluator could not have computed honestly).
     pub fn decode_output(&self, labels: &[Label]) -> Result<Vec<bool>, GarbleError> {
-        if labels.len() != self.output_zero.len() {
-            return Err(GarbleError::OutputCount {
-                expected: self.output_zero.len(),
-                got: labels.len(),
-            });
+        decode_output_labels(&self.output_zero, self.delta, labels)
+    }
+
+    /// The two labels of every output wire: what a garbler keeps after sending the circuit
+    /// when it only has to check and decode the evaluator's answer ([`OutputLabels`]), so that
+    /// Δ's other uses (the input labels) need not outlive the garbling.
+    pub fn output_labels(&self) -> OutputLabels {
+        OutputLabels {
+            delta: self.delta,
+            zero: self.output_zero.clone(),
         }
-        let mut out = Vec::with_capacity(labels.len());
-        for (index, (l, &w0)) in labels.iter().zip(self.output_zero.iter()).enumerate() {
-            let d = l.0 ^ w0;
-            if d == 0 {
-                out.push(false);
-            } else if d == self.delta {
-                out.push(true);
-            } else {
-                return Err(GarbleError::InvalidOutputLabel { index });
-            }
-        }
-        Ok(out)
     }
 
     /// The public output decoding (the permute bit of each output's zero-label), which lets
@@ -310,6 +311,123 @@ impl GarblerSecrets {
         OutputDecoding {
             permute: self.output_zero.iter().map(|&w| w & 1 == 1).collect(),
         }
+    }
+}
+
+/// Output i is 0 if `labels[i]` is W⁰ = `zero[i]`, 1 if it is W⁰ ⊕ Δ, and
+/// [`GarbleError::InvalidOutputLabel`] naming i otherwise.
+fn decode_output_labels(
+    zero: &[u128],
+    delta: u128,
+    labels: &[Label],
+) -> Result<Vec<bool>, GarbleError> {
+    if labels.len() != zero.len() {
+        return Err(GarbleError::OutputCount {
+            expected: zero.len(),
+            got: labels.len(),
+        });
+    }
+    let mut out = Vec::with_capacity(labels.len());
+    for (index, (l, &w0)) in labels.iter().zip(zero.iter()).enumerate() {
+        let d = l.0 ^ w0;
+        if d == 0 {
+            out.push(false);
+        } else if d == delta {
+            out.push(true);
+        } else {
+            return Err(GarbleError::InvalidOutputLabel { index });
+        }
+    }
+    Ok(out)
+}
+
+/// The two labels (W⁰, W⁰ ⊕ Δ) of every output wire of one garbling
+/// ([`GarblerSecrets::output_labels`]): all the garbler needs to check and decode the
+/// evaluator's output labels after it sent the circuit ([ABMR20] Fig. 5 "Output
+/// Computation"). Secret (either label of an output would let an evaluator forge that
+/// output), zeroized on drop; `Debug` prints the count only. Its byte form is for a garbler
+/// that keeps it between rounds outside memory.
+///
+/// [ABMR20]: https://eprint.iacr.org/2020/1363
+pub struct OutputLabels {
+    delta: u128,
+    zero: Vec<u128>,
+}
+
+impl Drop for OutputLabels {
+    fn drop(&mut self) {
+        self.delta.zeroize();
+        self.zero.zeroize();
+    }
+}
+
+impl std::fmt::Debug for OutputLabels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OutputLabels({} outputs)", self.zero.len())
+    }
+}
+
+impl OutputLabels {
+    /// Bytes per output in [`Self::to_bytes`]: its two labels.
+    pub const BYTES_PER_OUTPUT: usize = 2 * Label::BYTES;
+
+    /// The same check and decoding as [`GarblerSecrets::decode_output`].
+    pub fn decode(&self, labels: &[Label]) -> Result<Vec<bool>, GarbleError> {
+        decode_output_labels(&self.zero, self.delta, labels)
+    }
+
+    /// Number of outputs.
+    pub fn outputs(&self) -> usize {
+        self.zero.len()
+    }
+
+    /// `W⁰ ‖ W¹` of each output in order, 16 bytes each (little-endian), zeroized on drop.
+    pub fn to_bytes(&self) -> zeroize::Zeroizing<Vec<u8>> {
+        let mut out =
+            zeroize::Zeroizing::new(Vec::with_capacity(self.zero.len() * Self::BYTES_PER_OUTPUT));
+        for &w in &self.zero {
+            out.extend_from_slice(&w.to_le_bytes());
+            out.extend_from_slice(&(w ^ self.delta).to_le_bytes());
+        }
+        out
+    }
+
+    /// Strict decoding of [`Self::to_bytes`] for `count` outputs: exactly
+    /// `count · BYTES_PER_OUTPUT` bytes ([`GarbleError::Length`]), and the two labels of every
+    /// output differing by the same Δ with lsb 1 ([`GarbleError::BadOutputPair`]), as free-XOR
+    /// garbling makes them.
+    pub fn from_bytes(bytes: &[u8], count: usize) -> Result<OutputLabels, GarbleError> {
+        let expected = count.checked_mul(Self::BYTES_PER_OUTPUT);
+        if count == 0 || expected != Some(bytes.len()) {
+            return Err(GarbleError::Length {
+                what: "output labels",
+                expected: expected.unwrap_or(usize::MAX),
+                got: bytes.len(),
+            });
+        }
+        let word = |chunk: &[u8]| {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(chunk);
+            let v = u128::from_le_bytes(b);
+            b.zeroize();
+            v
+        };
+        let mut labels = OutputLabels {
+            delta: 0,
+            zero: Vec::with_capacity(count),
+        };
+        for (index, pair) in bytes.chunks_exact(Self::BYTES_PER_OUTPUT).enumerate() {
+            let w0 = word(&pair[..Label::BYTES]);
+            let d = w0 ^ word(&pair[Label::BYTES..]);
+            if index == 0 {
+                labels.delta = d;
+            }
+            if d & 1 != 1 || d != labels.delta {
+                return Err(GarbleError::BadOutputPair { index });
+            }
+            labels.zero.push(w0);
+        }
+        Ok(labels)
     }
 }
 
@@ -712,6 +830,55 @@ mod tests {
             assert_eq!(s.decode_output(&out).unwrap(), want);
             let dec = OutputDecoding::from_bytes(&c, &s.output_decoding().to_bytes()).unwrap();
             assert_eq!(dec.decode(&out).unwrap(), want);
+        }
+    }
+
+    /// The stored output labels decode and check exactly as the garbler's secrets do; their
+    /// bytes round-trip, and any other length or a pair that is not (W⁰, W⁰ ⊕ Δ) is refused.
+    #[test]
+    fn output_labels_check_like_the_garbler_and_decode_strictly() {
+        let mut rng = ChaCha20Rng::seed_from_u64(6);
+        let (c, xg, xe) = match_setup();
+        let (gc, s) = garble(&c, &mut rng);
+        let out = evaluate(
+            &c,
+            &gc,
+            &s.garbler_input_labels(&xg).unwrap(),
+            &s.evaluator_input_labels(&xe).unwrap(),
+        )
+        .unwrap();
+        let kept = s.output_labels();
+        assert_eq!(format!("{kept:?}"), "OutputLabels(2 outputs)");
+        let bytes = kept.to_bytes();
+        assert_eq!(bytes.len(), 2 * OutputLabels::BYTES_PER_OUTPUT);
+        let back = OutputLabels::from_bytes(&bytes, 2).unwrap();
+        assert_eq!(back.outputs(), 2);
+        let other = vec![out[0], Label(out[1].0 ^ s.delta)];
+        let forged = vec![out[0], Label(rng.gen())];
+        for labels in [&out, &other, &forged, &vec![out[1], out[0]]] {
+            assert_eq!(back.decode(labels), s.decode_output(labels));
+            assert_eq!(kept.decode(labels), s.decode_output(labels));
+        }
+        for len in 0..bytes.len() + 2 {
+            if len != bytes.len() {
+                let mut b = bytes.to_vec();
+                b.resize(len, 0);
+                assert!(OutputLabels::from_bytes(&b, 2).is_err(), "length {len}");
+            }
+        }
+        assert!(OutputLabels::from_bytes(&[], 0).is_err());
+        assert!(OutputLabels::from_bytes(&bytes, 1).is_err());
+        // Every single-bit change breaks a pair's difference (or the shared Δ).
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.to_vec();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                matches!(
+                    OutputLabels::from_bytes(&b, 2),
+                    Err(GarbleError::BadOutputPair { .. })
+                ),
+                "bit {bit}"
+            );
         }
     }
 

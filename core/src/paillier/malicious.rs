@@ -53,9 +53,9 @@
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
 use super::messages::{
-    check_device_parts, check_session_params, decode_bit, encode_bit, header, put_signed,
-    put_template, read_template, template_signing_bytes, to_i64, MatchError, MessageKind, Reader,
-    MAX_SIGNATURE_BYTES,
+    begin_state, check_device_parts, check_session_params, decode_bit, encode_bit, end_state,
+    header, put_signed, put_template, read_template, state_reader, template_signing_bytes, to_i64,
+    MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
 };
 use super::params::{Layout, Params, Protocol};
 use rand_core::{CryptoRng, RngCore};
@@ -514,13 +514,23 @@ impl std::fmt::Debug for TerminalState {
 }
 
 /// The terminal T of Π2 for one session: its measurement w, its threshold, and (after Round
-/// 2) its secret a and b.
-#[derive(Debug)]
+/// 2) its secret a and b. `Debug` shows the parameters and the stage only.
 pub struct Pi2Terminal {
     params: Params,
+    /// Used by Round 2 only; empty in a resumed terminal.
     w: Vec<i32>,
     threshold: i64,
     state: TerminalState,
+}
+
+impl std::fmt::Debug for Pi2Terminal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // w and the threshold are the terminal's secrets, as are a and b.
+        f.debug_struct("Pi2Terminal")
+            .field("params", &self.params)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Pi2Terminal {
@@ -638,6 +648,60 @@ impl Pi2Terminal {
             TerminalState::Done(o) => Some(o),
             _ => None,
         }
+    }
+
+    /// The terminal's state between its Round 2 and Round 4 ([ABMR20] §6.1: the threshold and
+    /// the secrets a, b; w is no longer needed), for a terminal that does not stay in memory
+    /// between the rounds (the service provider keeps it in a table): `version ‖ kind ‖
+    /// threshold ‖ a ‖ b` (signed integers as in the messages) ‖ a 16-byte check value over the
+    /// parameters and those bytes. As secret as a and b; zeroized on drop. Only after Round 2
+    /// ([`MatchError::State`] otherwise). The record's parameters and key are not in it: they
+    /// are given again to [`Self::resume`].
+    pub fn suspend(&self) -> Result<zeroize::Zeroizing<Vec<u8>>, MatchError> {
+        let TerminalState::AwaitingRound3 { a, b } = &self.state else {
+            return Err(MatchError::State(
+                "a Π2 terminal is suspended between round 2 and round 4 only".into(),
+            ));
+        };
+        let mut out = begin_state(MessageKind::Pi2TerminalState);
+        put_signed(&mut out, &Integer::from(self.threshold));
+        put_signed(&mut out, a);
+        put_signed(&mut out, b);
+        Ok(end_state(&self.params, out))
+    }
+
+    /// The terminal awaiting Round 3 again from [`Self::suspend`]'s bytes, for the same
+    /// `params` (the check value binds them). Strict: a wrong kind, version, length or check
+    /// value, a threshold outside ±ζ², an a that is not a κ-bit prime or a b outside
+    /// [0, 2^B) is a [`MatchError::Wire`] naming the field (never the value).
+    pub fn resume(params: Params, state: &[u8]) -> Result<Self, MatchError> {
+        const WHAT: &str = "Π2 terminal state";
+        let mut r = state_reader(WHAT, &params, state, MessageKind::Pi2TerminalState)?;
+        let layout = params.layout();
+        let threshold = to_i64("threshold", &r.signed(8, "threshold")?)?;
+        check_session_params(&params, Protocol::Pi2, threshold)?;
+        let one = Integer::from(1);
+        let kappa = layout.multiplier_bits();
+        let a = r.bounded(
+            &(&one << (kappa - 1)).complete(),
+            &(&one << kappa).complete(),
+            "a",
+        )?;
+        if a.is_probably_prime(PRIME_TEST_REPS) == IsPrime::No {
+            return Err(r.error("a is not prime"));
+        }
+        let b = r.bounded(
+            &Integer::new(),
+            &(&one << layout.addend_bits()).complete(),
+            "b",
+        )?;
+        r.finish()?;
+        Ok(Self {
+            params,
+            w: Vec::new(),
+            threshold,
+            state: TerminalState::AwaitingRound3 { a, b },
+        })
     }
 }
 
@@ -804,6 +868,149 @@ mod tests {
         let (t, d) = run(&device, &p, &w, -(1 << 46), &sp, &mut rng);
         assert_eq!(t.inner_product, -(1i64 << 23) * ((1 << 23) - 1));
         assert!(d);
+    }
+
+    /// Suspended after Round 2 and resumed from its bytes, the terminal answers exactly as
+    /// the one that stayed in memory (same randomness: same Round 2, same Round 4, same
+    /// outcome), on random pairs including IP = T and T ± 1, and refuses the same cheats.
+    #[test]
+    fn a_suspended_terminal_gives_the_in_memory_outcome() {
+        let mut rng = ChaCha20Rng::seed_from_u64(207);
+        let sp = Sp::new();
+        let verify = sp.verifier();
+        for (dim, m) in [(6usize, 8u32), (9, 12)] {
+            let p = params(dim, m, 1024, Params::max_norm_bound(dim, m));
+            let bound = p.norm_bound().to_i64().unwrap();
+            for _ in 0..4 {
+                let u = random_vector(dim, m, &mut rng);
+                let device = enrol_device(&p, small_key(), &u, &sp, &mut rng);
+                let r1 = device.round1();
+                for _ in 0..4 {
+                    let w = random_vector(dim, m, &mut rng);
+                    let ip = dot(&u, &w);
+                    let random_t = (rng.next_u64() % (2 * bound as u64 + 1)) as i64 - bound;
+                    for threshold in [ip, ip - 1, ip + 1, random_t] {
+                        if threshold.abs() > bound {
+                            continue;
+                        }
+                        let seed = rng.next_u64();
+                        let mut kept = Pi2Terminal::new(p.clone(), w.clone(), threshold).unwrap();
+                        let mut paused = Pi2Terminal::new(p.clone(), w.clone(), threshold).unwrap();
+                        let r2 = kept
+                            .round2(&r1, &verify, &mut ChaCha20Rng::seed_from_u64(seed))
+                            .unwrap();
+                        let r2_paused = paused
+                            .round2(&r1, &verify, &mut ChaCha20Rng::seed_from_u64(seed))
+                            .unwrap();
+                        assert_eq!(r2, r2_paused);
+                        let state = paused.suspend().unwrap();
+                        drop(paused);
+                        let mut resumed = Pi2Terminal::resume(p.clone(), &state).unwrap();
+                        assert!(resumed.suspend().unwrap() == state, "suspends the same");
+                        let mut session = device.session();
+                        let r3 = session.round3(&r2).unwrap();
+                        let (r4, outcome) = kept.round4(&r3).unwrap();
+                        let (r4_resumed, outcome_resumed) = resumed.round4(&r3).unwrap();
+                        assert_eq!(r4, r4_resumed);
+                        assert_eq!(outcome, outcome_resumed);
+                        assert_eq!(outcome.inner_product, ip);
+                        assert_eq!(outcome.matched, ip >= threshold, "IP {ip}, T {threshold}");
+                        assert_eq!(session.finish(&r4).unwrap(), ip >= threshold);
+                        // A shifted X: both refuse it.
+                        let x = Pi2Round3::from_bytes(&p, &r3).unwrap().x;
+                        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
+                        let mut again = Pi2Terminal::resume(p.clone(), &state).unwrap();
+                        assert!(matches!(
+                            again.round4(&shifted),
+                            Err(MatchError::Cheating(_))
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The suspended state decodes strictly: every truncation, an extension, every single-bit
+    /// change, other parameters, out-of-range values with a valid check value, and a suspend
+    /// at the wrong stage are clean errors; Debug shows no secret.
+    #[test]
+    fn a_suspended_state_is_strict_and_secret() {
+        let mut rng = ChaCha20Rng::seed_from_u64(208);
+        let sp = Sp::new();
+        let p = params(8, 8, 1024, Params::max_norm_bound(8, 8));
+        let u = random_vector(8, 8, &mut rng);
+        let device = enrol_device(&p, small_key(), &u, &sp, &mut rng);
+        let threshold = 1234;
+        let mut t = Pi2Terminal::new(p.clone(), u.clone(), threshold).unwrap();
+        assert!(matches!(t.suspend(), Err(MatchError::State(_))));
+        let r2 = t
+            .round2(&device.round1(), &sp.verifier(), &mut rng)
+            .unwrap();
+        let state = t.suspend().unwrap();
+        let (a, b) = match &t.state {
+            TerminalState::AwaitingRound3 { a, b } => (a.clone(), b.clone()),
+            _ => unreachable!(),
+        };
+        let shown = format!("{t:?}");
+        for secret in [
+            a.to_string(),
+            b.to_string(),
+            threshold.to_string(),
+            format!("{u:?}"),
+        ] {
+            assert!(!shown.contains(&secret), "{shown}");
+        }
+        assert!(Pi2Terminal::resume(p.clone(), &state).is_ok());
+        for len in 0..state.len() {
+            let e = Pi2Terminal::resume(p.clone(), &state[..len]).unwrap_err();
+            assert!(matches!(e, MatchError::Wire { .. }), "{len}: {e}");
+        }
+        let mut longer = state.to_vec();
+        longer.push(0);
+        assert!(Pi2Terminal::resume(p.clone(), &longer).is_err());
+        for bit in 0..state.len() * 8 {
+            let mut b = state.to_vec();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(Pi2Terminal::resume(p.clone(), &b).is_err(), "bit {bit}");
+        }
+        let other = params(8, 8, 1024, Params::max_norm_bound(8, 8) - 1u32);
+        assert!(Pi2Terminal::resume(other, &state).is_err());
+        let pi3 = Params::new_allowing_test_modulus(
+            Protocol::Pi3,
+            8,
+            8,
+            1024,
+            40,
+            Params::max_norm_bound(8, 8),
+        )
+        .unwrap();
+        assert!(Pi2Terminal::resume(pi3, &state).is_err());
+        // Well-formed states with values the terminal never draws.
+        let forge = |threshold: i64, a: &Integer, b: &Integer| {
+            let mut out = begin_state(MessageKind::Pi2TerminalState);
+            put_signed(&mut out, &Integer::from(threshold));
+            put_signed(&mut out, a);
+            put_signed(&mut out, b);
+            end_state(&p, out)
+        };
+        assert!(Pi2Terminal::resume(p.clone(), &forge(threshold, &a, &b)).is_ok());
+        let top = Integer::from(1) << p.layout().addend_bits();
+        let composite = a.clone() + 1u32;
+        for (t, a2, b2) in [
+            (threshold, &composite, &b),
+            (threshold, &Integer::from(3), &b),
+            (threshold, &a, &top),
+            (threshold, &a, &Integer::from(-1)),
+            (i64::MAX, &a, &b),
+        ] {
+            assert!(Pi2Terminal::resume(p.clone(), &forge(t, a2, b2)).is_err());
+        }
+        // After round 4 there is nothing to suspend.
+        let mut resumed = Pi2Terminal::resume(p.clone(), &state).unwrap();
+        let r3 = device.session().round3(&r2).unwrap();
+        let (_, outcome) = resumed.round4(&r3).unwrap();
+        assert_eq!(outcome.inner_product, dot(&u, &u));
+        assert!(matches!(resumed.suspend(), Err(MatchError::State(_))));
     }
 
     /// A cheating device's X as a function of the honest X and the terminal's a.

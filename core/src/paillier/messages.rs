@@ -16,12 +16,23 @@ use super::encoding::EncodingError;
 use super::params::{Params, ParamsError, Protocol};
 use rug::integer::Order;
 use rug::Integer;
+use sha2::{Digest, Sha256};
 
 /// The version byte every message starts with.
 pub const WIRE_VERSION: u8 = 1;
 
 /// Domain separation of [`template_signing_bytes`].
 const SIGNING_DOMAIN: &[u8] = b"privmatch/paillier/signed-template/v1";
+
+/// Domain of the check value that ends a suspended terminal state ([`end_state`]).
+const STATE_CHECK_DOMAIN: &[u8] = b"privmatch/paillier/terminal-state/v1";
+
+/// Bytes of the check value at the end of a suspended terminal state.
+pub const STATE_CHECK_BYTES: usize = 16;
+
+/// Room for any suspended terminal state, allocated once so that the secret bytes are never
+/// left behind in a reallocated buffer (the largest, Π3 after Round 2, is under 160 bytes).
+const STATE_CAPACITY: usize = 256;
 
 /// The largest accepted signature (bytes), whatever the service provider's scheme.
 pub const MAX_SIGNATURE_BYTES: usize = 4096;
@@ -52,6 +63,15 @@ pub enum MessageKind {
     Pi3Garbled = 0x34,
     /// Π3 Round 5, D → T: the output labels.
     Pi3OutputLabels = 0x35,
+    /// Not a message: the Π2 terminal's state between its Round 2 and Round 4 (threshold,
+    /// a, b), kept by whoever runs the terminal between the rounds (`Pi2Terminal::suspend`).
+    Pi2TerminalState = 0x2a,
+    /// Not a message: the Π3 terminal's state between its Round 2 and Round 4 (threshold, a,
+    /// b, pad, OT session id; `Pi3Terminal::suspend`).
+    Pi3TerminalAfterRound2 = 0x3a,
+    /// Not a message: the Π3 terminal's state between its Round 4 and the output (the two
+    /// labels of each output wire; `Pi3Terminal::suspend`).
+    Pi3TerminalAfterRound4 = 0x3b,
 }
 
 /// Everything that can go wrong in a matching session (input, wire, or protocol).
@@ -209,6 +229,22 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A non-negative integer as written by [`put_signed`] in [`low`, `high`) (else an error
+    /// naming `what`); its magnitude may have at most as many bytes as `high`.
+    pub fn bounded(
+        &mut self,
+        low: &Integer,
+        high: &Integer,
+        what: &str,
+    ) -> Result<Integer, MatchError> {
+        let max_bytes = high.significant_bits().div_ceil(8) as usize;
+        let x = self.signed(max_bytes, what)?;
+        if x < *low || x >= *high {
+            return Err(self.error(format!("{what} is outside its range")));
+        }
+        Ok(x)
+    }
+
     /// Succeeds only if every byte was read.
     pub fn finish(self) -> Result<(), MatchError> {
         if self.pos != self.bytes.len() {
@@ -251,6 +287,71 @@ pub fn put_signed(out: &mut Vec<u8>, x: &Integer) {
     let len = u16::try_from(magnitude.len()).unwrap_or(u16::MAX);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&magnitude[..usize::from(len)]);
+}
+
+/// A suspended terminal state being written: `version ‖ kind`, zeroized on drop, with room
+/// for every field ([`end_state`] appends the check value).
+pub fn begin_state(kind: MessageKind) -> zeroize::Zeroizing<Vec<u8>> {
+    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(STATE_CAPACITY));
+    out.extend_from_slice(&header(kind));
+    out
+}
+
+/// SHA-256 over the domain, the canonical `params` and `body`, cut to
+/// [`STATE_CHECK_BYTES`].
+fn state_check(params: &Params, body: &[u8]) -> [u8; STATE_CHECK_BYTES] {
+    let p = params.to_bytes();
+    let mut h = Sha256::new();
+    h.update(STATE_CHECK_DOMAIN);
+    // Canonical parameters are about 20 bytes.
+    h.update((p.len() as u16).to_be_bytes());
+    h.update(&p);
+    h.update(body);
+    let digest = h.finalize();
+    let mut out = [0u8; STATE_CHECK_BYTES];
+    out.copy_from_slice(&digest[..STATE_CHECK_BYTES]);
+    out
+}
+
+/// Ends a suspended terminal state with its check value: a hash over the session's
+/// parameters and every byte before it. It is not a MAC (whoever may write the state may
+/// recompute it); it makes a resumed state refuse parameters other than its session's and any
+/// stored byte that changed, instead of silently running with other secrets.
+pub fn end_state(
+    params: &Params,
+    mut state: zeroize::Zeroizing<Vec<u8>>,
+) -> zeroize::Zeroizing<Vec<u8>> {
+    let check = state_check(params, &state);
+    state.extend_from_slice(&check);
+    state
+}
+
+/// A strict reader over the fields of a suspended terminal state of `kind` written by
+/// [`begin_state`] … [`end_state`] for `params`: the check value must match (else a wire
+/// error naming `message`); the reader stops before it.
+pub fn state_reader<'a>(
+    message: &'static str,
+    params: &Params,
+    state: &'a [u8],
+    kind: MessageKind,
+) -> Result<Reader<'a>, MatchError> {
+    let Some(split) = state.len().checked_sub(STATE_CHECK_BYTES) else {
+        return Err(MatchError::Wire {
+            message,
+            reason: format!(
+                "{} bytes, shorter than its {STATE_CHECK_BYTES}-byte check value",
+                state.len()
+            ),
+        });
+    };
+    let (body, check) = state.split_at(split);
+    let r = Reader::new(message, body, kind)?;
+    if state_check(params, body) != check {
+        return Err(r.error(
+            "the check value does not match: the state was changed or belongs to other parameters",
+        ));
+    }
+    Ok(r)
 }
 
 /// Appends the fields of an encrypted template message (Round 1 of Π1 and Π2): the

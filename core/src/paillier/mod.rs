@@ -12,8 +12,8 @@
 //! | [`encoding`] | the packing of [ABMR20] §4 (signed slots, norm-derived width), Mask and ρ, the homomorphic inner product by multi-exponentiation |
 //! | [`messages`] | the wire format (strict decoding), the template signing bytes, the session error type |
 //! | [`semi_honest`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
-//! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines, the multiplier/addend and X check that Π3 reuses |
-//! | [`no_leakage`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT |
+//! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines (the terminal's state between its rounds encodable: `suspend`/`resume`), the multiplier/addend and X check that Π3 reuses |
+//! | [`no_leakage`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT (the terminal's state after Round 2 and Round 4 encodable) |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |

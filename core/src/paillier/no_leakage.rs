@@ -40,15 +40,16 @@ use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
 use super::malicious::{Pi2Round1, SignedDevice};
 use super::messages::{
-    check_session_params, header, put_signed, to_i64, MatchError, MessageKind, Reader,
+    begin_state, check_session_params, end_state, header, put_signed, state_reader, to_i64,
+    MatchError, MessageKind, Reader,
 };
 use super::params::{Layout, Params, Protocol};
 use crate::crypto::circuit::{
     match_check_circuit, Circuit, MatchCheckWidths, MATCH_CHECK_MATCHED, MATCH_CHECK_VALID,
 };
 use crate::crypto::garble::{
-    evaluate, garble, labels_from_bytes, labels_to_bytes, GarbledCircuit, GarblerSecrets,
-    OutputDecoding,
+    evaluate, garble, labels_from_bytes, labels_to_bytes, GarbledCircuit, OutputDecoding,
+    OutputLabels,
 };
 use crate::crypto::ot::{OtReceiver, OtSender, ReceiverMessage, SenderMessage};
 
@@ -96,6 +97,12 @@ fn read_block<'a>(r: &mut Reader<'a>, max: usize, what: &str) -> Result<&'a [u8]
     }
     r.take(len, what)
 }
+
+/// Bytes of the OT session id.
+const OT_SESSION_BYTES: usize = 32;
+
+/// Outputs of the circuit of Fig. 6: [valid, matched].
+const CIRCUIT_OUTPUTS: usize = 2;
 
 /// The OT session id: a hash of T's Round 2 message.
 fn ot_session(round2: &[u8]) -> Vec<u8> {
@@ -240,9 +247,10 @@ impl Pi3Round5 {
     /// Strict decoding: exactly two labels.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, MatchError> {
         let mut r = Reader::new("Π3 round 5", bytes, MessageKind::Pi3OutputLabels)?;
-        let raw = r.take(32, "output labels")?;
+        let raw = r.take(CIRCUIT_OUTPUTS * 16, "output labels")?;
         r.finish()?;
-        let labels = labels_from_bytes(raw, 2).map_err(|e| garbled("output labels", e))?;
+        let labels =
+            labels_from_bytes(raw, CIRCUIT_OUTPUTS).map_err(|e| garbled("output labels", e))?;
         Ok(Self { labels })
     }
 }
@@ -380,14 +388,52 @@ struct TerminalSecrets {
     pad: Integer,
 }
 
+/// The ranges T draws its secrets from (see the module documentation), each [low, high).
+struct SecretRanges {
+    a: (Integer, Integer),
+    pad: (Integer, Integer),
+    b: (Integer, Integer),
+}
+
+impl SecretRanges {
+    fn of(layout: &Layout) -> Self {
+        let one = Integer::from(1);
+        let zeta2 = layout.ip_bound();
+        let lambda = layout.stat_bits();
+        let pad_low = zeta2.clone();
+        let pad_high = (&one << (zeta2.significant_bits() + lambda)).complete() + zeta2;
+        let b_low = (layout.max_multiplier() * zeta2).complete();
+        let b_high = (&one << (layout.addend_bits() - 1)).complete() + &b_low;
+        Self {
+            a: (one.clone(), (&one << lambda).complete()),
+            pad: (pad_low, pad_high),
+            b: (b_low, b_high),
+        }
+    }
+
+    /// Uniform in [low, high).
+    fn draw<R: RngCore + CryptoRng>(range: &(Integer, Integer), rng: &mut R) -> Integer {
+        random_below(&(&range.1 - &range.0).complete(), rng) + &range.0
+    }
+
+    /// Fig. 5 Round 2 step (2): a uniform in [1, 2^λ), pad and b offset as documented.
+    fn draw_secrets<R: RngCore + CryptoRng>(&self, rng: &mut R) -> TerminalSecrets {
+        let a = Self::draw(&self.a, rng);
+        let pad = Self::draw(&self.pad, rng);
+        let b = Self::draw(&self.b, rng);
+        TerminalSecrets { a, b, pad }
+    }
+}
+
 enum TerminalState {
     AwaitingRound1,
     AwaitingRound3 {
         secrets: TerminalSecrets,
         session: Vec<u8>,
     },
+    /// Only what the label check needs, not the whole garbling.
     AwaitingRound5 {
-        garbler: Box<GarblerSecrets>,
+        outputs: OutputLabels,
     },
     Done(bool),
     Failed,
@@ -396,6 +442,7 @@ enum TerminalState {
 /// The terminal T of Π3 for one session: its measurement w and threshold, then its secrets.
 pub struct Pi3Terminal {
     params: Params,
+    /// Used by Round 2 only; empty in a resumed terminal.
     w: Vec<i32>,
     threshold: i64,
     state: TerminalState,
@@ -468,14 +515,8 @@ impl Pi3Terminal {
         }
         let layout = self.params.layout();
         let pk = &msg.public_key;
-        let zeta2 = layout.ip_bound();
-        let lambda = layout.stat_bits();
         let one = Integer::from(1);
-        let a = random_below(&((&one << lambda).complete() - 1u32), rng) + 1u32;
-        let pad_range = (&one << (zeta2.significant_bits() + lambda)).complete();
-        let pad = random_below(&pad_range, rng) + zeta2;
-        let b_offset = (layout.max_multiplier() * zeta2).complete();
-        let b = b_offset + random_below(&(&one << (layout.addend_bits() - 1)).complete(), rng);
+        let TerminalSecrets { a, b, pad } = SecretRanges::of(layout).draw_secrets(rng);
         let product = homomorphic_inner_product(pk, layout, &msg.template, &self.w)?;
         let [nonce_x, nonce_y] = match r_to_n {
             Some([x, y]) => [x.clone(), y.clone()],
@@ -534,7 +575,7 @@ impl Pi3Terminal {
         }
         .to_bytes();
         self.state = TerminalState::AwaitingRound5 {
-            garbler: Box::new(garbler),
+            outputs: garbler.output_labels(),
         };
         Ok(out)
     }
@@ -543,15 +584,15 @@ impl Pi3Terminal {
     /// for that output, or valid = 0 (X, Y inconsistent with a, b, pad), is
     /// [`MatchError::Cheating`] and the session fails.
     pub fn finish(&mut self, round5: &[u8]) -> Result<bool, MatchError> {
-        let garbler = match std::mem::replace(&mut self.state, TerminalState::Failed) {
-            TerminalState::AwaitingRound5 { garbler } => garbler,
+        let outputs = match std::mem::replace(&mut self.state, TerminalState::Failed) {
+            TerminalState::AwaitingRound5 { outputs } => outputs,
             other => {
                 self.state = other;
                 return Err(MatchError::State("Π3 round 5 follows round 4, once".into()));
             }
         };
         let msg = Pi3Round5::from_bytes(round5)?;
-        let bits = garbler.decode_output(&msg.labels).map_err(|e| {
+        let bits = outputs.decode(&msg.labels).map_err(|e| {
             MatchError::Cheating(format!("an output label the terminal did not make ({e})"))
         })?;
         if !bits[MATCH_CHECK_VALID] {
@@ -572,6 +613,86 @@ impl Pi3Terminal {
             TerminalState::Done(b) => Some(b),
             _ => None,
         }
+    }
+
+    /// The terminal's state between two of its rounds, for a terminal that does not stay in
+    /// memory (the service provider keeps it in a table), only what the next step needs:
+    ///
+    /// * after Round 2 (Fig. 5 Round 2): `version ‖ kind ‖ threshold ‖ a ‖ b ‖ pad` (signed
+    ///   integers as in the messages) `‖ OT session id (32)`; w is no longer needed;
+    /// * after Round 4: `version ‖ kind ‖` the two labels of each output wire (64 bytes:
+    ///   what the label check of "Output Computation" needs, not the garbling's other labels);
+    ///
+    /// then a 16-byte check value over the parameters and those bytes. As secret as the
+    /// values; zeroized on drop. [`MatchError::State`] at any other stage. The record's
+    /// parameters are not in it: they are given again to [`Self::resume`].
+    pub fn suspend(&self) -> Result<zeroize::Zeroizing<Vec<u8>>, MatchError> {
+        match &self.state {
+            TerminalState::AwaitingRound3 { secrets, session } => {
+                let mut out = begin_state(MessageKind::Pi3TerminalAfterRound2);
+                put_signed(&mut out, &Integer::from(self.threshold));
+                put_signed(&mut out, &secrets.a);
+                put_signed(&mut out, &secrets.b);
+                put_signed(&mut out, &secrets.pad);
+                out.extend_from_slice(session);
+                Ok(end_state(&self.params, out))
+            }
+            TerminalState::AwaitingRound5 { outputs } => {
+                let mut out = begin_state(MessageKind::Pi3TerminalAfterRound4);
+                out.extend_from_slice(&outputs.to_bytes());
+                Ok(end_state(&self.params, out))
+            }
+            _ => Err(MatchError::State(
+                "a Π3 terminal is suspended after round 2 or round 4 only".into(),
+            )),
+        }
+    }
+
+    /// The terminal at the stage [`Self::suspend`] left it (awaiting Round 3, or Round 5),
+    /// for the same `params` (the check value binds them). Strict: a wrong kind, version,
+    /// length or check value, a threshold outside ±ζ², a, b or pad outside the ranges they are
+    /// drawn from, or output labels that are not pairs (W⁰, W⁰ ⊕ Δ) are a
+    /// [`MatchError::Wire`] naming the field (never the value). A terminal resumed after
+    /// Round 4 has no threshold (the circuit it sent holds it).
+    pub fn resume(params: Params, state: &[u8]) -> Result<Self, MatchError> {
+        const WHAT: &str = "Π3 terminal state";
+        check_session_params(&params, Protocol::Pi3, 0)?;
+        let kind = match state.get(1) {
+            Some(&k) if k == MessageKind::Pi3TerminalAfterRound4 as u8 => {
+                MessageKind::Pi3TerminalAfterRound4
+            }
+            _ => MessageKind::Pi3TerminalAfterRound2,
+        };
+        let mut r = state_reader(WHAT, &params, state, kind)?;
+        let (threshold, state) = if kind == MessageKind::Pi3TerminalAfterRound4 {
+            let raw = r.take(
+                CIRCUIT_OUTPUTS * OutputLabels::BYTES_PER_OUTPUT,
+                "output labels",
+            )?;
+            let outputs = OutputLabels::from_bytes(raw, CIRCUIT_OUTPUTS)
+                .map_err(|e| r.error(format!("output labels: {e}")))?;
+            (0, TerminalState::AwaitingRound5 { outputs })
+        } else {
+            let threshold = to_i64("threshold", &r.signed(8, "threshold")?)?;
+            check_session_params(&params, Protocol::Pi3, threshold)?;
+            let ranges = SecretRanges::of(params.layout());
+            let a = r.bounded(&ranges.a.0, &ranges.a.1, "a")?;
+            let b = r.bounded(&ranges.b.0, &ranges.b.1, "b")?;
+            let pad = r.bounded(&ranges.pad.0, &ranges.pad.1, "pad")?;
+            let session = r.take(OT_SESSION_BYTES, "OT session id")?.to_vec();
+            let secrets = TerminalSecrets { a, b, pad };
+            (
+                threshold,
+                TerminalState::AwaitingRound3 { secrets, session },
+            )
+        };
+        r.finish()?;
+        Ok(Self {
+            params,
+            w: Vec::new(),
+            threshold,
+            state,
+        })
     }
 }
 
@@ -691,6 +812,147 @@ mod tests {
         let ip = dot(&low, &high);
         assert!(run(&device, &high, ip, &mut rng).0);
         assert!(!run(&device, &high, ip + 1, &mut rng).0);
+    }
+
+    /// Suspended after Round 2 and again after Round 4 and resumed from the bytes each time,
+    /// the terminal answers exactly as the one that stayed in memory (same randomness: same
+    /// Round 2, same garbled Round 4, same output), on random pairs including IP = T, T ± 1,
+    /// and catches a forged output label the same way.
+    #[test]
+    fn a_suspended_terminal_gives_the_in_memory_outcome() {
+        let sk = small_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(305);
+        let verify = verifier(&sp_key());
+        for (dim, m) in [(8usize, 8u32), (5, 16)] {
+            let p = params(dim, m, 1024);
+            for _ in 0..3 {
+                let u = random_vector(dim, m, &mut rng);
+                let device = enrol(&p, sk, &u, &mut rng);
+                let r1 = device.round1();
+                for _ in 0..3 {
+                    let w = random_vector(dim, m, &mut rng);
+                    let ip = dot(&u, &w);
+                    let random_t = (rng.next_u64() % 2001) as i64 - 1000;
+                    for threshold in [ip, ip - 1, ip + 1, random_t] {
+                        let seeds = [rng.next_u64(), rng.next_u64()];
+                        let same = |i: usize| ChaCha20Rng::seed_from_u64(seeds[i]);
+                        let mut kept = Pi3Terminal::new(p.clone(), w.clone(), threshold).unwrap();
+                        let mut paused = Pi3Terminal::new(p.clone(), w.clone(), threshold).unwrap();
+                        let r2 = kept.round2(&r1, &verify, &mut same(0)).unwrap();
+                        assert_eq!(paused.round2(&r1, &verify, &mut same(0)).unwrap(), r2);
+                        let after2 = paused.suspend().unwrap();
+                        let mut paused = Pi3Terminal::resume(p.clone(), &after2).unwrap();
+                        assert!(paused.suspend().unwrap() == after2, "suspends the same");
+                        let mut s = device.session();
+                        let r3 = s.round3(&r2, &mut rng).unwrap();
+                        let r4 = kept.round4(&r3, &mut same(1)).unwrap();
+                        assert_eq!(paused.round4(&r3, &mut same(1)).unwrap(), r4);
+                        let after4 = paused.suspend().unwrap();
+                        assert_eq!(after4.len(), 2 + 64 + 16);
+                        let (r5, d) = s.round5(&r4).unwrap();
+                        let mut forged = Pi3Round5::from_bytes(&r5).unwrap();
+                        forged.labels[MATCH_CHECK_MATCHED] = Label::from_bytes([0x5a; 16]);
+                        let mut cheated = Pi3Terminal::resume(p.clone(), &after4).unwrap();
+                        assert!(matches!(
+                            cheated.finish(&forged.to_bytes()),
+                            Err(MatchError::Cheating(_))
+                        ));
+                        let mut paused = Pi3Terminal::resume(p.clone(), &after4).unwrap();
+                        let out = kept.finish(&r5).unwrap();
+                        assert_eq!(paused.finish(&r5).unwrap(), out);
+                        assert_eq!(out, ip >= threshold, "IP {ip}, T {threshold}");
+                        assert_eq!(d, out);
+                        assert!(matches!(paused.suspend(), Err(MatchError::State(_))));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Both suspended states decode strictly: every truncation, an extension, every
+    /// single-bit change, other parameters, a state of the other stage's kind with values out
+    /// of range, and a suspend at the wrong stage are clean errors; Debug shows no secret.
+    #[test]
+    fn suspended_states_are_strict_and_secret() {
+        let sk = small_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(306);
+        let p = params(8, 8, 1024);
+        let u = random_vector(8, 8, &mut rng);
+        let device = enrol(&p, sk, &u, &mut rng);
+        let threshold = 4321;
+        let mut t = Pi3Terminal::new(p.clone(), u.clone(), threshold).unwrap();
+        assert!(matches!(t.suspend(), Err(MatchError::State(_))));
+        let r2 = t
+            .round2(&device.round1(), &verifier(&sp_key()), &mut rng)
+            .unwrap();
+        let after2 = t.suspend().unwrap();
+        let (a, b, pad) = match &t.state {
+            TerminalState::AwaitingRound3 { secrets, .. } => {
+                (secrets.a.clone(), secrets.b.clone(), secrets.pad.clone())
+            }
+            _ => unreachable!(),
+        };
+        let shown = format!("{t:?}");
+        for secret in [&a, &b, &pad] {
+            assert!(!shown.contains(&secret.to_string()), "{shown}");
+        }
+        assert!(!shown.contains(&threshold.to_string()), "{shown}");
+        let mut s = device.session();
+        let r3 = s.round3(&r2, &mut rng).unwrap();
+        t.round4(&r3, &mut rng).unwrap();
+        let after4 = t.suspend().unwrap();
+        let other = Params::new_allowing_test_modulus(
+            Protocol::Pi3,
+            8,
+            8,
+            1024,
+            DEFAULT_STAT_BITS,
+            Params::max_norm_bound(8, 8) - 1u32,
+        )
+        .unwrap();
+        for state in [&after2, &after4] {
+            assert!(Pi3Terminal::resume(p.clone(), state).is_ok());
+            for len in 0..state.len() {
+                let e = Pi3Terminal::resume(p.clone(), &state[..len]).unwrap_err();
+                assert!(matches!(e, MatchError::Wire { .. }), "{len}: {e}");
+            }
+            let mut longer = state.to_vec();
+            longer.push(0);
+            assert!(Pi3Terminal::resume(p.clone(), &longer).is_err());
+            for bit in 0..state.len() * 8 {
+                let mut b = state.to_vec();
+                b[bit / 8] ^= 1 << (bit % 8);
+                assert!(Pi3Terminal::resume(p.clone(), &b).is_err(), "bit {bit}");
+            }
+            assert!(Pi3Terminal::resume(other.clone(), state).is_err());
+        }
+        // Well-formed states with values the terminal never draws.
+        let forge = |threshold: i64, a: &Integer, b: &Integer, pad: &Integer| {
+            let mut out = begin_state(MessageKind::Pi3TerminalAfterRound2);
+            for x in [&Integer::from(threshold), a, b, pad] {
+                put_signed(&mut out, x);
+            }
+            out.extend_from_slice(&[7u8; OT_SESSION_BYTES]);
+            end_state(&p, out)
+        };
+        assert!(Pi3Terminal::resume(p.clone(), &forge(threshold, &a, &b, &pad)).is_ok());
+        let ranges = SecretRanges::of(p.layout());
+        let below = |x: &Integer| (x - 1u32).complete();
+        for (a2, b2, pad2) in [
+            (Integer::new(), b.clone(), pad.clone()),
+            (ranges.a.1.clone(), b.clone(), pad.clone()),
+            (a.clone(), below(&ranges.b.0), pad.clone()),
+            (a.clone(), ranges.b.1.clone(), pad.clone()),
+            (a.clone(), b.clone(), below(&ranges.pad.0)),
+            (a.clone(), b.clone(), ranges.pad.1.clone()),
+        ] {
+            assert!(Pi3Terminal::resume(p.clone(), &forge(threshold, &a2, &b2, &pad2)).is_err());
+        }
+        assert!(Pi3Terminal::resume(p.clone(), &forge(i64::MIN, &a, &b, &pad)).is_err());
+        // Output labels that are not (W⁰, W⁰ ⊕ Δ) pairs, with a valid check value.
+        let mut out = begin_state(MessageKind::Pi3TerminalAfterRound4);
+        out.extend_from_slice(&[3u8; 64]);
+        assert!(Pi3Terminal::resume(p.clone(), &end_state(&p, out)).is_err());
     }
 
     /// A device that feeds the circuit other values than the ones it decrypted (X + δ, or Y

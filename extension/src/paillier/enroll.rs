@@ -200,19 +200,21 @@ fn sp_protocol(sp: &ServiceEnrolment) -> Protocol {
     sp.params().protocol()
 }
 
-/// Deletes the record of `device_id` (and any pending enrolment of it): true when a record
-/// was removed. After this, terminals can no longer be served its template by this SP
+/// Deletes the record of `device_id` (and any pending enrolment and running Π2/Π3 session of
+/// it): true when a record was removed. After this, terminals can no longer be served its template by this SP
 /// (records already handed out remain valid under σ until they expire, [ABMR20] §6.1).
 #[pg_extern(volatile)]
 fn paillier_delete(device_id: &str) -> bool {
     const F: &str = "paillier_delete";
     require_sp(F);
     check_id(F, device_id);
-    run(
-        F,
-        "DELETE FROM privmatch.paillier_pending WHERE device_id = $1",
-        &[device_id.into()],
-    );
+    for table in ["paillier_pending", "paillier_sessions"] {
+        run(
+            F,
+            &format!("DELETE FROM privmatch.{table} WHERE device_id = $1"),
+            &[device_id.into()],
+        );
+    }
     !modify(
         F,
         "DELETE FROM privmatch.paillier_devices WHERE device_id = $1 RETURNING 1",

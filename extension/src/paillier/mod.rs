@@ -10,7 +10,9 @@
 //!   file), its ring-Pedersen parameters for the device key proof (§8.1), the parameter sets
 //!   it enrols under.
 //! * Enrolment Π_en (§6.1, §8), deletion and fetching of records ([`enroll`]).
-//! * The terminal's Round 2 computed at the SP on the stored record ([`matching`]).
+//! * The terminal's Round 2 computed at the SP on the stored record ([`matching`]; Π1 there,
+//!   Π2 and Π3 in [`sessions`] with the terminal's later rounds, its secrets kept between the
+//!   calls).
 //!
 //! Imports: the shared modules (`errors`, `datum`, `identity`, `keyfile`) and core; never
 //! `crate::iris`, `crate::face` or `crate::engine`. Tables: `sql/paillier.sql`.
@@ -18,6 +20,7 @@
 mod enroll;
 mod matching;
 mod service;
+mod sessions;
 mod types;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
