@@ -196,6 +196,45 @@ pub(crate) mod test_support {
             .map(|_| (rng.next_u32() % (2 * m as u32 + 1)) as i32 - m)
             .collect()
     }
+
+    /// One case of the face property tests: a probe, six templates and a quantised
+    /// threshold (`near`: within ±1 of the metric between the probe and the first template).
+    pub(crate) fn property_case(
+        rng: &mut ChaCha20Rng,
+        dim: usize,
+        metric: crate::face::Metric,
+        near: bool,
+    ) -> (Vec<i32>, Vec<Vec<i32>>, i64) {
+        let x = embedding(rng, dim);
+        let ys: Vec<Vec<i32>> = (0..6).map(|_| embedding(rng, dim)).collect();
+        let threshold = test_threshold(rng, metric, &x, &ys[0], near);
+        (x, ys, threshold)
+    }
+
+    /// A quantised threshold for the property tests: `near` puts it within ±1 of the
+    /// metric's value between `x` and `y`, otherwise anywhere in the metric's range.
+    fn test_threshold(
+        rng: &mut ChaCha20Rng,
+        metric: crate::face::Metric,
+        x: &[i32],
+        y: &[i32],
+        near: bool,
+    ) -> i64 {
+        use crate::face::quantize::{dot, squared_distance};
+        use crate::face::Metric;
+        if near {
+            let v = match metric {
+                Metric::Cosine => dot(x, y),
+                Metric::Euclidean => squared_distance(x, y),
+            };
+            v + i64::from(rng.next_u32() % 3) - 1
+        } else {
+            match metric {
+                Metric::Cosine => i64::from(rng.next_u32() % (1 << 28)) - (1 << 27),
+                Metric::Euclidean => i64::from(rng.next_u32() % (1 << 29)),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

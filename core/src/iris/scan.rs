@@ -137,7 +137,7 @@ impl ScanBackend for CpuScan {
 }
 
 /// Entry ranges of about equal size, one per thread.
-fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
+pub(crate) fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
     let parts = parts.clamp(1, n.max(1));
     let step = n.div_ceil(parts);
     (0..parts)
