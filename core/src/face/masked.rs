@@ -159,12 +159,14 @@ pub fn template_digest<'a>(ids: impl IntoIterator<Item = &'a [u8; BUNDLE_ID_LEN]
 }
 
 /// Evaluator b's enrolled templates, held in memory: per template the opened masked template
-/// Δy_j and its own mask δy_j,b (one row of 2·l words), its share of ‖y_j‖² and its bundle
-/// id. Never holds y_j. Zeroised on drop; never printed.
+/// Δy_j (l words), the seed of its own mask δy_j,b (re-expanded at each use: a 16-byte seed
+/// instead of l more words halves the memory each identification streams through), its
+/// share of ‖y_j‖² and its bundle id. Never holds y_j. Zeroised on drop; never printed.
 pub struct MaskedTemplateSet {
     party: usize,
     dim: usize,
     rows: Vec<u32>,
+    seeds: Vec<[u8; 16]>,
     norms: Vec<u32>,
     ids: Vec<[u8; BUNDLE_ID_LEN]>,
 }
@@ -172,6 +174,7 @@ pub struct MaskedTemplateSet {
 impl Drop for MaskedTemplateSet {
     fn drop(&mut self) {
         self.rows.zeroize();
+        self.seeds.zeroize();
         self.norms.zeroize();
     }
 }
@@ -199,6 +202,7 @@ impl MaskedTemplateSet {
             party,
             dim,
             rows: Vec::new(),
+            seeds: Vec::new(),
             norms: Vec::new(),
             ids: Vec::new(),
         })
@@ -223,13 +227,9 @@ impl MaskedTemplateSet {
                 });
             }
         }
-        let start = self.rows.len();
-        self.rows.resize(start + 2 * l, 0);
-        let (big_y, mask) = self.rows[start..].split_at_mut(l);
-        for ((o, a), b) in big_y.iter_mut().zip(own).zip(peer) {
-            *o = a.wrapping_add(*b);
-        }
-        expand_template_mask(seed, mask);
+        self.rows
+            .extend(own.iter().zip(peer).map(|(a, b)| a.wrapping_add(*b)));
+        self.seeds.push(*seed);
         self.norms.push(norm);
         self.ids.push(id);
         Ok(())
@@ -463,10 +463,9 @@ pub fn probe_round(
     Ok(out)
 }
 
-/// One row's ⟨u, Δy⟩ − ⟨Δx, δy_b⟩ (row = Δy ‖ δy_b).
+/// One template's ⟨u, Δy⟩ − ⟨Δx, δy_b⟩.
 #[inline(always)]
-fn row_distance(u: &[u32], big_x: &[u32], row: &[u32]) -> u32 {
-    let (big_y, mask) = row.split_at(u.len());
+fn row_distance(u: &[u32], big_x: &[u32], big_y: &[u32], mask: &[u32]) -> u32 {
     let mut acc = [0u32; 8];
     for (((u8s, x8s), y8s), m8s) in u
         .chunks_exact(8)
@@ -503,9 +502,11 @@ impl DistanceJob<'_> {
     #[inline(always)]
     fn run_body(&self, range: std::ops::Range<usize>, out: &mut [u32]) {
         let l = self.set.dim;
+        let mut mask = vec![0u32; l];
         for (j, z) in range.zip(out.iter_mut()) {
-            let row = &self.set.rows[j * 2 * l..(j + 1) * 2 * l];
-            let d = row_distance(self.u, self.big_x, row).wrapping_add(self.keys.c[j]);
+            let big_y = &self.set.rows[j * l..(j + 1) * l];
+            expand_template_mask(&self.set.seeds[j], &mut mask);
+            let d = row_distance(self.u, self.big_x, big_y, &mask).wrapping_add(self.keys.c[j]);
             let r = self.keys.r[j];
             *z = match self.keys.metric {
                 Metric::Cosine => d.wrapping_add(r),
@@ -516,6 +517,7 @@ impl DistanceJob<'_> {
                     .wrapping_add(r),
             };
         }
+        mask.zeroize();
     }
 
     /// # Safety
@@ -863,7 +865,7 @@ mod tests {
         ];
         let sets = open_templates_in_process(&master, &shared, dim).unwrap();
         let rows = &sets[0].rows;
-        let equal = (0..dim).filter(|&i| rows[i] == rows[2 * dim + i]).count();
+        let equal = (0..dim).filter(|&i| rows[i] == rows[dim + i]).count();
         assert!(equal < 3, "{equal} equal words");
     }
 

@@ -10,6 +10,7 @@
 //! modality.
 
 pub mod face;
+pub mod face_scale;
 pub mod iris;
 pub mod paillier;
 pub mod stats;
