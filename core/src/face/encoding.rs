@@ -188,6 +188,23 @@ pub(crate) mod test_support {
         (rng, secrets, publics)
     }
 
+    /// The pairwise secrets of party `a` with party `b`.
+    pub(crate) fn pairwise(
+        secrets: &[PartySecretKey; 3],
+        publics: &[PartyPublicKey; 3],
+        a: usize,
+        b: usize,
+    ) -> crate::crypto::seal::PairwiseSecrets {
+        use crate::party::PartyIndex;
+        crate::crypto::seal::PairwiseSecrets::derive(
+            PartyIndex::ALL[a],
+            &secrets[a],
+            PartyIndex::ALL[b],
+            &publics[b],
+        )
+        .unwrap()
+    }
+
     /// A random quantised embedding of dimension `dim` within the quantiser's range.
     pub(crate) fn embedding(rng: &mut ChaCha20Rng, dim: usize) -> Vec<i32> {
         let q = Quantizer::new(dim).unwrap();

@@ -46,6 +46,7 @@ pub mod dealer;
 pub mod encoding;
 pub mod enroll;
 pub mod funshade;
+pub mod mask_dealer;
 pub mod masked;
 pub mod probe;
 pub mod quantize;
