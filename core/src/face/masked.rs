@@ -169,6 +169,7 @@ pub struct MaskedTemplateSet {
     seeds: Vec<[u8; 16]>,
     norms: Vec<u32>,
     ids: Vec<[u8; BUNDLE_ID_LEN]>,
+    known: std::collections::BTreeSet<[u8; BUNDLE_ID_LEN]>,
 }
 
 impl Drop for MaskedTemplateSet {
@@ -205,6 +206,7 @@ impl MaskedTemplateSet {
             seeds: Vec::new(),
             norms: Vec::new(),
             ids: Vec::new(),
+            known: std::collections::BTreeSet::new(),
         })
     }
 
@@ -226,6 +228,13 @@ impl MaskedTemplateSet {
                     got: v.len(),
                 });
             }
+        }
+        // A bundle id masks exactly one template: opening a second template under the same
+        // id (the same δy) would reveal the difference of the two.
+        if !self.known.insert(id) {
+            return Err(FaceError::Malformed(
+                "a template with this bundle id is already held",
+            ));
         }
         self.rows
             .extend(own.iter().zip(peer).map(|(a, b)| a.wrapping_add(*b)));
@@ -863,7 +872,13 @@ mod tests {
             (id(&mut rng), share_embedding(&y, &mut rng)),
             (id(&mut rng), share_embedding(&y, &mut rng)),
         ];
-        let sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        let mut sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        // The same id again is refused, and changes nothing.
+        let (again, shares) = &shared[0];
+        let seeds = master.template_seeds(again);
+        let y = masked_template_share(&shares[0], &seeds[0]);
+        assert!(sets[0].push(*again, &y, &y, &seeds[0], 0).is_err());
+        assert_eq!(sets[0].len(), 2);
         let rows = &sets[0].rows;
         let equal = (0..dim).filter(|&i| rows[i] == rows[dim + i]).count();
         assert!(equal < 3, "{equal} equal words");
