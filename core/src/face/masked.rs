@@ -46,7 +46,7 @@ use super::quantize::check_dim;
 use super::{FaceError, Metric};
 use crate::crypto::fss::aes::{expand_u32, expand_u32_domain};
 use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
-use crate::iris::scan::split_ranges;
+use crate::parallel::split_ranges;
 
 /// Bytes of the dealer's template-mask master key.
 pub const TEMPLATE_MASTER_LEN: usize = 32;

@@ -734,7 +734,7 @@ fn print_cluster(f: &ClusterFigures) {
     );
 }
 
-/// `privmatch bench face`.
+/// `privmatch bench face` (the `scale` part runs from [`super::face_scale::run`]).
 pub async fn run(
     args: &FaceBenchArgs,
     configs: impl FnOnce() -> Result<LocalConfigs>,
@@ -745,42 +745,6 @@ pub async fn run(
     }
     let machine = machine();
     let mut report = serde_json::json!({ "machine": machine });
-    if args.part == "scale" {
-        let threads = if args.threads == 0 {
-            machine.cpus
-        } else {
-            args.threads
-        };
-        let mut figures = Vec::with_capacity(args.scale_n.len());
-        for &n in &args.scale_n {
-            eprintln!("scale: N = {n}, l = {}", args.dim);
-            let a = args.clone();
-            let f = tokio::task::spawn_blocking(move || {
-                super::face_scale::scale(
-                    metric,
-                    a.dim,
-                    n,
-                    a.threshold,
-                    a.noise,
-                    a.seed,
-                    threads,
-                    a.identifies,
-                    !a.no_baseline,
-                )
-            })
-            .await
-            .context("the scale benchmark thread failed")??;
-            figures.push(f);
-        }
-        if args.json {
-            report["scale"] = serde_json::to_value(&figures)?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            println!("{} ({} logical CPUs)", machine.cpu, machine.cpus);
-            super::face_scale::print_scale(&figures);
-        }
-        return Ok(());
-    }
     if args.part != "cluster" {
         let mut figures = Vec::with_capacity(args.dims.len());
         for &dim in &args.dims {

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::face::dealer::DealerConfig;
 use privmatch_core::face::encoding::{share_embedding, EmbeddingShare};
 use privmatch_core::face::funshade::{
@@ -32,7 +32,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 
-use super::face::{bench_set, per, plaintext_scan, quantized_threshold};
+use super::face::{bench_set, machine, per, plaintext_scan, quantized_threshold, FaceBenchArgs};
 use super::stats::median;
 
 /// The per-comparison protocol over the same templates (before dealer-masked templates).
@@ -98,6 +98,49 @@ pub struct ScaleFigures {
 
 fn fe(e: FaceError) -> anyhow::Error {
     anyhow!("{e}")
+}
+
+/// `privmatch bench face --part scale`.
+pub async fn run(args: &FaceBenchArgs) -> Result<()> {
+    let metric = Metric::parse(&args.metric).map_err(|e| anyhow!("--metric: {e}"))?;
+    if !(args.noise.is_finite() && args.noise >= 0.0) {
+        bail!("--noise must be a non-negative number");
+    }
+    let machine = machine();
+    let threads = if args.threads == 0 {
+        machine.cpus
+    } else {
+        args.threads
+    };
+    let mut figures = Vec::with_capacity(args.scale_n.len());
+    for &n in &args.scale_n {
+        eprintln!("scale: N = {n}, l = {}", args.dim);
+        let a = args.clone();
+        let f = tokio::task::spawn_blocking(move || {
+            scale(
+                metric,
+                a.dim,
+                n,
+                a.threshold,
+                a.noise,
+                a.seed,
+                threads,
+                a.identifies,
+                !a.no_baseline,
+            )
+        })
+        .await
+        .context("the scale benchmark thread failed")??;
+        figures.push(f);
+    }
+    if args.json {
+        let report = serde_json::json!({ "machine": machine, "scale": figures });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{} ({} logical CPUs)", machine.cpu, machine.cpus);
+        print_scale(&figures);
+    }
+    Ok(())
 }
 
 /// Figures of one N (see the module docs).

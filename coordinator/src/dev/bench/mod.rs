@@ -228,6 +228,7 @@ pub async fn run(
     match action {
         BenchAction::Enroll(args) => enroll_bench(&configs()?, args).await,
         BenchAction::Iris(args) => iris::run(&configs()?, args).await,
+        BenchAction::Face(args) if args.part == "scale" => face_scale::run(args).await,
         BenchAction::Face(args) => face::run(args, configs).await,
         BenchAction::Paillier(args) => paillier::run(args.clone()),
     }
