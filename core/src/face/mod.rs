@@ -41,6 +41,10 @@
 //! plus 4 bytes in step 2. Every key is single-use: reusing one with a different input would
 //! reveal the difference of the inputs (Δx − Δx′ = x − x′). The party's database enforces
 //! that (see the extension's `face` module).
+//!
+//! For 1:N at scale, [`masked`] masks each enrolled template once with a dealer-known mask
+//! (opened once as Δy = y + δy) so that a comparison costs 8 online bytes per party; its
+//! messages from the dealer are in [`mask_dealer`].
 
 pub mod dealer;
 pub mod encoding;
