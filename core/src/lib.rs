@@ -44,6 +44,7 @@ pub mod face;
 pub mod iris;
 pub mod mpc;
 pub mod paillier;
+pub mod parallel;
 pub mod party;
 pub mod sharing;
 pub mod twophase;

@@ -235,20 +235,12 @@ pub fn open_key_batch(
 mod tests {
     use super::*;
 
-    use crate::face::encoding::test_support::seeded_keys;
+    use crate::face::encoding::test_support::{pairwise, seeded_keys};
 
     #[test]
     fn key_batches_are_authenticated_as_the_dealers() {
         let (mut rng, secrets, publics) = seeded_keys(6);
-        let pair = |a: usize, b: usize| {
-            PairwiseSecrets::derive(
-                PartyIndex::ALL[a],
-                &secrets[a],
-                PartyIndex::ALL[b],
-                &publics[b],
-            )
-            .unwrap()
-        };
+        let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
         let header = KeyBatchHeader {
             party: 0,
             batch: 7,

@@ -188,6 +188,23 @@ pub(crate) mod test_support {
         (rng, secrets, publics)
     }
 
+    /// The pairwise secrets of party `a` with party `b`.
+    pub(crate) fn pairwise(
+        secrets: &[PartySecretKey; 3],
+        publics: &[PartyPublicKey; 3],
+        a: usize,
+        b: usize,
+    ) -> crate::crypto::seal::PairwiseSecrets {
+        use crate::party::PartyIndex;
+        crate::crypto::seal::PairwiseSecrets::derive(
+            PartyIndex::ALL[a],
+            &secrets[a],
+            PartyIndex::ALL[b],
+            &publics[b],
+        )
+        .unwrap()
+    }
+
     /// A random quantised embedding of dimension `dim` within the quantiser's range.
     pub(crate) fn embedding(rng: &mut ChaCha20Rng, dim: usize) -> Vec<i32> {
         let q = Quantizer::new(dim).unwrap();
@@ -195,6 +212,45 @@ pub(crate) mod test_support {
         (0..dim)
             .map(|_| (rng.next_u32() % (2 * m as u32 + 1)) as i32 - m)
             .collect()
+    }
+
+    /// One case of the face property tests: a probe, six templates and a quantised
+    /// threshold (`near`: within ±1 of the metric between the probe and the first template).
+    pub(crate) fn property_case(
+        rng: &mut ChaCha20Rng,
+        dim: usize,
+        metric: crate::face::Metric,
+        near: bool,
+    ) -> (Vec<i32>, Vec<Vec<i32>>, i64) {
+        let x = embedding(rng, dim);
+        let ys: Vec<Vec<i32>> = (0..6).map(|_| embedding(rng, dim)).collect();
+        let threshold = test_threshold(rng, metric, &x, &ys[0], near);
+        (x, ys, threshold)
+    }
+
+    /// A quantised threshold for the property tests: `near` puts it within ±1 of the
+    /// metric's value between `x` and `y`, otherwise anywhere in the metric's range.
+    fn test_threshold(
+        rng: &mut ChaCha20Rng,
+        metric: crate::face::Metric,
+        x: &[i32],
+        y: &[i32],
+        near: bool,
+    ) -> i64 {
+        use crate::face::quantize::{dot, squared_distance};
+        use crate::face::Metric;
+        if near {
+            let v = match metric {
+                Metric::Cosine => dot(x, y),
+                Metric::Euclidean => squared_distance(x, y),
+            };
+            v + i64::from(rng.next_u32() % 3) - 1
+        } else {
+            match metric {
+                Metric::Cosine => i64::from(rng.next_u32() % (1 << 28)) - (1 << 27),
+                Metric::Euclidean => i64::from(rng.next_u32() % (1 << 29)),
+            }
+        }
     }
 }
 

@@ -59,6 +59,16 @@ impl DealerParams {
         })
     }
 
+    /// Parameters with an already quantised threshold (tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn for_tests(metric: Metric, dim: usize, threshold: i64) -> Self {
+        DealerParams {
+            metric,
+            dim,
+            threshold,
+        }
+    }
+
     /// The metric.
     pub fn metric(&self) -> Metric {
         self.metric
@@ -71,7 +81,7 @@ impl DealerParams {
 
     /// The offset r_0 + r_1 must carry besides r_in: −θ for cosine (v = ⟨x, y⟩ − θ), +θ for
     /// Euclidean (v = θ − ‖x − y‖²).
-    fn threshold_offset(&self) -> u32 {
+    pub(crate) fn threshold_offset(&self) -> u32 {
         let theta = self.threshold as u32;
         match self.metric {
             Metric::Cosine => theta.wrapping_neg(),
@@ -498,23 +508,9 @@ mod tests {
             near in any::<bool>(),
         ) {
             let mut rng = ChaCha20Rng::seed_from_u64(seed);
-            let m = Quantizer::new(dim).unwrap().magnitude() as i32;
             let metric = if euclidean { Metric::Euclidean } else { Metric::Cosine };
-            let x = random_embedding(&mut rng, dim, m);
-            let ys: Vec<Vec<i32>> = (0..6).map(|_| random_embedding(&mut rng, dim, m)).collect();
-            // Either a threshold right at one template's value, or a random one in range.
-            let threshold = if near {
-                let v = match metric {
-                    Metric::Cosine => dot(&x, &ys[0]),
-                    Metric::Euclidean => squared_distance(&x, &ys[0]),
-                };
-                v + i64::from(rng.next_u32() % 3) - 1
-            } else {
-                match metric {
-                    Metric::Cosine => i64::from(rng.next_u32() % (1 << 28)) - (1 << 27),
-                    Metric::Euclidean => i64::from(rng.next_u32() % (1 << 29)),
-                }
-            };
+            let (x, ys, threshold) =
+                crate::face::encoding::test_support::property_case(&mut rng, dim, metric, near);
             check(metric, dim, threshold, &x, &ys, &mut rng);
         }
     }

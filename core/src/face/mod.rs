@@ -41,11 +41,17 @@
 //! plus 4 bytes in step 2. Every key is single-use: reusing one with a different input would
 //! reveal the difference of the inputs (Δx − Δx′ = x − x′). The party's database enforces
 //! that (see the extension's `face` module).
+//!
+//! For 1:N at scale, [`masked`] masks each enrolled template once with a dealer-known mask
+//! (opened once as Δy = y + δy) so that a comparison costs 8 online bytes per party; its
+//! messages from the dealer are in [`mask_dealer`].
 
 pub mod dealer;
 pub mod encoding;
 pub mod enroll;
 pub mod funshade;
+pub mod mask_dealer;
+pub mod masked;
 pub mod probe;
 pub mod quantize;
 

@@ -10,6 +10,7 @@
 //! The MPC steps after the scan depend only on these values, so backends are
 //! interchangeable within one search and across parties.
 
+use crate::parallel::split_ranges;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -136,16 +137,6 @@ impl ScanBackend for CpuScan {
     }
 }
 
-/// Entry ranges of about equal size, one per thread.
-fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
-    let step = n.div_ceil(parts);
-    (0..parts)
-        .map(|p| (p * step).min(n)..((p + 1) * step).min(n))
-        .filter(|r| !r.is_empty())
-        .collect()
-}
-
 /// What every scan thread reads.
 struct Job<'a> {
     kernel: DotKernel,
@@ -220,18 +211,6 @@ mod tests {
     use crate::iris::synth::random_template;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
-
-    #[test]
-    fn split_ranges_cover_every_row_once_in_order() {
-        for n in [0usize, 1, 5, 64, 101] {
-            for parts in [1usize, 2, 3, 8, 200] {
-                let ranges = split_ranges(n, parts);
-                let covered: Vec<usize> = ranges.iter().cloned().flatten().collect();
-                assert_eq!(covered, (0..n).collect::<Vec<_>>(), "n={n} parts={parts}");
-                assert!(ranges.len() <= parts.max(1));
-            }
-        }
-    }
 
     #[test]
     fn cpu_backend_on_many_threads_equals_the_single_thread_scan() {

@@ -69,9 +69,10 @@ pub fn online_bytes(dim: usize) -> [usize; 3] {
 /// Options of `privmatch bench face`.
 #[derive(Args, Clone, Debug)]
 pub struct FaceBenchArgs {
-    /// Which part: `micro` (in process, no cluster), `cluster` (through the coordinator) or
-    /// `all`.
-    #[arg(long, default_value = "all", value_parser = ["all", "micro", "cluster"])]
+    /// Which part: `micro` (in process, no cluster), `cluster` (through the coordinator),
+    /// `all` (both), or `scale` (1:N with dealer-masked templates in process, see
+    /// [`super::face_scale`]).
+    #[arg(long, default_value = "all", value_parser = ["all", "micro", "cluster", "scale"])]
     pub part: String,
     /// Print the figures as one JSON object instead of text.
     #[arg(long)]
@@ -108,9 +109,18 @@ pub struct FaceBenchArgs {
     /// Cluster: sequential 1:1 verifications.
     #[arg(long, default_value_t = 200)]
     pub verifies: usize,
-    /// Cluster: 1:N identifications over everything enrolled (the median is reported).
+    /// Cluster and scale: 1:N identifications (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub identifies: usize,
+    /// Scale: numbers of templates (comma-separated); the dimension is `--dim`.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10_000usize, 100_000])]
+    pub scale_n: Vec<usize>,
+    /// Scale: threads per evaluator (0: every logical CPU).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Scale: skip the per-comparison protocol over the same templates.
+    #[arg(long)]
+    pub no_baseline: bool,
 }
 
 /// The figures of one dimension of the micro benchmark.
@@ -209,7 +219,7 @@ pub struct Machine {
     pub cpus: usize,
 }
 
-fn machine() -> Machine {
+pub(super) fn machine() -> Machine {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {
@@ -229,7 +239,7 @@ fn metric_of(args: &FaceBenchArgs) -> Result<Metric> {
     Metric::parse(&args.metric).map_err(|e| anyhow!("--metric: {e}"))
 }
 
-fn quantized_threshold(metric: Metric, dim: usize, threshold: f64) -> Result<i64> {
+pub(super) fn quantized_threshold(metric: Metric, dim: usize, threshold: f64) -> Result<i64> {
     Quantizer::new(dim)
         .and_then(|q| q.quantize_threshold(metric, threshold))
         .map_err(|e| anyhow!("{e}"))
@@ -241,12 +251,12 @@ fn quantize(dim: usize, embedding: &[f64]) -> Result<Vec<i32>> {
         .map_err(|e| anyhow!("{e}"))
 }
 
-fn per(d: Duration, n: usize) -> f64 {
+pub(super) fn per(d: Duration, n: usize) -> f64 {
     d.as_secs_f64() * 1e6 / n.max(1) as f64
 }
 
 /// Plaintext 1:N: the matching indices and the best of three times.
-fn plaintext_scan(
+pub(super) fn plaintext_scan(
     metric: Metric,
     probe: &[i32],
     templates: &[Vec<i32>],
@@ -270,7 +280,7 @@ fn plaintext_scan(
 
 /// Runs `step` three times; its last result and the best time (the same keys may be
 /// evaluated again here: this is a timing loop, not a protocol run).
-fn best_of<T>(mut step: impl FnMut() -> Result<T>) -> Result<(T, Duration)> {
+pub(super) fn best_of<T>(mut step: impl FnMut() -> Result<T>) -> Result<(T, Duration)> {
     let mut best = Duration::MAX;
     let mut last = None;
     for _ in 0..3 {
@@ -281,6 +291,31 @@ fn best_of<T>(mut step: impl FnMut() -> Result<T>) -> Result<(T, Duration)> {
     }
     let value = last.ok_or_else(|| anyhow!("no run"))?;
     Ok((value, best))
+}
+
+/// The quantised probe and `n` templates of the in-process benchmarks: template j is a
+/// re-capture of the probe's face for even j, another face for odd j.
+pub(super) fn bench_set(
+    dim: usize,
+    n: usize,
+    noise: f64,
+    seed: u64,
+) -> Result<(Vec<i32>, Vec<Vec<i32>>)> {
+    let synth = FaceSynth { dim, seed, noise };
+    let base = synth.template(0);
+    let probe = quantize(dim, &base)?;
+    let mut templates = Vec::with_capacity(n);
+    for j in 0..n as u64 {
+        // Even: a re-capture of the probe's face (stream 3·(j + 1) + 1 is no other vector's);
+        // odd: another face.
+        let embedding = if j % 2 == 0 {
+            synth.perturb(&base, 3 * (j + 1) + 1)
+        } else {
+            synth.template(j + 1)
+        };
+        templates.push(quantize(dim, &embedding)?);
+    }
+    Ok((probe, templates))
 }
 
 /// The micro benchmark of one dimension (see the module docs). Runs on the calling thread.
@@ -295,20 +330,7 @@ pub fn micro(
     if batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let synth = FaceSynth { dim, seed, noise };
-    let base = synth.template(0);
-    let probe = quantize(dim, &base)?;
-    let mut templates = Vec::with_capacity(batch);
-    for j in 0..batch as u64 {
-        // Even: a re-capture of the probe's face (stream 3·(j + 1) + 1 is no other vector's);
-        // odd: another face.
-        let embedding = if j % 2 == 0 {
-            synth.perturb(&base, 3 * (j + 1) + 1)
-        } else {
-            synth.template(j + 1)
-        };
-        templates.push(quantize(dim, &embedding)?);
-    }
+    let (probe, templates) = bench_set(dim, batch, noise, seed)?;
     let theta = quantized_threshold(metric, dim, threshold)?;
     let params = DealerParams::new(&DealerConfig {
         metric,
@@ -712,7 +734,7 @@ fn print_cluster(f: &ClusterFigures) {
     );
 }
 
-/// `privmatch bench face`.
+/// `privmatch bench face` (the `scale` part runs from [`super::face_scale::run`]).
 pub async fn run(
     args: &FaceBenchArgs,
     configs: impl FnOnce() -> Result<LocalConfigs>,

@@ -10,6 +10,7 @@
 //! modality.
 
 pub mod face;
+pub mod face_scale;
 pub mod iris;
 pub mod paillier;
 pub mod stats;
@@ -227,6 +228,7 @@ pub async fn run(
     match action {
         BenchAction::Enroll(args) => enroll_bench(&configs()?, args).await,
         BenchAction::Iris(args) => iris::run(&configs()?, args).await,
+        BenchAction::Face(args) if args.part == "scale" => face_scale::run(args).await,
         BenchAction::Face(args) => face::run(args, configs).await,
         BenchAction::Paillier(args) => paillier::run(args.clone()),
     }

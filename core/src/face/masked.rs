@@ -1,0 +1,902 @@
+//! Funshade 1:N with **dealer-masked templates** (Ibarrondo, Chabanne, Önen, "Funshade",
+//! PETS 2023, ePrint 2022/1688, Alg. 1, with the enrolled input masked once instead of per
+//! comparison; sign gate of Boyle et al., EUROCRYPT 2021, ePrint 2020/1392).
+//!
+//! In the per-comparison protocol of [`super::funshade`] both inputs are masked afresh for
+//! every comparison, so round 1 opens x + δx *and* y + δy per comparison: 8·l bytes per
+//! comparison per party. Here an enrolled template y is masked once, with a mask δy that only
+//! the dealer P2 knows in full:
+//!
+//! * **Template masks.** P2 holds a 32-byte master key. For a template with bundle id `id`,
+//!   HKDF-SHA256(master, "privmatch face template mask v1" ‖ id) gives two 16-byte seeds;
+//!   evaluator b receives seed_b (once) and expands it to δy_b ([`expand_template_mask`]).
+//!   δy = δy_0 + δy_1. P2 keeps no per-template state: it re-derives δy from the bundle id.
+//! * **Opening once.** Evaluator b sends Y_b = y_b + δy_b once per template
+//!   ([`masked_template_share`]); both learn Δy = y + δy and keep Δy and their own δy_b
+//!   ([`MaskedTemplateSet`]), never y in the clear. δy_{1−b} is uniform and unknown to P_b,
+//!   so Δy is a one-time pad of y; it is opened only once (the same Δy again tells nothing
+//!   new).
+//! * **Per identification** (and per verification, N = 1) the dealer deals
+//!   ([`deal_identification`]) a fresh probe mask seed sx_b (δx = δx_0 + δx_1) and, per
+//!   template j, shares c_j,b of ⟨δx, δy_j⟩, the shares r_j,b of r_in,j ∓ θ and one
+//!   sign-gate key pair: single use, as in [`super::funshade`].
+//! * **Online** ([`probe_round`], [`distance_round`], [`sign_round`]): the probe's masked
+//!   vector X_b = x_b + δx_b is exchanged once (4·l bytes per party per identification); then
+//!   per comparison only z_b (4 bytes) and the output share o_b (4 bytes):
+//!
+//! ```text
+//! d_b = b·⟨Δx, Δy_j⟩ − ⟨Δx, δy_j,b⟩ − ⟨δx_b, Δy_j⟩ + c_j,b  =  ⟨b·Δx − δx_b, Δy_j⟩ − ⟨Δx, δy_j,b⟩ + c_j,b
+//! ```
+//!
+//! and d_0 + d_1 = ⟨x, y_j⟩, as in Funshade's `eval_dist`; z_b and o_b then follow
+//! [`super::funshade::distance_shares`] and [`super::funshade::sign_shares`].
+//!
+//! The dealer binds an identification's keys to the ordered list of compared templates by
+//! the SHA-256 digest of their bundle ids ([`template_digest`]); an evaluator refuses keys
+//! made for another list, since ⟨δx, δy_j⟩ is only right for the template it was made for.
+
+use hkdf::Hkdf;
+use rand_core::{CryptoRng, RngCore};
+use sha2::{Digest, Sha256};
+use zeroize::Zeroize;
+
+use super::encoding::{EmbeddingShare, Reader, VERSION};
+use super::funshade::DealerParams;
+use super::quantize::check_dim;
+use super::{FaceError, Metric};
+use crate::crypto::fss::aes::{expand_u32, expand_u32_domain};
+use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
+use crate::parallel::split_ranges;
+
+/// Bytes of the dealer's template-mask master key.
+pub const TEMPLATE_MASTER_LEN: usize = 32;
+/// Bytes of a template's bundle id (the same in both halves of an enrolment).
+pub const BUNDLE_ID_LEN: usize = 16;
+/// Bytes per comparison per evaluator of an identification's keys: c_b (4), r_b (4) and the
+/// sign-gate key.
+pub const MASKED_KEY_LEN: usize = 8 + IC_KEY_LEN;
+/// Bytes of an identification key half before the per-comparison keys.
+pub const IDENTIFICATION_HEADER_LEN: usize = 4 + 1 + 1 + 1 + 2 + 4 + 32 + 16;
+/// Online bytes per comparison per evaluator beyond the probe's one vector: z_b and o_b.
+pub const ONLINE_BYTES_PER_COMPARISON: usize = 8;
+/// Sign-gate keys are decoded into batches of this many, the unit of parallel evaluation.
+pub const GATE_CHUNK: usize = 4096;
+
+const IDENTIFICATION_MAGIC: &[u8; 4] = b"PMFI";
+const MASK_INFO: &[u8] = b"privmatch face template mask v1";
+/// Expansion domain of template masks, so a template seed never yields the stream of a
+/// probe seed (domain 0, [`expand_u32`]).
+const TEMPLATE_MASK_DOMAIN: u64 = 1;
+
+/// The dealer's master key for template masks. Zeroised on drop; never printed.
+pub struct TemplateMaskMaster {
+    key: [u8; TEMPLATE_MASTER_LEN],
+}
+
+impl Drop for TemplateMaskMaster {
+    fn drop(&mut self) {
+        self.key.zeroize();
+    }
+}
+
+impl std::fmt::Debug for TemplateMaskMaster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TemplateMaskMaster(<secret>)")
+    }
+}
+
+impl TemplateMaskMaster {
+    /// A fresh master key from `rng`.
+    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> Self {
+        let mut key = [0u8; TEMPLATE_MASTER_LEN];
+        rng.fill_bytes(&mut key);
+        TemplateMaskMaster { key }
+    }
+
+    /// The master key stored as `bytes` (exactly [`TEMPLATE_MASTER_LEN`]).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, FaceError> {
+        let key = bytes
+            .try_into()
+            .map_err(|_| FaceError::Malformed("template mask master key: wrong length"))?;
+        Ok(TemplateMaskMaster { key })
+    }
+
+    /// The stored form of the key (for the dealer's own table only).
+    pub fn to_bytes(&self) -> [u8; TEMPLATE_MASTER_LEN] {
+        self.key
+    }
+
+    /// The two evaluators' mask seeds of the template with bundle id `id`:
+    /// HKDF-SHA256 expand (PRF) of the master key with info = label ‖ id, 32 bytes, seed_0 ‖
+    /// seed_1. Deterministic, so the dealer keeps no per-template state.
+    pub fn template_seeds(&self, id: &[u8; BUNDLE_ID_LEN]) -> [[u8; 16]; 2] {
+        let hk = Hkdf::<Sha256>::new(Some(MASK_INFO), &self.key);
+        let mut okm = [0u8; 32];
+        // 32 bytes is far below HKDF-SHA256's limit of 255 · 32, so expand cannot fail.
+        let _ = hk.expand_multi_info(&[MASK_INFO, id], &mut okm);
+        let mut seeds = [[0u8; 16]; 2];
+        seeds[0].copy_from_slice(&okm[..16]);
+        seeds[1].copy_from_slice(&okm[16..]);
+        okm.zeroize();
+        seeds
+    }
+
+    /// δy = δy_0 + δy_1 of the template `id` into `out` (l words) — the dealer's view.
+    fn template_mask(&self, id: &[u8; BUNDLE_ID_LEN], scratch: &mut [u32], out: &mut [u32]) {
+        let seeds = self.template_seeds(id);
+        expand_template_mask(&seeds[0], out);
+        expand_template_mask(&seeds[1], scratch);
+        for (o, s) in out.iter_mut().zip(scratch.iter()) {
+            *o = o.wrapping_add(*s);
+        }
+    }
+}
+
+/// Evaluator b's template mask δy_b from its seed (AES-CTR expansion, domain 1).
+pub fn expand_template_mask(seed: &[u8; 16], out: &mut [u32]) {
+    expand_u32_domain(seed, TEMPLATE_MASK_DOMAIN, out);
+}
+
+/// Evaluator b's half of the one opening of a template: Y_b = y_b + δy_b.
+pub fn masked_template_share(share: &EmbeddingShare, seed: &[u8; 16]) -> Vec<u32> {
+    let mut out = vec![0u32; share.elements.len()];
+    expand_template_mask(seed, &mut out);
+    for (o, y) in out.iter_mut().zip(&share.elements) {
+        *o = o.wrapping_add(*y);
+    }
+    out
+}
+
+/// SHA-256 over the ordered bundle ids of the compared templates: what an identification's
+/// keys are bound to.
+pub fn template_digest<'a>(ids: impl IntoIterator<Item = &'a [u8; BUNDLE_ID_LEN]>) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(b"privmatch face masked templates v1");
+    for id in ids {
+        hash.update(id);
+    }
+    hash.finalize().into()
+}
+
+/// Evaluator b's enrolled templates, held in memory: per template the opened masked template
+/// Δy_j (l words), the seed of its own mask δy_j,b (re-expanded at each use: a 16-byte seed
+/// instead of l more words halves the memory each identification streams through), its
+/// share of ‖y_j‖² and its bundle id. Never holds y_j. Zeroised on drop; never printed.
+pub struct MaskedTemplateSet {
+    party: usize,
+    dim: usize,
+    rows: Vec<u32>,
+    seeds: Vec<[u8; 16]>,
+    norms: Vec<u32>,
+    ids: Vec<[u8; BUNDLE_ID_LEN]>,
+    known: std::collections::BTreeSet<[u8; BUNDLE_ID_LEN]>,
+}
+
+impl Drop for MaskedTemplateSet {
+    fn drop(&mut self) {
+        self.rows.zeroize();
+        self.seeds.zeroize();
+        self.norms.zeroize();
+    }
+}
+
+impl std::fmt::Debug for MaskedTemplateSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MaskedTemplateSet {{ party: {}, dim: {}, templates: {}, <redacted> }}",
+            self.party,
+            self.dim,
+            self.ids.len()
+        )
+    }
+}
+
+impl MaskedTemplateSet {
+    /// An empty set of evaluator `party` (0 or 1) for dimension `dim`.
+    pub fn new(party: usize, dim: usize) -> Result<Self, FaceError> {
+        if party > 1 {
+            return Err(FaceError::NotAnEvaluator(party as u8));
+        }
+        check_dim(dim)?;
+        Ok(MaskedTemplateSet {
+            party,
+            dim,
+            rows: Vec::new(),
+            seeds: Vec::new(),
+            norms: Vec::new(),
+            ids: Vec::new(),
+            known: std::collections::BTreeSet::new(),
+        })
+    }
+
+    /// Adds a template after its one opening: `own` = Y_b this party sent, `peer` = Y_{1−b}
+    /// received, `seed` its mask seed, `norm` its share of ‖y‖², `id` its bundle id.
+    pub fn push(
+        &mut self,
+        id: [u8; BUNDLE_ID_LEN],
+        own: &[u32],
+        peer: &[u32],
+        seed: &[u8; 16],
+        norm: u32,
+    ) -> Result<(), FaceError> {
+        let l = self.dim;
+        for v in [own, peer] {
+            if v.len() != l {
+                return Err(FaceError::WrongDimension {
+                    expected: l,
+                    got: v.len(),
+                });
+            }
+        }
+        // A bundle id masks exactly one template: opening a second template under the same
+        // id (the same δy) would reveal the difference of the two.
+        if !self.known.insert(id) {
+            return Err(FaceError::Malformed(
+                "a template with this bundle id is already held",
+            ));
+        }
+        self.rows
+            .extend(own.iter().zip(peer).map(|(a, b)| a.wrapping_add(*b)));
+        self.seeds.push(*seed);
+        self.norms.push(norm);
+        self.ids.push(id);
+        Ok(())
+    }
+
+    /// Number of templates.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True when no template is held.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The bundle ids, in order.
+    pub fn ids(&self) -> &[[u8; BUNDLE_ID_LEN]] {
+        &self.ids
+    }
+
+    /// [`template_digest`] of the held templates.
+    pub fn digest(&self) -> [u8; 32] {
+        template_digest(&self.ids)
+    }
+}
+
+/// Dealer (Funshade `setup` for one identification against the templates `ids`, in order):
+/// fresh probe mask seeds, and per template c_j = ⟨δx, δy_j⟩ shared, r_j shares and one
+/// sign-gate key pair. Returns the two evaluators' halves (layout: [`IdentificationKeys`]).
+pub fn deal_identification<R: RngCore + CryptoRng>(
+    params: &DealerParams,
+    master: &TemplateMaskMaster,
+    ids: &[[u8; BUNDLE_ID_LEN]],
+    rng: &mut R,
+) -> Result<[Vec<u8>; 2], FaceError> {
+    let l = params.dim();
+    let count = u32::try_from(ids.len())
+        .map_err(|_| FaceError::Malformed("too many templates for one identification"))?;
+    let digest = template_digest(ids);
+    let mut probe_seeds = [[0u8; 16]; 2];
+    let mut delta_x = vec![0u32; l];
+    let mut scratch = vec![0u32; l];
+    for seed in probe_seeds.iter_mut() {
+        rng.fill_bytes(seed);
+        expand_u32(seed, &mut scratch);
+        for (d, s) in delta_x.iter_mut().zip(&scratch) {
+            *d = d.wrapping_add(*s);
+        }
+    }
+    let n = ids.len();
+    let mut c = [vec![0u32; n], vec![0u32; n]];
+    let mut r = [vec![0u32; n], vec![0u32; n]];
+    let mut gates = [
+        Vec::with_capacity(n * IC_KEY_LEN),
+        Vec::with_capacity(n * IC_KEY_LEN),
+    ];
+    let offset = params.threshold_offset();
+    let mut delta_y = vec![0u32; l];
+    for (j, id) in ids.iter().enumerate() {
+        master.template_mask(id, &mut scratch, &mut delta_y);
+        let cj = dot_wrapping(&delta_x, &delta_y);
+        let c0 = rng.next_u32();
+        let r_in = rng.next_u32();
+        let r0 = rng.next_u32();
+        let (k0, k1) = ic::gen_sign_gate(rng, r_in);
+        c[0][j] = c0;
+        c[1][j] = cj.wrapping_sub(c0);
+        r[0][j] = r0;
+        r[1][j] = r_in.wrapping_add(offset).wrapping_sub(r0);
+        k0.encode_into(&mut gates[0]);
+        k1.encode_into(&mut gates[1]);
+    }
+    delta_x.zeroize();
+    delta_y.zeroize();
+    scratch.zeroize();
+    let mut halves = [Vec::new(), Vec::new()];
+    for (b, half) in halves.iter_mut().enumerate() {
+        half.reserve(IDENTIFICATION_HEADER_LEN + n * MASKED_KEY_LEN);
+        half.extend_from_slice(IDENTIFICATION_MAGIC);
+        half.push(VERSION);
+        half.push(b as u8);
+        half.push(params.metric().to_byte());
+        half.extend_from_slice(&(l as u16).to_le_bytes());
+        half.extend_from_slice(&count.to_le_bytes());
+        half.extend_from_slice(&digest);
+        half.extend_from_slice(&probe_seeds[b]);
+        half.extend(c[b].iter().flat_map(|w| w.to_le_bytes()));
+        half.extend(r[b].iter().flat_map(|w| w.to_le_bytes()));
+        half.extend_from_slice(&gates[b]);
+    }
+    for v in c.iter_mut().chain(r.iter_mut()) {
+        v.zeroize();
+    }
+    for v in gates.iter_mut() {
+        v.zeroize();
+    }
+    probe_seeds.zeroize();
+    Ok(halves)
+}
+
+/// ⟨a, b⟩ in Z_2^32.
+fn dot_wrapping(a: &[u32], b: &[u32]) -> u32 {
+    a.iter()
+        .zip(b)
+        .fold(0u32, |acc, (&x, &y)| acc.wrapping_add(x.wrapping_mul(y)))
+}
+
+/// Evaluator b's keys for one identification, decoded. Byte layout of a half,
+/// little-endian: `PMFI`, version 1, party, metric, dimension (u16), count N (u32), template
+/// digest (32), probe mask seed sx_b (16), then c_b[N] (u32), r_b[N] (u32), N sign-gate keys
+/// ([`IC_KEY_LEN`] each). Zeroised on drop; never printed.
+pub struct IdentificationKeys {
+    party: usize,
+    metric: Metric,
+    dim: usize,
+    digest: [u8; 32],
+    probe_seed: [u8; 16],
+    c: Vec<u32>,
+    r: Vec<u32>,
+    gates: Vec<IcKeyBatch>,
+}
+
+impl Drop for IdentificationKeys {
+    fn drop(&mut self) {
+        self.probe_seed.zeroize();
+        self.c.zeroize();
+        self.r.zeroize();
+    }
+}
+
+impl std::fmt::Debug for IdentificationKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "IdentificationKeys {{ party: {}, metric: {}, dim: {}, comparisons: {}, <redacted> }}",
+            self.party,
+            self.metric,
+            self.dim,
+            self.c.len()
+        )
+    }
+}
+
+impl IdentificationKeys {
+    /// Decodes evaluator `party`'s half; refuses another party's half, a malformed layout
+    /// or key.
+    pub fn decode(party: usize, bytes: &[u8]) -> Result<Self, FaceError> {
+        let mut rd = Reader::new(bytes);
+        rd.magic(IDENTIFICATION_MAGIC)?;
+        let inside = rd.u8()?;
+        if usize::from(inside) != party {
+            return Err(FaceError::PartyMismatch {
+                inside,
+                me: party as u8,
+            });
+        }
+        let metric = Metric::from_byte(rd.u8()?)?;
+        let dim = usize::from(rd.u16()?);
+        check_dim(dim)?;
+        let n = rd.u32()? as usize;
+        let digest = rd.array::<32>()?;
+        let probe_seed = rd.array::<16>()?;
+        if rd.rest().len() != n.saturating_mul(MASKED_KEY_LEN) {
+            return Err(FaceError::Malformed(
+                "identification keys: length does not match the count",
+            ));
+        }
+        let mut rd = Reader::new(&bytes[IDENTIFICATION_HEADER_LEN..]);
+        let c = rd.words(n)?;
+        let r = rd.words(n)?;
+        let gate_bytes = rd.rest();
+        let gates = gate_bytes
+            .chunks(GATE_CHUNK * IC_KEY_LEN)
+            .map(|chunk| IcKeyBatch::decode_concatenated(chunk, 32))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(IdentificationKeys {
+            party,
+            metric,
+            dim,
+            digest,
+            probe_seed,
+            c,
+            r,
+            gates,
+        })
+    }
+
+    /// Number of comparisons the keys serve.
+    pub fn len(&self) -> usize {
+        self.c.len()
+    }
+
+    /// True for keys of an identification against nothing.
+    pub fn is_empty(&self) -> bool {
+        self.c.is_empty()
+    }
+
+    /// The template digest the keys were made for.
+    pub fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+
+    /// The metric the keys evaluate.
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+}
+
+/// Online round 1 (Funshade `share`, probe only): X_b = x_b + δx_b, the one vector this
+/// evaluator sends per identification.
+pub fn probe_round(
+    keys: &IdentificationKeys,
+    probe: &EmbeddingShare,
+) -> Result<Vec<u32>, FaceError> {
+    if probe.elements.len() != keys.dim {
+        return Err(FaceError::WrongDimension {
+            expected: keys.dim,
+            got: probe.elements.len(),
+        });
+    }
+    let mut out = vec![0u32; keys.dim];
+    expand_u32(&keys.probe_seed, &mut out);
+    for (o, x) in out.iter_mut().zip(&probe.elements) {
+        *o = o.wrapping_add(*x);
+    }
+    Ok(out)
+}
+
+/// One template's ⟨u, Δy⟩ − ⟨Δx, δy_b⟩.
+#[inline(always)]
+fn row_distance(u: &[u32], big_x: &[u32], big_y: &[u32], mask: &[u32]) -> u32 {
+    let mut acc = [0u32; 8];
+    for (((u8s, x8s), y8s), m8s) in u
+        .chunks_exact(8)
+        .zip(big_x.chunks_exact(8))
+        .zip(big_y.chunks_exact(8))
+        .zip(mask.chunks_exact(8))
+    {
+        for k in 0..8 {
+            acc[k] = acc[k]
+                .wrapping_add(u8s[k].wrapping_mul(y8s[k]))
+                .wrapping_sub(x8s[k].wrapping_mul(m8s[k]));
+        }
+    }
+    let tail = u.len() - u.len() % 8;
+    let mut sum = acc.iter().fold(0u32, |a, &v| a.wrapping_add(v));
+    for i in tail..u.len() {
+        sum = sum
+            .wrapping_add(u[i].wrapping_mul(big_y[i]))
+            .wrapping_sub(big_x[i].wrapping_mul(mask[i]));
+    }
+    sum
+}
+
+/// What every distance thread reads.
+struct DistanceJob<'a> {
+    keys: &'a IdentificationKeys,
+    set: &'a MaskedTemplateSet,
+    u: &'a [u32],
+    big_x: &'a [u32],
+    probe_norm: u32,
+}
+
+impl DistanceJob<'_> {
+    #[inline(always)]
+    fn run_body(&self, range: std::ops::Range<usize>, out: &mut [u32]) {
+        let l = self.set.dim;
+        let mut mask = vec![0u32; l];
+        for (j, z) in range.zip(out.iter_mut()) {
+            let big_y = &self.set.rows[j * l..(j + 1) * l];
+            expand_template_mask(&self.set.seeds[j], &mut mask);
+            let d = row_distance(self.u, self.big_x, big_y, &mask).wrapping_add(self.keys.c[j]);
+            let r = self.keys.r[j];
+            *z = match self.keys.metric {
+                Metric::Cosine => d.wrapping_add(r),
+                Metric::Euclidean => d
+                    .wrapping_mul(2)
+                    .wrapping_sub(self.probe_norm)
+                    .wrapping_sub(self.set.norms[j])
+                    .wrapping_add(r),
+            };
+        }
+        mask.zeroize();
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, range: std::ops::Range<usize>, out: &mut [u32]) {
+        // The same code, compiled with AVX2 so the multiply-adds use 8-lane vpmulld.
+        self.run_body(range, out)
+    }
+
+    fn run(&self, range: std::ops::Range<usize>, out: &mut [u32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 support was checked just above.
+            unsafe { self.run_avx2(range, out) };
+            return;
+        }
+        self.run_body(range, out)
+    }
+}
+
+/// Online round 2 (Funshade `eval_dist` against every held template): from the probe share,
+/// this evaluator's round-1 vector `own` and the peer's `peer`, z_b,j = d_b,j + r_b,j
+/// (cosine) or 2·d_b,j − ‖x‖²_b − ‖y_j‖²_b + r_b,j (Euclidean), one word per template, on
+/// `threads` threads. Refuses keys made for another template list.
+pub fn distance_round(
+    keys: &IdentificationKeys,
+    set: &MaskedTemplateSet,
+    probe: &EmbeddingShare,
+    own: &[u32],
+    peer: &[u32],
+    threads: usize,
+) -> Result<Vec<u32>, FaceError> {
+    let l = set.dim;
+    if keys.party != set.party {
+        return Err(FaceError::PartyMismatch {
+            inside: keys.party as u8,
+            me: set.party as u8,
+        });
+    }
+    if keys.dim != l || probe.elements.len() != l {
+        return Err(FaceError::WrongDimension {
+            expected: l,
+            got: keys.dim,
+        });
+    }
+    if keys.len() != set.len() || keys.digest != set.digest() {
+        return Err(FaceError::Malformed(
+            "identification keys were made for another template list",
+        ));
+    }
+    if own.len() != l || peer.len() != l {
+        return Err(FaceError::Malformed(
+            "masked probe vectors have the wrong length",
+        ));
+    }
+    let big_x: Vec<u32> = own
+        .iter()
+        .zip(peer)
+        .map(|(a, b)| a.wrapping_add(*b))
+        .collect();
+    // u = b·Δx − δx_b, with δx_b = X_b − x_b.
+    let lead = u32::from(keys.party == 1);
+    let mut u: Vec<u32> = big_x
+        .iter()
+        .zip(own.iter().zip(&probe.elements))
+        .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
+        .collect();
+    let job = DistanceJob {
+        keys,
+        set,
+        u: &u,
+        big_x: &big_x,
+        probe_norm: probe.norm,
+    };
+    let mut out = vec![0u32; set.len()];
+    let ranges = split_ranges(set.len(), threads);
+    if ranges.len() <= 1 {
+        job.run(0..set.len(), &mut out);
+    } else {
+        std::thread::scope(|scope| {
+            let mut rest = out.as_mut_slice();
+            for range in ranges {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+                rest = tail;
+                let job = &job;
+                scope.spawn(move || job.run(range, mine));
+            }
+        });
+    }
+    u.zeroize();
+    Ok(out)
+}
+
+/// Online round 3 (Funshade `eval_sign`): z = z_b + z_{1−b} per comparison, then
+/// o_b = Eval^IC(b, key_b, z), on `threads` threads. o_0 + o_1 = 1 exactly when the
+/// comparison matches ([`super::funshade::reconstruct`] adds them).
+pub fn sign_round(
+    keys: &IdentificationKeys,
+    own: &[u32],
+    peer: &[u32],
+    threads: usize,
+) -> Result<Vec<u32>, FaceError> {
+    if own.len() != keys.len() || peer.len() != keys.len() {
+        return Err(FaceError::Malformed(
+            "distance shares have the wrong length",
+        ));
+    }
+    let z: Vec<u32> = own
+        .iter()
+        .zip(peer)
+        .map(|(a, b)| a.wrapping_add(*b))
+        .collect();
+    let mut out = vec![0u32; keys.len()];
+    let party = keys.party as u8;
+    let chunks: Vec<(&IcKeyBatch, &[u32], &mut [u32])> = keys
+        .gates
+        .iter()
+        .zip(z.chunks(GATE_CHUNK).zip(out.chunks_mut(GATE_CHUNK)))
+        .map(|(g, (zs, os))| (g, zs, os))
+        .collect();
+    let groups = split_ranges(chunks.len(), threads);
+    if groups.len() <= 1 {
+        for (g, zs, os) in chunks {
+            ic::eval_batch(party, g, zs, os)?;
+        }
+    } else {
+        let mut chunks = chunks;
+        let results: Vec<Result<(), FaceError>> = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for range in groups.iter().rev() {
+                let mine: Vec<_> = chunks.split_off(range.start);
+                handles.push(scope.spawn(move || {
+                    for (g, zs, os) in mine {
+                        ic::eval_batch(party, g, zs, os)?;
+                    }
+                    Ok(())
+                }));
+            }
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or(Err(FaceError::Malformed("a sign-gate thread panicked")))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<(), FaceError>>()?;
+    }
+    Ok(out)
+}
+
+/// Runs the whole masked-template protocol in process — template opening, dealing, both
+/// evaluators and the verifier — the reference the tests and the benchmark check against.
+/// Returns the bits in template order.
+pub fn identify_in_process<R: RngCore + CryptoRng>(
+    params: &DealerParams,
+    master: &TemplateMaskMaster,
+    probe: &[EmbeddingShare; 2],
+    sets: &[MaskedTemplateSet; 2],
+    threads: usize,
+    rng: &mut R,
+) -> Result<Vec<bool>, FaceError> {
+    let halves = deal_identification(params, master, sets[0].ids(), rng)?;
+    let keys = [
+        IdentificationKeys::decode(0, &halves[0])?,
+        IdentificationKeys::decode(1, &halves[1])?,
+    ];
+    let x0 = probe_round(&keys[0], &probe[0])?;
+    let x1 = probe_round(&keys[1], &probe[1])?;
+    let z0 = distance_round(&keys[0], &sets[0], &probe[0], &x0, &x1, threads)?;
+    let z1 = distance_round(&keys[1], &sets[1], &probe[1], &x1, &x0, threads)?;
+    let o0 = sign_round(&keys[0], &z0, &z1, threads)?;
+    let o1 = sign_round(&keys[1], &z1, &z0, threads)?;
+    super::funshade::reconstruct(&o0, &o1)
+}
+
+/// Enrols shared templates into both evaluators' sets in process: the dealer's seeds, each
+/// evaluator's Y_b, the exchange. The distributed system does the same over its channels.
+pub fn open_templates_in_process(
+    master: &TemplateMaskMaster,
+    templates: &[([u8; BUNDLE_ID_LEN], [EmbeddingShare; 2])],
+    dim: usize,
+) -> Result<[MaskedTemplateSet; 2], FaceError> {
+    let mut sets = [
+        MaskedTemplateSet::new(0, dim)?,
+        MaskedTemplateSet::new(1, dim)?,
+    ];
+    for (id, shares) in templates {
+        let seeds = master.template_seeds(id);
+        let y0 = masked_template_share(&shares[0], &seeds[0]);
+        let y1 = masked_template_share(&shares[1], &seeds[1]);
+        sets[0].push(*id, &y0, &y1, &seeds[0], shares[0].norm)?;
+        sets[1].push(*id, &y1, &y0, &seeds[1], shares[1].norm)?;
+    }
+    Ok(sets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::face::encoding::share_embedding;
+    use crate::face::encoding::test_support::{embedding, property_case};
+    use crate::face::quantize::{dot, plaintext_match, squared_distance, Quantizer};
+    use proptest::prelude::{any, prop, proptest, ProptestConfig};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    fn id(rng: &mut ChaCha20Rng) -> [u8; BUNDLE_ID_LEN] {
+        let mut id = [0u8; BUNDLE_ID_LEN];
+        rng.fill_bytes(&mut id);
+        id
+    }
+
+    fn check(
+        metric: Metric,
+        dim: usize,
+        threshold: i64,
+        probe: &[i32],
+        templates: &[Vec<i32>],
+        threads: usize,
+        rng: &mut ChaCha20Rng,
+    ) {
+        let params = DealerParams::for_tests(metric, dim, threshold);
+        let master = TemplateMaskMaster::generate(rng);
+        let shared: Vec<_> = templates
+            .iter()
+            .map(|t| (id(rng), share_embedding(t, rng)))
+            .collect();
+        let sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        let probe_shares = share_embedding(probe, rng);
+        let got =
+            identify_in_process(&params, &master, &probe_shares, &sets, threads, rng).unwrap();
+        assert_eq!(got.len(), templates.len());
+        for (t, &bit) in templates.iter().zip(&got) {
+            assert_eq!(bit, plaintext_match(metric, probe, t, threshold));
+        }
+    }
+
+    #[test]
+    fn thresholds_at_the_exact_value_decide_like_the_plaintext() {
+        let mut rng = ChaCha20Rng::seed_from_u64(21);
+        let dim = 128;
+        let x = embedding(&mut rng, dim);
+        let ys: Vec<Vec<i32>> = (0..5).map(|_| embedding(&mut rng, dim)).collect();
+        for y in &ys {
+            for delta in [-1i64, 0, 1] {
+                check(
+                    Metric::Cosine,
+                    dim,
+                    dot(&x, y) + delta,
+                    &x,
+                    &ys,
+                    1,
+                    &mut rng,
+                );
+                let e = squared_distance(&x, y) + delta;
+                check(Metric::Euclidean, dim, e, &x, &ys, 2, &mut rng);
+            }
+        }
+    }
+
+    #[test]
+    fn many_templates_on_many_threads_equal_the_plaintext() {
+        // More templates than one gate chunk, so both rounds split across threads and
+        // chunks; extreme vectors included (overflow bound).
+        let mut rng = ChaCha20Rng::seed_from_u64(22);
+        let dim = 128;
+        let m = Quantizer::new(dim).unwrap().magnitude() as i32;
+        let x = embedding(&mut rng, dim);
+        let mut ys: Vec<Vec<i32>> = (0..GATE_CHUNK + 37)
+            .map(|_| embedding(&mut rng, dim))
+            .collect();
+        ys.push(x.clone());
+        ys.push(vec![m; dim]);
+        ys.push(vec![-m; dim]);
+        let theta = dot(&x, &ys[3]);
+        for threads in [1, 3] {
+            check(Metric::Cosine, dim, theta, &x, &ys, threads, &mut rng);
+            let e = squared_distance(&x, &ys[5]);
+            check(Metric::Euclidean, dim, e, &x, &ys, threads, &mut rng);
+        }
+    }
+
+    #[test]
+    fn keys_for_another_template_list_or_party_are_refused() {
+        let mut rng = ChaCha20Rng::seed_from_u64(23);
+        let dim = 128;
+        let params = DealerParams::for_tests(Metric::Cosine, dim, 0);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let shared: Vec<_> = (0..3)
+            .map(|_| (id(&mut rng), share_embedding(&vec![1; dim], &mut rng)))
+            .collect();
+        let sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        let mut other = sets[0].ids().to_vec();
+        other.swap(0, 1);
+        let halves = deal_identification(&params, &master, &other, &mut rng).unwrap();
+        let keys = IdentificationKeys::decode(0, &halves[0]).unwrap();
+        let probe = share_embedding(&vec![1; dim], &mut rng);
+        let x0 = probe_round(&keys, &probe[0]).unwrap();
+        assert!(distance_round(&keys, &sets[0], &probe[0], &x0, &x0, 1).is_err());
+        assert!(matches!(
+            IdentificationKeys::decode(1, &halves[0]),
+            Err(FaceError::PartyMismatch { .. })
+        ));
+        assert!(IdentificationKeys::decode(0, &halves[0][..halves[0].len() - 1]).is_err());
+        let keys1 = IdentificationKeys::decode(1, &halves[1]).unwrap();
+        let x1 = probe_round(&keys1, &probe[1]).unwrap();
+        assert!(distance_round(&keys1, &sets[0], &probe[0], &x1, &x0, 1).is_err());
+        assert!(sign_round(&keys, &[1, 2], &[3, 4], 1).is_err());
+        assert!(!format!("{keys:?} {:?} {master:?}", sets[0]).contains("PMFI"));
+    }
+
+    #[test]
+    fn masks_are_per_template_per_party_and_deterministic() {
+        let mut rng = ChaCha20Rng::seed_from_u64(24);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let (a, b) = (id(&mut rng), id(&mut rng));
+        let sa = master.template_seeds(&a);
+        assert_eq!(sa, master.template_seeds(&a));
+        assert_ne!(sa[0], sa[1]);
+        assert_ne!(sa, master.template_seeds(&b));
+        let again = TemplateMaskMaster::from_bytes(&master.to_bytes()).unwrap();
+        assert_eq!(again.template_seeds(&a), sa);
+        assert!(TemplateMaskMaster::from_bytes(&[0u8; 31]).is_err());
+        // The template mask stream is not the probe mask stream of the same seed.
+        let (mut t, mut p) = ([0u32; 8], [0u32; 8]);
+        expand_template_mask(&sa[0], &mut t);
+        expand_u32(&sa[0], &mut p);
+        assert_ne!(t, p);
+    }
+
+    #[test]
+    fn one_template_opening_is_a_one_time_pad_per_party() {
+        // The same template enrolled twice (two bundle ids) opens to unrelated Δy: its
+        // masks are independent, so two openings do not reveal y's difference (zero).
+        let mut rng = ChaCha20Rng::seed_from_u64(25);
+        let dim = 128;
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let y = embedding(&mut rng, dim);
+        let shared = vec![
+            (id(&mut rng), share_embedding(&y, &mut rng)),
+            (id(&mut rng), share_embedding(&y, &mut rng)),
+        ];
+        let mut sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        // The same id again is refused, and changes nothing.
+        let (again, shares) = &shared[0];
+        let seeds = master.template_seeds(again);
+        let y = masked_template_share(&shares[0], &seeds[0]);
+        assert!(sets[0].push(*again, &y, &y, &seeds[0], 0).is_err());
+        assert_eq!(sets[0].len(), 2);
+        let rows = &sets[0].rows;
+        let equal = (0..dim).filter(|&i| rows[i] == rows[dim + i]).count();
+        assert!(equal < 3, "{equal} equal words");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        #[test]
+        fn bits_equal_the_plaintext_comparison(
+            seed in any::<u64>(),
+            dim in prop::sample::select(vec![128usize, 200, 512, 1024]),
+            euclidean in any::<bool>(),
+            near in any::<bool>(),
+        ) {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let metric = if euclidean { Metric::Euclidean } else { Metric::Cosine };
+            let (x, ys, threshold) = property_case(&mut rng, dim, metric, near);
+            check(metric, dim, threshold, &x, &ys, 2, &mut rng);
+        }
+    }
+}
