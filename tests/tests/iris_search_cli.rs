@@ -228,9 +228,7 @@ fn cli_search_agrees_with_the_plaintext_matcher_on_thousands_of_templates() {
 /// `engine_status()`'s `kernel` column of every party.
 fn engine_kernels(cluster: &Cluster) -> Vec<String> {
     (0..3)
-        .map(|p| {
-            cluster.query(p, "SELECT kernel FROM privmatch.engine_status()", &[])[0].get(0)
-        })
+        .map(|p| cluster.query(p, "SELECT kernel FROM privmatch.engine_status()", &[])[0].get(0))
         .collect()
 }
 
@@ -289,7 +287,7 @@ fn assert_searches_agree(
 /// (CI); `scripts/gpu-check.sh` runs it on a GPU machine.
 #[test]
 fn with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher() {
-    if let Err(reason) = privmatch_gpu::probe() {
+    if let Err(reason) = privmatch_gpu::probe::probe() {
         eprintln!("SKIP: no usable GPU here ({reason})");
         return;
     }
@@ -309,7 +307,11 @@ fn with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher() {
         privmatch_e2e::wait_until(
             std::time::Duration::from_secs(60),
             "every engine to scan on the GPU",
-            || engine_kernels(cluster).iter().all(|k| k.starts_with("gpu: ")),
+            || {
+                engine_kernels(cluster)
+                    .iter()
+                    .all(|k| k.starts_with("gpu: "))
+            },
         );
     };
     restart_engines_on_the_gpu(&cluster);
@@ -336,7 +338,10 @@ fn with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher() {
     let probes = probes_near(&enrolled, &mut rng, 12, 4);
     compared += assert_searches_agree(&cluster, &enrolled, &probes, "probes-3.ndjson");
     let kernels = engine_kernels(&cluster);
-    assert!(kernels.iter().all(|k| k.starts_with("gpu: ")), "{kernels:?}");
+    assert!(
+        kernels.iter().all(|k| k.starts_with("gpu: ")),
+        "{kernels:?}"
+    );
     for p in 0..3 {
         let log = std::fs::read_to_string(cluster.path(&format!("p{p}/postgres.log")))
             .unwrap_or_default();
