@@ -654,6 +654,7 @@ async fn up(
         ca_cert: Some(ca.cert_path()),
         api_token: Some(api_token),
         party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),
+        paillier_service: None,
     };
     config.save(config_path)?;
     if !coordinator_healthy(&config).await {
