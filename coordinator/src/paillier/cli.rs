@@ -33,6 +33,9 @@ use crate::paillier::device::{
 };
 use crate::paillier::input::{quantize, read_embedding};
 
+/// Failed polls in a row (a second apart) `device respond` rides out: a coordinator restart.
+const MAX_POLL_FAILURES: u32 = 30;
+
 /// Exit status of `terminal verify` when the capture does not match.
 pub const EXIT_NO_MATCH: i32 = 2;
 /// Exit status of `terminal verify` when the service provider refused the device's answer.
@@ -281,14 +284,23 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
     )?;
     let responder = Responder::new(secret, &signed)?;
     let mut rng = sharing_rng()?;
-    let (mut served, mut failed) = (0u64, 0u64);
+    let (mut served, mut failed, mut unreachable) = (0u64, 0u64, 0u32);
     while limit.is_none_or(|l| served < l) {
         let room = limit.map_or(MAX_MESSAGES, |l| {
             usize::try_from(l - served).map_or(MAX_MESSAGES, |r| r.min(MAX_MESSAGES))
         });
         let messages = match client.mailbox(&args.device, DEFAULT_WAIT_MS, room).await {
-            Ok(messages) => messages,
-            Err(e) if e.is_transient() || matches!(e, CallError::Broken(_)) => {
+            Ok(messages) => {
+                unreachable = 0;
+                messages
+            }
+            // A busy or restarting coordinator: wait and poll again, for a while.
+            Err(e)
+                if (e.is_transient()
+                    || matches!(e, CallError::Broken(_) | CallError::Unreachable(_)))
+                    && unreachable < MAX_POLL_FAILURES =>
+            {
+                unreachable += 1;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }

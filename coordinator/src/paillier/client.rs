@@ -86,7 +86,9 @@ impl PaillierClient {
     /// them; refused unless they name the pinned party and key.
     pub async fn service_info(&self) -> Result<ServiceInfo> {
         let info: ServiceInfo = self.coordinator.get("/v1/paillier/enroll-params").await?;
-        if info.party != self.pin.party || info.signing_key != self.pin.signing_key {
+        if info.party != self.pin.party
+            || !info.signing_key.eq_ignore_ascii_case(&self.pin.signing_key)
+        {
             bail!(
                 "the coordinator reports service provider P{} with signing key {}, but P{} with {} is pinned: refusing to enrol",
                 info.party,

@@ -268,13 +268,22 @@ async fn reply(
     let request: ReplyBody = parse_json(&body)?;
     let (session, round, answer) = request.decode().map_err(bad_request)?;
     let protocol = s.relay.claim(&session, &request.device, round)?;
-    let result = match answer {
-        Reply::Abandon(reason) => Err(bad_request(format!(
-            "the device abandoned the session: {reason}"
-        ))),
-        Reply::Message(message) => relay_reply(&s, protocol, &session, round, &message).await,
+    let message = match answer {
+        Reply::Message(message) => message,
+        Reply::Abandon(reason) => {
+            s.relay.finish(
+                &session,
+                SessionState::Failed,
+                Some(format!("the device abandoned the session: {reason}")),
+            );
+            return Ok(Json(ReplyResponse {
+                session: session_to_hex(&session),
+                next: None,
+                closed: true,
+            }));
+        }
     };
-    match result {
+    match relay_reply(&s, protocol, &session, round, &message).await {
         Ok(answer) => Ok(Json(answer)),
         Err(err) => {
             // Any failure ends the session: the SP's state of it is single-use.
