@@ -135,6 +135,50 @@ pub struct Config {
     pub api_token: Option<String>,
     /// The parties' pinned X25519 public keys (hex), in index order.
     pub party_keys: Vec<String>,
+    /// The pinned service provider of device-held face templates (packed Paillier), when this
+    /// client enrols devices or runs terminals: `privmatch device pin-service` writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paillier_service: Option<ServicePin>,
+}
+
+/// The pinned service provider of device-held face templates (packed Paillier, Game-Set-MATCH:
+/// Agrawal et al., CCS 2020): which party it is, and the Ed25519 key that verifies its
+/// signature σ on enrolment records. Devices and terminals check records against this key and
+/// seal to this party's pinned X25519 key, never to what the coordinator reports.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServicePin {
+    /// The service provider's party index (0, 1 or 2).
+    pub party: u8,
+    /// Its signing key's public half (64 hex digits), as `paillier_init_service()` returned
+    /// it to the party's operator.
+    pub signing_key: String,
+}
+
+impl ServicePin {
+    /// Checks the party index and the key's form.
+    pub fn check(&self) -> Result<()> {
+        if self.party > 2 {
+            bail!(
+                "paillier_service.party must be 0, 1 or 2, not {}",
+                self.party
+            );
+        }
+        self.verifying_key()?;
+        Ok(())
+    }
+
+    /// The signing key's public half.
+    pub fn verifying_key(&self) -> Result<ed25519_dalek::VerifyingKey> {
+        let bytes: [u8; 32] = hex::decode(&self.signing_key)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .context(
+                "paillier_service.signing_key must be 64 hex digits (an Ed25519 public key)",
+            )?;
+        ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+            .ok()
+            .context("paillier_service.signing_key is not an Ed25519 public key")
+    }
 }
 
 impl Config {
@@ -149,6 +193,10 @@ impl Config {
             }
         }
         config.pinned_keys()?;
+        if let Some(pin) = &config.paillier_service {
+            pin.check()
+                .with_context(|| format!("in {}", path.display()))?;
+        }
         config
             .check_transport()
             .with_context(|| format!("in {}", path.display()))?;
@@ -309,6 +357,14 @@ mod tests {
         }
     }
 
+    fn pinned_key(config: &Config) -> String {
+        config
+            .paillier_service
+            .as_ref()
+            .map(|p| p.signing_key.clone())
+            .unwrap_or_default()
+    }
+
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pm-config-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -349,6 +405,7 @@ mod tests {
             ca_cert: Some(ca.cert_path()),
             api_token: Some("pm_cli_00".into()),
             party_keys: vec![hex::encode([7u8; 32]); 3],
+            paillier_service: None,
         };
         config.save(&path).expect("save");
         let text = std::fs::read_to_string(&path).expect("read");
@@ -360,6 +417,23 @@ mod tests {
         let missing = format!("{:#}", Config::load(&path).expect_err("CA missing"));
         assert!(missing.contains("ca.pem"), "{missing}");
         std::fs::rename(dir.join("moved.pem"), ca.cert_path()).expect("restore CA");
+        let mut pinned = config.clone();
+        let signing = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]);
+        pinned.paillier_service = Some(ServicePin {
+            party: 1,
+            signing_key: hex::encode(signing.verifying_key().to_bytes()),
+        });
+        pinned.save(&path).expect("save");
+        assert_eq!(Config::load(&path).expect("load"), pinned);
+        for (party, key) in [(3u8, pinned_key(&pinned)), (0, "00".repeat(31))] {
+            let mut bad = pinned.clone();
+            bad.paillier_service = Some(ServicePin {
+                party,
+                signing_key: key,
+            });
+            bad.save(&path).expect("save");
+            assert!(Config::load(&path).is_err(), "party {party}");
+        }
         let mut two = config;
         two.party_keys.pop();
         two.save(&path).expect("save");

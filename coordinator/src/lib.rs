@@ -18,7 +18,8 @@
 //! | [`cli`] | the one HTTP client, sealing keys, batch accounting, progress bars, NDJSON output, sealed inputs for the SQL front door |
 //!
 //! Modalities, each with the same files (`api`, `driver`, `work`, `routes`, `client`, `cli`,
-//! `seal`, `input`, `synth`), importing shared layers only, never each other: [`iris`], [`face`].
+//! `seal`, `input`, `synth`, where the job is the same), importing shared layers only, never
+//! each other: [`iris`], [`face`], [`paillier`] (device-held face templates).
 //!
 //! Developer tooling, apart from the service: [`dev`] (local clusters, benchmarks).
 
@@ -29,6 +30,7 @@ pub mod face;
 pub mod files;
 pub mod guard;
 pub mod iris;
+pub mod paillier;
 pub mod parties;
 pub mod server;
 pub mod session;

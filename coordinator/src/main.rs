@@ -9,6 +9,10 @@
 //! * `privmatch face configure|refill|pool|enroll|delete|verify|identify|synth` — face
 //!   templates with Funshade: P0 and P1 evaluate, P2 deals single-use keys; embeddings are
 //!   quantised, shared and sealed here.
+//! * `privmatch device keygen|pin-service|enroll|respond|list|delete` and `privmatch terminal
+//!   verify` — device-held face templates (packed Paillier): the device's key and enrolment,
+//!   its side of matching sessions, and the terminal's (exit status 0 match, 2 no match,
+//!   3 refused).
 //! * `privmatch party pin` — a party's operator pins a peer's key through the coordinator,
 //!   signed with the operator's key.
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
@@ -22,7 +26,7 @@ use clap::{Parser, Subcommand};
 use privmatch_coordinator::cli::recover;
 use privmatch_coordinator::dev::{bench, cluster, LocalConfigs};
 use privmatch_coordinator::server::state::ServeOptions;
-use privmatch_coordinator::{config, face, iris, server};
+use privmatch_coordinator::{config, face, iris, paillier, server};
 
 #[derive(Parser)]
 #[command(
@@ -63,6 +67,17 @@ enum Command {
     Face {
         #[command(subcommand)]
         action: face::cli::FaceAction,
+    },
+    /// A user's device holding its face template encrypted under its own Paillier key
+    /// (packed Paillier): key, enrolment, answering matching sessions.
+    Device {
+        #[command(subcommand)]
+        action: paillier::cli::DeviceAction,
+    },
+    /// A terminal matching a live capture against a device's template (packed Paillier).
+    Terminal {
+        #[command(subcommand)]
+        action: paillier::cli::TerminalAction,
     },
     /// A party's security state, changed by its operator through the coordinator (signed).
     Party {
@@ -158,6 +173,17 @@ async fn run(cli: Cli) -> Result<()> {
         } => privmatch_coordinator::cli::deploy::credential(&cli.home(), args),
         Command::Iris { action } => iris::cli::run(action, || cli.load_config()).await,
         Command::Face { action } => face::cli::run(action, &cli.home(), || cli.load_config()).await,
+        Command::Device { action } => {
+            paillier::cli::run_device(action, &cli.config_path(), || cli.load_config()).await
+        }
+        Command::Terminal { action } => {
+            let code = paillier::cli::run_terminal(action, || cli.load_config()).await?;
+            if code != 0 {
+                // The verdict is printed; the status tells no match (2) from refused (3).
+                std::process::exit(code);
+            }
+            Ok(())
+        }
         Command::Party { action } => {
             privmatch_coordinator::cli::party::run(action, &cli.home(), || cli.load_config()).await
         }

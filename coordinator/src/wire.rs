@@ -49,6 +49,14 @@ pub mod codes {
     /// Face: the dealer is not configured, or a party is not initialised.
     pub const NOT_CONFIGURED: &str = "not_configured";
 
+    /// Paillier: the device is not enrolled at the service provider.
+    pub const UNKNOWN_DEVICE: &str = "unknown_device";
+    /// Paillier: no such matching session (never opened, or expired and forgotten).
+    pub const UNKNOWN_SESSION: &str = "unknown_session";
+    /// Paillier: the session is not at the step the call belongs to (a reply of another
+    /// round, or one already given).
+    pub const WRONG_STEP: &str = "wrong_step";
+
     /// The codes of transient failures: a new session (freshly sealed probes) may succeed.
     pub const TRANSIENT: [&str; 3] = [SETS_DIFFER, KEY_CONFLICT, TOO_BUSY];
 }

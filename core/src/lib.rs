@@ -10,6 +10,7 @@
 //! |---|---|
 //! | [`party`] | the three party indices |
 //! | [`algebra`] | wrapping rings Z_2^k, the Galois ring GR(2^16, 4) |
+//! | [`embedding`] | float embeddings as integers: element checks, normalisation, round(x·M), the inner product (the face modalities choose M) |
 //! | [`sharing`] | Shamir over the Galois ring, replicated (ABY3) sharing |
 //! | [`crypto`] | sealing and pairwise channels, function secret sharing |
 //! | [`wire`] | envelopes, session ids, the share storage layout |
@@ -40,6 +41,7 @@
 
 pub mod algebra;
 pub mod crypto;
+pub mod embedding;
 pub mod face;
 pub mod iris;
 pub mod mpc;

@@ -490,6 +490,7 @@ impl Cluster {
                 ca_cert: None,
                 api_token: None,
                 party_keys: Vec::new(),
+                paillier_service: None,
             },
             operators: Vec::new(),
             coordinator_logins: Vec::new(),

@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-use privmatch_core::face::quantize::{normalize, plaintext_match, Quantizer};
+use privmatch_core::embedding::normalize;
+use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
 use privmatch_e2e::{write_lines, Cluster};
 use rand::{Rng, SeedableRng};

@@ -7,12 +7,11 @@
 use privmatch_coordinator::cli::operator_key;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::crypto::sign::OperatorSigningKey;
+use privmatch_core::embedding::{dot, normalize};
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::probe::seal_face_probe;
-use privmatch_core::face::quantize::{
-    dot, normalize, plaintext_match, squared_distance, Quantizer,
-};
+use privmatch_core::face::quantize::{plaintext_match, squared_distance, Quantizer};
 use privmatch_core::face::{funshade, Metric};
 use privmatch_core::party::PartyIndex;
 use privmatch_e2e::Cluster;

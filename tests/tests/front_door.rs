@@ -9,7 +9,8 @@
 
 use std::path::Path;
 
-use privmatch_core::face::quantize::{normalize, plaintext_match, Quantizer};
+use privmatch_core::embedding::normalize;
+use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};

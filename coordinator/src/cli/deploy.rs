@@ -46,7 +46,7 @@ pub struct CredentialArgs {
     /// The credential's name (letters, digits, '-', '.'), shown in the audit log.
     #[arg(long)]
     pub name: String,
-    /// What it may do: enroll, search, delete, admin (comma-separated).
+    /// What it may do: enroll, search, delete, admin, device (comma-separated).
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
     /// Also write a client configuration holding the credential, for a client that reaches
@@ -202,6 +202,7 @@ fn write_client_config(home: &Path, out: &Path, url: &str, token: &str) -> Resul
             .iter()
             .map(|p| p.public_key.clone())
             .collect(),
+        paillier_service: None,
     };
     config.save(out)?;
     Config::load(out)?;

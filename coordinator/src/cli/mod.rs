@@ -10,6 +10,7 @@
 
 pub mod batch;
 pub mod deploy;
+pub mod embedding;
 pub mod http;
 pub mod keys;
 pub mod ndjson;

@@ -3,41 +3,23 @@
 //! a party's security state (`privmatch face configure`). One line,
 //! `privmatch-operator-key-v1 <64 hex digits>`, mode 0600; a file others may read is refused.
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use zeroize::Zeroizing;
+
+use crate::files::{create_tagged, read_tagged};
 
 const MAGIC: &str = "privmatch-operator-key-v1";
 
 /// Reads the signing key at `path`.
 pub fn load(path: &Path) -> Result<OperatorSigningKey> {
-    let metadata = std::fs::metadata(path).with_context(|| {
-        format!(
-            "cannot read the operator signing key {} (pass --operator-key)",
-            path.display()
-        )
-    })?;
-    if metadata.mode() & 0o077 != 0 {
-        bail!(
-            "the operator signing key {} has mode {:04o}: other users may read it (chmod 600)",
-            path.display(),
-            metadata.mode() & 0o777
-        );
-    }
-    let text = Zeroizing::new(
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
-    );
-    let mut words = text.split_whitespace();
-    let (Some(MAGIC), Some(hex_seed), None) = (words.next(), words.next(), words.next()) else {
-        bail!("{} is not a privmatch operator signing key", path.display());
-    };
-    let mut seed = Zeroizing::new([0u8; 32]);
-    hex::decode_to_slice(hex_seed, seed.as_mut_slice())
-        .with_context(|| format!("{} is not a privmatch operator signing key", path.display()))?;
+    let bytes = read_tagged(path, MAGIC, "operator signing key", "pass --operator-key")?;
+    let seed: Zeroizing<[u8; 32]> =
+        Zeroizing::new(bytes.as_slice().try_into().ok().with_context(|| {
+            format!("{} is not a privmatch operator signing key", path.display())
+        })?);
     Ok(OperatorSigningKey::from_bytes(&seed))
 }
 
@@ -46,22 +28,8 @@ pub fn create_if_missing(path: &Path) -> Result<OperatorSigningKey> {
     if path.exists() {
         return load(path);
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
     let key = OperatorSigningKey::generate(&mut rand::rngs::OsRng);
-    let line = Zeroizing::new(format!(
-        "{MAGIC} {}\n",
-        hex::encode(key.to_bytes().as_slice())
-    ));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(line.as_bytes())?;
-    file.sync_all()?;
+    create_tagged(path, MAGIC, key.to_bytes().as_slice())?;
     Ok(key)
 }
 

@@ -654,6 +654,10 @@ async fn up(
         ca_cert: Some(ca.cert_path()),
         api_token: Some(api_token),
         party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),
+        // A pinned Paillier service provider survives `cluster up` run again on the same home.
+        paillier_service: Config::load(config_path)
+            .ok()
+            .and_then(|c| c.paillier_service),
     };
     config.save(config_path)?;
     if !coordinator_healthy(&config).await {

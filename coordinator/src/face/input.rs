@@ -4,37 +4,33 @@
 //! identify): `{"embedding": [...]}`; a `"subject"` key is ignored, so an enrolment file can be
 //! used as probes. Blank lines are skipped; probe *i* is the line with 0-based index *i*.
 //!
-//! Every embedding is checked and quantised here, on the client, before anything is sent
-//! (`privmatch_core::face::quantize`): the dimension must be supported (128..=1024) and equal
-//! to that of the file's first embedding; every element must be a finite number in [−1, 1]
-//! (anything larger could overflow the secure comparison). JSON has no NaN or infinity, so the
-//! strings `"NaN"`, `"Infinity"` and `"-Infinity"` (what many encoders write for them) are
-//! recognised and refused as not finite. `--normalize` L2-normalises each embedding first (the
-//! cosine metric expects unit vectors; a normalised vector always lies in [−1, 1]). Every error
-//! names the line and the reason; nothing is sent while any line is bad.
+//! The line format and the strict reading of the float elements are shared with the other face
+//! modality ([`crate::cli::embedding`]). Every embedding is checked and quantised here, on the
+//! client, before anything is sent (`privmatch_core::face::quantize` over
+//! `privmatch_core::embedding`): the dimension must be supported (128..=1024) and equal to
+//! that of the file's first embedding; every element must be a finite number in [−1, 1]
+//! (anything larger could overflow the secure comparison). `--normalize` L2-normalises each
+//! embedding first (the cosine metric expects unit vectors; a normalised vector always lies in
+//! [−1, 1]). Every error names the line and the reason; nothing is sent while any line is bad.
 
 use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use privmatch_core::face::quantize::{normalize, Quantizer};
+use privmatch_core::embedding::{check_finite, normalize, EmbeddingError};
+use privmatch_core::face::quantize::Quantizer;
 use privmatch_core::face::FaceError;
 use privmatch_core::wire::envelope::validate_subject;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cli::embedding::{elements_of, probe_elements};
 use crate::cli::ndjson::read_records;
 
 /// One enrolment line as written.
 #[derive(Deserialize)]
 struct RawEnrollLine {
     subject: Option<Value>,
-    embedding: Option<Vec<Value>>,
-}
-
-/// One probe line as written (other keys, such as `subject`, are ignored).
-#[derive(Deserialize)]
-struct RawProbeLine {
     embedding: Option<Vec<Value>>,
 }
 
@@ -67,35 +63,6 @@ pub struct EmbeddingOptions {
     pub normalize: bool,
 }
 
-/// Parses the elements of an embedding array: JSON numbers, or the strings `"NaN"`,
-/// `"Infinity"`, `"-Infinity"` (refused as not finite, with the element named).
-pub fn parse_elements(values: &[Value]) -> Result<Vec<f64>, String> {
-    values
-        .iter()
-        .enumerate()
-        .map(|(index, value)| match value {
-            Value::Number(n) => n
-                .as_f64()
-                .ok_or_else(|| format!("embedding element {index} is not a representable number")),
-            Value::String(s) if is_non_finite_name(s) => {
-                Err(FaceError::NotFinite { index }.to_string())
-            }
-            Value::String(_) => Err(format!(
-                "embedding element {index} is a string, not a number"
-            )),
-            Value::Null => Err(format!("embedding element {index} is null, not a number")),
-            _ => Err(format!("embedding element {index} is not a number")),
-        })
-        .collect()
-}
-
-fn is_non_finite_name(text: &str) -> bool {
-    matches!(
-        text.trim().to_ascii_lowercase().as_str(),
-        "nan" | "+nan" | "-nan" | "infinity" | "+infinity" | "-infinity" | "inf" | "+inf" | "-inf"
-    )
-}
-
 /// Checks and quantises one embedding. `expected` is the dimension of the file's first
 /// embedding (None for the first one).
 pub fn prepare_embedding(
@@ -112,9 +79,7 @@ pub fn prepare_embedding(
         }
     }
     let quantizer = Quantizer::new(elements.len()).map_err(|e| e.to_string())?;
-    if let Some(index) = elements.iter().position(|x| !x.is_finite()) {
-        return Err(FaceError::NotFinite { index }.to_string());
-    }
+    check_finite(elements).map_err(|e| e.to_string())?;
     let quantized = if options.normalize {
         let unit = normalize(elements).map_err(|e| e.to_string())?;
         quantizer.quantize(&unit)
@@ -122,23 +87,21 @@ pub fn prepare_embedding(
         quantizer.quantize(elements)
     };
     quantized.map_err(|e| match e {
-        FaceError::WouldOverflow { .. } if !options.normalize => {
+        FaceError::Embedding(EmbeddingError::OutOfRange { .. }) if !options.normalize => {
             format!("{e} — pass --normalize to L2-normalise every embedding")
         }
         other => other.to_string(),
     })
 }
 
-fn embedding_of(
+/// Quantises the float `elements` of line `line_number` ([`prepare_embedding`]).
+fn quantized(
     line_number: usize,
-    values: Option<Vec<Value>>,
+    elements: &[f64],
     expected: Option<usize>,
     options: EmbeddingOptions,
 ) -> Result<Vec<i32>> {
-    let values = values.ok_or_else(|| anyhow!("line {line_number}: missing \"embedding\""))?;
-    let elements = parse_elements(&values)
-        .map_err(|e| anyhow!("line {line_number}: bad \"embedding\": {e}"))?;
-    prepare_embedding(&elements, expected, options)
+    prepare_embedding(elements, expected, options)
         .map_err(|e| anyhow!("line {line_number}: bad \"embedding\": {e}"))
 }
 
@@ -158,7 +121,8 @@ pub fn parse_enroll_line(
         None => bail!("line {line_number}: missing \"subject\""),
     };
     validate_subject(&subject).with_context(|| format!("line {line_number}: bad \"subject\""))?;
-    let embedding = embedding_of(line_number, raw.embedding, expected, options)?;
+    let elements = elements_of(line_number, raw.embedding)?;
+    let embedding = quantized(line_number, &elements, expected, options)?;
     Ok(FaceEnrollRecord {
         line: line_number,
         subject,
@@ -173,9 +137,8 @@ pub fn parse_probe_line(
     expected: Option<usize>,
     options: EmbeddingOptions,
 ) -> Result<FaceProbeRecord> {
-    let raw: RawProbeLine = serde_json::from_str(text)
-        .with_context(|| format!("line {line_number}: not a JSON object with \"embedding\""))?;
-    let embedding = embedding_of(line_number, raw.embedding, expected, options)?;
+    let elements = probe_elements(line_number, text)?;
+    let embedding = quantized(line_number, &elements, expected, options)?;
     Ok(FaceProbeRecord {
         line: line_number,
         index: line_number.saturating_sub(1),

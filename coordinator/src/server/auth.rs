@@ -9,11 +9,13 @@
 //! cluster up` or an operator), so reading that file gives no credential.
 //!
 //! Scopes follow the action a path names, whatever the modality (`/v1/<modality>/<action>`),
-//! so a new modality's routes need no entry here: `enroll`, `enroll-if-unique` → enroll;
-//! `search`, `verify`, `identify` → search; `delete` → delete; `configure`, `refill`, `pool`,
-//! `pin`,
-//! and `/v1/status`, `/v1/recover` → admin. `/v1/health` is open (it reveals nothing). A path
-//! with any other action is refused (fail closed).
+//! so a new modality's routes need an entry here only for a new action: `enroll`,
+//! `enroll-if-unique`, `enroll-params`, `enroll-begin`, `enroll-finish` → enroll; `search`,
+//! `verify`, `identify`, `outcome`, `device` → search; `delete` → delete; `configure`,
+//! `refill`, `pool`, `pin`, `devices`, and `/v1/status`, `/v1/recover` → admin; `mailbox`,
+//! `reply` → device (what a user's device does in a matching session it takes part in).
+//! `/v1/health` is open (it reveals nothing). A path with any other action is refused (fail
+//! closed).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,11 +45,20 @@ pub enum Scope {
     Delete,
     /// Configure the dealer, refill keys, status, recovery.
     Admin,
+    /// Take part in matching sessions as a user's device (packed Paillier): fetch the
+    /// messages addressed to it, post its replies.
+    Device,
 }
 
 impl Scope {
     /// All scopes.
-    pub const ALL: [Scope; 4] = [Scope::Enroll, Scope::Search, Scope::Delete, Scope::Admin];
+    pub const ALL: [Scope; 5] = [
+        Scope::Enroll,
+        Scope::Search,
+        Scope::Delete,
+        Scope::Admin,
+        Scope::Device,
+    ];
 
     /// The scope's name.
     pub fn as_str(self) -> &'static str {
@@ -56,6 +67,7 @@ impl Scope {
             Scope::Search => "search",
             Scope::Delete => "delete",
             Scope::Admin => "admin",
+            Scope::Device => "device",
         }
     }
 
@@ -64,7 +76,9 @@ impl Scope {
         Scope::ALL
             .into_iter()
             .find(|s| s.as_str() == name)
-            .with_context(|| format!("unknown scope {name:?}: enroll, search, delete or admin"))
+            .with_context(|| {
+                format!("unknown scope {name:?}: enroll, search, delete, admin or device")
+            })
     }
 }
 
@@ -96,10 +110,13 @@ pub fn needs(method: &Method, path: &str) -> Needs {
         return Needs::Refused;
     }
     match action {
-        "enroll" | "enroll-if-unique" => Needs::Scope(Scope::Enroll),
-        "search" | "verify" | "identify" => Needs::Scope(Scope::Search),
+        "enroll" | "enroll-if-unique" | "enroll-params" | "enroll-begin" | "enroll-finish" => {
+            Needs::Scope(Scope::Enroll)
+        }
+        "search" | "verify" | "identify" | "outcome" | "device" => Needs::Scope(Scope::Search),
         "delete" => Needs::Scope(Scope::Delete),
-        "configure" | "refill" | "pool" | "pin" => Needs::Scope(Scope::Admin),
+        "configure" | "refill" | "pool" | "pin" | "devices" => Needs::Scope(Scope::Admin),
+        "mailbox" | "reply" => Needs::Scope(Scope::Device),
         _ => Needs::Refused,
     }
 }
@@ -380,6 +397,28 @@ mod tests {
             (&post, "/v1/face/verify", Needs::Scope(Scope::Search)),
             (&post, "/v1/face/identify", Needs::Scope(Scope::Search)),
             (&post, "/v1/party/pin", Needs::Scope(Scope::Admin)),
+            (
+                &get,
+                "/v1/paillier/enroll-params",
+                Needs::Scope(Scope::Enroll),
+            ),
+            (
+                &post,
+                "/v1/paillier/enroll-begin",
+                Needs::Scope(Scope::Enroll),
+            ),
+            (
+                &post,
+                "/v1/paillier/enroll-finish",
+                Needs::Scope(Scope::Enroll),
+            ),
+            (&post, "/v1/paillier/device", Needs::Scope(Scope::Search)),
+            (&get, "/v1/paillier/devices", Needs::Scope(Scope::Admin)),
+            (&post, "/v1/paillier/delete", Needs::Scope(Scope::Delete)),
+            (&post, "/v1/paillier/verify", Needs::Scope(Scope::Search)),
+            (&post, "/v1/paillier/outcome", Needs::Scope(Scope::Search)),
+            (&post, "/v1/paillier/mailbox", Needs::Scope(Scope::Device)),
+            (&post, "/v1/paillier/reply", Needs::Scope(Scope::Device)),
         ];
         for (method, path, expected) in table {
             assert_eq!(needs(method, path), expected, "{method} {path}");

@@ -13,9 +13,11 @@
 //! | `POST /v1/iris/enroll-if-unique` | JSON, one record | `enrolled` / `duplicate`, or 409 `not_unique` |
 //! | `POST /v1/face/configure`, `GET /v1/face/pool`, `POST /v1/face/refill` | JSON | the dealer and the key pools |
 //! | `POST /v1/face/enroll`, `/v1/face/delete`, `/v1/face/verify`, `/v1/face/identify` | JSON | face templates and matching |
+//! | `/v1/paillier/enroll-params`, `enroll-begin`, `enroll-finish`, `device`, `devices`, `delete` | JSON | device-held face templates at the service provider |
+//! | `POST /v1/paillier/verify`, `outcome`, `mailbox`, `reply` | JSON | matching sessions relayed between terminal, device and service provider (long polls) |
 //!
 //! The shapes of each modality's endpoints are documented in its `api.rs` (`crate::iris::api`,
-//! `crate::face::api`); errors in [`crate::wire`] and [`error`]. The coordinator never reuses
+//! `crate::face::api`, `crate::paillier::api`); errors in [`crate::wire`] and [`error`]. The coordinator never reuses
 //! a session id it has seen (it keeps the last 65,536), on top of the parties' own checks.
 //!
 //! Every call passes [`auth::guard`] first: an API credential with the endpoint's scope (401,

@@ -18,6 +18,7 @@ pub fn app(state: SharedState, guard: Arc<Guard>) -> Router {
         .merge(common::routes(crate::iris::routes::RECORDS_SQL))
         .merge(crate::iris::routes::routes())
         .merge(crate::face::routes::routes())
+        .merge(crate::paillier::routes::routes(state.clone()))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(guard, auth::guard))
         .with_state(state)

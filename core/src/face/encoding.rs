@@ -268,6 +268,6 @@ mod tests {
         let [a, b] = share_embedding(&q, &mut rng);
         let (back, norm) = reconstruct_embedding(&a, &b);
         assert_eq!(back, q);
-        assert_eq!(i64::from(norm), crate::face::quantize::dot(&q, &q));
+        assert_eq!(i64::from(norm), crate::embedding::dot(&q, &q));
     }
 }

@@ -381,8 +381,9 @@ pub fn evaluate_in_process<R: RngCore + CryptoRng>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedding::dot;
     use crate::face::encoding::share_embedding;
-    use crate::face::quantize::{dot, plaintext_match, squared_distance};
+    use crate::face::quantize::{plaintext_match, squared_distance};
     use proptest::prelude::{any, prop, proptest, ProptestConfig};
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;

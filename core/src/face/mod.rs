@@ -57,6 +57,7 @@ pub mod quantize;
 
 use crate::crypto::fss::FssError;
 use crate::crypto::seal::SealError;
+use crate::embedding::EmbeddingError;
 use crate::wire::envelope::EnvelopeError;
 
 /// The distance metric the dealer configures.
@@ -123,23 +124,10 @@ pub enum FaceError {
         /// The dimension found.
         got: usize,
     },
-    /// An element is NaN or infinite.
-    #[error("embedding element {index} is not a finite number")]
-    NotFinite {
-        /// Position of the element.
-        index: usize,
-    },
-    /// An element lies outside [−1, 1]: quantising it could overflow the comparison.
-    #[error("embedding element {index} is {value}, outside [-1, 1]: it could overflow the secure comparison (normalise the embedding)")]
-    WouldOverflow {
-        /// Position of the element.
-        index: usize,
-        /// Its value.
-        value: f64,
-    },
-    /// The zero vector cannot be normalised.
-    #[error("the embedding is the zero vector and cannot be normalised")]
-    ZeroEmbedding,
+    /// An element is not finite or outside [−1, 1], or the zero vector was to be normalised
+    /// (the shared checks of [`crate::embedding`]).
+    #[error(transparent)]
+    Embedding(#[from] EmbeddingError),
     /// A threshold outside the metric's range.
     #[error("the threshold is outside the range of the {metric} metric (cosine: -1..1, euclidean: 0..4·l)")]
     BadThreshold {

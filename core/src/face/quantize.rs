@@ -17,6 +17,9 @@
 //!
 //! Intermediate values wrap in Z_2^32 (the protocol is linear there); only v must not.
 //! Elements outside [−1, 1], NaN and infinities are refused: such an input could overflow.
+//! The element checks, normalisation, rounding and the inner product are the shared layer
+//! [`crate::embedding`]'s (the packed-Paillier modality quantises with them too, under its
+//! own M); what is Funshade's here is the choice of M, the threshold and the metrics.
 //!
 //! | l | M | l·M² |
 //! |---|---|---|
@@ -25,6 +28,7 @@
 //! | 1024 | 511 | 267,387,904 (1024 · 512² = 2^28 is excluded by the strict bound) |
 
 use super::{FaceError, Metric};
+use crate::embedding::{self, dot};
 
 /// Smallest supported embedding dimension.
 pub const MIN_DIM: usize = 128;
@@ -69,8 +73,9 @@ impl Quantizer {
         self.magnitude
     }
 
-    /// Quantises an embedding whose elements lie in [−1, 1]. Refuses a wrong dimension,
-    /// NaN/Inf, and elements outside [−1, 1] (they could overflow the comparison).
+    /// Quantises an embedding whose elements lie in [−1, 1] ([`embedding::quantize`] with this
+    /// dimension's M). Refuses a wrong dimension, NaN/Inf, and elements outside [−1, 1] (they
+    /// could overflow the comparison).
     pub fn quantize(&self, embedding: &[f64]) -> Result<Vec<i32>, FaceError> {
         if embedding.len() != self.dim {
             return Err(FaceError::WrongDimension {
@@ -78,21 +83,7 @@ impl Quantizer {
                 got: embedding.len(),
             });
         }
-        let scale = f64::from(self.magnitude);
-        embedding
-            .iter()
-            .enumerate()
-            .map(|(index, &x)| {
-                if !x.is_finite() {
-                    return Err(FaceError::NotFinite { index });
-                }
-                if !(-1.0..=1.0).contains(&x) {
-                    return Err(FaceError::WouldOverflow { index, value: x });
-                }
-                // |x·M| ≤ M < 2^11, so the cast is exact.
-                Ok((x * scale).round() as i32)
-            })
-            .collect()
+        Ok(embedding::quantize(embedding, self.magnitude)?)
     }
 
     /// Quantises a threshold given in the metric's float units (a cosine similarity, or a
@@ -129,38 +120,13 @@ pub fn max_magnitude(dim: usize) -> u32 {
     m as u32
 }
 
-/// L2-normalises an embedding (for the cosine metric). Refuses NaN/Inf and the zero vector.
-pub fn normalize(embedding: &[f64]) -> Result<Vec<f64>, FaceError> {
-    if let Some(index) = embedding.iter().position(|x| !x.is_finite()) {
-        return Err(FaceError::NotFinite { index });
-    }
-    let norm = embedding.iter().map(|x| x * x).sum::<f64>().sqrt();
-    if norm == 0.0 || !norm.is_finite() {
-        return Err(FaceError::ZeroEmbedding);
-    }
-    Ok(embedding
-        .iter()
-        .map(|x| (x / norm).clamp(-1.0, 1.0))
-        .collect())
-}
-
-/// Dot product of two quantised embeddings (exact: |result| < 2^28).
-pub fn dot(x: &[i32], y: &[i32]) -> i64 {
-    x.iter()
-        .zip(y)
-        .map(|(&a, &b)| i64::from(a) * i64::from(b))
-        .sum()
-}
-
-/// Squared Euclidean distance of two quantised embeddings (exact: < 2^30).
+/// Squared Euclidean distance of two quantised embeddings (exact: < 2^30; the arithmetic is
+/// explicitly wrapping beyond that).
 pub fn squared_distance(x: &[i32], y: &[i32]) -> i64 {
-    x.iter()
-        .zip(y)
-        .map(|(&a, &b)| {
-            let d = i64::from(a) - i64::from(b);
-            d * d
-        })
-        .sum()
+    x.iter().zip(y).fold(0i64, |acc, (&a, &b)| {
+        let d = i64::from(a).wrapping_sub(i64::from(b));
+        acc.wrapping_add(d.wrapping_mul(d))
+    })
 }
 
 /// The plaintext reference: does probe `x` match template `y` under `metric` with quantised
@@ -175,6 +141,7 @@ pub fn plaintext_match(metric: Metric, x: &[i32], y: &[i32], threshold: i64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedding::{normalize, EmbeddingError};
 
     #[test]
     fn magnitude_is_the_largest_satisfying_the_strict_bound() {
@@ -220,16 +187,20 @@ mod tests {
             })
         );
         let mut e = vec![0.0; 128];
+        let not_finite = Err(FaceError::Embedding(EmbeddingError::NotFinite { index: 5 }));
         e[5] = f64::NAN;
-        assert_eq!(q.quantize(&e), Err(FaceError::NotFinite { index: 5 }));
+        assert_eq!(q.quantize(&e), not_finite);
         e[5] = f64::INFINITY;
-        assert_eq!(q.quantize(&e), Err(FaceError::NotFinite { index: 5 }));
+        assert_eq!(q.quantize(&e), not_finite);
         e[5] = 1.0001;
         assert!(matches!(
             q.quantize(&e),
-            Err(FaceError::WouldOverflow { index: 5, .. })
+            Err(FaceError::Embedding(EmbeddingError::OutOfRange {
+                index: 5,
+                ..
+            }))
         ));
-        assert_eq!(normalize(&[0.0; 4]), Err(FaceError::ZeroEmbedding));
+        assert_eq!(normalize(&[0.0; 4]), Err(EmbeddingError::ZeroVector));
         assert!(Quantizer::new(127).is_err());
         assert!(Quantizer::new(1025).is_err());
         assert!(q.quantize_threshold(Metric::Cosine, 1.5).is_err());

@@ -38,6 +38,10 @@ pub const DEFAULT_MODULUS_BITS: u32 = 3072;
 /// Miller–Rabin rounds on top of GMP's Baillie–PSW test for key generation.
 const PRIME_TEST_REPS: u32 = 40;
 
+/// Magic and version of [`SecretKey::to_bytes`].
+const SECRET_MAGIC: &[u8; 4] = b"PMSK";
+const SECRET_VERSION: u8 = 1;
+
 /// What can go wrong with Paillier keys and ciphertexts (all caused by input, none by a bug).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PaillierError {
@@ -456,6 +460,51 @@ impl SecretKey {
         (&self.p, &self.q)
     }
 
+    /// The key's canonical encoding, for the device's key file (secret: the caller keeps it
+    /// private; the buffer is wiped when dropped): `"PMSK" ‖ version (1) ‖ prime length (2,
+    /// big endian) ‖ p ‖ q`, each prime big endian in exactly that length (|N|/16 bytes).
+    pub fn to_bytes(&self) -> zeroize::Zeroizing<Vec<u8>> {
+        let len = self.public.modulus_bytes().div_ceil(2);
+        let mut out = zeroize::Zeroizing::new(Vec::with_capacity(7 + 2 * len));
+        out.extend_from_slice(SECRET_MAGIC);
+        out.push(SECRET_VERSION);
+        // len ≤ 192 for supported sizes.
+        out.extend_from_slice(&(len as u16).to_be_bytes());
+        for prime in [&self.p, &self.q] {
+            let mut digits = fixed_be(prime, len);
+            out.extend_from_slice(&digits);
+            digits.zeroize();
+        }
+        out
+    }
+
+    /// Strict decoding of [`Self::to_bytes`]: exact length, no trailing bytes, primes as
+    /// [`Self::from_primes`] requires, and a modulus of a supported size. Errors never contain
+    /// key material.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, PaillierError> {
+        let bad = |reason: &str| PaillierError::BadPrimes(format!("key encoding: {reason}"));
+        if bytes.len() < 7 || &bytes[..4] != SECRET_MAGIC {
+            return Err(bad("not a privmatch Paillier secret key"));
+        }
+        if bytes[4] != SECRET_VERSION {
+            return Err(bad(&format!(
+                "version {}, expected {SECRET_VERSION}",
+                bytes[4]
+            )));
+        }
+        let len = usize::from(u16::from_be_bytes([bytes[5], bytes[6]]));
+        if len == 0 || bytes.len() != 7 + 2 * len {
+            return Err(bad("the length does not match the primes' length field"));
+        }
+        let p = Integer::from_digits(&bytes[7..7 + len], Order::Msf);
+        let q = Integer::from_digits(&bytes[7 + len..], Order::Msf);
+        let key = Self::from_primes(p, q)?;
+        if key.public.modulus_bytes().div_ceil(2) != len {
+            return Err(bad("the primes are shorter than their encoding"));
+        }
+        Ok(key)
+    }
+
     /// Dec(c) ∈ [0, N) by the CRT (Paillier's §7): m_p = L_p(c^{p−1} mod p²) · h_p mod p,
     /// likewise m_q, recombined.
     pub fn decrypt(&self, c: &Ciphertext) -> Integer {
@@ -639,6 +688,31 @@ mod tests {
     use proptest::prelude::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
+
+    #[test]
+    fn secret_keys_round_trip_strictly_through_their_encoding() {
+        for sk in [small_key(), key_2048()] {
+            let bytes = sk.to_bytes();
+            let back = SecretKey::from_bytes(&bytes).expect("decodes");
+            assert_eq!(back.public_key(), sk.public_key());
+            assert_eq!(back.primes(), sk.primes());
+            for len in 0..bytes.len() {
+                assert!(SecretKey::from_bytes(&bytes[..len]).is_err());
+            }
+            let mut long = bytes.to_vec();
+            long.push(0);
+            assert!(SecretKey::from_bytes(&long).is_err());
+            let mut version = bytes.to_vec();
+            version[4] = 2;
+            assert!(SecretKey::from_bytes(&version).is_err());
+            // A flipped bit in p: not a prime any more, refused without echoing the key.
+            let mut flipped = bytes.to_vec();
+            flipped[10] ^= 0x10;
+            let err = SecretKey::from_bytes(&flipped).expect_err("refused");
+            assert!(!err.to_string().contains(&sk.primes().0.to_string()));
+            assert!(format!("{back:?}").contains("redacted"));
+        }
+    }
 
     #[test]
     fn generated_keys_have_the_requested_size_and_blum_primes() {

@@ -19,6 +19,7 @@
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
 //! | [`terminal`] | the terminal's w and threshold, sealed to the service provider for Round 2 |
+//! | [`quantize`] | float face embeddings → templates u and measurements w: M from the layout (m-bit elements, ‖u‖² ≤ ζ² for every unit vector), the threshold, the plaintext reference |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
 //! the paper.
@@ -32,6 +33,7 @@ pub mod messages;
 pub mod no_leakage;
 pub mod params;
 pub mod proofs;
+pub mod quantize;
 pub mod record;
 pub mod semi_honest;
 pub mod terminal;

@@ -1,0 +1,474 @@
+//! The JSON shapes of the coordinator's endpoints for device-held face templates (packed
+//! Paillier, Game-Set-MATCH: Agrawal, Badrinarayanan, Mukherjee, Rindal, CCS 2020, ePrint
+//! 2020/1363), shared by the server ([`crate::paillier::routes`]) and the client
+//! ([`crate::paillier::client`]). Binary values (protocol messages, records, sealed inputs)
+//! are standard padded base64; session ids are 32 hex digits; protocols are `pi1`, `pi2`,
+//! `pi3`.
+//!
+//! | method, path | scope | body | answer |
+//! |---|---|---|---|
+//! | `GET /v1/paillier/enroll-params` | enroll | — | [`ServiceInfo`]: the SP's party, signing key, ring-Pedersen parameters, parameter sets |
+//! | `POST /v1/paillier/enroll-begin` | enroll | [`EnrollBeginBody`] `{"device", "session", "request"}` | [`EnrollBeginResponse`] `{"challenge": b64 \| null}` |
+//! | `POST /v1/paillier/enroll-finish` | enroll | [`EnrollFinishBody`] `{"device", "response": b64 \| null}` | [`RecordResponse`] `{"device", "record"}` |
+//! | `POST /v1/paillier/device` | search | [`DeviceBody`] `{"device"}` | [`RecordResponse`] |
+//! | `GET /v1/paillier/devices` | admin | — | [`DevicesResponse`] |
+//! | `POST /v1/paillier/delete` | delete | [`DeviceBody`] | [`DeleteResponse`] `{"device", "deleted"}` |
+//! | `POST /v1/paillier/verify` | search | [`VerifyBody`] `{"device", "protocol", "session", "terminal_input"}` | [`SessionView`] (state `waiting`) |
+//! | `POST /v1/paillier/outcome` | search | [`WaitBody`] `{"session", "wait_ms"}` | [`SessionView`] |
+//! | `POST /v1/paillier/mailbox` | device | [`MailboxBody`] `{"device", "wait_ms", "max"}` | [`MailboxResponse`] `{"messages": [DeviceMessage]}` |
+//! | `POST /v1/paillier/reply` | device | [`ReplyBody`] `{"device", "session", "round", "message" \| "error"}` | [`ReplyResponse`] `{"session", "next", "closed"}` |
+//!
+//! A session's `state` ([`SessionState`]): `waiting` (for the device), `match`, `no_match`,
+//! `refused` (the service provider found the device's answer inconsistent: a cheating device,
+//! Π2/Π3), `failed` (with `error`), `expired`. Errors are [`crate::wire::ErrorBody`] with the
+//! codes of [`crate::wire::codes`]: `unknown_device` (404), `unknown_session` (404),
+//! `wrong_step` (409), `not_configured` (503: no service provider, or it enrols no device
+//! under the protocol), `rejected_by_party` (422: a malformed message, a refused proof or
+//! a tampered input), `bad_request` (400).
+
+use privmatch_core::paillier::params::Protocol;
+use privmatch_core::paillier::record::check_device_id;
+use privmatch_core::wire::session::SessionId;
+use serde::{Deserialize, Serialize};
+
+use crate::wire::{from_base64, session_from_hex};
+
+/// The longest a long poll (mailbox, outcome) waits, in milliseconds.
+pub const MAX_WAIT_MS: u64 = 30_000;
+/// The default wait of a long poll, in milliseconds.
+pub const DEFAULT_WAIT_MS: u64 = 25_000;
+/// The most messages one mailbox answer carries.
+pub const MAX_MESSAGES: usize = 16;
+
+/// `pi1`, `pi2` or `pi3`.
+pub fn protocol_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Pi1 => "pi1",
+        Protocol::Pi2 => "pi2",
+        Protocol::Pi3 => "pi3",
+    }
+}
+
+/// The protocol named `pi1`, `pi2` or `pi3`.
+pub fn parse_protocol(name: &str) -> Result<Protocol, String> {
+    match name {
+        "pi1" => Ok(Protocol::Pi1),
+        "pi2" => Ok(Protocol::Pi2),
+        "pi3" => Ok(Protocol::Pi3),
+        other => Err(format!(
+            "protocol {:?}: pi1, pi2 or pi3",
+            other.chars().take(16).collect::<String>()
+        )),
+    }
+}
+
+/// Checks a device id (1 to 64 of `A-Z a-z 0-9 . _ : -`), naming the field.
+pub fn check_device(device: &str) -> Result<(), String> {
+    check_device_id(device).map_err(|e| format!("device: {e}"))
+}
+
+/// Decodes a non-empty base64 field.
+fn bytes_of(text: &str, what: &str) -> Result<Vec<u8>, String> {
+    let bytes = from_base64(text, what)?;
+    if bytes.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    Ok(bytes)
+}
+
+/// One parameter set the service provider enrols under.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamSet {
+    /// `pi1`, `pi2` or `pi3`.
+    pub protocol: String,
+    /// The canonical parameters (`Params::to_bytes`), base64.
+    pub params: String,
+    /// How long new records stay valid.
+    pub valid_days: i32,
+}
+
+/// The answer to `GET /v1/paillier/enroll-params`: what a device needs to enrol. The device
+/// checks the signing key against its pinned one, never trusts this copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceInfo {
+    /// The service provider's party index.
+    pub party: u8,
+    /// The public half of its signing key (hex).
+    pub signing_key: String,
+    /// Its ring-Pedersen parameters for the device key proof (base64).
+    pub ring_pedersen: String,
+    /// The parameter sets, one per protocol.
+    pub parameters: Vec<ParamSet>,
+}
+
+/// The body of `POST /v1/paillier/enroll-begin`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EnrollBeginBody {
+    /// The device id.
+    pub device: String,
+    /// The enrolment session the device's proofs are bound to (hex, 16 bytes).
+    pub session: String,
+    /// The enrolment request (`DeviceEnrolment::start`), base64.
+    pub request: String,
+}
+
+impl EnrollBeginBody {
+    /// Checks and decodes: (session, request).
+    pub fn decode(&self) -> Result<(SessionId, Vec<u8>), String> {
+        check_device(&self.device)?;
+        Ok((
+            session_from_hex(&self.session, "session")?,
+            bytes_of(&self.request, "request")?,
+        ))
+    }
+}
+
+/// The answer to `POST /v1/paillier/enroll-begin`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrollBeginResponse {
+    /// The norm challenge (Π2, Π3; base64), or null (Π1).
+    pub challenge: Option<String>,
+}
+
+/// The body of `POST /v1/paillier/enroll-finish`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EnrollFinishBody {
+    /// The device id.
+    pub device: String,
+    /// The answer to the norm challenge (base64), or null (Π1).
+    pub response: Option<String>,
+}
+
+impl EnrollFinishBody {
+    /// Checks and decodes the response.
+    pub fn decode(&self) -> Result<Option<Vec<u8>>, String> {
+        check_device(&self.device)?;
+        self.response
+            .as_deref()
+            .map(|r| bytes_of(r, "response"))
+            .transpose()
+    }
+}
+
+/// A device's signed record (`SignedTemplate` bytes, base64).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordResponse {
+    /// The device id.
+    pub device: String,
+    /// The record with the service provider's signature, base64.
+    pub record: String,
+}
+
+/// A body naming one device: `POST /v1/paillier/device`, `/v1/paillier/delete`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceBody {
+    /// The device id.
+    pub device: String,
+}
+
+/// One enrolled device in `GET /v1/paillier/devices`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceEntry {
+    /// The device id.
+    pub device: String,
+    /// `pi1`, `pi2` or `pi3`.
+    pub protocol: String,
+    /// When its record expires (RFC 3339).
+    pub expires_at: String,
+    /// When it enrolled (RFC 3339).
+    pub enrolled_at: String,
+}
+
+/// The answer to `GET /v1/paillier/devices`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevicesResponse {
+    /// The enrolled devices, by id.
+    pub devices: Vec<DeviceEntry>,
+}
+
+/// The answer to `POST /v1/paillier/delete`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteResponse {
+    /// The device id.
+    pub device: String,
+    /// Whether a record (or a pending enrolment) was removed.
+    pub deleted: bool,
+}
+
+/// The body of `POST /v1/paillier/verify`: a terminal opens a matching session.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VerifyBody {
+    /// The enrolled device to match against.
+    pub device: String,
+    /// `pi1`, `pi2` or `pi3` (the device's enrolled protocol).
+    pub protocol: String,
+    /// The session id sealed inside the terminal input (hex).
+    pub session: String,
+    /// `TerminalInput` sealed to the service provider, base64.
+    pub terminal_input: String,
+}
+
+/// A decoded [`VerifyBody`].
+#[derive(Clone, Debug)]
+pub struct VerifyRequest {
+    /// The device.
+    pub device: String,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The session id.
+    pub session: SessionId,
+    /// The sealed terminal input.
+    pub terminal_input: Vec<u8>,
+}
+
+impl VerifyBody {
+    /// Checks and decodes the request.
+    pub fn decode(&self) -> Result<VerifyRequest, String> {
+        check_device(&self.device)?;
+        Ok(VerifyRequest {
+            device: self.device.clone(),
+            protocol: parse_protocol(&self.protocol)?,
+            session: session_from_hex(&self.session, "session")?,
+            terminal_input: bytes_of(&self.terminal_input, "terminal_input")?,
+        })
+    }
+}
+
+fn default_wait() -> u64 {
+    DEFAULT_WAIT_MS
+}
+
+/// The body of `POST /v1/paillier/outcome`: a terminal waits for its session's outcome.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaitBody {
+    /// The session id (hex).
+    pub session: String,
+    /// How long to wait for the outcome, in ms (at most [`MAX_WAIT_MS`]; 0: answer at once).
+    #[serde(default = "default_wait")]
+    pub wait_ms: u64,
+}
+
+/// Where a matching session stands, as the terminal sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// The device has not answered yet.
+    Waiting,
+    /// The capture matches the device's template.
+    Match,
+    /// It does not.
+    NoMatch,
+    /// The service provider refused the device's answer (Π2, Π3: a cheating device).
+    Refused,
+    /// The session failed (see `error`).
+    Failed,
+    /// Nobody finished it in time.
+    Expired,
+}
+
+impl SessionState {
+    /// `match` or `no_match` for a match bit.
+    pub fn of_bit(matched: bool) -> Self {
+        if matched {
+            SessionState::Match
+        } else {
+            SessionState::NoMatch
+        }
+    }
+
+    /// Whether the session is over.
+    pub fn is_final(self) -> bool {
+        self != SessionState::Waiting
+    }
+}
+
+/// A matching session as the coordinator knows it: nothing but its parties and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The session id (hex).
+    pub session: String,
+    /// The device.
+    pub device: String,
+    /// `pi1`, `pi2` or `pi3`.
+    pub protocol: String,
+    /// Where it stands.
+    pub state: SessionState,
+    /// Why it failed (`failed`, `expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The body of `POST /v1/paillier/mailbox`: a device waits for sessions addressed to it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MailboxBody {
+    /// The device id.
+    pub device: String,
+    /// How long to wait for a message, in ms (at most [`MAX_WAIT_MS`]).
+    #[serde(default = "default_wait")]
+    pub wait_ms: u64,
+    /// The most messages to take (1 to [`MAX_MESSAGES`], default the latter): a device that
+    /// will serve only so many sessions takes no more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<usize>,
+}
+
+/// One protocol message for a device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMessage {
+    /// The session id (hex).
+    pub session: String,
+    /// `pi1`, `pi2` or `pi3`.
+    pub protocol: String,
+    /// The round of [ABMR20] the message is (2, or 4).
+    pub round: u8,
+    /// The message, base64.
+    pub message: String,
+}
+
+/// The answer to `POST /v1/paillier/mailbox`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailboxResponse {
+    /// Round 2 of each new session for the device (empty when the wait ran out), each given
+    /// once.
+    pub messages: Vec<DeviceMessage>,
+}
+
+/// The body of `POST /v1/paillier/reply`: the device's message of a round, or why it gives up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReplyBody {
+    /// The device id.
+    pub device: String,
+    /// The session id (hex).
+    pub session: String,
+    /// The round of [ABMR20] the message is (3, or 5 in Π3).
+    pub round: u8,
+    /// The message, base64 (absent with `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Why the device abandons the session (its message is then absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What a device posts: its message, or the reason it gives up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The round's message.
+    Message(Vec<u8>),
+    /// The device abandons the session.
+    Abandon(String),
+}
+
+/// The longest reason a device may give for abandoning a session.
+pub const MAX_REASON: usize = 300;
+
+impl ReplyBody {
+    /// Checks and decodes: (session, round, reply).
+    pub fn decode(&self) -> Result<(SessionId, u8, Reply), String> {
+        check_device(&self.device)?;
+        let session = session_from_hex(&self.session, "session")?;
+        let reply = match (&self.message, &self.error) {
+            (Some(m), None) => Reply::Message(bytes_of(m, "message")?),
+            (None, Some(e)) => Reply::Abandon(e.chars().take(MAX_REASON).collect()),
+            _ => return Err("a reply carries either \"message\" or \"error\"".into()),
+        };
+        Ok((session, self.round, reply))
+    }
+}
+
+/// The answer to `POST /v1/paillier/reply`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyResponse {
+    /// The session id (hex).
+    pub session: String,
+    /// The next message for the device, if the protocol has one (Π2 Round 4, Π3 Round 4).
+    pub next: Option<DeviceMessage>,
+    /// Whether the session is over (nothing more is expected from the device).
+    pub closed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::to_base64;
+
+    #[test]
+    fn bodies_decode_and_refuse_with_the_field_named() {
+        let verify = VerifyBody {
+            device: "phone-1".into(),
+            protocol: "pi2".into(),
+            session: hex::encode([5u8; 16]),
+            terminal_input: to_base64(b"box"),
+        };
+        let request = verify.decode().expect("valid");
+        assert_eq!(request.protocol, Protocol::Pi2);
+        assert_eq!(request.session, [5u8; 16]);
+        let mut bad = verify.clone();
+        bad.protocol = "pi4".into();
+        assert!(bad
+            .decode()
+            .err()
+            .unwrap_or_default()
+            .contains("pi1, pi2 or pi3"));
+        let mut bad = verify.clone();
+        bad.device = "has space".into();
+        assert!(bad.decode().err().unwrap_or_default().starts_with("device"));
+        let mut bad = verify;
+        bad.terminal_input = String::new();
+        assert!(bad
+            .decode()
+            .err()
+            .unwrap_or_default()
+            .contains("terminal_input is empty"));
+
+        let reply = ReplyBody {
+            device: "phone-1".into(),
+            session: hex::encode([1u8; 16]),
+            round: 3,
+            message: Some(to_base64(b"x")),
+            error: None,
+        };
+        assert_eq!(
+            reply.decode().expect("valid").2,
+            Reply::Message(b"x".to_vec())
+        );
+        let both = ReplyBody {
+            error: Some("no".into()),
+            ..reply.clone()
+        };
+        assert!(both.decode().is_err());
+        let neither = ReplyBody {
+            message: None,
+            ..reply.clone()
+        };
+        assert!(neither.decode().is_err());
+        let long = ReplyBody {
+            message: None,
+            error: Some("e".repeat(1000)),
+            ..reply
+        };
+        assert_eq!(
+            long.decode().expect("valid").2,
+            Reply::Abandon("e".repeat(MAX_REASON))
+        );
+        let wait: WaitBody =
+            serde_json::from_str(&format!("{{\"session\": \"{}\"}}", hex::encode([0u8; 16])))
+                .expect("parses");
+        assert_eq!(wait.wait_ms, DEFAULT_WAIT_MS);
+    }
+
+    #[test]
+    fn states_and_protocols_have_their_documented_names() {
+        for p in [Protocol::Pi1, Protocol::Pi2, Protocol::Pi3] {
+            assert_eq!(parse_protocol(protocol_name(p)), Ok(p));
+        }
+        assert_eq!(
+            serde_json::to_string(&SessionState::NoMatch)
+                .ok()
+                .as_deref(),
+            Some("\"no_match\"")
+        );
+        assert!(!SessionState::Waiting.is_final());
+        assert!(SessionState::Refused.is_final());
+    }
+}

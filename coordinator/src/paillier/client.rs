@@ -1,0 +1,476 @@
+//! The client side of device-held face templates (packed Paillier, Game-Set-MATCH: Agrawal,
+//! Badrinarayanan, Mukherjee, Rindal, CCS 2020, ePrint 2020/1363 [ABMR20]) and its library
+//! API: the device's enrolment Π_en ([`PaillierClient::enroll`]) and its side of matching
+//! sessions ([`Responder`], [`serve`]), and the terminal's session ([`PaillierClient::open`],
+//! [`PaillierClient::outcome`]), over the coordinator's HTTP API ([`crate::paillier::api`]).
+//!
+//! Trust: the coordinator only relays. What the client relies on comes from its own
+//! configuration ([`ServicePin`]): the service provider's party (the terminal seals its input
+//! to that party's pinned X25519 key) and its signing key (every record, at enrolment and
+//! before a terminal uses one, is checked against it). The device's key stays in its key
+//! file; what it posts are protocol messages and, when it gives up, a fixed reason without
+//! any decrypted value.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ed25519_dalek::VerifyingKey;
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::paillier::cipher::SecretKey;
+use privmatch_core::paillier::enroll::DeviceEnrolment;
+use privmatch_core::paillier::key_proof::RingPedersenParams;
+use privmatch_core::paillier::malicious::Pi2Device;
+use privmatch_core::paillier::no_leakage::Pi3Device;
+use privmatch_core::paillier::params::{Params, Protocol};
+use privmatch_core::paillier::record::SignedTemplate;
+use privmatch_core::paillier::semi_honest::Pi1Device;
+use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::{new_session_id, SessionId};
+use rand_chacha::ChaCha20Rng;
+
+use crate::cli::http::{CallError, Coordinator};
+use crate::cli::keys::sharing_rng;
+use crate::config::{Config, ServicePin};
+use crate::paillier::api::{
+    parse_protocol, protocol_name, DeleteResponse, DeviceBody, DeviceMessage, DevicesResponse,
+    EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody, MailboxResponse,
+    RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
+    VerifyBody, WaitBody, DEFAULT_WAIT_MS,
+};
+use crate::wire::{from_base64, session_to_hex, to_base64};
+
+/// The time now, in Unix seconds (record expiry).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn decode(text: &str, what: &str) -> Result<Vec<u8>> {
+    from_base64(text, what).map_err(anyhow::Error::msg)
+}
+
+/// A client of the coordinator's Paillier endpoints, with the pinned service provider.
+pub struct PaillierClient {
+    coordinator: Coordinator,
+    pin: ServicePin,
+    service_key: VerifyingKey,
+    seal_key: PartyPublicKey,
+    rng: ChaCha20Rng,
+}
+
+impl PaillierClient {
+    /// A client for the coordinator of `config`; refused unless it pins the service provider.
+    pub fn new(config: &Config) -> Result<Self> {
+        let pin = config.paillier_service.clone().context(
+            "no Paillier service provider is pinned in the configuration: run `privmatch device pin-service --party <P> --signing-key <hex>` with the key its operator's paillier_init_service() returned",
+        )?;
+        let service_key = pin.verifying_key()?;
+        let seal_key = config.pinned_keys()?[usize::from(pin.party)];
+        Ok(PaillierClient {
+            coordinator: Coordinator::new(config),
+            pin,
+            service_key,
+            seal_key,
+            rng: sharing_rng()?,
+        })
+    }
+
+    /// The pinned key that verifies the service provider's records.
+    pub fn service_key(&self) -> &VerifyingKey {
+        &self.service_key
+    }
+
+    /// The service provider's public material and parameter sets, as the coordinator relays
+    /// them; refused unless they name the pinned party and key.
+    pub async fn service_info(&self) -> Result<ServiceInfo> {
+        let info: ServiceInfo = self.coordinator.get("/v1/paillier/enroll-params").await?;
+        if info.party != self.pin.party
+            || !info.signing_key.eq_ignore_ascii_case(&self.pin.signing_key)
+        {
+            bail!(
+                "the coordinator reports service provider P{} with signing key {}, but P{} with {} is pinned: refusing to enrol",
+                info.party,
+                info.signing_key,
+                self.pin.party,
+                self.pin.signing_key
+            );
+        }
+        Ok(info)
+    }
+
+    /// The parameters the service provider enrols `protocol`'s devices under.
+    pub async fn enrolment_params(
+        &self,
+        protocol: Protocol,
+    ) -> Result<(Params, RingPedersenParams)> {
+        let info = self.service_info().await?;
+        let name = protocol_name(protocol);
+        let set = info
+            .parameters
+            .iter()
+            .find(|s| s.protocol == name)
+            .with_context(|| format!("the service provider enrols no device under {name}"))?;
+        let params = Params::from_bytes(&decode(&set.params, "params")?)?;
+        let aux = RingPedersenParams::from_bytes(&decode(&info.ring_pedersen, "ring_pedersen")?)
+            .map_err(|e| anyhow!("the service provider's ring-Pedersen parameters: {e}"))?;
+        Ok((params, aux))
+    }
+
+    /// Π_en ([ABMR20] §6.1, §8; Fig. 3 for Π1) of the quantised template `u` under `params`
+    /// and the ring-Pedersen parameters `aux`: request, norm challenge and answer (Π2, Π3),
+    /// then the signed record, verified against the pinned key (σ, device, parameters, key,
+    /// and that the packing decrypts to u).
+    pub async fn enroll(
+        &mut self,
+        secret: &SecretKey,
+        device: &str,
+        params: &Params,
+        aux: &RingPedersenParams,
+        u: &[i32],
+    ) -> Result<SignedTemplate> {
+        let session = new_session_id(&mut self.rng);
+        let (state, request) =
+            DeviceEnrolment::start(secret, params, device, u, aux, &session, &mut self.rng)?;
+        let begin: EnrollBeginResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/enroll-begin",
+                &EnrollBeginBody {
+                    device: device.to_owned(),
+                    session: session_to_hex(&session),
+                    request: to_base64(&request),
+                },
+            )
+            .await?;
+        let response = match &begin.challenge {
+            Some(challenge) => Some(state.respond(&decode(challenge, "challenge")?)?),
+            None => None,
+        };
+        let finish: RecordResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/enroll-finish",
+                &EnrollFinishBody {
+                    device: device.to_owned(),
+                    response: response.as_deref().map(to_base64),
+                },
+            )
+            .await?;
+        let record = decode(&finish.record, "record")?;
+        Ok(state.finish(&record, &self.service_key, unix_now())?)
+    }
+
+    /// The record of `device` the service provider stores, checked against the pinned key
+    /// (signature, expiry, device id): what a terminal takes the layout from.
+    pub async fn record(&self, device: &str) -> Result<SignedTemplate> {
+        let answer: RecordResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/device",
+                &DeviceBody {
+                    device: device.to_owned(),
+                },
+            )
+            .await?;
+        let signed = SignedTemplate::from_bytes(&decode(&answer.record, "record")?)?;
+        signed
+            .verify(&self.service_key, unix_now())
+            .with_context(|| format!("the record of device {device:?}"))?;
+        if signed.record.device_id != device {
+            bail!(
+                "the coordinator answered the record of device {:?} for {device:?}",
+                signed.record.device_id
+            );
+        }
+        Ok(signed)
+    }
+
+    /// Opens a matching session as the terminal ([ABMR20] Round 2 at the service provider):
+    /// `w` and `threshold` sealed to the pinned service provider with a fresh session id.
+    pub async fn open(
+        &mut self,
+        device: &str,
+        protocol: Protocol,
+        w: Vec<i32>,
+        threshold: i64,
+    ) -> Result<SessionId> {
+        let session = new_session_id(&mut self.rng);
+        let input = TerminalInput {
+            protocol,
+            session,
+            device_id: device.to_owned(),
+            threshold,
+            w,
+        };
+        let party = PartyIndex::ALL[usize::from(self.pin.party)];
+        let sealed = input.seal(party, &self.seal_key, &mut self.rng)?;
+        self.open_sealed(device, protocol, &session, &sealed)
+            .await?;
+        Ok(session)
+    }
+
+    /// Opens a session with an input sealed elsewhere (`sealed`, for `session`).
+    pub async fn open_sealed(
+        &self,
+        device: &str,
+        protocol: Protocol,
+        session: &SessionId,
+        sealed: &[u8],
+    ) -> Result<SessionView, CallError> {
+        self.coordinator
+            .post(
+                "/v1/paillier/verify",
+                &VerifyBody {
+                    device: device.to_owned(),
+                    protocol: protocol_name(protocol).to_owned(),
+                    session: session_to_hex(session),
+                    terminal_input: to_base64(sealed),
+                },
+            )
+            .await
+    }
+
+    /// Waits up to `timeout` for `session` to end; its last state (`waiting` when the time ran
+    /// out).
+    pub async fn outcome(&self, session: &SessionId, timeout: Duration) -> Result<SessionView> {
+        let started = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            let wait_ms = (left.as_millis() as u64).min(DEFAULT_WAIT_MS);
+            let view: SessionView = self
+                .coordinator
+                .post(
+                    "/v1/paillier/outcome",
+                    &WaitBody {
+                        session: session_to_hex(session),
+                        wait_ms,
+                    },
+                )
+                .await?;
+            if view.state.is_final() || started.elapsed() >= timeout {
+                return Ok(view);
+            }
+        }
+    }
+
+    /// Round 2 of the sessions waiting for `device` (waits up to `wait_ms`; at most `max`).
+    pub async fn mailbox(
+        &self,
+        device: &str,
+        wait_ms: u64,
+        max: usize,
+    ) -> Result<Vec<DeviceMessage>, CallError> {
+        let answer: MailboxResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/mailbox",
+                &MailboxBody {
+                    device: device.to_owned(),
+                    wait_ms,
+                    max: Some(max),
+                },
+            )
+            .await?;
+        Ok(answer.messages)
+    }
+
+    /// Posts the device's message of `round` (or gives the session up).
+    pub async fn reply(
+        &self,
+        device: &str,
+        session: &str,
+        round: u8,
+        reply: Reply,
+    ) -> Result<ReplyResponse, CallError> {
+        let (message, error) = match reply {
+            Reply::Message(m) => (Some(to_base64(&m)), None),
+            Reply::Abandon(reason) => (None, Some(reason)),
+        };
+        self.coordinator
+            .post(
+                "/v1/paillier/reply",
+                &ReplyBody {
+                    device: device.to_owned(),
+                    session: session.to_owned(),
+                    round,
+                    message,
+                    error,
+                },
+            )
+            .await
+    }
+
+    /// Deletes `device`'s record at the service provider.
+    pub async fn delete(&self, device: &str) -> Result<bool> {
+        let answer: DeleteResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/delete",
+                &DeviceBody {
+                    device: device.to_owned(),
+                },
+            )
+            .await?;
+        Ok(answer.deleted)
+    }
+
+    /// The enrolled devices.
+    pub async fn devices(&self) -> Result<DevicesResponse> {
+        Ok(self.coordinator.get("/v1/paillier/devices").await?)
+    }
+}
+
+/// A device ready to answer matching sessions: its key and its enrolled record, for the
+/// record's protocol.
+#[derive(Debug)]
+pub enum Responder {
+    /// Π1 ([ABMR20] §5, Fig. 3).
+    Pi1(Pi1Device),
+    /// Π2 (§6).
+    Pi2(Pi2Device),
+    /// Π3 (§7, Fig. 5).
+    Pi3(Pi3Device),
+}
+
+impl Responder {
+    /// The device of `signed` (its own record, already checked) with its key.
+    pub fn new(secret: SecretKey, signed: &SignedTemplate) -> Result<Self> {
+        let record = &signed.record;
+        let params = record.params.clone();
+        let packed = record.packed.clone();
+        Ok(match params.protocol() {
+            Protocol::Pi1 => Responder::Pi1(Pi1Device::from_encrypted(params, secret, packed)?),
+            Protocol::Pi2 => Responder::Pi2(Pi2Device::new(
+                params,
+                secret,
+                packed,
+                signed.round1_signature(),
+            )?),
+            Protocol::Pi3 => Responder::Pi3(Pi3Device::new(
+                params,
+                secret,
+                packed,
+                signed.round1_signature(),
+            )?),
+        })
+    }
+
+    /// The protocol it answers.
+    pub fn protocol(&self) -> Protocol {
+        match self {
+            Responder::Pi1(_) => Protocol::Pi1,
+            Responder::Pi2(_) => Protocol::Pi2,
+            Responder::Pi3(_) => Protocol::Pi3,
+        }
+    }
+}
+
+/// One session a device answered, and what it learnt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// The session id (hex).
+    pub session: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// `match`, `no_match`, or `refused` (the service provider refused the device's answer).
+    pub state: SessionState,
+}
+
+/// A local refusal of a message: the session is given up at the coordinator with a reason
+/// that carries no decrypted value, and the error (with its detail) is returned.
+async fn give_up<T>(
+    client: &PaillierClient,
+    device: &str,
+    session: &str,
+    round: u8,
+    err: impl Into<anyhow::Error>,
+) -> Result<T> {
+    let reason = format!("the device refused Round {} of the session", round - 1);
+    // Best effort: the session expires anyway if this does not arrive.
+    let _ = client
+        .reply(device, session, round, Reply::Abandon(reason))
+        .await;
+    Err(err
+        .into()
+        .context(format!("session {session}: Round {}", round - 1)))
+}
+
+/// Answers one session whose Round 2 is `message` ([ABMR20]: Π1 Round 3; Π2 Rounds 3 and the
+/// bit of Round 4; Π3 Rounds 3 and 5), posting the device's messages through `client`.
+pub async fn serve(
+    client: &PaillierClient,
+    device: &str,
+    responder: &Responder,
+    message: &DeviceMessage,
+    rng: &mut ChaCha20Rng,
+) -> Result<Served> {
+    let session = message.session.as_str();
+    let protocol = parse_protocol(&message.protocol).map_err(anyhow::Error::msg)?;
+    if protocol != responder.protocol() || message.round != 2 {
+        let err = anyhow!(
+            "a {} Round {} message for a {} device",
+            message.protocol,
+            message.round,
+            protocol_name(responder.protocol())
+        );
+        return give_up(client, device, session, 3, err).await;
+    }
+    let round2 = decode(&message.message, "message")?;
+    let served = |state| Served {
+        session: session.to_owned(),
+        protocol,
+        state,
+    };
+    match responder {
+        Responder::Pi1(d) => {
+            let (round3, outcome) = match d.round3(&round2) {
+                Ok(out) => out,
+                Err(e) => return give_up(client, device, session, 3, e).await,
+            };
+            // The device's own output is the bit it sends (its inner product stays here).
+            let matched = outcome.matched;
+            client
+                .reply(device, session, 3, Reply::Message(round3))
+                .await?;
+            Ok(served(SessionState::of_bit(matched)))
+        }
+        Responder::Pi2(d) => {
+            let mut s = d.session();
+            let round3 = match s.round3(&round2) {
+                Ok(m) => m,
+                Err(e) => return give_up(client, device, session, 3, e).await,
+            };
+            let answer = client
+                .reply(device, session, 3, Reply::Message(round3))
+                .await?;
+            let Some(next) = answer.next else {
+                return Ok(served(SessionState::Refused));
+            };
+            let matched = s.finish(&decode(&next.message, "Round 4")?)?;
+            Ok(served(SessionState::of_bit(matched)))
+        }
+        Responder::Pi3(d) => {
+            let mut s = d.session();
+            let round3 = match s.round3(&round2, rng) {
+                Ok(m) => m,
+                Err(e) => return give_up(client, device, session, 3, e).await,
+            };
+            let answer = client
+                .reply(device, session, 3, Reply::Message(round3))
+                .await?;
+            let Some(next) = answer.next.filter(|n| n.round == 4) else {
+                bail!("session {session}: the coordinator sent no Round 4");
+            };
+            let (round5, matched) = match s.round5(&decode(&next.message, "Round 4")?) {
+                Ok(out) => out,
+                Err(e) => return give_up(client, device, session, 5, e).await,
+            };
+            client
+                .reply(device, session, 5, Reply::Message(round5))
+                .await?;
+            Ok(served(SessionState::of_bit(matched)))
+        }
+    }
+}

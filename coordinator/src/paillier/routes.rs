@@ -1,0 +1,418 @@
+//! The coordinator's endpoints for device-held face templates (packed Paillier,
+//! Game-Set-MATCH [ABMR20]; shapes in [`crate::paillier::api`]): enrolment, fetch, listing and
+//! deletion at the service provider ([`crate::paillier::sp`]), and the relay of matching
+//! sessions between a terminal, a device and the service provider
+//! ([`crate::paillier::driver`]). The coordinator relays protocol messages (encrypted under
+//! the device's key, or sealed to the service provider) and learns the outcome it is given;
+//! it stores no secret, and sessions expire.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use privmatch_core::paillier::params::Protocol;
+use privmatch_core::paillier::semi_honest::Pi1Round3;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::session::SessionId;
+
+use crate::paillier::api::{
+    check_device, protocol_name, DeleteResponse, DeviceBody, DeviceMessage, DevicesResponse,
+    EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody, MailboxResponse,
+    RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
+    VerifyBody, WaitBody, MAX_MESSAGES, MAX_WAIT_MS,
+};
+use crate::paillier::driver::{Relay, RelayError, Status};
+use crate::paillier::sp::{ServiceProvider, SpError, Verdict};
+use crate::parties::PartyError;
+use crate::server::error::{
+    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
+    ApiError,
+};
+use crate::server::state::SharedState;
+use crate::wire::{codes, session_from_hex, session_to_hex, to_base64};
+
+/// What the Paillier handlers share: the coordinator's state, the service provider's calls
+/// and the relay of sessions.
+#[derive(Clone)]
+pub struct PaillierState {
+    app: SharedState,
+    sp: Arc<ServiceProvider>,
+    relay: Arc<Relay>,
+}
+
+/// The Paillier routes, merged into the coordinator's router (they carry their own state).
+pub fn routes(app: SharedState) -> Router<SharedState> {
+    let state = PaillierState {
+        sp: Arc::new(ServiceProvider::new(
+            app.parties.clone(),
+            app.options.search_timeout,
+        )),
+        relay: Arc::new(Relay::new()),
+        app,
+    };
+    Router::new()
+        .route("/v1/paillier/enroll-params", get(enroll_params))
+        .route("/v1/paillier/enroll-begin", post(enroll_begin))
+        .route("/v1/paillier/enroll-finish", post(enroll_finish))
+        .route("/v1/paillier/device", post(device))
+        .route("/v1/paillier/devices", get(devices))
+        .route("/v1/paillier/delete", post(delete))
+        .route("/v1/paillier/verify", post(verify))
+        .route("/v1/paillier/outcome", post(outcome))
+        .route("/v1/paillier/mailbox", post(mailbox))
+        .route("/v1/paillier/reply", post(reply))
+        .with_state(state)
+}
+
+impl From<SpError> for ApiError {
+    fn from(err: SpError) -> Self {
+        let message = err.to_string();
+        match &err {
+            SpError::NoServiceProvider => error_with(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::NOT_CONFIGURED,
+                message,
+            ),
+            SpError::Timeout(party, _) => party_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                codes::TIMEOUT,
+                message,
+                &PartyError {
+                    party: PartyIndex::ALL[usize::from(*party)],
+                    sqlstate: None,
+                    message: String::new(),
+                },
+            ),
+            SpError::Malformed(..) => protocol_error(message),
+            SpError::Party(party) => {
+                let (status, code) = match party.sqlstate.as_deref() {
+                    Some("P0002") => (StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
+                    Some("55000") => (StatusCode::SERVICE_UNAVAILABLE, codes::NOT_CONFIGURED),
+                    Some("08P01") => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+                    _ => party_failure_status(party),
+                };
+                party_error(status, code, message, party)
+            }
+        }
+    }
+}
+
+impl From<RelayError> for ApiError {
+    fn from(err: RelayError) -> Self {
+        let message = err.to_string();
+        match err {
+            RelayError::Unknown(_) => {
+                error_with(StatusCode::NOT_FOUND, codes::UNKNOWN_SESSION, message)
+            }
+            RelayError::OtherDevice(_) | RelayError::WrongStep { .. } => {
+                error_with(StatusCode::CONFLICT, codes::WRONG_STEP, message)
+            }
+            RelayError::Full(_) => {
+                error_with(StatusCode::TOO_MANY_REQUESTS, codes::TOO_BUSY, message)
+            }
+        }
+    }
+}
+
+fn wait_of(wait_ms: u64) -> Duration {
+    Duration::from_millis(wait_ms.min(MAX_WAIT_MS))
+}
+
+fn view(session: &SessionId, status: Status) -> SessionView {
+    SessionView {
+        session: session_to_hex(session),
+        device: status.device,
+        protocol: protocol_name(status.protocol).to_owned(),
+        state: status.state,
+        error: status.error,
+    }
+}
+
+async fn enroll_params(State(s): State<PaillierState>) -> Result<Json<ServiceInfo>, ApiError> {
+    Ok(Json(s.sp.info().await?))
+}
+
+async fn enroll_begin(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<EnrollBeginResponse>, ApiError> {
+    let request: EnrollBeginBody = parse_json(&body)?;
+    let (session, bytes) = request.decode().map_err(bad_request)?;
+    let challenge = s.sp.enroll_begin(&request.device, &bytes, &session).await?;
+    Ok(Json(EnrollBeginResponse {
+        challenge: challenge.as_deref().map(to_base64),
+    }))
+}
+
+async fn enroll_finish(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<RecordResponse>, ApiError> {
+    let request: EnrollFinishBody = parse_json(&body)?;
+    let response = request.decode().map_err(bad_request)?;
+    let record =
+        s.sp.enroll_finish(&request.device, response.as_deref())
+            .await?;
+    tracing::info!("paillier device enrolled");
+    Ok(Json(RecordResponse {
+        device: request.device,
+        record: to_base64(&record),
+    }))
+}
+
+async fn device(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<RecordResponse>, ApiError> {
+    let request: DeviceBody = parse_json(&body)?;
+    check_device(&request.device).map_err(bad_request)?;
+    let record = s.sp.record(&request.device).await?;
+    Ok(Json(RecordResponse {
+        device: request.device,
+        record: to_base64(&record),
+    }))
+}
+
+async fn devices(State(s): State<PaillierState>) -> Result<Json<DevicesResponse>, ApiError> {
+    Ok(Json(DevicesResponse {
+        devices: s.sp.devices().await?,
+    }))
+}
+
+async fn delete(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<DeleteResponse>, ApiError> {
+    let request: DeviceBody = parse_json(&body)?;
+    check_device(&request.device).map_err(bad_request)?;
+    let deleted = s.sp.delete(&request.device).await?;
+    Ok(Json(DeleteResponse {
+        device: request.device,
+        deleted,
+    }))
+}
+
+/// The terminal opens a session: Round 2 at the SP, queued for the device.
+async fn verify(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<SessionView>, ApiError> {
+    let request: VerifyBody = parse_json(&body)?;
+    let plan = request.decode().map_err(bad_request)?;
+    s.app.claim_sessions(&[plan.session]).await?;
+    let round2 =
+        s.sp.round2(plan.protocol, &plan.device, &plan.terminal_input)
+            .await?;
+    s.relay
+        .open(&plan.device, plan.protocol, plan.session, round2)?;
+    let status = s
+        .relay
+        .status(&plan.session)
+        .ok_or_else(|| RelayError::Unknown(session_to_hex(&plan.session)))?;
+    Ok(Json(view(&plan.session, status)))
+}
+
+/// The terminal waits for its session's outcome.
+async fn outcome(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<SessionView>, ApiError> {
+    let request: WaitBody = parse_json(&body)?;
+    let session = session_from_hex(&request.session, "session").map_err(bad_request)?;
+    let status = s
+        .relay
+        .wait_outcome(&session, wait_of(request.wait_ms))
+        .await
+        .ok_or_else(|| RelayError::Unknown(request.session.clone()))?;
+    Ok(Json(view(&session, status)))
+}
+
+/// The device waits for the Round 2 messages addressed to it.
+async fn mailbox(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<MailboxResponse>, ApiError> {
+    let request: MailboxBody = parse_json(&body)?;
+    check_device(&request.device).map_err(bad_request)?;
+    let max = request.max.unwrap_or(MAX_MESSAGES);
+    if !(1..=MAX_MESSAGES).contains(&max) {
+        return Err(bad_request(format!("max must be 1 to {MAX_MESSAGES}")));
+    }
+    let taken = s
+        .relay
+        .wait_messages(&request.device, max, wait_of(request.wait_ms))
+        .await;
+    Ok(Json(MailboxResponse {
+        messages: taken
+            .into_iter()
+            .map(|d| DeviceMessage {
+                session: session_to_hex(&d.session),
+                protocol: protocol_name(d.protocol).to_owned(),
+                round: 2,
+                message: to_base64(&d.message),
+            })
+            .collect(),
+    }))
+}
+
+/// The device posts its message of a round (or gives up): the SP's next step, the session's
+/// end or its next message for the device.
+async fn reply(
+    State(s): State<PaillierState>,
+    body: Bytes,
+) -> Result<Json<ReplyResponse>, ApiError> {
+    let request: ReplyBody = parse_json(&body)?;
+    let (session, round, answer) = request.decode().map_err(bad_request)?;
+    let protocol = s.relay.claim(&session, &request.device, round)?;
+    let message = match answer {
+        Reply::Message(message) => message,
+        Reply::Abandon(reason) => {
+            s.relay.finish(
+                &session,
+                SessionState::Failed,
+                Some(format!("the device abandoned the session: {reason}")),
+            );
+            return Ok(Json(ReplyResponse {
+                session: session_to_hex(&session),
+                next: None,
+                closed: true,
+            }));
+        }
+    };
+    match relay_reply(&s, protocol, &session, round, &message).await {
+        Ok(answer) => Ok(Json(answer)),
+        Err(err) => {
+            // Any failure ends the session: the SP's state of it is single-use.
+            s.relay
+                .finish(&session, SessionState::Failed, Some(err.body.error.clone()));
+            Err(err)
+        }
+    }
+}
+
+/// The outcome of a Π2/Π3 check at the SP.
+fn verdict_state(verdict: &Verdict) -> SessionState {
+    if verdict.valid {
+        SessionState::of_bit(verdict.matched)
+    } else {
+        SessionState::Refused
+    }
+}
+
+async fn relay_reply(
+    s: &PaillierState,
+    protocol: Protocol,
+    session: &SessionId,
+    round: u8,
+    message: &[u8],
+) -> Result<ReplyResponse, ApiError> {
+    let closed = |next: Option<DeviceMessage>| ReplyResponse {
+        session: session_to_hex(session),
+        next,
+        closed: true,
+    };
+    let for_device = |round: u8, message: &[u8]| DeviceMessage {
+        session: session_to_hex(session),
+        protocol: protocol_name(protocol).to_owned(),
+        round,
+        message: to_base64(message),
+    };
+    match (protocol, round) {
+        // Π1 Round 3 ([ABMR20] Fig. 3): the device's bit is the outcome.
+        (Protocol::Pi1, 3) => {
+            let bit = Pi1Round3::from_bytes(message)
+                .map_err(|e| bad_request(format!("Π1 Round 3: {e}")))?;
+            s.relay
+                .finish(session, SessionState::of_bit(bit.matched), None);
+            Ok(closed(None))
+        }
+        // Π2 Round 4 (§6.1): the SP checks X; the bit goes back to the device.
+        (Protocol::Pi2, 3) => {
+            let verdict = s.sp.pi2_round4(session, message).await?;
+            s.relay.finish(session, verdict_state(&verdict), None);
+            Ok(closed(verdict.message.as_deref().map(|m| for_device(4, m))))
+        }
+        // Π3 Round 4 (Fig. 5): the garbled circuit for the device; Round 5 is due.
+        (Protocol::Pi3, 3) => {
+            let round4 = s.sp.pi3_round4(session, message).await?;
+            s.relay.expect(session, 5);
+            Ok(ReplyResponse {
+                session: session_to_hex(session),
+                next: Some(for_device(4, &round4)),
+                closed: false,
+            })
+        }
+        // Π3's output (Fig. 5 Round 5): the SP checks the output labels.
+        (Protocol::Pi3, 5) => {
+            let verdict = s.sp.pi3_finish(session, message).await?;
+            s.relay.finish(session, verdict_state(&verdict), None);
+            Ok(closed(None))
+        }
+        (protocol, round) => Err(error_with(
+            StatusCode::CONFLICT,
+            codes::WRONG_STEP,
+            format!(
+                "{} has no Round {round} from the device",
+                protocol_name(protocol)
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_provider_failures_map_to_statuses_and_codes() {
+        let party = |sqlstate: &str| {
+            SpError::Party(PartyError {
+                party: PartyIndex::ALL[0],
+                sqlstate: Some(sqlstate.into()),
+                message: "m".into(),
+            })
+        };
+        let cases = [
+            ("P0002", StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
+            (
+                "55000",
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::NOT_CONFIGURED,
+            ),
+            ("08P01", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+            ("22P03", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+            ("23505", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+            ("XX000", StatusCode::BAD_GATEWAY, codes::PARTY_ERROR),
+        ];
+        for (sqlstate, status, code) in cases {
+            let api = ApiError::from(party(sqlstate));
+            assert_eq!(api.status, status, "{sqlstate}");
+            assert_eq!(api.body.code.as_deref(), Some(code), "{sqlstate}");
+            assert_eq!(api.body.party, Some(0));
+        }
+        let api = ApiError::from(SpError::NoServiceProvider);
+        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(api.body.error.contains("paillier_init_service"));
+        let api = ApiError::from(SpError::Timeout(1, Duration::from_secs(2)));
+        assert_eq!(
+            (api.status, api.body.party),
+            (StatusCode::GATEWAY_TIMEOUT, Some(1))
+        );
+        let api = ApiError::from(RelayError::Unknown("00".into()));
+        assert_eq!(api.body.code.as_deref(), Some(codes::UNKNOWN_SESSION));
+        let api = ApiError::from(RelayError::Full("x".into()));
+        assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            verdict_state(&Verdict {
+                message: None,
+                matched: true,
+                valid: false
+            }),
+            SessionState::Refused
+        );
+    }
+}

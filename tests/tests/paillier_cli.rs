@@ -1,0 +1,695 @@
+//! End-to-end tests of device-held face templates (packed Paillier, Game-Set-MATCH: Agrawal,
+//! Badrinarayanan, Mukherjee, Rindal, CCS 2020, ePrint 2020/1363) through the product's own
+//! interfaces: `privmatch device keygen | pin-service | enroll | respond | list | delete` and
+//! `privmatch terminal verify`, through the coordinator's relay to the service provider P0 of
+//! three real PostgreSQL parties (the coordinator logs in with its restricted role). Every
+//! outcome is checked against the plaintext reference: the quantised inner product against
+//! the quantised threshold. Also: tampered relay messages, inputs and records are refused,
+//! and nothing secret reaches the coordinator's log.
+//!
+//! `devices_enrol_under_every_protocol_and_match_with_pi1` needs only what the service
+//! provider has today (enrolment for Π1–Π3, Π1's Round 2).
+//! `pi2_and_pi3_devices_match_and_a_cheating_device_is_refused` needs Π2's and Π3's rounds at
+//! the service provider (`paillier_pi2_round2/round4`, `paillier_pi3_round2/round4/finish`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use privmatch_coordinator::cli::http::CallError;
+use privmatch_coordinator::config::Config;
+use privmatch_coordinator::paillier::api::{Reply, SessionState};
+use privmatch_coordinator::paillier::client::{unix_now, PaillierClient, Responder};
+use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
+use privmatch_core::paillier::malicious::Pi2Round3;
+use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
+use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::party::PartyIndex;
+use privmatch_e2e::{write_lines, Background, Cluster, CmdOutput};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde_json::{json, Value};
+
+/// ℓ: a small embedding keeps the Π2/Π3 enrolment proofs (linear in ℓ + 4) quick.
+const DIM: usize = 64;
+/// m: elements of 8 bits.
+const BITS: u32 = 8;
+/// The cosine similarity the terminals ask for.
+const THRESHOLD: f64 = 0.5;
+/// Processes run at once.
+const PARALLEL: usize = 3;
+
+fn params(protocol: Protocol) -> Params {
+    Params::new(
+        protocol,
+        DIM,
+        BITS,
+        2048,
+        DEFAULT_STAT_BITS,
+        Params::max_norm_bound(DIM, BITS),
+    )
+    .expect("params")
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Pi1 => "pi1",
+        Protocol::Pi2 => "pi2",
+        Protocol::Pi3 => "pi3",
+    }
+}
+
+/// A raw (unnormalised) embedding: the CLI normalises.
+fn random_embedding(rng: &mut ChaCha20Rng) -> Vec<f64> {
+    (0..DIM).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+/// A re-capture of `e` with uniform noise of amplitude `noise`.
+fn recapture(rng: &mut ChaCha20Rng, e: &[f64], noise: f64) -> Vec<f64> {
+    e.iter()
+        .map(|x| x + noise * rng.gen_range(-1.0..1.0))
+        .collect()
+}
+
+fn path_arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The JSON lines of a command's standard output.
+fn lines(output: &str) -> Vec<Value> {
+    output
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// One device of a test: its files, protocol and captures.
+#[derive(Clone)]
+struct Device {
+    id: String,
+    protocol: Protocol,
+    key: PathBuf,
+    face: PathBuf,
+    /// Probe files with the plaintext reference's answer: (file, match expected).
+    probes: Vec<(PathBuf, bool)>,
+}
+
+/// Writes `embedding` as a one-line NDJSON file (the face input format).
+fn write_embedding(path: &Path, subject: &str, embedding: &[f64]) {
+    write_lines(
+        path,
+        &[json!({"subject": subject, "embedding": embedding}).to_string()],
+    );
+}
+
+/// The SP's operator: service keys (1024-bit ring-Pedersen parameters keep the test fast),
+/// the parameter sets; the client pins the SP with `privmatch device pin-service`. Returns the
+/// reloaded client configuration.
+fn set_up_service(cluster: &Cluster) -> Config {
+    let signing: String =
+        cluster.query(0, "SELECT privmatch.paillier_init_service(1024)", &[])[0].get(0);
+    for protocol in [Protocol::Pi1, Protocol::Pi2, Protocol::Pi3] {
+        cluster.query(
+            0,
+            "SELECT privmatch.paillier_set_params($1, 30)",
+            &[&params(protocol).to_bytes()],
+        );
+    }
+    cluster
+        .cli(&[
+            "device",
+            "pin-service",
+            "--party",
+            "0",
+            "--signing-key",
+            &signing,
+        ])
+        .expect_success();
+    Config::load(&cluster.home.join("privmatch.toml")).expect("client configuration")
+}
+
+/// Makes `count` devices with `protocol_of(i)`: embeddings, a genuine re-capture (noise
+/// growing with i, so some genuine captures fall below the threshold) and an impostor, and the
+/// plaintext reference's answers.
+fn make_devices(
+    cluster: &Cluster,
+    rng: &mut ChaCha20Rng,
+    prefix: &str,
+    count: usize,
+    protocol_of: impl Fn(usize) -> Protocol,
+) -> Vec<Device> {
+    let dir = cluster.path(prefix);
+    std::fs::create_dir_all(&dir).expect("dir");
+    (0..count)
+        .map(|i| {
+            let protocol = protocol_of(i);
+            let q = Quantizer::new(&params(protocol)).expect("quantiser");
+            let theta = q.quantize_threshold(THRESHOLD).expect("θ");
+            let id = format!("{prefix}-{i:03}");
+            let face = random_embedding(rng);
+            let genuine = recapture(rng, &face, 0.3 + 1.4 * i as f64 / count as f64);
+            let impostor = random_embedding(rng);
+            let u = q.quantize(&face).expect("u");
+            let face_path = dir.join(format!("{id}.face.ndjson"));
+            write_embedding(&face_path, &id, &face);
+            let probes = [("genuine", genuine), ("impostor", impostor)]
+                .into_iter()
+                .map(|(kind, w)| {
+                    let path = dir.join(format!("{id}.{kind}.ndjson"));
+                    write_embedding(&path, &id, &w);
+                    let w = q.quantize(&w).expect("w");
+                    (path, plaintext_match(&u, &w, theta))
+                })
+                .collect();
+            Device {
+                key: dir.join(format!("{id}.key")),
+                id,
+                protocol,
+                face: face_path,
+                probes,
+            }
+        })
+        .collect()
+}
+
+/// Runs `f` on every item, `PARALLEL` at a time.
+fn in_parallel<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
+    for chunk in items.chunks(PARALLEL) {
+        std::thread::scope(|s| {
+            for item in chunk {
+                s.spawn(|| f(item));
+            }
+        });
+    }
+}
+
+/// `device keygen` and `device enroll` for every device.
+fn keygen_and_enrol(cluster: &Cluster, devices: &[Device]) {
+    in_parallel(devices, |d| {
+        let out = cluster
+            .cli(&[
+                "device",
+                "keygen",
+                "--out",
+                &path_arg(&d.key),
+                "--bits",
+                "2048",
+            ])
+            .expect_success();
+        let made = &lines(&out.stdout)[0];
+        assert_eq!(made["bits"], 2048, "{out}");
+        let out = cluster
+            .cli(&[
+                "device",
+                "enroll",
+                "--key",
+                &path_arg(&d.key),
+                "--device",
+                &d.id,
+                "--protocol",
+                protocol_name(d.protocol),
+                "--input",
+                &path_arg(&d.face),
+            ])
+            .expect_success();
+        let enrolled = &lines(&out.stdout)[0];
+        assert_eq!(enrolled["device"], d.id.as_str(), "{out}");
+        assert!(
+            Path::new(enrolled["record"].as_str().unwrap_or_default()).is_file(),
+            "{out}"
+        );
+    });
+}
+
+/// `terminal verify --json` of `probe` against `device`.
+fn verify(cluster: &Cluster, device: &Device, probe: &Path) -> CmdOutput {
+    cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        &device.id,
+        "--protocol",
+        protocol_name(device.protocol),
+        "--input",
+        &path_arg(probe),
+        "--threshold",
+        &THRESHOLD.to_string(),
+        "--timeout",
+        "60",
+        "--json",
+    ])
+}
+
+/// Each device answers its probes (`device respond --count N` in the background) while the
+/// terminal verifies them; every outcome equals the plaintext reference, on the terminal's
+/// side (exit status and JSON) and on the device's.
+fn match_all(cluster: &Cluster, devices: &[Device]) {
+    in_parallel(devices, |d| {
+        let responder = cluster.cli_background(&[
+            "device",
+            "respond",
+            "--key",
+            &path_arg(&d.key),
+            "--device",
+            &d.id,
+            "--count",
+            &d.probes.len().to_string(),
+        ]);
+        let mut expected = Vec::new();
+        for (probe, matches) in &d.probes {
+            let out = verify(cluster, d, probe);
+            let (code, outcome) = if *matches {
+                (Some(0), "match")
+            } else {
+                (Some(2), "no_match")
+            };
+            assert_eq!(out.code, code, "{} {}: {out}", d.id, probe.display());
+            let verdict = &lines(&out.stdout)[0];
+            assert_eq!(verdict["outcome"], outcome, "{out}");
+            assert_eq!(verdict["match"], *matches, "{out}");
+            expected.push(outcome);
+        }
+        let answered = responder.wait(Duration::from_secs(120)).expect_success();
+        let served: Vec<String> = lines(&answered.stdout)
+            .iter()
+            .map(|l| l["outcome"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(served, expected, "{answered}");
+    });
+}
+
+/// The coordinator's log holds none of the devices' keys (hex, and the primes in decimal),
+/// none of their quantised templates, and not the SP's signing seed.
+fn assert_log_holds_no_secret(cluster: &Cluster, devices: &[Device]) {
+    let log = std::fs::read_to_string(cluster.home.join("coordinator.log")).expect("log");
+    assert!(
+        log.contains("/v1/paillier/verify"),
+        "the audit lines are there"
+    );
+    let party_key = std::fs::read_to_string(cluster.home.join("p0/party.key")).expect("key");
+    let seed = party_key
+        .lines()
+        .find_map(|l| l.strip_prefix("privmatch-sp-signing-key-v1 "))
+        .expect("the SP's signing seed");
+    assert!(
+        !log.contains(seed.trim()),
+        "the SP's signing seed is in the log"
+    );
+    for d in devices {
+        let key_line = std::fs::read_to_string(&d.key).expect("key file");
+        let hex = key_line.split_whitespace().nth(1).expect("hex");
+        assert!(!log.contains(&hex[16..80]), "{}'s key is in the log", d.id);
+        let secret = load_key(&d.key).expect("key");
+        let (p, q) = secret.primes();
+        for prime in [p.to_string(), q.to_string()] {
+            assert!(
+                !log.contains(&prime[..40]),
+                "a prime of {} is in the log",
+                d.id
+            );
+        }
+        let q8 = Quantizer::new(&params(d.protocol)).expect("quantiser");
+        let face: Value =
+            serde_json::from_str(std::fs::read_to_string(&d.face).expect("face").trim())
+                .expect("json");
+        let raw: Vec<f64> = face["embedding"]
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number"))
+            .collect();
+        let u = q8.quantize(&raw).expect("u");
+        let template = serde_json::to_string(&u[..8]).expect("json");
+        let inner = template.trim_start_matches('[').trim_end_matches(']');
+        assert!(!log.contains(inner), "{}'s template is in the log", d.id);
+    }
+}
+
+#[test]
+fn devices_enrol_under_every_protocol_and_match_with_pi1() {
+    let cluster = Cluster::start("paillier-cli", 61);
+    let mut rng = ChaCha20Rng::seed_from_u64(61);
+    let started = std::time::Instant::now();
+    let config = set_up_service(&cluster);
+    // 100 devices: 80 under Π1, 10 under Π2, 10 under Π3.
+    let devices = make_devices(&cluster, &mut rng, "dev", 100, |i| match i % 10 {
+        8 => Protocol::Pi2,
+        9 => Protocol::Pi3,
+        _ => Protocol::Pi1,
+    });
+    let expected = devices
+        .iter()
+        .flat_map(|d| &d.probes)
+        .filter(|p| p.1)
+        .count();
+    assert!(
+        (60..200).contains(&expected),
+        "the captures cover both outcomes: {expected} of 200 match"
+    );
+    keygen_and_enrol(&cluster, &devices);
+    eprintln!(
+        "[paillier-cli] 100 devices enrolled after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let listed = cluster.cli(&["device", "list"]).expect_success();
+    let listed: Value = serde_json::from_str(&listed.stdout).expect("json");
+    let listed = listed["devices"].as_array().expect("devices").clone();
+    assert_eq!(listed.len(), 100);
+    for (entry, d) in listed.iter().zip(&devices) {
+        assert_eq!(entry["device"], d.id.as_str());
+        assert_eq!(entry["protocol"], protocol_name(d.protocol));
+    }
+
+    let pi1: Vec<Device> = devices
+        .iter()
+        .filter(|d| d.protocol == Protocol::Pi1)
+        .cloned()
+        .collect();
+    match_all(&cluster, &pi1);
+    eprintln!(
+        "[paillier-cli] {} Π1 sessions after {:.1} s",
+        2 * pi1.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // Errors a user gets, each changing nothing.
+    let d = &pi1[0];
+    let again = cluster.cli(&[
+        "device",
+        "keygen",
+        "--out",
+        &path_arg(&d.key),
+        "--bits",
+        "2048",
+    ]);
+    again
+        .expect_failure()
+        .assert_stderr_contains(&["never overwritten"]);
+    let twice = cluster.cli(&[
+        "device",
+        "enroll",
+        "--key",
+        &path_arg(&d.key),
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&d.face),
+    ]);
+    twice
+        .expect_failure()
+        .assert_stderr_contains(&["already enrolled"]);
+    let wrong = cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi2",
+        "--input",
+        &path_arg(&d.probes[0].0),
+    ]);
+    assert_eq!(wrong.code, Some(1), "{wrong}");
+    wrong.assert_stderr_contains(&["enrolled for pi1, not pi2"]);
+    let unknown = cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        "nobody",
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&d.probes[0].0),
+    ]);
+    assert_eq!(unknown.code, Some(1), "{unknown}");
+    unknown.assert_stderr_contains(&["nobody"]);
+    let short = cluster.path("short.ndjson");
+    write_lines(&short, &[json!({"embedding": [0.5, 0.5]}).to_string()]);
+    let bad = cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&short),
+    ]);
+    assert_eq!(bad.code, Some(1), "{bad}");
+    bad.assert_stderr_contains(&["line 1", "expected 64, got 2"]);
+    let threshold = cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&d.probes[0].0),
+        "--threshold",
+        "1.5",
+    ]);
+    assert_eq!(threshold.code, Some(1), "{threshold}");
+    threshold.assert_stderr_contains(&["--threshold"]);
+
+    // A terminal whose configuration pins another signing key refuses the SP's records.
+    let mut other = config.clone();
+    if let Some(pin) = other.paillier_service.as_mut() {
+        let fake = ed25519_dalek::SigningKey::from_bytes(&[9u8; 32]);
+        pin.signing_key = hex::encode(fake.verifying_key().to_bytes());
+    }
+    let other_path = cluster.path("other-pin.toml");
+    other.save(&other_path).expect("save");
+    let refused = cluster.cli(&[
+        "--config",
+        &path_arg(&other_path),
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&d.probes[0].0),
+    ]);
+    assert_eq!(refused.code, Some(1), "{refused}");
+    refused.assert_stderr_contains(&["signature does not verify"]);
+
+    tampering_is_refused(&cluster, &config, &pi1, &mut rng);
+    assert_log_holds_no_secret(&cluster, &devices);
+
+    // Deletion: the record is gone, terminals get a clear error.
+    let gone = cluster
+        .cli(&["device", "delete", "--device", &pi1[1].id])
+        .expect_success();
+    assert_eq!(lines(&gone.stdout)[0]["deleted"], true, "{gone}");
+    let after = verify(&cluster, &pi1[1], &pi1[1].probes[0].0);
+    assert_eq!(after.code, Some(1), "{after}");
+    eprintln!(
+        "[paillier-cli] done after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Tampered relay messages, sealed inputs and records are refused; nothing is relayed for
+/// them.
+fn tampering_is_refused(
+    cluster: &Cluster,
+    config: &Config,
+    devices: &[Device],
+    rng: &mut ChaCha20Rng,
+) {
+    let keys = cluster.party_keys();
+    let d = &devices[2];
+    let p = params(Protocol::Pi1);
+    let q = Quantizer::new(&p).expect("quantiser");
+    let probe: Value = serde_json::from_str(
+        std::fs::read_to_string(&d.probes[0].0)
+            .expect("probe")
+            .trim(),
+    )
+    .expect("json");
+    let raw: Vec<f64> = probe["embedding"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect();
+    let w = q.quantize(&raw).expect("w");
+    let theta = q.quantize_threshold(THRESHOLD).expect("θ");
+    let mut session = [0u8; 16];
+    rng.fill(&mut session);
+    let input = TerminalInput {
+        protocol: Protocol::Pi1,
+        session,
+        device_id: d.id.clone(),
+        threshold: theta,
+        w: w.clone(),
+    };
+    let mut sealed = input.seal(PartyIndex::ALL[0], &keys[0], rng).expect("seal");
+    let last = sealed.len() - 1;
+    sealed[last] ^= 1;
+    cluster.block_on(async {
+        let mut client = PaillierClient::new(config).expect("client");
+        // A sealed input tampered on the way: the SP refuses it (08P01 → 422), nothing waits
+        // for the device, and the session id cannot be used again.
+        match client
+            .open_sealed(&d.id, Protocol::Pi1, &session, &sealed)
+            .await
+        {
+            Err(CallError::Api { status, body }) => {
+                assert_eq!(status, 422, "{}", body.error);
+                assert_eq!(body.sqlstate.as_deref(), Some("08P01"), "{}", body.error);
+            }
+            other => panic!("a tampered terminal input was accepted: {other:?}"),
+        }
+        let queued = client.mailbox(&d.id, 0, 16).await.expect("mailbox");
+        assert!(queued.is_empty(), "{queued:?}");
+        // A device message tampered on the way: the coordinator refuses it and the session
+        // fails; a message for another device's session or of another round is refused.
+        let opened = client
+            .open(&d.id, Protocol::Pi1, w.clone(), theta)
+            .await
+            .expect("open");
+        let taken = client.mailbox(&d.id, 5_000, 1).await.expect("mailbox");
+        assert_eq!(taken.len(), 1);
+        let hex_session = taken[0].session.clone();
+        for (device, round) in [(devices[3].id.as_str(), 3u8), (d.id.as_str(), 5)] {
+            match client
+                .reply(device, &hex_session, round, Reply::Message(vec![1, 19, 1]))
+                .await
+            {
+                Err(CallError::Api { status, .. }) => assert_eq!(status, 409),
+                other => panic!("a misaddressed reply was accepted: {other:?}"),
+            }
+        }
+        match client
+            .reply(&d.id, &hex_session, 3, Reply::Message(vec![1, 0x13, 7]))
+            .await
+        {
+            Err(CallError::Api { status, .. }) => assert_eq!(status, 400),
+            other => panic!("a malformed Round 3 was accepted: {other:?}"),
+        }
+        let view = client
+            .outcome(&opened, Duration::from_secs(5))
+            .await
+            .expect("outcome");
+        assert_eq!(view.state, SessionState::Failed, "{view:?}");
+    });
+
+    // A record tampered at rest (its expiry changed): the SP, the device and the terminal
+    // refuse it.
+    let d = &devices[4];
+    let stored: String = cluster.query(
+        0,
+        "SELECT record::text FROM privmatch.paillier_devices WHERE device_id = $1",
+        &[&d.id],
+    )[0]
+    .get(0);
+    let mut bytes = hex::decode(stored.trim()).expect("hex");
+    let at = bytes.len() - 65;
+    bytes[at] ^= 1;
+    cluster.query(
+        0,
+        "UPDATE privmatch.paillier_devices SET record = $1::text::privmatch.paillier_template \
+         WHERE device_id = $2",
+        &[&hex::encode(&bytes), &d.id],
+    );
+    let refused = verify(cluster, d, &d.probes[0].0);
+    assert_eq!(refused.code, Some(1), "{refused}");
+    refused.assert_stderr_contains(&["signature does not verify"]);
+    let record = record_path(&d.key, &d.id);
+    let secret = load_key(&d.key).expect("key");
+    let client = PaillierClient::new(config).expect("client");
+    let signed = load_record(&record, &d.id, &secret, client.service_key(), unix_now())
+        .expect("the device's own copy is intact");
+    assert!(Responder::new(secret, &signed).is_ok());
+    // The device's own copy tampered the same way: it refuses to answer with it.
+    let text = std::fs::read_to_string(&record).expect("record");
+    let (magic, digits) = text.trim().split_once(' ').expect("tagged line");
+    let mut bytes = hex::decode(digits).expect("hex");
+    let at = bytes.len() - 65;
+    bytes[at] ^= 1;
+    std::fs::write(&record, format!("{magic} {}\n", hex::encode(&bytes))).expect("write");
+    let respond = cluster.cli(&[
+        "device",
+        "respond",
+        "--key",
+        &path_arg(&d.key),
+        "--device",
+        &d.id,
+        "--once",
+    ]);
+    assert_eq!(respond.code, Some(1), "{respond}");
+    respond.assert_stderr_contains(&["signature does not verify"]);
+}
+
+/// Π2 and Π3 through the CLI, and a device that cheats in Π2 (X + 1) refused: this needs
+/// `paillier_pi2_round2`, `paillier_pi2_round4`, `paillier_pi3_round2`, `paillier_pi3_round4`
+/// and `paillier_pi3_finish` at the service provider.
+#[test]
+fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
+    let cluster = Cluster::start("paillier-cli-malicious", 62);
+    let mut rng = ChaCha20Rng::seed_from_u64(62);
+    let config = set_up_service(&cluster);
+    let devices = make_devices(&cluster, &mut rng, "mal", 12, |i| {
+        if i % 2 == 0 {
+            Protocol::Pi2
+        } else {
+            Protocol::Pi3
+        }
+    });
+    keygen_and_enrol(&cluster, &devices);
+    match_all(&cluster, &devices);
+
+    // A Π2 device that sends X + 1 instead of X: the SP's check fails, the terminal exits 3
+    // (refused) and the device gets no Round 4.
+    let d = &devices[0];
+    let terminal = Background::spawn(cluster.command(&[
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi2",
+        "--input",
+        &path_arg(&d.probes[0].0),
+        "--threshold",
+        &THRESHOLD.to_string(),
+        "--json",
+    ]));
+    let secret = load_key(&d.key).expect("key");
+    let client = PaillierClient::new(&config).expect("client");
+    let record = record_path(&d.key, &d.id);
+    let signed =
+        load_record(&record, &d.id, &secret, client.service_key(), unix_now()).expect("record");
+    let p = signed.record.params.clone();
+    let Responder::Pi2(device) = Responder::new(secret, &signed).expect("device") else {
+        panic!("a Π2 device");
+    };
+    cluster.block_on(async {
+        let taken = client.mailbox(&d.id, 20_000, 1).await.expect("mailbox");
+        assert_eq!(taken.len(), 1, "the terminal's session reached the mailbox");
+        let round2 =
+            privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
+        let honest = device.session().round3(&round2).expect("round 3");
+        let mut cheat = Pi2Round3::from_bytes(&p, &honest).expect("decodes");
+        cheat.x += 1u32;
+        let answer = client
+            .reply(
+                &d.id,
+                &taken[0].session,
+                3,
+                Reply::Message(cheat.to_bytes()),
+            )
+            .await
+            .expect("relayed");
+        assert!(answer.closed && answer.next.is_none(), "{answer:?}");
+    });
+    let out = terminal.wait(Duration::from_secs(60));
+    assert_eq!(out.code, Some(3), "{out}");
+    assert_eq!(lines(&out.stdout)[0]["outcome"], "refused", "{out}");
+    assert_log_holds_no_secret(&cluster, &devices);
+}
