@@ -237,7 +237,8 @@ pub(crate) mod test_support {
         y: &[i32],
         near: bool,
     ) -> i64 {
-        use crate::face::quantize::{dot, squared_distance};
+        use crate::embedding::dot;
+        use crate::face::quantize::squared_distance;
         use crate::face::Metric;
         if near {
             let v = match metric {

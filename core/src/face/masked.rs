@@ -729,9 +729,10 @@ pub fn open_templates_in_process(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedding::dot;
     use crate::face::encoding::share_embedding;
     use crate::face::encoding::test_support::{embedding, property_case};
-    use crate::face::quantize::{dot, plaintext_match, squared_distance, Quantizer};
+    use crate::face::quantize::{plaintext_match, squared_distance, Quantizer};
     use proptest::prelude::{any, prop, proptest, ProptestConfig};
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
