@@ -91,8 +91,11 @@ struct Device {
     protocol: Protocol,
     key: PathBuf,
     face: PathBuf,
-    /// Probe files with the plaintext reference's answer: (file, match expected).
-    probes: Vec<(PathBuf, bool)>,
+    /// The quantised template u of `face`.
+    template: Vec<i32>,
+    /// Probe files with the plaintext reference's answer and the quantised capture:
+    /// (file, match expected, w).
+    probes: Vec<(PathBuf, bool, Vec<i32>)>,
 }
 
 /// Writes `embedding` as a one-line NDJSON file (the face input format).
@@ -159,7 +162,8 @@ fn make_devices(
                     let path = dir.join(format!("{id}.{kind}.ndjson"));
                     write_embedding(&path, &id, &w);
                     let w = q.quantize(&w).expect("w");
-                    (path, plaintext_match(&u, &w, theta))
+                    let expected = plaintext_match(&u, &w, theta);
+                    (path, expected, w)
                 })
                 .collect();
             Device {
@@ -167,6 +171,7 @@ fn make_devices(
                 id,
                 protocol,
                 face: face_path,
+                template: u,
                 probes,
             }
         })
@@ -257,7 +262,7 @@ fn match_all(cluster: &Cluster, devices: &[Device]) {
             &d.probes.len().to_string(),
         ]);
         let mut expected = Vec::new();
-        for (probe, matches) in &d.probes {
+        for (probe, matches, _) in &d.probes {
             let out = verify(cluster, d, probe);
             let (code, outcome) = if *matches {
                 (Some(0), "match")
@@ -309,18 +314,7 @@ fn assert_log_holds_no_secret(cluster: &Cluster, devices: &[Device]) {
                 d.id
             );
         }
-        let q8 = Quantizer::new(&params(d.protocol)).expect("quantiser");
-        let face: Value =
-            serde_json::from_str(std::fs::read_to_string(&d.face).expect("face").trim())
-                .expect("json");
-        let raw: Vec<f64> = face["embedding"]
-            .as_array()
-            .expect("array")
-            .iter()
-            .map(|x| x.as_f64().expect("number"))
-            .collect();
-        let u = q8.quantize(&raw).expect("u");
-        let template = serde_json::to_string(&u[..8]).expect("json");
+        let template = serde_json::to_string(&d.template[..8]).expect("json");
         let inner = template.trim_start_matches('[').trim_end_matches(']');
         assert!(!log.contains(inner), "{}'s template is in the log", d.id);
     }
@@ -505,19 +499,7 @@ fn tampering_is_refused(
     let d = &devices[2];
     let p = params(Protocol::Pi1);
     let q = Quantizer::new(&p).expect("quantiser");
-    let probe: Value = serde_json::from_str(
-        std::fs::read_to_string(&d.probes[0].0)
-            .expect("probe")
-            .trim(),
-    )
-    .expect("json");
-    let raw: Vec<f64> = probe["embedding"]
-        .as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_f64().expect("number"))
-        .collect();
-    let w = q.quantize(&raw).expect("w");
+    let w = d.probes[0].2.clone();
     let theta = q.quantize_threshold(THRESHOLD).expect("θ");
     let mut session = [0u8; 16];
     rng.fill(&mut session);
