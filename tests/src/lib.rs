@@ -406,6 +406,33 @@ pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Whether the decimal number `number` (e.g. "0.55") occurs in `text` as a number of its own,
+/// not as part of a longer one: a log's timestamps ("08:52:30.551") hold every short decimal
+/// sooner or later, so a plain substring search for a secret number fails at random.
+pub fn mentions_number(text: &str, number: &str) -> bool {
+    let is_numeric = |c: char| c.is_ascii_digit() || c == '.';
+    text.match_indices(number).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + number.len()..].chars().next();
+        !before.is_some_and(is_numeric) && !after.is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+#[cfg(test)]
+mod mentions_number_tests {
+    use super::mentions_number;
+
+    #[test]
+    fn finds_the_number_alone_but_not_inside_a_timestamp() {
+        assert!(mentions_number("threshold 0.55 set", "0.55"));
+        assert!(mentions_number("t=0.55", "0.55"));
+        assert!(mentions_number("0.55.", "0.55"));
+        assert!(!mentions_number("08:52:30.551 UTC", "0.55"));
+        assert!(!mentions_number("10.55", "0.55"));
+        assert!(!mentions_number("0.553", "0.55"));
+    }
+}
+
 /// Every byte of every WAL segment of the cluster in `data_dir`.
 pub fn wal_bytes(data_dir: &Path) -> Vec<u8> {
     let mut all = Vec::new();
