@@ -240,13 +240,22 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             .await
             .expect("begin")
             .expect("challenge");
-        let mut wrong = device2.respond(&challenge2).expect("response");
+        let right = device2.respond(&challenge2).expect("response");
+        let mut wrong = right.clone();
         let last = wrong.len() - 1;
         wrong[last] ^= 1;
-        expect_code(
+        // Refused as NULL (with a WARNING), not an ERROR, so that the refusal commits: the
+        // challenge is single use, and the right answer afterwards finds nothing pending.
+        assert_eq!(
             call(sp, FINISH, &[&"phone-3", &Some(wrong)]).await,
-            "08P01",
-            "wrong norm response",
+            Ok(None),
+            "wrong norm response"
+        );
+        assert_eq!(count("paillier_pending").await, 0);
+        expect_code(
+            call(sp, FINISH, &[&"phone-3", &Some(right)]).await,
+            "P0002",
+            "a second answer to a refused challenge",
         );
         expect_code(
             call(sp, FINISH, &[&"phone-7", &None::<Vec<u8>>]).await,

@@ -88,6 +88,9 @@ impl From<SpError> for ApiError {
                 },
             ),
             SpError::Malformed(..) => protocol_error(message),
+            SpError::Refused(_) => {
+                error_with(StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED, message)
+            }
             SpError::Party(party) => {
                 let (status, code) = match party.sqlstate.as_deref() {
                     Some("P0002") => (StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
@@ -394,6 +397,10 @@ mod tests {
             assert_eq!(api.body.code.as_deref(), Some(code), "{sqlstate}");
             assert_eq!(api.body.party, Some(0));
         }
+        let api = ApiError::from(SpError::Refused(0));
+        assert_eq!(api.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(api.body.code.as_deref(), Some(codes::REJECTED));
+        assert!(api.body.error.contains("begin again"));
         let api = ApiError::from(SpError::NoServiceProvider);
         assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(api.body.error.contains("paillier_init_service"));

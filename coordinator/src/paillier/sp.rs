@@ -38,6 +38,11 @@ pub enum SpError {
     /// The answer has an unexpected shape.
     #[error("service provider P{0}: unexpected answer: {1}")]
     Malformed(u8, String),
+    /// The SP refused the device's answer to its norm challenge (malformed, or the proof
+    /// failed; the SP's WARNING says which). The challenge is single use, so the pending
+    /// enrolment is void: the device begins again.
+    #[error("service provider P{0} refused the device's answer to the norm challenge; the enrolment is void (its challenge is single use) and nothing was stored: begin again")]
+    Refused(u8),
 }
 
 impl SpError {
@@ -45,6 +50,7 @@ impl SpError {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             SpError::Party(e) => e.sqlstate.as_deref(),
+            SpError::Refused(_) => Some("08P01"),
             _ => None,
         }
     }
@@ -205,7 +211,8 @@ impl ServiceProvider {
         Self::get(party, &row, 0)
     }
 
-    /// `paillier_enroll_finish`: the signed record.
+    /// `paillier_enroll_finish`: the signed record; [`SpError::Refused`] when the SP refused
+    /// the device's norm answer (NULL: the refusal consumed the pending enrolment).
     pub async fn enroll_finish(
         &self,
         device: &str,
@@ -217,7 +224,7 @@ impl ServiceProvider {
                 &[&device, &response],
             )
             .await?;
-        Self::required(party, &row, 0, "record")
+        Self::get(party, &row, 0)?.ok_or(SpError::Refused(party))
     }
 
     /// `paillier_device`: the stored signed record.

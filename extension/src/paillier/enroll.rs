@@ -9,8 +9,9 @@
 //! finishing call or swept by the next `paillier_enroll_begin`.
 
 use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use privmatch_core::paillier::enroll::{request_header, ServiceEnrolment};
+use privmatch_core::paillier::enroll::{request_header, EnrolError, ServiceEnrolment};
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::record::{check_device_id, SignedTemplate};
 
@@ -116,10 +117,17 @@ fn paillier_enroll_begin(device_id: &str, request: &[u8], session: &[u8]) -> Opt
 /// norm `response` (NULL for Π1), packs the first ℓ ciphertexts (§6.1, D.1 step 2), signs the
 /// record (σ) with the SP's key, valid for the configured days, stores it and removes the
 /// pending state, in one transaction. Returns the signed record (what the device keeps and
-/// verifies). Refuses an unknown or expired pending enrolment (P0002), a device enrolled
-/// meanwhile (23505) and a refused proof (08P01), storing nothing.
+/// verifies). Refuses an unknown or expired pending enrolment (P0002) and a device enrolled
+/// meanwhile (23505), storing nothing.
+///
+/// The norm challenge is single use: a device must not get a second answer checked against
+/// the same hidden MAC key α (each refusal tells it something about α). So a response the
+/// SP refuses (malformed, or the proof fails) is not an ERROR — that would roll back the
+/// removal of the pending state — but **NULL**, with a WARNING (SQLSTATE 08P01) giving the
+/// reason: the pending enrolment is gone, nothing is stored, and the device must begin again
+/// with a fresh challenge.
 #[pg_extern(volatile)]
-fn paillier_enroll_finish(device_id: &str, response: Option<&[u8]>) -> Vec<u8> {
+fn paillier_enroll_finish(device_id: &str, response: Option<&[u8]>) -> Option<Vec<u8>> {
     const F: &str = "paillier_enroll_finish";
     require_sp(F);
     check_id(F, device_id);
@@ -167,9 +175,15 @@ fn paillier_enroll_finish(device_id: &str, response: Option<&[u8]>) -> Vec<u8> {
             None,
         )
     });
-    let signed = sp
-        .finish(response, &key, expires_at)
-        .unwrap_or_else(|e| raise_enrol(F, e));
+    let signed = match sp.finish(response, &key, expires_at) {
+        Ok(signed) => signed,
+        // A local failure after the checks (packing, signing) says nothing about α: raise it.
+        Err(e @ EnrolError::Internal(_)) => raise_enrol(F, e),
+        Err(e) => {
+            refused(F, device_id, &e);
+            return None;
+        }
+    };
     let bytes = signed.to_bytes().unwrap_or_else(|e| {
         raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
@@ -192,7 +206,22 @@ fn paillier_enroll_finish(device_id: &str, response: Option<&[u8]>) -> Vec<u8> {
     if inserted.is_empty() {
         already_enrolled(F, device_id);
     }
-    bytes
+    Some(bytes)
+}
+
+/// Reports a refused norm answer as a WARNING (08P01) naming the device and the reason; the
+/// caller returns NULL so that the removal of the pending state commits.
+fn refused(function: &str, device_id: &str, err: &EnrolError) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_PROTOCOL_VIOLATION,
+        format!("{function}: the answer of device {device_id:?} is refused: {err}"),
+        "privmatch",
+    )
+    .set_hint(
+        "the enrolment is void (its challenge is single use) and nothing was stored; \
+         begin again with privmatch.paillier_enroll_begin()",
+    )
+    .report(PgLogLevel::WARNING);
 }
 
 /// The protocol of a pending enrolment (its parameters).
