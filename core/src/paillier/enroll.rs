@@ -29,9 +29,13 @@
 //! **SP state between the two calls** ([`ServiceEnrolment::to_bytes`]): [`L2Verifier`] has no
 //! encoding and its coins (α, β, β̂, N̂) have no accessors, so the state keeps the 32-byte seed
 //! of the ChaCha20 generator the challenge was drawn with, and [`ServiceEnrolment::from_bytes`]
-//! rebuilds the verifier by drawing the same challenge again (one more challenge computation)
-//! and checks that it reproduces the challenge sent (SHA-256 digest kept in the state). The seed
-//! is as secret as α: the stored state must be kept confidential by the database.
+//! rebuilds the verifier by replaying the coins, which the challenge draws first
+//! ([`L2Verifier::redraw`]), without drawing the challenge again (its n + 2 fresh N-th powers
+//! are most of the SP's cost: computing them twice doubled it). The state also keeps the
+//! SHA-256 digest of the challenge sent, which identifies it; a restore does not recompute
+//! the challenge to compare it (the state is written by the SP only, into a table no other
+//! role reads). The seed is as secret as α: the stored state must be kept confidential by the
+//! database.
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{CryptoRng, RngCore, SeedableRng};
@@ -691,7 +695,7 @@ impl ServiceEnrolment {
     }
 
     /// Decodes [`Self::to_bytes`] strictly and, for Π2/Π3, rebuilds the norm verifier by
-    /// drawing the challenge again from the seed; refused unless it reproduces the digest.
+    /// replaying its coins from the seed ([`L2Verifier::redraw`]: no exponentiation).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EnrolError> {
         let mut r = Reader::new(STATE, bytes);
         let (device_id, params, public_key) = r.head(STATE_MAGIC, None)?;
@@ -706,14 +710,13 @@ impl ServiceEnrolment {
                 let seed = r.array32("seed")?;
                 let digest = r.array32("digest")?;
                 r.end()?;
-                let (verifier, _, again) =
-                    seeded_challenge(&public_key, &params, &ciphertexts, seed)?;
-                if again != digest {
-                    return Err(malformed(
-                        STATE,
-                        "the seed does not give the challenge sent",
-                    ));
-                }
+                let verifier = L2Verifier::redraw(
+                    &public_key,
+                    ciphertexts.len(),
+                    params.norm_bound(),
+                    &mut ChaCha20Rng::from_seed(seed),
+                )
+                .map_err(internal)?;
                 Some(L2State {
                     seed,
                     digest,
@@ -1084,11 +1087,16 @@ mod tests {
             ServiceEnrolment::receive(&request, &p, aux(), SESSION, &mut rng).unwrap();
         let state = sp.to_bytes().unwrap();
         let mut response = device.respond(&challenge.unwrap()).unwrap();
-        // The state: tampered seed, truncation.
+        // The state: a tampered seed decodes (restoring replays the coins, it does not draw
+        // the challenge again to compare) but is another α: the honest answer is refused.
         let mut bad = state.clone();
         let at = bad.len() - 40;
         bad[at] ^= 1;
-        assert!(ServiceEnrolment::from_bytes(&bad).is_err());
+        let tampered = ServiceEnrolment::from_bytes(&bad).unwrap();
+        assert!(matches!(
+            tampered.finish(Some(&response), &sp_key(), EXPIRES),
+            Err(EnrolError::Norm(_))
+        ));
         for cut in [0, 4, 20, state.len() - 1] {
             assert!(ServiceEnrolment::from_bytes(&state[..cut]).is_err());
         }

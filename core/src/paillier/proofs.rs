@@ -716,20 +716,16 @@ impl L2Verifier {
         threads: usize,
         rng: &mut R,
     ) -> Result<(Self, L2Challenge), ProofError> {
-        check_count(ciphertexts.len())?;
-        if *y < 0 || y >= pk.n() {
-            return Err(ProofError::InvalidInput(
-                "the claimed squared norm y must be in [0, N)".into(),
-            ));
-        }
         let n = pk.n();
         let count = ciphertexts.len();
-        // V's coins, all drawn here on the caller's thread.
-        let n_hat = random_prime(L2_PRIME_BITS, rng);
-        let alpha = random_below(&(Integer::from(1) << MAC_KEY_BITS), rng);
-        let mut rho: Vec<Integer> = (0..count).map(|_| random_below(n, rng)).collect();
-        let beta = random_below(n, rng);
-        let beta_hat = random_below(n, rng);
+        let (verifier, mut rho) = Self::draw_coins(pk, count, y, rng)?;
+        let Self {
+            n_hat,
+            alpha,
+            beta,
+            beta_hat,
+            ..
+        } = &verifier;
         // s^N for every ciphertext sent: the dominant cost, independent per item; from the
         // pool as far as it goes.
         let mut fresh_powers: Vec<Integer> = match pool {
@@ -751,7 +747,7 @@ impl L2Verifier {
             .zip(rho.iter().zip(&fresh_powers[..count]))
             .collect();
         let w = par_map(&jobs, threads, |(c, (rho_i, s_n))| {
-            let scaled = pk.mul_plain(c, &alpha);
+            let scaled = pk.mul_plain(c, alpha);
             pk.rerandomize(&pk.add_plain(&scaled, rho_i), s_n)
         });
 
@@ -760,10 +756,10 @@ impl L2Verifier {
         let mut exps_hat = Vec::with_capacity(count);
         let mut rho_sq_sum = Integer::new();
         for rho_i in &rho {
-            let mut t = (&alpha * rho_i).complete();
+            let mut t = (alpha * rho_i).complete();
             t <<= 1u32;
             t = -t;
-            exps_hat.push(t.modulo_ref(&n_hat).complete());
+            exps_hat.push(t.modulo_ref(n_hat).complete());
             exps_n.push(t.modulo(n));
             rho_sq_sum += rho_i.square_ref().complete();
         }
@@ -771,7 +767,7 @@ impl L2Verifier {
 
         // ⟦v⟧ = Π ⟦x_i⟧^{−2αρ_i} · (1 + (β − Σρ_i²) N) · s^N.
         let v_core = multi_exp_parallel(&bases, &exps_n, pk.n_squared(), threads);
-        let v_plain = (&beta - &rho_sq_sum).complete();
+        let v_plain = (beta - &rho_sq_sum).complete();
         let v = pk.rerandomize(
             &pk.add_plain(&pk.ciphertext_from_integer(v_core)?, &v_plain),
             &fresh_powers[count],
@@ -779,8 +775,8 @@ impl L2Verifier {
 
         // ⟦v̂⟧ = Π ⟦x_i⟧^{c_i} · (1 + (d + β̂) N) · s'^N with d = −Σρ_i² mod N̂.
         let v_hat_core = multi_exp_parallel(&bases, &exps_hat, pk.n_squared(), threads);
-        let d = (-&rho_sq_sum).complete().modulo(&n_hat);
-        let v_hat_plain = (d + &beta_hat).modulo(n);
+        let d = (-&rho_sq_sum).complete().modulo(n_hat);
+        let v_hat_plain = (d + beta_hat).modulo(n);
         let v_hat = pk.rerandomize(
             &pk.add_plain(&pk.ciphertext_from_integer(v_hat_core)?, &v_hat_plain),
             &fresh_powers[count + 1],
@@ -797,16 +793,57 @@ impl L2Verifier {
         }
         wipe_integer(&mut rho_sq_sum);
 
+        let n_hat = n_hat.clone();
+        Ok((verifier, L2Challenge { w, v, v_hat, n_hat }))
+    }
+
+    /// V's coins of Fig. 10 — N̂, α, ρ_1..ρ_n, β, β̂, drawn from `rng` in this order before
+    /// anything else — as the verifier and the ρ_i (which only the challenge needs).
+    fn draw_coins<R: RngCore + CryptoRng + ?Sized>(
+        pk: &PublicKey,
+        count: usize,
+        y: &Integer,
+        rng: &mut R,
+    ) -> Result<(Self, Vec<Integer>), ProofError> {
+        check_count(count)?;
+        if *y < 0 || y >= pk.n() {
+            return Err(ProofError::InvalidInput(
+                "the claimed squared norm y must be in [0, N)".into(),
+            ));
+        }
+        let n = pk.n();
+        let n_hat = random_prime(L2_PRIME_BITS, rng);
+        let alpha = random_below(&(Integer::from(1) << MAC_KEY_BITS), rng);
+        let rho: Vec<Integer> = (0..count).map(|_| random_below(n, rng)).collect();
+        let beta = random_below(n, rng);
+        let beta_hat = random_below(n, rng);
         let verifier = Self {
             modulus: n.clone(),
             count,
             y: y.clone(),
-            n_hat: n_hat.clone(),
+            n_hat,
             alpha,
             beta,
             beta_hat,
         };
-        Ok((verifier, L2Challenge { w, v, v_hat, n_hat }))
+        Ok((verifier, rho))
+    }
+
+    /// The verifier of a challenge that [`Self::challenge`] (or its variants) drew from a
+    /// generator in the same state as `rng`, for `count` ciphertexts under `pk` and the same
+    /// y: V's coins are drawn first, so replaying them rebuilds the verifier without the
+    /// challenge's exponentiations (n + 2 fresh N-th powers and two multi-exponentiations).
+    /// This lets a service keep only the generator's seed between the two messages of
+    /// Fig. 10.
+    pub fn redraw<R: RngCore + CryptoRng + ?Sized>(
+        pk: &PublicKey,
+        count: usize,
+        y: &Integer,
+        rng: &mut R,
+    ) -> Result<Self, ProofError> {
+        let (verifier, mut rho) = Self::draw_coins(pk, count, y, rng)?;
+        rho.iter_mut().for_each(wipe_integer);
+        Ok(verifier)
     }
 
     /// The number of ciphertexts the proof covers.
@@ -1312,6 +1349,31 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn a_redrawn_verifier_decides_like_the_original() {
+        let sk = small_key();
+        let pk = sk.public_key();
+        let mut rng = ChaCha20Rng::seed_from_u64(21);
+        let values = template(16, 16, &mut rng);
+        let (cts, _) = encrypt_template_with_nonces(sk, &values, &mut rng).unwrap();
+        let y = Integer::from(squared_norm(&values));
+        let seed = [7u8; 32];
+        let (_, challenge) =
+            L2Verifier::challenge(pk, &cts, &y, &mut ChaCha20Rng::from_seed(seed)).unwrap();
+        let response = L2Response::respond(sk, &challenge).unwrap();
+        let redraw =
+            || L2Verifier::redraw(pk, cts.len(), &y, &mut ChaCha20Rng::from_seed(seed)).unwrap();
+        let is_rejected = |r: Result<(), ProofError>| matches!(r, Err(ProofError::Rejected { proof, .. }) if proof == L2_PROOF);
+        redraw().check(&response).unwrap();
+        let mut wrong = response.clone();
+        wrong.z += 1;
+        assert!(is_rejected(redraw().check(&wrong)));
+        // Another seed is another α: the honest answer to this challenge is refused.
+        let other =
+            L2Verifier::redraw(pk, cts.len(), &y, &mut ChaCha20Rng::from_seed([8u8; 32])).unwrap();
+        assert!(is_rejected(other.check(&response)));
     }
 
     #[test]
