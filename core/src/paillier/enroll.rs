@@ -586,10 +586,12 @@ fn seeded_challenge(
     params: &Params,
     ciphertexts: &[Ciphertext],
     seed: [u8; 32],
+    threads: usize,
 ) -> Result<(L2Verifier, Vec<u8>, [u8; 32]), EnrolError> {
     let mut rng = ChaCha20Rng::from_seed(seed);
     let (verifier, challenge) =
-        L2Verifier::challenge(pk, ciphertexts, params.norm_bound(), &mut rng).map_err(internal)?;
+        L2Verifier::challenge_parallel(pk, ciphertexts, params.norm_bound(), threads, &mut rng)
+            .map_err(internal)?;
     let bytes = challenge.to_bytes(pk);
     let digest: [u8; 32] = Sha256::digest(&bytes).into();
     Ok((verifier, bytes, digest))
@@ -626,6 +628,20 @@ impl ServiceEnrolment {
         session: &[u8],
         rng: &mut R,
     ) -> Result<(Self, Option<Vec<u8>>), EnrolError> {
+        Self::receive_parallel(request, expected, sp_aux, session, 1, rng)
+    }
+
+    /// [`Self::receive`] with the norm challenge's exponentiations (its n + 2 fresh N-th
+    /// powers, most of the SP's work) spread over `threads` threads; the same challenge for
+    /// the same coins whatever `threads`.
+    pub fn receive_parallel<R: RngCore + CryptoRng + ?Sized>(
+        request: &[u8],
+        expected: &Params,
+        sp_aux: &RingPedersenParams,
+        session: &[u8],
+        threads: usize,
+        rng: &mut R,
+    ) -> Result<(Self, Option<Vec<u8>>), EnrolError> {
         let request = EnrolRequest::from_bytes(request, expected)?;
         let EnrolRequest {
             device_id,
@@ -653,8 +669,13 @@ impl ServiceEnrolment {
             .map_err(|e| EnrolError::PlaintextKnowledge(e.to_string()))?;
         let mut seed = [0u8; 32];
         rng.fill_bytes(&mut seed);
-        let (verifier, challenge, digest) =
-            seeded_challenge(&state.public_key, &state.params, &state.ciphertexts, seed)?;
+        let (verifier, challenge, digest) = seeded_challenge(
+            &state.public_key,
+            &state.params,
+            &state.ciphertexts,
+            seed,
+            threads,
+        )?;
         state.l2 = Some(L2State {
             seed,
             digest,

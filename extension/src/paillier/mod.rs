@@ -35,8 +35,33 @@ use crate::identity::{load_identity, Identity};
 /// `privmatch.paillier_sp_party`: which party is the Paillier service provider (0, 1 or 2).
 pub static SP_PARTY: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// `privmatch.paillier_threads`: threads for the SP's enrolment challenge (0 = one per CPU).
+pub static THREADS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Most threads one call uses, whatever the setting says.
+const MAX_THREADS: usize = 64;
+
+/// The threads the SP's heavy steps use: the setting, or one per CPU for 0.
+fn threads() -> usize {
+    match usize::try_from(THREADS.get()) {
+        Ok(0) | Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        Ok(n) => n,
+    }
+    .clamp(1, MAX_THREADS)
+}
+
 /// Defines the modality's GUCs (called from `_PG_init`).
 pub fn register_gucs() {
+    GucRegistry::define_int_guc(
+        c"privmatch.paillier_threads",
+        c"Threads the Paillier service provider uses for an enrolment's norm challenge (0 = one per CPU).",
+        c"The challenge's fresh N-th powers are most of the service provider's enrolment work; they are independent and split over this many threads.",
+        &THREADS,
+        0,
+        MAX_THREADS as i32,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     GucRegistry::define_int_guc(
         c"privmatch.paillier_sp_party",
         c"Which privmatch party is the service provider of device-held Paillier templates.",
