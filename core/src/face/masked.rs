@@ -264,6 +264,26 @@ impl MaskedTemplateSet {
         Ok(())
     }
 
+    /// Drops the template with bundle id `id` (a deleted enrolment), keeping the order of the
+    /// others, so both evaluators still hold the same ordered list after the same deletes.
+    /// Returns whether it was held. The id may be opened again afterwards: the same template
+    /// under the same id opens to the same Δy (13.3); that a *different* template never comes
+    /// under a used id is the enrolment's replay guard (`consumed_bundles`).
+    pub fn remove(&mut self, id: &[u8; BUNDLE_ID_LEN]) -> bool {
+        let Some(j) = self.ids.iter().position(|held| held == id) else {
+            return false;
+        };
+        let l = self.dim;
+        self.rows[j * l..(j + 1) * l].zeroize();
+        self.rows.drain(j * l..(j + 1) * l);
+        self.seeds[j].zeroize();
+        self.seeds.remove(j);
+        self.norms.remove(j);
+        self.ids.remove(j);
+        self.known.remove(id);
+        true
+    }
+
     /// Number of templates.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -907,6 +927,48 @@ mod tests {
             first[0],
             deal_identification(&params, &other, &ids, &mut other_rng).unwrap()[0]
         );
+    }
+
+    #[test]
+    fn removed_templates_leave_the_others_in_order_and_matching() {
+        let mut rng = ChaCha20Rng::seed_from_u64(27);
+        let dim = 128;
+        let metric = Metric::Euclidean;
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let ys: Vec<Vec<i32>> = (0..6).map(|_| embedding(&mut rng, dim)).collect();
+        let x = ys[4].clone();
+        let theta = squared_distance(&x, &ys[2]);
+        let params = DealerParams::for_tests(metric, dim, theta);
+        let shared: Vec<_> = ys
+            .iter()
+            .map(|t| (id(&mut rng), share_embedding(t, &mut rng)))
+            .collect();
+        let mut sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        for set in sets.iter_mut() {
+            assert!(set.remove(&shared[1].0));
+            assert!(set.remove(&shared[5].0));
+            assert!(!set.remove(&shared[5].0));
+        }
+        let kept = [0usize, 2, 3, 4];
+        let want: Vec<[u8; BUNDLE_ID_LEN]> = kept.iter().map(|&j| shared[j].0).collect();
+        assert_eq!(sets[0].ids(), &want[..]);
+        assert_eq!(sets[0].digest(), sets[1].digest());
+        let probe = share_embedding(&x, &mut rng);
+        let got = identify_in_process(&params, &master, &probe, &sets, 2, &mut rng).unwrap();
+        let expected: Vec<bool> = kept
+            .iter()
+            .map(|&j| plaintext_match(metric, &x, &ys[j], theta))
+            .collect();
+        assert_eq!(got, expected);
+        // A removed template can be opened again (an engine reloading it).
+        let (again, shares) = &shared[1];
+        let seeds = master.template_seeds(again);
+        let y0 = masked_template_share(&shares[0], &seeds[0]);
+        let y1 = masked_template_share(&shares[1], &seeds[1]);
+        assert!(sets[0]
+            .push(*again, &y0, &y1, &seeds[0], shares[0].norm)
+            .is_ok());
+        assert_eq!(sets[0].len(), 5);
     }
 
     #[test]
