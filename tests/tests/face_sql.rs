@@ -848,19 +848,17 @@ async fn stored_templates(client: &Client) -> Vec<(String, [u8; 16], EmbeddingSh
         .collect()
 }
 
-/// Both evaluators' masked template sets, opened with the seeds P2 answers
-/// (`face_dealer_template_seeds`) and the exchange of Y_b.
-async fn open_masked_sets(
-    clients: &[Client],
+/// Both evaluators' mask seeds of the templates `ids`, as P2 answers them
+/// (`face_dealer_template_seeds`), opened by each evaluator.
+async fn dealer_seeds(
+    p2: &Client,
     channels: &[PairwiseSecrets; 2],
-    stored: &[Vec<(String, [u8; 16], EmbeddingShare)>; 2],
-    dim: usize,
-) -> [MaskedTemplateSet; 2] {
-    let ids: Vec<[u8; 16]> = stored[0].iter().map(|t| t.1).collect();
+    ids: &[[u8; 16]],
+) -> Vec<Vec<[u8; 16]>> {
     let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
     let mut seeds = Vec::new();
     for b in 0..2i32 {
-        let sealed: Vec<u8> = clients[2]
+        let sealed: Vec<u8> = p2
             .query_one(
                 "SELECT privmatch.face_dealer_template_seeds($1, $2)",
                 &[&b, &id_args],
@@ -869,8 +867,21 @@ async fn open_masked_sets(
             .expect("seeds")
             .get(0);
         let me = PartyIndex::ALL[b as usize];
-        seeds.push(open_template_seeds(me, &channels[b as usize], &ids, &sealed).expect("open"));
+        seeds.push(open_template_seeds(me, &channels[b as usize], ids, &sealed).expect("open"));
     }
+    seeds
+}
+
+/// Both evaluators' masked template sets, opened with the seeds P2 answers and the exchange
+/// of Y_b.
+async fn open_masked_sets(
+    clients: &[Client],
+    channels: &[PairwiseSecrets; 2],
+    stored: &[Vec<(String, [u8; 16], EmbeddingShare)>; 2],
+    dim: usize,
+) -> [MaskedTemplateSet; 2] {
+    let ids: Vec<[u8; 16]> = stored[0].iter().map(|t| t.1).collect();
+    let seeds = dealer_seeds(&clients[2], channels, &ids).await;
     let masked: Vec<Vec<Vec<u32>>> = (0..2)
         .map(|b| {
             stored[b]
@@ -978,11 +989,15 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
             .await
             .expect_err("unconfigured");
         assert_eq!(sqlstate_and_message(&err).0, "55000", "{err}");
+        let mut first_seeds = None;
         for metric in [Metric::Cosine, Metric::Euclidean] {
             let pivot = metric_value(metric, &probes[1], &records[11].1);
             for step in [-1i64, 0, 1] {
                 let theta_q = pivot + step;
                 configure(&cluster, &clients, &keys, metric, DIM, theta_q as f64 / m2).await;
+                if first_seeds.is_none() {
+                    first_seeds = Some(dealer_seeds(&clients[2], &channels, &ids).await);
+                }
                 // Templates are opened once per configuration here; K survives
                 // reconfiguration, so the sets opened the first time would do as well.
                 let sets = open_masked_sets(&clients, &channels, &stored, DIM).await;
@@ -1001,6 +1016,12 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
                 }
             }
         }
+        // K survived the five reconfigurations: the seeds, hence the opened templates, are
+        // those of the first configuration.
+        assert_eq!(
+            dealer_seeds(&clients[2], &channels, &ids).await,
+            first_seeds.expect("configured at least once")
+        );
         let sets = open_masked_sets(&clients, &channels, &stored, DIM).await;
         let shares = share_embedding(&probes[0], &mut rng);
         let session: [u8; 16] = rng.gen();
