@@ -66,6 +66,19 @@ CREATE TABLE privmatch.face_dealer (
 );
 REVOKE ALL ON privmatch.face_dealer FROM PUBLIC;
 
+-- The dealer's template-mask master key K (P2 only; docs/protocols/face.md §13): each enrolled
+-- template's mask seeds are HKDF-SHA256(K; bundle id), so K unmasks every opened template
+-- Δy = y + δy that P0 and P1 hold. Drawn once, when the dealer is first configured, and kept
+-- across reconfigurations (the evaluators' opened templates stay valid). Readable by no role
+-- but the owner; no function returns it; not dumped (a restored P2 draws a new K and the
+-- evaluators open their templates again under it).
+CREATE TABLE privmatch.face_template_master (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    master_key bytea   NOT NULL CHECK (length(master_key) = 32),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON privmatch.face_template_master FROM PUBLIC;
+
 -- Single-use key material dealt by P2 (P0 and P1). A batch's keys are claimed in ranges;
 -- keys below next_key are claimed (or retired) and are never handed out again. The claims
 -- table's exclusion constraint makes a second claim of any key impossible, whatever the

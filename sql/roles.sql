@@ -81,6 +81,8 @@ AS $list$
         -- operator and verified inside P2, so the coordinator can relay it but not forge it
         ('face_dealer_configure',     ARRAY['privmatch_coordinator']),
         ('face_dealer_generate',      ARRAY['privmatch_coordinator']),
+        ('face_dealer_template_seeds', ARRAY['privmatch_coordinator']),
+        ('face_dealer_identify',      ARRAY['privmatch_coordinator']),
         ('face_keys_store',           ARRAY['privmatch_coordinator']),
         ('face_keys_retire_before',   ARRAY['privmatch_coordinator']),
         ('face_enroll_sealed',        ARRAY['privmatch_coordinator']),

@@ -5,17 +5,23 @@
 //! concurrency and crashes; bad inputs fail with clear SQLSTATEs and change nothing.
 
 use privmatch_coordinator::cli::operator_key;
-use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::crypto::seal::{PairwiseSecrets, PartyPublicKey, PartySecretKey};
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use privmatch_core::embedding::{dot, normalize};
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
+use privmatch_core::face::encoding::{share_embedding, EmbeddingShare};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::mask_dealer::{open_identification_key_chunks, open_template_seeds};
+use privmatch_core::face::masked::{
+    distance_round, masked_template_share, probe_round, sign_round, MaskedTemplateSet,
+};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::{plaintext_match, squared_distance, Quantizer};
-use privmatch_core::face::{funshade, Metric};
+use privmatch_core::face::{funshade, FaceError, Metric};
 use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::storage::{decode_share, ShareKind};
 use privmatch_e2e::Cluster;
-use privmatch_e2e::{failure, Failure};
+use privmatch_e2e::{failure, sqlstate_and_message, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
@@ -42,6 +48,20 @@ fn recapture(rng: &mut ChaCha20Rng, e: &[f64], noise: f64) -> Vec<f64> {
             .collect::<Vec<_>>(),
     )
     .expect("non-zero")
+}
+
+/// Enrolment records: (subject, quantised embedding).
+type Records = Vec<(String, Vec<i32>)>;
+
+/// `count` random people: their embeddings and their quantised records `person-NNNN`.
+fn population(rng: &mut ChaCha20Rng, q: &Quantizer, count: usize) -> (Vec<Vec<f64>>, Records) {
+    let floats: Vec<Vec<f64>> = (0..count).map(|_| random_embedding(rng, q.dim())).collect();
+    let records = floats
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (format!("person-{i:04}"), q.quantize(e).expect("quantise")))
+        .collect();
+    (floats, records)
 }
 
 /// Seals a dealer configuration to P2 and signs it as P2's operator (the key `cluster up`
@@ -250,14 +270,7 @@ fn face_comparisons_agree_with_the_plaintext_reference_on_both_metrics() {
     let keys = cluster.party_keys();
     let q = Quantizer::new(DIM).expect("dim");
     let mut rng = ChaCha20Rng::seed_from_u64(30);
-    let floats: Vec<Vec<f64>> = (0..TEMPLATES)
-        .map(|_| random_embedding(&mut rng, DIM))
-        .collect();
-    let records: Vec<(String, Vec<i32>)> = floats
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (format!("person-{i:04}"), q.quantize(e).expect("quantise")))
-        .collect();
+    let (floats, records) = population(&mut rng, &q, TEMPLATES);
     // Probes: re-captures of enrolled people at growing noise, and strangers.
     let mut probes: Vec<Vec<i32>> = (0..8)
         .map(|i| {
@@ -781,5 +794,297 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .await
             .expect("next works");
         assert_eq!(got, vec![("alice".to_owned(), true)]);
+    });
+}
+
+/// Evaluator `party`'s secret key, from the key file `cluster up` wrote: the test plays the
+/// evaluator's side of the dealer-masked protocol, which the engine does not run yet.
+fn evaluator_channel_to_dealer(
+    cluster: &Cluster,
+    keys: &[PartyPublicKey; 3],
+    party: usize,
+) -> PairwiseSecrets {
+    let text = std::fs::read_to_string(cluster.home.join(format!("p{party}/party.key")))
+        .expect("key file");
+    let hex_key = text
+        .lines()
+        .find_map(|l| l.strip_prefix("privmatch-party-key-v1 "))
+        .expect("party key line");
+    let bytes: [u8; 32] = hex::decode(hex_key.trim())
+        .expect("hex")
+        .try_into()
+        .expect("32 bytes");
+    let secret = PartySecretKey::from_bytes(bytes);
+    PairwiseSecrets::derive(
+        PartyIndex::ALL[party],
+        &secret,
+        PartyIndex::ALL[2],
+        &keys[2],
+    )
+    .expect("pairwise")
+}
+
+/// Evaluator `party`'s stored templates in subject order: (subject, bundle id, share).
+async fn stored_templates(client: &Client) -> Vec<(String, [u8; 16], EmbeddingShare)> {
+    let rows = client
+        .query(
+            "SELECT subject, bundle_id, privmatch.face_share_send(template), norm_share \
+               FROM privmatch.face_templates ORDER BY subject COLLATE \"C\"",
+            &[],
+        )
+        .await
+        .expect("templates");
+    rows.iter()
+        .map(|row| {
+            let bytes: Vec<u8> = row.get(2);
+            let view = decode_share(ShareKind::FaceTemplate, &bytes).expect("share");
+            let share = EmbeddingShare {
+                elements: view.words(),
+                norm: row.get::<_, i32>(3) as u32,
+            };
+            let id: Vec<u8> = row.get(1);
+            (row.get(0), id.try_into().expect("16 bytes"), share)
+        })
+        .collect()
+}
+
+/// Both evaluators' mask seeds of the templates `ids`, as P2 answers them
+/// (`face_dealer_template_seeds`), opened by each evaluator.
+async fn dealer_seeds(
+    p2: &Client,
+    channels: &[PairwiseSecrets; 2],
+    ids: &[[u8; 16]],
+) -> Vec<Vec<[u8; 16]>> {
+    let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+    let mut seeds = Vec::new();
+    for b in 0..2i32 {
+        let sealed: Vec<u8> = p2
+            .query_one(
+                "SELECT privmatch.face_dealer_template_seeds($1, $2)",
+                &[&b, &id_args],
+            )
+            .await
+            .expect("seeds")
+            .get(0);
+        let me = PartyIndex::ALL[b as usize];
+        seeds.push(open_template_seeds(me, &channels[b as usize], ids, &sealed).expect("open"));
+    }
+    seeds
+}
+
+/// Both evaluators' masked template sets, opened with the seeds P2 answers and the exchange
+/// of Y_b.
+async fn open_masked_sets(
+    clients: &[Client],
+    channels: &[PairwiseSecrets; 2],
+    stored: &[Vec<(String, [u8; 16], EmbeddingShare)>; 2],
+    dim: usize,
+) -> [MaskedTemplateSet; 2] {
+    let ids: Vec<[u8; 16]> = stored[0].iter().map(|t| t.1).collect();
+    let seeds = dealer_seeds(&clients[2], channels, &ids).await;
+    let masked: Vec<Vec<Vec<u32>>> = (0..2)
+        .map(|b| {
+            stored[b]
+                .iter()
+                .zip(&seeds[b])
+                .map(|(t, seed)| masked_template_share(&t.2, seed))
+                .collect()
+        })
+        .collect();
+    let mut sets = [
+        MaskedTemplateSet::new(0, dim).expect("set"),
+        MaskedTemplateSet::new(1, dim).expect("set"),
+    ];
+    for (b, set) in sets.iter_mut().enumerate() {
+        for (j, id) in ids.iter().enumerate() {
+            let norm = stored[b][j].2.norm;
+            set.push(*id, &masked[b][j], &masked[1 - b][j], &seeds[b][j], norm)
+                .expect("push");
+        }
+    }
+    sets
+}
+
+/// P2's sealed key halves of `session` for the templates `ids`, chunk by chunk.
+async fn dealt_halves(
+    p2: &Client,
+    session: &[u8; 16],
+    ids: &[[u8; 16]],
+) -> Result<[Vec<Vec<u8>>; 2], Failure> {
+    let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+    let rows = p2
+        .query(
+            "SELECT envelope_p0, envelope_p1 FROM privmatch.face_dealer_identify($1, $2) \
+              ORDER BY chunk",
+            &[&session.to_vec(), &id_args],
+        )
+        .await
+        .map_err(|e| failure(2, &e))?;
+    Ok([0, 1].map(|b| rows.iter().map(|r| r.get::<_, Vec<u8>>(b)).collect()))
+}
+
+/// One masked identification as the two evaluators run it, from P2's dealt halves: the
+/// reconstructed bits, in template order.
+fn masked_identification(
+    channels: &[PairwiseSecrets; 2],
+    session: &[u8; 16],
+    halves: &[Vec<Vec<u8>>; 2],
+    sets: &[MaskedTemplateSet; 2],
+    probe: &[EmbeddingShare; 2],
+) -> Result<Vec<bool>, FaceError> {
+    let keys = [0, 1].map(|b| {
+        let chunks: Vec<&[u8]> = halves[b].iter().map(Vec::as_slice).collect();
+        open_identification_key_chunks(PartyIndex::ALL[b], &channels[b], session, &chunks)
+    });
+    let [k0, k1] = keys;
+    let (k0, k1) = (k0?, k1?);
+    let x0 = probe_round(&k0, &probe[0])?;
+    let x1 = probe_round(&k1, &probe[1])?;
+    let z0 = distance_round(&k0, &sets[0], &probe[0], &x0, &x1, 2)?;
+    let z1 = distance_round(&k1, &sets[1], &probe[1], &x1, &x0, 2)?;
+    let o0 = sign_round(&k0, &z0, &z1, 2)?;
+    let o1 = sign_round(&k1, &z1, &z0, 2)?;
+    funshade::reconstruct(&o0, &o1)
+}
+
+#[test]
+fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_list_only() {
+    const DIM: usize = 128;
+    const TEMPLATES: usize = 150;
+    let cluster = Cluster::start("face-masked-dealer", 36);
+    let keys = cluster.party_keys();
+    let q = Quantizer::new(DIM).expect("dim");
+    let mut rng = ChaCha20Rng::seed_from_u64(36);
+    let (floats, records) = population(&mut rng, &q, TEMPLATES);
+    let probes: Vec<Vec<i32>> = (0..4)
+        .map(|i| {
+            q.quantize(&recapture(&mut rng, &floats[i * 11], 0.2 + 0.2 * i as f64))
+                .expect("q")
+        })
+        .collect();
+    let m2 = f64::from(q.magnitude()).powi(2);
+    let channels = [0, 1].map(|b| evaluator_channel_to_dealer(&cluster, &keys, b));
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        enroll(&clients, &keys, &records).await;
+        // The evaluators' stored shares, read as each party's operator (the test plays the
+        // evaluators' side).
+        let stored = [
+            stored_templates(&cluster.connect(0).await).await,
+            stored_templates(&cluster.connect(1).await).await,
+        ];
+        let ids: Vec<[u8; 16]> = stored[0].iter().map(|t| t.1).collect();
+        let same: Vec<[u8; 16]> = stored[1].iter().map(|t| t.1).collect();
+        assert_eq!(
+            ids, same,
+            "P0 and P1 hold the same bundle ids, in the same order"
+        );
+        let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+        // Before the dealer is configured there is no master key.
+        let err = clients[2]
+            .query(
+                "SELECT privmatch.face_dealer_template_seeds(0, $1)",
+                &[&id_args],
+            )
+            .await
+            .expect_err("unconfigured");
+        assert_eq!(sqlstate_and_message(&err).0, "55000", "{err}");
+        let mut first_seeds = None;
+        for metric in [Metric::Cosine, Metric::Euclidean] {
+            let pivot = metric_value(metric, &probes[1], &records[11].1);
+            for step in [-1i64, 0, 1] {
+                let theta_q = pivot + step;
+                configure(&cluster, &clients, &keys, metric, DIM, theta_q as f64 / m2).await;
+                if first_seeds.is_none() {
+                    first_seeds = Some(dealer_seeds(&clients[2], &channels, &ids).await);
+                }
+                // Templates are opened once per configuration here; K survives
+                // reconfiguration, so the sets opened the first time would do as well.
+                let sets = open_masked_sets(&clients, &channels, &stored, DIM).await;
+                for probe in &probes {
+                    let shares = share_embedding(probe, &mut rng);
+                    let session: [u8; 16] = rng.gen();
+                    let halves = dealt_halves(&clients[2], &session, &ids)
+                        .await
+                        .expect("deal");
+                    let got = masked_identification(&channels, &session, &halves, &sets, &shares)
+                        .expect("identify");
+                    for (bit, (name, template)) in got.iter().zip(&records) {
+                        let expected = plaintext_match(metric, probe, template, theta_q);
+                        assert_eq!(*bit, expected, "{metric} θ_q {theta_q} vs {name}");
+                    }
+                }
+            }
+        }
+        // K survived the five reconfigurations: the seeds, hence the opened templates, are
+        // those of the first configuration.
+        assert_eq!(
+            dealer_seeds(&clients[2], &channels, &ids).await,
+            first_seeds.expect("configured at least once")
+        );
+        let sets = open_masked_sets(&clients, &channels, &stored, DIM).await;
+        let shares = share_embedding(&probes[0], &mut rng);
+        let session: [u8; 16] = rng.gen();
+        let halves = dealt_halves(&clients[2], &session, &ids)
+            .await
+            .expect("deal");
+        // A half opened for another session is refused (the channel is bound to it).
+        let other: [u8; 16] = rng.gen();
+        let err = masked_identification(&channels, &other, &halves, &sets, &shares)
+            .expect_err("another session");
+        assert!(err.to_string().contains("session"), "{err}");
+        // Keys dealt for another template list (two swapped) are refused by the evaluators.
+        let mut swapped = ids.clone();
+        swapped.swap(3, 4);
+        let halves = dealt_halves(&clients[2], &session, &swapped)
+            .await
+            .expect("deal");
+        let err = masked_identification(&channels, &session, &halves, &sets, &shares)
+            .expect_err("another list");
+        assert!(err.to_string().contains("another template list"), "{err}");
+        // Bad input: a clear SQLSTATE naming the argument.
+        let seeds_sql = "SELECT privmatch.face_dealer_template_seeds($1, $2)";
+        let fifteen = vec![vec![0u8; 15]];
+        let no_ids: Vec<Vec<u8>> = Vec::new();
+        for (party, ids_arg, names) in [
+            (2, &id_args, "party must be 0 or 1"),
+            (0, &fifteen, "bundle_ids[1] must be 16 bytes"),
+            (0, &no_ids, "bundle_ids is empty"),
+        ] {
+            let err = clients[2]
+                .query(seeds_sql, &[&party, ids_arg])
+                .await
+                .expect_err(names);
+            let (code, message) = sqlstate_and_message(&err);
+            assert_eq!(code, "22023", "{message}");
+            assert!(message.contains(names), "{message}");
+        }
+        let err = clients[2]
+            .query(
+                "SELECT * FROM privmatch.face_dealer_identify($1, $2)",
+                &[&vec![0u8; 15], &id_args],
+            )
+            .await
+            .expect_err("short session");
+        let (code, message) = sqlstate_and_message(&err);
+        assert_eq!(
+            (code.as_str(), message.contains("session must be 16 bytes")),
+            ("22023", true),
+            "{message}"
+        );
+        let with_null: Vec<Option<Vec<u8>>> = vec![Some(vec![1u8; 16]), None];
+        let err = clients[2]
+            .query(seeds_sql, &[&0i32, &with_null])
+            .await
+            .expect_err("NULL id");
+        let (code, message) = sqlstate_and_message(&err);
+        assert_eq!(code, "22004", "{message}");
+        assert!(message.contains("bundle_ids[2] is NULL"), "{message}");
+        // Only P2 deals.
+        let err = clients[0]
+            .query(seeds_sql, &[&0i32, &id_args])
+            .await
+            .expect_err("at P0");
+        assert_eq!(sqlstate_and_message(&err).0, "55000", "{err}");
     });
 }

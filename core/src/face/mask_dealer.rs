@@ -117,8 +117,14 @@ fn parse_seeds(
     Ok(seeds)
 }
 
+/// Largest plaintext of one sealed chunk of an identification key half: 256 MiB, half the
+/// 512 MiB message limit of the sessions, so one chunk always fits a message (and a `bytea`)
+/// whatever N is; a half above it (N ≥ 393,000 or so at 683 bytes per comparison) travels as
+/// several chunks.
+pub const KEY_CHUNK_BYTES: usize = 256 << 20;
+
 /// Dealer side: seals one evaluator's half of an identification's keys
-/// ([`super::masked::deal_identification`]) for the face session `session`.
+/// ([`super::masked::deal_identification`]) for the face session `session`, as one message.
 pub fn seal_identification_keys<R: RngCore + CryptoRng>(
     half: &[u8],
     session: &[u8; SESSION_ID_LEN],
@@ -130,6 +136,27 @@ pub fn seal_identification_keys<R: RngCore + CryptoRng>(
         .seal(0, half, rng)
 }
 
+/// Dealer side: seals one evaluator's half for the face session `session` as consecutive
+/// messages of one channel, each holding at most `chunk_bytes` of the half (at least one
+/// message). The channel numbers its messages, so the evaluator opens them only in order and
+/// all of them ([`open_identification_key_chunks`]); one chunk is exactly the message of
+/// [`seal_identification_keys`].
+pub fn seal_identification_key_chunks<R: RngCore + CryptoRng>(
+    half: &[u8],
+    session: &[u8; SESSION_ID_LEN],
+    to_evaluator: &PairwiseSecrets,
+    chunk_bytes: usize,
+    rng: &mut R,
+) -> Vec<Vec<u8>> {
+    let mut channel = to_evaluator.channel(keys_channel(session));
+    if half.is_empty() {
+        return vec![channel.seal(0, half, rng)];
+    }
+    half.chunks(chunk_bytes.max(1))
+        .map(|chunk| channel.seal(0, chunk, rng))
+        .collect()
+}
+
 /// Evaluator side: opens and decodes its half of the keys of face session `session`.
 pub fn open_identification_keys(
     me: PartyIndex,
@@ -137,8 +164,26 @@ pub fn open_identification_keys(
     session: &[u8; SESSION_ID_LEN],
     sealed: &[u8],
 ) -> Result<IdentificationKeys, FaceError> {
+    open_identification_key_chunks(me, from_dealer, session, &[sealed])
+}
+
+/// Evaluator side: opens the chunks of its half of the keys of face session `session`, in
+/// order, and decodes the whole. A missing, repeated or reordered chunk is refused (by the
+/// channel's sequence numbers, or by the half's exact length).
+pub fn open_identification_key_chunks(
+    me: PartyIndex,
+    from_dealer: &PairwiseSecrets,
+    session: &[u8; SESSION_ID_LEN],
+    chunks: &[&[u8]],
+) -> Result<IdentificationKeys, FaceError> {
     let party = evaluator(me)?;
-    let mut plain = from_dealer.channel(keys_channel(session)).open(0, sealed)?;
+    let mut channel = from_dealer.channel(keys_channel(session));
+    let mut plain = Vec::new();
+    for chunk in chunks {
+        let mut part = channel.open(0, chunk)?;
+        plain.extend_from_slice(&part);
+        zeroize::Zeroize::zeroize(&mut part);
+    }
     let keys = IdentificationKeys::decode(party, &plain);
     zeroize::Zeroize::zeroize(&mut plain);
     keys
@@ -196,5 +241,37 @@ mod tests {
             open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), &session, &p1_half_to_p0),
             Err(FaceError::PartyMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn chunked_key_halves_open_only_whole_and_in_order() {
+        let (mut rng, secrets, publics) = seeded_keys(32);
+        let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let ids: Vec<[u8; 16]> = (0..5u8).map(|i| [i; 16]).collect();
+        let params = DealerParams::for_tests(Metric::Euclidean, 128, 5);
+        let halves = deal_identification(&params, &master, &ids, &mut rng).unwrap();
+        let session = [9u8; SESSION_ID_LEN];
+        let chunks =
+            seal_identification_key_chunks(&halves[1], &session, &pair(2, 1), 1000, &mut rng);
+        assert_eq!(chunks.len(), halves[1].len().div_ceil(1000));
+        let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+        let me = PartyIndex::ALL[1];
+        let keys = open_identification_key_chunks(me, &pair(1, 2), &session, &refs).unwrap();
+        assert_eq!(keys.len(), 5);
+        assert_eq!(keys.digest(), &template_digest(&ids));
+        // Reordered, missing the last or the first, repeated: refused.
+        let mut swapped = refs.clone();
+        swapped.swap(0, 1);
+        let last = refs.len() - 1;
+        let repeated = [refs[0], refs[0]];
+        for bad in [&swapped[..], &refs[..last], &refs[1..], &repeated[..]] {
+            assert!(open_identification_key_chunks(me, &pair(1, 2), &session, bad).is_err());
+        }
+        // One chunk is the single message.
+        let single =
+            seal_identification_key_chunks(&halves[1], &session, &pair(2, 1), usize::MAX, &mut rng);
+        assert_eq!(single.len(), 1);
+        assert!(open_identification_keys(me, &pair(1, 2), &session, &single[0]).is_ok());
     }
 }

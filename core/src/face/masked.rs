@@ -36,6 +36,8 @@
 //! made for another list, since ⟨δx, δy_j⟩ is only right for the template it was made for.
 
 use hkdf::Hkdf;
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroize;
@@ -64,6 +66,7 @@ pub const GATE_CHUNK: usize = 4096;
 
 const IDENTIFICATION_MAGIC: &[u8; 4] = b"PMFI";
 const MASK_INFO: &[u8] = b"privmatch face template mask v1";
+const DEALING_INFO: &[u8] = b"privmatch face identification dealing v1";
 /// Expansion domain of template masks, so a template seed never yields the stream of a
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
@@ -119,6 +122,23 @@ impl TemplateMaskMaster {
         seeds[1].copy_from_slice(&okm[16..]);
         okm.zeroize();
         seeds
+    }
+
+    /// The randomness of the dealing for face session `session` against the template list
+    /// with digest `digest` ([`template_digest`]): ChaCha20 keyed by HKDF-SHA256(master; info
+    /// = label ‖ session ‖ digest). Pseudorandom to everyone but the dealer, and the same for
+    /// the same (session, list): a second request for a session deals exactly the keys of the
+    /// first, so no evaluator can ever be handed two different dealings of one session
+    /// (whatever the coordinator does with transactions), and every session or list gets
+    /// independent keys.
+    pub fn session_rng(&self, session: &[u8; 16], digest: &[u8; 32]) -> ChaCha20Rng {
+        let hk = Hkdf::<Sha256>::new(Some(DEALING_INFO), &self.key);
+        let mut seed = [0u8; 32];
+        // 32 bytes is far below HKDF-SHA256's limit of 255 · 32, so expand cannot fail.
+        let _ = hk.expand_multi_info(&[DEALING_INFO, session, digest], &mut seed);
+        let rng = ChaCha20Rng::from_seed(seed);
+        seed.zeroize();
+        rng
     }
 
     /// δy = δy_0 + δy_1 of the template `id` into `out` (l words) — the dealer's view.
@@ -242,6 +262,26 @@ impl MaskedTemplateSet {
         self.norms.push(norm);
         self.ids.push(id);
         Ok(())
+    }
+
+    /// Drops the template with bundle id `id` (a deleted enrolment), keeping the order of the
+    /// others, so both evaluators still hold the same ordered list after the same deletes.
+    /// Returns whether it was held. The id may be opened again afterwards: the same template
+    /// under the same id opens to the same Δy (13.3); that a *different* template never comes
+    /// under a used id is the enrolment's replay guard (`consumed_bundles`).
+    pub fn remove(&mut self, id: &[u8; BUNDLE_ID_LEN]) -> bool {
+        let Some(j) = self.ids.iter().position(|held| held == id) else {
+            return false;
+        };
+        let l = self.dim;
+        self.rows[j * l..(j + 1) * l].zeroize();
+        self.rows.drain(j * l..(j + 1) * l);
+        self.seeds[j].zeroize();
+        self.seeds.remove(j);
+        self.norms.remove(j);
+        self.ids.remove(j);
+        self.known.remove(id);
+        true
     }
 
     /// Number of templates.
@@ -859,6 +899,76 @@ mod tests {
         expand_template_mask(&sa[0], &mut t);
         expand_u32(&sa[0], &mut p);
         assert_ne!(t, p);
+    }
+
+    #[test]
+    fn session_dealings_repeat_for_one_session_and_list_only() {
+        let mut rng = ChaCha20Rng::seed_from_u64(26);
+        let params = DealerParams::for_tests(Metric::Cosine, 128, 3);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let ids = [id(&mut rng), id(&mut rng)];
+        let digest = template_digest(&ids);
+        let deal = |session: [u8; 16], digest: &[u8; 32]| {
+            deal_identification(
+                &params,
+                &master,
+                &ids,
+                &mut master.session_rng(&session, digest),
+            )
+            .unwrap()
+        };
+        let first = deal([1; 16], &digest);
+        assert_eq!(first, deal([1; 16], &digest));
+        assert_ne!(first[0], deal([2; 16], &digest)[0]);
+        assert_ne!(first[0], deal([1; 16], &[0; 32])[0]);
+        let other = TemplateMaskMaster::generate(&mut rng);
+        let mut other_rng = other.session_rng(&[1; 16], &digest);
+        assert_ne!(
+            first[0],
+            deal_identification(&params, &other, &ids, &mut other_rng).unwrap()[0]
+        );
+    }
+
+    #[test]
+    fn removed_templates_leave_the_others_in_order_and_matching() {
+        let mut rng = ChaCha20Rng::seed_from_u64(27);
+        let dim = 128;
+        let metric = Metric::Euclidean;
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let ys: Vec<Vec<i32>> = (0..6).map(|_| embedding(&mut rng, dim)).collect();
+        let x = ys[4].clone();
+        let theta = squared_distance(&x, &ys[2]);
+        let params = DealerParams::for_tests(metric, dim, theta);
+        let shared: Vec<_> = ys
+            .iter()
+            .map(|t| (id(&mut rng), share_embedding(t, &mut rng)))
+            .collect();
+        let mut sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        for set in sets.iter_mut() {
+            assert!(set.remove(&shared[1].0));
+            assert!(set.remove(&shared[5].0));
+            assert!(!set.remove(&shared[5].0));
+        }
+        let kept = [0usize, 2, 3, 4];
+        let want: Vec<[u8; BUNDLE_ID_LEN]> = kept.iter().map(|&j| shared[j].0).collect();
+        assert_eq!(sets[0].ids(), &want[..]);
+        assert_eq!(sets[0].digest(), sets[1].digest());
+        let probe = share_embedding(&x, &mut rng);
+        let got = identify_in_process(&params, &master, &probe, &sets, 2, &mut rng).unwrap();
+        let expected: Vec<bool> = kept
+            .iter()
+            .map(|&j| plaintext_match(metric, &x, &ys[j], theta))
+            .collect();
+        assert_eq!(got, expected);
+        // A removed template can be opened again (an engine reloading it).
+        let (again, shares) = &shared[1];
+        let seeds = master.template_seeds(again);
+        let y0 = masked_template_share(&shares[0], &seeds[0]);
+        let y1 = masked_template_share(&shares[1], &seeds[1]);
+        assert!(sets[0]
+            .push(*again, &y0, &y1, &seeds[0], shares[0].norm)
+            .is_ok());
+        assert_eq!(sets[0].len(), 5);
     }
 
     #[test]

@@ -7,13 +7,20 @@ use privmatch_core::face::dealer::{
     open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader, DEALER_CONFIG_ACTION,
 };
 use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
+use privmatch_core::face::mask_dealer::{
+    seal_identification_key_chunks, seal_template_seeds, KEY_CHUNK_BYTES,
+};
+use privmatch_core::face::masked::{
+    deal_identification, template_digest, TemplateMaskMaster, BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
+};
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
+use rand::RngCore;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use super::raise_face;
-use crate::errors::{get_one, modify, raise};
+use crate::errors::{get_one, modify, parse_session_id, raise, run};
 use crate::identity::{load_identity, pinned_peer, Identity};
 use crate::operator::accept_command;
 
@@ -73,6 +80,7 @@ fn face_dealer_configure(
         ],
     )
     .unwrap_or_default();
+    ensure_template_master(F);
     TableIterator::once((
         opened.metric.as_str().to_owned(),
         opened.dim as i32,
@@ -151,19 +159,10 @@ fn face_dealer_generate(
     .into_iter()
     .next();
     let Some((batch, generation, metric, dim, threshold)) = row else {
-        raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("{F}: the dealer is not configured"),
-            Some("run privmatch face configure --metric cosine|euclidean --threshold T --dim L"),
-        );
+        not_configured(F);
     };
-    let metric = Metric::parse(&metric).unwrap_or_else(|e| raise_face(F, e));
-    let config = DealerConfig {
-        metric,
-        dim: dim as usize,
-        threshold,
-    };
-    let params = DealerParams::new(&config).unwrap_or_else(|e| raise_face(F, e));
+    let params = dealer_params(F, &metric, dim, threshold);
+    let metric = params.metric();
     let mut rng = ChaCha20Rng::from_entropy();
     let halves = deal_batch(&params, count as usize, &mut rng);
     let envelopes: Vec<Vec<u8>> = halves
@@ -198,4 +197,194 @@ fn face_dealer_generate(
         p0,
         p1,
     ))
+}
+
+/// Draws the template-mask master key K once (docs/protocols/face.md §13.1); an existing key is
+/// kept, so templates the evaluators opened under it stay valid across reconfigurations.
+fn ensure_template_master(function: &str) {
+    let mut key = [0u8; TEMPLATE_MASTER_LEN];
+    rand::rngs::OsRng.fill_bytes(&mut key);
+    run(
+        function,
+        "INSERT INTO privmatch.face_template_master (master_key) VALUES ($1) \
+         ON CONFLICT (singleton) DO NOTHING",
+        &[key.to_vec().into()],
+    );
+    zeroize::Zeroize::zeroize(&mut key);
+}
+
+/// The master key K; raises 55000 when the dealer was never configured. A dealer configured
+/// before 0.6.0 (no K yet) draws it here, once.
+fn load_template_master(function: &str) -> TemplateMaskMaster {
+    let configured = get_one::<bool>(
+        function,
+        "SELECT EXISTS (SELECT 1 FROM privmatch.face_dealer)",
+        &[],
+    )
+    .unwrap_or(false);
+    if configured {
+        ensure_template_master(function);
+    }
+    let stored = get_one::<Vec<u8>>(
+        function,
+        "SELECT (SELECT master_key FROM privmatch.face_template_master)",
+        &[],
+    );
+    let Some(mut bytes) = stored else {
+        not_configured(function);
+    };
+    let master = TemplateMaskMaster::from_bytes(&bytes).unwrap_or_else(|e| raise_face(function, e));
+    zeroize::Zeroize::zeroize(&mut bytes);
+    master
+}
+
+/// The dealer's parameters (metric, dimension, secret threshold); raises 55000 when the
+/// dealer was never configured.
+fn load_params(function: &str) -> DealerParams {
+    let row = Spi::get_three::<String, i32, f64>(
+        "SELECT metric, dim, threshold FROM privmatch.face_dealer",
+    );
+    let Ok((Some(metric), Some(dim), Some(threshold))) = row else {
+        not_configured(function);
+    };
+    dealer_params(function, &metric, dim, threshold)
+}
+
+/// Raises 55000: the dealer was never configured.
+fn not_configured(function: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{function}: the dealer is not configured"),
+        Some("run privmatch face configure --metric cosine|euclidean --threshold T --dim L"),
+    )
+}
+
+/// The dealing parameters of the stored configuration.
+fn dealer_params(function: &str, metric: &str, dim: i32, threshold: f64) -> DealerParams {
+    let metric = Metric::parse(metric).unwrap_or_else(|e| raise_face(function, e));
+    let config = DealerConfig {
+        metric,
+        dim: dim as usize,
+        threshold,
+    };
+    DealerParams::new(&config).unwrap_or_else(|e| raise_face(function, e))
+}
+
+/// The bundle ids passed to `function` as `bundle_ids`: at least one, each 16 bytes, none
+/// NULL (22023 / 22004 naming the argument and the position otherwise).
+fn parse_bundle_ids(function: &str, bundle_ids: Array<'_, &[u8]>) -> Vec<[u8; BUNDLE_ID_LEN]> {
+    if bundle_ids.is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{function}: bundle_ids is empty"),
+            None,
+        );
+    }
+    bundle_ids
+        .iter()
+        .enumerate()
+        .map(|(position, id)| {
+            let Some(id) = id else {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                    format!("{function}: bundle_ids[{}] is NULL", position + 1),
+                    None,
+                );
+            };
+            id.try_into().unwrap_or_else(|_| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    format!(
+                        "{function}: bundle_ids[{}] must be {BUNDLE_ID_LEN} bytes, got {}",
+                        position + 1,
+                        id.len()
+                    ),
+                    None,
+                )
+            })
+        })
+        .collect()
+}
+
+/// The pairwise secrets of this dealer with evaluator `b`.
+fn channel_to(function: &str, me: &Identity, b: usize) -> PairwiseSecrets {
+    let evaluator = PartyIndex::ALL[b];
+    let peer = pinned_peer(function, evaluator);
+    PairwiseSecrets::derive(me.index, &me.secret, evaluator, &peer)
+        .unwrap_or_else(|e| raise_face(function, e.into()))
+}
+
+/// Step 1 of docs/protocols/face.md §13.2 (the dealer's part of opening templates once):
+/// evaluator `party`'s (0 or 1) mask seeds of the templates `bundle_ids`, in order, sealed on
+/// the channel P2 → P_party under a session id bound to the digest of the list (core's
+/// `seal_template_seeds`), so a reply opens only for the list asked for and only at that
+/// evaluator. 32 bytes per template. The seeds are HKDF outputs of the master key K, so
+/// asking twice returns the same seeds: P2 keeps no per-template state.
+#[pg_extern(volatile)]
+fn face_dealer_template_seeds(party: i32, bundle_ids: Array<'_, &[u8]>) -> Vec<u8> {
+    const F: &str = "face_dealer_template_seeds";
+    if !(0..=1).contains(&party) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{F}: party must be 0 or 1 (an evaluator), got {party}"),
+            None,
+        );
+    }
+    let ids = parse_bundle_ids(F, bundle_ids);
+    let me = dealer_identity(F);
+    let master = load_template_master(F);
+    let pair = channel_to(F, &me, party as usize);
+    let mut rng = ChaCha20Rng::from_entropy();
+    seal_template_seeds(party as usize, &master, &ids, &pair, &mut rng)
+        .unwrap_or_else(|e| raise_face(F, e))
+}
+
+/// Step 2 of docs/protocols/face.md §13.2: deals the keys of face session `session` (16
+/// bytes) against the templates `bundle_ids`, in the order the evaluators compare them: a
+/// fresh probe mask and, per template, the shares of ⟨δx, δy_j⟩, of r_in,j ∓ θ and one sign-gate
+/// key pair (core's `deal_identification`, `PMFI` halves, 683 bytes per comparison). Each
+/// half is sealed on the channel P2 → P_b under a session id derived from `session`, so it
+/// opens for that session only, and bound to the digest of the list, which each evaluator
+/// checks against its own template set. One row per chunk (`chunk` from 0) holding at most
+/// 256 MiB of each half, so no number of templates exceeds a message; the evaluator opens the
+/// chunks in order. The randomness is derived from K, the session and the list, so asking
+/// again for the same session and list deals exactly the same keys (an evaluator never gets
+/// two different dealings of one session); the session ids are single use at the evaluators.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile)]
+fn face_dealer_identify(
+    session: &[u8],
+    bundle_ids: Array<'_, &[u8]>,
+) -> TableIterator<
+    'static,
+    (
+        name!(chunk, i32),
+        name!(envelope_p0, Vec<u8>),
+        name!(envelope_p1, Vec<u8>),
+    ),
+> {
+    const F: &str = "face_dealer_identify";
+    let session = parse_session_id(F, "session", session);
+    let ids = parse_bundle_ids(F, bundle_ids);
+    let me = dealer_identity(F);
+    let params = load_params(F);
+    let master = load_template_master(F);
+    let mut dealing = master.session_rng(&session, &template_digest(&ids));
+    let mut halves = deal_identification(&params, &master, &ids, &mut dealing)
+        .unwrap_or_else(|e| raise_face(F, e));
+    let mut rng = ChaCha20Rng::from_entropy();
+    let [p0, p1]: [Vec<Vec<u8>>; 2] = [0, 1].map(|b| {
+        let pair = channel_to(F, &me, b);
+        seal_identification_key_chunks(&halves[b], &session, &pair, KEY_CHUNK_BYTES, &mut rng)
+    });
+    for half in halves.iter_mut() {
+        zeroize::Zeroize::zeroize(half);
+    }
+    let rows: Vec<(i32, Vec<u8>, Vec<u8>)> = p0
+        .into_iter()
+        .zip(p1)
+        .enumerate()
+        .map(|(chunk, (a, b))| (chunk as i32, a, b))
+        .collect();
+    TableIterator::new(rows)
 }
