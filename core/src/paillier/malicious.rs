@@ -51,16 +51,18 @@
 //! equation: a device without a guesses it with probability 2^−λ).
 
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
-use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
+use super::encoding::{check_template, decode_sum, mask_affine_product};
 use super::messages::{
     begin_state, check_device_parts, check_session_params, decode_bit, encode_bit, end_state,
     header, put_signed, put_template, read_template, state_reader, template_signing_bytes, to_i64,
     MatchError, MessageKind, Reader, MAX_SIGNATURE_BYTES,
 };
 use super::params::{Layout, Params, Protocol};
+use super::precomputed::{inner_product_with, PrecomputedTemplate};
 use rand_core::{CryptoRng, RngCore};
 use rug::integer::IsPrime;
 use rug::{Complete, Integer};
+use std::sync::Arc;
 
 /// Miller–Rabin rounds (after GMP's Baillie–PSW) for the multiplier a.
 const PRIME_TEST_REPS: u32 = 30;
@@ -521,6 +523,8 @@ pub struct Pi2Terminal {
     w: Vec<i32>,
     threshold: i64,
     state: TerminalState,
+    /// The offline tables of the device's template (see [`super::precomputed`]), if any.
+    precomputed: Option<Arc<PrecomputedTemplate>>,
 }
 
 impl std::fmt::Debug for Pi2Terminal {
@@ -544,7 +548,16 @@ impl Pi2Terminal {
             w,
             threshold,
             state: TerminalState::AwaitingRound1,
+            precomputed: None,
         })
+    }
+
+    /// Uses the terminal's offline tables of the device's Round 1 template for Round 2 (see
+    /// [`super::precomputed`]): the same Round 2 message, fewer squarings. A Round 1 whose
+    /// template is not the tables' is refused.
+    pub fn with_precomputed(mut self, tables: Arc<PrecomputedTemplate>) -> Self {
+        self.precomputed = Some(tables);
+        self
     }
 
     /// Round 2 ([ABMR20] §6.1 Round 2) with a fresh r^N computed now. `verify(message,
@@ -597,9 +610,9 @@ impl Pi2Terminal {
         let layout = self.params.layout();
         let a = random_prime_multiplier(layout, rng)?;
         let b = random_addend(layout, rng);
-        let product = homomorphic_inner_product(&msg.public_key, layout, &msg.template, &self.w)?;
-        let ciphertext =
-            mask_affine_product(&msg.public_key, layout, &product, &a, &b, r_to_n, rng)?;
+        let (pk, tables) = (&msg.public_key, self.precomputed.as_deref());
+        let product = inner_product_with(tables, pk, layout, &msg.template, &self.w)?;
+        let ciphertext = mask_affine_product(pk, layout, &product, &a, &b, r_to_n, rng)?;
         self.state = TerminalState::AwaitingRound3 { a, b };
         Ok(Pi2Round2 { ciphertext }.to_bytes(&msg.public_key))
     }
@@ -701,6 +714,7 @@ impl Pi2Terminal {
             w: Vec::new(),
             threshold,
             state: TerminalState::AwaitingRound3 { a, b },
+            precomputed: None,
         })
     }
 }
@@ -709,7 +723,9 @@ impl Pi2Terminal {
 mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
     use super::super::cipher::NoncePool;
-    use super::super::encoding::{homomorphic_inner_product_folded, masked_affine_inner_product};
+    use super::super::encoding::{
+        homomorphic_inner_product, homomorphic_inner_product_folded, masked_affine_inner_product,
+    };
     use super::super::messages::test_support::key_3072;
     use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
