@@ -31,10 +31,13 @@ use super::encoding::{check_template, odd_powers, wnaf, EncodingError};
 use super::params::Layout;
 use rug::Integer;
 
-/// The NAF window W of the offline tables: 2^(W−2) odd powers per sign and base. W = 5 keeps a
-/// device's tables at 2·8 values modulo N² per base (about 3 MiB at |N| = 3072, ℓ = 256,
-/// m = 16) for about (m + 1)/6 multiplications per base online.
+/// The default NAF window W of the offline tables: 2^(W−2) odd powers per sign and base. W = 5
+/// keeps a device's tables at 2·8 values modulo N² per base (about 3 MiB at |N| = 3072,
+/// ℓ = 256, m = 16) for about (m + 1)/6 multiplications per base online.
 pub const PRECOMPUTED_WINDOW: u32 = 5;
+
+/// The windows [`PrecomputedTemplate::with_window`] accepts (2^(W−1) values per base).
+pub const PRECOMPUTED_WINDOWS: std::ops::RangeInclusive<u32> = 2..=8;
 
 /// The odd powers of one shifted base B and of B⁻¹ (see the module documentation).
 struct BaseTable {
@@ -46,6 +49,7 @@ struct BaseTable {
 /// documentation), for the Round 2 of Π1, Π2 and Π3 ([ABMR20] Fig. 3, §6.1, Fig. 5).
 pub struct PrecomputedTemplate {
     n_squared: Integer,
+    window: u32,
     template: Vec<Ciphertext>,
     /// Tables of B_(c,j), index c·n + j.
     tables: Vec<BaseTable>,
@@ -84,9 +88,26 @@ impl PrecomputedTemplate {
         layout: &Layout,
         template: &[Ciphertext],
     ) -> Result<Self, EncodingError> {
+        Self::with_window(pk, layout, template, PRECOMPUTED_WINDOW)
+    }
+
+    /// As [`Self::new`] with NAF window `window` (in [`PRECOMPUTED_WINDOWS`]): each step up
+    /// doubles the tables and saves about a 1/(W + 2) of the online multiplications.
+    pub fn with_window(
+        pk: &PublicKey,
+        layout: &Layout,
+        template: &[Ciphertext],
+        window: u32,
+    ) -> Result<Self, EncodingError> {
+        if !PRECOMPUTED_WINDOWS.contains(&window) {
+            return Err(range(
+                "window",
+                format!("{window}; supported: {PRECOMPUTED_WINDOWS:?}"),
+            ));
+        }
         super::encoding::check_template_ciphertexts(pk, layout, template)?;
         let m = pk.n_squared();
-        let count = 1usize << (PRECOMPUTED_WINDOW - 2);
+        let count = 1usize << (window - 2);
         let k = layout.slot_bits();
         let mut tables = Vec::with_capacity(template.len() * layout.values_per_ciphertext());
         for (c, ct) in template.iter().enumerate() {
@@ -109,6 +130,7 @@ impl PrecomputedTemplate {
         }
         Ok(Self {
             n_squared: m.clone(),
+            window,
             template: template.to_vec(),
             tables,
         })
@@ -155,7 +177,7 @@ impl PrecomputedTemplate {
         // Digits as (bit, base index, digit), highest bit first.
         let mut events: Vec<(u32, usize, i32)> = Vec::new();
         for (index, &e) in w.iter().enumerate() {
-            for (bit, d) in wnaf(i128::from(e), PRECOMPUTED_WINDOW) {
+            for (bit, d) in wnaf(i128::from(e), self.window) {
                 events.push((bit, index, d));
             }
         }
@@ -246,7 +268,7 @@ mod tests {
 
     /// The tables give the same integer as the online Horner path, for random and extreme w
     /// (every element −2^(m−1), 2^(m−1) − 1, 0, ±1) at several shapes and both protocols'
-    /// layouts.
+    /// layouts, with the smallest, default and largest window.
     #[test]
     fn tables_give_the_online_ciphertext_bit_for_bit() {
         let sk = small_key();
@@ -263,7 +285,10 @@ mod tests {
             let l = p.layout();
             let u = vector(dim, m, &mut rng);
             let cts = encrypt(sk, l, &u, &mut rng);
-            let tables = PrecomputedTemplate::new(pk, l, &cts).unwrap();
+            let tables: Vec<PrecomputedTemplate> = [2, PRECOMPUTED_WINDOW, 8]
+                .into_iter()
+                .map(|window| PrecomputedTemplate::with_window(pk, l, &cts, window).unwrap())
+                .collect();
             let half = 1i32 << (m - 1);
             let mut ws: Vec<Vec<i32>> = (0..6).map(|_| vector(dim, m, &mut rng)).collect();
             for fill in [-half, half - 1, 0, 1, -1] {
@@ -274,8 +299,10 @@ mod tests {
             }
             for w in ws {
                 let online = homomorphic_inner_product(pk, l, &cts, &w).unwrap();
-                let offline = tables.inner_product(pk, l, &cts, &w).unwrap();
-                assert_eq!(online, offline, "{protocol:?} ℓ = {dim}, m = {m}");
+                for table in &tables {
+                    let offline = table.inner_product(pk, l, &cts, &w).unwrap();
+                    assert_eq!(online, offline, "{protocol:?} ℓ = {dim}, m = {m}");
+                }
             }
         }
     }
@@ -313,6 +340,10 @@ mod tests {
         assert!(tables.inner_product(other_key, l, &cts, &w).is_err());
         assert!(tables.inner_product(pk, l, &cts, &w[..19]).is_err());
         assert!(PrecomputedTemplate::new(pk, l, &cts[..1]).is_err());
+        for window in [0, 1, 9, u32::MAX] {
+            let err = PrecomputedTemplate::with_window(pk, l, &cts, window).unwrap_err();
+            assert!(err.to_string().contains("window"), "{err}");
+        }
         assert_eq!(
             inner_product_with(Some(&tables), pk, l, &cts, &w).unwrap(),
             inner_product_with(None, pk, l, &cts, &w).unwrap()
