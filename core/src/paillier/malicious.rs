@@ -822,6 +822,41 @@ mod tests {
 
     /// Thousands of random pairs at 1024 bits (small ℓ): the terminal's and the device's
     /// outputs equal the plaintext comparison, including IP = T and T ± 1.
+    /// With the terminal's offline tables of the packed template: T's IP and both outputs
+    /// equal the plaintext comparison at IP − 1, IP, IP + 1.
+    #[test]
+    fn sessions_with_offline_tables_equal_the_plaintext_comparison() {
+        let mut rng = ChaCha20Rng::seed_from_u64(202);
+        let sp = Sp::new();
+        let (dim, m) = (20, 16);
+        let p = params(dim, m, 1024, Params::max_norm_bound(dim, m));
+        let sk = small_key();
+        let verify = sp.verifier();
+        for i in 0..12 {
+            let u = random_vector(dim, m, &mut rng);
+            let elements = encrypt_elements(sk, &p, &u, &mut rng).unwrap();
+            let (packed, sig) = sp.enrol(&p, sk.public_key(), &elements);
+            let tables =
+                Arc::new(PrecomputedTemplate::new(sk.public_key(), p.layout(), &packed).unwrap());
+            let device = Pi2Device::new(p.clone(), clone_key(sk), packed, sig).unwrap();
+            let w = random_vector(dim, m, &mut rng);
+            let ip = dot(&u, &w);
+            let threshold = ip - 1 + (i % 3);
+            let mut terminal = Pi2Terminal::new(p.clone(), w, threshold)
+                .unwrap()
+                .with_precomputed(tables);
+            let r2 = terminal
+                .round2(&device.round1(), &verify, &mut rng)
+                .unwrap();
+            let mut session = device.session();
+            let r3 = session.round3(&r2).unwrap();
+            let (r4, outcome) = terminal.round4(&r3).unwrap();
+            assert_eq!(outcome.inner_product, ip);
+            assert_eq!(outcome.matched, ip >= threshold);
+            assert_eq!(session.finish(&r4).unwrap(), outcome.matched);
+        }
+    }
+
     #[test]
     fn outputs_equal_the_plaintext_comparison_on_many_pairs() {
         let mut rng = ChaCha20Rng::seed_from_u64(201);

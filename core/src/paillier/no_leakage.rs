@@ -768,9 +768,39 @@ mod tests {
         .unwrap()
     }
 
+    /// With the terminal's offline tables of the Round 1 template: both outputs equal the
+    /// plaintext comparison at IP − 1, IP, IP + 1.
+    #[test]
+    fn sessions_with_offline_tables_equal_the_plaintext_comparison() {
+        let mut rng = ChaCha20Rng::seed_from_u64(303);
+        let (dim, m) = (12, 16);
+        let p = params(dim, m, 1024);
+        let sk = small_key();
+        for i in 0..9 {
+            let u = random_vector(dim, m, &mut rng);
+            let device = enrol(&p, sk, &u, &mut rng);
+            let round1 = Pi2Round1::from_bytes(&p, &device.round1()).unwrap();
+            let tables = PrecomputedTemplate::new(sk.public_key(), p.layout(), &round1.template);
+            let w = random_vector(dim, m, &mut rng);
+            let ip = dot(&u, &w);
+            let threshold = ip - 1 + (i % 3);
+            let t = Pi3Terminal::new(p.clone(), w, threshold)
+                .unwrap()
+                .with_precomputed(Arc::new(tables.unwrap()));
+            let (out, d) = run_terminal(&device, t, &mut rng);
+            assert_eq!(out, ip >= threshold);
+            assert_eq!(d, ip >= threshold);
+        }
+    }
+
     /// One honest run: (T's output, D's output).
     fn run(device: &Pi3Device, w: &[i32], threshold: i64, rng: &mut ChaCha20Rng) -> (bool, bool) {
-        let mut t = Pi3Terminal::new(device.inner.params().clone(), w.to_vec(), threshold).unwrap();
+        let t = Pi3Terminal::new(device.inner.params().clone(), w.to_vec(), threshold).unwrap();
+        run_terminal(device, t, rng)
+    }
+
+    /// One honest run with terminal `t`: (T's output, D's output).
+    fn run_terminal(device: &Pi3Device, mut t: Pi3Terminal, rng: &mut ChaCha20Rng) -> (bool, bool) {
         let r2 = t
             .round2(&device.round1(), &verifier(&sp_key()), rng)
             .unwrap();
