@@ -462,7 +462,7 @@ pub fn masked_affine_plaintext<R: RngCore + CryptoRng + ?Sized>(
 }
 
 /// The signed digits of a width-`w` NAF of `e` as (bit position, odd digit), |digit| < 2^(w−1).
-fn wnaf(e: i128, w: u32) -> Vec<(u32, i32)> {
+pub(super) fn wnaf(e: i128, w: u32) -> Vec<(u32, i32)> {
     let negative = e < 0;
     let mut x = e.unsigned_abs();
     let modulus = 1u128 << w;
@@ -491,7 +491,7 @@ fn wnaf(e: i128, w: u32) -> Vec<(u32, i32)> {
 }
 
 /// x^1, x^3, …, x^(2·count − 1) mod m.
-fn odd_powers(x: &Integer, count: usize, m: &Integer) -> Vec<Integer> {
+pub(super) fn odd_powers(x: &Integer, count: usize, m: &Integer) -> Vec<Integer> {
     let mut out = Vec::with_capacity(count);
     out.push(x.clone());
     if count > 1 {
@@ -595,7 +595,7 @@ fn horner_multi_exp(
 }
 
 /// Checks the template ciphertexts against the key and the layout.
-fn check_template_ciphertexts(
+pub(super) fn check_template_ciphertexts(
     pk: &PublicKey,
     layout: &Layout,
     template: &[Ciphertext],

@@ -504,6 +504,19 @@ pub(crate) mod test_support {
         SecretKey::from_primes(p.clone(), q.clone()).expect("a valid key's primes")
     }
 
+    /// Parameters of `protocol` with the largest norm bound, allowing the 1024-bit test key.
+    pub(crate) fn max_params(
+        protocol: super::super::params::Protocol,
+        dim: usize,
+        m: u32,
+        bits: u32,
+    ) -> super::super::params::Params {
+        use super::super::params::{Params, DEFAULT_STAT_BITS};
+        let norm = Params::max_norm_bound(dim, m);
+        Params::new_allowing_test_modulus(protocol, dim, m, bits, DEFAULT_STAT_BITS, norm)
+            .expect("test parameters")
+    }
+
     /// ℓ uniform signed m-bit values.
     pub(crate) fn random_vector(dim: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i32> {
         let half = 1u64 << (m - 1);

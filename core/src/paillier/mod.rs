@@ -10,6 +10,7 @@
 //! | [`cipher`] | Paillier with g = N + 1 [Pai99]: keys, CRT decryption and encryption, r^N pools |
 //! | [`params`] | the agreed parameters (ℓ, m, \|N\|, λ, ζ², protocol), their canonical bytes, the derived slot layout (3-AP-free positions) |
 //! | [`encoding`] | the packing of [ABMR20] §4 (signed slots, norm-derived width), Mask and ρ, the homomorphic inner product by multi-exponentiation |
+//! | [`precomputed`] | the terminal's offline tables per device (Round 1 is reusable): Round 2's inner product without the Horner squarings |
 //! | [`messages`] | the wire format (strict decoding), the template signing bytes, the session error type |
 //! | [`semi_honest`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
 //! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines (the terminal's state between its rounds encodable: `suspend`/`resume`), the multiplier/addend and X check that Π3 reuses |
@@ -32,6 +33,7 @@ pub mod malicious;
 pub mod messages;
 pub mod no_leakage;
 pub mod params;
+pub mod precomputed;
 pub mod proofs;
 pub mod quantize;
 pub mod record;

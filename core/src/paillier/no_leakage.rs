@@ -37,13 +37,14 @@ use rug::{Complete, Integer};
 use sha2::{Digest, Sha256};
 
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
-use super::encoding::{check_template, decode_sum, homomorphic_inner_product, mask_affine_product};
+use super::encoding::{check_template, decode_sum, mask_affine_product};
 use super::malicious::{Pi2Round1, SignedDevice};
 use super::messages::{
     begin_state, check_session_params, end_state, header, put_signed, state_reader, to_i64,
     MatchError, MessageKind, Reader,
 };
 use super::params::{Layout, Params, Protocol};
+use super::precomputed::{inner_product_with, PrecomputedTemplate};
 use crate::crypto::circuit::{
     match_check_circuit, Circuit, MatchCheckWidths, MATCH_CHECK_MATCHED, MATCH_CHECK_VALID,
 };
@@ -52,6 +53,7 @@ use crate::crypto::garble::{
     OutputLabels,
 };
 use crate::crypto::ot::{OtReceiver, OtSender, ReceiverMessage, SenderMessage};
+use std::sync::Arc;
 
 /// Domain of the OT session id, derived from T's Round 2 (fresh randomness both sides hold).
 const OT_SESSION_DOMAIN: &[u8] = b"privmatch/paillier/pi3/ot-session/v1";
@@ -446,6 +448,8 @@ pub struct Pi3Terminal {
     w: Vec<i32>,
     threshold: i64,
     state: TerminalState,
+    /// The offline tables of the device's template (see [`super::precomputed`]), if any.
+    precomputed: Option<Arc<PrecomputedTemplate>>,
 }
 
 impl std::fmt::Debug for Pi3Terminal {
@@ -473,7 +477,16 @@ impl Pi3Terminal {
             w,
             threshold,
             state: TerminalState::AwaitingRound1,
+            precomputed: None,
         })
+    }
+
+    /// Uses the terminal's offline tables of the device's Round 1 template for Round 2 (see
+    /// [`super::precomputed`]): the same Round 2 message, fewer squarings. A Round 1 whose
+    /// template is not the tables' is refused.
+    pub fn with_precomputed(mut self, tables: Arc<PrecomputedTemplate>) -> Self {
+        self.precomputed = Some(tables);
+        self
     }
 
     /// Round 2 (Fig. 5 Round 2): verify σ with `verify(message, signature)`, draw a, b, pad,
@@ -517,7 +530,13 @@ impl Pi3Terminal {
         let pk = &msg.public_key;
         let one = Integer::from(1);
         let TerminalSecrets { a, b, pad } = SecretRanges::of(layout).draw_secrets(rng);
-        let product = homomorphic_inner_product(pk, layout, &msg.template, &self.w)?;
+        let product = inner_product_with(
+            self.precomputed.as_deref(),
+            pk,
+            layout,
+            &msg.template,
+            &self.w,
+        )?;
         let [nonce_x, nonce_y] = match r_to_n {
             Some([x, y]) => [x.clone(), y.clone()],
             None => [pk.random_nonce_power(rng), pk.random_nonce_power(rng)],
@@ -692,6 +711,7 @@ impl Pi3Terminal {
             w: Vec::new(),
             threshold,
             state,
+            precomputed: None,
         })
     }
 }
@@ -748,9 +768,39 @@ mod tests {
         .unwrap()
     }
 
+    /// With the terminal's offline tables of the Round 1 template: both outputs equal the
+    /// plaintext comparison at IP − 1, IP, IP + 1.
+    #[test]
+    fn sessions_with_offline_tables_equal_the_plaintext_comparison() {
+        let mut rng = ChaCha20Rng::seed_from_u64(303);
+        let (dim, m) = (12, 16);
+        let p = params(dim, m, 1024);
+        let sk = small_key();
+        for i in 0..9 {
+            let u = random_vector(dim, m, &mut rng);
+            let device = enrol(&p, sk, &u, &mut rng);
+            let round1 = Pi2Round1::from_bytes(&p, &device.round1()).unwrap();
+            let tables = PrecomputedTemplate::new(sk.public_key(), p.layout(), &round1.template);
+            let w = random_vector(dim, m, &mut rng);
+            let ip = dot(&u, &w);
+            let threshold = ip - 1 + (i % 3);
+            let t = Pi3Terminal::new(p.clone(), w, threshold)
+                .unwrap()
+                .with_precomputed(Arc::new(tables.unwrap()));
+            let (out, d) = run_terminal(&device, t, &mut rng);
+            assert_eq!(out, ip >= threshold);
+            assert_eq!(d, ip >= threshold);
+        }
+    }
+
     /// One honest run: (T's output, D's output).
     fn run(device: &Pi3Device, w: &[i32], threshold: i64, rng: &mut ChaCha20Rng) -> (bool, bool) {
-        let mut t = Pi3Terminal::new(device.inner.params().clone(), w.to_vec(), threshold).unwrap();
+        let t = Pi3Terminal::new(device.inner.params().clone(), w.to_vec(), threshold).unwrap();
+        run_terminal(device, t, rng)
+    }
+
+    /// One honest run with terminal `t`: (T's output, D's output).
+    fn run_terminal(device: &Pi3Device, mut t: Pi3Terminal, rng: &mut ChaCha20Rng) -> (bool, bool) {
         let r2 = t
             .round2(&device.round1(), &verifier(&sp_key()), rng)
             .unwrap();

@@ -27,16 +27,16 @@
 //! whole matching phase on a laptop.
 
 use super::cipher::{Ciphertext, PublicKey, SecretKey};
-use super::encoding::{
-    check_template, decode_sum, encode_template, masked_affine_inner_product_with_nonce,
-};
+use super::encoding::{check_template, decode_sum, encode_template, mask_affine_product};
 use super::messages::{
     check_session_params, decode_bit, encode_bit, header, put_template, read_template, to_i64,
     MatchError, MessageKind, Reader,
 };
 use super::params::{Params, Protocol};
+use super::precomputed::{inner_product_with, PrecomputedTemplate};
 use rand_core::{CryptoRng, RngCore};
 use rug::Integer;
+use std::sync::Arc;
 
 /// Π1 enrolment ([ABMR20] Fig. 3, enrolment steps 1–2): Encode1 of the template u (checked:
 /// length ℓ, m-bit elements, ‖u‖² ≤ ζ²) into t plaintexts, each encrypted by the key owner
@@ -275,6 +275,8 @@ pub struct Pi1Terminal {
     w: Vec<i32>,
     threshold: i64,
     state: TerminalState,
+    /// The offline tables of the device's template (see [`super::precomputed`]), if any.
+    precomputed: Option<Arc<PrecomputedTemplate>>,
 }
 
 impl Pi1Terminal {
@@ -287,7 +289,16 @@ impl Pi1Terminal {
             w,
             threshold,
             state: TerminalState::AwaitingRound1,
+            precomputed: None,
         })
+    }
+
+    /// Uses the terminal's offline tables of the device's Round 1 template for Round 2 (see
+    /// [`super::precomputed`]): the same Round 2 message, fewer squarings. A Round 1 whose
+    /// template is not the tables' is refused.
+    pub fn with_precomputed(mut self, tables: Arc<PrecomputedTemplate>) -> Self {
+        self.precomputed = Some(tables);
+        self
     }
 
     /// Round 2 ([ABMR20] Fig. 3 Round 2) with a fresh r^N computed now.
@@ -323,16 +334,11 @@ impl Pi1Terminal {
             return Err(MatchError::State("Π1 round 2 was already sent".into()));
         }
         // Steps 1–4: Encode1(w), ⟦z⟧ = ⟦Σ u_c*·w_c*⟧, ρ, ⟦Mask(z + ρ)⟧ (a = 1, b = 0).
-        let ciphertext = masked_affine_inner_product_with_nonce(
-            &msg.public_key,
-            self.params.layout(),
-            &msg.template,
-            &self.w,
-            &Integer::from(1),
-            &Integer::new(),
-            r_to_n,
-            rng,
-        )?;
+        let layout = self.params.layout();
+        let (pk, tables) = (&msg.public_key, self.precomputed.as_deref());
+        let product = inner_product_with(tables, pk, layout, &msg.template, &self.w)?;
+        let (one, zero) = (Integer::from(1), Integer::new());
+        let ciphertext = mask_affine_product(pk, layout, &product, &one, &zero, r_to_n, rng)?;
         self.state = TerminalState::AwaitingRound3;
         Ok(Pi1Round2 {
             threshold: self.threshold,
@@ -397,6 +403,45 @@ mod tests {
         let t = terminal.finish(&r3).unwrap();
         assert_eq!(terminal.outcome(), Some(t));
         (t, outcome)
+    }
+
+    /// With the terminal's offline tables ([`super::super::precomputed`]): outputs equal the
+    /// plaintext comparison at IP − 1, IP, IP + 1, and tables of another device's template are
+    /// refused with an error naming them, leaving the terminal able to run.
+    #[test]
+    fn sessions_with_offline_tables_equal_the_plaintext_comparison() {
+        let mut rng = ChaCha20Rng::seed_from_u64(101);
+        let (dim, m) = (20, 16);
+        let params = params(dim, m, 1024, Params::max_norm_bound(dim, m));
+        let key = small_key();
+        let other_u = random_vector(dim, m, &mut rng);
+        let other = Pi1Device::enrol(params.clone(), clone_key(key), &other_u, &mut rng).unwrap();
+        let stale = Arc::new(
+            PrecomputedTemplate::new(key.public_key(), params.layout(), other.template()).unwrap(),
+        );
+        for i in 0..30 {
+            let u = random_vector(dim, m, &mut rng);
+            let w = random_vector(dim, m, &mut rng);
+            let device = Pi1Device::enrol(params.clone(), clone_key(key), &u, &mut rng).unwrap();
+            let tables = Arc::new(
+                PrecomputedTemplate::new(key.public_key(), params.layout(), device.template())
+                    .unwrap(),
+            );
+            let ip = dot(&u, &w);
+            let threshold = ip - 1 + (i % 3);
+            let mut terminal = Pi1Terminal::new(params.clone(), w.clone(), threshold)
+                .unwrap()
+                .with_precomputed(tables);
+            let r2 = terminal.round2(&device.round1(), &mut rng).unwrap();
+            let (r3, outcome) = device.round3(&r2).unwrap();
+            assert_eq!(outcome.inner_product, ip);
+            assert_eq!(terminal.finish(&r3).unwrap(), ip >= threshold);
+            let mut wrong = Pi1Terminal::new(params.clone(), w, threshold)
+                .unwrap()
+                .with_precomputed(stale.clone());
+            let err = wrong.round2(&device.round1(), &mut rng).unwrap_err();
+            assert!(err.to_string().contains("precomputed"), "{err}");
+        }
     }
 
     /// Thousands of random pairs (1024-bit key, small ℓ), thresholds at IP − 1, IP, IP + 1 and

@@ -18,6 +18,7 @@
 //! [ABMR20] = Agrawal, Badrinarayanan, Mukherjee, Rindal, "Game-Set-MATCH", CCS 2020,
 //! ePrint 2020/1363.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
@@ -29,6 +30,7 @@ use privmatch_core::paillier::key_proof::{RingPedersenParams, DEFAULT_RING_PEDER
 use privmatch_core::paillier::malicious::{Pi2Device, Pi2Terminal};
 use privmatch_core::paillier::no_leakage::{circuit, Pi3Device, Pi3Terminal};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::precomputed::PrecomputedTemplate;
 use privmatch_core::paillier::record::verify_round1_signature;
 use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Terminal};
 use rand::{RngCore, SeedableRng};
@@ -89,6 +91,65 @@ struct Row {
     match_online: Duration,
     /// Π3: AND gates of the circuit.
     and_gates: Option<usize>,
+    /// The same sessions with the terminal's offline tables of the device's template.
+    tables: TableFigures,
+}
+
+/// The terminal's offline tables for a device ([`PrecomputedTemplate`]): their one-off cost
+/// and size, and the sessions run with them.
+struct TableFigures {
+    offline: Duration,
+    bytes: usize,
+    /// Median time of T's Round 2 with the tables.
+    round2: Duration,
+    /// The whole matching phase with the tables (and pooled r^N).
+    match_pooled: Duration,
+}
+
+/// The tables of the device's Round 1 template, timed.
+fn tables_for(
+    p: &Params,
+    pk: &privmatch_core::paillier::cipher::PublicKey,
+    template: &[Ciphertext],
+) -> Result<(Arc<PrecomputedTemplate>, Duration)> {
+    timed(|| {
+        Ok(Arc::new(PrecomputedTemplate::new(
+            pk,
+            p.layout(),
+            template,
+        )?))
+    })
+}
+
+/// Runs `session` over the probes without and then with the tables; the medians of both.
+fn with_and_without_tables(
+    case: &Case,
+    tables: &Arc<PrecomputedTemplate>,
+    mut session: impl FnMut(&[i32], Option<Arc<PrecomputedTemplate>>) -> Result<Vec<Duration>>,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let mut plain = Vec::new();
+    let mut fast = Vec::new();
+    for w in &case.probes {
+        plain.push(session(w, None)?);
+        fast.push(session(w, Some(tables.clone()))?);
+    }
+    Ok((medians(&plain), medians(&fast)))
+}
+
+/// The figures with tables from the medians of the table sessions (`rounds` timed columns
+/// first, the online r^N column last).
+fn table_figures(
+    offline: Duration,
+    bytes: usize,
+    fast: &[Duration],
+    rounds: usize,
+) -> TableFigures {
+    TableFigures {
+        offline,
+        bytes,
+        round2: fast[0],
+        match_pooled: fast[..rounds].iter().sum(),
+    }
 }
 
 fn protocol_of(name: &str) -> Result<Protocol> {
@@ -168,11 +229,14 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         Pi1Device::enrol(p.clone(), clone_key(case.sk)?, &case.u, rng).map_err(|e| anyhow!("{e}"))
     })?;
     let r1 = device.round1();
-    let mut runs = Vec::new();
+    let (tables, offline) = tables_for(p, device.public_key(), device.template())?;
     let mut sizes = (0, 0);
-    for w in &case.probes {
+    let (m, fast) = with_and_without_tables(case, &tables, |w, tables| {
         let threshold = case.threshold(w);
-        let mut t = Pi1Terminal::new(p.clone(), w.clone(), threshold)?;
+        let mut t = Pi1Terminal::new(p.clone(), w.to_vec(), threshold)?;
+        if let Some(tables) = tables {
+            t = t.with_precomputed(tables);
+        }
         let nonce = device.public_key().random_nonce_power(rng);
         let (r2, t2) = timed(|| Ok(t.round2_with_nonce_power(&r1, &nonce, rng)?))?;
         let (nonce_online, t_nonce) = timed(|| Ok(device.public_key().random_nonce_power(rng)))?;
@@ -182,9 +246,8 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         check(out, &case.u, w, threshold, "Π1 terminal")?;
         check(outcome.matched, &case.u, w, threshold, "Π1 device")?;
         sizes = (r2.len(), r3.len());
-        runs.push(vec![t2, t3, tf, t_nonce]);
-    }
-    let m = medians(&runs);
+        Ok(vec![t2, t3, tf, t_nonce])
+    })?;
     let pooled = m[0] + m[1] + m[2];
     Ok(Row {
         protocol: Protocol::Pi1,
@@ -205,6 +268,7 @@ fn bench_pi1(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         match_pooled: pooled,
         match_online: pooled + m[3],
         and_gates: None,
+        tables: table_figures(offline, tables.table_bytes(), &fast, 3),
     })
 }
 
@@ -278,14 +342,18 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         sp_finish: e.sp_finish,
         bytes: e.bytes,
     };
+    let packed = e.packed.clone();
     let device = Pi2Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
-    let mut runs = Vec::new();
+    let (tables, offline) = tables_for(p, device.public_key(), &packed)?;
     let mut sizes = (0, 0, 0);
-    for w in &case.probes {
+    let (m, fast) = with_and_without_tables(case, &tables, |w, tables| {
         let threshold = case.threshold(w);
-        let mut t = Pi2Terminal::new(p.clone(), w.clone(), threshold)?;
+        let mut t = Pi2Terminal::new(p.clone(), w.to_vec(), threshold)?;
+        if let Some(tables) = tables {
+            t = t.with_precomputed(tables);
+        }
         let nonce = device.public_key().random_nonce_power(rng);
         let (r2, t2) = timed(|| Ok(t.round2_with_nonce_power(&r1, &verify, &nonce, rng)?))?;
         let (_, t_nonce) = timed(|| Ok(device.public_key().random_nonce_power(rng)))?;
@@ -296,9 +364,8 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         check(outcome.matched, &case.u, w, threshold, "Π2 terminal")?;
         check(d, &case.u, w, threshold, "Π2 device")?;
         sizes = (r2.len(), r3.len(), r4.len());
-        runs.push(vec![t2, t3, t4, tf, t_nonce]);
-    }
-    let m = medians(&runs);
+        Ok(vec![t2, t3, t4, tf, t_nonce])
+    })?;
     let pooled = m[0] + m[1] + m[2] + m[3];
     Ok(Row {
         protocol: Protocol::Pi2,
@@ -317,6 +384,7 @@ fn bench_pi2(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         match_pooled: pooled,
         match_online: pooled + m[4],
         and_gates: None,
+        tables: table_figures(offline, tables.table_bytes(), &fast, 4),
     })
 }
 
@@ -330,15 +398,19 @@ fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         sp_finish: e.sp_finish,
         bytes: e.bytes,
     };
+    let packed = e.packed.clone();
     let device = Pi3Device::new(p.clone(), clone_key(case.sk)?, e.packed, e.signature)?;
     let r1 = device.round1();
     let verify = verifier(&case.sp);
-    let mut runs = Vec::new();
+    let pk = case.sk.public_key();
+    let (tables, offline) = tables_for(p, pk, &packed)?;
     let mut sizes = (0, 0, 0, 0);
-    for w in &case.probes {
+    let (m, fast) = with_and_without_tables(case, &tables, |w, tables| {
         let threshold = case.threshold(w);
-        let mut t = Pi3Terminal::new(p.clone(), w.clone(), threshold)?;
-        let pk = case.sk.public_key();
+        let mut t = Pi3Terminal::new(p.clone(), w.to_vec(), threshold)?;
+        if let Some(tables) = tables {
+            t = t.with_precomputed(tables);
+        }
         let nonces = [pk.random_nonce_power(rng), pk.random_nonce_power(rng)];
         let (r2, t2) = timed(|| {
             Ok(t.round2_with_nonce_powers(&r1, &verify, [&nonces[0], &nonces[1]], rng)?)
@@ -352,9 +424,8 @@ fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         check(out, &case.u, w, threshold, "Π3 terminal")?;
         check(d, &case.u, w, threshold, "Π3 device")?;
         sizes = (r2.len(), r3.len(), r4.len(), r5.len());
-        runs.push(vec![t2, t3, t4, t5, tf, t_nonce]);
-    }
-    let m = medians(&runs);
+        Ok(vec![t2, t3, t4, t5, tf, t_nonce])
+    })?;
     let pooled = m[0] + m[1] + m[2] + m[3] + m[4];
     Ok(Row {
         protocol: Protocol::Pi3,
@@ -374,6 +445,7 @@ fn bench_pi3(case: &Case, rng: &mut ChaCha20Rng) -> Result<Row> {
         match_pooled: pooled,
         match_online: pooled + m[5],
         and_gates: Some(circuit(p, 0)?.and_count()),
+        tables: table_figures(offline, tables.table_bytes(), &fast, 5),
     })
 }
 
@@ -527,6 +599,7 @@ fn print_tables(rows: &[Row]) {
             )),
         );
     }
+    print_table_rows(rows);
     println!();
     println!("## Enrolment (Π1: the device packs and encrypts; Π2/Π3: Π_en with the key, plaintext-knowledge and L2-norm proofs)");
     println!();
@@ -570,6 +643,35 @@ fn print_tables(rows: &[Row]) {
             r.dim,
             r.value_bits,
             r.and_gates.unwrap_or(0)
+        );
+    }
+}
+
+/// The matching with the terminal's offline tables per device, against the online path.
+fn print_table_rows(rows: &[Row]) {
+    println!();
+    println!("## Matching with the terminal's offline tables of the device's template (Round 1 is reusable; same sessions, every output checked)");
+    println!();
+    println!("| protocol | \\|N\\| | ℓ | m | tables: offline ms / MiB | R2 T→D ms: online Horner → tables | matching ms (r^N pooled + tables) | speed-up | paper ms | ours / paper |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let paper = paper_ms(r);
+        let round2 = r.rounds.get(1).map_or(Duration::ZERO, |x| x.1);
+        let fast = r.tables.match_pooled.as_secs_f64();
+        println!(
+            "| {:?} | {} | {} | {} | {} / {:.1} | {} → {} | {} | {:.2}× | {} | {} |",
+            r.protocol,
+            r.modulus_bits,
+            r.dim,
+            r.value_bits,
+            ms(r.tables.offline),
+            r.tables.bytes as f64 / f64::from(1u32 << 20),
+            ms(round2),
+            ms(r.tables.round2),
+            ms(r.tables.match_pooled),
+            r.match_pooled.as_secs_f64() / fast.max(1e-9),
+            paper.map_or("–".into(), |p| format!("{p:.0}")),
+            paper.map_or("–".into(), |p| format!("{:.2}", fast * 1e3 / p)),
         );
     }
 }
