@@ -278,11 +278,12 @@ struct Enrolled {
     signature: Vec<u8>,
     /// Device: slack, encryption of ℓ + 4 coordinates, plaintext-knowledge and key proofs.
     device_start: Duration,
-    /// SP: decoding, key and plaintext-knowledge proof checks, the L2 challenge.
+    /// SP: decoding, key and plaintext-knowledge proof checks, the L2 challenge, its state
+    /// encoded.
     sp_receive: Duration,
     /// Device: the L2 response.
     device_respond: Duration,
-    /// SP: the L2 check, packing and signing.
+    /// SP: its state decoded, the L2 check, packing and signing.
     sp_finish: Duration,
     /// Bytes: request, challenge, response, signed template.
     bytes: [usize; 4],
@@ -303,14 +304,18 @@ fn enrol_with_proofs(case: &Case, rng: &mut ChaCha20Rng) -> Result<Enrolled> {
             rng,
         )?)
     })?;
-    let ((sp, challenge), sp_receive) = timed(|| {
-        Ok(ServiceEnrolment::receive(
-            &request, p, case.aux, session, rng,
-        )?)
+    // The SP's state travels through its encoding between the two steps, as between
+    // `paillier_enroll_begin` and `paillier_enroll_finish` (a row of paillier_pending).
+    let ((state, challenge), sp_receive) = timed(|| {
+        let (sp, challenge) = ServiceEnrolment::receive(&request, p, case.aux, session, rng)?;
+        Ok((sp.to_bytes()?, challenge))
     })?;
     let challenge = challenge.ok_or_else(|| anyhow!("Π2/Π3 enrolment without a challenge"))?;
     let (response, device_respond) = timed(|| Ok(device.respond(&challenge)?))?;
-    let (signed, sp_finish) = timed(|| Ok(sp.finish(Some(&response), &case.sp, i64::MAX)?))?;
+    let (signed, sp_finish) = timed(|| {
+        let sp = ServiceEnrolment::from_bytes(&state)?;
+        Ok(sp.finish(Some(&response), &case.sp, i64::MAX)?)
+    })?;
     let signed_bytes = signed.to_bytes()?;
     let kept = device.finish(&signed_bytes, &case.sp.verifying_key(), 0)?;
     // σ as presented in Round 1: device id, expiry and the SP's signature over them and the
@@ -603,7 +608,7 @@ fn print_tables(rows: &[Row]) {
     println!();
     println!("## Enrolment (Π1: the device packs and encrypts; Π2/Π3: Π_en with the key, plaintext-knowledge and L2-norm proofs)");
     println!();
-    println!("| protocol | \\|N\\| | ℓ | m | device: encrypt + prove ms | SP: verify + challenge ms | device: L2 response ms | SP: check + pack + sign ms | total ms | bytes: request / challenge / response / signed template |");
+    println!("| protocol | \\|N\\| | ℓ | m | device: encrypt + prove ms | SP: verify + challenge ms | device: L2 response ms | SP: restore state + check + pack + sign ms | total ms | bytes: request / challenge / response / signed template |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let head = format!(
