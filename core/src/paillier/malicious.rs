@@ -820,8 +820,6 @@ mod tests {
         assert!(pack_element_ciphertexts(key_2048().public_key(), &p, &elements).is_err());
     }
 
-    /// Thousands of random pairs at 1024 bits (small ℓ): the terminal's and the device's
-    /// outputs equal the plaintext comparison, including IP = T and T ± 1.
     /// With the terminal's offline tables of the packed template: T's IP and both outputs
     /// equal the plaintext comparison at IP − 1, IP, IP + 1.
     #[test]
@@ -857,6 +855,8 @@ mod tests {
         }
     }
 
+    /// Thousands of random pairs at 1024 bits (small ℓ): the terminal's and the device's
+    /// outputs equal the plaintext comparison, including IP = T and T ± 1.
     #[test]
     fn outputs_equal_the_plaintext_comparison_on_many_pairs() {
         let mut rng = ChaCha20Rng::seed_from_u64(201);

@@ -216,20 +216,27 @@ fn ensure_template_master(function: &str) {
 /// The master key K; raises 55000 when the dealer was never configured. A dealer configured
 /// before 0.6.0 (no K yet) draws it here, once.
 fn load_template_master(function: &str) -> TemplateMaskMaster {
-    let configured = get_one::<bool>(
-        function,
-        "SELECT EXISTS (SELECT 1 FROM privmatch.face_dealer)",
-        &[],
-    )
-    .unwrap_or(false);
-    if configured {
+    let read = || {
+        get_one::<Vec<u8>>(
+            function,
+            "SELECT (SELECT master_key FROM privmatch.face_template_master)",
+            &[],
+        )
+    };
+    // Read first: the insert is needed once per dealer, not on every dealing.
+    let stored = read().or_else(|| {
+        let configured = get_one::<bool>(
+            function,
+            "SELECT EXISTS (SELECT 1 FROM privmatch.face_dealer)",
+            &[],
+        )
+        .unwrap_or(false);
+        if !configured {
+            return None;
+        }
         ensure_template_master(function);
-    }
-    let stored = get_one::<Vec<u8>>(
-        function,
-        "SELECT (SELECT master_key FROM privmatch.face_template_master)",
-        &[],
-    );
+        read()
+    });
     let Some(mut bytes) = stored else {
         not_configured(function);
     };
