@@ -22,7 +22,7 @@ fi
 args=(--build-arg "PG_IMAGE=${PRIVMATCH_PG_IMAGE:-postgres:15-bookworm}"
   --build-arg "RUST_IMAGE=${PRIVMATCH_RUST_IMAGE:-rust:1.95-bookworm}"
   --build-arg "DEBIAN_IMAGE=${PRIVMATCH_DEBIAN_IMAGE:-debian:bookworm-slim}")
-tag=${PRIVMATCH_TAG:-0.6.0}
+tag=${PRIVMATCH_TAG:-0.7.0}
 
 # docker build, quiet, without the classic builder's deprecation banner.
 build() {

@@ -119,7 +119,7 @@ echo "$denied" | grep -q "permission denied" || fail "the application role read 
 echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table"
 
 step "a party is reachable only on the internal network, and only with TLS and a password"
-image=privmatch/party:${PRIVMATCH_TAG:-0.6.0}
+image=privmatch/party:${PRIVMATCH_TAG:-0.7.0}
 probe() { # probe NETWORK CONNINFO: psql from a throwaway container on NETWORK; its error
   docker run --rm --network "${COMPOSE_PROJECT_NAME}_$1" --entrypoint psql -e PGCONNECT_TIMEOUT=5 \
     "$image" "$2" -Atc "SELECT 1" 2>&1 || true

@@ -115,7 +115,8 @@ CREATE INDEX face_key_claims_session ON privmatch.face_key_claims (session);
 -- twice on different inputs with the same keys.
 CREATE TABLE privmatch.face_sessions (
     session      bytea   PRIMARY KEY CHECK (length(session) = 16),
-    metric       text    NOT NULL,
+    -- The pool keys' metric (NULL in a dealer-masked session: the dealer's keys carry it).
+    metric       text,
     dim          integer NOT NULL,
     template_ids bigint[] NOT NULL,
     set_digest   bytea   NOT NULL,
@@ -127,8 +128,25 @@ CREATE TABLE privmatch.face_sessions (
     z_share      bytea,
     aborted      boolean NOT NULL DEFAULT false,
     started_at   timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz
+    finished_at  timestamptz,
+    -- A session over dealer-masked templates (docs/protocols/face.md §13): its secrets live in
+    -- the engine; round counts its completed steps (1 keys, 2 distance, 3 output).
+    masked       boolean NOT NULL DEFAULT false
 );
+
+-- The evaluator's opened templates (P0 and P1; docs/protocols/face.md §13.2 step 1): per
+-- enrolled template, once opened, Δy = y + δy (4·l bytes, little-endian u32) and this party's
+-- mask seed (δy_b's, 16 bytes). Δy is a one-time pad of y under δy_{1−b}, which this party
+-- never learns; P2 alone can unmask it. Readable by no role but the owner; the engine loads it.
+-- Not dumped: a restored party opens its templates again.
+CREATE TABLE privmatch.face_masked_templates (
+    bundle_id  bytea PRIMARY KEY CHECK (length(bundle_id) = 16),
+    masked     bytea NOT NULL,
+    seed       bytea NOT NULL CHECK (length(seed) = 16),
+    opened_at  timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE privmatch.face_masked_templates ALTER COLUMN masked SET STORAGE EXTERNAL;
+REVOKE ALL ON privmatch.face_masked_templates FROM PUBLIC;
 
 -- The pool level as this party sees it.
 CREATE VIEW privmatch.face_key_pool AS

@@ -91,6 +91,12 @@ AS $list$
         ('face_session_open',         ARRAY['privmatch_coordinator']),
         ('face_session_round',        ARRAY['privmatch_coordinator']),
         ('face_session_abort',        ARRAY['privmatch_coordinator']),
+        ('face_masked_pending',       ARRAY['privmatch_coordinator']),
+        ('face_masked_prepare',       ARRAY['privmatch_coordinator']),
+        ('face_masked_accept',        ARRAY['privmatch_coordinator']),
+        ('face_masked_open',          ARRAY['privmatch_coordinator']),
+        ('face_masked_keys',          ARRAY['privmatch_coordinator']),
+        ('face_masked_round',         ARRAY['privmatch_coordinator']),
         -- Paillier service provider (the coordinator relays device and terminal messages)
         ('paillier_enroll_begin',     ARRAY['privmatch_coordinator']),
         ('paillier_enroll_finish',    ARRAY['privmatch_coordinator']),

@@ -19,6 +19,8 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("SELECT * FROM privmatch.face_key_batches", "42501"),
     ("SELECT * FROM privmatch.face_dealer", "42501"),
     ("SELECT * FROM privmatch.face_template_master", "42501"),
+    ("SELECT * FROM privmatch.face_masked_templates", "42501"),
+    ("DELETE FROM privmatch.face_masked_templates", "42501"),
     ("DELETE FROM privmatch.face_key_claims", "42501"),
     ("DELETE FROM privmatch.consumed_bundles", "42501"),
     ("SELECT * FROM privmatch.paillier_pending", "42501"),

@@ -1,32 +1,32 @@
 //! The face comparison on the round-driver skeleton ([`crate::session::driver`]): one
 //! verification (1:1) or identification (1:N) session across the two evaluators P0 and P1
-//! (Funshade: Ibarrondo, Chabanne, Önen, PETS 2023, ePrint 2022/1688), relaying their sealed
-//! messages and — as the verifier — adding their output shares into one bit per comparison.
-//! P2 (the dealer) takes no part online.
+//! over dealer-masked templates (Funshade: Ibarrondo, Chabanne, Önen, PETS 2023, ePrint
+//! 2022/1688, with each template masked once: docs/protocols/face.md §13), relaying their
+//! sealed messages and — as the verifier — adding their output shares into one bit per
+//! comparison. P2 deals each session's keys.
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
 //!
-//! 1. `face_session_open(session, probe, subject, NULL, NULL)` at P0: P0 opens its sealed
-//!    probe share, fixes the compared templates (one subject, or every enrolled one in subject
-//!    order), claims fresh single-use keys from its pool and commits the claim. It answers the
-//!    number of comparisons, the claim, the compared subjects and a digest of the session.
-//! 2. `face_session_open(session, probe, subject, claims, digest)` at P1: P1 claims exactly
-//!    P0's keys and checks that it compares the same templates (else SQLSTATE 40001: the
-//!    template sets differ for a moment, and the client retries with a new session).
-//! 3. Rounds 1–3, `face_session_round(session, round, inbound)` at P0 and P1 in parallel:
-//!    round 1 (no inbound) answers the masked inputs; round 2 takes the peer's round-1
-//!    message and answers the masked distance share; round 3 takes the peer's round-2 message
-//!    and answers this party's output shares in clear (4 bytes per comparison, little-endian).
-//! 4. The verifier reconstructs (`funshade::reconstruct`): o_0 + o_1 ∈ {0, 1} per comparison.
+//! 0. Templates enrolled since the last session are opened once ([`open_pending`]):
+//!    `face_masked_pending` at P0 and P1, `face_dealer_template_seeds` at P2 per evaluator,
+//!    `face_masked_prepare` and `face_masked_accept` at P0 and P1 (each gets the other's Y_b).
+//! 1. `face_masked_open(session, probe, subject, NULL)` at P0: P0 opens its sealed probe share
+//!    and fixes the compared templates (one subject, or every opened one) in its engine. It
+//!    answers the number of comparisons, their bundle ids, subjects and digest.
+//! 2. `face_masked_open(session, probe, subject, P0's ids)` at P1: P1 compares exactly P0's
+//!    list or refuses (SQLSTATE 40001: the evaluators differ for a moment; retry).
+//! 3. `face_dealer_identify(session, ids)` at P2: each evaluator's key half, in chunks.
+//! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors.
+//! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
+//!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
+//!    round 3 takes the peer's distance shares and answers this party's output shares in
+//!    clear (4 bytes per comparison, little-endian).
+//! 6. The verifier reconstructs (`funshade::reconstruct`): o_0 + o_1 ∈ {0, 1} per comparison.
 //!
-//! An identification first compares cheap fingerprints of P0's and P1's template sets, so that
-//! a transient difference is answered (SQLSTATE 40001, retry) before P0 claims — and burns —
-//! one key per enrolled template; P1's digest check at open stays the authoritative one.
-//!
-//! With zero comparisons (nothing enrolled) there is nothing to evaluate: the answer is no
-//! match. On any error or timeout the session is aborted at P0 and P1 (best effort); its
-//! claimed keys are burnt, never reused. The session id is bound into the sealed probes, so
-//! a retry needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
+//! With zero comparisons (nothing enrolled) the answer is no match. On any error or timeout
+//! the session is aborted at P0 and P1 (best effort): the session id is burnt, its secrets
+//! dropped from the engines. The session id is bound into the sealed probes, so a retry
+//! needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
 
 use std::time::Duration;
 
@@ -156,8 +156,9 @@ impl FaceSessionError {
 pub struct OpenReply {
     /// Number of comparisons (templates compared).
     pub comparisons: i32,
-    /// The key claim (P1 must claim exactly P0's).
-    pub claims: Vec<u8>,
+    /// The compared templates' bundle ids, 16 bytes each, in comparison order (P1 must
+    /// compare exactly P0's).
+    pub ids: Vec<u8>,
     /// The compared subjects, in comparison order.
     pub subjects: Vec<String>,
     /// Digest of the session (compared templates, claim, parameters).
@@ -182,8 +183,12 @@ pub fn check_first_open(reply: &OpenReply, subject: Option<&str>) -> Result<(), 
             ));
         }
     }
-    if reply.comparisons > 0 && reply.claims.is_empty() {
-        return Err("P0 opened comparisons without a key claim".into());
+    if reply.ids.len() != 16 * reply.comparisons as usize {
+        return Err(format!(
+            "P0 opened {} comparisons but listed {} bytes of bundle ids",
+            reply.comparisons,
+            reply.ids.len()
+        ));
     }
     Ok(())
 }
@@ -198,6 +203,9 @@ pub fn check_second_open(p0: &OpenReply, p1: &OpenReply) -> Result<(), String> {
     }
     if !p1.subjects.is_empty() && p1.subjects != p0.subjects {
         return Err("P0 and P1 compare different subjects".into());
+    }
+    if p1.ids != p0.ids {
+        return Err("P0 and P1 compare different templates".into());
     }
     if !p1.digest.is_empty() && p1.digest != p0.digest {
         return Err("P0 and P1 report different session digests".into());
@@ -223,48 +231,94 @@ pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<b
 
 crate::session_error!(FaceSessionError);
 
-/// A party's face template set as an identification would compare it: (count, digest).
-async fn set_fingerprint(client: &Client) -> Option<(i64, Vec<u8>)> {
-    let row = client
-        .query_one(
-            "SELECT templates, digest FROM privmatch.face_template_set()",
-            &[],
-        )
-        .await
-        .ok()?;
-    Some((row.try_get(0).ok()?, row.try_get(1).ok()?))
+/// Templates opened per batch of the one-time opening (≈ 20 MB per message at l = 512).
+const OPENING_BATCH: i32 = 10_000;
+
+/// The parameters of one statement.
+type Args<'a, const K: usize> = [&'a (dyn tokio_postgres::types::ToSql + Sync); K];
+
+/// The one value `sql` answers at `party` (the name of the function it calls names the
+/// call in errors), within `timeout`.
+async fn value<T: for<'r> tokio_postgres::types::FromSql<'r>>(
+    party: PartyIndex,
+    client: &Client,
+    timeout: Duration,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<T>, FaceSessionError> {
+    let what = sql.trim_start_matches("SELECT privmatch.");
+    let what = what.split('(').next().unwrap_or(what);
+    let row = call_with_timeout::<_, FaceSessionError>(
+        party,
+        client,
+        what,
+        timeout,
+        client.query_one(sql, params),
+    )
+    .await?;
+    column(party, &row, 0).map_err(FaceSessionError::Party)
 }
 
-/// Before an identification claims keys at P0 (one per enrolled template), checks that P0
-/// and P1 hold the same template set, so that the common transient mismatch (an enrolment or
-/// deletion being committed, or awaiting recovery) costs no keys: P1's digest check at open
-/// would refuse the session only after P0 has claimed — and burnt — them. Best effort: if a
-/// fingerprint cannot be read, the authoritative check at P1's open decides.
-async fn precheck_sets(clients: [&Client; 2]) -> Result<(), FaceSessionError> {
-    let (a, b) = futures::join!(set_fingerprint(clients[0]), set_fingerprint(clients[1]));
-    match (a, b) {
-        (Some(a), Some(b)) if a != b => Err(FaceSessionError::Party(PartyError {
-            party: EVALUATORS[1],
-            sqlstate: Some("40001".into()),
-            message: format!(
-                "P0 holds {} face templates and P1 {}{}: an enrolment or deletion is being committed or awaits recovery; retry with a new session (no key was used)",
-                a.0,
-                b.0,
-                if a.0 == b.0 { " with other subjects" } else { "" }
-            ),
-        })),
-        _ => Ok(()),
+/// Opens, once, the enrolled templates P0 or P1 has not opened yet (docs/protocols/face.md
+/// §13.2 step 1): P2's sealed mask seeds for each evaluator, each evaluator's Y_b for the
+/// other, each evaluator stores Δy. In batches; cheap when nothing is pending (one query per
+/// evaluator). Returns how many templates were opened.
+async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize, FaceSessionError> {
+    let [c0, c1, c2] = clients;
+    let [p0, p1, p2] = PartyIndex::ALL;
+    let mut opened = 0usize;
+    loop {
+        let pending = "SELECT privmatch.face_masked_pending($1)";
+        let (a, b) = futures::join!(
+            value::<Vec<Vec<u8>>>(p0, c0, timeout, pending, &[&OPENING_BATCH]),
+            value::<Vec<Vec<u8>>>(p1, c1, timeout, pending, &[&OPENING_BATCH])
+        );
+        let mut ids = a?.unwrap_or_default();
+        ids.extend(b?.unwrap_or_default());
+        ids.sort();
+        ids.dedup();
+        ids.truncate(OPENING_BATCH as usize);
+        if ids.is_empty() {
+            return Ok(opened);
+        }
+        let seeds_sql = "SELECT privmatch.face_dealer_template_seeds($1, $2)";
+        let s0 = value::<Vec<u8>>(p2, c2, timeout, seeds_sql, &[&0i32, &ids]).await?;
+        let s1 = value::<Vec<u8>>(p2, c2, timeout, seeds_sql, &[&1i32, &ids]).await?;
+        let (s0, s1) = (s0.unwrap_or_default(), s1.unwrap_or_default());
+        let prepare = "SELECT privmatch.face_masked_prepare($1, $2)";
+        let (args0, args1): (Args<'_, 2>, Args<'_, 2>) = ([&ids, &s0], [&ids, &s1]);
+        let (y0, y1) = futures::join!(
+            value::<Vec<u8>>(p0, c0, timeout, prepare, &args0),
+            value::<Vec<u8>>(p1, c1, timeout, prepare, &args1)
+        );
+        let (y0, y1) = (y0?.unwrap_or_default(), y1?.unwrap_or_default());
+        let accept = "SELECT privmatch.face_masked_accept($1, $2, $3)";
+        let (args0, args1): (Args<'_, 3>, Args<'_, 3>) = ([&ids, &s0, &y1], [&ids, &s1, &y0]);
+        let (n0, n1) = futures::join!(
+            value::<i64>(p0, c0, timeout, accept, &args0),
+            value::<i64>(p1, c1, timeout, accept, &args1)
+        );
+        let (n0, n1) = (n0?.unwrap_or(0), n1?.unwrap_or(0));
+        if n0 == 0 && n1 == 0 {
+            return Err(FaceSessionError::Protocol(format!(
+                "opening {} pending face templates stored none at either evaluator",
+                ids.len()
+            )));
+        }
+        opened += ids.len();
     }
 }
 
-/// One face session as the round driver runs it.
+/// One face session as the round driver runs it (dealer-masked templates, docs/protocols/
+/// face.md §13): P0 and P1 evaluate, P2 deals the session's keys.
 struct FaceSession<'a> {
     request: &'a FaceRequest,
+    parties: &'a Parties,
     timeout: Duration,
 }
 
 impl FaceSession<'_> {
-    /// `face_session_open` at `party`; P1 gets P0's claim and digest (`first`).
+    /// `face_masked_open` at `party`; P1 gets P0's list of compared templates (`first`).
     async fn open_at(
         &self,
         party: PartyIndex,
@@ -275,27 +329,88 @@ impl FaceSession<'_> {
         let session: &[u8] = &request.session;
         let probe: &[u8] = &request.probes[party.as_usize()];
         let subject: Option<&str> = request.subject.as_deref();
-        let claims: Option<&[u8]> = first.map(|r| r.claims.as_slice());
-        let digest: Option<&[u8]> = first.map(|r| r.digest.as_slice());
-        let sql = "SELECT comparisons, claims, subjects, digest \
-                   FROM privmatch.face_session_open($1, $2, $3, $4, $5)";
+        let expect: Option<&[u8]> = first.map(|r| r.ids.as_slice());
+        let sql = "SELECT comparisons, bundle_ids, subjects, digest \
+                   FROM privmatch.face_masked_open($1, $2, $3, $4)";
         let row = call_with_timeout::<_, FaceSessionError>(
             party,
             client,
-            "face_session_open",
+            "face_masked_open",
             self.timeout,
-            client.query_one(sql, &[&session, &probe, &subject, &claims, &digest]),
+            client.query_one(sql, &[&session, &probe, &subject, &expect]),
         )
         .await?;
         let reply = || {
             Ok(OpenReply {
                 comparisons: column(party, &row, 0)?.unwrap_or(-1),
-                claims: column(party, &row, 1)?.unwrap_or_default(),
+                ids: column(party, &row, 1)?.unwrap_or_default(),
                 subjects: column(party, &row, 2)?.unwrap_or_default(),
                 digest: column(party, &row, 3)?.unwrap_or_default(),
             })
         };
         reply().map_err(FaceSessionError::Party)
+    }
+
+    /// The session's key halves from P2 (`face_dealer_identify`), per evaluator in chunks.
+    async fn deal(
+        &self,
+        dealer: &Client,
+        first: &OpenReply,
+    ) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
+        let p2 = PartyIndex::ALL[2];
+        let session: &[u8] = &self.request.session;
+        let ids: Vec<&[u8]> = first.ids.chunks(16).collect();
+        let rows = call_with_timeout::<_, FaceSessionError>(
+            p2,
+            dealer,
+            "face_dealer_identify",
+            self.timeout,
+            dealer.query(
+                "SELECT chunk, envelope_p0, envelope_p1 \
+                   FROM privmatch.face_dealer_identify($1, $2) ORDER BY chunk",
+                &[&session, &ids],
+            ),
+        )
+        .await?;
+        let mut halves = [Vec::new(), Vec::new()];
+        for row in rows {
+            for (b, half) in halves.iter_mut().enumerate() {
+                let chunk: Option<Vec<u8>> =
+                    column(p2, &row, b + 1).map_err(FaceSessionError::Party)?;
+                half.push(chunk.unwrap_or_default());
+            }
+        }
+        if halves[0].is_empty() {
+            return Err(FaceSessionError::Protocol(
+                "P2 dealt no key chunk for the session".into(),
+            ));
+        }
+        Ok(halves)
+    }
+
+    /// `face_masked_keys` at `party`: its key half in, its sealed masked probe vector out.
+    async fn keys_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+        chunks: &[Vec<u8>],
+    ) -> Result<Vec<u8>, FaceSessionError> {
+        let session: &[u8] = &self.request.session;
+        let row = call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "face_masked_keys",
+            self.timeout,
+            client.query_one(
+                "SELECT privmatch.face_masked_keys($1, $2)",
+                &[&session, &chunks],
+            ),
+        )
+        .await?;
+        let reply: Option<Vec<u8>> = column(party, &row, 0).map_err(FaceSessionError::Party)?;
+        reply.ok_or_else(|| {
+            FaceSessionError::Protocol(format!("{party} answered its keys with NULL"))
+        })
     }
 }
 
@@ -308,14 +423,17 @@ impl Session<2> for FaceSession<'_> {
         &self.request.session
     }
 
-    /// Open at P0, open at P1, rounds 1–3, reconstruction.
+    /// Opening of pending templates, open at P0, open at P1, keys from P2, rounds 1–3,
+    /// reconstruction.
     async fn drive(&self, clients: [&Client; 2]) -> Result<FaceOutcome, FaceSessionError> {
         let [c0, c1] = clients;
         let [p0, p1] = EVALUATORS;
+        let dealer = self.parties.all()[2]
+            .connect()
+            .await
+            .map_err(FaceSessionError::Party)?;
+        open_pending([c0, c1, &dealer], self.timeout).await?;
         let subject = self.request.subject.as_deref();
-        if subject.is_none() {
-            precheck_sets(clients).await?;
-        }
         let first = self.open_at(p0, c0, None).await?;
         check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
         let mut stats = FaceStats {
@@ -323,7 +441,8 @@ impl Session<2> for FaceSession<'_> {
             ..FaceStats::default()
         };
         if first.comparisons == 0 {
-            // Nothing enrolled (identify): no keys were claimed, nothing to evaluate.
+            // Nothing enrolled (identify): nothing to evaluate.
+            self.parties.all()[2].give_back(dealer).await;
             return Ok(FaceOutcome {
                 subjects: Vec::new(),
                 matches: Vec::new(),
@@ -332,8 +451,11 @@ impl Session<2> for FaceSession<'_> {
         }
         let second = self.open_at(p1, c1, Some(&first)).await?;
         check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+        let [k0, k1] = self.deal(&dealer, &first).await?;
+        self.parties.all()[2].give_back(dealer).await;
+        let (x0, x1) = futures::join!(self.keys_at(p0, c0, &k0), self.keys_at(p1, c1, &k1));
         let mut traffic = Traffic::new();
-        let outputs = relay(self, clients, 1..4, None, &mut traffic).await?;
+        let outputs = relay(self, clients, 2..4, Some([x0?, x1?]), &mut traffic).await?;
         // The output shares go to the verifier (here), not to the other evaluator.
         traffic.count(&outputs);
         stats.bytes_sent = traffic.bytes_sent;
@@ -352,10 +474,10 @@ impl Rounds<2> for FaceSession<'_> {
     type Reply = Vec<u8>;
     type Last = [Vec<u8>; 2];
 
-    /// Round 1 (no inbound) answers the masked inputs; round 2 the masked distance share;
-    /// round 3 the output shares.
-    const ROUND_SQL: &'static str = "SELECT privmatch.face_session_round($1, $2, $3)";
-    const ROUND_FUNCTION: &'static str = "face_session_round";
+    /// Round 2 takes the peer's masked probe vector and answers the sealed distance shares;
+    /// round 3 takes the peer's distance shares and answers the output shares.
+    const ROUND_SQL: &'static str = "SELECT privmatch.face_masked_round($1, $2, $3)";
+    const ROUND_FUNCTION: &'static str = "face_masked_round";
 
     fn timeout(&self) -> Duration {
         self.timeout
@@ -409,7 +531,11 @@ pub async fn run_face_session(
     timeout: Duration,
 ) -> Result<FaceOutcome, FaceSessionError> {
     validate(request)?;
-    let session = FaceSession { request, timeout };
+    let session = FaceSession {
+        request,
+        parties,
+        timeout,
+    };
     let (mut outcome, elapsed) = run_pooled(parties, &session).await?;
     outcome.stats.micros = elapsed.as_micros() as u64;
     Ok(outcome)
@@ -422,7 +548,7 @@ mod tests {
     fn open(n: i32, subjects: &[&str], digest: u8) -> OpenReply {
         OpenReply {
             comparisons: n,
-            claims: vec![1, 2, 3],
+            ids: (0..n.max(0) as u8).flat_map(|i| [i; 16]).collect(),
             subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
             digest: vec![digest; 32],
         }
@@ -465,15 +591,18 @@ mod tests {
         assert!(check_first_open(&open(1, &["b"], 1), Some("a")).is_err());
         assert!(check_first_open(&open(2, &["a", "a"], 1), Some("a")).is_err());
         assert!(check_first_open(&open(0, &[], 1), None).is_ok());
-        let mut unclaimed = open(1, &["a"], 1);
-        unclaimed.claims.clear();
-        assert!(check_first_open(&unclaimed, None).is_err());
+        let mut unlisted = open(1, &["a"], 1);
+        unlisted.ids.clear();
+        assert!(check_first_open(&unlisted, None).is_err());
 
         let p0 = open(2, &["a", "b"], 1);
         assert!(check_second_open(&p0, &open(2, &["a", "b"], 1)).is_ok());
         assert!(check_second_open(&p0, &open(1, &["a"], 1)).is_err());
         assert!(check_second_open(&p0, &open(2, &["a", "c"], 1)).is_err());
         assert!(check_second_open(&p0, &open(2, &["a", "b"], 2)).is_err());
+        let mut reordered = open(2, &["a", "b"], 1);
+        reordered.ids.reverse();
+        assert!(check_second_open(&p0, &reordered).is_err());
     }
 
     fn le(words: &[u32]) -> Vec<u8> {

@@ -189,7 +189,8 @@ pub struct MaskedTemplateSet {
     seeds: Vec<[u8; 16]>,
     norms: Vec<u32>,
     ids: Vec<[u8; BUNDLE_ID_LEN]>,
-    known: std::collections::BTreeSet<[u8; BUNDLE_ID_LEN]>,
+    /// Position of each held bundle id in `ids`.
+    known: std::collections::HashMap<[u8; BUNDLE_ID_LEN], usize>,
 }
 
 impl Drop for MaskedTemplateSet {
@@ -226,7 +227,7 @@ impl MaskedTemplateSet {
             seeds: Vec::new(),
             norms: Vec::new(),
             ids: Vec::new(),
-            known: std::collections::BTreeSet::new(),
+            known: std::collections::HashMap::new(),
         })
     }
 
@@ -240,24 +241,44 @@ impl MaskedTemplateSet {
         seed: &[u8; 16],
         norm: u32,
     ) -> Result<(), FaceError> {
-        let l = self.dim;
-        for v in [own, peer] {
-            if v.len() != l {
-                return Err(FaceError::WrongDimension {
-                    expected: l,
-                    got: v.len(),
-                });
-            }
+        if peer.len() != own.len() {
+            return Err(FaceError::WrongDimension {
+                expected: own.len(),
+                got: peer.len(),
+            });
+        }
+        let opened: Vec<u32> = own
+            .iter()
+            .zip(peer)
+            .map(|(a, b)| a.wrapping_add(*b))
+            .collect();
+        self.push_opened(id, &opened, seed, norm)
+    }
+
+    /// Adds a template whose opened masked value Δy = Y_0 + Y_1 is already known (reloaded
+    /// from where this party kept it after the opening).
+    pub fn push_opened(
+        &mut self,
+        id: [u8; BUNDLE_ID_LEN],
+        opened: &[u32],
+        seed: &[u8; 16],
+        norm: u32,
+    ) -> Result<(), FaceError> {
+        if opened.len() != self.dim {
+            return Err(FaceError::WrongDimension {
+                expected: self.dim,
+                got: opened.len(),
+            });
         }
         // A bundle id masks exactly one template: opening a second template under the same
         // id (the same δy) would reveal the difference of the two.
-        if !self.known.insert(id) {
+        if self.known.contains_key(&id) {
             return Err(FaceError::Malformed(
                 "a template with this bundle id is already held",
             ));
         }
-        self.rows
-            .extend(own.iter().zip(peer).map(|(a, b)| a.wrapping_add(*b)));
+        self.known.insert(id, self.ids.len());
+        self.rows.extend_from_slice(opened);
         self.seeds.push(*seed);
         self.norms.push(norm);
         self.ids.push(id);
@@ -270,7 +291,7 @@ impl MaskedTemplateSet {
     /// under the same id opens to the same Δy (13.3); that a *different* template never comes
     /// under a used id is the enrolment's replay guard (`consumed_bundles`).
     pub fn remove(&mut self, id: &[u8; BUNDLE_ID_LEN]) -> bool {
-        let Some(j) = self.ids.iter().position(|held| held == id) else {
+        let Some(j) = self.known.remove(id) else {
             return false;
         };
         let l = self.dim;
@@ -280,8 +301,57 @@ impl MaskedTemplateSet {
         self.seeds.remove(j);
         self.norms.remove(j);
         self.ids.remove(j);
-        self.known.remove(id);
+        for (k, later) in self.ids.iter().enumerate().skip(j) {
+            self.known.insert(*later, k);
+        }
         true
+    }
+
+    /// Keeps only the templates whose bundle id `keep` accepts, in their order (one pass,
+    /// however many are dropped). Returns how many were dropped.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8; BUNDLE_ID_LEN]) -> bool) -> usize {
+        let l = self.dim;
+        let mut kept = 0;
+        for j in 0..self.ids.len() {
+            if !keep(&self.ids[j]) {
+                self.rows[j * l..(j + 1) * l].zeroize();
+                self.seeds[j].zeroize();
+                continue;
+            }
+            if kept != j {
+                self.rows.copy_within(j * l..(j + 1) * l, kept * l);
+                self.seeds[kept] = self.seeds[j];
+                self.norms[kept] = self.norms[j];
+                self.ids[kept] = self.ids[j];
+            }
+            kept += 1;
+        }
+        let dropped = self.ids.len() - kept;
+        self.rows[kept * l..].zeroize();
+        self.rows.truncate(kept * l);
+        for seed in &mut self.seeds[kept..] {
+            seed.zeroize();
+        }
+        self.seeds.truncate(kept);
+        self.norms.truncate(kept);
+        self.ids.truncate(kept);
+        self.known = self
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(k, id)| (*id, k))
+            .collect();
+        dropped
+    }
+
+    /// Where the template with bundle id `id` is held, if it is.
+    pub fn position(&self, id: &[u8; BUNDLE_ID_LEN]) -> Option<usize> {
+        self.known.get(id).copied()
+    }
+
+    /// Whether the template with bundle id `id` is held.
+    pub fn contains(&self, id: &[u8; BUNDLE_ID_LEN]) -> bool {
+        self.known.contains_key(id)
     }
 
     /// Number of templates.
@@ -542,6 +612,8 @@ fn row_distance(u: &[u32], big_x: &[u32], big_y: &[u32], mask: &[u32]) -> u32 {
 struct DistanceJob<'a> {
     keys: &'a IdentificationKeys,
     set: &'a MaskedTemplateSet,
+    /// Comparison j uses the set's template `selection[j]` (all of them in order: None).
+    selection: Option<&'a [usize]>,
     u: &'a [u32],
     big_x: &'a [u32],
     probe_norm: u32,
@@ -553,8 +625,9 @@ impl DistanceJob<'_> {
         let l = self.set.dim;
         let mut mask = vec![0u32; l];
         for (j, z) in range.zip(out.iter_mut()) {
-            let big_y = &self.set.rows[j * l..(j + 1) * l];
-            expand_template_mask(&self.set.seeds[j], &mut mask);
+            let t = self.selection.map_or(j, |s| s[j]);
+            let big_y = &self.set.rows[t * l..(t + 1) * l];
+            expand_template_mask(&self.set.seeds[t], &mut mask);
             let d = row_distance(self.u, self.big_x, big_y, &mask).wrapping_add(self.keys.c[j]);
             let r = self.keys.r[j];
             *z = match self.keys.metric {
@@ -562,7 +635,7 @@ impl DistanceJob<'_> {
                 Metric::Euclidean => d
                     .wrapping_mul(2)
                     .wrapping_sub(self.probe_norm)
-                    .wrapping_sub(self.set.norms[j])
+                    .wrapping_sub(self.set.norms[t])
                     .wrapping_add(r),
             };
         }
@@ -601,6 +674,48 @@ pub fn distance_round(
     peer: &[u32],
     threads: usize,
 ) -> Result<Vec<u32>, FaceError> {
+    if keys.len() != set.len() || keys.digest != set.digest() {
+        return Err(FaceError::Malformed(
+            "identification keys were made for another template list",
+        ));
+    }
+    distance_job(keys, set, None, probe, own, peer, threads)
+}
+
+/// Online round 2 against the held templates at positions `selection`, in that order (a
+/// verification, or an identification whose list the other evaluator fixed): as
+/// [`distance_round`], comparison j against the template at `selection[j]`. Refuses keys
+/// made for another list, and positions outside the set.
+pub fn distance_round_selected(
+    keys: &IdentificationKeys,
+    set: &MaskedTemplateSet,
+    selection: &[usize],
+    probe: &EmbeddingShare,
+    own: &[u32],
+    peer: &[u32],
+    threads: usize,
+) -> Result<Vec<u32>, FaceError> {
+    if selection.iter().any(|&t| t >= set.len()) {
+        return Err(FaceError::Malformed("a selected template is not held"));
+    }
+    let digest = template_digest(selection.iter().map(|&t| &set.ids[t]));
+    if keys.len() != selection.len() || keys.digest != digest {
+        return Err(FaceError::Malformed(
+            "identification keys were made for another template list",
+        ));
+    }
+    distance_job(keys, set, Some(selection), probe, own, peer, threads)
+}
+
+fn distance_job(
+    keys: &IdentificationKeys,
+    set: &MaskedTemplateSet,
+    selection: Option<&[usize]>,
+    probe: &EmbeddingShare,
+    own: &[u32],
+    peer: &[u32],
+    threads: usize,
+) -> Result<Vec<u32>, FaceError> {
     let l = set.dim;
     if keys.party != set.party {
         return Err(FaceError::PartyMismatch {
@@ -613,11 +728,6 @@ pub fn distance_round(
             expected: l,
             got: keys.dim,
         });
-    }
-    if keys.len() != set.len() || keys.digest != set.digest() {
-        return Err(FaceError::Malformed(
-            "identification keys were made for another template list",
-        ));
     }
     if own.len() != l || peer.len() != l {
         return Err(FaceError::Malformed(
@@ -636,17 +746,19 @@ pub fn distance_round(
         .zip(own.iter().zip(&probe.elements))
         .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
         .collect();
+    let count = keys.len();
     let job = DistanceJob {
         keys,
         set,
+        selection,
         u: &u,
         big_x: &big_x,
         probe_norm: probe.norm,
     };
-    let mut out = vec![0u32; set.len()];
-    let ranges = split_ranges(set.len(), threads);
+    let mut out = vec![0u32; count];
+    let ranges = split_ranges(count, threads);
     if ranges.len() <= 1 {
-        job.run(0..set.len(), &mut out);
+        job.run(0..count, &mut out);
     } else {
         std::thread::scope(|scope| {
             let mut rest = out.as_mut_slice();
@@ -850,6 +962,72 @@ mod tests {
             check(Metric::Cosine, dim, theta, &x, &ys, threads, &mut rng);
             let e = squared_distance(&x, &ys[5]);
             check(Metric::Euclidean, dim, e, &x, &ys, threads, &mut rng);
+        }
+    }
+
+    #[test]
+    fn a_selected_list_in_any_order_equals_the_plaintext_after_drops() {
+        // A verification (one template) and an identification over a reordered subset, each
+        // evaluator holding the set in its own order, after some templates were dropped.
+        let mut rng = ChaCha20Rng::seed_from_u64(25);
+        let dim = 128;
+        let params_for = |theta| DealerParams::for_tests(Metric::Cosine, dim, theta);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let x = embedding(&mut rng, dim);
+        let ys: Vec<Vec<i32>> = (0..40).map(|_| embedding(&mut rng, dim)).collect();
+        let shared: Vec<_> = ys
+            .iter()
+            .map(|t| (id(&mut rng), share_embedding(t, &mut rng)))
+            .collect();
+        let mut sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        // P1 holds the same templates in reverse order.
+        let reversed: Vec<_> = shared.iter().rev().cloned().collect();
+        let [_, reversed1] = open_templates_in_process(&master, &reversed, dim).unwrap();
+        sets[1] = reversed1;
+        let dropped: Vec<[u8; BUNDLE_ID_LEN]> = shared.iter().step_by(3).map(|s| s.0).collect();
+        for set in &mut sets {
+            assert_eq!(set.retain(|id| !dropped.contains(id)), dropped.len());
+            assert!(dropped.iter().all(|id| !set.contains(id)));
+        }
+        let probe = share_embedding(&x, &mut rng);
+        let wanted: Vec<usize> = vec![31, 1, 2, 38, 17];
+        let theta = dot(&x, &ys[17]);
+        let ids: Vec<[u8; BUNDLE_ID_LEN]> = wanted.iter().map(|&j| shared[j].0).collect();
+        for list in [&ids[..1], &ids[..]] {
+            let halves = deal_identification(&params_for(theta), &master, list, &mut rng).unwrap();
+            let keys = [0, 1].map(|b| IdentificationKeys::decode(b, &halves[b]).unwrap());
+            let x0 = probe_round(&keys[0], &probe[0]).unwrap();
+            let x1 = probe_round(&keys[1], &probe[1]).unwrap();
+            let at = |b: usize| -> Vec<usize> {
+                list.iter()
+                    .map(|id| sets[b].position(id).unwrap())
+                    .collect()
+            };
+            let z0 = distance_round_selected(&keys[0], &sets[0], &at(0), &probe[0], &x0, &x1, 2)
+                .unwrap();
+            let z1 = distance_round_selected(&keys[1], &sets[1], &at(1), &probe[1], &x1, &x0, 1)
+                .unwrap();
+            let o0 = sign_round(&keys[0], &z0, &z1, 1).unwrap();
+            let o1 = sign_round(&keys[1], &z1, &z0, 1).unwrap();
+            let bits = crate::face::funshade::reconstruct(&o0, &o1).unwrap();
+            for (j, bit) in wanted.iter().zip(bits) {
+                assert_eq!(bit, dot(&x, &ys[*j]) >= theta, "template {j}");
+            }
+            // Another selection (the same templates in another order) is refused, and so is
+            // a position outside the set.
+            let mut swapped = at(0);
+            swapped.reverse();
+            if swapped.len() > 1 {
+                assert!(distance_round_selected(
+                    &keys[0], &sets[0], &swapped, &probe[0], &x0, &x1, 1
+                )
+                .is_err());
+            }
+            let outside = vec![sets[0].len(); list.len()];
+            assert!(
+                distance_round_selected(&keys[0], &sets[0], &outside, &probe[0], &x0, &x1, 1)
+                    .is_err()
+            );
         }
     }
 

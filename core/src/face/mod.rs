@@ -52,6 +52,7 @@ pub mod enroll;
 pub mod funshade;
 pub mod mask_dealer;
 pub mod masked;
+pub mod opening;
 pub mod probe;
 pub mod quantize;
 

@@ -135,7 +135,7 @@ pub fn call(request: &Request) -> Response {
 }
 
 /// Like [`call`] but returns `None` instead of raising when the engine is not reachable.
-fn try_call(request: &Request) -> Option<Response> {
+pub fn try_call(request: &Request) -> Option<Response> {
     let mut stream = connect(Duration::ZERO).ok()?;
     exchange(&mut stream, request).ok()
 }
@@ -149,6 +149,7 @@ fn sqlstate(kind: ErrorKind) -> PgSqlErrorCode {
         ErrorKind::Internal => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
         ErrorKind::Probe => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
         ErrorKind::Busy => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        ErrorKind::Retry => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
     }
 }
 

@@ -51,6 +51,15 @@ pub enum Request<'a> {
     },
     /// `engine_status`.
     Status,
+    /// A face session step ([`super::face`] encodes and decodes `head` and `payload`).
+    Face {
+        /// The step ([`super::face::op`]).
+        op: u8,
+        /// Small fields.
+        head: Vec<u8>,
+        /// The large part (key chunks, a round message), sent without a copy.
+        payload: Cow<'a, [u8]>,
+    },
 }
 
 /// Error classes, mapped to SQLSTATEs by the backend.
@@ -70,6 +79,8 @@ pub enum ErrorKind {
     Probe = 6,
     /// 53400 configuration_limit_exceeded: as many searches as allowed are running.
     Busy = 7,
+    /// 40001 serialization_failure: the two evaluators differ for a moment; retry.
+    Retry = 8,
 }
 
 /// A refused request: its class and a message without secrets.
@@ -106,6 +117,7 @@ impl ErrorKind {
             5 => ErrorKind::Internal,
             6 => ErrorKind::Probe,
             7 => ErrorKind::Busy,
+            8 => ErrorKind::Retry,
             _ => return None,
         })
     }
@@ -283,6 +295,15 @@ impl Request<'_> {
             ),
             Request::Abort { session } => (Writer::default().u8(3).fixed(session).0, &[]),
             Request::Status => (Writer::default().u8(4).0, &[]),
+            Request::Face { op, head, payload } => (
+                Writer::default()
+                    .u8(5)
+                    .u8(*op)
+                    .bytes(head)
+                    .u32(payload.len() as u32)
+                    .0,
+                payload,
+            ),
         }
     }
 
@@ -318,6 +339,16 @@ impl Request<'_> {
                 session: r.array()?,
             },
             4 => Request::Status,
+            5 => {
+                let op = r.u8()?;
+                let head = r.bytes()?;
+                let start = r.trailing_start(body.len())?;
+                return Ok(Request::Face {
+                    op,
+                    head,
+                    payload: Cow::Owned(into_tail(body, start)),
+                });
+            }
             _ => return Err(malformed()),
         };
         r.end()?;

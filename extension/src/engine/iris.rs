@@ -63,7 +63,7 @@ fn spi_error(e: pgrx::spi::Error) -> EngineError {
 }
 
 /// The keys of this party and its pinned peers, read in the current transaction.
-fn read_keys() -> Result<PartyKeys, EngineError> {
+pub(super) fn read_keys() -> Result<PartyKeys, EngineError> {
     let Some(stored) = read_identity().map_err(spi_error)? else {
         return Err(EngineError::new(
             ErrorKind::NotReady,

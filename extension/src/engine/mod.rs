@@ -10,6 +10,7 @@
 //! (`crate::iris::search`) call it through [`client`] and [`ipc`].
 
 pub mod client;
+pub mod face;
 mod heap;
 pub mod ipc;
 mod iris;

@@ -44,11 +44,12 @@ use privmatch_core::iris::service::{PartyKeys, MAX_ACTIVE_SEARCHES};
 use privmatch_gpu::iris::scan::{GpuConfig, GpuScan, LogSink};
 use privmatch_gpu::GpuError;
 
+use super::face::FaceService;
 use super::heap::{keep_freed_memory, release_free_memory};
 use super::ipc::{
     read_frame, write_frame, EngineError, EngineStatus, ErrorKind, Request, Response, SOCKET_NAME,
 };
-use super::iris::IrisSearch;
+use super::iris::{read_keys, IrisSearch};
 use crate::signals::without_signals;
 
 /// `privmatch.database`: the database whose templates the engine serves (read when the
@@ -403,6 +404,7 @@ const MAX_REQUEST_THREADS: usize = 2 * MAX_ACTIVE_SEARCHES;
 /// The worker's state.
 struct Engine {
     iris: IrisSearch,
+    face: FaceService,
     /// The scan backend of the searches and what status says about it.
     scan: ScanChoice,
     state: String,
@@ -434,6 +436,7 @@ impl Engine {
         }
         Engine {
             iris: IrisSearch::new(Arc::clone(&scan.backend), timeout),
+            face: FaceService::new(threads, timeout),
             scan,
             state: "starting".into(),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -455,7 +458,9 @@ impl Engine {
 
     /// Whether nothing runs: no search between rounds and no request thread.
     fn idle(&self) -> bool {
-        self.iris.service.active() == 0 && self.in_flight.load(Ordering::Acquire) == 0
+        self.iris.service.active() == 0
+            && self.face.active() == 0
+            && self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// Logs what the request threads sent.
@@ -538,8 +543,33 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
                 )
             });
         }
+        Request::Face { op, head, payload } => {
+            // An open brings the held face templates up to date first (SPI, this thread);
+            // the other steps touch only the engine's memory.
+            let keys = if op == super::face::op::OPEN {
+                let face = engine.face.clone();
+                in_transaction(|| {
+                    let keys = read_keys()?;
+                    face.refresh(keys.me)?;
+                    Ok(Some(keys))
+                })
+            } else {
+                Ok(None)
+            };
+            let keys = match keys {
+                Ok(keys) => keys,
+                Err(e) => return answer(&mut stream, &Response::Error(e), &engine.log_tx),
+            };
+            let face = engine.face.clone();
+            spawn_request(engine, stream, move |_| {
+                Some(
+                    face.handle(keys.as_ref(), op, &head, &payload, now)
+                        .unwrap_or_else(Response::Error),
+                )
+            });
+        }
         Request::Abort { session } => {
-            let aborted = engine.iris.service.abort(&session);
+            let aborted = engine.iris.service.abort(&session) | engine.face.abort(&session);
             answer(&mut stream, &Response::Aborted(aborted), &engine.log_tx);
         }
         Request::Status => answer(
@@ -758,6 +788,7 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     while !BackgroundWorker::sigterm_received() {
         let readable = wait_for_work(listener.as_raw_fd());
         engine.iris.service.expire(Instant::now());
+        engine.face.expire(Instant::now());
         engine.drain_log();
         if !readable {
             if !idle_trimmed && engine.idle() {

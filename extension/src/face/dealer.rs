@@ -279,7 +279,10 @@ fn dealer_params(function: &str, metric: &str, dim: i32, threshold: f64) -> Deal
 
 /// The bundle ids passed to `function` as `bundle_ids`: at least one, each 16 bytes, none
 /// NULL (22023 / 22004 naming the argument and the position otherwise).
-fn parse_bundle_ids(function: &str, bundle_ids: Array<'_, &[u8]>) -> Vec<[u8; BUNDLE_ID_LEN]> {
+pub(super) fn parse_bundle_ids(
+    function: &str,
+    bundle_ids: Array<'_, &[u8]>,
+) -> Vec<[u8; BUNDLE_ID_LEN]> {
     if bundle_ids.is_empty() {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,

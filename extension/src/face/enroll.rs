@@ -131,7 +131,11 @@ fn face_delete(subject: &str) -> i64 {
     Spi::connect_mut(|client| {
         client
             .update(
-                "DELETE FROM privmatch.face_templates WHERE subject = $1",
+                "WITH gone AS (DELETE FROM privmatch.face_templates WHERE subject = $1 \
+                               RETURNING bundle_id), \
+                      opened AS (DELETE FROM privmatch.face_masked_templates m USING gone \
+                                  WHERE m.bundle_id = gone.bundle_id) \
+                 SELECT 1 FROM gone",
                 None,
                 &[subject.into()],
             )

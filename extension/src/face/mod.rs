@@ -19,6 +19,8 @@
 mod dealer;
 mod enroll;
 mod front_door;
+mod masked;
+mod opening;
 mod pool;
 mod search;
 mod types;

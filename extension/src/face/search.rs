@@ -45,6 +45,11 @@ const ROUND: &str = "face_session_round";
 
 /// Raises a probe that cannot be opened (22P03, as for iris) or has the wrong shape (22023).
 fn raise_probe(err: FaceError) -> ! {
+    raise_probe_from(OPEN, err)
+}
+
+/// [`raise_probe`] from `function`.
+pub(super) fn raise_probe_from(function: &str, err: FaceError) -> ! {
     let code = match err {
         FaceError::WrongDimension { .. } | FaceError::UnsupportedDimension(_) => {
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
@@ -53,7 +58,7 @@ fn raise_probe(err: FaceError) -> ! {
     };
     raise(
         code,
-        format!("{OPEN}: the probe cannot be opened: {err}"),
+        format!("{function}: the probe cannot be opened: {err}"),
         None,
     )
 }
@@ -544,10 +549,13 @@ fn face_session_round(
 }
 
 /// Aborts face session `session` at this party: no further round runs; its keys stay
-/// claimed (burnt). Returns whether a running session was aborted.
+/// claimed (burnt), and a dealer-masked session's secrets are dropped from the engine.
+/// Returns whether a running session was aborted.
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_session_abort(session: &[u8]) -> bool {
-    parse_session_id("face_session_abort", "session", session);
+    let id = parse_session_id("face_session_abort", "session", session);
+    // Best effort: an engine that is down holds no session.
+    let _ = crate::engine::client::try_call(&crate::engine::ipc::Request::Abort { session: id });
     get_one::<bool>(
         "face_session_abort",
         "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now(), \

@@ -1,0 +1,823 @@
+//! The face 1:N service the engine hosts at the evaluators P0 and P1: the opened dealer-masked
+//! templates ([`MaskedTemplateSet`]: Δy = y + δy and this party's mask seed, never y; Funshade,
+//! Ibarrondo, Chabanne, Önen, PETS 2023, ePrint 2022/1688, with the template masked once —
+//! docs/protocols/face.md §13), kept in step with `privmatch.face_masked_templates` and
+//! `privmatch.face_templates`, and the running face sessions between their rounds.
+//!
+//! A session (docs/protocols/face.md §13.2 step 2): `open` fixes the probe share and the
+//! ordered list of compared templates; `keys` opens the dealer's key half for this session and
+//! list (P2's chunks) and answers X_b = x_b + δx_b sealed for the other evaluator; round 2
+//! opens X_{1−b} and answers z_b for every compared template (the evaluation of the whole 1:N
+//! on the engine's threads); round 3 opens z_{1−b} and answers the output shares o_b, which
+//! ends the session. Sessions live in memory only, for at most `privmatch.search_timeout`
+//! between requests; single use of a session id is the table `face_sessions`' job.
+//!
+//! Consistency: before every open the worker runs [`FaceService::refresh`] on its main
+//! thread: it drops templates whose rows are gone (deleted enrolments) and loads the opened
+//! ones it lacks. A running session keeps the bundle ids it compares; if the set changed
+//! since its open, round 2 finds them again by id, and fails if one was deleted.
+//!
+//! Messages between the backend and this service travel in [`Request::Face`] /
+//! [`Response::Continue`]; their layouts are the `encode_*`/`decode_*` pairs below.
+//! Imports: [`super::ipc`] and core's `face`; no module of `crate::face`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+use privmatch_core::crypto::seal::{Channel, PairwiseSecrets};
+use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
+use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
+use privmatch_core::face::mask_dealer::open_identification_key_chunks;
+use privmatch_core::face::masked::{
+    distance_round_selected, probe_round, sign_round, template_digest, IdentificationKeys,
+    MaskedTemplateSet, BUNDLE_ID_LEN,
+};
+use privmatch_core::face::opening::session_channel;
+use privmatch_core::iris::service::PartyKeys;
+use privmatch_core::party::PartyIndex;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use zeroize::Zeroize;
+
+use super::ipc::{EngineError, ErrorKind, Request, Response};
+
+/// Face sessions one party keeps at once (each holds its keys, 683 bytes per comparison).
+pub const MAX_FACE_SESSIONS: usize = 64;
+/// Rows loaded per SPI query.
+const LOAD_CHUNK: usize = 1024;
+
+/// A bundle id.
+pub type BundleId = [u8; BUNDLE_ID_LEN];
+
+/// The operations of [`Request::Face`].
+pub mod op {
+    /// Open a session: fix the probe share and the compared list.
+    pub const OPEN: u8 = 1;
+    /// The dealer's key chunks; answers the sealed masked probe vector.
+    pub const KEYS: u8 = 2;
+    /// Round 2 (peer's masked probe vector) or 3 (peer's distance shares).
+    pub const ROUND: u8 = 3;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages between a backend and the service.
+// ---------------------------------------------------------------------------------------------
+
+fn malformed() -> EngineError {
+    EngineError::internal("malformed face request")
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
+        if self.0.len() < n {
+            return Err(malformed());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, EngineError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], EngineError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    fn ids(&mut self) -> Result<Vec<BundleId>, EngineError> {
+        let n = self.u32()? as usize;
+        (0..n).map(|_| self.array()).collect()
+    }
+    fn end(&self) -> Result<(), EngineError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(malformed())
+        }
+    }
+}
+
+fn put_ids(out: &mut Vec<u8>, ids: &[BundleId]) {
+    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    for id in ids {
+        out.extend_from_slice(id);
+    }
+}
+
+/// What a backend asks to open a session with.
+pub struct OpenRequest {
+    /// Face session id.
+    pub session: [u8; 16],
+    /// This party's share of the probe.
+    pub probe: EmbeddingShare,
+    /// The compared templates in order; `None`: every held template, in the held order.
+    pub wanted: Option<Vec<BundleId>>,
+}
+
+/// The request of an open.
+pub fn encode_open(req: &OpenRequest) -> Request<'static> {
+    let mut head = Vec::with_capacity(32 + 4 * req.probe.elements.len());
+    head.extend_from_slice(&req.session);
+    head.extend_from_slice(&req.probe.norm.to_le_bytes());
+    head.extend_from_slice(&words_to_bytes(&req.probe.elements));
+    let mut list = Vec::new();
+    if let Some(ids) = &req.wanted {
+        list.push(1);
+        put_ids(&mut list, ids);
+    } else {
+        list.push(0);
+    }
+    Request::Face {
+        op: op::OPEN,
+        head,
+        payload: list.into(),
+    }
+}
+
+fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> {
+    let mut c = Cursor(head);
+    let session = c.array()?;
+    let norm = c.u32()?;
+    let elements = bytes_to_words(c.0).map_err(|_| malformed())?;
+    let mut p = Cursor(payload);
+    let wanted = match p.take(1)?[0] {
+        0 => None,
+        _ => Some(p.ids()?),
+    };
+    p.end()?;
+    Ok(OpenRequest {
+        session,
+        probe: EmbeddingShare { elements, norm },
+        wanted,
+    })
+}
+
+/// What an open answers: the compared list, its subjects and its digest.
+pub struct Opened {
+    /// Bundle ids compared, in order.
+    pub ids: Vec<BundleId>,
+    /// Their subjects, in the same order.
+    pub subjects: Vec<String>,
+    /// [`template_digest`] of `ids`.
+    pub digest: [u8; 32],
+}
+
+fn encode_opened(opened: &Opened) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + opened.ids.len() * 40);
+    out.extend_from_slice(&opened.digest);
+    put_ids(&mut out, &opened.ids);
+    for s in &opened.subjects {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    out
+}
+
+/// Parses the answer of an open.
+pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
+    let mut c = Cursor(body);
+    let digest = c.array()?;
+    let ids = c.ids()?;
+    let mut subjects = Vec::with_capacity(ids.len());
+    for _ in 0..ids.len() {
+        let n = c.u32()? as usize;
+        let s = std::str::from_utf8(c.take(n)?).map_err(|_| malformed())?;
+        subjects.push(s.to_owned());
+    }
+    c.end()?;
+    Ok(Opened {
+        ids,
+        subjects,
+        digest,
+    })
+}
+
+/// The request carrying P2's sealed key chunks of session `session`.
+pub fn encode_keys<'a>(session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
+    let mut head = session.to_vec();
+    head.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+    let mut payload = Vec::with_capacity(chunks.iter().map(|c| c.len() + 8).sum());
+    for chunk in chunks {
+        head.extend_from_slice(&(chunk.len() as u64).to_le_bytes());
+        payload.extend_from_slice(chunk);
+    }
+    Request::Face {
+        op: op::KEYS,
+        head,
+        payload: payload.into(),
+    }
+}
+
+fn decode_keys<'a>(
+    head: &[u8],
+    payload: &'a [u8],
+) -> Result<([u8; 16], Vec<&'a [u8]>), EngineError> {
+    let mut c = Cursor(head);
+    let session = c.array()?;
+    let n = c.u32()? as usize;
+    let mut p = Cursor(payload);
+    let mut chunks = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        let len = u64::from_le_bytes(c.array()?);
+        chunks.push(p.take(usize::try_from(len).map_err(|_| malformed())?)?);
+    }
+    c.end()?;
+    p.end()?;
+    Ok((session, chunks))
+}
+
+/// The request of round 2 or 3 of session `session` with the other evaluator's message.
+pub fn encode_round<'a>(session: &[u8; 16], round: u8, message: &'a [u8]) -> Request<'a> {
+    let mut head = session.to_vec();
+    head.push(round);
+    Request::Face {
+        op: op::ROUND,
+        head,
+        payload: message.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The held templates.
+// ---------------------------------------------------------------------------------------------
+
+/// The opened templates of this evaluator and their subjects.
+struct Store {
+    set: MaskedTemplateSet,
+    subjects: HashMap<BundleId, String>,
+    /// Bumped on every change, so a session knows whether its positions still hold.
+    generation: u64,
+}
+
+fn spi_error(e: pgrx::spi::Error) -> EngineError {
+    EngineError::internal(format!("reading the face template tables: {e}"))
+}
+
+fn masked_table_exists() -> Result<bool, EngineError> {
+    Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_masked_templates') IS NOT NULL")
+        .map_err(spi_error)
+        .map(|v| v.unwrap_or(false))
+}
+
+/// The opened templates whose enrolment is still there.
+fn opened_ids() -> Result<Vec<BundleId>, EngineError> {
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT m.bundle_id FROM privmatch.face_masked_templates m \
+                   JOIN privmatch.face_templates t USING (bundle_id)",
+                None,
+                &[],
+            )
+            .map_err(spi_error)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: Vec<u8> = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            ids.push(id.try_into().map_err(|_| malformed_row("bundle id"))?);
+        }
+        Ok(ids)
+    })
+}
+
+fn malformed_row(what: &str) -> EngineError {
+    EngineError::internal(format!(
+        "privmatch.face_masked_templates holds a malformed {what}"
+    ))
+}
+
+/// One opened template as stored.
+struct LoadedRow {
+    id: BundleId,
+    subject: String,
+    opened: Vec<u32>,
+    seed: [u8; 16],
+    norm: u32,
+}
+
+fn load_rows(ids: &[BundleId]) -> Result<Vec<LoadedRow>, EngineError> {
+    let keys: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT m.bundle_id, t.subject, m.masked, m.seed, t.norm_share \
+                   FROM privmatch.face_masked_templates m \
+                   JOIN privmatch.face_templates t USING (bundle_id) \
+                  WHERE m.bundle_id = ANY($1)",
+                None,
+                &[keys.into()],
+            )
+            .map_err(spi_error)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: Vec<u8> = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            let subject: String = row.get(2).map_err(spi_error)?.unwrap_or_default();
+            let masked: Vec<u8> = row.get(3).map_err(spi_error)?.unwrap_or_default();
+            let seed: Vec<u8> = row.get(4).map_err(spi_error)?.unwrap_or_default();
+            let norm: i32 = row.get(5).map_err(spi_error)?.unwrap_or_default();
+            out.push(LoadedRow {
+                id: id.try_into().map_err(|_| malformed_row("bundle id"))?,
+                subject,
+                opened: bytes_to_words(&masked).map_err(|_| malformed_row("template"))?,
+                seed: seed.try_into().map_err(|_| malformed_row("seed"))?,
+                norm: norm as u32,
+            });
+        }
+        Ok(out)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions.
+// ---------------------------------------------------------------------------------------------
+
+/// One running face session at this evaluator.
+struct Session {
+    me: PartyIndex,
+    probe: EmbeddingShare,
+    ids: Vec<BundleId>,
+    digest: [u8; 32],
+    /// Positions of `ids` in the set, valid while the store's generation is `generation`.
+    positions: Vec<usize>,
+    generation: u64,
+    channel: Channel,
+    from_dealer: PairwiseSecrets,
+    keys: Option<IdentificationKeys>,
+    own_x: Vec<u32>,
+    own_z: Vec<u32>,
+    /// Last completed step: 0 opened, 1 keys, 2 distance.
+    step: u8,
+    touched: Instant,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.probe.elements.zeroize();
+        self.own_x.zeroize();
+        self.own_z.zeroize();
+    }
+}
+
+/// The face service of the engine (module docs). Cloning shares it.
+#[derive(Clone)]
+pub struct FaceService {
+    store: Arc<RwLock<Option<Store>>>,
+    sessions: Arc<Mutex<HashMap<[u8; 16], Session>>>,
+    threads: usize,
+    timeout: Duration,
+}
+
+fn unknown(session: &[u8; 16], why: &str) -> EngineError {
+    EngineError::new(
+        ErrorKind::UnknownSession,
+        format!("face session {} {why}", hex::encode(session)),
+    )
+}
+
+fn refused(what: &str, err: impl std::fmt::Display) -> EngineError {
+    EngineError::new(ErrorKind::Protocol, format!("{what} was refused: {err}"))
+}
+
+impl FaceService {
+    /// No templates loaded yet; evaluations run on `threads` threads; sessions expire after
+    /// `timeout` without a request.
+    pub fn new(threads: usize, timeout: Duration) -> Self {
+        FaceService {
+            store: Arc::new(RwLock::new(None)),
+            sessions: Arc::new(Mutex::new(HashMap::new())),
+            threads: threads.max(1),
+            timeout,
+        }
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 16], Session>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Templates in memory.
+    pub fn templates(&self) -> usize {
+        let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
+        guard.as_ref().map_or(0, |s| s.set.len())
+    }
+
+    /// Running sessions.
+    pub fn active(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Drops session `session`; whether it was running.
+    pub fn abort(&self, session: &[u8; 16]) -> bool {
+        self.sessions().remove(session).is_some()
+    }
+
+    /// Drops sessions idle for longer than the timeout.
+    pub fn expire(&self, now: Instant) {
+        let timeout = self.timeout;
+        self.sessions()
+            .retain(|_, s| now.saturating_duration_since(s.touched) < timeout);
+    }
+
+    /// Brings the held templates up to date with the tables (module docs). Runs inside the
+    /// caller's transaction, on the worker's main thread. `me` must be P0 or P1.
+    pub fn refresh(&self, me: PartyIndex) -> Result<(), EngineError> {
+        let b = evaluator(me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
+        if !masked_table_exists()? {
+            return Err(EngineError::new(
+                ErrorKind::NotReady,
+                "this party's privmatch extension predates dealer-masked face templates: run ALTER EXTENSION privmatch UPDATE",
+            ));
+        }
+        let ids = opened_ids()?;
+        let current: HashSet<BundleId> = ids.iter().copied().collect();
+        {
+            let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(store) = guard.as_ref() {
+                if store.set.len() == current.len() && ids.iter().all(|id| store.set.contains(id)) {
+                    return Ok(());
+                }
+            }
+        }
+        let mut guard = self.store.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = guard.as_mut() {
+            let dropped = store.set.retain(|id| current.contains(id));
+            if dropped > 0 {
+                store.subjects.retain(|id, _| current.contains(id));
+                store.generation += 1;
+            }
+        }
+        let missing: Vec<BundleId> = match guard.as_ref() {
+            Some(store) => ids
+                .iter()
+                .filter(|id| !store.set.contains(id))
+                .copied()
+                .collect(),
+            None => ids,
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let verbose = missing.len() >= 10_000;
+        if verbose {
+            pgrx::log!(
+                "privmatch engine: loading {} opened face templates",
+                missing.len()
+            );
+        }
+        let started = Instant::now();
+        for chunk in missing.chunks(LOAD_CHUNK) {
+            for row in load_rows(chunk)? {
+                if guard.is_none() {
+                    let set = MaskedTemplateSet::new(b, row.opened.len())
+                        .map_err(|e| EngineError::internal(e.to_string()))?;
+                    *guard = Some(Store {
+                        set,
+                        subjects: HashMap::new(),
+                        generation: 0,
+                    });
+                }
+                let Some(store) = guard.as_mut() else {
+                    continue;
+                };
+                store
+                    .set
+                    .push_opened(row.id, &row.opened, &row.seed, row.norm)
+                    .map_err(|e| EngineError::internal(format!("face template: {e}")))?;
+                store.subjects.insert(row.id, row.subject);
+                store.generation += 1;
+            }
+        }
+        if verbose {
+            pgrx::log!(
+                "privmatch engine: {} opened face templates in memory, loaded in {:.1} s",
+                self.templates(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs one face request (on a request thread; calls nothing of Postgres).
+    pub fn handle(
+        &self,
+        keys: Option<&PartyKeys>,
+        op: u8,
+        head: &[u8],
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        self.expire(now);
+        match op {
+            op::OPEN => {
+                let keys = keys.ok_or_else(|| EngineError::internal("an open without keys"))?;
+                self.open(keys, decode_open(head, payload)?, now)
+            }
+            op::KEYS => {
+                let (session, chunks) = decode_keys(head, payload)?;
+                self.keys(session, &chunks, now)
+            }
+            op::ROUND => {
+                let mut c = Cursor(head);
+                let session = c.array()?;
+                let round = c.take(1)?[0];
+                c.end()?;
+                self.round(session, round, payload, now)
+            }
+            _ => Err(malformed()),
+        }
+    }
+
+    fn open(
+        &self,
+        keys: &PartyKeys,
+        req: OpenRequest,
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        let b =
+            evaluator(keys.me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
+        let peer = PartyIndex::ALL[1 - b];
+        let dealer = PartyIndex::ALL[2];
+        let pinned = |p: PartyIndex| {
+            keys.peers[p.as_usize()].ok_or_else(|| {
+                EngineError::new(
+                    ErrorKind::NotReady,
+                    format!("{p} is not pinned at this party"),
+                )
+            })
+        };
+        let derive = |p: PartyIndex| {
+            PairwiseSecrets::derive(keys.me, &keys.secret, p, &pinned(p)?)
+                .map_err(|e| EngineError::internal(e.to_string()))
+        };
+        let to_peer = derive(peer)?;
+        let from_dealer = derive(dealer)?;
+        let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
+        let not_opened = || {
+            EngineError::new(
+                ErrorKind::Retry,
+                "a compared face template is not opened at this party yet (an enrolment is being committed or opened)",
+            )
+        };
+        let (ids, positions, subjects, generation) = match guard.as_ref() {
+            None if req.wanted.as_ref().is_some_and(|w| !w.is_empty()) => return Err(not_opened()),
+            None => (Vec::new(), Vec::new(), Vec::new(), 0),
+            Some(store) => {
+                if store.set.dim() != req.probe.elements.len() {
+                    return Err(EngineError::new(
+                        ErrorKind::BadParameter,
+                        format!(
+                            "the probe has dimension {}, the enrolled face templates {}",
+                            req.probe.elements.len(),
+                            store.set.dim()
+                        ),
+                    ));
+                }
+                let ids = req.wanted.unwrap_or_else(|| store.set.ids().to_vec());
+                let mut positions = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    let Some(t) = store.set.position(id) else {
+                        return Err(not_opened());
+                    };
+                    positions.push(t);
+                }
+                let subjects = ids
+                    .iter()
+                    .map(|id| store.subjects.get(id).cloned().unwrap_or_default())
+                    .collect();
+                (ids, positions, subjects, store.generation)
+            }
+        };
+        drop(guard);
+        let digest = template_digest(&ids);
+        let session = Session {
+            me: keys.me,
+            probe: req.probe,
+            channel: to_peer.channel(session_channel(&req.session, &digest)),
+            from_dealer,
+            ids,
+            digest,
+            positions,
+            generation,
+            keys: None,
+            own_x: Vec::new(),
+            own_z: Vec::new(),
+            step: 0,
+            touched: now,
+        };
+        let opened = Opened {
+            ids: session.ids.clone(),
+            subjects,
+            digest,
+        };
+        let mut sessions = self.sessions();
+        if sessions.contains_key(&req.session) {
+            return Err(EngineError::new(
+                ErrorKind::BadParameter,
+                format!(
+                    "face session {} is already running: session ids are single-use",
+                    hex::encode(req.session)
+                ),
+            ));
+        }
+        if sessions.len() >= MAX_FACE_SESSIONS {
+            return Err(EngineError::new(
+                ErrorKind::Busy,
+                format!("{MAX_FACE_SESSIONS} face sessions are running, the most one party keeps; retry"),
+            ));
+        }
+        sessions.insert(req.session, session);
+        Ok(Response::Continue(encode_opened(&opened)))
+    }
+
+    /// Takes session `session` out of the table for a step (so its work runs without the
+    /// lock), checking that `step` is its next one.
+    fn take(&self, session: &[u8; 16], step: u8) -> Result<Session, EngineError> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session) else {
+            return Err(unknown(
+                session,
+                "is not running at this party's engine (never opened here, aborted, finished, expired or lost in an engine restart)",
+            ));
+        };
+        if s.step + 1 != step {
+            return Err(EngineError::new(
+                ErrorKind::NotReady,
+                format!(
+                    "face session {}: step {step} is out of order (step {} is done)",
+                    hex::encode(session),
+                    s.step
+                ),
+            ));
+        }
+        sessions
+            .remove(session)
+            .ok_or_else(|| unknown(session, "vanished"))
+    }
+
+    fn put_back(&self, session: [u8; 16], mut s: Session, step: u8, now: Instant) {
+        s.step = step;
+        s.touched = now;
+        self.sessions().insert(session, s);
+    }
+
+    fn keys(
+        &self,
+        session: [u8; 16],
+        chunks: &[&[u8]],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        let mut s = self.take(&session, 1)?;
+        let dealt = open_identification_key_chunks(s.me, &s.from_dealer, &session, chunks)
+            .map_err(|e| refused("the dealer's key half", e))?;
+        if dealt.len() != s.ids.len() || dealt.digest() != &s.digest {
+            return Err(refused(
+                "the dealer's key half",
+                "it was dealt for another template list",
+            ));
+        }
+        let x = probe_round(&dealt, &s.probe).map_err(|e| refused("the dealer's key half", e))?;
+        let mut rng = ChaCha20Rng::from_entropy();
+        let sealed = s.channel.seal(1, &words_to_bytes(&x), &mut rng);
+        s.keys = Some(dealt);
+        s.own_x = x;
+        self.put_back(session, s, 1, now);
+        Ok(Response::Continue(sealed))
+    }
+
+    fn round(
+        &self,
+        session: [u8; 16],
+        round: u8,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        match round {
+            2 => self.distance(session, message, now),
+            3 => self.sign(session, message),
+            _ => Err(EngineError::new(
+                ErrorKind::BadParameter,
+                format!("face rounds at the engine are 2 and 3, not {round}"),
+            )),
+        }
+    }
+
+    fn distance(
+        &self,
+        session: [u8; 16],
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        let mut s = self.take(&session, 2)?;
+        let result = (|| {
+            let plain = s
+                .channel
+                .open(1, message)
+                .map_err(|e| refused("the peer's masked probe", e))?;
+            let peer = bytes_to_words(&plain).map_err(|e| refused("the peer's masked probe", e))?;
+            let keys = s
+                .keys
+                .as_ref()
+                .ok_or_else(|| EngineError::internal("no keys"))?;
+            let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
+            let store = guard
+                .as_ref()
+                .filter(|_| !s.ids.is_empty())
+                .ok_or_else(|| EngineError::internal("no face templates held"))?;
+            if store.generation != s.generation {
+                let mut positions = Vec::with_capacity(s.ids.len());
+                for id in &s.ids {
+                    positions.push(store.set.position(id).ok_or_else(|| {
+                        EngineError::new(
+                            ErrorKind::NotReady,
+                            "a compared face template was deleted during the session; start a new one",
+                        )
+                    })?);
+                }
+                s.positions = positions;
+                s.generation = store.generation;
+            }
+            distance_round_selected(
+                keys,
+                &store.set,
+                &s.positions,
+                &s.probe,
+                &s.own_x,
+                &peer,
+                self.threads,
+            )
+            .map_err(|e| refused("the peer's masked probe", e))
+        })();
+        let z = result?;
+        let mut rng = ChaCha20Rng::from_entropy();
+        let sealed = s.channel.seal(2, &words_to_bytes(&z), &mut rng);
+        s.own_z = z;
+        self.put_back(session, s, 2, now);
+        Ok(Response::Continue(sealed))
+    }
+
+    fn sign(&self, session: [u8; 16], message: &[u8]) -> Result<Response, EngineError> {
+        let mut s = self.take(&session, 3)?;
+        let plain = s
+            .channel
+            .open(2, message)
+            .map_err(|e| refused("the peer's distance shares", e))?;
+        let peer = bytes_to_words(&plain).map_err(|e| refused("the peer's distance shares", e))?;
+        let keys = s
+            .keys
+            .as_ref()
+            .ok_or_else(|| EngineError::internal("no keys"))?;
+        let o = sign_round(keys, &s.own_z, &peer, self.threads)
+            .map_err(|e| refused("the peer's distance shares", e))?;
+        // The session ends here: it was taken out of the table and is dropped.
+        Ok(Response::Continue(words_to_bytes(&o)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn face_requests_round_trip() {
+        let req = OpenRequest {
+            session: [7; 16],
+            probe: EmbeddingShare {
+                elements: vec![1, 2, 3, u32::MAX],
+                norm: 9,
+            },
+            wanted: Some(vec![[1; 16], [2; 16]]),
+        };
+        let Request::Face { op, head, payload } = encode_open(&req) else {
+            panic!("not a face request");
+        };
+        assert_eq!(op, op::OPEN);
+        let back = decode_open(&head, &payload).unwrap();
+        assert_eq!(back.session, req.session);
+        assert_eq!(back.probe.elements, req.probe.elements);
+        assert_eq!(back.probe.norm, 9);
+        assert_eq!(back.wanted, req.wanted);
+        assert!(decode_open(&head, &payload[..payload.len() - 1]).is_err());
+
+        let opened = Opened {
+            ids: vec![[3; 16]],
+            subjects: vec!["ÅSA".into()],
+            digest: [4; 32],
+        };
+        let back = decode_opened(&encode_opened(&opened)).unwrap();
+        assert_eq!(
+            (back.ids, back.subjects, back.digest),
+            (opened.ids, opened.subjects, opened.digest)
+        );
+
+        let chunks: [&[u8]; 2] = [b"abc", b"de"];
+        let Request::Face { head, payload, .. } = encode_keys(&[5; 16], &chunks) else {
+            panic!("not a face request");
+        };
+        let (session, got) = decode_keys(&head, &payload).unwrap();
+        assert_eq!(session, [5; 16]);
+        assert_eq!(got, chunks.to_vec());
+    }
+}

@@ -1,0 +1,333 @@
+//! Face sessions over dealer-masked templates at P0 and P1 (docs/protocols/face.md §13.2
+//! step 2; core's `face::masked`). The templates and the session's secrets live in the party
+//! engine ([`crate::engine::face`]); these functions keep the single-use session ids in
+//! `privmatch.face_sessions` (`masked = true`) and pass the messages through. The coordinator
+//! drives them:
+//!
+//! 1. `face_masked_open(session, probe, subject)` at P0: fixes the probe share and the
+//!    compared templates (the subject's, or every opened one) and answers their bundle ids,
+//!    subjects and digest; then at P1 with P0's bundle ids (`expect_ids`), which P1 must hold
+//!    (else 40001). Both commit before any round.
+//! 2. `face_dealer_identify(session, ids)` at P2: the two key halves, in chunks.
+//! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer.
+//! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
+//! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
+//!    comparison, little-endian u32); the session ends.
+//!
+//! Aborts: `face_session_abort` (both kinds of session).
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use privmatch_core::face::encoding::evaluator;
+use privmatch_core::face::masked::BUNDLE_ID_LEN;
+use privmatch_core::face::probe::open_face_probe;
+use privmatch_core::face::FaceError;
+
+use super::enroll::enrolled_dim;
+use super::raise_face;
+use super::search::raise_probe_from;
+use crate::engine::client::call;
+use crate::engine::face::{decode_opened, encode_keys, encode_open, encode_round, OpenRequest};
+use crate::engine::ipc::Response;
+use crate::errors::{get_one, modify, parse_session_id, raise, run, select};
+use crate::identity::load_identity;
+
+const OPEN: &str = "face_masked_open";
+const KEYS: &str = "face_masked_keys";
+const ROUND: &str = "face_masked_round";
+
+/// The bundle ids in `bytes` (16 each), or 22023 naming the argument.
+fn parse_id_list(function: &str, argument: &str, bytes: &[u8]) -> Vec<[u8; BUNDLE_ID_LEN]> {
+    if !bytes.len().is_multiple_of(BUNDLE_ID_LEN) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: {argument} must be a multiple of {BUNDLE_ID_LEN} bytes (bundle ids), got {}",
+                bytes.len()
+            ),
+            None,
+        );
+    }
+    bytes
+        .chunks_exact(BUNDLE_ID_LEN)
+        .map(|c| {
+            let mut id = [0u8; BUNDLE_ID_LEN];
+            id.copy_from_slice(c);
+            id
+        })
+        .collect()
+}
+
+fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
+    match response {
+        Response::Continue(bytes) => bytes,
+        other => raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("{function}: unexpected engine answer {}", variant(&other)),
+            None,
+        ),
+    }
+}
+
+fn variant(r: &Response) -> &'static str {
+    match r {
+        Response::Started { .. } => "Started",
+        Response::Continue(_) => "Continue",
+        Response::Identified(_) => "Identified",
+        Response::Unique(_) => "Unique",
+        Response::Aborted(_) => "Aborted",
+        Response::Status(_) => "Status",
+        Response::Error(_) => "Error",
+    }
+}
+
+/// Opens masked face session `session` at this evaluator with its sealed `probe`:
+/// verification of `subject`, or identification against every opened template when
+/// `subject` is NULL. At P1, `expect_ids` is P0's list of compared bundle ids (16 bytes
+/// each, as P0's open answered them): P1 compares exactly that list or refuses (40001).
+/// Returns the number of comparisons, the compared bundle ids (concatenated), their subjects
+/// and the list's digest. Errors: 23505 session id used, P0002 unknown subject, 22023
+/// dimension, 22P03 probe cannot be opened, 40001 the evaluators' lists differ for a moment.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_open(
+    session: &[u8],
+    probe: &[u8],
+    subject: default!(Option<&str>, "NULL"),
+    expect_ids: default!(Option<&[u8]>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(comparisons, i32),
+        name!(bundle_ids, Vec<u8>),
+        name!(subjects, Vec<String>),
+        name!(digest, Vec<u8>),
+    ),
+> {
+    let id = parse_session_id(OPEN, "session", session);
+    let me = load_identity();
+    evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
+    let used = get_one::<bool>(
+        OPEN,
+        "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
+        &[session.into()],
+    )
+    .unwrap_or(true);
+    if used {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "{OPEN}: session {} was already used: session ids are single-use",
+                hex::encode(id)
+            ),
+            None,
+        );
+    }
+    let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
+    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
+        .unwrap_or_else(|e| raise_probe_from(OPEN, e));
+    let dim = share.elements.len();
+    if let Some(enrolled) = enrolled_dim(OPEN) {
+        if enrolled != dim {
+            raise_probe_from(
+                OPEN,
+                FaceError::WrongDimension {
+                    expected: enrolled,
+                    got: dim,
+                },
+            );
+        }
+    }
+    let wanted = match subject {
+        Some(s) => {
+            let ids: Vec<[u8; BUNDLE_ID_LEN]> = select(
+                OPEN,
+                "SELECT bundle_id FROM privmatch.face_templates WHERE subject = $1",
+                &[s.into()],
+                |row| row.get::<Vec<u8>>(1).unwrap_or_default(),
+            )
+            .into_iter()
+            .filter_map(|b| b.try_into().ok())
+            .collect();
+            if ids.is_empty() {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+                    format!("{OPEN}: subject {s:?} has no enrolled face template"),
+                    None,
+                );
+            }
+            if expected.as_ref().is_some_and(|e| *e != ids) {
+                raise(
+                    PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                    format!("{OPEN}: subject {s:?} has another template here than at the other evaluator"),
+                    Some("an enrolment or deletion is in flight: retry with a new session"),
+                );
+            }
+            Some(ids)
+        }
+        None => expected,
+    };
+    let request = encode_open(&OpenRequest {
+        session: id,
+        probe: share,
+        wanted,
+    });
+    let opened = decode_opened(&engine_bytes(OPEN, call(&request)))
+        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
+    let finished = opened.ids.is_empty();
+    run(
+        OPEN,
+        "INSERT INTO privmatch.face_sessions \
+         (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at, target, masked) \
+         VALUES ($1, NULL, $2, '{}', $3, '', NULL, $4, CASE WHEN $5 THEN now() END, $6, true)",
+        &[
+            session.into(),
+            (dim as i32).into(),
+            opened.digest.to_vec().into(),
+            (if finished { 3 } else { 0 }).into(),
+            finished.into(),
+            subject.into(),
+        ],
+    );
+    let ids: Vec<u8> = opened.ids.concat();
+    TableIterator::once((
+        opened.ids.len() as i32,
+        ids,
+        opened.subjects,
+        opened.digest.to_vec(),
+    ))
+}
+
+/// Locks masked session `session` for step `step` (1 keys, 2 and 3 rounds): it must have been
+/// opened (and committed) in an earlier transaction, be running and have completed step − 1.
+fn lock_masked(function: &str, session: &[u8], step: i32) {
+    let row = modify(
+        function,
+        "SELECT round, aborted, finished_at IS NOT NULL, masked, xmin::text \
+           FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
+        &[session.into()],
+        |row| {
+            (
+                row.get::<i32>(1).unwrap_or_default(),
+                row.get::<bool>(2).unwrap_or_default(),
+                row.get::<bool>(3).unwrap_or_default(),
+                row.get::<bool>(4).unwrap_or_default(),
+                row.get::<String>(5).unwrap_or_default(),
+            )
+        },
+    )
+    .into_iter()
+    .next();
+    let not_running = |why: &str| -> ! {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("{function}: face session {} {why}", hex::encode(session)),
+            None,
+        )
+    };
+    let Some((round, aborted, finished, masked, xmin)) = row else {
+        not_running("is not running at this party");
+    };
+    if !masked {
+        not_running("is a pool-key session (face_session_round runs it)");
+    }
+    // Committed by an earlier transaction: were it opened in this one, a rollback after this
+    // step would free the session id after values derived from its keys had left the party.
+    let created_here = xmin
+        .parse::<u32>()
+        .map(|xid| {
+            // SAFETY: called on the backend's main thread inside this function's transaction;
+            // it only compares `xid` with this transaction's ids.
+            unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xid)) }
+        })
+        .unwrap_or(true);
+    if created_here {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "{function}: face session {} was opened in this transaction: commit face_masked_open first",
+                hex::encode(session)
+            ),
+            None,
+        );
+    }
+    if aborted {
+        not_running("was aborted");
+    }
+    if finished {
+        not_running("has finished");
+    }
+    if round != step - 1 {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "{function}: step {step} is out of order: face session {} has completed step {round}",
+                hex::encode(session)
+            ),
+            None,
+        );
+    }
+}
+
+fn save_step(function: &str, session: &[u8], step: i32) {
+    run(
+        function,
+        "UPDATE privmatch.face_sessions SET round = $2, \
+                finished_at = CASE WHEN $2 = 3 THEN now() END WHERE session = $1",
+        &[session.into(), step.into()],
+    );
+}
+
+/// Gives masked session `session` its key half from the dealer P2 (`chunks`: this party's
+/// envelopes of `face_dealer_identify`, in chunk order) and returns the sealed masked probe
+/// vector X_b for the other evaluator. Errors: 42704 not running, 55000 out of order, 08P01
+/// the half was refused (another session or list, not sealed by P2).
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
+    let id = parse_session_id(KEYS, "session", session);
+    let chunks: Vec<&[u8]> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.unwrap_or_else(|| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                    format!("{KEYS}: chunks[{}] is NULL", i + 1),
+                    None,
+                )
+            })
+        })
+        .collect();
+    if chunks.is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{KEYS}: chunks is empty"),
+            None,
+        );
+    }
+    lock_masked(KEYS, session, 1);
+    let sealed = engine_bytes(KEYS, call(&encode_keys(&id, &chunks)));
+    save_step(KEYS, session, 1);
+    sealed
+}
+
+/// Runs round 2 (the other evaluator's masked probe vector → this party's sealed distance
+/// shares) or 3 (the other's distance shares → this party's output shares, 4 bytes per
+/// comparison; the session ends) of masked session `session`. Errors: 42704 not running,
+/// 55000 out of order, 08P01 refused message, 22023 bad arguments.
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_round(session: &[u8], round: i32, inbound: &[u8]) -> Vec<u8> {
+    let id = parse_session_id(ROUND, "session", session);
+    if !(2..=3).contains(&round) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{ROUND}: round must be 2 or 3, got {round} (face_masked_keys is step 1)"),
+            None,
+        );
+    }
+    lock_masked(ROUND, session, round);
+    let reply = engine_bytes(ROUND, call(&encode_round(&id, round as u8, inbound)));
+    save_step(ROUND, session, round);
+    pg_sys::check_for_interrupts!();
+    reply
+}
