@@ -23,6 +23,9 @@ ALTER TABLE privmatch.face_sessions ALTER COLUMN metric DROP NOT NULL;
 -- the engine; round counts its completed steps (1 keys, 2 distance, 3 output).
 ALTER TABLE privmatch.face_sessions ADD COLUMN masked boolean NOT NULL DEFAULT false;
 
+-- Looked up by bundle id: the opening, the engine's loads and the replay guard's neighbours.
+CREATE INDEX face_templates_bundle_id ON privmatch.face_templates (bundle_id);
+
 -- The evaluator's opened templates (P0 and P1; docs/protocols/face.md §13.2 step 1).
 CREATE TABLE privmatch.face_masked_templates (
     bundle_id  bytea PRIMARY KEY CHECK (length(bundle_id) = 16),

@@ -53,6 +53,9 @@ CREATE TABLE privmatch.face_templates (
     enrolled_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- Looked up by bundle id: the opening, the engine's loads and the replay guard's neighbours.
+CREATE INDEX face_templates_bundle_id ON privmatch.face_templates (bundle_id);
+
 -- The dealer's configuration (P2 only): metric, dimension and the secret threshold. Readable
 -- by no role but the owner; no function returns the threshold.
 CREATE TABLE privmatch.face_dealer (

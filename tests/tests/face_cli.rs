@@ -288,7 +288,14 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
     );
     let verify = |file: &std::path::Path| {
         let out = cluster
-            .cli(&["face", "verify", "--subject", "alice", "--input", &path_arg(file)])
+            .cli(&[
+                "face",
+                "verify",
+                "--subject",
+                "alice",
+                "--input",
+                &path_arg(file),
+            ])
             .expect_success();
         lines(&out.stdout)[0]["match"].clone()
     };

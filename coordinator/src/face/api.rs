@@ -320,6 +320,12 @@ pub struct FaceIdentifyResponse {
     /// Templates compared (every enrolled one).
     #[serde(default)]
     pub comparisons: i64,
+    /// Bytes each evaluator (P0, P1) sent online in the session.
+    #[serde(default)]
+    pub bytes_sent: [u64; 2],
+    /// Bytes of the key half the dealer sent each evaluator for the session.
+    #[serde(default)]
+    pub key_bytes: [u64; 2],
 }
 
 #[cfg(test)]

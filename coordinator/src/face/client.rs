@@ -308,11 +308,15 @@ impl FaceClient {
     /// 1:N: which enrolled subjects does the quantised `embedding` match (sorted)? Also
     /// returns the number of templates compared.
     pub async fn identify_quantized(&mut self, embedding: &[i32]) -> Result<(Vec<String>, i64)> {
-        let body = |session, probes| FaceIdentifyBody { session, probes };
-        let answer: FaceIdentifyResponse = self
-            .post_probe("/v1/face/identify", embedding, None, body)
-            .await?;
+        let answer = self.identify_answer(embedding).await?;
         Ok((answer.matches, answer.comparisons))
+    }
+
+    /// 1:N as [`FaceClient::identify_quantized`], with the session's byte counts.
+    pub async fn identify_answer(&mut self, embedding: &[i32]) -> Result<FaceIdentifyResponse> {
+        let body = |session, probes| FaceIdentifyBody { session, probes };
+        self.post_probe("/v1/face/identify", embedding, None, body)
+            .await
     }
 }
 

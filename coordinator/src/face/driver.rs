@@ -50,8 +50,11 @@ const EVALUATORS: [PartyIndex; 2] = [PartyIndex::ALL[0], PartyIndex::ALL[1]];
 pub struct FaceStats {
     /// Comparisons evaluated (= keys consumed per evaluator).
     pub comparisons: i64,
-    /// Bytes each evaluator emitted over the three rounds (P0, P1).
+    /// Bytes each evaluator emitted over the rounds (P0, P1): its sealed masked probe
+    /// vector, its sealed distance shares and its output shares.
     pub bytes_sent: [u64; 2],
+    /// Bytes of the key half P2 dealt each evaluator for the session (sealed chunks).
+    pub key_bytes: [u64; 2],
     /// Wall time from the first open to the reconstruction, in microseconds.
     pub micros: u64,
 }
@@ -432,9 +435,23 @@ impl Session<2> for FaceSession<'_> {
             .connect()
             .await
             .map_err(FaceSessionError::Party)?;
-        open_pending([c0, c1, &dealer], self.timeout).await?;
+        let t0 = std::time::Instant::now();
         let subject = self.request.subject.as_deref();
-        let first = self.open_at(p0, c0, None).await?;
+        let three = [c0, c1, &dealer];
+        // An identification compares every enrolled template: open the new ones first. A
+        // verification opens them only when its template turns out not to be opened (40001
+        // before anything was recorded at P0, so the same session id is tried again).
+        if subject.is_none() {
+            open_pending(three, self.timeout).await?;
+        }
+        let t_pending = t0.elapsed();
+        let first = match self.open_at(p0, c0, None).await {
+            Err(e) if subject.is_some() && e.kind() == FaceErrorKind::SetsDiffer => {
+                open_pending(three, self.timeout).await?;
+                self.open_at(p0, c0, None).await?
+            }
+            other => other?,
+        };
         check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
         let mut stats = FaceStats {
             comparisons: i64::from(first.comparisons),
@@ -449,13 +466,38 @@ impl Session<2> for FaceSession<'_> {
                 stats,
             });
         }
-        let second = self.open_at(p1, c1, Some(&first)).await?;
+        let t_open0 = t0.elapsed();
+        // P2 deals for P0's list while P1 opens (P1 must compare exactly that list).
+        let (second, dealt) = futures::join!(
+            self.open_at(p1, c1, Some(&first)),
+            self.deal(&dealer, &first)
+        );
+        let second = match second {
+            Err(e) if e.kind() == FaceErrorKind::SetsDiffer => {
+                // P1 lacks an opened template P0 has: open it for the retry.
+                let _ = open_pending(three, self.timeout).await;
+                return Err(e);
+            }
+            other => other?,
+        };
         check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
-        let [k0, k1] = self.deal(&dealer, &first).await?;
+        let [k0, k1] = dealt?;
+        let t_dealt = t0.elapsed();
+        let sealed_len = |half: &[Vec<u8>]| half.iter().map(|c| c.len() as u64).sum::<u64>();
+        stats.key_bytes = [sealed_len(&k0), sealed_len(&k1)];
         self.parties.all()[2].give_back(dealer).await;
         let (x0, x1) = futures::join!(self.keys_at(p0, c0, &k0), self.keys_at(p1, c1, &k1));
+        let t_keys = t0.elapsed();
         let mut traffic = Traffic::new();
         let outputs = relay(self, clients, 2..4, Some([x0?, x1?]), &mut traffic).await?;
+        tracing::debug!(
+            pending_ms = t_pending.as_secs_f64() * 1e3,
+            open_p0_ms = t_open0.as_secs_f64() * 1e3,
+            open_p1_and_deal_ms = t_dealt.as_secs_f64() * 1e3,
+            keys_ms = t_keys.as_secs_f64() * 1e3,
+            rounds_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "face session steps (cumulative)"
+        );
         // The output shares go to the verifier (here), not to the other evaluator.
         traffic.count(&outputs);
         stats.bytes_sent = traffic.bytes_sent;

@@ -290,6 +290,8 @@ async fn identify(
     Ok(Json(FaceIdentifyResponse {
         matches,
         comparisons: outcome.stats.comparisons,
+        bytes_sent: outcome.stats.bytes_sent,
+        key_bytes: outcome.stats.key_bytes,
     }))
 }
 

@@ -383,11 +383,86 @@ impl MaskedTemplateSet {
 /// Dealer (Funshade `setup` for one identification against the templates `ids`, in order):
 /// fresh probe mask seeds, and per template c_j = ⟨δx, δy_j⟩ shared, r_j shares and one
 /// sign-gate key pair. Returns the two evaluators' halves (layout: [`IdentificationKeys`]).
+/// One thread; the same dealing as [`deal_identification_on`] with any number of threads.
 pub fn deal_identification<R: RngCore + CryptoRng>(
     params: &DealerParams,
     master: &TemplateMaskMaster,
     ids: &[[u8; BUNDLE_ID_LEN]],
     rng: &mut R,
+) -> Result<[Vec<u8>; 2], FaceError> {
+    deal_identification_on(params, master, ids, rng, 1)
+}
+
+/// Templates per independently seeded piece of a dealing: each piece draws from its own
+/// ChaCha20 stream seeded from `rng`, so the dealing does not depend on the thread count.
+const DEAL_PIECE: usize = 1024;
+
+/// One piece of a dealing: per template, both evaluators' c, r and sign-gate keys.
+#[derive(Default)]
+struct DealtPiece {
+    c: [Vec<u32>; 2],
+    r: [Vec<u32>; 2],
+    gates: [Vec<u8>; 2],
+}
+
+impl Drop for DealtPiece {
+    fn drop(&mut self) {
+        for v in self.c.iter_mut().chain(self.r.iter_mut()) {
+            v.zeroize();
+        }
+        for g in self.gates.iter_mut() {
+            g.zeroize();
+        }
+    }
+}
+
+fn deal_piece(
+    master: &TemplateMaskMaster,
+    ids: &[[u8; BUNDLE_ID_LEN]],
+    delta_x: &[u32],
+    offset: u32,
+    seed: [u8; 32],
+) -> DealtPiece {
+    let mut rng = ChaCha20Rng::from_seed(seed);
+    let l = delta_x.len();
+    let n = ids.len();
+    let mut piece = DealtPiece {
+        c: [Vec::with_capacity(n), Vec::with_capacity(n)],
+        r: [Vec::with_capacity(n), Vec::with_capacity(n)],
+        gates: [
+            Vec::with_capacity(n * IC_KEY_LEN),
+            Vec::with_capacity(n * IC_KEY_LEN),
+        ],
+    };
+    let mut scratch = vec![0u32; l];
+    let mut delta_y = vec![0u32; l];
+    for id in ids {
+        master.template_mask(id, &mut scratch, &mut delta_y);
+        let cj = dot_wrapping(delta_x, &delta_y);
+        let c0 = rng.next_u32();
+        let r_in = rng.next_u32();
+        let r0 = rng.next_u32();
+        let (k0, k1) = ic::gen_sign_gate(&mut rng, r_in);
+        piece.c[0].push(c0);
+        piece.c[1].push(cj.wrapping_sub(c0));
+        piece.r[0].push(r0);
+        piece.r[1].push(r_in.wrapping_add(offset).wrapping_sub(r0));
+        k0.encode_into(&mut piece.gates[0]);
+        k1.encode_into(&mut piece.gates[1]);
+    }
+    delta_y.zeroize();
+    scratch.zeroize();
+    piece
+}
+
+/// [`deal_identification`] on `threads` threads (the dealer's work grows with N; P2 runs it
+/// for every identification).
+pub fn deal_identification_on<R: RngCore + CryptoRng>(
+    params: &DealerParams,
+    master: &TemplateMaskMaster,
+    ids: &[[u8; BUNDLE_ID_LEN]],
+    rng: &mut R,
+    threads: usize,
 ) -> Result<[Vec<u8>; 2], FaceError> {
     let l = params.dim();
     let count = u32::try_from(ids.len())
@@ -403,32 +478,51 @@ pub fn deal_identification<R: RngCore + CryptoRng>(
             *d = d.wrapping_add(*s);
         }
     }
-    let n = ids.len();
-    let mut c = [vec![0u32; n], vec![0u32; n]];
-    let mut r = [vec![0u32; n], vec![0u32; n]];
-    let mut gates = [
-        Vec::with_capacity(n * IC_KEY_LEN),
-        Vec::with_capacity(n * IC_KEY_LEN),
-    ];
-    let offset = params.threshold_offset();
-    let mut delta_y = vec![0u32; l];
-    for (j, id) in ids.iter().enumerate() {
-        master.template_mask(id, &mut scratch, &mut delta_y);
-        let cj = dot_wrapping(&delta_x, &delta_y);
-        let c0 = rng.next_u32();
-        let r_in = rng.next_u32();
-        let r0 = rng.next_u32();
-        let (k0, k1) = ic::gen_sign_gate(rng, r_in);
-        c[0][j] = c0;
-        c[1][j] = cj.wrapping_sub(c0);
-        r[0][j] = r0;
-        r[1][j] = r_in.wrapping_add(offset).wrapping_sub(r0);
-        k0.encode_into(&mut gates[0]);
-        k1.encode_into(&mut gates[1]);
-    }
-    delta_x.zeroize();
-    delta_y.zeroize();
     scratch.zeroize();
+    let offset = params.threshold_offset();
+    let slices: Vec<&[[u8; BUNDLE_ID_LEN]]> = ids.chunks(DEAL_PIECE).collect();
+    let mut seeds: Vec<[u8; 32]> = slices
+        .iter()
+        .map(|_| {
+            let mut seed = [0u8; 32];
+            rng.fill_bytes(&mut seed);
+            seed
+        })
+        .collect();
+    let groups = split_ranges(slices.len(), threads.max(1));
+    let pieces: Vec<DealtPiece> = if groups.len() <= 1 {
+        slices
+            .iter()
+            .zip(&seeds)
+            .map(|(ids, seed)| deal_piece(master, ids, &delta_x, offset, *seed))
+            .collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = groups
+                .iter()
+                .map(|range| {
+                    let (slices, seeds, delta_x) = (&slices, &seeds, &delta_x);
+                    let range = range.clone();
+                    scope.spawn(move || {
+                        range
+                            .map(|p| deal_piece(master, slices[p], delta_x, offset, seeds[p]))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let mut all = Vec::with_capacity(slices.len());
+            for handle in handles {
+                match handle.join() {
+                    Ok(mut part) => all.append(&mut part),
+                    Err(_) => return Err(FaceError::Malformed("a dealing thread panicked")),
+                }
+            }
+            Ok(all)
+        })?
+    };
+    seeds.zeroize();
+    delta_x.zeroize();
+    let n = ids.len();
     let mut halves = [Vec::new(), Vec::new()];
     for (b, half) in halves.iter_mut().enumerate() {
         half.reserve(IDENTIFICATION_HEADER_LEN + n * MASKED_KEY_LEN);
@@ -440,15 +534,15 @@ pub fn deal_identification<R: RngCore + CryptoRng>(
         half.extend_from_slice(&count.to_le_bytes());
         half.extend_from_slice(&digest);
         half.extend_from_slice(&probe_seeds[b]);
-        half.extend(c[b].iter().flat_map(|w| w.to_le_bytes()));
-        half.extend(r[b].iter().flat_map(|w| w.to_le_bytes()));
-        half.extend_from_slice(&gates[b]);
-    }
-    for v in c.iter_mut().chain(r.iter_mut()) {
-        v.zeroize();
-    }
-    for v in gates.iter_mut() {
-        v.zeroize();
+        for piece in &pieces {
+            half.extend(piece.c[b].iter().flat_map(|w| w.to_le_bytes()));
+        }
+        for piece in &pieces {
+            half.extend(piece.r[b].iter().flat_map(|w| w.to_le_bytes()));
+        }
+        for piece in &pieces {
+            half.extend_from_slice(&piece.gates[b]);
+        }
     }
     probe_seeds.zeroize();
     Ok(halves)
@@ -1029,6 +1123,24 @@ mod tests {
                     .is_err()
             );
         }
+    }
+
+    #[test]
+    fn a_dealing_does_not_depend_on_the_thread_count() {
+        let mut rng = ChaCha20Rng::seed_from_u64(26);
+        let params = DealerParams::for_tests(Metric::Euclidean, 128, 77);
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let ids: Vec<[u8; BUNDLE_ID_LEN]> = (0..2 * DEAL_PIECE + 5).map(|_| id(&mut rng)).collect();
+        let dealt = |threads| {
+            let mut rng = ChaCha20Rng::seed_from_u64(27);
+            deal_identification_on(&params, &master, &ids, &mut rng, threads).unwrap()
+        };
+        let one = dealt(1);
+        assert_eq!(one, dealt(3));
+        assert_eq!(
+            IdentificationKeys::decode(1, &one[1]).unwrap().len(),
+            ids.len()
+        );
     }
 
     #[test]

@@ -47,6 +47,9 @@ use super::ipc::{EngineError, ErrorKind, Request, Response};
 pub const MAX_FACE_SESSIONS: usize = 64;
 /// Rows loaded per SPI query.
 const LOAD_CHUNK: usize = 1024;
+/// Lists of at most this many templates (verifications) refresh only themselves before an
+/// open; longer ones and identifications refresh the whole set.
+const TARGETED_REFRESH: usize = 64;
 
 /// A bundle id.
 pub type BundleId = [u8; BUNDLE_ID_LEN];
@@ -284,6 +287,35 @@ fn opened_ids() -> Result<Vec<BundleId>, EngineError> {
     })
 }
 
+/// Which of `wanted` are opened and still enrolled.
+fn listed_ids(wanted: &[BundleId]) -> Result<Vec<BundleId>, EngineError> {
+    let keys: Vec<Vec<u8>> = wanted.iter().map(|id| id.to_vec()).collect();
+    Spi::connect(|client| {
+        let rows = client
+            .select(
+                "SELECT m.bundle_id FROM privmatch.face_masked_templates m \
+                   JOIN privmatch.face_templates t USING (bundle_id) \
+                  WHERE m.bundle_id = ANY($1)",
+                None,
+                &[keys.into()],
+            )
+            .map_err(spi_error)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: Vec<u8> = row.get(1).map_err(spi_error)?.unwrap_or_default();
+            ids.push(id.try_into().map_err(|_| malformed_row("bundle id"))?);
+        }
+        Ok(ids)
+    })
+}
+
+fn not_updated() -> EngineError {
+    EngineError::new(
+        ErrorKind::NotReady,
+        "this party's privmatch extension predates dealer-masked face templates: run ALTER EXTENSION privmatch UPDATE",
+    )
+}
+
 fn malformed_row(what: &str) -> EngineError {
     EngineError::internal(format!(
         "privmatch.face_masked_templates holds a malformed {what}"
@@ -329,6 +361,56 @@ fn load_rows(ids: &[BundleId]) -> Result<Vec<LoadedRow>, EngineError> {
         }
         Ok(out)
     })
+}
+
+/// Loads the opened templates `missing` into the held set (created for evaluator `b` at the
+/// first template), logging progress on large loads (a restart with many templates).
+fn load_into(
+    guard: &mut std::sync::RwLockWriteGuard<'_, Option<Store>>,
+    b: usize,
+    missing: &[BundleId],
+) -> Result<(), EngineError> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let verbose = missing.len() >= 10_000;
+    if verbose {
+        pgrx::log!(
+            "privmatch engine: loading {} opened face templates",
+            missing.len()
+        );
+    }
+    let started = Instant::now();
+    for chunk in missing.chunks(LOAD_CHUNK) {
+        for row in load_rows(chunk)? {
+            if guard.is_none() {
+                let set = MaskedTemplateSet::new(b, row.opened.len())
+                    .map_err(|e| EngineError::internal(e.to_string()))?;
+                **guard = Some(Store {
+                    set,
+                    subjects: HashMap::new(),
+                    generation: 0,
+                });
+            }
+            let Some(store) = guard.as_mut() else {
+                continue;
+            };
+            store
+                .set
+                .push_opened(row.id, &row.opened, &row.seed, row.norm)
+                .map_err(|e| EngineError::internal(format!("face template: {e}")))?;
+            store.subjects.insert(row.id, row.subject);
+            store.generation += 1;
+        }
+    }
+    if verbose {
+        pgrx::log!(
+            "privmatch engine: {} opened face templates in memory, loaded in {:.1} s",
+            guard.as_ref().map_or(0, |s| s.set.len()),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,12 +480,6 @@ impl FaceService {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Templates in memory.
-    pub fn templates(&self) -> usize {
-        let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
-        guard.as_ref().map_or(0, |s| s.set.len())
-    }
-
     /// Running sessions.
     pub fn active(&self) -> usize {
         self.sessions().len()
@@ -421,15 +497,56 @@ impl FaceService {
             .retain(|_, s| now.saturating_duration_since(s.touched) < timeout);
     }
 
+    /// Before an open (its request's `head` and `payload`): brings the held templates up to
+    /// date — all of them for an identification without a given list, only the listed ones
+    /// for a short list (a verification: one query by primary key instead of a pass over every
+    /// opened template). Runs inside the caller's transaction, on the worker's main thread.
+    pub fn refresh_for_open(
+        &self,
+        me: PartyIndex,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<(), EngineError> {
+        match decode_open(head, payload)?.wanted {
+            Some(wanted) if wanted.len() <= TARGETED_REFRESH => self.refresh_listed(me, &wanted),
+            _ => self.refresh(me),
+        }
+    }
+
+    /// Brings the templates `wanted` up to date: loads those opened and enrolled but not held,
+    /// drops those held but no longer there.
+    fn refresh_listed(&self, me: PartyIndex, wanted: &[BundleId]) -> Result<(), EngineError> {
+        let b = evaluator(me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
+        if !masked_table_exists()? {
+            return Err(not_updated());
+        }
+        let present: HashSet<BundleId> = listed_ids(wanted)?.into_iter().collect();
+        let mut guard = self.store.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = guard.as_mut() {
+            let gone: HashSet<BundleId> = wanted
+                .iter()
+                .filter(|id| !present.contains(*id) && store.set.contains(id))
+                .copied()
+                .collect();
+            if !gone.is_empty() {
+                store.set.retain(|id| !gone.contains(id));
+                store.subjects.retain(|id, _| !gone.contains(id));
+                store.generation += 1;
+            }
+        }
+        let missing: Vec<BundleId> = present
+            .into_iter()
+            .filter(|id| guard.as_ref().is_none_or(|s| !s.set.contains(id)))
+            .collect();
+        load_into(&mut guard, b, &missing)
+    }
+
     /// Brings the held templates up to date with the tables (module docs). Runs inside the
     /// caller's transaction, on the worker's main thread. `me` must be P0 or P1.
     pub fn refresh(&self, me: PartyIndex) -> Result<(), EngineError> {
         let b = evaluator(me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
         if !masked_table_exists()? {
-            return Err(EngineError::new(
-                ErrorKind::NotReady,
-                "this party's privmatch extension predates dealer-masked face templates: run ALTER EXTENSION privmatch UPDATE",
-            ));
+            return Err(not_updated());
         }
         let ids = opened_ids()?;
         let current: HashSet<BundleId> = ids.iter().copied().collect();
@@ -457,47 +574,7 @@ impl FaceService {
                 .collect(),
             None => ids,
         };
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let verbose = missing.len() >= 10_000;
-        if verbose {
-            pgrx::log!(
-                "privmatch engine: loading {} opened face templates",
-                missing.len()
-            );
-        }
-        let started = Instant::now();
-        for chunk in missing.chunks(LOAD_CHUNK) {
-            for row in load_rows(chunk)? {
-                if guard.is_none() {
-                    let set = MaskedTemplateSet::new(b, row.opened.len())
-                        .map_err(|e| EngineError::internal(e.to_string()))?;
-                    *guard = Some(Store {
-                        set,
-                        subjects: HashMap::new(),
-                        generation: 0,
-                    });
-                }
-                let Some(store) = guard.as_mut() else {
-                    continue;
-                };
-                store
-                    .set
-                    .push_opened(row.id, &row.opened, &row.seed, row.norm)
-                    .map_err(|e| EngineError::internal(format!("face template: {e}")))?;
-                store.subjects.insert(row.id, row.subject);
-                store.generation += 1;
-            }
-        }
-        if verbose {
-            pgrx::log!(
-                "privmatch engine: {} opened face templates in memory, loaded in {:.1} s",
-                self.templates(),
-                started.elapsed().as_secs_f64()
-            );
-        }
-        Ok(())
+        load_into(&mut guard, b, &missing)
     }
 
     /// Runs one face request (on a request thread; calls nothing of Postgres).

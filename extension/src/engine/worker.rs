@@ -550,7 +550,7 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
                 let face = engine.face.clone();
                 in_transaction(|| {
                     let keys = read_keys()?;
-                    face.refresh(keys.me)?;
+                    face.refresh_for_open(keys.me, &head, &payload)?;
                     Ok(Some(keys))
                 })
             } else {

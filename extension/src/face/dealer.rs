@@ -11,7 +11,7 @@ use privmatch_core::face::mask_dealer::{
     seal_identification_key_chunks, seal_template_seeds, KEY_CHUNK_BYTES,
 };
 use privmatch_core::face::masked::{
-    deal_identification, template_digest, TemplateMaskMaster, BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
+    deal_identification_on, template_digest, TemplateMaskMaster, BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
@@ -380,8 +380,16 @@ fn face_dealer_identify(
     let params = load_params(F);
     let master = load_template_master(F);
     let mut dealing = master.session_rng(&session, &template_digest(&ids));
-    let mut halves = deal_identification(&params, &master, &ids, &mut dealing)
-        .unwrap_or_else(|e| raise_face(F, e));
+    // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
+    // and start with every signal blocked.
+    let threads = match crate::engine::worker::ENGINE_THREADS.get() {
+        n if n > 0 => n as usize,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut halves = crate::signals::without_signals(|| {
+        deal_identification_on(&params, &master, &ids, &mut dealing, threads)
+    })
+    .unwrap_or_else(|e| raise_face(F, e));
     let mut rng = ChaCha20Rng::from_entropy();
     let [p0, p1]: [Vec<Vec<u8>>; 2] = [0, 1].map(|b| {
         let pair = channel_to(F, &me, b);

@@ -19,11 +19,14 @@
 //! configures the dealer (`--metric`, `--threshold`, `--dim`; this starts a new key
 //! generation), enrols `--n` synthetic templates (subjects `bench-face-d<dim>-s<seed>-<i>`,
 //! deterministic per seed: present ones are reused; `--reuse` requires them all present),
-//! refills enough keys, then measures `--verifies` sequential 1:1 verifications (half genuine
+//! opens the templates not opened yet (the first session does: dealer-masked templates,
+//! docs/protocols/face.md §13; timed as the warm-up), then measures `--verifies` sequential
+//! 1:1 verifications (half genuine
 //! re-captures, half another subject's; latency p50/p99 as the client sees it) and
 //! `--identifies` 1:N identifications over everything enrolled (median wall time, against the
-//! plaintext 1:N time over the same templates). Every answer is checked against the plaintext
-//! reference.
+//! plaintext 1:N time over the same templates), with the bytes each evaluator sent online
+//! and received from the dealer, as the coordinator counted them. Every answer is checked
+//! against the plaintext reference.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -182,10 +185,8 @@ pub struct ClusterFigures {
     pub enrolled_now: bool,
     /// Seconds the enrolment took (when enrolled now).
     pub enroll_seconds: Option<f64>,
-    /// Seconds the refill took, and the keys stored.
-    pub refill_seconds: f64,
-    /// Keys stored by the refill.
-    pub refill_keys: i64,
+    /// Seconds of the warm-up verification, which opens every template not opened yet.
+    pub warmup_seconds: f64,
     /// Verifications made.
     pub verifies: usize,
     /// Verify latency, median (ms).
@@ -206,6 +207,11 @@ pub struct ClusterFigures {
     pub plaintext_identify_s: f64,
     /// Identify median over the plaintext 1:N time (scaled to the same number of comparisons).
     pub identify_over_plaintext: f64,
+    /// Online bytes per identification per evaluator beyond the per-comparison ones (the
+    /// sealed masked probe vector and the messages' headers), measured: sent − 8·N.
+    pub identify_fixed_bytes: [i64; 2],
+    /// Bytes the dealer sent each evaluator per comparison (sealed key half / N).
+    pub preprocessing_bytes_per_comparison: [f64; 2],
     /// Answers that disagreed with the plaintext reference (must be 0).
     pub wrong: usize,
 }
@@ -566,27 +572,17 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
             args.n
         );
     }
-    let held = held_counts(&parties, &prefix, args.n).await?;
-    let total = held[0].1.max(held[1].1);
-    // Keys: the verifications, the identifications (each compares everything enrolled), a
-    // warm-up verification and a margin.
-    let need = args.verifies as i64 + args.identifies as i64 * total + 1 + 100;
-    let started = Instant::now();
-    let level = client.pool().await?.level.unwrap_or(0);
-    let refill = client
-        .refill(need.max(level), 10_000, true)
-        .await
-        .context("refilling the key pools")?;
-    let refill_seconds = started.elapsed().as_secs_f64();
-
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed ^ 0xbe7c_4face);
     let mut wrong = 0usize;
-    // Warm-up (not counted).
+    // Warm-up (not counted): opens the templates not opened yet.
+    eprintln!("warm-up verification (opens every template not opened yet)");
     let warm = quantize(dim, &synth.recapture(0))?;
+    let started = Instant::now();
     client
         .verify_quantized(&records[0].subject, &warm)
         .await
         .context("warm-up verification")?;
+    let warmup_seconds = started.elapsed().as_secs_f64();
     let mut latencies = Vec::with_capacity(args.verifies);
     let mut plaintext_verify = Duration::ZERO;
     for k in 0..args.verifies {
@@ -628,18 +624,23 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
     let templates: Vec<Vec<i32>> = records.iter().map(|r| r.embedding.clone()).collect();
     let mut identify_seconds = Vec::with_capacity(args.identifies);
     let mut comparisons = 0;
+    let mut sent = [0u64; 2];
+    let mut dealt = [0u64; 2];
     let mut plaintext_identify = Duration::MAX;
     for k in 0..args.identifies {
         let i = rng.gen_range(0..args.n);
         let probe = quantize(dim, &synth.recapture(i as u64))?;
         let started = Instant::now();
-        let (matches, compared) = client
-            .identify_quantized(&probe)
+        let answer = client
+            .identify_answer(&probe)
             .await
             .with_context(|| format!("identification {k}"))?;
         let seconds = started.elapsed().as_secs_f64();
+        let (matches, compared) = (answer.matches, answer.comparisons);
         identify_seconds.push(seconds);
         comparisons = compared;
+        sent = answer.bytes_sent;
+        dealt = answer.key_bytes;
         let (expected, time) = plaintext_scan(metric, &probe, &templates, theta);
         plaintext_identify = plaintext_identify.min(time);
         let expected: Vec<&str> = expected
@@ -670,8 +671,7 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
         bench_templates: args.n,
         enrolled_now,
         enroll_seconds,
-        refill_seconds,
-        refill_keys: refill.keys,
+        warmup_seconds,
         verifies: args.verifies,
         verify_p50_ms: percentile(&latencies, 0.5),
         verify_p99_ms: percentile(&latencies, 0.99),
@@ -683,6 +683,8 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
         plaintext_identify_s,
         identify_over_plaintext: identify_median_s
             / (per_comparison_plain * comparisons.max(1) as f64).max(1e-12),
+        identify_fixed_bytes: sent.map(|b| b as i64 - 8 * comparisons),
+        preprocessing_bytes_per_comparison: dealt.map(|b| b as f64 / comparisons.max(1) as f64),
         wrong,
     })
 }
@@ -703,8 +705,8 @@ fn print_cluster(f: &ClusterFigures) {
         );
     }
     println!(
-        "  refill: {} keys per evaluator in {:.2} s",
-        f.refill_keys, f.refill_seconds
+        "  warm-up verification (opens the templates not opened yet): {:.2} s",
+        f.warmup_seconds
     );
     println!(
         "  verify (1:1): p50 {:.2} ms, p99 {:.2} ms over {} sequential verifications (plaintext {:.3} µs: {:.0} x)",
@@ -723,6 +725,14 @@ fn print_cluster(f: &ClusterFigures) {
         f.bench_templates,
         f.identify_over_plaintext,
         f.identifies
+    );
+    println!(
+        "  bytes per identification per evaluator (P0, P1): online {:?} + 8 per comparison (z_b, o_b), beyond them {:?} (the sealed masked probe vector 4·l = {} and headers); from the dealer {:.1} / {:.1} per comparison",
+        f.identify_fixed_bytes.map(|b| b + 8 * f.identify_comparisons),
+        f.identify_fixed_bytes,
+        4 * f.dim,
+        f.preprocessing_bytes_per_comparison[0],
+        f.preprocessing_bytes_per_comparison[1]
     );
     println!(
         "  check: {}",
