@@ -46,13 +46,11 @@ echo "==> faces: 1,000 synthetic 512-dimensional embeddings, their noisy re-capt
 { head -n 3 "$FACE_PROBES.all"; tail -n 3 "$FACE_PROBES.all"; } > "$FACE_PROBES"
 echo "==> privmatch face configure --metric cosine --threshold 0.7 --dim 512   (sealed to the dealer P2: P0, P1 and the coordinator never see the threshold)"
 "$PM" face configure --metric cosine --threshold 0.7 --dim 512
-echo "==> privmatch face refill --target 8000   (P2 deals single-use keys to P0 and P1)"
-"$PM" face refill --target 8000
 echo "==> privmatch face enroll --input $FACES   (shares at P0 and P1 only)"
 "$PM" face enroll --input "$FACES"
 echo "==> privmatch face verify --subject face-0000000 --input $FACE_PROBES   (6 probes: re-captures of face-0000000..2, then 3 impostors)"
 "$PM" face verify --subject face-0000000 --input "$FACE_PROBES"
-echo "==> privmatch face identify --input $FACE_PROBES   (1:N over the 1,000 enrolled, one key per comparison)"
+echo "==> privmatch face identify --input $FACE_PROBES   (1:N over the 1,000 enrolled: opens them once, then P2 deals one key per comparison)"
 "$PM" face identify --input "$FACE_PROBES"
 echo "==> privmatch face pool"
 "$PM" face pool
