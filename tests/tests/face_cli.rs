@@ -332,4 +332,24 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
         .cli(&["face", "enroll", "--input", &path_arg(&bob)])
         .expect_success();
     assert_eq!(counts(&cluster), [2, 2, 0]);
+    // P1's engine restarted with it: it reloads the opened template from its table, and bob,
+    // enrolled since, is opened (once, at both evaluators) by the next identification.
+    let opened = |c: &Cluster| {
+        [0, 1, 2].map(|p| c.scalar(p, "SELECT count(*) FROM privmatch.face_masked_templates"))
+    };
+    assert_eq!(opened(&cluster), [1, 1, 0]);
+    let out = cluster
+        .cli(&["face", "identify", "--input", &path_arg(&probe)])
+        .expect_success();
+    assert_eq!(lines(&out.stdout)[0]["matches"], json!(["alice"]), "{out}");
+    assert_eq!(opened(&cluster), [2, 2, 0]);
+    // A deleted template leaves the opened set with its enrolment.
+    cluster
+        .cli(&["face", "delete", "--subject", "alice"])
+        .expect_success();
+    assert_eq!(opened(&cluster), [1, 1, 0]);
+    let out = cluster
+        .cli(&["face", "identify", "--input", &path_arg(&probe)])
+        .expect_success();
+    assert_eq!(lines(&out.stdout)[0]["matches"], json!([]), "{out}");
 }
