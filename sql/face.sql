@@ -133,7 +133,7 @@ CREATE TABLE privmatch.face_sessions (
     started_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
     -- A session over dealer-masked templates (docs/protocols/face.md §13): its secrets live in
-    -- the engine; round counts its completed steps (1 keys, 2 distance, 3 output).
+    -- the engine, which runs its steps in order; round is 3 once it finished.
     masked       boolean NOT NULL DEFAULT false
 );
 

@@ -415,6 +415,26 @@ impl FaceSession<'_> {
             FaceSessionError::Protocol(format!("{party} answered its keys with NULL"))
         })
     }
+
+    /// An open's outcome at `party`; when it failed because a template is not opened yet there
+    /// (40001, refused before the party recorded the session), opens the pending templates
+    /// and tries the same open once more: the client's probes are sealed for this session id
+    /// (the SQL front door cannot seal new ones).
+    async fn opened_or_retry(
+        &self,
+        party: PartyIndex,
+        first: Option<&OpenReply>,
+        opened: Result<OpenReply, FaceSessionError>,
+        clients: [&Client; 3],
+    ) -> Result<OpenReply, FaceSessionError> {
+        match opened {
+            Err(e) if e.kind() == FaceErrorKind::SetsDiffer => {
+                open_pending(clients, self.timeout).await?;
+                self.open_at(party, clients[party.as_usize()], first).await
+            }
+            other => other,
+        }
+    }
 }
 
 impl Session<2> for FaceSession<'_> {
@@ -438,51 +458,55 @@ impl Session<2> for FaceSession<'_> {
         let t0 = std::time::Instant::now();
         let subject = self.request.subject.as_deref();
         let three = [c0, c1, &dealer];
-        // An identification compares every enrolled template: open the new ones first. A
-        // verification opens them only when its template turns out not to be opened (40001
-        // before anything was recorded at P0, so the same session id is tried again).
-        if subject.is_none() {
+        // An identification compares every enrolled template: open the new ones first, then
+        // P0 fixes the list, and P1 opens with it while P2 deals for it. A verification opens
+        // at P0 and P1 at once (each looks its subject's template up) and the lists are
+        // compared; a template not opened yet (40001) is opened and the open tried again.
+        let (first, dealt) = if subject.is_none() {
             open_pending(three, self.timeout).await?;
-        }
-        let t_pending = t0.elapsed();
-        let first = match self.open_at(p0, c0, None).await {
-            Err(e) if subject.is_some() && e.kind() == FaceErrorKind::SetsDiffer => {
-                open_pending(three, self.timeout).await?;
-                self.open_at(p0, c0, None).await?
+            let first = self.open_at(p0, c0, None).await?;
+            check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
+            if first.comparisons == 0 {
+                // Nothing enrolled: nothing to evaluate.
+                self.parties.all()[2].give_back(dealer).await;
+                return Ok(FaceOutcome {
+                    subjects: Vec::new(),
+                    matches: Vec::new(),
+                    stats: FaceStats::default(),
+                });
             }
-            other => other?,
+            let (second, dealt) = futures::join!(
+                self.open_at(p1, c1, Some(&first)),
+                self.deal(&dealer, &first)
+            );
+            let second = self
+                .opened_or_retry(p1, Some(&first), second, three)
+                .await?;
+            check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+            (first, dealt)
+        } else {
+            let (first, second) =
+                futures::join!(self.open_at(p0, c0, None), self.open_at(p1, c1, None));
+            let first = self.opened_or_retry(p0, None, first, three).await?;
+            let second = self.opened_or_retry(p1, None, second, three).await?;
+            check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
+            if second.ids != first.ids {
+                return Err(FaceSessionError::Party(PartyError {
+                    party: p1,
+                    sqlstate: Some("40001".into()),
+                    message: "P0 and P1 hold different templates for the subject (an enrolment or deletion is in flight): retry with a new session".into(),
+                }));
+            }
+            check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+            let dealt = self.deal(&dealer, &first).await;
+            (first, dealt)
         };
-        check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
+        let t_open0 = t0.elapsed();
         let mut stats = FaceStats {
             comparisons: i64::from(first.comparisons),
             ..FaceStats::default()
         };
-        if first.comparisons == 0 {
-            // Nothing enrolled (identify): nothing to evaluate.
-            self.parties.all()[2].give_back(dealer).await;
-            return Ok(FaceOutcome {
-                subjects: Vec::new(),
-                matches: Vec::new(),
-                stats,
-            });
-        }
-        let t_open0 = t0.elapsed();
-        // P2 deals for P0's list while P1 opens (P1 must compare exactly that list).
-        let (second, dealt) = futures::join!(
-            self.open_at(p1, c1, Some(&first)),
-            self.deal(&dealer, &first)
-        );
-        let second = match second {
-            Err(e) if e.kind() == FaceErrorKind::SetsDiffer => {
-                // P1 lacks an opened template P0 has: open it for the retry.
-                let _ = open_pending(three, self.timeout).await;
-                return Err(e);
-            }
-            other => other?,
-        };
-        check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
         let [k0, k1] = dealt?;
-        let t_dealt = t0.elapsed();
         let sealed_len = |half: &[Vec<u8>]| half.iter().map(|c| c.len() as u64).sum::<u64>();
         stats.key_bytes = [sealed_len(&k0), sealed_len(&k1)];
         self.parties.all()[2].give_back(dealer).await;
@@ -491,9 +515,7 @@ impl Session<2> for FaceSession<'_> {
         let mut traffic = Traffic::new();
         let outputs = relay(self, clients, 2..4, Some([x0?, x1?]), &mut traffic).await?;
         tracing::debug!(
-            pending_ms = t_pending.as_secs_f64() * 1e3,
-            open_p0_ms = t_open0.as_secs_f64() * 1e3,
-            open_p1_and_deal_ms = t_dealt.as_secs_f64() * 1e3,
+            opened_and_dealt_ms = t_open0.as_secs_f64() * 1e3,
             keys_ms = t_keys.as_secs_f64() * 1e3,
             rounds_ms = t0.elapsed().as_secs_f64() * 1e3,
             "face session steps (cumulative)"

@@ -29,7 +29,7 @@ use super::search::raise_probe_from;
 use crate::engine::client::call;
 use crate::engine::face::{decode_opened, encode_keys, encode_open, encode_round, OpenRequest};
 use crate::engine::ipc::Response;
-use crate::errors::{get_one, modify, parse_session_id, raise, run, select};
+use crate::errors::{get_one, parse_session_id, raise, run, select};
 use crate::identity::load_identity;
 
 const OPEN: &str = "face_masked_open";
@@ -198,21 +198,22 @@ fn face_masked_open(
     ))
 }
 
-/// Locks masked session `session` for step `step` (1 keys, 2 and 3 rounds): it must have been
-/// opened (and committed) in an earlier transaction, be running and have completed step − 1.
-fn lock_masked(function: &str, session: &[u8], step: i32) {
-    let row = modify(
+/// Checks masked session `session` before one of its steps (1 keys, 2 and 3 rounds): it must have
+/// been opened (and committed) in an earlier transaction and be running. The order of the
+/// steps is the engine's to enforce (it holds the session and runs each step once); the row
+/// is only read, so steps 1 and 2 write nothing here (no WAL flush on their path).
+fn check_masked(function: &str, session: &[u8]) {
+    let row = select(
         function,
-        "SELECT round, aborted, finished_at IS NOT NULL, masked, xmin::text \
-           FROM privmatch.face_sessions WHERE session = $1 FOR UPDATE",
+        "SELECT aborted, finished_at IS NOT NULL, masked, xmin::text \
+           FROM privmatch.face_sessions WHERE session = $1",
         &[session.into()],
         |row| {
             (
-                row.get::<i32>(1).unwrap_or_default(),
+                row.get::<bool>(1).unwrap_or_default(),
                 row.get::<bool>(2).unwrap_or_default(),
                 row.get::<bool>(3).unwrap_or_default(),
-                row.get::<bool>(4).unwrap_or_default(),
-                row.get::<String>(5).unwrap_or_default(),
+                row.get::<String>(4).unwrap_or_default(),
             )
         },
     )
@@ -225,7 +226,7 @@ fn lock_masked(function: &str, session: &[u8], step: i32) {
             None,
         )
     };
-    let Some((round, aborted, finished, masked, xmin)) = row else {
+    let Some((aborted, finished, masked, xmin)) = row else {
         not_running("is not running at this party");
     };
     if !masked {
@@ -257,24 +258,16 @@ fn lock_masked(function: &str, session: &[u8], step: i32) {
     if finished {
         not_running("has finished");
     }
-    if round != step - 1 {
-        raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!(
-                "{function}: step {step} is out of order: face session {} has completed step {round}",
-                hex::encode(session)
-            ),
-            None,
-        );
-    }
 }
 
-fn save_step(function: &str, session: &[u8], step: i32) {
+/// Records that masked session `session` finished. Its id was made durable at the open; this
+/// mark is bookkeeping, so the commit does not wait for the WAL flush.
+fn save_finished(function: &str, session: &[u8]) {
+    run(function, "SET LOCAL synchronous_commit TO off", &[]);
     run(
         function,
-        "UPDATE privmatch.face_sessions SET round = $2, \
-                finished_at = CASE WHEN $2 = 3 THEN now() END WHERE session = $1",
-        &[session.into(), step.into()],
+        "UPDATE privmatch.face_sessions SET round = 3, finished_at = now() WHERE session = $1",
+        &[session.into()],
     );
 }
 
@@ -305,10 +298,8 @@ fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
             None,
         );
     }
-    lock_masked(KEYS, session, 1);
-    let sealed = engine_bytes(KEYS, call(&encode_keys(&id, &chunks)));
-    save_step(KEYS, session, 1);
-    sealed
+    check_masked(KEYS, session);
+    engine_bytes(KEYS, call(&encode_keys(&id, &chunks)))
 }
 
 /// Runs round 2 (the other evaluator's masked probe vector → this party's sealed distance
@@ -325,9 +316,11 @@ fn face_masked_round(session: &[u8], round: i32, inbound: &[u8]) -> Vec<u8> {
             None,
         );
     }
-    lock_masked(ROUND, session, round);
+    check_masked(ROUND, session);
     let reply = engine_bytes(ROUND, call(&encode_round(&id, round as u8, inbound)));
-    save_step(ROUND, session, round);
+    if round == 3 {
+        save_finished(ROUND, session);
+    }
     pg_sys::check_for_interrupts!();
     reply
 }
