@@ -22,7 +22,8 @@ fi
 args=(--build-arg "PG_IMAGE=${PRIVMATCH_PG_IMAGE:-postgres:15-bookworm}"
   --build-arg "RUST_IMAGE=${PRIVMATCH_RUST_IMAGE:-rust:1.95-bookworm}"
   --build-arg "DEBIAN_IMAGE=${PRIVMATCH_DEBIAN_IMAGE:-debian:bookworm-slim}")
-tag=${PRIVMATCH_TAG:-0.7.0}
+# The workspace version (Cargo.toml), unless PRIVMATCH_TAG names another.
+tag=${PRIVMATCH_TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)}
 
 # docker build, quiet, without the classic builder's deprecation banner.
 build() {

@@ -14,6 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
+# The images are tagged with the workspace version (deploy/images.sh); compose and the probes
+# below use the same tag, so a version bump cannot leave them asking for an image not built.
+export PRIVMATCH_TAG=${PRIVMATCH_TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)}
 
 if ! docker info >/dev/null 2>&1; then
   echo "SKIP deploy/smoke.sh: Docker is not available here"
@@ -118,7 +121,7 @@ echo "$denied" | grep -q "permission denied" || fail "the application role read 
 echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table"
 
 step "a party is reachable only on the internal network, and only with TLS and a password"
-image=privmatch/party:${PRIVMATCH_TAG:-0.7.0}
+image=privmatch/party:$PRIVMATCH_TAG
 probe() { # probe NETWORK CONNINFO: psql from a throwaway container on NETWORK; its error
   docker run --rm --network "${COMPOSE_PROJECT_NAME}_$1" --entrypoint psql -e PGCONNECT_TIMEOUT=5 \
     "$image" "$2" -Atc "SELECT 1" 2>&1 || true
