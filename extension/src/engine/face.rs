@@ -267,39 +267,20 @@ fn masked_table_exists() -> Result<bool, EngineError> {
         .map(|v| v.unwrap_or(false))
 }
 
-/// The opened templates whose enrolment is still there.
-fn opened_ids() -> Result<Vec<BundleId>, EngineError> {
+/// The opened templates whose enrolment is still there: all of them, or those of `only`.
+fn opened_ids(only: Option<&[BundleId]>) -> Result<Vec<BundleId>, EngineError> {
+    const ALL: &str = "SELECT m.bundle_id FROM privmatch.face_masked_templates m \
+                         JOIN privmatch.face_templates t USING (bundle_id)";
+    let listed = format!("{ALL} WHERE m.bundle_id = ANY($1)");
     Spi::connect(|client| {
-        let rows = client
-            .select(
-                "SELECT m.bundle_id FROM privmatch.face_masked_templates m \
-                   JOIN privmatch.face_templates t USING (bundle_id)",
-                None,
-                &[],
-            )
-            .map_err(spi_error)?;
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in rows {
-            let id: Vec<u8> = row.get(1).map_err(spi_error)?.unwrap_or_default();
-            ids.push(id.try_into().map_err(|_| malformed_row("bundle id"))?);
+        let rows = match only {
+            None => client.select(ALL, None, &[]),
+            Some(ids) => {
+                let keys: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+                client.select(&listed, None, &[keys.into()])
+            }
         }
-        Ok(ids)
-    })
-}
-
-/// Which of `wanted` are opened and still enrolled.
-fn listed_ids(wanted: &[BundleId]) -> Result<Vec<BundleId>, EngineError> {
-    let keys: Vec<Vec<u8>> = wanted.iter().map(|id| id.to_vec()).collect();
-    Spi::connect(|client| {
-        let rows = client
-            .select(
-                "SELECT m.bundle_id FROM privmatch.face_masked_templates m \
-                   JOIN privmatch.face_templates t USING (bundle_id) \
-                  WHERE m.bundle_id = ANY($1)",
-                None,
-                &[keys.into()],
-            )
-            .map_err(spi_error)?;
+        .map_err(spi_error)?;
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
             let id: Vec<u8> = row.get(1).map_err(spi_error)?.unwrap_or_default();
@@ -520,7 +501,7 @@ impl FaceService {
         if !masked_table_exists()? {
             return Err(not_updated());
         }
-        let present: HashSet<BundleId> = listed_ids(wanted)?.into_iter().collect();
+        let present: HashSet<BundleId> = opened_ids(Some(wanted))?.into_iter().collect();
         let mut guard = self.store.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(store) = guard.as_mut() {
             let gone: HashSet<BundleId> = wanted
@@ -548,7 +529,7 @@ impl FaceService {
         if !masked_table_exists()? {
             return Err(not_updated());
         }
-        let ids = opened_ids()?;
+        let ids = opened_ids(None)?;
         let current: HashSet<BundleId> = ids.iter().copied().collect();
         {
             let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);

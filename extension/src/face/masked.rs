@@ -18,19 +18,15 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::face::encoding::evaluator;
 use privmatch_core::face::masked::BUNDLE_ID_LEN;
-use privmatch_core::face::probe::open_face_probe;
 use privmatch_core::face::FaceError;
 
 use super::enroll::enrolled_dim;
-use super::raise_face;
-use super::search::raise_probe_from;
+use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call;
 use crate::engine::face::{decode_opened, encode_keys, encode_open, encode_round, OpenRequest};
 use crate::engine::ipc::Response;
-use crate::errors::{get_one, parse_session_id, raise, run, select};
-use crate::identity::load_identity;
+use crate::errors::{parse_session_id, raise, run, select};
 
 const OPEN: &str = "face_masked_open";
 const KEYS: &str = "face_masked_keys";
@@ -61,23 +57,11 @@ fn parse_id_list(function: &str, argument: &str, bytes: &[u8]) -> Vec<[u8; BUNDL
 fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
     match response {
         Response::Continue(bytes) => bytes,
-        other => raise(
+        _ => raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("{function}: unexpected engine answer {}", variant(&other)),
+            format!("{function}: the engine answered with another kind of reply"),
             None,
         ),
-    }
-}
-
-fn variant(r: &Response) -> &'static str {
-    match r {
-        Response::Started { .. } => "Started",
-        Response::Continue(_) => "Continue",
-        Response::Identified(_) => "Identified",
-        Response::Unique(_) => "Unique",
-        Response::Aborted(_) => "Aborted",
-        Response::Status(_) => "Status",
-        Response::Error(_) => "Error",
     }
 }
 
@@ -104,28 +88,8 @@ fn face_masked_open(
         name!(digest, Vec<u8>),
     ),
 > {
-    let id = parse_session_id(OPEN, "session", session);
-    let me = load_identity();
-    evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
-    let used = get_one::<bool>(
-        OPEN,
-        "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
-        &[session.into()],
-    )
-    .unwrap_or(true);
-    if used {
-        raise(
-            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-            format!(
-                "{OPEN}: session {} was already used: session ids are single-use",
-                hex::encode(id)
-            ),
-            None,
-        );
-    }
+    let (id, share) = fresh_session_probe(OPEN, session, subject, probe);
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
-    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
-        .unwrap_or_else(|e| raise_probe_from(OPEN, e));
     let dim = share.elements.len();
     if let Some(enrolled) = enrolled_dim(OPEN) {
         if enrolled != dim {

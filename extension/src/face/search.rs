@@ -120,6 +120,39 @@ fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(d
     TableIterator::once((templates.len() as i64, set_digest(&templates).to_vec()))
 }
 
+/// The first checks of a face session's open at an evaluator, shared by both kinds of
+/// session: the session id parses and was never used here (23505), this party is P0 or P1
+/// (55000), and its sealed `probe` opens for this session and `subject` (22P03 / 22023).
+pub(super) fn fresh_session_probe(
+    function: &str,
+    session: &[u8],
+    subject: Option<&str>,
+    probe: &[u8],
+) -> ([u8; 16], EmbeddingShare) {
+    let id = parse_session_id(function, "session", session);
+    let me = load_identity();
+    evaluator(me.index).unwrap_or_else(|e| raise_face(function, e));
+    let used = get_one::<bool>(
+        function,
+        "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
+        &[session.into()],
+    )
+    .unwrap_or(true);
+    if used {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "{function}: session {} was already used: session ids are single-use",
+                hex::encode(id)
+            ),
+            None,
+        );
+    }
+    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
+        .unwrap_or_else(|e| raise_probe_from(function, e));
+    (id, share)
+}
+
 /// Opens face comparison session `session` at this party (P0 or P1) with its sealed `probe`:
 /// verification against `subject`'s template, or identification against every enrolled
 /// template when `subject` is NULL (in subject order, byte-wise). Without `claims` this party
@@ -146,27 +179,7 @@ fn face_session_open(
         name!(digest, Vec<u8>),
     ),
 > {
-    let id = parse_session_id(OPEN, "session", session);
-    let me = load_identity();
-    evaluator(me.index).unwrap_or_else(|e| raise_face(OPEN, e));
-    let used = get_one::<bool>(
-        OPEN,
-        "SELECT EXISTS (SELECT 1 FROM privmatch.face_sessions WHERE session = $1)",
-        &[session.into()],
-    )
-    .unwrap_or(true);
-    if used {
-        raise(
-            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-            format!(
-                "{OPEN}: session {} was already used: session ids are single-use",
-                hex::encode(id)
-            ),
-            None,
-        );
-    }
-    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
-        .unwrap_or_else(|e| raise_probe(e));
+    let (_, share) = fresh_session_probe(OPEN, session, subject, probe);
     let dim = share.elements.len();
     let Some((metric, key_dim, generation)) = pool_parameters(OPEN) else {
         raise(
