@@ -1088,3 +1088,301 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
         assert_eq!(sqlstate_and_message(&err).0, "55000", "{err}");
     });
 }
+
+/// The SQLSTATE of a failed query, asserting that it failed.
+fn refused_with<T: std::fmt::Debug>(
+    result: Result<T, tokio_postgres::Error>,
+    what: &str,
+) -> (String, String) {
+    let err = result.expect_err(what);
+    sqlstate_and_message(&err)
+}
+
+async fn opened_count(operator: &Client) -> i64 {
+    operator
+        .query_one("SELECT count(*) FROM privmatch.face_masked_templates", &[])
+        .await
+        .expect("opened templates")
+        .get(0)
+}
+
+/// `face_masked_prepare` at evaluator `b` (the coordinator's login).
+async fn prepare(
+    client: &Client,
+    ids: &[Vec<u8>],
+    seeds: &[u8],
+) -> Result<Vec<u8>, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT privmatch.face_masked_prepare($1, $2)",
+            &[&ids, &seeds],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
+async fn accept(
+    client: &Client,
+    ids: &[Vec<u8>],
+    seeds: &[u8],
+    peer: &[u8],
+) -> Result<i64, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT privmatch.face_masked_accept($1, $2, $3)",
+            &[&ids, &seeds, &peer],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
+/// P2's sealed seeds of `ids` for evaluator `b`.
+async fn sealed_seeds(p2: &Client, b: i32, ids: &[Vec<u8>]) -> Vec<u8> {
+    p2.query_one(
+        "SELECT privmatch.face_dealer_template_seeds($1, $2)",
+        &[&b, &ids],
+    )
+    .await
+    .expect("seeds")
+    .get(0)
+}
+
+/// A masked session opened at P0 and P1 (identification against every opened template):
+/// its id and the compared subjects in the evaluators' order.
+async fn masked_open(
+    clients: &[Client],
+    keys: &[PartyPublicKey; 3],
+    session: [u8; 16],
+    probe: &[i32],
+) -> Result<(Vec<u8>, Vec<String>), Failure> {
+    let mut rng = ChaCha20Rng::from_entropy();
+    let sealed = seal_face_probe(probe, session, None, keys, &mut rng).expect("seal probe");
+    let row = clients[0]
+        .query_one(
+            "SELECT bundle_ids, subjects FROM privmatch.face_masked_open($1, $2)",
+            &[&session.as_slice(), &sealed[0]],
+        )
+        .await
+        .map_err(|e| failure(0, &e))?;
+    let ids: Vec<u8> = row.get(0);
+    let subjects: Vec<String> = row.get(1);
+    let row = clients[1]
+        .query_one(
+            "SELECT subjects FROM privmatch.face_masked_open($1, $2, NULL, $3)",
+            &[&session.as_slice(), &sealed[1], &ids],
+        )
+        .await
+        .map_err(|e| failure(1, &e))?;
+    assert_eq!(
+        row.get::<_, Vec<String>>(0),
+        subjects,
+        "the evaluators' lists"
+    );
+    Ok((ids, subjects))
+}
+
+async fn masked_keys(
+    client: &Client,
+    session: &[u8; 16],
+    chunks: &[Vec<u8>],
+) -> Result<Vec<u8>, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT privmatch.face_masked_keys($1, $2)",
+            &[&session.as_slice(), &chunks],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
+async fn masked_round(
+    client: &Client,
+    session: &[u8; 16],
+    round: i32,
+    inbound: &[u8],
+) -> Result<Vec<u8>, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT privmatch.face_masked_round($1, $2, $3)",
+            &[&session.as_slice(), &round, &inbound],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
+/// Flips one bit in the middle of `bytes`.
+fn tampered(bytes: &[u8]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    let i = out.len() / 2;
+    out[i] ^= 0x10;
+    out
+}
+
+/// What a malicious party or a curious coordinator can try against the dealer-masked steps
+/// at P0 and P1, through the coordinator's own role: forged or misdirected seeds, a tampered
+/// or reflected peer message, another session's key half, a tampered round message, a reused
+/// session id, P2 calling an evaluator's function. Each is refused with its SQLSTATE and
+/// stores nothing; the honest run afterwards still gives the plaintext answers.
+#[test]
+fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
+    const DIM: usize = 64;
+    const TEMPLATES: usize = 24;
+    let cluster = Cluster::start("face-masked-forgery", 37);
+    let keys = cluster.party_keys();
+    let q = Quantizer::new(DIM).expect("dim");
+    let mut rng = ChaCha20Rng::seed_from_u64(37);
+    let (floats, records) = population(&mut rng, &q, TEMPLATES);
+    let probe = q
+        .quantize(&recapture(&mut rng, &floats[5], 0.3))
+        .expect("q");
+    let m2 = f64::from(q.magnitude()).powi(2);
+    let theta_q = dot(&probe, &records[5].1) - 1;
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let operators = [cluster.connect(0).await, cluster.connect(1).await];
+        enroll(&clients, &keys, &records).await;
+        configure(&cluster, &clients, &keys, Metric::Cosine, DIM, theta_q as f64 / m2).await;
+        let pending: Vec<Vec<u8>> = clients[0]
+            .query_one("SELECT privmatch.face_masked_pending()", &[])
+            .await
+            .expect("pending")
+            .get(0);
+        assert_eq!(pending.len(), TEMPLATES);
+        let ids = pending;
+        let mut swapped = ids.clone();
+        swapped.swap(0, 1);
+
+        // P2 holds no evaluator's role.
+        for (sql, what) in [
+            ("SELECT privmatch.face_masked_pending()", "pending at P2"),
+            (
+                "SELECT * FROM privmatch.face_masked_open('\\x00000000000000000000000000000000', '\\x00')",
+                "open at P2",
+            ),
+        ] {
+            let (code, message) = refused_with(clients[2].query(sql, &[]).await, what);
+            assert_eq!(code, "55000", "{what}: {message}");
+        }
+        let seeds = [
+            sealed_seeds(&clients[2], 0, &ids).await,
+            sealed_seeds(&clients[2], 1, &ids).await,
+        ];
+        let (code, message) = refused_with(prepare(&clients[2], &ids, &seeds[0]).await, "prepare at P2");
+        assert_eq!(code, "55000", "{message}");
+
+        // Seeds sealed for the other evaluator, tampered, or for another list: 08P01.
+        for (seed_bytes, list, what) in [
+            (&seeds[1], &ids, "P1's seeds at P0"),
+            (&tampered(&seeds[0]), &ids, "tampered seeds"),
+            (&seeds[0], &swapped, "seeds of another list"),
+        ] {
+            let (code, message) = refused_with(prepare(&clients[0], list, seed_bytes).await, what);
+            assert_eq!(code, "08P01", "{what}: {message}");
+            assert!(message.contains("dealer's seeds were refused"), "{message}");
+        }
+
+        let y = [
+            prepare(&clients[0], &ids, &seeds[0]).await.expect("prepare P0"),
+            prepare(&clients[1], &ids, &seeds[1]).await.expect("prepare P1"),
+        ];
+        let seeds_swapped = sealed_seeds(&clients[2], 0, &swapped).await;
+        // A tampered peer message, P0's own message reflected, P1's message for another
+        // list: refused, nothing stored.
+        for (list, seed_bytes, peer, what) in [
+            (&ids, &seeds[0], tampered(&y[1]), "tampered peer message"),
+            (&ids, &seeds[0], y[0].clone(), "own message reflected"),
+            (&swapped, &seeds_swapped, y[1].clone(), "peer message of another list"),
+        ] {
+            let (code, message) =
+                refused_with(accept(&clients[0], list, seed_bytes, &peer).await, what);
+            assert_eq!(code, "08P01", "{what}: {message}");
+            assert!(message.contains("other evaluator's message was refused"), "{message}");
+            assert_eq!(opened_count(&operators[0]).await, 0, "{what}: nothing stored");
+        }
+        // The honest accept stores each template once; a replay stores nothing more.
+        for b in 0..2 {
+            let stored = accept(&clients[b], &ids, &seeds[b], &y[1 - b]).await.expect("accept");
+            assert_eq!(stored, TEMPLATES as i64);
+            let again = accept(&clients[b], &ids, &seeds[b], &y[1 - b]).await.expect("replay");
+            assert_eq!(again, 0, "P{b}: a replayed accept stores nothing");
+            assert_eq!(opened_count(&operators[b]).await, TEMPLATES as i64);
+        }
+
+        // Sessions: a reused id is 23505; another session's key half, the other evaluator's
+        // half, a tampered round message are 08P01 and end the session at that party.
+        let session_a: [u8; 16] = rng.gen();
+        let session_b: [u8; 16] = rng.gen();
+        let (list_a, subjects) = masked_open(&clients, &keys, session_a, &probe).await.expect("open a");
+        assert_eq!(subjects.len(), TEMPLATES);
+        let (list_b, _) = masked_open(&clients, &keys, session_b, &probe).await.expect("open b");
+        let reuse = seal_face_probe(&probe, session_a, None, &keys, &mut rng).expect("seal");
+        let (code, message) = refused_with(
+            clients[0]
+                .query(
+                    "SELECT * FROM privmatch.face_masked_open($1, $2)",
+                    &[&session_a.as_slice(), &reuse[0]],
+                )
+                .await,
+            "reused session id",
+        );
+        assert_eq!(code, "23505", "{message}");
+        let id_list = |bytes: &[u8]| -> Vec<[u8; 16]> {
+            bytes.chunks_exact(16).map(|c| c.try_into().expect("16")).collect()
+        };
+        let halves_a = dealt_halves(&clients[2], &session_a, &id_list(&list_a)).await.expect("deal a");
+        let halves_b = dealt_halves(&clients[2], &session_b, &id_list(&list_b)).await.expect("deal b");
+        let (code, message) =
+            refused_with(masked_keys(&clients[0], &session_a, &halves_b[0]).await, "B's half for A");
+        assert_eq!(code, "08P01", "{message}");
+        let (code, message) = refused_with(
+            masked_keys(&clients[0], &session_a, &halves_a[0]).await,
+            "A at P0 after a refused half",
+        );
+        assert_eq!(code, "42704", "the refused step ended session A at P0: {message}");
+        let (code, message) =
+            refused_with(masked_keys(&clients[1], &session_a, &halves_a[0]).await, "P0's half at P1");
+        assert_eq!(code, "08P01", "{message}");
+
+        // Session B, honestly, up to a tampered round-2 message at P1.
+        let x0 = masked_keys(&clients[0], &session_b, &halves_b[0]).await.expect("keys P0");
+        let x1 = masked_keys(&clients[1], &session_b, &halves_b[1]).await.expect("keys P1");
+        let (code, message) =
+            refused_with(masked_round(&clients[1], &session_b, 2, &tampered(&x0)).await, "tampered X");
+        assert_eq!(code, "08P01", "{message}");
+        let (code, _) =
+            refused_with(masked_round(&clients[1], &session_b, 2, &x0).await, "B at P1 after");
+        assert_eq!(code, "42704");
+
+        // A third session, honest from end to end: the plaintext answers.
+        let session_c: [u8; 16] = rng.gen();
+        let (list_c, subjects) = masked_open(&clients, &keys, session_c, &probe).await.expect("open c");
+        let halves = dealt_halves(&clients[2], &session_c, &id_list(&list_c)).await.expect("deal c");
+        let x0 = masked_keys(&clients[0], &session_c, &halves[0]).await.expect("keys P0");
+        let x1c = masked_keys(&clients[1], &session_c, &halves[1]).await.expect("keys P1");
+        assert_ne!(x1, x1c, "fresh keys per session");
+        let z0 = masked_round(&clients[0], &session_c, 2, &x1c).await.expect("z0");
+        let z1 = masked_round(&clients[1], &session_c, 2, &x0).await.expect("z1");
+        let o0 = masked_round(&clients[0], &session_c, 3, &z1).await.expect("o0");
+        let o1 = masked_round(&clients[1], &session_c, 3, &z0).await.expect("o1");
+        let bits = funshade::reconstruct(
+            &funshade::bytes_to_words(&o0).expect("words"),
+            &funshade::bytes_to_words(&o1).expect("words"),
+        )
+        .expect("bits");
+        let mut matched = 0;
+        for (bit, subject) in bits.iter().zip(&subjects) {
+            let template = &records.iter().find(|r| &r.0 == subject).expect("subject").1;
+            let expected = plaintext_match(Metric::Cosine, &probe, template, theta_q);
+            assert_eq!(*bit, expected, "{subject}");
+            matched += usize::from(*bit);
+        }
+        assert!(matched >= 1, "the recapture of {} matches", records[5].0);
+        let (code, _) =
+            refused_with(masked_round(&clients[0], &session_c, 3, &z1).await, "finished session");
+        assert_eq!(code, "42704");
+        // Nothing of the refused steps reached the opened templates.
+        for b in 0..2 {
+            assert_eq!(opened_count(&operators[b]).await, TEMPLATES as i64);
+        }
+    });
+}

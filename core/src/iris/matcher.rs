@@ -23,12 +23,14 @@
 //! 3. *Reshare* ([BGK+24] §4.3.2 last step, [TACEO24] §3.2; **1 round**): both vectors are
 //!    re-randomised with PRF zero sharings and reshared into replicated Z_2^16 shares
 //!    ([`ReshareState`]); one message carries code ‖ mask (2 + 2 bytes per comparison).
-//! 4. *Lift and compare* ([BGK+24] §5; **15 rounds**): [`LiftCompareProgram`] lifts c + 2^15
-//!    and m to Z_2^32 in one batch (8 rounds; c = lift − 2^15) and extracts MSB(A·m − B·c)
-//!    with A = 2Q − 4P, B = Q for τ = P/Q, Q = 10,000 (7 rounds): a bit-sliced replicated XOR
-//!    share of match_k = (fhd_k < τ), **exact** for every τ with at most four decimals
-//!    (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no match; derivation in
-//!    [`crate::mpc::compare`]), bit k = comparison k.
+//! 4. *Lift and compare* ([BGK+24] §5; **14 rounds** for τ = 0.345, [`lift_compare_rounds`]):
+//!    [`LiftCompareProgram`] extracts MSB(A·m − B·c) with A = 2Q − 4P, B = Q for τ = P/Q,
+//!    Q = 10,000, from the zero-extended 16-bit components: the wrap counts of c + 2^15 and m
+//!    (the lift of [BGK+24], 6 rounds, side by side with the low half of the sum) enter the
+//!    binary sum as public multiples of shared bits instead of being injected into Z_2^32.
+//!    Output: a bit-sliced replicated XOR share of match_k = (fhd_k < τ), **exact** for every
+//!    τ with at most four decimals (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no
+//!    match; derivation in [`crate::mpc::compare`]), bit k = comparison k.
 //! 5. *OR reduction* ([TACEO24] §2.3 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
 //!    [`SearchMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`SearchMode::Uniqueness`]).
 //!    Identify transposes the entry-major bits locally into R rotation planes of N bits (plane
@@ -41,18 +43,19 @@
 //!    who is entitled beyond that). The entitled parties learn the N per-entry bits
 //!    (Identify) or the one OR bit (Uniqueness) and nothing else: no distance, no rotation.
 //!
-//! **Rounds.** 1 + 15 + ⌈log2 R⌉ + 1 = **22** for Identify with R = 31 and **17** with R = 1,
-//! for every N; 1 + 15 + ⌈log2(31·N)⌉ + 1 for Uniqueness (e.g. 39 for N = 100,000).
-//! [`expected_rounds`] computes it. The number of rounds of Identify does not depend on N:
-//! every round batches all comparisons into one message. **In every round party i sends
-//! exactly one message, to party i+1, and receives exactly one, from party i−1** (all the
-//! sub-protocols have this shape).
+//! **Rounds.** 1 + 14 + ⌈log2 R⌉ + 1 = **21** for Identify with R = 31 and **16** with R = 1
+//! (τ = 0.345), for every N; 1 + 14 + ⌈log2(31·N)⌉ + 1 for Uniqueness (e.g. 38 for
+//! N = 100,000). [`expected_rounds`] computes it. The number of rounds of Identify does not
+//! depend on N: every round batches all comparisons into one message. **In every round party
+//! i sends exactly one message, to party i+1, and receives exactly one, from party i−1** (all
+//! the sub-protocols have this shape).
 //!
 //! **Communication** (measured by the in-process driver of the tests, N = 1,000, R = 31):
-//! 1,988,736 bytes sent per party in 22 rounds, ≈ 64.2 bytes per party per comparison:
-//! reshare 4, lift and compare ≈ 60.0 (the lift carries both c and m, for the exact
-//! threshold), OR tree ≈ 0.12, the opening N/8 bytes in all, plus a 4-byte header per round.
-//! All three parties send the same amounts.
+//! 1,136,412 bytes sent per party in 21 rounds, ≈ 36.7 bytes per party per comparison:
+//! reshare 4, lift and compare ≈ 32.5 (the wrap bits of c and m, the 32-bit sum with its
+//! corrections), OR tree ≈ 0.12, the opening N/8 bytes in all, plus a 4-byte header per
+//! round. All three parties send the same amounts. (Before the wrap counts were folded into
+//! the sum: 1,988,736 bytes in 22 rounds, 64.2 per comparison.)
 //!
 //! **Wire format.** Every payload is `round: u32 LE ‖ body`, where `round` counts this
 //! session's rounds from 0 and `body` is the sub-protocol's payload (the reshare values, the
@@ -77,16 +80,13 @@ use crate::mpc::binary::{
     open_message, open_receive, unpack_bits, words_for, BitSliced, Gates, MpcContext, MpcError,
     Outgoing, Products, Program, ProgramStep, Session, Step, WORD_BITS,
 };
-use crate::mpc::compare::{LiftCompareProgram, Threshold};
+use crate::mpc::compare::{lift_compare_rounds, LiftCompareProgram, Threshold};
 use crate::mpc::or_tree::OrTreeProgram;
 use crate::mpc::reshare::{reshare_context, ReshareError, ReshareState};
 use crate::party::PartyIndex;
 
 /// Bytes of the round header in front of every payload (module docs).
 pub const HEADER_BYTES: usize = 4;
-
-/// Rounds of [`LiftCompareProgram`] (lift 8 + compare 7).
-pub const LIFT_COMPARE_ROUNDS: u32 = 15;
 
 const LABEL_COMPARE: &[u8] = b"iris match compare";
 const LABEL_OR: &[u8] = b"iris match or";
@@ -198,15 +198,21 @@ fn ceil_log2(l: usize) -> u32 {
     }
 }
 
-/// The number of rounds of a search over `num_entries` entries with `max_rotation` (module
-/// docs): reshare 1 + lift/compare 15 + OR tree + open 1.
-pub fn expected_rounds(mode: SearchMode, num_entries: usize, max_rotation: i32) -> u32 {
+/// The number of rounds of a search over `num_entries` entries with `max_rotation` and
+/// `threshold` (module docs): reshare 1 + lift/compare ([`lift_compare_rounds`], 14 for the
+/// default τ) + OR tree + open 1.
+pub fn expected_rounds(
+    mode: SearchMode,
+    num_entries: usize,
+    max_rotation: i32,
+    threshold: &Threshold,
+) -> u32 {
     let r = 2 * max_rotation.max(0) as usize + 1;
     let or = match mode {
         SearchMode::Identify => ceil_log2(r),
         SearchMode::Uniqueness => ceil_log2(r.saturating_mul(num_entries)),
     };
-    1 + LIFT_COMPARE_ROUNDS + or + 1
+    1 + lift_compare_rounds(threshold) + or + 1
 }
 
 /// Everything but the phase.
@@ -781,13 +787,24 @@ mod tests {
             assert_eq!(got, want, "max_rotation {max_rotation}");
             assert_eq!(
                 trace.len() as u32,
-                expected_rounds(SearchMode::Identify, templates.len(), max_rotation)
+                expected_rounds(
+                    SearchMode::Identify,
+                    templates.len(),
+                    max_rotation,
+                    &Threshold::default()
+                )
             );
             // The data set exercises both outcomes.
             assert!(!want.is_empty() && want.len() < templates.len());
         }
-        assert_eq!(expected_rounds(SearchMode::Identify, 240, 15), 22);
-        assert_eq!(expected_rounds(SearchMode::Identify, 240, 0), 17);
+        assert_eq!(
+            expected_rounds(SearchMode::Identify, 240, 15, &Threshold::default()),
+            21
+        );
+        assert_eq!(
+            expected_rounds(SearchMode::Identify, 240, 0, &Threshold::default()),
+            16
+        );
     }
 
     /// A copy of `probe` with the same mask and exactly `h` code bits flipped inside the
@@ -889,9 +906,9 @@ mod tests {
         assert_eq!(out, [0; 3].map(|_| MatchOutput::Unique(true)));
         assert_eq!(
             trace.len() as u32,
-            expected_rounds(SearchMode::Uniqueness, 50, 15)
+            expected_rounds(SearchMode::Uniqueness, 50, 15, &Threshold::default())
         );
-        assert_eq!(trace.len(), 1 + 15 + 11 + 1);
+        assert_eq!(trace.len(), 1 + 14 + 11 + 1);
         // One near-duplicate at rotation 7, flip rate 0.25.
         templates[37] = near_duplicate(&probe, 0.25, 7, &mut rng);
         assert!(plain_match(&probe, &templates[37], 15));
@@ -1040,7 +1057,7 @@ mod tests {
         assert!(!err.to_string().is_empty());
         // Replay: deliver rounds 0..=k normally, then feed round k's message again; the
         // second receive is refused, in the reshare, compare, OR and open phases alike.
-        let total = expected_rounds(SearchMode::Identify, 8, 15) as usize;
+        let total = expected_rounds(SearchMode::Identify, 8, 15, &Threshold::default()) as usize;
         let recv = |s: IrisMatchSession, msgs: &[Outgoing; 3]| {
             let from = s.party().prev();
             s.receive(from, &msgs[from.as_usize()].payload)
@@ -1111,25 +1128,31 @@ mod tests {
     fn rounds_do_not_depend_on_the_database_size() {
         for n in [0usize, 1, 63, 1000] {
             let (rounds, bytes, lens) = measure(n, SearchMode::Identify, 15);
-            assert_eq!(rounds, 22, "N = {n}");
-            assert_eq!(rounds, expected_rounds(SearchMode::Identify, n, 15));
+            assert_eq!(rounds, 21, "N = {n}");
+            assert_eq!(
+                rounds,
+                expected_rounds(SearchMode::Identify, n, 15, &Threshold::default())
+            );
             if n == 1000 {
                 let per = bytes.map(|b| b as f64 / (31 * n) as f64);
                 println!(
                     "N = 1000, 31 rotations: {rounds} rounds, bytes sent per party {bytes:?}, \
                      per comparison {per:.2?}; per round (P0): {lens:?}"
                 );
-                assert_eq!(bytes[0], 1_988_736, "update the module docs");
+                assert_eq!(bytes[0], 1_136_412, "update the module docs");
                 // All parties send the same amount.
                 assert!(bytes.iter().all(|&b| b == bytes[0]));
             }
         }
         let (rounds, ..) = measure(100, SearchMode::Identify, 0);
-        assert_eq!(rounds, 17);
+        assert_eq!(rounds, 16);
         let (rounds, bytes, _) = measure(100, SearchMode::Uniqueness, 15);
-        assert_eq!(rounds, 1 + 15 + 12 + 1);
+        assert_eq!(rounds, 1 + 14 + 12 + 1);
         println!("N = 100 uniqueness: {rounds} rounds, bytes {bytes:?}");
-        assert_eq!(expected_rounds(SearchMode::Uniqueness, 100_000, 15), 39);
+        assert_eq!(
+            expected_rounds(SearchMode::Uniqueness, 100_000, 15, &Threshold::default()),
+            38
+        );
     }
 
     #[test]

@@ -1197,11 +1197,259 @@ struct Node {
     p: Option<BitSliced>,
 }
 
+/// Carry into bit `top` of x + y for two binary-shared operands given as bit planes
+/// ([TACEO24] §2.2): the generate bits g_k = x_k ∧ y_k of positions `first..top` (1 round)
+/// reduced by a binary tree of (G, P) ∘ (G', P') = (G ⊕ P∧G', P∧P') in
+/// ⌈log2(top − first)⌉ rounds. The caller guarantees that no carry arises below `first`
+/// (e.g. y is zero there). Output: the carry into bit `top`.
+#[derive(Debug)]
+pub struct OperandCarryProgram {
+    x: Vec<BitSliced>,
+    y: Vec<BitSliced>,
+    first: usize,
+    top: usize,
+    len: usize,
+    nodes: Vec<Node>,
+    phase: u8,
+}
+
+impl OperandCarryProgram {
+    /// The carry into bit `top` of `x + y` (planes least significant first, at least `top`
+    /// of each, all of one length), generating from position `first` on.
+    pub fn new(
+        x: Vec<BitSliced>,
+        y: Vec<BitSliced>,
+        first: usize,
+        top: usize,
+    ) -> Result<Self, MpcError> {
+        if x.len() < top || y.len() < top || first > top {
+            return Err(MpcError::InvalidInput(
+                "operand carry: need first <= top <= planes of each operand",
+            ));
+        }
+        let len = planes_len(&x)?;
+        if planes_len(&y)? != len {
+            return Err(MpcError::LengthMismatch {
+                what: "carry operands",
+                left: len,
+                right: planes_len(&y)?,
+            });
+        }
+        Ok(Self {
+            x,
+            y,
+            first,
+            top,
+            len,
+            nodes: Vec::new(),
+            phase: 0,
+        })
+    }
+
+    /// Gates of one tree level: pairs (lo, hi) of adjacent nodes.
+    fn tree_gates(&self) -> Result<Gates, MpcError> {
+        let mut pairs = Vec::new();
+        for chunk in self.nodes.chunks_exact(2) {
+            let (lo, hi) = (&chunk[0], &chunk[1]);
+            let p_hi = hi.p.as_ref().ok_or(MpcError::OutOfStep("carry tree"))?;
+            pairs.push((p_hi.clone(), lo.g.clone()));
+            if let Some(p_lo) = &lo.p {
+                pairs.push((p_hi.clone(), p_lo.clone()));
+            }
+        }
+        Ok(Gates::And(pairs))
+    }
+
+    fn tree_step(&mut self) -> Result<ProgramStep<BitSliced>, MpcError> {
+        if self.nodes.len() <= 1 {
+            self.phase = 9;
+            let carry = self
+                .nodes
+                .pop()
+                .map_or_else(|| BitSliced::zeros(self.len), |n| n.g);
+            return Ok(ProgramStep::Done(carry));
+        }
+        Ok(ProgramStep::Gates(self.tree_gates()?))
+    }
+}
+
+impl Program for OperandCarryProgram {
+    type Output = BitSliced;
+
+    fn next(
+        &mut self,
+        _party: PartyIndex,
+        products: Products,
+    ) -> Result<ProgramStep<BitSliced>, MpcError> {
+        match (self.phase, products) {
+            (0, Products::Start) => {
+                if self.first >= self.top {
+                    self.phase = 9;
+                    return Ok(ProgramStep::Done(BitSliced::zeros(self.len)));
+                }
+                let pairs = (self.first..self.top)
+                    .map(|k| (self.x[k].clone(), self.y[k].clone()))
+                    .collect();
+                self.phase = 1;
+                Ok(ProgramStep::Gates(Gates::And(pairs)))
+            }
+            (1, Products::And(g)) if g.len() == self.top - self.first => {
+                let first = self.first;
+                self.nodes = g
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, g)| {
+                        let k = first + i;
+                        Node {
+                            g,
+                            p: (i > 0).then(|| self.x[k].xor_same(&self.y[k])),
+                        }
+                    })
+                    .collect();
+                self.phase = 2;
+                self.tree_step()
+            }
+            (2, Products::And(out)) => {
+                let mut it = out.into_iter();
+                let mut next = Vec::with_capacity(self.nodes.len().div_ceil(2));
+                for chunk in self.nodes.chunks(2) {
+                    if let [lo, hi] = chunk {
+                        let pg = it.next().ok_or(MpcError::OutOfStep("carry tree"))?;
+                        let p = if lo.p.is_some() {
+                            Some(it.next().ok_or(MpcError::OutOfStep("carry tree"))?)
+                        } else {
+                            None
+                        };
+                        next.push(Node {
+                            g: hi.g.xor_same(&pg),
+                            p,
+                        });
+                    } else {
+                        next.push(chunk[0].clone());
+                    }
+                }
+                self.nodes = next;
+                self.tree_step()
+            }
+            _ => Err(MpcError::OutOfStep("carry")),
+        }
+    }
+}
+
+/// Two AND-gate programs run side by side in the same rounds: each round's message carries
+/// the first program's gates, then the second's. One that finishes first keeps its output
+/// until the other is done. Rounds: the larger of the two. Programs that ask for arithmetic
+/// products ([`Gates::Mul`]) are refused.
+pub struct BothProgram<A: Program, B: Program> {
+    first: Side<A>,
+    second: Side<B>,
+    /// Gates of the first program in the batch in flight.
+    split: usize,
+}
+
+enum Side<P: Program> {
+    Running(P),
+    Finished(Option<P::Output>),
+}
+
+impl<P: Program> Side<P> {
+    /// Advances this side with its products (if it is running); its next AND gates, if any.
+    fn advance(
+        &mut self,
+        party: PartyIndex,
+        products: Option<Products>,
+    ) -> Result<Vec<(BitSliced, BitSliced)>, MpcError> {
+        let Side::Running(program) = self else {
+            return Ok(Vec::new());
+        };
+        let products = products.ok_or(MpcError::OutOfStep("both programs"))?;
+        match program.next(party, products)? {
+            ProgramStep::Gates(Gates::And(pairs)) => Ok(pairs),
+            ProgramStep::Gates(Gates::Mul(_)) => Err(MpcError::InvalidInput(
+                "programs run side by side must use AND gates only",
+            )),
+            ProgramStep::Done(out) => {
+                *self = Side::Finished(Some(out));
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    fn running(&self) -> bool {
+        matches!(self, Side::Running(_))
+    }
+
+    fn take(&mut self) -> Option<P::Output> {
+        match self {
+            Side::Finished(out) => out.take(),
+            Side::Running(_) => None,
+        }
+    }
+}
+
+impl<A: Program, B: Program> std::fmt::Debug for BothProgram<A, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "BothProgram(running: {}, {}; <redacted>)",
+            self.first.running(),
+            self.second.running()
+        )
+    }
+}
+
+impl<A: Program, B: Program> BothProgram<A, B> {
+    /// `first` and `second` side by side.
+    pub fn new(first: A, second: B) -> Self {
+        Self {
+            first: Side::Running(first),
+            second: Side::Running(second),
+            split: 0,
+        }
+    }
+}
+
+impl<A: Program, B: Program> Program for BothProgram<A, B> {
+    type Output = (A::Output, B::Output);
+
+    fn next(
+        &mut self,
+        party: PartyIndex,
+        products: Products,
+    ) -> Result<ProgramStep<Self::Output>, MpcError> {
+        let (for_first, for_second) = match products {
+            Products::Start => (Some(Products::Start), Some(Products::Start)),
+            Products::And(mut out) if out.len() >= self.split => {
+                let rest = out.split_off(self.split);
+                (
+                    self.first.running().then_some(Products::And(out)),
+                    self.second.running().then_some(Products::And(rest)),
+                )
+            }
+            _ => return Err(MpcError::OutOfStep("both programs")),
+        };
+        let mut gates = self.first.advance(party, for_first)?;
+        self.split = gates.len();
+        gates.extend(self.second.advance(party, for_second)?);
+        if !gates.is_empty() {
+            return Ok(ProgramStep::Gates(Gates::And(gates)));
+        }
+        if self.first.running() || self.second.running() {
+            // A running program asked for an empty round: not a shape this combinator keeps.
+            return Err(MpcError::OutOfStep("both programs"));
+        }
+        match (self.first.take(), self.second.take()) {
+            (Some(a), Some(b)) => Ok(ProgramStep::Done((a, b))),
+            _ => Err(MpcError::OutOfStep("both programs")),
+        }
+    }
+}
+
 /// Carry into bit t of x = x0 + x1 + x2 (replicated Z_2^w values), [BGK+24] §5 / [TACEO24] §2.2
-/// MSB extraction: a carry-save layer (1 round) gives x = s + 2c; the generate/propagate bits
-/// of s + 2c at positions 1..t−1 (1 round; position 0 never generates since bit 0 of 2c is 0)
-/// are reduced by a binary tree of (G, P) ∘ (G', P') = (G ⊕ P∧G', P∧P') in ⌈log2(t−1)⌉
-/// rounds. Output: (s planes, c planes, carry into bit t). 7 rounds for t = 31.
+/// MSB extraction: a carry-save layer (1 round) gives x = s + 2c; the carry into bit t of
+/// s + 2c is found by [`OperandCarryProgram`] from position 1 (position 0 never generates
+/// since bit 0 of 2c is 0) in 1 + ⌈log2(t−1)⌉ rounds. Output: (s planes, c planes, carry into
+/// bit t). 7 rounds for t = 31.
 #[derive(Debug)]
 pub struct CarryProgram {
     top: usize,
@@ -1209,8 +1457,7 @@ pub struct CarryProgram {
     x2: Vec<BitSliced>,
     s: Vec<BitSliced>,
     c: Vec<BitSliced>,
-    nodes: Vec<Node>,
-    phase: u8,
+    tree: Option<OperandCarryProgram>,
 }
 
 /// The output of [`CarryProgram`]: sum and carry planes of the carry-save layer and the carry
@@ -1245,13 +1492,11 @@ impl CarryProgram {
             x2: Vec::new(),
             s: Vec::new(),
             c: Vec::new(),
-            nodes: Vec::new(),
-            phase: 0,
+            tree: None,
         })
     }
 
     fn output(&mut self, carry: BitSliced) -> ProgramStep<CarryOutput> {
-        self.phase = 9;
         ProgramStep::Done(CarryOutput {
             s: std::mem::take(&mut self.s),
             c: std::mem::take(&mut self.c),
@@ -1259,18 +1504,19 @@ impl CarryProgram {
         })
     }
 
-    /// Gates of one tree level: pairs (lo, hi) of adjacent nodes.
-    fn tree_gates(&self) -> Result<Gates, MpcError> {
-        let mut pairs = Vec::new();
-        for chunk in self.nodes.chunks_exact(2) {
-            let (lo, hi) = (&chunk[0], &chunk[1]);
-            let p_hi = hi.p.as_ref().ok_or(MpcError::OutOfStep("carry tree"))?;
-            pairs.push((p_hi.clone(), lo.g.clone()));
-            if let Some(p_lo) = &lo.p {
-                pairs.push((p_hi.clone(), p_lo.clone()));
+    fn tree_next(
+        &mut self,
+        party: PartyIndex,
+        products: Products,
+    ) -> Result<ProgramStep<CarryOutput>, MpcError> {
+        let tree = self.tree.as_mut().ok_or(MpcError::OutOfStep("carry"))?;
+        match tree.next(party, products)? {
+            ProgramStep::Gates(g) => Ok(ProgramStep::Gates(g)),
+            ProgramStep::Done(carry) => {
+                self.tree = None;
+                Ok(self.output(carry))
             }
         }
-        Ok(Gates::And(pairs))
     }
 }
 
@@ -1279,93 +1525,43 @@ impl Program for CarryProgram {
 
     fn next(
         &mut self,
-        _party: PartyIndex,
+        party: PartyIndex,
         products: Products,
     ) -> Result<ProgramStep<Self::Output>, MpcError> {
-        match (self.phase, products) {
-            (0, Products::Start) => {
-                let comps = self.comps.take().ok_or(MpcError::OutOfStep("carry"))?;
+        if self.tree.is_some() {
+            return self.tree_next(party, products);
+        }
+        match (products, self.comps.take()) {
+            (Products::Start, Some(comps)) => {
                 // Only c_0 .. c_{top−1} reach bits ≤ top of s + 2c.
                 let (gates, s) = csa_layer(&comps, self.top);
                 self.s = s;
                 let [_, _, x2] = comps;
                 self.x2 = x2;
-                self.phase = 1;
                 Ok(ProgramStep::Gates(Gates::And(gates)))
             }
-            (1, Products::And(maj)) => {
-                if maj.len() != self.top {
-                    return Err(MpcError::OutOfStep("carry"));
-                }
+            (Products::And(maj), None) if maj.len() == self.top && self.s.len() >= self.top => {
                 self.c = maj
                     .iter()
                     .zip(&self.x2)
                     .map(|(m, x2)| m.xor_same(x2))
                     .collect();
+                // Operands s and 2c: (2c)_k = c_{k−1}; (2c)_0 = 0 is never read (first = 1).
                 let len = self.s.first().map_or(0, BitSliced::len);
-                if self.top <= 1 {
-                    return Ok(self.output(BitSliced::zeros(len)));
-                }
-                // Positions 1..top−1: operand bits s_k and (2c)_k = c_{k−1}.
-                let pairs = (1..self.top)
-                    .map(|k| (self.s[k].clone(), self.c[k - 1].clone()))
-                    .collect();
-                self.phase = 2;
-                Ok(ProgramStep::Gates(Gates::And(pairs)))
-            }
-            (2, Products::And(g)) => {
-                self.nodes = g
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, g)| {
-                        let k = i + 1;
-                        Node {
-                            g,
-                            p: (i > 0).then(|| self.s[k].xor_same(&self.c[k - 1])),
-                        }
-                    })
-                    .collect();
-                self.phase = 3;
-                self.tree_step()
-            }
-            (3, Products::And(out)) => {
-                let mut it = out.into_iter();
-                let mut next = Vec::with_capacity(self.nodes.len().div_ceil(2));
-                for chunk in self.nodes.chunks(2) {
-                    if let [lo, hi] = chunk {
-                        let pg = it.next().ok_or(MpcError::OutOfStep("carry tree"))?;
-                        let p = if lo.p.is_some() {
-                            Some(it.next().ok_or(MpcError::OutOfStep("carry tree"))?)
-                        } else {
-                            None
-                        };
-                        next.push(Node {
-                            g: hi.g.xor_same(&pg),
-                            p,
-                        });
-                    } else {
-                        next.push(chunk[0].clone());
-                    }
-                }
-                self.nodes = next;
-                self.tree_step()
+                let mut shifted = Vec::with_capacity(self.top);
+                shifted.push(BitSliced::zeros(len));
+                shifted.extend(self.c[..self.top - 1].iter().cloned());
+                let x = self.s[..self.top].to_vec();
+                self.tree = Some(OperandCarryProgram::new(
+                    x,
+                    shifted,
+                    1.min(self.top),
+                    self.top,
+                )?);
+                self.tree_next(party, Products::Start)
             }
             _ => Err(MpcError::OutOfStep("carry")),
         }
-    }
-}
-
-impl CarryProgram {
-    fn tree_step(&mut self) -> Result<ProgramStep<CarryOutput>, MpcError> {
-        if self.nodes.len() <= 1 {
-            let len = self.s.first().map_or(0, BitSliced::len);
-            let carry = self
-                .nodes
-                .pop()
-                .map_or_else(|| BitSliced::zeros(len), |n| n.g);
-            return Ok(self.output(carry));
-        }
-        Ok(ProgramStep::Gates(self.tree_gates()?))
     }
 }
 

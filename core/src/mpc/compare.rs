@@ -36,24 +36,26 @@
 //! multiplied by 2^16), but then A = 2(1 − 2τ)·B is an integer only for τ a multiple of 2^−18,
 //! and τ = 0.345 misclassified the 78 pairs with fhd in [90,439/2^18, 0.345). With B = Q =
 //! 10,000 the wrap-around of the 16-bit components no longer vanishes, so c needs a real
-//! Z_2^32 sharing: [`LiftCompareProgram`] lifts c **in the same batch** as m (one
-//! [`crate::mpc::lift::LiftProgram`] over 2n values, hence no extra round). The lift is
-//! unsigned (values in [0, 2^16)) while c is signed, so the program lifts c + 2^15 ∈
-//! [19,968, 45,568] ⊂ [0, 2^16) (the public offset is added locally to component x0 by
-//! [`ReplicatedShare::add_constant`]) and subtracts 2^15 again in Z_2^32 after the lift.
-//! Then x = A·m − B·c is local (public constants times replicated shares).
+//! Z_2^32 sharing of x. [`LiftCompareProgram`] never lifts c or m themselves: it computes x
+//! from the zero-extended 16-bit components and subtracts the components' wrap-arounds
+//! 2^16·(A·k_m − B·k_c) inside the binary sum that extracts the MSB (the wrap counts are two
+//! shared bits each, found as in [`crate::mpc::lift`]; times public constants they are free
+//! binary rows). c is offset to c + 2^15 ∈ [19,968, 45,568] ⊂ [0, 2^16) first, so that its
+//! wrap count is that of an unsigned value, and the offset is taken back as + B·2^15.
 //!
 //! **Rounds.** [`MsbProgram`]: 7 ([`crate::mpc::binary::CarryProgram`] into bit 31: carry-save
 //! layer 1, generate 1, carry tree ⌈log2 30⌉ = 5), each one message from party i to party i+1;
-//! [`LiftCompareProgram`] (from 16-bit shares: lift 8 + compare 7) 15, the same as when only m
-//! was lifted (the lift's messages are twice as long); opening the result
+//! [`LiftCompareProgram`] (from 16-bit shares) [`lift_compare_rounds`]: 14 for τ = 0.345 (13–14
+//! for every τ; 15 when c and m were lifted to Z_2^32 by bit injection, with 64.2 instead of
+//! 36.7 bytes per comparison and party in a whole search); opening the result
 //! ([`crate::mpc::binary::open_message`]) is one more.
 
 use std::num::Wrapping;
 
 use crate::algebra::ring::{Z16, Z32};
 use crate::mpc::binary::{
-    BitSliced, CarryOutput, CarryProgram, MpcError, Products, Program, ProgramStep,
+    component_planes, BitSliced, BothProgram, CarryOutput, CarryProgram, Gates, MpcError,
+    OperandCarryProgram, Products, Program, ProgramStep,
 };
 use crate::party::PartyIndex;
 use crate::sharing::replicated::ReplicatedShare;
@@ -221,15 +223,288 @@ pub fn compare_program(
     MsbProgram::new(&masked_difference(threshold, code, mask)?, party)
 }
 
-/// The whole comparison from 16-bit shares ([BGK+24] §5: MPCLift, then the comparison): one
-/// [`crate::mpc::lift::LiftProgram`] over c + 2^15 ‖ m (both lifted in the same batch,
-/// 8 rounds), c = lift(c + 2^15) − 2^15, then [`MsbProgram`] on x = A·m − B·c (7 rounds),
-/// 15 rounds in all. Output as [`compare_program`].
-pub struct LiftCompareProgram {
-    threshold: Threshold,
+/// Operands of a multi-operand binary sum, as rows of 32 bit planes (least significant
+/// first); `None` is a plane known to be zero (no gate is spent on it).
+type Rows = Vec<Vec<Option<BitSliced>>>;
+
+/// Bits of x.
+const WIDTH: usize = 32;
+
+/// The lift's corrections have weight 2^16 and up: columns below never receive them.
+const LOW: usize = 16;
+
+/// A full or half adder whose AND is in flight: its carry lands in column `column` of the
+/// carry row of its group; `c` is the third input (or `None` for a half adder).
+#[derive(Debug)]
+struct PendingCarry {
+    group: usize,
+    column: usize,
+    c: Option<BitSliced>,
+}
+
+/// One carry-save layer ([TACEO24] §2.2, applied to rows as in a Wallace tree): the rows are
+/// taken three at a time (one or two left over pass unchanged); each triple gives a sum row
+/// and a carry row shifted one column up. Per column a gate is spent only where two or three
+/// inputs are present (full adder maj(a, b, c) = ((a ⊕ c) ∧ (b ⊕ c)) ⊕ c, half adder a ∧ b),
+/// and none in the top column (its carry would leave the 32 bits). Returns the rows (carry
+/// rows filled by [`land_carries`]), the AND gates and the carries they make.
+fn csa_rows(rows: Rows) -> (Rows, Vec<(BitSliced, BitSliced)>, Vec<PendingCarry>) {
+    let mut out: Rows = Vec::with_capacity(rows.len());
+    let mut gates = Vec::new();
+    let mut pending = Vec::new();
+    let triples = rows.len() / 3;
+    let mut it = rows.into_iter();
+    for _ in 0..triples {
+        let inputs: Vec<Vec<Option<BitSliced>>> = it.by_ref().take(3).collect();
+        let group = out.len() + 1; // where this triple's carry row goes in `out`
+        let mut sum = vec![None; WIDTH];
+        for (k, slot) in sum.iter_mut().enumerate() {
+            let present: Vec<&BitSliced> = inputs.iter().filter_map(|r| r[k].as_ref()).collect();
+            *slot = present
+                .split_first()
+                .map(|(first, rest)| rest.iter().fold((*first).clone(), |acc, b| acc.xor_same(b)));
+            if k + 1 >= WIDTH {
+                continue;
+            }
+            match present.as_slice() {
+                [a, b] => {
+                    gates.push(((*a).clone(), (*b).clone()));
+                    pending.push(PendingCarry {
+                        group,
+                        column: k + 1,
+                        c: None,
+                    });
+                }
+                [a, b, c] => {
+                    gates.push((a.xor_same(c), b.xor_same(c)));
+                    pending.push(PendingCarry {
+                        group,
+                        column: k + 1,
+                        c: Some((*c).clone()),
+                    });
+                }
+                _ => {}
+            }
+        }
+        out.push(sum);
+        out.push(vec![None; WIDTH]);
+    }
+    out.extend(it);
+    (out, gates, pending)
+}
+
+/// Puts the carries of a finished [`csa_rows`] layer into their rows.
+fn land_carries(
+    rows: &mut Rows,
+    pending: Vec<PendingCarry>,
+    products: Vec<BitSliced>,
+) -> Result<(), MpcError> {
+    if products.len() != pending.len() {
+        return Err(MpcError::OutOfStep("carry-save rows"));
+    }
+    for (p, product) in pending.into_iter().zip(products) {
+        let carry = match &p.c {
+            Some(c) => product.xor_same(c),
+            None => product,
+        };
+        let slot = rows
+            .get_mut(p.group)
+            .and_then(|row| row.get_mut(p.column))
+            .ok_or(MpcError::OutOfStep("carry-save rows"))?;
+        *slot = Some(carry);
+    }
+    Ok(())
+}
+
+/// Merges rows whose present planes are in disjoint columns (local: the sum is the same).
+fn merge_disjoint(rows: Rows) -> Rows {
+    let mut out: Rows = Vec::with_capacity(rows.len());
+    for row in rows {
+        let fits = out
+            .iter()
+            .position(|o| o.iter().zip(&row).all(|(x, y)| x.is_none() || y.is_none()));
+        match fits {
+            Some(i) => {
+                for (slot, plane) in out[i].iter_mut().zip(row) {
+                    if plane.is_some() {
+                        *slot = plane;
+                    }
+                }
+            }
+            None => out.push(row),
+        }
+    }
+    out.retain(|row| row.iter().any(Option::is_some));
+    out
+}
+/// Rows `rows` (at most two) restricted to columns below `top` as planes (a missing plane is
+/// a zero plane), and the lowest position from `from` on where both rows are present (no
+/// carry arises below it).
+fn two_operands(
+    rows: &Rows,
+    from: usize,
+    top: usize,
     len: usize,
-    lift: crate::mpc::lift::LiftProgram,
-    msb: Option<MsbProgram>,
+) -> Result<(Vec<BitSliced>, Vec<BitSliced>, usize), MpcError> {
+    if rows.len() > 2 {
+        return Err(MpcError::OutOfStep("two operands"));
+    }
+    let plane = |r: usize, k: usize| {
+        rows.get(r)
+            .and_then(|row| row[k].clone())
+            .unwrap_or_else(|| BitSliced::zeros(len))
+    };
+    let both = |k: usize| (0..2).all(|r| rows.get(r).is_some_and(|row| row[k].is_some()));
+    let x = (0..top).map(|k| plane(0, k)).collect();
+    let y = (0..top).map(|k| plane(1, k)).collect();
+    let first = (from..top).find(|&k| both(k)).unwrap_or(top);
+    Ok((x, y, first))
+}
+
+/// The low half of x = A·m − B·c from its three 32-bit components: one carry-save layer over
+/// all columns (round 1), then the carry into bit 16 of the two rows in columns 0..15
+/// (5 rounds). Output: the two rows (columns 16 and up still to be summed) and that carry.
+#[derive(Debug)]
+struct LowHalfProgram {
+    len: usize,
+    rows: Rows,
+    pending: Vec<PendingCarry>,
+    carry: Option<OperandCarryProgram>,
+}
+
+impl LowHalfProgram {
+    fn new(x: &[ReplicatedShare<Z32>], party: PartyIndex) -> Self {
+        let rows = component_planes(x, WIDTH, party)
+            .into_iter()
+            .map(|planes| planes.into_iter().map(Some).collect())
+            .collect();
+        Self {
+            len: x.len(),
+            rows,
+            pending: Vec::new(),
+            carry: None,
+        }
+    }
+
+    fn carry_step(&mut self, step: ProgramStep<BitSliced>) -> ProgramStep<(Rows, BitSliced)> {
+        match step {
+            ProgramStep::Gates(g) => ProgramStep::Gates(g),
+            ProgramStep::Done(c16) => {
+                self.carry = None;
+                ProgramStep::Done((std::mem::take(&mut self.rows), c16))
+            }
+        }
+    }
+}
+
+impl Program for LowHalfProgram {
+    type Output = (Rows, BitSliced);
+
+    fn next(
+        &mut self,
+        party: PartyIndex,
+        products: Products,
+    ) -> Result<ProgramStep<Self::Output>, MpcError> {
+        if let Some(carry) = self.carry.as_mut() {
+            let step = carry.next(party, products)?;
+            return Ok(self.carry_step(step));
+        }
+        match products {
+            Products::Start => {
+                let (rows, gates, pending) = csa_rows(std::mem::take(&mut self.rows));
+                self.rows = rows;
+                self.pending = pending;
+                Ok(ProgramStep::Gates(Gates::And(gates)))
+            }
+            Products::And(maj) => {
+                land_carries(&mut self.rows, std::mem::take(&mut self.pending), maj)?;
+                let (x, y, first) = two_operands(&self.rows, 0, LOW, self.len)?;
+                for row in &mut self.rows {
+                    row[..LOW].fill(None);
+                }
+                let mut carry = OperandCarryProgram::new(x, y, first, LOW)?;
+                let step = carry.next(party, Products::Start)?;
+                self.carry = Some(carry);
+                Ok(self.carry_step(step))
+            }
+            Products::Mul(_) => Err(MpcError::OutOfStep("low half")),
+        }
+    }
+}
+
+/// The rows of columns 16..31 once the lift is done: x's two rows, the carry into bit 16, and
+/// the corrections 2^16·κ·bit for the wrap bits (u, v) of each block (code, mask), merged
+/// where their columns do not overlap.
+fn upper_rows(
+    rows: Rows,
+    c16: BitSliced,
+    wraps: [[BitSliced; 2]; 2],
+    threshold: &Threshold,
+) -> Rows {
+    let mut all = rows;
+    let mut carry_in = vec![None; WIDTH];
+    carry_in[LOW] = Some(c16);
+    all.push(carry_in);
+    for (kappa, bits) in correction_constants(threshold).into_iter().zip(wraps) {
+        for bit in bits {
+            let row = (0..WIDTH)
+                .map(|k| (k >= LOW && (kappa >> (k - LOW)) & 1 == 1).then(|| bit.clone()))
+                .collect();
+            all.push(row);
+        }
+    }
+    merge_disjoint(all)
+}
+
+/// Once two upper rows are left: the program of the carry into bit 31 of their sum, and the
+/// parity of column 31 (bit 31 of x is their XOR).
+fn top_carry(rows: &Rows, len: usize) -> Result<(OperandCarryProgram, BitSliced), MpcError> {
+    let top = WIDTH - 1;
+    let (x, y, first) = two_operands(rows, LOW, top, len)?;
+    let mut parity = BitSliced::zeros(len);
+    for row in rows {
+        if let Some(bit) = &row[top] {
+            parity = parity.xor_same(bit);
+        }
+    }
+    Ok((OperandCarryProgram::new(x, y, first, top)?, parity))
+}
+
+/// The whole comparison from 16-bit shares ([BGK+24] §5, MPCLift and the comparison, with the
+/// lift folded into the comparison's binary sum so that no value is lifted to Z_2^32).
+///
+/// Over the integers the components of c' = c + 2^15 and of m wrap k_c, k_m ∈ {0, 1, 2} times
+/// 2^16 ([`crate::mpc::lift`]); with zero-extended components X_j = A·m_j − B·c'_j (+ B·2^15 on
+/// X_0), x = A·m − B·c = X_0 + X_1 + X_2 + 2^16·(B·k_c − A·k_m) mod 2^32. The wrap counts are
+/// k = u + v with the bits u, v of [`CarryProgram`] (carry-save bit 15 and the carry out of
+/// the 16-bit sum), so the correction is four binary rows 2^16·κ·bit (κ = B or −A mod 2^16):
+/// public constants times shared bits, free. Rounds 1–6: the wrap bits of c' ‖ m side by side
+/// with the low half of x (a carry-save layer over the three components, then the carry into
+/// bit 16); then carry-save layers over columns 16..31 until two rows are left, and the carry
+/// into bit 31 ([`OperandCarryProgram`]); MSB(x) = the parity of column 31 ⊕ that carry.
+/// [`lift_compare_rounds`] counts the rounds (14 for τ = 0.345). Output as
+/// [`compare_program`].
+pub struct LiftCompareProgram {
+    len: usize,
+    wraps_for: Threshold,
+    stage: Stage,
+}
+
+/// Where a [`LiftCompareProgram`] is.
+enum Stage {
+    /// Rounds 1–6: the wrap bits ‖ the low half of x.
+    Lift(Box<BothProgram<CarryProgram, LowHalfProgram>>),
+    /// A carry-save layer over the upper rows (its carries in flight).
+    Reduce {
+        rows: Rows,
+        pending: Vec<PendingCarry>,
+    },
+    /// The carry into bit 31, and the parity of column 31.
+    Top {
+        carry: OperandCarryProgram,
+        parity: BitSliced,
+    },
+    Finished,
 }
 
 impl std::fmt::Debug for LiftCompareProgram {
@@ -240,6 +515,27 @@ impl std::fmt::Debug for LiftCompareProgram {
             self.len
         )
     }
+}
+
+/// The public constants κ of the correction rows 2^16·κ·bit, per block (code, then mask):
+/// B for the code's wraps, −A for the mask's (mod 2^16).
+fn correction_constants(threshold: &Threshold) -> [u32; 2] {
+    let wrap = 1i64 << 16;
+    [
+        threshold.b().rem_euclid(wrap) as u32,
+        (-threshold.a()).rem_euclid(wrap) as u32,
+    ]
+}
+
+/// The wrap bits (u, v) of the code block and the mask block from the lift's carry output
+/// over c' ‖ m.
+fn wrap_bits(lifted: &CarryOutput, len: usize) -> Result<[[BitSliced; 2]; 2], MpcError> {
+    let u = lifted.c.get(15).ok_or(MpcError::OutOfStep("lift"))?;
+    let v = &lifted.carry;
+    Ok([
+        [u.slice(0, len)?, v.slice(0, len)?],
+        [u.slice(len, len)?, v.slice(len, len)?],
+    ])
 }
 
 impl LiftCompareProgram {
@@ -258,19 +554,52 @@ impl LiftCompareProgram {
                 right: mask.len(),
             });
         }
-        // c + 2^15 ∈ [0, 2^16) (unsigned, as the lift needs), then m: one batch.
+        let zext = |s: ReplicatedShare<Z16>| ReplicatedShare::<Z32> {
+            a: Wrapping(u32::from(s.a.0)),
+            b: Wrapping(u32::from(s.b.0)),
+        };
+        // c' = c + 2^15 ∈ [0, 2^16) (unsigned, as the wrap count needs), then m: one batch.
         let offset = Wrapping(CODE_OFFSET as u16);
-        let values: Vec<ReplicatedShare<Z16>> = code
+        let values: Vec<ReplicatedShare<Z32>> = code
             .iter()
-            .map(|&c| c.add_constant(offset, party))
-            .chain(mask.iter().copied())
+            .map(|&c| zext(c.add_constant(offset, party)))
+            .chain(mask.iter().map(|&m| zext(m)))
             .collect();
+        let (code32, mask32) = values.split_at(code.len());
+        // X = A·m − B·c' + B·2^15 on the zero-extended components.
+        let plus = Wrapping((threshold.b() as u32).wrapping_mul(CODE_OFFSET));
+        let x: Vec<ReplicatedShare<Z32>> = masked_difference(threshold, code32, mask32)?
+            .into_iter()
+            .map(|v| v.add_constant(plus, party))
+            .collect();
+        let lift = CarryProgram::new(&values, 16, 16, party)?;
+        let low = LowHalfProgram::new(&x, party);
         Ok(Self {
-            threshold: *threshold,
             len: code.len(),
-            lift: crate::mpc::lift::LiftProgram::new(&values, party)?,
-            msb: None,
+            wraps_for: *threshold,
+            stage: Stage::Lift(Box::new(BothProgram::new(lift, low))),
         })
+    }
+
+    /// The next carry-save layer over the upper rows, or the top carry once two are left.
+    fn reduce_or_finish(
+        &mut self,
+        party: PartyIndex,
+        rows: Rows,
+    ) -> Result<ProgramStep<BitSliced>, MpcError> {
+        if rows.len() > 2 {
+            let (rows, gates, pending) = csa_rows(rows);
+            self.stage = Stage::Reduce { rows, pending };
+            return Ok(ProgramStep::Gates(Gates::And(gates)));
+        }
+        let (mut carry, parity) = top_carry(&rows, self.len)?;
+        match carry.next(party, Products::Start)? {
+            ProgramStep::Gates(g) => {
+                self.stage = Stage::Top { carry, parity };
+                Ok(ProgramStep::Gates(g))
+            }
+            ProgramStep::Done(c31) => Ok(ProgramStep::Done(parity.xor_same(&c31))),
+        }
     }
 }
 
@@ -282,28 +611,66 @@ impl Program for LiftCompareProgram {
         party: PartyIndex,
         products: Products,
     ) -> Result<ProgramStep<BitSliced>, MpcError> {
-        if let Some(msb) = self.msb.as_mut() {
-            return msb.next(party, products);
-        }
-        match self.lift.next(party, products)? {
-            ProgramStep::Gates(g) => Ok(ProgramStep::Gates(g)),
-            ProgramStep::Done(lifted) => {
-                if lifted.len() != 2 * self.len {
-                    return Err(MpcError::OutOfStep("lift and compare"));
+        match std::mem::replace(&mut self.stage, Stage::Finished) {
+            Stage::Lift(mut both) => match both.next(party, products)? {
+                ProgramStep::Gates(g) => {
+                    self.stage = Stage::Lift(both);
+                    Ok(ProgramStep::Gates(g))
                 }
-                let (code, mask) = lifted.split_at(self.len);
-                let minus_offset = Wrapping(CODE_OFFSET.wrapping_neg());
-                let code: Vec<ReplicatedShare<Z32>> = code
-                    .iter()
-                    .map(|&c| c.add_constant(minus_offset, party))
-                    .collect();
-                let mut msb = compare_program(&self.threshold, &code, mask, party)?;
-                let step = msb.next(party, Products::Start)?;
-                self.msb = Some(msb);
-                Ok(step)
+                ProgramStep::Done((lifted, (rows, c16))) => {
+                    let wraps = wrap_bits(&lifted, self.len)?;
+                    drop(lifted);
+                    let rows = upper_rows(rows, c16, wraps, &self.wraps_for);
+                    self.reduce_or_finish(party, rows)
+                }
+            },
+            Stage::Reduce { mut rows, pending } => {
+                let Products::And(maj) = products else {
+                    return Err(MpcError::OutOfStep("lift and compare"));
+                };
+                land_carries(&mut rows, pending, maj)?;
+                self.reduce_or_finish(party, rows)
             }
+            Stage::Top { mut carry, parity } => match carry.next(party, products)? {
+                ProgramStep::Gates(g) => {
+                    self.stage = Stage::Top { carry, parity };
+                    Ok(ProgramStep::Gates(g))
+                }
+                ProgramStep::Done(c31) => Ok(ProgramStep::Done(parity.xor_same(&c31))),
+            },
+            Stage::Finished => Err(MpcError::OutOfStep("lift and compare")),
         }
     }
+}
+
+/// The rounds of [`LiftCompareProgram`] for `threshold` (public: they depend on the bits of
+/// the constants A and B only): 6 (wrap bits ‖ low half), one per carry-save layer over the
+/// upper rows, then 1 + ⌈log2(positions)⌉ for the carry into bit 31. Counted by running the
+/// program's own planning on empty planes.
+pub fn lift_compare_rounds(threshold: &Threshold) -> u32 {
+    let empty = || BitSliced::zeros(0);
+    let x_rows: Rows = (0..2)
+        .map(|_| (0..WIDTH).map(|k| (k >= LOW).then(empty)).collect())
+        .collect();
+    let wraps = [[empty(), empty()], [empty(), empty()]];
+    let mut rows = upper_rows(x_rows, empty(), wraps, threshold);
+    let mut rounds = 6;
+    while rows.len() > 2 {
+        let (next, gates, pending) = csa_rows(rows);
+        rows = next;
+        let products = gates.iter().map(|_| empty()).collect();
+        if land_carries(&mut rows, pending, products).is_err() {
+            break;
+        }
+        rounds += 1;
+    }
+    let top = WIDTH - 1;
+    let first = two_operands(&rows, LOW, top, 0).map_or(top, |(_, _, first)| first);
+    let positions = (top - first) as u32;
+    if positions > 0 {
+        rounds += 1 + positions.next_power_of_two().trailing_zeros();
+    }
+    rounds
 }
 
 #[cfg(test)]
@@ -377,7 +744,15 @@ mod tests {
         let progs = [0, 1, 2]
             .map(|i| LiftCompareProgram::new(threshold, &code[i], &mask[i], P[i]).unwrap());
         let (out, stats) = run(&contexts(seed as u8, [4; 16]), b"lift+cmp", progs).unwrap();
-        assert_eq!(stats.rounds, 15, "same rounds as lifting m alone");
+        assert_eq!(
+            stats.rounds,
+            lift_compare_rounds(threshold),
+            "rounds as counted"
+        );
+        assert!(
+            stats.rounds <= 15,
+            "no more rounds than lifting both values"
+        );
         open(&out, pairs.len())
     }
 
@@ -512,7 +887,8 @@ mod tests {
     #[test]
     fn exact_for_other_four_decimal_thresholds() {
         // τ ∈ {0.3, 0.32, 0.3333, 0.345, 0.4, 0.0001, 0.9999, 1}: zero disagreements with
-        // hd·10,000 < P·common on 32-bit shares (7 rounds), half the cases at the boundary.
+        // hd·10,000 < P·common on 32-bit shares (7 rounds) and from 16-bit shares (the lift
+        // folded into the sum), half the cases at the boundary.
         let mut rng = ChaCha20Rng::seed_from_u64(21);
         for (seed, p) in [3000i64, 3200, 3333, 3450, 4000, 1, 9999, 10_000]
             .into_iter()
@@ -530,9 +906,15 @@ mod tests {
             }
             let pairs: Vec<(i64, i64)> = cs.iter().map(|&(h, c)| dots(h, c)).collect();
             let got = mpc_compare(&t, &pairs, seed as u64);
+            // And from 16-bit shares, where the lift's corrections depend on A and B.
+            let lifted = mpc_lift_compare(&t, &pairs, seed as u64);
             for (k, &(hd, common)) in cs.iter().enumerate() {
                 let want = common > 0 && hd * Q < p * common;
                 assert_eq!(got[k], want, "τ {p}/10,000: hd {hd} common {common}");
+                assert_eq!(
+                    lifted[k], want,
+                    "lifted, τ {p}/10,000: hd {hd} common {common}"
+                );
             }
         }
     }
@@ -651,5 +1033,17 @@ mod tests {
         let code16 = vec![ReplicatedShare::<Z16>::default(); 2];
         let mask16 = vec![ReplicatedShare::<Z16>::default(); 3];
         assert!(LiftCompareProgram::new(&t, &code16, &mask16, P[0]).is_err());
+    }
+}
+#[cfg(test)]
+mod tmp_rounds {
+    #[test]
+    fn print_rounds() {
+        for p in [
+            0u32, 1, 2500, 3000, 3200, 3333, 3450, 4000, 5000, 7777, 9999, 10000,
+        ] {
+            let t = super::Threshold::from_ten_thousandths(p).unwrap();
+            eprintln!("p {p}: {}", super::lift_compare_rounds(&t));
+        }
     }
 }

@@ -20,6 +20,11 @@
 //!
 //! **Rounds.** [`InjectProgram`]: 2. [`LiftProgram`]: 8 (6 binary + 2 injection), each one
 //! message from party i to party i+1.
+//!
+//! The iris matcher no longer lifts: [`crate::mpc::compare::LiftCompareProgram`] takes the
+//! wrap bits u, v of the same carry computation into the comparison's binary sum, which needs
+//! neither the injection rounds nor their 32-bit products. The lift stays for sums that must
+//! continue in Z_2^32.
 
 use std::num::Wrapping;
 

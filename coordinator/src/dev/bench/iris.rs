@@ -26,6 +26,7 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
+use privmatch_core::mpc::compare::Threshold;
 use privmatch_core::wire::session::new_session_id;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -383,6 +384,8 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
         "plaintext cmp/s",
         "x plaintext"
     );
+    // The rounds the searches should take at the bench's threshold.
+    let threshold = Threshold::from_ratio(DEFAULT_THRESHOLD).unwrap_or_default();
     for f in figures {
         let entries = f.stats.entries.max(0) as usize;
         let comparisons = (entries * f.rotations) as f64;
@@ -394,7 +397,12 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
             f.median_seconds,
             rate,
             f.stats.rounds,
-            expected_rounds(SearchMode::Identify, entries, (f.rotations as i32 - 1) / 2),
+            expected_rounds(
+                SearchMode::Identify,
+                entries,
+                (f.rotations as i32 - 1) / 2,
+                &threshold,
+            ),
             format!(
                 "{:.2} / {:.2} / {:.2}",
                 mb(f.stats.bytes_sent[0]),

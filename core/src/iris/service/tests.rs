@@ -224,14 +224,14 @@ fn identification_and_uniqueness_match_the_plaintext_reference() {
 }
 
 #[test]
-fn identify_takes_22_rounds_with_31_rotations() {
+fn identify_takes_21_rounds_with_31_rotations() {
     let mut w = world(12);
     let t = random_template(&mut w.rng);
     w.enroll("a", Eye::Left, &t);
     let id = w.session();
     let starts = w.start(id, &t, Eye::Left, params("identify", 15));
     let (replies, rounds) = w.finish(id, starts.into_iter().map(|s| s.message).collect());
-    assert_eq!(rounds, 22);
+    assert_eq!(rounds, 21);
     assert_eq!(replies[0], RoundReply::Identified(vec!["a".into()]));
 }
 
