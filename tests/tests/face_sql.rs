@@ -1225,7 +1225,7 @@ fn tampered(bytes: &[u8]) -> Vec<u8> {
 /// stores nothing; the honest run afterwards still gives the plaintext answers.
 #[test]
 fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
-    const DIM: usize = 64;
+    const DIM: usize = 128;
     const TEMPLATES: usize = 24;
     let cluster = Cluster::start("face-masked-forgery", 37);
     let keys = cluster.party_keys();

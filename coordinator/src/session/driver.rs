@@ -348,11 +348,21 @@ pub async fn relay<const N: usize, R: Rounds<N>>(
             traffic.count(&messages);
             rounds.route(messages)
         });
+        let inbound_bytes: usize = inbound.iter().flatten().map(Vec::len).sum();
+        let started = Instant::now();
         let replies = at_each(clients, |party, client| {
             let message = inbound.as_ref().map(|m| m[party.as_usize()].as_slice());
             round_at(rounds, party, client, round, message)
         })
         .await?;
+        // Where a session's time goes, round by round (sizes and times only).
+        tracing::debug!(
+            function = R::ROUND_FUNCTION,
+            round,
+            inbound_bytes,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "round"
+        );
         traffic.rounds += 1;
         match rounds.step(round, replies)? {
             Step::Relay(next) => outbound = Some(next),
