@@ -1381,8 +1381,8 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
             refused_with(masked_round(&clients[0], &session_c, 3, &z1).await, "finished session");
         assert_eq!(code, "42704");
         // Nothing of the refused steps reached the opened templates.
-        for b in 0..2 {
-            assert_eq!(opened_count(&operators[b]).await, TEMPLATES as i64);
+        for operator in &operators {
+            assert_eq!(opened_count(operator).await, TEMPLATES as i64);
         }
     });
 }

@@ -1789,6 +1789,66 @@ mod tests {
         }
 
         #[test]
+        fn two_adders_side_by_side_match_plaintext(w1 in 2usize..=32, w2 in 2usize..=32, n in 0usize..100, seed: u64) {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let mask = |w: usize| if w == 32 { u32::MAX } else { (1u32 << w) - 1 };
+            let values = |w: usize, rng: &mut ChaCha20Rng| -> Vec<u32> { (0..n).map(|_| rng.gen::<u32>() & mask(w)).collect() };
+            let share_planes = |vals: &[u32], w: usize, rng: &mut ChaCha20Rng| -> [Vec<BitSliced>; 3] {
+                let mut out: [Vec<BitSliced>; 3] = Default::default();
+                for plane in bit_planes(vals, w) {
+                    let s = share_bits(&plane, n, rng).unwrap();
+                    for i in 0..3 { out[i].push(s[i].clone()); }
+                }
+                out
+            };
+            let (x1, y1, x2, y2) = (values(w1, &mut rng), values(w1, &mut rng), values(w2, &mut rng), values(w2, &mut rng));
+            let (sx1, sy1) = (share_planes(&x1, w1, &mut rng), share_planes(&y1, w1, &mut rng));
+            let (sx2, sy2) = (share_planes(&x2, w2, &mut rng), share_planes(&y2, w2, &mut rng));
+            let progs = [0, 1, 2].map(|i| BothProgram::new(
+                AdderProgram::new(sx1[i].clone(), sy1[i].clone()).unwrap(),
+                AdderProgram::new(sx2[i].clone(), sy2[i].clone()).unwrap(),
+            ));
+            let (out, stats) = run(&contexts(5, [2; 16]), b"both", progs).unwrap();
+            let rounds = |w: usize| 1 + (w - 1).next_power_of_two().trailing_zeros();
+            prop_assert_eq!(stats.rounds, rounds(w1).max(rounds(w2)));
+            let [o0, o1, o2] = out;
+            let first = reconstruct_planes(&[o0.0, o1.0, o2.0], n).unwrap();
+            let second = reconstruct_planes(&[o0.1, o1.1, o2.1], n).unwrap();
+            prop_assert_eq!(first, x1.iter().zip(&y1).map(|(a, b)| a.wrapping_add(*b) & mask(w1)).collect::<Vec<_>>());
+            prop_assert_eq!(second, x2.iter().zip(&y2).map(|(a, b)| a.wrapping_add(*b) & mask(w2)).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn operand_carry_matches_plaintext(top in 1usize..=32, first_raw in 0usize..32, n in 0usize..100, seed: u64) {
+            let first = first_raw.min(top);
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let low = |v: u32| if first == 0 { v } else { v & !((1u32 << first) - 1) };
+            let xs: Vec<u32> = (0..n).map(|_| rng.gen::<u32>()).collect();
+            // y is zero below `first`, as the program requires.
+            let ys: Vec<u32> = (0..n).map(|_| low(rng.gen::<u32>())).collect();
+            let share_planes = |vals: &[u32], rng: &mut ChaCha20Rng| -> [Vec<BitSliced>; 3] {
+                let mut out: [Vec<BitSliced>; 3] = Default::default();
+                for plane in bit_planes(vals, 32) {
+                    let s = share_bits(&plane, n, rng).unwrap();
+                    for i in 0..3 { out[i].push(s[i].clone()); }
+                }
+                out
+            };
+            let (sx, sy) = (share_planes(&xs, &mut rng), share_planes(&ys, &mut rng));
+            let progs = [0, 1, 2].map(|i| OperandCarryProgram::new(sx[i].clone(), sy[i].clone(), first, top).unwrap());
+            let (out, stats) = run(&contexts(6, [3; 16]), b"carry2", progs).unwrap();
+            let nodes = top - first;
+            let want_rounds = if nodes == 0 { 0 } else { 1 + (nodes as u32).next_power_of_two().trailing_zeros() };
+            prop_assert_eq!(stats.rounds, want_rounds);
+            let got = unpack_bits(&reconstruct_bits(&out).unwrap(), n);
+            for k in 0..n {
+                let m = if top == 32 { u64::MAX } else { (1u64 << top) - 1 };
+                let sum = (u64::from(xs[k]) & m) + (u64::from(ys[k]) & m);
+                prop_assert_eq!(got[k], (sum >> top) & 1 == 1, "x {} y {} top {}", xs[k], ys[k], top);
+            }
+        }
+
+        #[test]
         fn adder_matches_plaintext(width in 0usize..=32, n in 0usize..150, seed: u64) {
             let mut rng = ChaCha20Rng::seed_from_u64(seed);
             let mask = if width == 32 { u32::MAX } else { (1u32 << width) - 1 };

@@ -928,6 +928,16 @@ mod tests {
     }
 
     #[test]
+    fn lift_compare_takes_at_most_14_rounds_for_every_threshold() {
+        for p in 0..=10_000u32 {
+            let t = Threshold::from_ten_thousandths(p).unwrap();
+            let rounds = lift_compare_rounds(&t);
+            assert!((13..=14).contains(&rounds), "P = {p}: {rounds} rounds");
+        }
+        assert_eq!(lift_compare_rounds(&Threshold::default()), 14);
+    }
+
+    #[test]
     fn exact_threshold_is_not_a_match() {
         // fhd exactly τ (69/200, 138/400, 4,416/12,800) is no match; one below is. 1,331/3,858,
         // the smallest pair of the former rounding band, now matches.
