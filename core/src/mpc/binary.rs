@@ -1206,6 +1206,8 @@ struct Node {
 pub struct OperandCarryProgram {
     x: Vec<BitSliced>,
     y: Vec<BitSliced>,
+    /// p_k = x_k ⊕ y_k for positions first+1..top (the lowest group needs none).
+    p: Vec<BitSliced>,
     first: usize,
     top: usize,
     len: usize,
@@ -1238,6 +1240,7 @@ impl OperandCarryProgram {
         Ok(Self {
             x,
             y,
+            p: Vec::new(),
             first,
             top,
             len,
@@ -1287,23 +1290,28 @@ impl Program for OperandCarryProgram {
                     self.phase = 9;
                     return Ok(ProgramStep::Done(BitSliced::zeros(self.len)));
                 }
-                let pairs = (self.first..self.top)
-                    .map(|k| (self.x[k].clone(), self.y[k].clone()))
+                // The operands are needed once more, for p: compute it, then move them.
+                self.p = (self.first + 1..self.top)
+                    .map(|k| self.x[k].xor_same(&self.y[k]))
+                    .collect();
+                let (x, y) = (std::mem::take(&mut self.x), std::mem::take(&mut self.y));
+                let pairs = x
+                    .into_iter()
+                    .zip(y)
+                    .take(self.top)
+                    .skip(self.first)
                     .collect();
                 self.phase = 1;
                 Ok(ProgramStep::Gates(Gates::And(pairs)))
             }
             (1, Products::And(g)) if g.len() == self.top - self.first => {
-                let first = self.first;
+                let mut p = std::mem::take(&mut self.p).into_iter();
                 self.nodes = g
                     .into_iter()
                     .enumerate()
-                    .map(|(i, g)| {
-                        let k = first + i;
-                        Node {
-                            g,
-                            p: (i > 0).then(|| self.x[k].xor_same(&self.y[k])),
-                        }
+                    .map(|(i, g)| Node {
+                        g,
+                        p: if i > 0 { p.next() } else { None },
                     })
                     .collect();
                 self.phase = 2;

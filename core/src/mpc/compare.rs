@@ -255,32 +255,36 @@ fn csa_rows(rows: Rows) -> (Rows, Vec<(BitSliced, BitSliced)>, Vec<PendingCarry>
     let triples = rows.len() / 3;
     let mut it = rows.into_iter();
     for _ in 0..triples {
-        let inputs: Vec<Vec<Option<BitSliced>>> = it.by_ref().take(3).collect();
+        let mut inputs: Vec<Vec<Option<BitSliced>>> = it.by_ref().take(3).collect();
         let group = out.len() + 1; // where this triple's carry row goes in `out`
         let mut sum = vec![None; WIDTH];
         for (k, slot) in sum.iter_mut().enumerate() {
-            let present: Vec<&BitSliced> = inputs.iter().filter_map(|r| r[k].as_ref()).collect();
-            *slot = present
-                .split_first()
-                .map(|(first, rest)| rest.iter().fold((*first).clone(), |acc, b| acc.xor_same(b)));
+            // The inputs are owned: their planes move into the gates instead of being copied.
+            let present: Vec<BitSliced> = inputs.iter_mut().filter_map(|r| r[k].take()).collect();
+            *slot = match present.as_slice() {
+                [] => None,
+                [a] => Some(a.clone()),
+                [a, rest @ ..] => Some(rest.iter().fold(a.clone(), |acc, b| acc.xor_same(b))),
+            };
             if k + 1 >= WIDTH {
                 continue;
             }
-            match present.as_slice() {
-                [a, b] => {
-                    gates.push(((*a).clone(), (*b).clone()));
+            let mut bits = present.into_iter();
+            match (bits.next(), bits.next(), bits.next()) {
+                (Some(a), Some(b), None) => {
+                    gates.push((a, b));
                     pending.push(PendingCarry {
                         group,
                         column: k + 1,
                         c: None,
                     });
                 }
-                [a, b, c] => {
-                    gates.push((a.xor_same(c), b.xor_same(c)));
+                (Some(a), Some(b), Some(c)) => {
+                    gates.push((a.xor_same(&c), b.xor_same(&c)));
                     pending.push(PendingCarry {
                         group,
                         column: k + 1,
-                        c: Some((*c).clone()),
+                        c: Some(c),
                     });
                 }
                 _ => {}
