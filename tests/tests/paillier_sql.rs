@@ -651,7 +651,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         let mut s = device3.session();
         let round3 = s.round3(&round2, &mut rng).expect("round 3");
         expect_code(
-            pi3_finish(sp, &session, &[1, 0x35]).await,
+            pi3_finish(sp, &session, &[1, 0x38]).await,
             "P0002",
             "output before Round 4",
         );

@@ -14,11 +14,13 @@
 //! zero-extension) only pays for the bits that depend on inputs.
 //!
 //! [`match_check_circuit`] is the circuit of protocol Π3 of [ABMR20] (Agrawal, Badrinarayanan,
-//! Mukherjee, Rindal, "Game-Set-MATCH", CCS 2020, ePrint 2020/1363), Fig. 6: the evaluator
-//! (device) inputs X = IP + pad and Y = a·IP + b, the garbler (terminal) inputs pad, a, b;
-//! the circuit recomputes IP = X − pad, checks a·IP + b = Y (so a device that changed X cannot
-//! also fix Y without knowing a) and outputs that bit together with (check ∧ IP ≥ threshold).
-//!
+//! Mukherjee, Rindal, "Game-Set-MATCH", CCS 2020, ePrint 2020/1363), Fig. 6, with the
+//! device's inputs reduced: the evaluator (device) inputs X = IP + pad mod 2^k and
+//! Y = a·IP + b mod P (P = 2^e − 1 a Mersenne prime), the garbler (terminal) pad mod 2^k, a and
+//! c = (b − a·2^(k−1)) mod P; the circuit recomputes IP from X − pad mod 2^k, checks the MAC
+//! a·IP + b ≡ Y (mod P) (so a device that changed X cannot also fix Y without knowing a) and
+//! outputs that bit together with (check ∧ IP ≥ threshold).
+
 //! [`Circuit::eval_plain`] evaluates in the clear; it is the reference the garbling is tested
 //! against.
 //!
@@ -665,6 +667,41 @@ impl CircuitBuilder {
         layer[0]
     }
 
+    /// The unsigned word v reduced modulo the Mersenne number 2^e − 1, as the canonical
+    /// residue in [0, 2^e − 1) on e bits. Since 2^e ≡ 1, v is folded by adding its e-bit
+    /// chunks until it has e + 1 bits, then once more to v' ≤ 2^e; the last step maps
+    /// v' ∈ {2^e − 1, 2^e} to 0 and 1 by adding g = [v' ≥ 2^e − 1] mod 2^e (≈ e AND gates per
+    /// fold, e for g and the increment).
+    pub fn reduce_mersenne(&mut self, v: &Word, e: usize) -> Word {
+        let mut v = v.resize(v.width().max(e + 1), Signedness::Unsigned);
+        while v.width() > e + 1 {
+            let chunks: Vec<Word> = (0..v.width())
+                .step_by(e)
+                .map(|i| v.slice(i, e.min(v.width() - i)))
+                .collect();
+            // The sum of n chunks below 2^e is below n·2^e ≤ 2^(e + ⌈log2 n⌉).
+            let width = e + chunks.len().next_power_of_two().trailing_zeros() as usize;
+            let mut sum = chunks[0].resize(width, Signedness::Unsigned);
+            for chunk in &chunks[1..] {
+                sum = Word(self.ripple(
+                    &sum.0,
+                    &chunk.resize(width, Signedness::Unsigned).0,
+                    Bit::constant(false),
+                ));
+            }
+            v = sum;
+        }
+        // v < 2^(e+1): v' = (v mod 2^e) + bit e ≤ 2^e, on e + 1 bits.
+        let low = v.slice(0, e).resize(e + 1, Signedness::Unsigned);
+        let top = Word::from_bits(vec![v.0[e]]).resize(e + 1, Signedness::Unsigned);
+        let folded = Word(self.ripple(&low.0, &top.0, Bit::constant(false)));
+        // g = [v' ≥ 2^e − 1]: bit e set (v' = 2^e) or the low e bits all one (v' = 2^e − 1).
+        let all_ones = self.and_all(&folded.0[..e]);
+        let g = self.or(folded.0[e], all_ones);
+        let increment = Word::from_bits(vec![g]).resize(e, Signedness::Unsigned);
+        Word(self.ripple(&folded.0[..e], &increment.0, Bit::constant(false)))
+    }
+
     /// Unsigned a ≥ b: the carry out of a + ¬b + 1 (w AND gates at most).
     pub fn ge_unsigned(&mut self, a: &Word, b: &Word) -> Result<Bit, CircuitError> {
         Self::same_width(a, b)?;
@@ -683,7 +720,9 @@ impl CircuitBuilder {
         self.ge_unsigned(&fa, &fb)
     }
 
-    fn flip_msb(&mut self, a: &Word) -> Word {
+    /// a with its most significant bit inverted (free): for a signed word, a + 2^(w−1) read
+    /// unsigned.
+    pub fn flip_msb(&mut self, a: &Word) -> Word {
         let mut bits = a.0.clone();
         if let Some(top) = bits.last_mut() {
             *top = self.not(*top);
@@ -862,119 +901,136 @@ pub fn bits_to_le_bytes(bits: &[bool]) -> Vec<u8> {
     out
 }
 
-/// Bit widths of the inputs of [`match_check_circuit`]: every input is an unsigned integer
-/// below 2^width.
+/// The Mersenne exponents e (2^e − 1 is prime) the match check may reduce its MAC modulo,
+/// smallest first. Folding modulo 2^e − 1 costs only additions (2^e ≡ 1), so the reduction is
+/// a few adders instead of a division.
+pub const MERSENNE_EXPONENTS: [usize; 15] =
+    [2, 3, 5, 7, 13, 17, 19, 31, 61, 89, 107, 127, 521, 607, 1279];
+
+/// Bit widths of the inputs of [`match_check_circuit`].
+///
+/// X and pad are k-bit words (values mod 2^k, k = [`MatchCheckWidths::ip`]); a is an
+/// [`MatchCheckWidths::a`]-bit word; Y and the MAC offset c are e-bit words holding residues
+/// modulo the Mersenne prime P = 2^e − 1 (e = [`MatchCheckWidths::mac`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatchCheckWidths {
-    /// X = IP + pad (evaluator input).
-    pub x: usize,
-    /// Y = a·IP + b (evaluator input).
-    pub y: usize,
-    /// pad (garbler input).
-    pub pad: usize,
-    /// a, the secret multiplier of the check (garbler input).
+    /// k: IP is read from X − pad mod 2^k as a signed k-bit word, so an honest |IP| must be
+    /// below 2^(k−1).
+    pub ip: usize,
+    /// Bits of the secret multiplier a.
     pub a: usize,
-    /// b, the mask of a·IP (garbler input).
-    pub b: usize,
+    /// e: the MAC a·IP + b is compared modulo P = 2^e − 1, a Mersenne prime with
+    /// P > 2^k and P > 2^a (see [`MatchCheckWidths::validate`]).
+    pub mac: usize,
 }
 
-/// Output index of the bit "a·IP + b = Y" in [`match_check_circuit`].
+/// Output index of the bit "a·IP + b ≡ Y (mod P)" in [`match_check_circuit`].
 pub const MATCH_CHECK_VALID: usize = 0;
 /// Output index of the bit "valid ∧ IP ≥ threshold" in [`match_check_circuit`].
 pub const MATCH_CHECK_MATCHED: usize = 1;
 
 impl MatchCheckWidths {
-    /// Width of IP = X − pad as a signed word: IP ∈ (−2^pad, 2^x), so max(x, pad) + 1 bits
-    /// hold it exactly.
-    pub fn ip_width(&self) -> usize {
-        self.x.max(self.pad) + 1
+    /// The widths for an IP of `ip` signed bits and a multiplier of `a` bits, with the
+    /// smallest Mersenne exponent e > max(ip, a) ([`MERSENNE_EXPONENTS`]);
+    /// [`CircuitError::BadWidth`] if a width is out of range or no exponent is large enough.
+    pub fn new(ip: usize, a: usize) -> Result<MatchCheckWidths, CircuitError> {
+        let need = ip.max(a);
+        let mac = MERSENNE_EXPONENTS
+            .iter()
+            .copied()
+            .find(|&e| e > need)
+            .ok_or(CircuitError::BadWidth(need))?;
+        let w = MatchCheckWidths { ip, a, mac };
+        w.validate()?;
+        Ok(w)
     }
 
-    /// Width W in which a·IP + b and Y are compared: large enough that both sides are exact
-    /// two's-complement integers (|a·IP| < 2^(a + ip − 1), b < 2^b, Y < 2^y), so the circuit's
-    /// equality is equality of integers, as in the paper, and never an equality mod 2^W that a
-    /// device could satisfy by a wrap-around (shifting X by 2^k needs only the low W − k bits
-    /// of a to be guessed mod 2^W).
-    pub fn work_width(&self) -> usize {
-        (self.a + self.ip_width() + 1)
-            .max(self.b + 2)
-            .max(self.y + 1)
-    }
-
-    /// Checks every width is in `1..=MAX_WORD_WIDTH`.
+    /// Checks the widths: k ≥ 2, a ≥ 1, all at most [`MAX_WORD_WIDTH`], e a Mersenne exponent
+    /// with e > k and e > a. The last two are the soundness conditions: a device that moves
+    /// X by δ ≢ 0 (mod 2^k) moves IP + 2^(k−1) by some δ' with 0 < |δ'| < 2^k < P, so δ' is
+    /// invertible mod P and the Y that passes is Y + a·δ' mod P, which takes a different value
+    /// for each of the 2^a − 1 possible a (a < P): the device must guess a.
     pub fn validate(&self) -> Result<(), CircuitError> {
-        for w in [self.x, self.y, self.pad, self.a, self.b] {
+        for w in [self.ip, self.a, self.mac] {
             if w == 0 || w > MAX_WORD_WIDTH {
                 return Err(CircuitError::BadWidth(w));
             }
         }
+        if self.ip < 2 {
+            return Err(CircuitError::BadWidth(self.ip));
+        }
+        if !MERSENNE_EXPONENTS.contains(&self.mac) || self.mac <= self.ip.max(self.a) {
+            return Err(CircuitError::BadWidth(self.mac));
+        }
         Ok(())
     }
 
-    /// The garbler's input bits (pad, a, b in this order, each little-endian) from
-    /// little-endian byte strings; [`CircuitError::ValueTooWide`] if one does not fit.
-    pub fn garbler_bits(&self, pad: &[u8], a: &[u8], b: &[u8]) -> Result<Vec<bool>, CircuitError> {
-        let mut bits = bits_from_le_bytes(pad, self.pad)?;
+    /// The garbler's input bits (pad mod 2^k, a, c = (b − a·2^(k−1)) mod P, in this order,
+    /// each little-endian) from little-endian byte strings; [`CircuitError::ValueTooWide`] if
+    /// one does not fit its width.
+    pub fn garbler_bits(&self, pad: &[u8], a: &[u8], c: &[u8]) -> Result<Vec<bool>, CircuitError> {
+        let mut bits = bits_from_le_bytes(pad, self.ip)?;
         bits.extend(bits_from_le_bytes(a, self.a)?);
-        bits.extend(bits_from_le_bytes(b, self.b)?);
+        bits.extend(bits_from_le_bytes(c, self.mac)?);
         Ok(bits)
     }
 
-    /// The evaluator's input bits (X then Y, each little-endian) from little-endian byte
-    /// strings; [`CircuitError::ValueTooWide`] if one does not fit.
+    /// The evaluator's input bits (X mod 2^k, then Y mod P, each little-endian) from
+    /// little-endian byte strings; [`CircuitError::ValueTooWide`] if one does not fit.
     pub fn evaluator_bits(&self, x: &[u8], y: &[u8]) -> Result<Vec<bool>, CircuitError> {
-        let mut bits = bits_from_le_bytes(x, self.x)?;
-        bits.extend(bits_from_le_bytes(y, self.y)?);
+        let mut bits = bits_from_le_bytes(x, self.ip)?;
+        bits.extend(bits_from_le_bytes(y, self.mac)?);
         Ok(bits)
     }
 }
 
-/// The consistency-and-threshold circuit of Π3 ([ABMR20] Fig. 6), generic over widths.
+/// The consistency-and-threshold circuit of Π3 ([ABMR20] Fig. 6), with the device's inputs
+/// reduced: X modulo 2^k and Y modulo a Mersenne prime P = 2^e − 1.
 ///
 /// [ABMR20]: https://eprint.iacr.org/2020/1363
 ///
-/// Inputs: garbler (terminal) pad, a, b; evaluator (device) X, Y; all unsigned,
-/// little-endian, in that order (see [`MatchCheckWidths::garbler_bits`] and
-/// [`MatchCheckWidths::evaluator_bits`]). It computes, exactly over the integers,
+/// Inputs: garbler (terminal) pad, a, c; evaluator (device) X, Y; little-endian, in that
+/// order (see [`MatchCheckWidths::garbler_bits`] and [`MatchCheckWidths::evaluator_bits`]).
+/// With D = X − pad mod 2^k read as a signed k-bit integer:
 ///
 /// ```text
-/// IP      = X − pad                          (signed, MatchCheckWidths::ip_width bits)
-/// valid   = (a·IP + b == Y)                  (in MatchCheckWidths::work_width bits, exact)
-/// matched = valid ∧ (IP ≥ threshold)         (signed comparison)
+/// IP      = D                                       (signed k bits)
+/// valid   = (a·(IP + 2^(k−1)) + c mod P == Y)       (the sum exact, then folded mod P)
+/// matched = valid ∧ (IP ≥ threshold)                (signed comparison)
 /// ```
 ///
-/// and outputs `[valid, matched]` ([`MATCH_CHECK_VALID`], [`MATCH_CHECK_MATCHED`]). An
-/// honest device holds X = IP + pad and Y = a·IP + b; one that changes X must change Y by
-/// a·δ, which needs a (hidden by the mask b), so `valid` is the terminal's guard that the
-/// compared IP is the one the encrypted computation produced.
+/// and outputs `[valid, matched]` ([`MATCH_CHECK_VALID`], [`MATCH_CHECK_MATCHED`]). The
+/// terminal sets c = (b − a·2^(k−1)) mod P, so that an honest device holding X = IP + pad
+/// and Y = a·IP + b (over the integers, reduced mod 2^k and mod P) passes exactly when
+/// |IP| < 2^(k−1). IP + 2^(k−1) is D with its top bit flipped (free), so the product is of
+/// two unsigned words. Why the reduction is sound is [`MatchCheckWidths::validate`]'s
+/// condition; it halves the device's input bits against the exact-integer version (and so
+/// the oblivious transfers), which is what Π3's time is made of.
 ///
-/// Cost (AND gates): the subtraction (≈ ip), the a × IP product (≈ 2·a·ip), the addition of
-/// b and the equality (≈ 2·W) and the comparison (≈ ip).
+/// Cost (AND gates): the subtraction (k), the a × (IP + 2^(k−1)) product (≈ 2·a·k), the
+/// addition of c and the folds mod P (≈ 3·e), the equality (e − 1) and the comparison (≤ k).
 pub fn match_check_circuit(
     widths: MatchCheckWidths,
     threshold: i128,
 ) -> Result<Circuit, CircuitError> {
     widths.validate()?;
-    let ip_w = widths.ip_width();
-    let work = widths.work_width();
     let mut b = CircuitBuilder::new();
-    let pad = b.garbler_input(widths.pad);
+    let pad = b.garbler_input(widths.ip);
     let a = b.garbler_input(widths.a);
-    let mask = b.garbler_input(widths.b);
-    let x = b.evaluator_input(widths.x);
-    let y = b.evaluator_input(widths.y);
+    let offset = b.garbler_input(widths.mac);
+    let x = b.evaluator_input(widths.ip);
+    let y = b.evaluator_input(widths.mac);
 
-    let ip = b.sub(
-        &x.resize(ip_w, Signedness::Unsigned),
-        &pad.resize(ip_w, Signedness::Unsigned),
+    let ip = b.sub(&x, &pad)?;
+    let ip_offset = b.flip_msb(&ip);
+    let product = b.mul_wide(&a, Signedness::Unsigned, &ip_offset, Signedness::Unsigned);
+    let sum_width = product.width().max(widths.mac) + 1;
+    let sum = b.add(
+        &product.resize(sum_width, Signedness::Unsigned),
+        &offset.resize(sum_width, Signedness::Unsigned),
     )?;
-    // a·IP exactly (a + ip bits, signed), then + b in the work width.
-    let product = b.mul_wide(&a, Signedness::Unsigned, &ip, Signedness::Signed);
-    let lhs = b.add(
-        &product.resize(work, Signedness::Signed),
-        &mask.resize(work, Signedness::Unsigned),
-    )?;
-    let valid = b.eq(&lhs, &y.resize(work, Signedness::Unsigned))?;
+    let residue = b.reduce_mersenne(&sum, widths.mac);
+    let valid = b.eq(&residue, &y)?;
     let above = b.ge_signed_const(&ip, threshold);
     let matched = b.and(valid, above);
     b.output(valid);
@@ -985,7 +1041,7 @@ pub fn match_check_circuit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use num_bigint::{BigInt, BigUint, Sign};
+    use num_bigint::{BigInt, BigUint};
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
@@ -1224,228 +1280,298 @@ mod tests {
 
     // ---- the match-check circuit ----
 
-    /// The widths of the brief: |IP| ≤ 2^40, pad < 2^81, a < 2^64, b < 2^145, X < 2^84,
-    /// Y < 2^146.
-    const W: MatchCheckWidths = MatchCheckWidths {
-        x: 84,
-        y: 146,
-        pad: 81,
-        a: 64,
-        b: 145,
-    };
-
-    fn random_biguint(rng: &mut ChaCha20Rng, bits: usize, top: bool) -> BigUint {
+    fn random_biguint(rng: &mut ChaCha20Rng, bits: usize) -> BigUint {
         let mut bytes = vec![0u8; bits.div_ceil(8)];
         rng.fill(&mut bytes[..]);
-        let mut v = BigUint::from_bytes_le(&bytes) % (BigUint::from(1u8) << bits);
-        if top {
-            v |= BigUint::from(1u8) << (bits - 1);
-        }
-        v
+        BigUint::from_bytes_le(&bytes) % (BigUint::from(1u8) << bits)
     }
 
     fn le(v: &BigUint) -> Vec<u8> {
         v.to_bytes_le()
     }
 
-    /// Plaintext semantics of the circuit over the integers.
-    fn reference(
-        x: &BigUint,
-        y: &BigUint,
-        pad: &BigUint,
-        a: &BigUint,
-        b: &BigUint,
-        t: i128,
-    ) -> [bool; 2] {
-        let ip = BigInt::from(x.clone()) - BigInt::from(pad.clone());
-        let valid =
-            BigInt::from(a.clone()) * &ip + BigInt::from(b.clone()) == BigInt::from(y.clone());
+    fn mersenne(e: usize) -> BigUint {
+        (BigUint::from(1u8) << e) - 1u8
+    }
+
+    /// Non-negative residue of v mod m.
+    fn modulo(v: &BigInt, m: &BigUint) -> BigUint {
+        let m = BigInt::from(m.clone());
+        (((v % &m) + &m) % &m).to_biguint().unwrap()
+    }
+
+    /// Plaintext semantics of the circuit: D = X − pad mod 2^k read signed; valid iff
+    /// a·(D + 2^(k−1)) + c ≡ Y (mod P) with Y taken as given (so Y = P never passes).
+    fn reference(w: MatchCheckWidths, [x, y, pad, a, c]: [&BigUint; 5], t: i128) -> [bool; 2] {
+        let two_k = BigUint::from(1u8) << w.ip;
+        let d = (x + &two_k - (pad % &two_k)) % &two_k;
+        let half = BigUint::from(1u8) << (w.ip - 1);
+        let ip = if d >= half {
+            BigInt::from(d.clone()) - BigInt::from(two_k)
+        } else {
+            BigInt::from(d.clone())
+        };
+        let offset = &ip + BigInt::from(half);
+        let p = mersenne(w.mac);
+        let valid = modulo(
+            &(BigInt::from(a.clone()) * offset + BigInt::from(c.clone())),
+            &p,
+        ) == *y;
         [valid, valid && ip >= BigInt::from(t)]
     }
 
     fn eval_match(
         c: &Circuit,
         w: MatchCheckWidths,
-        x: &BigUint,
-        y: &BigUint,
-        pad: &BigUint,
-        a: &BigUint,
-        b: &BigUint,
+        [x, y, pad, a, off]: [&BigUint; 5],
     ) -> [bool; 2] {
         let out = c
             .eval_plain(
-                &w.garbler_bits(&le(pad), &le(a), &le(b)).unwrap(),
+                &w.garbler_bits(&le(pad), &le(a), &le(off)).unwrap(),
                 &w.evaluator_bits(&le(x), &le(y)).unwrap(),
             )
             .unwrap();
         [out[MATCH_CHECK_VALID], out[MATCH_CHECK_MATCHED]]
     }
 
+    /// What an honest terminal and device feed the circuit for IP, pad, a, b over the
+    /// integers: [X mod 2^k, a·IP + b mod P, pad mod 2^k, a, (b − a·2^(k−1)) mod P].
+    fn honest(
+        w: MatchCheckWidths,
+        ip: &BigInt,
+        pad: &BigUint,
+        a: &BigUint,
+        b: &BigUint,
+    ) -> [BigUint; 5] {
+        let two_k = BigUint::from(1u8) << w.ip;
+        let p = mersenne(w.mac);
+        let (a_i, b_i) = (BigInt::from(a.clone()), BigInt::from(b.clone()));
+        let x = modulo(&(ip + BigInt::from(pad.clone())), &two_k);
+        let y = modulo(&(&a_i * ip + &b_i), &p);
+        let c = modulo(&(&b_i - &a_i * (BigInt::from(1u8) << (w.ip - 1))), &p);
+        [x, y, pad % &two_k, a.clone(), c]
+    }
+
+    fn refs(v: &[BigUint; 5]) -> [&BigUint; 5] {
+        [&v[0], &v[1], &v[2], &v[3], &v[4]]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn reduce_mersenne_is_the_residue(pick in 0usize..12, width in 1usize..=400, seed in any::<u64>()) {
+            let e = MERSENNE_EXPONENTS[pick];
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let v = match seed % 4 {
+                0 => (BigUint::from(1u8) << width) - 1u8,
+                1 => mersenne(e) * (seed % 5),
+                _ => random_biguint(&mut rng, width),
+            };
+            let width = width.max(v.bits() as usize);
+            let mut b = CircuitBuilder::new();
+            let input = b.evaluator_input(width);
+            let r = b.reduce_mersenne(&input, e);
+            prop_assert_eq!(r.width(), e);
+            b.output_word(&r);
+            let c = b.build().unwrap();
+            let bits = bits_from_le_bytes(&le(&v), width).unwrap();
+            let out = c.eval_plain(&[], &bits).unwrap();
+            prop_assert_eq!(BigUint::from_bytes_le(&bits_to_le_bytes(&out)), &v % mersenne(e));
+        }
+    }
+
+    #[test]
+    fn match_check_widths_pick_a_mersenne_prime_above_ip_and_a() {
+        assert_eq!(MatchCheckWidths::new(41, 40).unwrap().mac, 61);
+        assert_eq!(MatchCheckWidths::new(61, 40).unwrap().mac, 89);
+        assert_eq!(MatchCheckWidths::new(41, 127).unwrap().mac, 521);
+        assert_eq!(MatchCheckWidths::new(3, 2).unwrap().mac, 5);
+        assert!(MatchCheckWidths::new(1279, 2).is_err());
+        assert!(MatchCheckWidths::new(1, 2).is_err());
+        let w = MatchCheckWidths {
+            ip: 41,
+            a: 40,
+            mac: 41,
+        };
+        assert_eq!(match_check_circuit(w, 0), Err(CircuitError::BadWidth(41)));
+        let w = MatchCheckWidths {
+            ip: 41,
+            a: 40,
+            mac: 60,
+        };
+        assert_eq!(match_check_circuit(w, 0), Err(CircuitError::BadWidth(60)));
+        let w = MatchCheckWidths {
+            ip: 41,
+            a: 0,
+            mac: 61,
+        };
+        assert_eq!(match_check_circuit(w, 0), Err(CircuitError::BadWidth(0)));
+        // pad needs 42 bits: too wide for 41.
+        let w = MatchCheckWidths::new(41, 40).unwrap();
+        let mut pad = vec![0u8; 6];
+        pad[5] = 2;
+        assert_eq!(
+            w.garbler_bits(&pad, &[1], &[1]),
+            Err(CircuitError::ValueTooWide { width: 41 })
+        );
+    }
+
     #[test]
     fn match_check_agrees_with_the_integers() {
+        let w = MatchCheckWidths::new(41, 40).unwrap();
         let t: i128 = 123_456_789;
-        let c = match_check_circuit(W, t).unwrap();
+        let c = match_check_circuit(w, t).unwrap();
         assert_eq!(
             (c.garbler_inputs(), c.evaluator_inputs(), c.outputs().len()),
-            (81 + 64 + 145, 84 + 146, 2)
+            (41 + 40 + 61, 41 + 61, 2)
         );
-        let mut rng = ChaCha20Rng::seed_from_u64(0x6d61_7463_6801);
-        let two40 = 1i128 << 40;
+        let mut rng = ChaCha20Rng::seed_from_u64(0x6d61_7463_6802);
+        let bound = (1i128 << 40) - 1;
+        let p = mersenne(61);
         for n in 0..3000 {
             let ip: i128 = match n % 6 {
                 0 => t,
                 1 => t + 1,
                 2 => t - 1,
-                3 => [two40, -two40, 0, -1][n / 6 % 4],
-                _ => rng.gen_range(-two40..=two40),
+                3 => [bound, -bound, 0, -1][n / 6 % 4],
+                _ => rng.gen_range(-bound..=bound),
             };
-            let pad = random_biguint(&mut rng, W.pad, true);
-            let a = random_biguint(&mut rng, W.a, false);
-            let b = random_biguint(&mut rng, W.b, true);
+            // As the terminal draws them: pad and b wide over the integers, a in [1, 2^40).
+            let pad = random_biguint(&mut rng, 81);
+            let a = random_biguint(&mut rng, 40).max(BigUint::from(1u8));
+            let b = random_biguint(&mut rng, 145);
             let ipb = BigInt::from(ip);
-            let x = (BigInt::from(pad.clone()) + &ipb).to_biguint().unwrap();
-            let y = (BigInt::from(a.clone()) * &ipb + BigInt::from(b.clone()))
-                .to_biguint()
-                .unwrap();
-            // Honest inputs: valid, matched iff IP ≥ t.
-            let got = eval_match(&c, W, &x, &y, &pad, &a, &b);
+            let h = honest(w, &ipb, &pad, &a, &b);
+            let got = eval_match(&c, w, refs(&h));
             assert_eq!(got, [true, ip >= t], "ip {ip}");
-            assert_eq!(got, reference(&x, &y, &pad, &a, &b, t));
-            // Y off by one: invalid.
-            let y1 = &y + 1u8;
-            assert_eq!(eval_match(&c, W, &x, &y1, &pad, &a, &b), [false, false]);
-            if y > BigUint::from(0u8) {
-                let y2 = &y - 1u8;
-                assert_eq!(eval_match(&c, W, &x, &y2, &pad, &a, &b), [false, false]);
+            assert_eq!(got, reference(w, refs(&h), t));
+            // Y moved by ±1 mod P, or replaced by P itself: invalid.
+            for y in [(&h[1] + 1u8) % &p, (&h[1] + &p - 1u8) % &p, p.clone()] {
+                let v = [&h[0], &y, &h[2], &h[3], &h[4]];
+                assert_eq!(eval_match(&c, w, v), [false, false]);
             }
-            // X shifted (by a random amount, or by a power of two up to the top bit), Y kept:
-            // invalid unless a·δ = 0, i.e. a = 0.
-            let shift = match n % 3 {
-                0 => BigUint::from(rng.gen_range(1u64..1 << 50)),
-                1 => BigUint::from(1u8) << (n % W.x),
-                _ => BigUint::from(1u8) << (W.x - 1),
+            // X moved by δ ≢ 0 mod 2^41 with Y kept: always invalid, since a·δ' ≢ 0 mod P.
+            let delta = match n % 3 {
+                0 => BigUint::from(rng.gen_range(1u64..1 << 41)),
+                1 => BigUint::from(1u8) << (n % 41),
+                _ => BigUint::from(1u8) << 40,
             };
-            let x2 = (&x + &shift) % (BigUint::from(1u8) << W.x);
-            let want = reference(&x2, &y, &pad, &a, &b, t);
-            assert_eq!(eval_match(&c, W, &x2, &y, &pad, &a, &b), want);
-            assert!(!want[0] || a == BigUint::from(0u8));
-            // A device that knew a could move both consistently: the circuit still computes
-            // the exact integer relation (valid, and matched by the new IP).
-            let ip3 = BigInt::from(x2.clone()) - BigInt::from(pad.clone());
-            let y3 = BigInt::from(a.clone()) * &ip3 + BigInt::from(b.clone());
-            if y3.sign() != Sign::Minus {
-                let y3 = y3.to_biguint().unwrap();
-                if y3.bits() <= W.y as u64 {
-                    assert_eq!(
-                        eval_match(&c, W, &x2, &y3, &pad, &a, &b),
-                        [true, ip3 >= BigInt::from(t)]
-                    );
-                }
+            let x2 = (&h[0] + &delta) % (BigUint::from(1u8) << 41);
+            let v = [&x2, &h[1], &h[2], &h[3], &h[4]];
+            assert_eq!(eval_match(&c, w, v), [false, false]);
+            assert_eq!(reference(w, v, t), [false, false]);
+            // A device that knew a could move Y with X: the circuit then reads the new IP.
+            // (X* − pad mod 2^41, read signed, is the IP the circuit sees.)
+            let two41 = BigInt::from(1u8) << 41;
+            let mut ip2: BigInt = modulo(
+                &(BigInt::from(x2.clone()) - BigInt::from(h[2].clone())),
+                &(BigUint::from(1u8) << 41),
+            )
+            .into();
+            if ip2 >= BigInt::from(1u8) << 40 {
+                ip2 -= &two41;
             }
+            let cheat = honest(w, &ip2, &BigUint::from(0u8), &a, &b);
+            let moved = [
+                x2.clone(),
+                cheat[1].clone(),
+                h[2].clone(),
+                a.clone(),
+                h[4].clone(),
+            ];
+            assert_eq!(
+                eval_match(&c, w, refs(&moved)),
+                reference(w, refs(&moved), t)
+            );
+            assert!(eval_match(&c, w, refs(&moved))[0]);
         }
         // Arbitrary (mostly inconsistent) inputs, full width.
         for _ in 0..500 {
-            let (x, y) = (
-                random_biguint(&mut rng, W.x, false),
-                random_biguint(&mut rng, W.y, false),
-            );
-            let (pad, a, b) = (
-                random_biguint(&mut rng, W.pad, false),
-                random_biguint(&mut rng, W.a, false),
-                random_biguint(&mut rng, W.b, false),
-            );
-            assert_eq!(
-                eval_match(&c, W, &x, &y, &pad, &a, &b),
-                reference(&x, &y, &pad, &a, &b, t)
-            );
+            let v = [
+                random_biguint(&mut rng, 41),
+                random_biguint(&mut rng, 61),
+                random_biguint(&mut rng, 41),
+                random_biguint(&mut rng, 40),
+                random_biguint(&mut rng, 61),
+            ];
+            assert_eq!(eval_match(&c, w, refs(&v)), reference(w, refs(&v), t));
         }
     }
 
     #[test]
     fn match_check_small_widths_exhaustive() {
-        // Tiny widths, every input: catches any off-by-one in the width arithmetic.
-        let w = MatchCheckWidths {
-            x: 3,
-            y: 5,
-            pad: 2,
-            a: 2,
-            b: 3,
-        };
-        for t in [-5i128, -1, 0, 1, 3, 100, -100] {
+        // k = 3, a = 2, P = 31: every input, against the reference.
+        let w = MatchCheckWidths::new(3, 2).unwrap();
+        let big = |v: u32| BigUint::from(v);
+        for t in [-5i128, -4, -1, 0, 1, 3, 4, 100] {
             let c = match_check_circuit(w, t).unwrap();
-            for (x, y, pad, a, b) in itertools(w) {
-                let big = |v: u32| BigUint::from(v);
-                assert_eq!(
-                    eval_match(&c, w, &big(x), &big(y), &big(pad), &big(a), &big(b)),
-                    reference(&big(x), &big(y), &big(pad), &big(a), &big(b), t),
-                    "x {x} y {y} pad {pad} a {a} b {b} t {t}"
-                );
-            }
-        }
-    }
-
-    fn itertools(w: MatchCheckWidths) -> Vec<(u32, u32, u32, u32, u32)> {
-        let mut v = Vec::new();
-        for x in 0..1u32 << w.x {
-            for y in 0..1u32 << w.y {
-                for pad in 0..1u32 << w.pad {
-                    for a in 0..1u32 << w.a {
-                        for b in 0..1u32 << w.b {
-                            v.push((x, y, pad, a, b));
+            for x in 0..8 {
+                for y in 0..32 {
+                    for pad in 0..8 {
+                        for a in 0..4 {
+                            for off in 0..32 {
+                                let v = [big(x), big(y), big(pad), big(a), big(off)];
+                                assert_eq!(
+                                    eval_match(&c, w, refs(&v)),
+                                    reference(w, refs(&v), t),
+                                    "x {x} y {y} pad {pad} a {a} c {off} t {t}"
+                                );
+                            }
                         }
                     }
                 }
             }
         }
-        v
     }
 
     #[test]
-    fn match_check_rejects_bad_widths_and_values() {
-        let mut w = W;
-        w.a = 0;
-        assert_eq!(match_check_circuit(w, 0), Err(CircuitError::BadWidth(0)));
-        w.a = MAX_WORD_WIDTH + 1;
-        assert!(match_check_circuit(w, 0).is_err());
-        // pad needs 82 bits: too wide for 81.
-        let mut pad = vec![0u8; 11];
-        pad[10] = 2;
-        assert_eq!(
-            W.garbler_bits(&pad, &[1], &[1]),
-            Err(CircuitError::ValueTooWide { width: 81 })
-        );
+    fn a_cheat_passes_for_at_most_one_multiplier() {
+        // The device sees X and Y (here: residues) and knows nothing of a. For every honest
+        // view and every other (X*, Y*), at most one a ∈ [1, 4) accepts it: the soundness
+        // bound 1/(2^a − 1) of the reduction, checked exhaustively at k = 3, a = 2, P = 31.
+        let w = MatchCheckWidths::new(3, 2).unwrap();
+        let c = match_check_circuit(w, 0).unwrap();
+        let p = 31i64;
+        for pad in [0u32, 5] {
+            for ip in -3i64..=3 {
+                for y_honest in 0..31i64 {
+                    let x_honest = (ip + i64::from(pad)).rem_euclid(8);
+                    for x in (0..8i64).filter(|&x| x != x_honest) {
+                        for y in 0..32i64 {
+                            let accepted = (1..4i64)
+                                .filter(|&a| {
+                                    // The b that gives this honest Y for this a.
+                                    let b = (y_honest - a * ip).rem_euclid(p);
+                                    let off = (b - a * 4).rem_euclid(p);
+                                    let v = [x, y, i64::from(pad), a, off]
+                                        .map(|v| BigUint::from(v as u64));
+                                    eval_match(&c, w, refs(&v))[0]
+                                })
+                                .count();
+                            assert!(accepted <= 1, "pad {pad} ip {ip} X* {x} Y* {y}: {accepted}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
     fn match_check_and_counts() {
-        for (name, w) in [
-            ("X 84, Y 146, pad 81, a 64, b 145", W),
-            (
-                "X 84, Y 150, pad 81, a 64, b 145",
-                MatchCheckWidths { y: 150, ..W },
-            ),
-            (
-                "X 64, Y 128, pad 60, a 64, b 120",
-                MatchCheckWidths {
-                    x: 64,
-                    y: 128,
-                    pad: 60,
-                    a: 64,
-                    b: 120,
-                },
-            ),
-        ] {
+        for (ip, a) in [(41, 40), (43, 40), (61, 64), (41, 128)] {
+            let w = MatchCheckWidths::new(ip, a).unwrap();
             let c = match_check_circuit(w, 1000).unwrap();
             println!(
-                "match-check [{name}]: ip width {}, work width {}, {} AND gates ({} KiB of tables), {} free gates",
-                w.ip_width(),
-                w.work_width(),
+                "match-check [k {ip}, a {a}, e {}]: {} AND gates ({} KiB of tables), {} free gates, {} evaluator inputs",
+                w.mac,
                 c.and_count(),
                 c.and_count() * 32 / 1024,
-                c.free_gate_count()
+                c.free_gate_count(),
+                c.evaluator_inputs()
             );
-            // ≈ 2·a·ip + 2·W + 2·ip, with slack.
-            let bound = 2 * w.a * w.ip_width() + 2 * w.work_width() + 3 * w.ip_width();
+            // ≈ 2·a·k + 4·e + 2·k, with slack.
+            let bound = 2 * w.a * w.ip + 5 * w.mac + 3 * w.ip;
             assert!(c.and_count() <= bound, "{} > {bound}", c.and_count());
         }
     }

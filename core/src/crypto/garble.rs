@@ -781,28 +781,24 @@ mod tests {
     }
 
     fn match_setup() -> (Circuit, Vec<bool>, Vec<bool>) {
-        let w = MatchCheckWidths {
-            x: 84,
-            y: 146,
-            pad: 81,
-            a: 64,
-            b: 145,
-        };
+        let w = MatchCheckWidths::new(41, 40).unwrap();
         let c = match_check_circuit(w, 1000).unwrap();
-        // A consistent input: IP = 5000, pad = 2^80 + 7, a = 0xdead_beef, b = 2^144 + 99.
+        // A consistent input: IP = 5000, pad = 2^40 + 7, a = 0xdead_beef, b = 99 (all below
+        // the moduli): X = IP + pad mod 2^41, Y = a·IP + b mod P, c = b − a·2^40 mod P.
+        let p: u128 = (1 << 61) - 1;
         let ip: u128 = 5000;
-        let pad = (1u128 << 80) + 7;
+        let pad: u128 = (1 << 40) + 7;
         let a: u128 = 0xdead_beef;
-        let x = pad + ip;
-        let b_lo: u128 = 99; // b = 2^144 + 99: bytes with bit 144 set.
-        let mut b = b_lo.to_le_bytes().to_vec();
-        b.extend_from_slice(&[0, 1]);
-        let mut y = (a * ip + b_lo).to_le_bytes().to_vec();
-        y.extend_from_slice(&[0, 1]);
+        let b: u128 = 99;
+        let x = (pad + ip) % (1 << 41);
+        let y = (a * ip + b) % p;
+        let offset = (b + p - (a * (1 << 40)) % p) % p;
         let xg = w
-            .garbler_bits(&pad.to_le_bytes(), &a.to_le_bytes(), &b)
+            .garbler_bits(&pad.to_le_bytes(), &a.to_le_bytes(), &offset.to_le_bytes())
             .unwrap();
-        let xe = w.evaluator_bits(&x.to_le_bytes(), &y).unwrap();
+        let xe = w
+            .evaluator_bits(&x.to_le_bytes(), &y.to_le_bytes())
+            .unwrap();
         assert_eq!(c.eval_plain(&xg, &xe).unwrap(), vec![true, true]);
         (c, xg, xe)
     }

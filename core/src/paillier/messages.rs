@@ -57,12 +57,14 @@ pub enum MessageKind {
     /// Π3 Round 2, T → D: ⟦X̃⟧, ⟦Ỹ⟧ (Π3's Round 1 is Π2's).
     Pi3Masked = 0x32,
     /// Π3 Round 3, D → T: the OT receiver's message for the bits of X and Y.
-    Pi3OtRequest = 0x33,
-    /// Π3 Round 4, T → D: the garbled circuit, the labels of pad, a, b, the OT sender's
+    /// (0x33–0x35 were Rounds 3–5 of the circuit over exact integers, whose device inputs
+    /// were twice as wide; a device or terminal of that version is refused by kind.)
+    Pi3OtRequest = 0x36,
+    /// Π3 Round 4, T → D: the garbled circuit, the labels of pad, a, c, the OT sender's
     /// message and the public output decoding.
-    Pi3Garbled = 0x34,
+    Pi3Garbled = 0x37,
     /// Π3 Round 5, D → T: the output labels.
-    Pi3OutputLabels = 0x35,
+    Pi3OutputLabels = 0x38,
     /// Not a message: the Π2 terminal's state between its Round 2 and Round 4 (threshold,
     /// a, b), kept by whoever runs the terminal between the rounds (`Pi2Terminal::suspend`).
     Pi2TerminalState = 0x2a,

@@ -9,24 +9,32 @@
 //!   pad))⟧ and ⟦Ỹ⟧ = ⟦Mask(a·z + Encode2(ρ_1 + b))⟧, each with fresh masks, zero-sum ρ and
 //!   r^N (Fig. 5 Round 2 steps (1)–(5)), and its threshold (the circuit's constant, public).
 //! * **Round 3** D → T ([`Pi3Round3`]): D decodes X = IP + pad and Y = a·IP + b and sends the
-//!   OT receiver's message for their bits (two-message OT of [MR19], secure against a malicious
-//!   receiver; the paper used Chou–Orlandi).
-//! * **Round 4** T → D ([`Pi3Round4`]): T garbles the circuit of Fig. 6
-//!   ([`match_check_circuit`]: IP = X − pad; valid = (a·IP + b = Y); matched = valid ∧ IP ≥
-//!   threshold), and sends it with the labels of pad, a, b, the OT sender's message (the labels
-//!   of X and Y) and the public output decoding (Fig. 5 Round 5 step (2): "D learns y").
+//!   OT receiver's message for the bits of X mod 2^k and Y mod P (two-message OT of [MR19],
+//!   secure against a malicious receiver; the paper used Chou–Orlandi).
+//! * **Round 4** T → D ([`Pi3Round4`]): T garbles the circuit of Fig. 6 with reduced inputs
+//!   ([`match_check_circuit`]: IP = X − pad mod 2^k read signed; valid = (a·IP + b ≡ Y mod P);
+//!   matched = valid ∧ IP ≥ threshold), and sends it with the labels of pad mod 2^k, a and
+//!   c = (b − a·2^(k−1)) mod P, the OT sender's message (the labels of X and Y) and the public
+//!   output decoding (Fig. 5 Round 5 step (2): "D learns y").
 //! * **Round 5** D → T ([`Pi3Round5`]): D evaluates and returns the two output labels; T
 //!   accepts only labels it made ([`GarblerSecrets::decode_output`]): a wrong label is caught.
 //!   valid = 0 means the device fed values other than the decrypted ones: T refuses
 //!   ([`MatchError::Cheating`]).
 //!
-//! **Ranges.** The circuit's inputs are non-negative integers of fixed widths, so T offsets
-//! its one-time pads: pad = ζ² + U[0, 2^(bits(ζ²)+λ)) makes X = IP + pad ≥ 0 and hides IP
-//! (|IP| ≤ ζ²) within 2^−λ; b = A·ζ² + U[0, 2^(B−1)) with A = 2^λ − 1 and B = bits(A·ζ²) + λ + 1
-//! (the layout's addend width) makes Y ≥ 0 and hides a·IP within 2^−λ. Both stay below 2^B,
-//! the room the layout reserves. The circuit compares exactly over the integers (its work width
-//! covers every value), so a device cannot win by a wrap-around; changing X by δ requires
-//! changing Y by a·δ, i.e. guessing a: probability 2^−λ.
+//! **Ranges.** T offsets its one-time pads as in the exact version: pad = ζ² + U[0,
+//! 2^(bits(ζ²)+λ)) makes X = IP + pad ≥ 0 and hides IP (|IP| ≤ ζ²) within 2^−λ; b = A·ζ² +
+//! U[0, 2^(B−1)) with A = 2^λ − 1 and B = bits(A·ζ²) + λ + 1 (the layout's addend width)
+//! makes Y ≥ 0 and hides a·IP within 2^−λ. Both stay below 2^B, the room the layout reserves.
+//!
+//! **Reduced inputs.** The circuit needs only X mod 2^k with k = bits(ζ²) + 1 (IP is
+//! recovered exactly from X − pad mod 2^k, since |IP| < 2^(k−1); pad mod 2^k is uniform, the
+//! pad's range being a multiple of 2^k) and Y mod P, the smallest Mersenne prime P = 2^e − 1
+//! above 2^k and 2^λ. A device that feeds X* ≢ X (mod 2^k) changes IP + 2^(k−1) by δ with
+//! 0 < |δ| < 2^k < P, so it passes only with Y* ≡ Y + a·δ (mod P), which differs for each of
+//! the 2^λ − 1 values of a (a < P, δ invertible): it must guess a, hidden from it by b within
+//! 2^−λ — the bound of the exact-integer circuit. D's input is k + e bits (102 at ℓ = 256,
+//! m = 16) instead of ≈ 2·bits(ζ²) + 3λ (≈ 200), which halves the oblivious transfers that
+//! dominate Π3's time, and the circuit shrinks with it.
 //!
 //! Leakage: none beyond the bit. D sees X and Y (one-time padded), the garbled circuit and its
 //! output; T sees the OT receiver's message (hides X, Y) and the output labels.
@@ -62,23 +70,49 @@ fn garbled(what: &str, e: impl std::fmt::Display) -> MatchError {
     MatchError::Garbled(format!("{what}: {e}"))
 }
 
-/// The widths of the circuit's inputs for a Π3 layout (see the module documentation).
-pub fn circuit_widths(layout: &Layout) -> MatchCheckWidths {
-    let ip = layout.ip_bound().significant_bits() as usize;
-    let lambda = layout.stat_bits() as usize;
-    let b = layout.addend_bits() as usize;
-    MatchCheckWidths {
-        x: ip + lambda + 2,
-        y: b + 1,
-        pad: ip + lambda + 1,
-        a: layout.multiplier_bits() as usize,
-        b,
-    }
+/// The widths of the circuit's inputs for a Π3 layout (see the module documentation): IP
+/// (|IP| ≤ ζ²) in bits(ζ²) + 1 signed bits, a in λ bits, the MAC modulo the smallest
+/// Mersenne prime above both.
+pub fn circuit_widths(layout: &Layout) -> Result<MatchCheckWidths, MatchError> {
+    let ip = layout.ip_bound().significant_bits() as usize + 1;
+    MatchCheckWidths::new(ip, layout.multiplier_bits() as usize).map_err(|e| garbled("widths", e))
+}
+
+/// P = 2^e − 1, the MAC's modulus.
+fn mac_modulus(widths: &MatchCheckWidths) -> Integer {
+    (Integer::from(1) << widths.mac as u32) - 1u32
+}
+
+/// D's circuit inputs from the decrypted X, Y ≥ 0: X mod 2^k and Y mod P.
+fn device_input_bits(
+    widths: &MatchCheckWidths,
+    x: &Integer,
+    y: &Integer,
+) -> Result<Vec<bool>, MatchError> {
+    let x = x.clone().keep_bits(widths.ip as u32);
+    let y = y.clone().modulo(&mac_modulus(widths));
+    widths
+        .evaluator_bits(&le_bytes(&x), &le_bytes(&y))
+        .map_err(|e| garbled("X, Y", e))
+}
+
+/// T's circuit inputs: pad mod 2^k, a, and c = (b − a·2^(k−1)) mod P, so that the circuit's
+/// a·(IP + 2^(k−1)) + c is a·IP + b mod P.
+fn terminal_input_bits(
+    widths: &MatchCheckWidths,
+    secrets: &TerminalSecrets,
+) -> Result<Vec<bool>, MatchError> {
+    let pad = secrets.pad.clone().keep_bits(widths.ip as u32);
+    let shift = (&secrets.a << (widths.ip as u32 - 1)).complete();
+    let offset = (&secrets.b - shift).modulo(&mac_modulus(widths));
+    widths
+        .garbler_bits(&le_bytes(&pad), &le_bytes(&secrets.a), &le_bytes(&offset))
+        .map_err(|e| garbled("pad, a, b", e))
 }
 
 /// The circuit of [ABMR20] Fig. 6 for `params` and the terminal's `threshold`.
 pub fn circuit(params: &Params, threshold: i64) -> Result<Circuit, MatchError> {
-    match_check_circuit(circuit_widths(params.layout()), i128::from(threshold))
+    match_check_circuit(circuit_widths(params.layout())?, i128::from(threshold))
         .map_err(|e| garbled("circuit", e))
 }
 
@@ -334,15 +368,13 @@ impl Pi3DeviceSession<'_> {
         let layout = d.params().layout();
         let x = decode_sum(d.secret(), layout, &msg.x)?;
         let y = decode_sum(d.secret(), layout, &msg.y)?;
-        let widths = circuit_widths(layout);
+        let widths = circuit_widths(layout)?;
         if x < 0 || y < 0 {
             return Err(MatchError::Cheating(
                 "the terminal's X or Y is negative, which its offsets rule out".into(),
             ));
         }
-        let choices = widths
-            .evaluator_bits(&le_bytes(&x), &le_bytes(&y))
-            .map_err(|e| garbled("X, Y", e))?;
+        let choices = device_input_bits(&widths, &x, &y)?;
         let circuit = circuit(d.params(), msg.threshold)?;
         let (receiver, request) = OtReceiver::new(&ot_session(round2), &choices, rng);
         self.state = DeviceState::AwaitingRound4 { circuit, receiver };
@@ -570,17 +602,11 @@ impl Pi3Terminal {
                 return Err(MatchError::State("Π3 round 4 follows round 2, once".into()));
             }
         };
-        let widths = circuit_widths(self.params.layout());
+        let widths = circuit_widths(self.params.layout())?;
         let circuit = circuit(&self.params, self.threshold)?;
         let request = Pi3Round3::from_bytes(&circuit, round3)?;
         let (tables, garbler) = garble(&circuit, rng);
-        let inputs = widths
-            .garbler_bits(
-                &le_bytes(&secrets.pad),
-                &le_bytes(&secrets.a),
-                &le_bytes(&secrets.b),
-            )
-            .map_err(|e| garbled("pad, a, b", e))?;
+        let inputs = terminal_input_bits(&widths, &secrets)?;
         let garbler_labels = garbler
             .garbler_input_labels(&inputs)
             .map_err(|e| garbled("garbler labels", e))?;
@@ -1016,7 +1042,7 @@ mod tests {
         let device = enrol(&p, sk, &u, &mut rng);
         let w = random_vector(8, 8, &mut rng);
         let ip = dot(&u, &w);
-        let widths = circuit_widths(p.layout());
+        let widths = circuit_widths(p.layout()).unwrap();
         for (dx, dy) in [(1i64, 0i64), (-1, 0), (0, 1), (1000, 0), (1, 1), (0, -1)] {
             let mut t = Pi3Terminal::new(p.clone(), w.clone(), ip).unwrap();
             let r2 = t
@@ -1026,7 +1052,7 @@ mod tests {
             let msg = Pi3Round2::from_bytes(sk.public_key(), &r2).unwrap();
             let x = decode_sum(sk, p.layout(), &msg.x).unwrap() + dx;
             let y = decode_sum(sk, p.layout(), &msg.y).unwrap() + dy;
-            let choices = widths.evaluator_bits(&le_bytes(&x), &le_bytes(&y)).unwrap();
+            let choices = device_input_bits(&widths, &x, &y).unwrap();
             let c = circuit(&p, ip).unwrap();
             let (receiver, request) = OtReceiver::new(&ot_session(&r2), &choices, &mut rng);
             let r4 = t
