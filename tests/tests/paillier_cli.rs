@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
-use privmatch_coordinator::paillier::api::{Reply, SessionState};
+use privmatch_coordinator::paillier::api::{Reply, SessionState, SessionView};
 use privmatch_coordinator::paillier::client::{unix_now, PaillierClient, Responder};
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
 use privmatch_core::paillier::malicious::Pi2Round3;
@@ -669,6 +669,58 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
             .await
             .expect("relayed");
         assert!(answer.closed && answer.next.is_none(), "{answer:?}");
+        // The SP signed the refusal for this session and device; a coordinator that reports
+        // another outcome, drops the signature or moves it to another device is not believed.
+        let session = privmatch_coordinator::wire::session_from_hex(&taken[0].session, "session")
+            .expect("hex");
+        let view = client
+            .outcome(&session, Duration::from_secs(5))
+            .await
+            .expect("outcome");
+        assert_eq!(view.state, SessionState::Refused, "{view:?}");
+        client
+            .check_verdict(&session, &d.id, Protocol::Pi2, &view)
+            .expect("the SP's signed verdict");
+        let lie = |edit: &dyn Fn(&mut SessionView)| {
+            let mut v = view.clone();
+            edit(&mut v);
+            v
+        };
+        for (what, forged, device, protocol) in [
+            (
+                "match",
+                lie(&|v| v.state = SessionState::Match),
+                d.id.as_str(),
+                Protocol::Pi2,
+            ),
+            (
+                "no match",
+                lie(&|v| v.state = SessionState::NoMatch),
+                d.id.as_str(),
+                Protocol::Pi2,
+            ),
+            (
+                "unsigned",
+                lie(&|v| v.verdict = None),
+                d.id.as_str(),
+                Protocol::Pi2,
+            ),
+            (
+                "other device",
+                view.clone(),
+                devices[2].id.as_str(),
+                Protocol::Pi2,
+            ),
+            ("other protocol", view.clone(), d.id.as_str(), Protocol::Pi3),
+        ] {
+            let err = client
+                .check_verdict(&session, device, protocol, &forged)
+                .expect_err(what);
+            assert!(
+                format!("{err:#}").contains("not trusted"),
+                "{what}: {err:#}"
+            );
+        }
     });
     let out = terminal.wait(Duration::from_secs(60));
     assert_eq!(out.code, Some(3), "{out}");

@@ -21,6 +21,7 @@ use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
 use privmatch_e2e::{contains, sqlstate_and_message, wal_bytes, Cluster};
 use rand::{Rng, SeedableRng};
@@ -379,33 +380,66 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
 /// The coordinator's calls of Π2 and Π3 at the SP.
 const PI2_ROUND2: &str = "SELECT privmatch.paillier_pi2_round2($1, $2)";
 const PI2_ROUND4: &str =
-    "SELECT message, matched, valid FROM privmatch.paillier_pi2_round4($1, $2)";
+    "SELECT message, matched, valid, verdict FROM privmatch.paillier_pi2_round4($1, $2)";
 const PI3_ROUND2: &str = "SELECT privmatch.paillier_pi3_round2($1, $2)";
 const PI3_ROUND4: &str = "SELECT privmatch.paillier_pi3_round4($1, $2)";
-const PI3_FINISH: &str = "SELECT matched, valid FROM privmatch.paillier_pi3_finish($1, $2)";
+const PI3_FINISH: &str =
+    "SELECT matched, valid, verdict FROM privmatch.paillier_pi3_finish($1, $2)";
 
-/// Π2 Round 4 at the SP: (message, matched, valid), or (SQLSTATE, message).
+/// Π2 Round 4 at the SP: (message, matched, valid, the SP's signature of the verdict), or
+/// (SQLSTATE, message).
 async fn pi2_round4(
     sp: &Client,
     session: &[u8],
     round3: &[u8],
-) -> Result<(Option<Vec<u8>>, bool, bool), (String, String)> {
+) -> Result<(Option<Vec<u8>>, bool, bool, Vec<u8>), (String, String)> {
     sp.query_one(PI2_ROUND4, &[&session, &round3])
+        .await
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .map_err(|e| sqlstate_and_message(&e))
+}
+
+/// Π3's output at the SP: (matched, valid, the SP's signature of the verdict), or
+/// (SQLSTATE, message).
+async fn pi3_finish(
+    sp: &Client,
+    session: &[u8],
+    round5: &[u8],
+) -> Result<(bool, bool, Vec<u8>), (String, String)> {
+    sp.query_one(PI3_FINISH, &[&session, &round5])
         .await
         .map(|row| (row.get(0), row.get(1), row.get(2)))
         .map_err(|e| sqlstate_and_message(&e))
 }
 
-/// Π3's output at the SP: (matched, valid), or (SQLSTATE, message).
-async fn pi3_finish(
-    sp: &Client,
-    session: &[u8],
-    round5: &[u8],
-) -> Result<(bool, bool), (String, String)> {
-    sp.query_one(PI3_FINISH, &[&session, &round5])
-        .await
-        .map(|row| (row.get(0), row.get(1)))
-        .map_err(|e| sqlstate_and_message(&e))
+/// Checks the SP's signature of a session's verdict (what the terminal checks): it verifies
+/// for exactly this outcome, and not for the opposite decision.
+fn assert_signed(
+    vk: &VerifyingKey,
+    protocol: Protocol,
+    session: &[u8; 16],
+    device_id: &str,
+    (matched, valid): (bool, bool),
+    signature: &[u8],
+) {
+    let verdict = Verdict {
+        protocol,
+        session: *session,
+        device_id,
+        matched,
+        valid,
+    };
+    verdict
+        .verify(vk, signature)
+        .expect("the SP's signed verdict");
+    let flipped = Verdict {
+        matched: !matched,
+        ..verdict.clone()
+    };
+    assert!(
+        flipped.verify(vk, signature).is_err(),
+        "the opposite verdict verifies"
+    );
 }
 
 /// The terminal's input for `device` sealed to P0, with a fresh random session id.
@@ -535,9 +569,10 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
                 assert_eq!(sessions().await, 1);
                 let mut s = device.session();
                 let round3 = s.round3(&round2).expect("round 3");
-                let (message, matched, valid) =
+                let (message, matched, valid, verdict) =
                     pi2_round4(sp, &session, &round3).await.expect("Π2 round 4");
                 assert!(valid);
+                assert_signed(&vk, Protocol::Pi2, &session, id, (matched, valid), &verdict);
                 assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
                 let bit = s.finish(&message.expect("the bit")).expect("round 4");
                 assert_eq!(bit, matched);
@@ -561,8 +596,10 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
                     .expect("bytes");
                 assert_eq!(sessions().await, 1);
                 let (round5, device_bit) = s.round5(&round4).expect("round 5");
-                let (matched, valid) = pi3_finish(sp, &session, &round5).await.expect("Π3 output");
+                let (matched, valid, verdict) =
+                    pi3_finish(sp, &session, &round5).await.expect("Π3 output");
                 assert!(valid);
+                assert_signed(&vk, Protocol::Pi3, &session, id, (matched, valid), &verdict);
                 assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
                 assert_eq!(device_bit, matched);
                 assert_eq!(sessions().await, 0, "consumed");
@@ -590,7 +627,18 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         let x = Pi2Round3::from_bytes(&p2, &round3).expect("X").x;
         let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
         let refused = pi2_round4(sp, &session, &shifted).await.expect("answered");
-        assert_eq!(refused, (None, false, false));
+        assert_eq!(
+            (refused.0.clone(), refused.1, refused.2),
+            (None, false, false)
+        );
+        assert_signed(
+            &vk,
+            Protocol::Pi2,
+            &session,
+            id2,
+            (false, false),
+            &refused.3,
+        );
         assert_eq!(sessions().await, 0, "a refused X consumes the session");
         expect_code(
             pi2_round4(sp, &session, &round3).await,
@@ -623,7 +671,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         };
         assert!(!state_in_wal().await, "Π2 session secrets in the WAL");
         let round3 = device2.session().round3(&round2).expect("round 3");
-        let (_, matched, valid) = pi2_round4(sp, &session, &round3).await.expect("round 4");
+        let (_, matched, valid, _) = pi2_round4(sp, &session, &round3).await.expect("round 4");
         assert!(valid && matched);
         expect_code(
             pi2_round4(sp, &session, &round3).await,
@@ -684,9 +732,17 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         assert_eq!(sessions().await, 1, "a malformed Round 5 changes nothing");
         let mut forged = Pi3Round5::from_bytes(&round5).expect("labels");
         forged.labels[1] = Label::from_bytes([0x5a; 16]);
-        assert_eq!(
-            pi3_finish(sp, &session, &forged.to_bytes()).await,
-            Ok((false, false))
+        let refused = pi3_finish(sp, &session, &forged.to_bytes())
+            .await
+            .expect("answered");
+        assert_eq!((refused.0, refused.1), (false, false));
+        assert_signed(
+            &vk,
+            Protocol::Pi3,
+            &session,
+            id3,
+            (false, false),
+            &refused.2,
         );
         assert_eq!(sessions().await, 0, "a refused label consumes the session");
         expect_code(

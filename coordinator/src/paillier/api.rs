@@ -296,6 +296,11 @@ pub struct SessionView {
     /// Why it failed (`failed`, `expired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Π2, Π3: the service provider's Ed25519 signature (base64) of the decision (protocol,
+    /// session, device, matched, valid; core's `paillier::verdict`), which the terminal checks
+    /// with its pinned key before it believes `match`, `no_match` or `refused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
 }
 
 /// The body of `POST /v1/paillier/mailbox`: a device waits for sessions addressed to it.

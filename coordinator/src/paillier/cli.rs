@@ -359,7 +359,12 @@ pub async fn run_terminal(
         .map_err(|e| anyhow!("--threshold: {e}"))?;
     let session = client.open(&args.device, protocol, w, threshold).await?;
     let view = client
-        .outcome(&session, Duration::from_secs(args.timeout))
+        .verified_outcome(
+            &session,
+            &args.device,
+            protocol,
+            Duration::from_secs(args.timeout),
+        )
         .await?;
     let code = match view.state {
         SessionState::Match => 0,

@@ -25,6 +25,7 @@ use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
 use rand_chacha::ChaCha20Rng;
@@ -253,6 +254,61 @@ impl PaillierClient {
                 return Ok(view);
             }
         }
+    }
+
+    /// [`Self::outcome`] for a session this terminal opened for `device` under `protocol`,
+    /// believed only as far as the service provider signed it: for Π2 and Π3 a final
+    /// `match`, `no_match` or `refused` must carry the SP's signature of exactly that decision
+    /// for this session and device (core's `paillier::verdict`), checked with the pinned key;
+    /// otherwise it is an error, whatever the coordinator reports. Π1's bit comes from the
+    /// device (all parties semi-honest in Π1) and has no signature.
+    pub async fn verified_outcome(
+        &self,
+        session: &SessionId,
+        device: &str,
+        protocol: Protocol,
+        timeout: Duration,
+    ) -> Result<SessionView> {
+        let view = self.outcome(session, timeout).await?;
+        self.check_verdict(session, device, protocol, &view)?;
+        Ok(view)
+    }
+
+    /// The check of [`Self::verified_outcome`] on a view the coordinator returned.
+    pub fn check_verdict(
+        &self,
+        session: &SessionId,
+        device: &str,
+        protocol: Protocol,
+        view: &SessionView,
+    ) -> Result<()> {
+        let (matched, valid) = match view.state {
+            SessionState::Match => (true, true),
+            SessionState::NoMatch => (false, true),
+            SessionState::Refused => (false, false),
+            _ => return Ok(()),
+        };
+        if protocol == Protocol::Pi1 {
+            return Ok(());
+        }
+        let signature = view.verdict.as_deref().with_context(|| {
+            format!(
+                "session {}: the coordinator reports {:?} without the service provider's signed                  verdict: not trusted",
+                session_to_hex(session),
+                view.state
+            )
+        })?;
+        let signature = decode(signature, "verdict")?;
+        Verdict {
+            protocol,
+            session: *session,
+            device_id: device,
+            matched,
+            valid,
+        }
+        .verify(&self.service_key, &signature)
+        .with_context(|| format!("session {}", session_to_hex(session)))?;
+        Ok(())
     }
 
     /// Round 2 of the sessions waiting for `device` (waits up to `wait_ms`; at most `max`).

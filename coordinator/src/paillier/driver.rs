@@ -53,6 +53,7 @@ enum Stage {
     Finished {
         state: SessionState,
         error: Option<String>,
+        verdict: Option<Vec<u8>>,
     },
 }
 
@@ -86,6 +87,7 @@ impl Table {
                             "the device did not complete the session within {} s",
                             SESSION_TTL.as_secs()
                         )),
+                        verdict: None,
                     };
                     s.deadline = now + OUTCOME_TTL;
                     true
@@ -148,6 +150,9 @@ pub struct Status {
     pub state: SessionState,
     /// Why it failed.
     pub error: Option<String>,
+    /// The SP's signature of the decision (Π2, Π3; core's `Verdict`), which the terminal
+    /// checks: the relay passes it on and cannot make one.
+    pub verdict: Option<Vec<u8>>,
 }
 
 /// The sessions in flight and the devices' mailboxes (module docs).
@@ -306,11 +311,31 @@ impl Relay {
     /// Ends a session with `state` (and why, when it failed); its outcome is kept
     /// [`OUTCOME_TTL`]. A session that ended already keeps its first outcome.
     pub fn finish(&self, session: &SessionId, state: SessionState, error: Option<String>) {
+        self.end(session, state, error, None);
+    }
+
+    /// Ends a Π2/Π3 session with the SP's decision and its signature of it (the terminal
+    /// checks the signature); otherwise as [`Self::finish`].
+    pub fn finish_signed(&self, session: &SessionId, state: SessionState, verdict: Vec<u8>) {
+        self.end(session, state, None, Some(verdict));
+    }
+
+    fn end(
+        &self,
+        session: &SessionId,
+        state: SessionState,
+        error: Option<String>,
+        verdict: Option<Vec<u8>>,
+    ) {
         {
             let mut table = self.table();
             if let Some(s) = table.sessions.get_mut(session) {
                 if !matches!(s.stage, Stage::Finished { .. }) {
-                    s.stage = Stage::Finished { state, error };
+                    s.stage = Stage::Finished {
+                        state,
+                        error,
+                        verdict,
+                    };
                     s.deadline = Instant::now() + OUTCOME_TTL;
                 }
             }
@@ -322,15 +347,20 @@ impl Relay {
     pub fn status(&self, session: &SessionId) -> Option<Status> {
         let table = self.table();
         let s = table.sessions.get(session)?;
-        let (state, error) = match &s.stage {
-            Stage::Finished { state, error } => (*state, error.clone()),
-            _ => (SessionState::Waiting, None),
+        let (state, error, verdict) = match &s.stage {
+            Stage::Finished {
+                state,
+                error,
+                verdict,
+            } => (*state, error.clone(), verdict.clone()),
+            _ => (SessionState::Waiting, None, None),
         };
         Some(Status {
             device: s.device.clone(),
             protocol: s.protocol,
             state,
             error,
+            verdict,
         })
     }
 
@@ -400,10 +430,14 @@ mod tests {
             Some(SessionState::Waiting)
         );
         assert_eq!(relay.claim(&id, "phone-1", 5), Ok(Protocol::Pi3));
-        relay.finish(&id, SessionState::Match, None);
+        relay.finish_signed(&id, SessionState::Match, vec![5; 64]);
         relay.finish(&id, SessionState::Failed, Some("late".into()));
         let status = relay.status(&id).expect("kept");
-        assert_eq!((status.state, status.error), (SessionState::Match, None));
+        assert_eq!(
+            (status.state, status.error, status.verdict),
+            (SessionState::Match, None, Some(vec![5; 64])),
+            "the first outcome stays, with the SP's signature"
+        );
         assert!(relay.claim(&id, "phone-1", 5).is_err());
         assert!(matches!(
             relay.claim(&[9u8; 16], "phone-1", 3),

@@ -132,6 +132,7 @@ fn view(session: &SessionId, status: Status) -> SessionView {
         protocol: protocol_name(status.protocol).to_owned(),
         state: status.state,
         error: status.error,
+        verdict: status.verdict.as_deref().map(to_base64),
     }
 }
 
@@ -336,7 +337,8 @@ async fn relay_reply(
         // Π2 Round 4 (§6.1): the SP checks X; the bit goes back to the device.
         (Protocol::Pi2, 3) => {
             let verdict = s.sp.pi2_round4(session, message).await?;
-            s.relay.finish(session, verdict_state(&verdict), None);
+            s.relay
+                .finish_signed(session, verdict_state(&verdict), verdict.signature.clone());
             Ok(closed(verdict.message.as_deref().map(|m| for_device(4, m))))
         }
         // Π3 Round 4 (Fig. 5): the garbled circuit for the device; Round 5 is due.
@@ -352,7 +354,8 @@ async fn relay_reply(
         // Π3's output (Fig. 5 Round 5): the SP checks the output labels.
         (Protocol::Pi3, 5) => {
             let verdict = s.sp.pi3_finish(session, message).await?;
-            s.relay.finish(session, verdict_state(&verdict), None);
+            s.relay
+                .finish_signed(session, verdict_state(&verdict), verdict.signature.clone());
             Ok(closed(None))
         }
         (protocol, round) => Err(error_with(
@@ -417,7 +420,8 @@ mod tests {
             verdict_state(&Verdict {
                 message: None,
                 matched: true,
-                valid: false
+                valid: false,
+                signature: Vec::new(),
             }),
             SessionState::Refused
         );

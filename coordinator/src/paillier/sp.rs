@@ -73,6 +73,8 @@ pub struct Verdict {
     pub matched: bool,
     /// False when the device cheated ([ABMR20] §6.1 Round 4 / Fig. 5: output ⊥).
     pub valid: bool,
+    /// The SP's signature of (protocol, session, device, matched, valid) for the terminal.
+    pub signature: Vec<u8>,
 }
 
 impl ServiceProvider {
@@ -287,7 +289,7 @@ impl ServiceProvider {
         let session = session.as_slice();
         let (party, row) = self
             .row(
-                "SELECT message, matched, valid FROM privmatch.paillier_pi2_round4($1, $2)",
+                "SELECT message, matched, valid, verdict FROM privmatch.paillier_pi2_round4($1, $2)",
                 &[&session, &round3],
             )
             .await?;
@@ -295,6 +297,7 @@ impl ServiceProvider {
             message: Self::get(party, &row, 0)?,
             matched: Self::required(party, &row, 1, "matched")?,
             valid: Self::required(party, &row, 2, "valid")?,
+            signature: Self::required(party, &row, 3, "verdict")?,
         })
     }
 
@@ -315,7 +318,7 @@ impl ServiceProvider {
         let session = session.as_slice();
         let (party, row) = self
             .row(
-                "SELECT matched, valid FROM privmatch.paillier_pi3_finish($1, $2)",
+                "SELECT matched, valid, verdict FROM privmatch.paillier_pi3_finish($1, $2)",
                 &[&session, &round5],
             )
             .await?;
@@ -323,6 +326,7 @@ impl ServiceProvider {
             message: None,
             matched: Self::required(party, &row, 0, "matched")?,
             valid: Self::required(party, &row, 1, "valid")?,
+            signature: Self::required(party, &row, 2, "verdict")?,
         })
     }
 }

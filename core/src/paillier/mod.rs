@@ -20,6 +20,7 @@
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
 //! | [`terminal`] | the terminal's w and threshold, sealed to the service provider for Round 2 |
+//! | [`verdict`] | the service provider's signed decision of a Π2/Π3 session, which the terminal checks (the coordinator relays it) |
 //! | [`quantize`] | float face embeddings → templates u and measurements w: M from the layout (m-bit elements, ‖u‖² ≤ ζ² for every unit vector), the threshold, the plaintext reference |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
@@ -39,3 +40,4 @@ pub mod quantize;
 pub mod record;
 pub mod semi_honest;
 pub mod terminal;
+pub mod verdict;

@@ -24,10 +24,11 @@ use privmatch_core::paillier::no_leakage::Pi3Terminal;
 use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::verify_round1_signature;
 use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::paillier::verdict::Verdict;
 use zeroize::Zeroizing;
 
 use super::matching::{checked_record, open_input, stored_template, CheckedRecord};
-use super::service::protocol_name;
+use super::service::{load_service, protocol_name, signing_key};
 use super::{raise_match, require_sp};
 use crate::errors::{get_one, modify, parse_session_id, raise, run};
 
@@ -115,15 +116,10 @@ fn round2_with_session(
     message
 }
 
-/// A running session of `protocol` at `stage`, locked for this transaction: (device id,
-/// parameters of its record, suspended state). P0002 from `function` if there is none (never
+/// A running session of `protocol` at `stage`, locked for this transaction: its id, device id,
+/// the parameters of the device's record and the suspended state. P0002 from `function` if there is none (never
 /// begun, finished, expired, deleted with its device, or of another protocol or stage).
-fn open_session(
-    function: &str,
-    session: &[u8],
-    protocol: Protocol,
-    stage: i16,
-) -> (Params, Zeroizing<Vec<u8>>) {
+fn open_session(function: &str, session: &[u8], protocol: Protocol, stage: i16) -> OpenSession {
     let id = parse_session_id(function, "session", session);
     let rows = modify(
         function,
@@ -157,7 +153,43 @@ fn open_session(
         )
     };
     let params = stored_template(function, &device_id).record.params;
-    (params, state)
+    OpenSession {
+        id,
+        device_id,
+        params,
+        state,
+    }
+}
+
+/// A session [`open_session`] found.
+struct OpenSession {
+    id: [u8; 16],
+    device_id: String,
+    params: Params,
+    state: Zeroizing<Vec<u8>>,
+}
+
+impl OpenSession {
+    /// The SP's Ed25519 signature of the session's decision ([`Verdict`]), which the terminal
+    /// checks against its pinned key: the coordinator relays it and cannot change it.
+    fn sign_verdict(
+        &self,
+        function: &str,
+        protocol: Protocol,
+        matched: bool,
+        valid: bool,
+    ) -> Vec<u8> {
+        let key = signing_key(function, &load_service(function));
+        Verdict {
+            protocol,
+            session: self.id,
+            device_id: &self.device_id,
+            matched,
+            valid,
+        }
+        .sign(&key)
+        .to_vec()
+    }
 }
 
 /// Removes a session (its terminal's last round).
@@ -219,9 +251,12 @@ fn paillier_pi2_round2(device_id: &str, terminal_input: &[u8]) -> Vec<u8> {
 /// decision [IP′ ≥ threshold]. One row: `message` the encoded bit for the device (`Pi2Round4`),
 /// `matched` the decision, `valid` true; for a device that cheated (T outputs ⊥) `valid` is
 /// false, `matched` false and `message` NULL (there is no bit to send; the coordinator tells the
-/// device it was refused). The session is consumed either way, so a refused X cannot be
+/// device it was refused); `verdict` the SP's Ed25519 signature of (Π2, session, device,
+/// matched, valid) (core's `Verdict`), which the terminal checks with its pinned key. The session is consumed either way, so a refused X cannot be
 /// retried. A Round 3 that does not decode: 22P03, the session unchanged. No such session
 /// (unknown, finished, expired): P0002. IP′ stays at the SP.
+// The named columns must stay in the signature: pgrx generates the SQL from them.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile)]
 fn paillier_pi2_round4(
     session: &[u8],
@@ -232,20 +267,22 @@ fn paillier_pi2_round4(
         name!(message, Option<Vec<u8>>),
         name!(matched, bool),
         name!(valid, bool),
+        name!(verdict, Vec<u8>),
     ),
 > {
     const F: &str = "paillier_pi2_round4";
     require_sp(F);
-    let (params, state) = open_session(F, session, Protocol::Pi2, AFTER_ROUND2);
-    let mut terminal =
-        Pi2Terminal::resume(params, &state).unwrap_or_else(|e| corrupted_state(F, e));
-    let row = match terminal.round4(round3) {
+    let open = open_session(F, session, Protocol::Pi2, AFTER_ROUND2);
+    let mut terminal = Pi2Terminal::resume(open.params.clone(), &open.state)
+        .unwrap_or_else(|e| corrupted_state(F, e));
+    let (message, matched, valid) = match terminal.round4(round3) {
         Ok((message, outcome)) => (Some(message), outcome.matched, true),
         Err(MatchError::Cheating(_)) => (None, false, false),
         Err(e) => raise_match(F, e),
     };
+    let verdict = open.sign_verdict(F, Protocol::Pi2, matched, valid);
     consume_session(F, session);
-    TableIterator::once(row)
+    TableIterator::once((message, matched, valid, verdict))
 }
 
 /// Π3 Round 2 ([ABMR20] Fig. 5 Round 2) at the SP for the terminal: opens the terminal's
@@ -280,9 +317,9 @@ fn paillier_pi3_round2(device_id: &str, terminal_input: &[u8]) -> Vec<u8> {
 fn paillier_pi3_round4(session: &[u8], round3: &[u8]) -> Vec<u8> {
     const F: &str = "paillier_pi3_round4";
     require_sp(F);
-    let (params, state) = open_session(F, session, Protocol::Pi3, AFTER_ROUND2);
+    let open = open_session(F, session, Protocol::Pi3, AFTER_ROUND2);
     let mut terminal =
-        Pi3Terminal::resume(params, &state).unwrap_or_else(|e| corrupted_state(F, e));
+        Pi3Terminal::resume(open.params, &open.state).unwrap_or_else(|e| corrupted_state(F, e));
     let message = terminal
         .round4(round3, &mut rand::rngs::OsRng)
         .unwrap_or_else(|e| raise_pi3(F, e));
@@ -303,23 +340,31 @@ fn paillier_pi3_round4(session: &[u8], round3: &[u8]) -> Vec<u8> {
 /// device's output labels (`Pi3Round5`) with the session's output-wire labels. One row:
 /// `matched` T's decision and `valid` true, or `valid` false (and `matched` false) when a label
 /// is not one of the two made for its wire or the circuit's validity bit is 0 (a cheating
-/// device). The session is consumed either way. A Round 5 that does not decode: 22P03, the
+/// device); `verdict` the SP's signature of (Π3, session, device, matched, valid). The session is consumed either way. A Round 5 that does not decode: 22P03, the
 /// session unchanged. No such session (unknown, finished, expired, or before Round 4): P0002.
 #[pg_extern(volatile)]
 fn paillier_pi3_finish(
     session: &[u8],
     round5: &[u8],
-) -> TableIterator<'static, (name!(matched, bool), name!(valid, bool))> {
+) -> TableIterator<
+    'static,
+    (
+        name!(matched, bool),
+        name!(valid, bool),
+        name!(verdict, Vec<u8>),
+    ),
+> {
     const F: &str = "paillier_pi3_finish";
     require_sp(F);
-    let (params, state) = open_session(F, session, Protocol::Pi3, AFTER_ROUND4);
-    let mut terminal =
-        Pi3Terminal::resume(params, &state).unwrap_or_else(|e| corrupted_state(F, e));
-    let row = match terminal.finish(round5) {
+    let open = open_session(F, session, Protocol::Pi3, AFTER_ROUND4);
+    let mut terminal = Pi3Terminal::resume(open.params.clone(), &open.state)
+        .unwrap_or_else(|e| corrupted_state(F, e));
+    let (matched, valid) = match terminal.finish(round5) {
         Ok(matched) => (matched, true),
         Err(MatchError::Cheating(_)) => (false, false),
         Err(e) => raise_pi3(F, e),
     };
+    let verdict = open.sign_verdict(F, Protocol::Pi3, matched, valid);
     consume_session(F, session);
-    TableIterator::once(row)
+    TableIterator::once((matched, valid, verdict))
 }
