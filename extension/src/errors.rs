@@ -3,7 +3,7 @@
 //! 16-byte session ids of both modalities. Messages come from core's `Display` impls, which
 //! never include share values or keys.
 //!
-//! Imports: pgrx and core's `wire` layer only (no modality, no other module of this crate).
+//! Imports: pgrx, core's `wire` layer and [`crate::plans`] only (no modality).
 
 use std::fmt::Display;
 
@@ -12,6 +12,8 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use privmatch_core::wire::storage::ShareLayoutError;
+
+use crate::plans::saved_plan;
 
 /// Raises an ERROR with `code` and `message` (and an optional hint); never returns.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: Option<&str>) -> ! {
@@ -114,7 +116,14 @@ pub fn select<T>(
     args: &[DatumWithOid<'_>],
     each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect(|client| rows(function, client.select(query, None, args), each))
+    Spi::connect(|client| {
+        let result = match saved_plan(client, query, args, false) {
+            Ok(Some(plan)) => client.select(&*plan, None, args),
+            Ok(None) => client.select(query, None, args),
+            Err(e) => Err(e),
+        };
+        rows(function, result, each)
+    })
 }
 
 /// Like [`select`], for a `query` that writes or locks rows (`UPDATE … RETURNING`,
@@ -125,7 +134,23 @@ pub fn modify<T>(
     args: &[DatumWithOid<'_>],
     each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect_mut(|client| rows(function, client.update(query, None, args), each))
+    Spi::connect_mut(|client| {
+        let result = update(client, query, None, args);
+        rows(function, result, each)
+    })
+}
+
+/// Runs the writing `query` through its saved plan where there is one ([`saved_plan`]).
+fn update<'conn>(
+    client: &mut pgrx::spi::SpiClient<'conn>,
+    query: &str,
+    limit: Option<i64>,
+    args: &[DatumWithOid<'_>],
+) -> pgrx::spi::SpiResult<SpiTupleTable<'conn>> {
+    match saved_plan(client, query, args, true)? {
+        Some(plan) => client.update(&*plan, limit, args),
+        None => client.update(query, limit, args),
+    }
 }
 
 /// The first column of the first row of `query` (`None`: no row, or NULL); SPI failures are
@@ -135,10 +160,12 @@ pub fn get_one<T: FromDatum + IntoDatum>(
     query: &str,
     args: &[DatumWithOid<'_>],
 ) -> Option<T> {
-    Spi::get_one_with_args(query, args).unwrap_or_else(|e| raise_spi(function, e))
+    Spi::connect_mut(|client| update(client, query, Some(1), args)?.first().get_one())
+        .unwrap_or_else(|e| raise_spi(function, e))
 }
 
 /// Runs `query` for its effect; SPI failures are raised from `function`.
 pub fn run(function: &str, query: &str, args: &[DatumWithOid<'_>]) {
-    Spi::run_with_args(query, args).unwrap_or_else(|e| raise_spi(function, e))
+    Spi::connect_mut(|client| update(client, query, None, args).map(|_| ()))
+        .unwrap_or_else(|e| raise_spi(function, e))
 }

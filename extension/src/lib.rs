@@ -29,6 +29,7 @@ mod iris;
 mod keyfile;
 mod operator;
 mod paillier;
+mod plans;
 mod signals;
 mod txn;
 

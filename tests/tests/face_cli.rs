@@ -286,7 +286,7 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
         &near,
         &[json!({"embedding": recapture(&mut rng, &alice, 0.05)}).to_string()],
     );
-    let verify = |file: &std::path::Path| {
+    let verify = |cluster: &Cluster, file: &std::path::Path| {
         let out = cluster
             .cli(&[
                 "face",
@@ -299,7 +299,7 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
             .expect_success();
         lines(&out.stdout)[0]["match"].clone()
     };
-    assert_eq!(verify(&near), json!(true));
+    assert_eq!(verify(&cluster, &near), json!(true));
     cluster
         .cli(&[
             "face",
@@ -312,8 +312,8 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
             "128",
         ])
         .expect_success();
-    assert_eq!(verify(&near), json!(false));
-    assert_eq!(verify(&probe), json!(true));
+    assert_eq!(verify(&cluster, &near), json!(false));
+    assert_eq!(verify(&cluster, &probe), json!(true));
     // Enrolment is atomic across the parties: with P1 down nothing is enrolled anywhere.
     let bob = cluster.path("bob.ndjson");
     write_lines(
@@ -343,6 +343,10 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
         .expect_success();
     assert_eq!(lines(&out.stdout)[0]["matches"], json!(["alice"]), "{out}");
     assert_eq!(opened(&cluster), [2, 2, 0]);
+    // This coordinator (restarted above) now knows alice's bundle id from a verification and
+    // asks P2 for the next one's keys while P0 and P1 open.
+    assert_eq!(verify(&cluster, &probe), json!(true));
+    assert_eq!(verify(&cluster, &near), json!(false));
     // A deleted template leaves the opened set with its enrolment.
     cluster
         .cli(&["face", "delete", "--subject", "alice"])
@@ -352,4 +356,28 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
         .cli(&["face", "identify", "--input", &path_arg(&probe)])
         .expect_success();
     assert_eq!(lines(&out.stdout)[0]["matches"], json!([]), "{out}");
+    let out = cluster
+        .cli(&[
+            "face",
+            "verify",
+            "--subject",
+            "alice",
+            "--input",
+            &path_arg(&probe),
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["alice"]);
+    // Enrolled again, alice has a new bundle id: the coordinator's remembered one is stale,
+    // its early dealing is dropped and the keys are dealt for the opened id.
+    let again = cluster.path("alice-again.ndjson");
+    write_lines(
+        &again,
+        &[json!({"subject": "alice", "embedding": alice}).to_string()],
+    );
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&again)])
+        .expect_success();
+    assert_eq!(verify(&cluster, &probe), json!(true));
+    assert_eq!(verify(&cluster, &near), json!(false));
+    assert_eq!(verify(&cluster, &probe), json!(true));
 }

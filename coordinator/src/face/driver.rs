@@ -15,7 +15,12 @@
 //!    answers the number of comparisons, their bundle ids, subjects and digest.
 //! 2. `face_masked_open(session, probe, subject, P0's ids)` at P1: P1 compares exactly P0's
 //!    list or refuses (SQLSTATE 40001: the evaluators differ for a moment; retry).
-//! 3. `face_dealer_identify(session, ids)` at P2: each evaluator's key half, in chunks.
+//! 3. `face_dealer_identify(session, ids)` at P2: each evaluator's key half, in chunks. A
+//!    verification whose subject's bundle ids the coordinator saw in an earlier session
+//!    ([`SubjectIds`]) asks P2 at the same time as steps 1–2 and keeps that dealing if the
+//!    opens list the same ids (otherwise it asks again with the opened ids): one sequential
+//!    SQL call fewer. The ids are what every open answers anyway; dealing is a function of
+//!    (session, ids), so a discarded dealing reveals nothing and is never delivered.
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors.
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
@@ -28,12 +33,15 @@
 //! dropped from the engines. The session id is bound into the sealed probes, so a retry
 //! needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use privmatch_core::face::funshade::{bytes_to_words, reconstruct};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
 use crate::face::api::FaceRequest;
@@ -317,7 +325,64 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
 struct FaceSession<'a> {
     request: &'a FaceRequest,
     parties: &'a Parties,
+    known: &'a SubjectIds,
     timeout: Duration,
+}
+
+/// Bundle ids of subjects recently verified, as the evaluators' opens listed them: lets a
+/// verification ask P2 for its keys while P0 and P1 open (see step 3 of the module's
+/// protocol). Bounded (oldest forgotten first); a stale entry costs one extra dealing.
+pub struct SubjectIds {
+    capacity: usize,
+    inner: Mutex<Remembered>,
+}
+
+/// The ids per subject and the subjects in the order they were first remembered.
+#[derive(Default)]
+struct Remembered {
+    ids: HashMap<String, Vec<u8>>,
+    order: VecDeque<String>,
+}
+
+impl SubjectIds {
+    /// Subjects remembered by a coordinator process (16 bytes of ids and the name each).
+    pub const DEFAULT_CAPACITY: usize = 100_000;
+
+    /// An empty map keeping at most `capacity` subjects.
+    pub fn new(capacity: usize) -> Self {
+        SubjectIds {
+            capacity: capacity.max(1),
+            inner: Mutex::new(Remembered::default()),
+        }
+    }
+
+    /// The ids last seen for `subject`.
+    pub fn get(&self, subject: &str) -> Option<Vec<u8>> {
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.ids.get(subject).cloned()
+    }
+
+    /// Remembers `ids` for `subject`, forgetting the oldest subject when full.
+    pub fn remember(&self, subject: &str, ids: &[u8]) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Remembered { ids: map, order } = &mut *guard;
+        if let Some(known) = map.get_mut(subject) {
+            if known.as_slice() != ids {
+                *known = ids.to_vec();
+            }
+            return;
+        }
+        while map.len() >= self.capacity {
+            match order.pop_front() {
+                Some(oldest) => {
+                    map.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        map.insert(subject.to_owned(), ids.to_vec());
+        order.push_back(subject.to_owned());
+    }
 }
 
 impl FaceSession<'_> {
@@ -340,7 +405,15 @@ impl FaceSession<'_> {
             client,
             "face_masked_open",
             self.timeout,
-            client.query_one(sql, &[&session, &probe, &subject, &expect]),
+            client.query_typed_one(
+                sql,
+                &[
+                    (&session, Type::BYTEA),
+                    (&probe, Type::BYTEA),
+                    (&subject, Type::TEXT),
+                    (&expect, Type::BYTEA),
+                ],
+            ),
         )
         .await?;
         let reply = || {
@@ -354,24 +427,25 @@ impl FaceSession<'_> {
         reply().map_err(FaceSessionError::Party)
     }
 
-    /// The session's key halves from P2 (`face_dealer_identify`), per evaluator in chunks.
+    /// The session's key halves from P2 (`face_dealer_identify`) for the templates `ids`
+    /// (16 bytes each), per evaluator in chunks.
     async fn deal(
         &self,
         dealer: &Client,
-        first: &OpenReply,
+        ids: &[u8],
     ) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
         let p2 = PartyIndex::ALL[2];
         let session: &[u8] = &self.request.session;
-        let ids: Vec<&[u8]> = first.ids.chunks(16).collect();
+        let ids: Vec<&[u8]> = ids.chunks(16).collect();
         let rows = call_with_timeout::<_, FaceSessionError>(
             p2,
             dealer,
             "face_dealer_identify",
             self.timeout,
-            dealer.query(
+            dealer.query_typed(
                 "SELECT chunk, envelope_p0, envelope_p1 \
                    FROM privmatch.face_dealer_identify($1, $2) ORDER BY chunk",
-                &[&session, &ids],
+                &[(&session, Type::BYTEA), (&ids, Type::BYTEA_ARRAY)],
             ),
         )
         .await?;
@@ -404,9 +478,9 @@ impl FaceSession<'_> {
             client,
             "face_masked_keys",
             self.timeout,
-            client.query_one(
+            client.query_typed_one(
                 "SELECT privmatch.face_masked_keys($1, $2)",
-                &[&session, &chunks],
+                &[(&session, Type::BYTEA), (&chunks, Type::BYTEA_ARRAY)],
             ),
         )
         .await?;
@@ -434,6 +508,50 @@ impl FaceSession<'_> {
             }
             other => other,
         }
+    }
+
+    /// A verification's opens at P0 and P1 (at once: each looks the subject's template up)
+    /// and its dealing: at the same time as the opens when the subject's ids are known from
+    /// an earlier session and still what the opens list, after them otherwise.
+    async fn verification_opened_and_dealt(
+        &self,
+        three: [&Client; 3],
+        dealer: &Client,
+    ) -> Result<(OpenReply, Result<[Vec<Vec<u8>>; 2], FaceSessionError>), FaceSessionError> {
+        let [c0, c1, _] = three;
+        let [p0, p1] = EVALUATORS;
+        let subject = self.request.subject.as_deref().unwrap_or_default();
+        let known = self.known.get(subject);
+        let early_deal = async {
+            match &known {
+                Some(ids) => Some(self.deal(dealer, ids).await),
+                None => None,
+            }
+        };
+        let (first, second, early) = futures::join!(
+            self.open_at(p0, c0, None),
+            self.open_at(p1, c1, None),
+            early_deal
+        );
+        let first = self.opened_or_retry(p0, None, first, three).await?;
+        let second = self.opened_or_retry(p1, None, second, three).await?;
+        check_first_open(&first, Some(subject)).map_err(FaceSessionError::Protocol)?;
+        if second.ids != first.ids {
+            return Err(FaceSessionError::Party(PartyError {
+                party: p1,
+                sqlstate: Some("40001".into()),
+                message: "P0 and P1 hold different templates for the subject (an enrolment or deletion is in flight): retry with a new session".into(),
+            }));
+        }
+        check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+        let dealt = match early {
+            Some(Ok(halves)) if known.as_deref() == Some(first.ids.as_slice()) => Ok(halves),
+            _ => self.deal(dealer, &first.ids).await,
+        };
+        if dealt.is_ok() {
+            self.known.remember(subject, &first.ids);
+        }
+        Ok((first, dealt))
     }
 }
 
@@ -477,7 +595,7 @@ impl Session<2> for FaceSession<'_> {
             }
             let (second, dealt) = futures::join!(
                 self.open_at(p1, c1, Some(&first)),
-                self.deal(&dealer, &first)
+                self.deal(&dealer, &first.ids)
             );
             let second = self
                 .opened_or_retry(p1, Some(&first), second, three)
@@ -485,21 +603,7 @@ impl Session<2> for FaceSession<'_> {
             check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
             (first, dealt)
         } else {
-            let (first, second) =
-                futures::join!(self.open_at(p0, c0, None), self.open_at(p1, c1, None));
-            let first = self.opened_or_retry(p0, None, first, three).await?;
-            let second = self.opened_or_retry(p1, None, second, three).await?;
-            check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
-            if second.ids != first.ids {
-                return Err(FaceSessionError::Party(PartyError {
-                    party: p1,
-                    sqlstate: Some("40001".into()),
-                    message: "P0 and P1 hold different templates for the subject (an enrolment or deletion is in flight): retry with a new session".into(),
-                }));
-            }
-            check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
-            let dealt = self.deal(&dealer, &first).await;
-            (first, dealt)
+            self.verification_opened_and_dealt(three, &dealer).await?
         };
         let t_open0 = t0.elapsed();
         let mut stats = FaceStats {
@@ -591,6 +695,7 @@ fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
 /// pools only after a success.
 pub async fn run_face_session(
     parties: &Parties,
+    known: &SubjectIds,
     request: &FaceRequest,
     timeout: Duration,
 ) -> Result<FaceOutcome, FaceSessionError> {
@@ -598,6 +703,7 @@ pub async fn run_face_session(
     let session = FaceSession {
         request,
         parties,
+        known,
         timeout,
     };
     let (mut outcome, elapsed) = run_pooled(parties, &session).await?;
@@ -616,6 +722,31 @@ mod tests {
             subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
             digest: vec![digest; 32],
         }
+    }
+
+    #[test]
+    fn subject_ids_remember_update_and_forget_the_oldest() {
+        let known = SubjectIds::new(2);
+        assert_eq!(known.get("a"), None);
+        known.remember("a", &[1; 16]);
+        known.remember("b", &[2; 16]);
+        known.remember("a", &[3; 16]);
+        assert_eq!(
+            known.get("a"),
+            Some(vec![3; 16]),
+            "re-enrolment replaces the ids"
+        );
+        known.remember("c", &[4; 16]);
+        assert_eq!(
+            known.get("a"),
+            None,
+            "the oldest subject is forgotten when full"
+        );
+        assert_eq!(known.get("b"), Some(vec![2; 16]));
+        assert_eq!(known.get("c"), Some(vec![4; 16]));
+        let zero = SubjectIds::new(0);
+        zero.remember("a", &[1; 16]);
+        assert_eq!(zero.get("a"), Some(vec![1; 16]), "capacity is at least one");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! The coordinator relays sealed envelopes and probes and learns one bit per comparison; it
 //! never sees a share, a key or the threshold.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -19,7 +21,9 @@ use crate::face::api::{
     FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
     FaceRefillResponse, FaceRequest, FaceVerifyBody, FaceVerifyResponse,
 };
-use crate::face::driver::{run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError};
+use crate::face::driver::{
+    run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, SubjectIds,
+};
 use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
 use crate::server::error::{
@@ -30,8 +34,10 @@ use crate::server::state::{AppState, SharedState};
 use crate::txn::work::TxnError;
 use crate::wire::{codes, from_base64};
 
-/// The face routes, merged into the coordinator's router.
+/// The face routes, merged into the coordinator's router. They share the bundle ids of
+/// recently verified subjects ([`SubjectIds`]).
 pub fn routes() -> Router<SharedState> {
+    let known = Arc::new(SubjectIds::new(SubjectIds::DEFAULT_CAPACITY));
     Router::new()
         .route("/v1/face/configure", post(configure))
         .route("/v1/face/pool", get(pool))
@@ -40,6 +46,7 @@ pub fn routes() -> Router<SharedState> {
         .route("/v1/face/delete", post(delete))
         .route("/v1/face/verify", post(verify))
         .route("/v1/face/identify", post(identify))
+        .layer(Extension(known))
 }
 
 fn with_hint(message: String, hint: &str, marker: &str) -> String {
@@ -250,9 +257,15 @@ async fn delete(
 
 /// Runs the session of a verification or identification (`what`, for the log), after
 /// claiming its session id.
-async fn compare(state: &AppState, plan: FaceRequest, what: &str) -> Result<FaceOutcome, ApiError> {
+async fn compare(
+    state: &AppState,
+    known: &SubjectIds,
+    plan: FaceRequest,
+    what: &str,
+) -> Result<FaceOutcome, ApiError> {
     state.claim_sessions(&[plan.session]).await?;
-    let outcome = run_face_session(&state.parties, &plan, state.options.search_timeout).await?;
+    let outcome =
+        run_face_session(&state.parties, known, &plan, state.options.search_timeout).await?;
     tracing::info!(
         comparisons = outcome.stats.comparisons,
         seconds = outcome.stats.micros as f64 / 1e6,
@@ -263,11 +276,12 @@ async fn compare(state: &AppState, plan: FaceRequest, what: &str) -> Result<Face
 
 async fn verify(
     State(state): State<SharedState>,
+    Extension(known): Extension<Arc<SubjectIds>>,
     body: Bytes,
 ) -> Result<Json<FaceVerifyResponse>, ApiError> {
     let request: FaceVerifyBody = parse_json(&body)?;
     let plan = request.plan().map_err(bad_request)?;
-    let outcome = compare(&state, plan, "verification").await?;
+    let outcome = compare(&state, &known, plan, "verification").await?;
     Ok(Json(FaceVerifyResponse {
         subject: request.subject,
         matched: outcome.matches.first().copied().unwrap_or(false),
@@ -276,11 +290,13 @@ async fn verify(
 
 async fn identify(
     State(state): State<SharedState>,
+    Extension(known): Extension<Arc<SubjectIds>>,
     body: Bytes,
 ) -> Result<Json<FaceIdentifyResponse>, ApiError> {
     let request: FaceIdentifyBody = parse_json(&body)?;
     let outcome = compare(
         &state,
+        &known,
         request.plan().map_err(bad_request)?,
         "identification",
     )

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls, Row};
 
 use crate::parties::{Parties, PartyError};
@@ -254,8 +255,9 @@ pub trait Rounds<const N: usize>: Session<N> {
     /// What the last round yields.
     type Last;
 
-    /// The SQL of one round at a party: `$1` the session id, `$2` the round number, `$3` the
-    /// message routed to the party (NULL in a first round that has none).
+    /// The SQL of one round at a party: `$1` the session id (`bytea`), `$2` the round number
+    /// (`integer`), `$3` the message routed to the party (`bytea`; NULL in a first round that
+    /// has none). Sent with these types in one round trip (no separate prepare).
     const ROUND_SQL: &'static str;
     /// The party function `ROUND_SQL` calls (names the call in errors).
     const ROUND_FUNCTION: &'static str;
@@ -293,7 +295,14 @@ async fn round_at<const N: usize, R: Rounds<N>>(
         client,
         &what,
         rounds.timeout(),
-        client.query_one(R::ROUND_SQL, &[&session, &round, &inbound]),
+        client.query_typed_one(
+            R::ROUND_SQL,
+            &[
+                (&session, Type::BYTEA),
+                (&round, Type::INT4),
+                (&inbound, Type::BYTEA),
+            ],
+        ),
     )
     .await?;
     rounds.reply(party, round, &row)
