@@ -13,11 +13,15 @@ use std::path::PathBuf;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
-use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
+use privmatch_core::crypto::seal::{PairwiseCache, PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
 
 use crate::errors::{get_one, raise, raise_internal};
 use crate::keyfile::{self, KeyFileError};
+
+/// This process's channel secrets with its peers ([`PairwiseCache`]): derived once, not for
+/// every session (backends and the engine worker each have their own).
+pub static CHANNELS: PairwiseCache = PairwiseCache::new();
 
 /// `privmatch.key_file`: the party's key file; a relative path is under the data directory.
 /// Settable only in the server's configuration (SIGHUP), never by a session.

@@ -368,6 +368,79 @@ impl PairwiseSecrets {
     }
 }
 
+/// Pairwise secrets derived once per process and reused: [`PairwiseSecrets::derive`] costs two
+/// X25519 scalar multiplications and depends on long-term keys only, yet a party's services
+/// derived it afresh for every session (≈ 0.1 ms each, several per face verification).
+/// Entries are keyed by both parties, the peer's public key and a SHA-256 digest of the own
+/// secret key, so a rotated or re-pinned key derives anew; at most [`Self::CAPACITY`] are kept
+/// (the oldest is dropped first). The secrets are zeroised when an entry is dropped.
+pub struct PairwiseCache {
+    entries: std::sync::Mutex<std::collections::VecDeque<CachedPair>>,
+}
+
+struct CachedPair {
+    me: PartyIndex,
+    peer: PartyIndex,
+    peer_key: PartyPublicKey,
+    own_digest: [u8; 32],
+    secrets: PairwiseSecrets,
+}
+
+impl PairwiseCache {
+    /// Pairs kept at most (a party has two peers; rotations add a few).
+    pub const CAPACITY: usize = 16;
+
+    /// An empty cache (usable in a `static`).
+    pub const fn new() -> Self {
+        PairwiseCache {
+            entries: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// [`PairwiseSecrets::derive`] for these keys, from the cache when derived before.
+    pub fn derive(
+        &self,
+        me: PartyIndex,
+        my_secret: &PartySecretKey,
+        peer: PartyIndex,
+        peer_key: &PartyPublicKey,
+    ) -> Result<PairwiseSecrets, SealError> {
+        let mut own = my_secret.to_bytes();
+        let own_digest: [u8; 32] = Sha256::digest(own).into();
+        own.zeroize();
+        let same = |e: &CachedPair| {
+            e.me == me && e.peer == peer && e.peer_key == *peer_key && e.own_digest == own_digest
+        };
+        {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(hit) = entries.iter().find(|e| same(e)) {
+                return Ok(hit.secrets.clone());
+            }
+        }
+        let secrets = PairwiseSecrets::derive(me, my_secret, peer, peer_key)?;
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if !entries.iter().any(same) {
+            if entries.len() >= Self::CAPACITY {
+                entries.pop_front();
+            }
+            entries.push_back(CachedPair {
+                me,
+                peer,
+                peer_key: *peer_key,
+                own_digest,
+                secrets: secrets.clone(),
+            });
+        }
+        Ok(secrets)
+    }
+}
+
+impl Default for PairwiseCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 const CHANNEL_MAGIC: &[u8; 4] = b"PMCH";
 /// magic, sender, receiver, session, round, sequence, nonce.
 const CHANNEL_HEADER_LEN: usize = 4 + 1 + 1 + 16 + 4 + 8 + 24;
@@ -620,6 +693,52 @@ mod tests {
         assert_ne!(a.send_key, a.recv_key);
         assert_eq!(a.prf_seed, b.prf_seed);
         assert!(PairwiseSecrets::derive(p(1), &ks[1], p(1), &ks[1].public_key()).is_err());
+    }
+
+    #[test]
+    fn the_cache_gives_the_derived_secrets_and_derives_anew_for_other_keys() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let cache = PairwiseCache::new();
+        let same = |a: &PairwiseSecrets, b: &PairwiseSecrets| {
+            a.send_key == b.send_key && a.recv_key == b.recv_key && a.prf_seed == b.prf_seed
+        };
+        let direct = PairwiseSecrets::derive(p(0), &ks[0], p(1), &ks[1].public_key()).unwrap();
+        for _ in 0..2 {
+            let cached = cache
+                .derive(p(0), &ks[0], p(1), &ks[1].public_key())
+                .unwrap();
+            assert!(same(&cached, &direct));
+        }
+        // Another own key, another peer key or another peer: another entry, right secrets.
+        let rotated = PartySecretKey::generate(&mut rng);
+        let fresh = cache
+            .derive(p(0), &rotated, p(1), &ks[1].public_key())
+            .unwrap();
+        let expect = PairwiseSecrets::derive(p(0), &rotated, p(1), &ks[1].public_key()).unwrap();
+        assert!(same(&fresh, &expect) && !same(&fresh, &direct));
+        let repinned = PartySecretKey::generate(&mut rng).public_key();
+        let fresh = cache.derive(p(0), &ks[0], p(1), &repinned).unwrap();
+        assert!(!same(&fresh, &direct));
+        let to_p2 = cache
+            .derive(p(0), &ks[0], p(2), &ks[2].public_key())
+            .unwrap();
+        let expect = PairwiseSecrets::derive(p(0), &ks[0], p(2), &ks[2].public_key()).unwrap();
+        assert!(same(&to_p2, &expect));
+        assert!(cache
+            .derive(p(1), &ks[1], p(1), &ks[1].public_key())
+            .is_err());
+        // Bounded: the oldest entries go first, answers stay right.
+        for _ in 0..PairwiseCache::CAPACITY + 3 {
+            let k = PartySecretKey::generate(&mut rng);
+            cache.derive(p(0), &k, p(1), &ks[1].public_key()).unwrap();
+        }
+        let entries = cache.entries.lock().unwrap().len();
+        assert_eq!(entries, PairwiseCache::CAPACITY);
+        let again = cache
+            .derive(p(0), &ks[0], p(1), &ks[1].public_key())
+            .unwrap();
+        assert!(same(&again, &direct));
     }
 
     fn channel_pair(rng: &mut ChaCha20Rng, session: [u8; 16]) -> (Channel, Channel) {

@@ -607,7 +607,8 @@ impl FaceService {
             })
         };
         let derive = |p: PartyIndex| {
-            PairwiseSecrets::derive(keys.me, &keys.secret, p, &pinned(p)?)
+            crate::identity::CHANNELS
+                .derive(keys.me, &keys.secret, p, &pinned(p)?)
                 .map_err(|e| EngineError::internal(e.to_string()))
         };
         let to_peer = derive(peer)?;

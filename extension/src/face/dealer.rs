@@ -180,7 +180,8 @@ fn face_dealer_generate(
             };
             let evaluator = PartyIndex::ALL[b];
             let peer = pinned_peer(F, evaluator);
-            let pair = PairwiseSecrets::derive(me.index, &me.secret, evaluator, &peer)
+            let pair = crate::identity::CHANNELS
+                .derive(me.index, &me.secret, evaluator, &peer)
                 .unwrap_or_else(|e| raise_face(F, e.into()));
             seal_key_batch(&header, keys, &pair, &mut rng)
         })
@@ -320,7 +321,8 @@ pub(super) fn parse_bundle_ids(
 fn channel_to(function: &str, me: &Identity, b: usize) -> PairwiseSecrets {
     let evaluator = PartyIndex::ALL[b];
     let peer = pinned_peer(function, evaluator);
-    PairwiseSecrets::derive(me.index, &me.secret, evaluator, &peer)
+    crate::identity::CHANNELS
+        .derive(me.index, &me.secret, evaluator, &peer)
         .unwrap_or_else(|e| raise_face(function, e.into()))
 }
 

@@ -41,7 +41,8 @@ fn evaluator_identity(function: &str) -> (Identity, usize) {
 
 fn pair_with(function: &str, me: &Identity, other: PartyIndex) -> PairwiseSecrets {
     let key = pinned_peer(function, other);
-    PairwiseSecrets::derive(me.index, &me.secret, other, &key)
+    crate::identity::CHANNELS
+        .derive(me.index, &me.secret, other, &key)
         .unwrap_or_else(|e| raise_face(function, e.into()))
 }
 

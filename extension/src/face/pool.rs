@@ -10,7 +10,6 @@
 //! Claims are never deleted; a replayed batch is refused by its number.
 
 use pgrx::prelude::*;
-use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::dealer::open_key_batch;
 use privmatch_core::face::encoding::evaluator;
 use privmatch_core::face::{FaceError, Metric};
@@ -88,7 +87,8 @@ fn face_keys_store(
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(F, e));
     let dealer = PartyIndex::ALL[2];
-    let pair = PairwiseSecrets::derive(me.index, &me.secret, dealer, &pinned_peer(F, dealer))
+    let pair = crate::identity::CHANNELS
+        .derive(me.index, &me.secret, dealer, &pinned_peer(F, dealer))
         .unwrap_or_else(|e| raise_face(F, e.into()));
     let (header, keys) =
         open_key_batch(me.index, &pair, envelope).unwrap_or_else(|e| raise_face(F, e));

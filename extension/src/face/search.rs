@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::crypto::seal::{Channel, PairwiseSecrets};
+use privmatch_core::crypto::seal::Channel;
 use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::enroll::template_set_digest;
 use privmatch_core::face::funshade::{
@@ -427,7 +427,8 @@ fn load_templates(ids: &[i64], dim: usize) -> Vec<EmbeddingShare> {
 fn channel(me: &Identity, session: &[u8; 16], row: &SessionRow) -> Channel {
     let peer = PartyIndex::ALL[1 - evaluator(me.index).unwrap_or_else(|e| raise_face(ROUND, e))];
     let peer_key = pinned_peer(ROUND, peer);
-    let secrets = PairwiseSecrets::derive(me.index, &me.secret, peer, &peer_key)
+    let secrets = crate::identity::CHANNELS
+        .derive(me.index, &me.secret, peer, &peer_key)
         .unwrap_or_else(|e| raise_face(ROUND, FaceError::Seal(e)));
     secrets.channel(channel_session(
         session,
