@@ -116,14 +116,19 @@ pub fn select<T>(
     args: &[DatumWithOid<'_>],
     each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect(|client| {
-        let result = match saved_plan(client, query, args, false) {
-            Ok(Some(plan)) => client.select(&*plan, None, args),
-            Ok(None) => client.select(query, None, args),
-            Err(e) => Err(e),
-        };
-        rows(function, result, each)
-    })
+    Spi::connect(|client| rows(function, read(client, query, args), each))
+}
+
+/// Runs the read-only `query` through its saved plan where there is one ([`saved_plan`]).
+fn read<'conn>(
+    client: &pgrx::spi::SpiClient<'conn>,
+    query: &str,
+    args: &[DatumWithOid<'_>],
+) -> pgrx::spi::SpiResult<SpiTupleTable<'conn>> {
+    match saved_plan(client, query, args, false)? {
+        Some(plan) => client.select(&*plan, None, args),
+        None => client.select(query, None, args),
+    }
 }
 
 /// Like [`select`], for a `query` that writes or locks rows (`UPDATE … RETURNING`,
@@ -134,10 +139,7 @@ pub fn modify<T>(
     args: &[DatumWithOid<'_>],
     each: impl FnMut(&Row<'_, '_>) -> T,
 ) -> Vec<T> {
-    Spi::connect_mut(|client| {
-        let result = update(client, query, None, args);
-        rows(function, result, each)
-    })
+    Spi::connect_mut(|client| rows(function, update(client, query, None, args), each))
 }
 
 /// Runs the writing `query` through its saved plan where there is one ([`saved_plan`]).

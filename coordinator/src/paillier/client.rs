@@ -293,7 +293,7 @@ impl PaillierClient {
         }
         let signature = view.verdict.as_deref().with_context(|| {
             format!(
-                "session {}: the coordinator reports {:?} without the service provider's signed                  verdict: not trusted",
+                "session {}: the coordinator reports {:?} without the service provider's signed verdict: not trusted",
                 session_to_hex(session),
                 view.state
             )
