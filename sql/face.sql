@@ -151,6 +151,18 @@ CREATE TABLE privmatch.face_masked_templates (
 ALTER TABLE privmatch.face_masked_templates ALTER COLUMN masked SET STORAGE EXTERNAL;
 REVOKE ALL ON privmatch.face_masked_templates FROM PUBLIC;
 
+-- Dealings stocked ahead of time that a session claimed (P0 and P1; docs/protocols/face.md
+-- §13.7). The dealing's keys live in the engine's memory until an identification over its
+-- list claims them; the claim is this row, committed with the session before anything derived
+-- from the keys leaves, so a stock id serves one session, ever (the primary key), whatever the
+-- coordinator replays. Not dumped, like the sessions and pool claims.
+CREATE TABLE privmatch.face_stock_used (
+    stock      bytea PRIMARY KEY CHECK (length(stock) = 16),
+    session    bytea NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON privmatch.face_stock_used FROM PUBLIC;
+
 -- The pool level as this party sees it.
 CREATE VIEW privmatch.face_key_pool AS
     SELECT metric, dim, generation,

@@ -83,6 +83,7 @@ AS $list$
         ('face_dealer_generate',      ARRAY['privmatch_coordinator']),
         ('face_dealer_template_seeds', ARRAY['privmatch_coordinator']),
         ('face_dealer_identify',      ARRAY['privmatch_coordinator']),
+        ('face_dealer_stock',         ARRAY['privmatch_coordinator']),
         ('face_keys_store',           ARRAY['privmatch_coordinator']),
         ('face_keys_retire_before',   ARRAY['privmatch_coordinator']),
         ('face_enroll_sealed',        ARRAY['privmatch_coordinator']),
@@ -95,6 +96,8 @@ AS $list$
         ('face_masked_prepare',       ARRAY['privmatch_coordinator']),
         ('face_masked_accept',        ARRAY['privmatch_coordinator']),
         ('face_masked_open',          ARRAY['privmatch_coordinator']),
+        ('face_masked_open_stocked',  ARRAY['privmatch_coordinator']),
+        ('face_masked_stock',         ARRAY['privmatch_coordinator']),
         ('face_masked_keys',          ARRAY['privmatch_coordinator']),
         ('face_masked_round',         ARRAY['privmatch_coordinator']),
         -- Paillier service provider (the coordinator relays device and terminal messages)

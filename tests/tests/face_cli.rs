@@ -32,6 +32,11 @@ fn counts(cluster: &Cluster) -> [i64; 3] {
     [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_templates"))
 }
 
+/// Stocked dealings claimed at P0 and P1 (docs/protocols/face.md §13.7).
+fn stock_claims(cluster: &Cluster) -> [i64; 2] {
+    [0, 1].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_stock_used"))
+}
+
 fn lines(output: &str) -> Vec<Value> {
     output
         .lines()
@@ -84,6 +89,11 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
         .cli(&["face", "enroll", "--input", &path_arg(&enroll_file)])
         .expect_success();
     assert_eq!(counts(&cluster), [40, 40, 0], "shares at P0 and P1 only");
+    // Stocked dealings claimed after each metric's nine identifications: the first of the
+    // nine deals on its path, the next eight use the dealing the coordinator made after the
+    // one before. After the reconfiguration the cosine stock is claimed (burnt) but not used:
+    // P2's generation changed, so the first Euclidean identification deals on its path.
+    let mut claims_after = [8, 17].into_iter();
     for (metric, threshold) in [(Metric::Cosine, 0.55), (Metric::Euclidean, 0.9)] {
         cluster
             .cli(&[
@@ -123,6 +133,8 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
             matched += listed.len();
         }
         assert!(matched >= 3, "{metric}: only {matched} matches");
+        let claims = claims_after.next().unwrap_or_default();
+        assert_eq!(stock_claims(&cluster), [claims; 2], "{metric}");
         // 1:1 verification of every probe against person-002.
         let out = cluster
             .cli(&[
@@ -154,6 +166,42 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
     assert!(lines(&out.stdout)
         .iter()
         .all(|l| !l["matches"].to_string().contains("person-000")));
+    // The stock dealt for the 40 templates does not fit the 39 left: neither evaluator claims
+    // it; the eight identifications after the first use fresh stock.
+    assert_eq!(stock_claims(&cluster), [25, 25]);
+    // Stock ids are single use: a claimed one cannot be stocked again (checked before the
+    // chunks are even opened); halves not sealed by P2 are refused; the coordinator's role
+    // cannot read the claims; P2 refuses a malformed stock id.
+    let claimed: Vec<u8> = cluster
+        .query(
+            0,
+            "SELECT stock FROM privmatch.face_stock_used LIMIT 1",
+            &[],
+        )
+        .first()
+        .map(|r| r.get(0))
+        .unwrap_or_default();
+    let stock_sql = |id: &[u8]| {
+        format!(
+            "SELECT privmatch.face_masked_stock('\\x{}', ARRAY['\\x00'::bytea])",
+            hex::encode(id)
+        )
+    };
+    let refused =
+        |party: usize, sql: &str| cluster.query_as_coordinator(party, sql).expect_err(sql).0;
+    assert_eq!(refused(0, &stock_sql(&claimed)), "23505");
+    assert_eq!(refused(0, &stock_sql(&[7; 16])), "08P01");
+    assert_eq!(
+        refused(1, "SELECT count(*) FROM privmatch.face_stock_used"),
+        "42501"
+    );
+    assert_eq!(
+        refused(
+            2,
+            "SELECT * FROM privmatch.face_dealer_stock('\\x00', '{}')"
+        ),
+        "22023"
+    );
     // No log holds a probe's share or a threshold in the clear.
     for p in 0..3 {
         let log = std::fs::read_to_string(cluster.home.join(format!("p{p}/postgres.log")))

@@ -13,7 +13,7 @@ use privmatch_core::face::encoding::{share_embedding, EmbeddingShare};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::mask_dealer::{open_identification_key_chunks, open_template_seeds};
 use privmatch_core::face::masked::{
-    distance_round, masked_template_share, probe_round, sign_round, MaskedTemplateSet,
+    distance_round, masked_template_share, probe_round, sign_round, KeysFor, MaskedTemplateSet,
 };
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::{plaintext_match, squared_distance, Quantizer};
@@ -911,12 +911,27 @@ async fn dealt_halves(
     session: &[u8; 16],
     ids: &[[u8; 16]],
 ) -> Result<[Vec<Vec<u8>>; 2], Failure> {
+    dealt_halves_for(p2, KeysFor::Session(*session), ids).await
+}
+
+/// P2's sealed key halves for `keys_for` (`face_dealer_identify` for a session,
+/// `face_dealer_stock` for a stock id) for the templates `ids`, chunk by chunk.
+async fn dealt_halves_for(
+    p2: &Client,
+    keys_for: KeysFor,
+    ids: &[[u8; 16]],
+) -> Result<[Vec<Vec<u8>>; 2], Failure> {
     let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
+    let function = match keys_for {
+        KeysFor::Session(_) => "face_dealer_identify",
+        KeysFor::Stock(_) => "face_dealer_stock",
+    };
     let rows = p2
         .query(
-            "SELECT envelope_p0, envelope_p1 FROM privmatch.face_dealer_identify($1, $2) \
-              ORDER BY chunk",
-            &[&session.to_vec(), &id_args],
+            &format!(
+                "SELECT envelope_p0, envelope_p1 FROM privmatch.{function}($1, $2) ORDER BY chunk"
+            ),
+            &[&keys_for.id().to_vec(), &id_args],
         )
         .await
         .map_err(|e| failure(2, &e))?;
@@ -927,14 +942,14 @@ async fn dealt_halves(
 /// reconstructed bits, in template order.
 fn masked_identification(
     channels: &[PairwiseSecrets; 2],
-    session: &[u8; 16],
+    keys_for: KeysFor,
     halves: &[Vec<Vec<u8>>; 2],
     sets: &[MaskedTemplateSet; 2],
     probe: &[EmbeddingShare; 2],
 ) -> Result<Vec<bool>, FaceError> {
     let keys = [0, 1].map(|b| {
         let chunks: Vec<&[u8]> = halves[b].iter().map(Vec::as_slice).collect();
-        open_identification_key_chunks(PartyIndex::ALL[b], &channels[b], session, &chunks)
+        open_identification_key_chunks(PartyIndex::ALL[b], &channels[b], keys_for, &chunks)
     });
     let [k0, k1] = keys;
     let (k0, k1) = (k0?, k1?);
@@ -1007,8 +1022,14 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
                     let halves = dealt_halves(&clients[2], &session, &ids)
                         .await
                         .expect("deal");
-                    let got = masked_identification(&channels, &session, &halves, &sets, &shares)
-                        .expect("identify");
+                    let got = masked_identification(
+                        &channels,
+                        KeysFor::Session(session),
+                        &halves,
+                        &sets,
+                        &shares,
+                    )
+                    .expect("identify");
                     for (bit, (name, template)) in got.iter().zip(&records) {
                         let expected = plaintext_match(metric, probe, template, theta_q);
                         assert_eq!(*bit, expected, "{metric} θ_q {theta_q} vs {name}");
@@ -1030,17 +1051,53 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
             .expect("deal");
         // A half opened for another session is refused (the channel is bound to it).
         let other: [u8; 16] = rng.gen();
-        let err = masked_identification(&channels, &other, &halves, &sets, &shares)
-            .expect_err("another session");
+        let err =
+            masked_identification(&channels, KeysFor::Session(other), &halves, &sets, &shares)
+                .expect_err("another session");
         assert!(err.to_string().contains("session"), "{err}");
+        // Stocked under the same 16 bytes (docs/protocols/face.md §13.7): P2 deals other keys,
+        // which open only as that stock id (never as the session) and give the plaintext
+        // answers; the session's halves do not open as stock.
+        let stock = KeysFor::Stock(session);
+        let stocked = dealt_halves_for(&clients[2], stock, &ids)
+            .await
+            .expect("stock");
+        assert_ne!(
+            stocked, halves,
+            "a stock id deals other keys than the session id"
+        );
+        let got = masked_identification(&channels, stock, &stocked, &sets, &shares)
+            .expect("stocked identification");
+        // The last configuration of the loop above: Euclidean, one step above the pivot.
+        let theta_q = metric_value(Metric::Euclidean, &probes[1], &records[11].1) + 1;
+        assert_eq!(got.len(), records.len());
+        for (bit, (name, template)) in got.iter().zip(&records) {
+            let expected = plaintext_match(Metric::Euclidean, &probes[0], template, theta_q);
+            assert_eq!(*bit, expected, "stocked dealing vs {name}");
+        }
+        assert!(masked_identification(
+            &channels,
+            KeysFor::Session(session),
+            &stocked,
+            &sets,
+            &shares
+        )
+        .is_err());
+        assert!(masked_identification(&channels, stock, &halves, &sets, &shares).is_err());
         // Keys dealt for another template list (two swapped) are refused by the evaluators.
         let mut swapped = ids.clone();
         swapped.swap(3, 4);
         let halves = dealt_halves(&clients[2], &session, &swapped)
             .await
             .expect("deal");
-        let err = masked_identification(&channels, &session, &halves, &sets, &shares)
-            .expect_err("another list");
+        let err = masked_identification(
+            &channels,
+            KeysFor::Session(session),
+            &halves,
+            &sets,
+            &shares,
+        )
+        .expect_err("another list");
         assert!(err.to_string().contains("another template list"), "{err}");
         // Bad input: a clear SQLSTATE naming the argument.
         let seeds_sql = "SELECT privmatch.face_dealer_template_seeds($1, $2)";

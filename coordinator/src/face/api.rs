@@ -323,9 +323,13 @@ pub struct FaceIdentifyResponse {
     /// Bytes each evaluator (P0, P1) sent online in the session.
     #[serde(default)]
     pub bytes_sent: [u64; 2],
-    /// Bytes of the key half the dealer sent each evaluator for the session.
+    /// Bytes of the key half the dealer sent each evaluator for the session (0 when it used
+    /// a dealing made ahead of time).
     #[serde(default)]
     pub key_bytes: [u64; 2],
+    /// Whether the identification used a dealing made ahead of time (`GET /v1/face/stock`).
+    #[serde(default)]
+    pub stocked: bool,
 }
 
 #[cfg(test)]

@@ -110,6 +110,12 @@ impl FaceClient {
         Ok(self.coordinator.get("/v1/face/pool").await?)
     }
 
+    /// The dealing made ahead of time for the next identification, once no refill runs
+    /// (`GET /v1/face/stock`).
+    pub async fn stock(&self) -> Result<crate::face::stock::StockStatus> {
+        Ok(self.coordinator.get("/v1/face/stock").await?)
+    }
+
     /// One refill request (at most `max_batches` batches when given).
     pub async fn refill_step(
         &self,

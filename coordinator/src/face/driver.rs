@@ -15,6 +15,10 @@
 //!    answers the number of comparisons, their bundle ids, subjects and digest.
 //! 2. `face_masked_open(session, probe, subject, P0's ids)` at P1: P1 compares exactly P0's
 //!    list or refuses (SQLSTATE 40001: the evaluators differ for a moment; retry).
+//!    An identification for which a dealing was made ahead of time ([`crate::face::stock`],
+//!    docs/protocols/face.md §13.7) opens at P0 and P1 at once with
+//!    `face_masked_open_stocked(session, probe, stock)`; when both claim the stocked dealing,
+//!    step 3 is skipped and step 4 takes no chunks.
 //! 3. `face_dealer_identify(session, ids)` at P2: each evaluator's key half, in chunks. A
 //!    verification whose subject's bundle ids the coordinator saw in an earlier session
 //!    ([`SubjectIds`]) asks P2 at the same time as steps 1–2 and keeps that dealing if the
@@ -45,6 +49,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
 use crate::face::api::FaceRequest;
+use crate::face::stock::{dealer_generation, Stocked};
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     call_with_timeout, relay, run_pooled, Rounds, Session, Step, Traffic,
@@ -61,17 +66,23 @@ pub struct FaceStats {
     /// Bytes each evaluator emitted over the rounds (P0, P1): its sealed masked probe
     /// vector, its sealed distance shares and its output shares.
     pub bytes_sent: [u64; 2],
-    /// Bytes of the key half P2 dealt each evaluator for the session (sealed chunks).
+    /// Bytes of the key half P2 dealt each evaluator for the session (sealed chunks; 0 when
+    /// the session used a dealing stocked ahead of time).
     pub key_bytes: [u64; 2],
+    /// Whether the session used a dealing stocked ahead of time (no dealing on its path).
+    #[serde(default)]
+    pub stocked: bool,
     /// Wall time from the first open to the reconstruction, in microseconds.
     pub micros: u64,
 }
 
 /// A finished session: the compared subjects, in the order of P0's open, and their bits.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaceOutcome {
     /// The compared subjects.
     pub subjects: Vec<String>,
+    /// Their templates' bundle ids (16 bytes each, in the same order).
+    pub ids: Vec<u8>,
     /// Per compared subject: whether it matched.
     pub matches: Vec<bool>,
     /// Figures.
@@ -224,6 +235,29 @@ pub fn check_second_open(p0: &OpenReply, p1: &OpenReply) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the opens of P0 and P1 made at once (each listed its templates itself): the same
+/// list, or 40001 (an enrolment or deletion is in flight: retry with a new session).
+fn check_parallel_opens(
+    p0: &OpenReply,
+    p1: &OpenReply,
+    subject: Option<&str>,
+) -> Result<(), FaceSessionError> {
+    check_first_open(p0, subject).map_err(FaceSessionError::Protocol)?;
+    if p1.ids != p0.ids {
+        let what = if subject.is_some() {
+            "hold different templates for the subject"
+        } else {
+            "compare different face template sets"
+        };
+        return Err(FaceSessionError::Party(PartyError {
+            party: EVALUATORS[1],
+            sqlstate: Some("40001".into()),
+            message: format!("P0 and P1 {what} (an enrolment or deletion is in flight): retry with a new session"),
+        }));
+    }
+    check_second_open(p0, p1).map_err(FaceSessionError::Protocol)
+}
+
 /// The verifier's step: the two parties' round-3 outputs (4 bytes per comparison each) into
 /// one bit per comparison.
 pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<bool>, String> {
@@ -241,6 +275,54 @@ pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<b
 }
 
 crate::session_error!(FaceSessionError);
+
+/// P2's dealing for one face session (the session id and the list).
+pub const DEAL_SESSION_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
+       FROM privmatch.face_dealer_identify($1, $2) ORDER BY chunk";
+/// P2's dealing ahead of time under a stock id ([`crate::face::stock`]).
+pub const DEAL_STOCK_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
+       FROM privmatch.face_dealer_stock($1, $2) ORDER BY chunk";
+
+/// P2's dealing `sql` ([`DEAL_SESSION_SQL`] or [`DEAL_STOCK_SQL`]) under `id` for the
+/// templates `ids` (16 bytes each): each evaluator's sealed key half, in chunks.
+pub async fn deal_at(
+    dealer: &Client,
+    sql: &str,
+    id: &[u8; 16],
+    ids: &[u8],
+    timeout: Duration,
+) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
+    let p2 = PartyIndex::ALL[2];
+    let id: &[u8] = id;
+    let ids: Vec<&[u8]> = ids.chunks(16).collect();
+    let what = if sql == DEAL_STOCK_SQL {
+        "face_dealer_stock"
+    } else {
+        "face_dealer_identify"
+    };
+    let rows = call_with_timeout::<_, FaceSessionError>(
+        p2,
+        dealer,
+        what,
+        timeout,
+        dealer.query_typed(sql, &[(&id, Type::BYTEA), (&ids, Type::BYTEA_ARRAY)]),
+    )
+    .await?;
+    let mut halves = [Vec::new(), Vec::new()];
+    for row in rows {
+        for (b, half) in halves.iter_mut().enumerate() {
+            let chunk: Option<Vec<u8>> =
+                column(p2, &row, b + 1).map_err(FaceSessionError::Party)?;
+            half.push(chunk.unwrap_or_default());
+        }
+    }
+    if halves[0].is_empty() {
+        return Err(FaceSessionError::Protocol(format!(
+            "P2 dealt no key chunk ({what})"
+        )));
+    }
+    Ok(halves)
+}
 
 /// Templates opened per batch of the one-time opening (≈ 20 MB per message at l = 512).
 const OPENING_BATCH: i32 = 10_000;
@@ -326,6 +408,8 @@ struct FaceSession<'a> {
     request: &'a FaceRequest,
     parties: &'a Parties,
     known: &'a SubjectIds,
+    /// A dealing both evaluators were given ahead of time, for an identification.
+    stocked: Option<Stocked>,
     timeout: Duration,
 }
 
@@ -434,35 +518,88 @@ impl FaceSession<'_> {
         dealer: &Client,
         ids: &[u8],
     ) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
-        let p2 = PartyIndex::ALL[2];
-        let session: &[u8] = &self.request.session;
-        let ids: Vec<&[u8]> = ids.chunks(16).collect();
-        let rows = call_with_timeout::<_, FaceSessionError>(
-            p2,
+        deal_at(
             dealer,
-            "face_dealer_identify",
+            DEAL_SESSION_SQL,
+            &self.request.session,
+            ids,
             self.timeout,
-            dealer.query_typed(
-                "SELECT chunk, envelope_p0, envelope_p1 \
-                   FROM privmatch.face_dealer_identify($1, $2) ORDER BY chunk",
-                &[(&session, Type::BYTEA), (&ids, Type::BYTEA_ARRAY)],
+        )
+        .await
+    }
+
+    /// `face_masked_open_stocked` at `party`: an identification's open that claims the
+    /// dealing stocked under `stock` if it fits the compared list. Also answers whether it did.
+    async fn open_stocked_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+        stock: &[u8; 16],
+    ) -> Result<(OpenReply, bool), FaceSessionError> {
+        let session: &[u8] = &self.request.session;
+        let probe: &[u8] = &self.request.probes[party.as_usize()];
+        let stock: &[u8] = stock;
+        let row = call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "face_masked_open_stocked",
+            self.timeout,
+            client.query_typed_one(
+                "SELECT comparisons, bundle_ids, subjects, digest, claimed \
+                   FROM privmatch.face_masked_open_stocked($1, $2, $3)",
+                &[
+                    (&session, Type::BYTEA),
+                    (&probe, Type::BYTEA),
+                    (&stock, Type::BYTEA),
+                ],
             ),
         )
         .await?;
-        let mut halves = [Vec::new(), Vec::new()];
-        for row in rows {
-            for (b, half) in halves.iter_mut().enumerate() {
-                let chunk: Option<Vec<u8>> =
-                    column(p2, &row, b + 1).map_err(FaceSessionError::Party)?;
-                half.push(chunk.unwrap_or_default());
-            }
+        let reply = || {
+            Ok((
+                OpenReply {
+                    comparisons: column(party, &row, 0)?.unwrap_or(-1),
+                    ids: column(party, &row, 1)?.unwrap_or_default(),
+                    subjects: column(party, &row, 2)?.unwrap_or_default(),
+                    digest: column(party, &row, 3)?.unwrap_or_default(),
+                },
+                column::<bool>(party, &row, 4)?.unwrap_or(false),
+            ))
+        };
+        reply().map_err(FaceSessionError::Party)
+    }
+
+    /// An identification's opens with a stocked dealing: at P0 and P1 at once (each lists
+    /// every opened template; the coordinator compares the lists), then the keys: none to
+    /// deal when both claimed the stock, else P2 deals for the session. Returns P0's open,
+    /// the halves to hand out (empty: the stocked dealing) and whether the stock was used.
+    async fn stocked_opened_and_dealt(
+        &self,
+        stock: &Stocked,
+        three: [&Client; 3],
+    ) -> Result<(OpenReply, [Vec<Vec<u8>>; 2], bool), FaceSessionError> {
+        let [c0, c1, dealer] = three;
+        let [p0, p1] = EVALUATORS;
+        let (a, b, generation) = futures::join!(
+            self.open_stocked_at(p0, c0, &stock.id),
+            self.open_stocked_at(p1, c1, &stock.id),
+            dealer_generation(dealer, self.timeout)
+        );
+        let ((first, claimed0), (second, claimed1)) = (a?, b?);
+        // Dealt under another configuration of P2 (a new threshold or metric): not used.
+        let current = generation? == stock.generation;
+        check_parallel_opens(&first, &second, None)?;
+        if first.comparisons > 0 && claimed0 && claimed1 && current {
+            return Ok((first, [Vec::new(), Vec::new()], true));
         }
-        if halves[0].is_empty() {
-            return Err(FaceSessionError::Protocol(
-                "P2 dealt no key chunk for the session".into(),
-            ));
-        }
-        Ok(halves)
+        // The stock did not fit (the set moved on, an engine restarted, P2 was reconfigured):
+        // whichever evaluator claimed it burnt it; the session is dealt for as usual.
+        let halves = if first.comparisons > 0 {
+            self.deal(dealer, &first.ids).await?
+        } else {
+            [Vec::new(), Vec::new()]
+        };
+        Ok((first, halves, false))
     }
 
     /// `face_masked_keys` at `party`: its key half in, its sealed masked probe vector out.
@@ -535,15 +672,7 @@ impl FaceSession<'_> {
         );
         let first = self.opened_or_retry(p0, None, first, three).await?;
         let second = self.opened_or_retry(p1, None, second, three).await?;
-        check_first_open(&first, Some(subject)).map_err(FaceSessionError::Protocol)?;
-        if second.ids != first.ids {
-            return Err(FaceSessionError::Party(PartyError {
-                party: p1,
-                sqlstate: Some("40001".into()),
-                message: "P0 and P1 hold different templates for the subject (an enrolment or deletion is in flight): retry with a new session".into(),
-            }));
-        }
-        check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
+        check_parallel_opens(&first, &second, Some(subject))?;
         let dealt = match early {
             Some(Ok(halves)) if known.as_deref() == Some(first.ids.as_slice()) => Ok(halves),
             _ => self.deal(dealer, &first.ids).await,
@@ -580,18 +709,24 @@ impl Session<2> for FaceSession<'_> {
         // P0 fixes the list, and P1 opens with it while P2 deals for it. A verification opens
         // at P0 and P1 at once (each looks its subject's template up) and the lists are
         // compared; a template not opened yet (40001) is opened and the open tried again.
-        let (first, dealt) = if subject.is_none() {
+        let mut stocked = false;
+        let (first, dealt) = if let (None, Some(stock)) = (subject, &self.stocked) {
+            open_pending(three, self.timeout).await?;
+            let (first, halves, used) = self.stocked_opened_and_dealt(stock, three).await?;
+            if first.comparisons == 0 {
+                self.parties.all()[2].give_back(dealer).await;
+                return Ok(FaceOutcome::default());
+            }
+            stocked = used;
+            (first, Ok(halves))
+        } else if subject.is_none() {
             open_pending(three, self.timeout).await?;
             let first = self.open_at(p0, c0, None).await?;
             check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
             if first.comparisons == 0 {
                 // Nothing enrolled: nothing to evaluate.
                 self.parties.all()[2].give_back(dealer).await;
-                return Ok(FaceOutcome {
-                    subjects: Vec::new(),
-                    matches: Vec::new(),
-                    stats: FaceStats::default(),
-                });
+                return Ok(FaceOutcome::default());
             }
             let (second, dealt) = futures::join!(
                 self.open_at(p1, c1, Some(&first)),
@@ -608,6 +743,7 @@ impl Session<2> for FaceSession<'_> {
         let t_open0 = t0.elapsed();
         let mut stats = FaceStats {
             comparisons: i64::from(first.comparisons),
+            stocked,
             ..FaceStats::default()
         };
         let [k0, k1] = dealt?;
@@ -632,6 +768,7 @@ impl Session<2> for FaceSession<'_> {
             .map_err(FaceSessionError::Protocol)?;
         Ok(FaceOutcome {
             subjects: first.subjects,
+            ids: first.ids,
             matches,
             stats,
         })
@@ -690,12 +827,14 @@ fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
     Ok(())
 }
 
-/// Runs one face session on pooled connections to P0 and P1. On failure the session is
-/// aborted at both (its claimed keys are burnt, never reused); connections go back to the
-/// pools only after a success.
+/// Runs one face session on pooled connections to P0 and P1, an identification with the
+/// dealing `stocked` ahead of time when there is one ([`crate::face::stock`]). On failure the
+/// session is aborted at both (its claimed keys are burnt, never reused); connections go
+/// back to the pools only after a success.
 pub async fn run_face_session(
     parties: &Parties,
     known: &SubjectIds,
+    stocked: Option<Stocked>,
     request: &FaceRequest,
     timeout: Duration,
 ) -> Result<FaceOutcome, FaceSessionError> {
@@ -704,6 +843,7 @@ pub async fn run_face_session(
         request,
         parties,
         known,
+        stocked,
         timeout,
     };
     let (mut outcome, elapsed) = run_pooled(parties, &session).await?;
@@ -823,7 +963,7 @@ mod tests {
         let outcome = FaceOutcome {
             subjects: vec!["a".into(), "b".into(), "c".into()],
             matches: vec![true, false, true],
-            stats: FaceStats::default(),
+            ..FaceOutcome::default()
         };
         assert_eq!(outcome.matched(), vec!["a".to_owned(), "c".to_owned()]);
     }

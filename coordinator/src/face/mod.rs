@@ -11,7 +11,7 @@
 //! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing and quantisation) and [`synth`]
 //! (synthetic embeddings: `privmatch face synth` writes the input format [`input`] reads, for
 //! demos, tests and benchmarks). Modality-specific: [`admin`] (the dealer's configuration,
-//! the key pools and their refill).
+//! the key pools and their refill) and [`stock`] (dealings for 1:N made ahead of time).
 //!
 //! Imports shared layers only, never another modality.
 
@@ -23,5 +23,6 @@ pub mod driver;
 pub mod input;
 pub mod routes;
 pub mod seal;
+pub mod stock;
 pub mod synth;
 pub mod work;

@@ -24,6 +24,8 @@ use crate::face::api::{
 use crate::face::driver::{
     run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, SubjectIds,
 };
+use crate::face::stock::Stocked;
+use crate::face::stock::{FaceStock, StockStatus};
 use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
 use crate::server::error::{
@@ -35,9 +37,11 @@ use crate::txn::work::TxnError;
 use crate::wire::{codes, from_base64};
 
 /// The face routes, merged into the coordinator's router. They share the bundle ids of
-/// recently verified subjects ([`SubjectIds`]).
+/// recently verified subjects ([`SubjectIds`]) and the dealing made ahead of time for the
+/// next identification ([`FaceStock`]).
 pub fn routes() -> Router<SharedState> {
     let known = Arc::new(SubjectIds::new(SubjectIds::DEFAULT_CAPACITY));
+    let stock = Arc::new(FaceStock::default());
     Router::new()
         .route("/v1/face/configure", post(configure))
         .route("/v1/face/pool", get(pool))
@@ -46,7 +50,9 @@ pub fn routes() -> Router<SharedState> {
         .route("/v1/face/delete", post(delete))
         .route("/v1/face/verify", post(verify))
         .route("/v1/face/identify", post(identify))
+        .route("/v1/face/stock", get(stock_status))
         .layer(Extension(known))
+        .layer(Extension(stock))
 }
 
 fn with_hint(message: String, hint: &str, marker: &str) -> String {
@@ -260,12 +266,19 @@ async fn delete(
 async fn compare(
     state: &AppState,
     known: &SubjectIds,
+    stocked: Option<Stocked>,
     plan: FaceRequest,
     what: &str,
 ) -> Result<FaceOutcome, ApiError> {
     state.claim_sessions(&[plan.session]).await?;
-    let outcome =
-        run_face_session(&state.parties, known, &plan, state.options.search_timeout).await?;
+    let outcome = run_face_session(
+        &state.parties,
+        known,
+        stocked,
+        &plan,
+        state.options.search_timeout,
+    )
+    .await?;
     tracing::info!(
         comparisons = outcome.stats.comparisons,
         seconds = outcome.stats.micros as f64 / 1e6,
@@ -281,26 +294,31 @@ async fn verify(
 ) -> Result<Json<FaceVerifyResponse>, ApiError> {
     let request: FaceVerifyBody = parse_json(&body)?;
     let plan = request.plan().map_err(bad_request)?;
-    let outcome = compare(&state, &known, plan, "verification").await?;
+    let outcome = compare(&state, &known, None, plan, "verification").await?;
     Ok(Json(FaceVerifyResponse {
         subject: request.subject,
         matched: outcome.matches.first().copied().unwrap_or(false),
     }))
 }
 
+/// 1:N identification. It uses the dealing made ahead of time for the last compared list
+/// when there is one, and afterwards starts the next such dealing in the background
+/// ([`FaceStock`]), so P2's dealing is off the path of the next identification.
 async fn identify(
     State(state): State<SharedState>,
     Extension(known): Extension<Arc<SubjectIds>>,
+    Extension(stock): Extension<Arc<FaceStock>>,
     body: Bytes,
 ) -> Result<Json<FaceIdentifyResponse>, ApiError> {
     let request: FaceIdentifyBody = parse_json(&body)?;
-    let outcome = compare(
-        &state,
-        &known,
-        request.plan().map_err(bad_request)?,
-        "identification",
-    )
-    .await?;
+    let plan = request.plan().map_err(bad_request)?;
+    let stocked = stock.take(state.options.search_timeout).await;
+    let outcome = compare(&state, &known, stocked, plan, "identification").await?;
+    stock.spawn_refill(
+        Arc::clone(&state.parties),
+        outcome.ids.clone(),
+        state.options.search_timeout,
+    );
     let mut matches = outcome.matched();
     matches.sort();
     Ok(Json(FaceIdentifyResponse {
@@ -308,7 +326,18 @@ async fn identify(
         comparisons: outcome.stats.comparisons,
         bytes_sent: outcome.stats.bytes_sent,
         key_bytes: outcome.stats.key_bytes,
+        stocked: outcome.stats.stocked,
     }))
+}
+
+/// The dealing made ahead of time for the next identification: waits until a running refill
+/// ends (at most the call timeout), then answers whether one is ready, for how many templates,
+/// and how long the last refill took.
+async fn stock_status(
+    State(state): State<SharedState>,
+    Extension(stock): Extension<Arc<FaceStock>>,
+) -> Json<StockStatus> {
+    Json(stock.settled(state.options.search_timeout).await)
 }
 
 /// Whether a 55000 message reports a session's state rather than a missing configuration.

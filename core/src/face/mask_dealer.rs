@@ -11,13 +11,18 @@
 //! **Identification keys** (once per face session, [`super::masked::IdentificationKeys`]
 //! layout): channel session id SHA-256("privmatch face identification keys v1" ‖ face session
 //! id)[0..16], so a half opens only for the session it was dealt for; the session id is
-//! single use at each evaluator, hence so are the keys.
+//! single use at each evaluator, hence so are the keys. A dealing made ahead of time
+//! ([`KeysFor::Stock`]) travels under SHA-256("privmatch face stocked identification keys v1"
+//! ‖ stock id)[0..16]: it opens only as that stock id, which each evaluator lets one session
+//! claim, once.
 
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 
 use super::encoding::{evaluator, Reader, VERSION};
-use super::masked::{template_digest, IdentificationKeys, TemplateMaskMaster, BUNDLE_ID_LEN};
+use super::masked::{
+    template_digest, IdentificationKeys, KeysFor, TemplateMaskMaster, BUNDLE_ID_LEN,
+};
 use super::FaceError;
 use crate::crypto::seal::PairwiseSecrets;
 use crate::party::PartyIndex;
@@ -39,8 +44,11 @@ fn seeds_channel(ids: &[[u8; BUNDLE_ID_LEN]]) -> [u8; SESSION_ID_LEN] {
     channel_id(b"privmatch face template seeds v1", &template_digest(ids))
 }
 
-fn keys_channel(session: &[u8; SESSION_ID_LEN]) -> [u8; SESSION_ID_LEN] {
-    channel_id(b"privmatch face identification keys v1", session)
+fn keys_channel(keys_for: KeysFor) -> [u8; SESSION_ID_LEN] {
+    match keys_for {
+        KeysFor::Session(id) => channel_id(b"privmatch face identification keys v1", &id),
+        KeysFor::Stock(id) => channel_id(b"privmatch face stocked identification keys v1", &id),
+    }
 }
 
 /// Dealer side: seals evaluator `party`'s mask seeds of the templates `ids` (in order), with
@@ -124,31 +132,31 @@ fn parse_seeds(
 pub const KEY_CHUNK_BYTES: usize = 256 << 20;
 
 /// Dealer side: seals one evaluator's half of an identification's keys
-/// ([`super::masked::deal_identification`]) for the face session `session`, as one message.
+/// ([`super::masked::deal_identification`]) for `keys_for`, as one message.
 pub fn seal_identification_keys<R: RngCore + CryptoRng>(
     half: &[u8],
-    session: &[u8; SESSION_ID_LEN],
+    keys_for: KeysFor,
     to_evaluator: &PairwiseSecrets,
     rng: &mut R,
 ) -> Vec<u8> {
     to_evaluator
-        .channel(keys_channel(session))
+        .channel(keys_channel(keys_for))
         .seal(0, half, rng)
 }
 
-/// Dealer side: seals one evaluator's half for the face session `session` as consecutive
+/// Dealer side: seals one evaluator's half for `keys_for` as consecutive
 /// messages of one channel, each holding at most `chunk_bytes` of the half (at least one
 /// message). The channel numbers its messages, so the evaluator opens them only in order and
 /// all of them ([`open_identification_key_chunks`]); one chunk is exactly the message of
 /// [`seal_identification_keys`].
 pub fn seal_identification_key_chunks<R: RngCore + CryptoRng>(
     half: &[u8],
-    session: &[u8; SESSION_ID_LEN],
+    keys_for: KeysFor,
     to_evaluator: &PairwiseSecrets,
     chunk_bytes: usize,
     rng: &mut R,
 ) -> Vec<Vec<u8>> {
-    let mut channel = to_evaluator.channel(keys_channel(session));
+    let mut channel = to_evaluator.channel(keys_channel(keys_for));
     if half.is_empty() {
         return vec![channel.seal(0, half, rng)];
     }
@@ -157,27 +165,27 @@ pub fn seal_identification_key_chunks<R: RngCore + CryptoRng>(
         .collect()
 }
 
-/// Evaluator side: opens and decodes its half of the keys of face session `session`.
+/// Evaluator side: opens and decodes its half of the keys dealt for `keys_for`.
 pub fn open_identification_keys(
     me: PartyIndex,
     from_dealer: &PairwiseSecrets,
-    session: &[u8; SESSION_ID_LEN],
+    keys_for: KeysFor,
     sealed: &[u8],
 ) -> Result<IdentificationKeys, FaceError> {
-    open_identification_key_chunks(me, from_dealer, session, &[sealed])
+    open_identification_key_chunks(me, from_dealer, keys_for, &[sealed])
 }
 
-/// Evaluator side: opens the chunks of its half of the keys of face session `session`, in
-/// order, and decodes the whole. A missing, repeated or reordered chunk is refused (by the
+/// Evaluator side: opens the chunks of its half of the keys dealt for `keys_for`, in order,
+/// and decodes the whole. A missing, repeated or reordered chunk is refused (by the
 /// channel's sequence numbers, or by the half's exact length).
 pub fn open_identification_key_chunks(
     me: PartyIndex,
     from_dealer: &PairwiseSecrets,
-    session: &[u8; SESSION_ID_LEN],
+    keys_for: KeysFor,
     chunks: &[&[u8]],
 ) -> Result<IdentificationKeys, FaceError> {
     let party = evaluator(me)?;
-    let mut channel = from_dealer.channel(keys_channel(session));
+    let mut channel = from_dealer.channel(keys_channel(keys_for));
     let mut plain = Vec::new();
     for chunk in chunks {
         let mut part = channel.open(0, chunk)?;
@@ -221,26 +229,35 @@ mod tests {
 
         let params = DealerParams::for_tests(Metric::Cosine, 128, 5);
         let halves = deal_identification(&params, &master, &ids, &mut rng).unwrap();
-        let session = [7u8; SESSION_ID_LEN];
-        let sealed = seal_identification_keys(&halves[0], &session, &pair(2, 0), &mut rng);
+        let session = KeysFor::Session([7u8; SESSION_ID_LEN]);
+        let sealed = seal_identification_keys(&halves[0], session, &pair(2, 0), &mut rng);
         let keys =
-            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), &session, &sealed).unwrap();
+            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), session, &sealed).unwrap();
         assert_eq!(keys.len(), 3);
         assert_eq!(keys.digest(), &template_digest(&ids));
-        let other_session = [8u8; SESSION_ID_LEN];
+        let other_session = KeysFor::Session([8u8; SESSION_ID_LEN]);
         assert!(
-            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), &other_session, &sealed)
+            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), other_session, &sealed)
                 .is_err()
         );
         // P1's channel with P2 cannot open P0's half, and P0 refuses P1's half.
         assert!(
-            open_identification_keys(PartyIndex::ALL[1], &pair(1, 2), &session, &sealed).is_err()
+            open_identification_keys(PartyIndex::ALL[1], &pair(1, 2), session, &sealed).is_err()
         );
-        let p1_half_to_p0 = seal_identification_keys(&halves[1], &session, &pair(2, 0), &mut rng);
+        let p1_half_to_p0 = seal_identification_keys(&halves[1], session, &pair(2, 0), &mut rng);
         assert!(matches!(
-            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), &session, &p1_half_to_p0),
+            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), session, &p1_half_to_p0),
             Err(FaceError::PartyMismatch { .. })
         ));
+        // Stocked under the same 16 bytes: opens only as stock, and the session's half does
+        // not open as stock.
+        let stock = KeysFor::Stock([7u8; SESSION_ID_LEN]);
+        let stocked = seal_identification_keys(&halves[0], stock, &pair(2, 0), &mut rng);
+        assert!(open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), stock, &stocked).is_ok());
+        assert!(
+            open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), session, &stocked).is_err()
+        );
+        assert!(open_identification_keys(PartyIndex::ALL[0], &pair(0, 2), stock, &sealed).is_err());
     }
 
     #[test]
@@ -251,13 +268,13 @@ mod tests {
         let ids: Vec<[u8; 16]> = (0..5u8).map(|i| [i; 16]).collect();
         let params = DealerParams::for_tests(Metric::Euclidean, 128, 5);
         let halves = deal_identification(&params, &master, &ids, &mut rng).unwrap();
-        let session = [9u8; SESSION_ID_LEN];
+        let session = KeysFor::Session([9u8; SESSION_ID_LEN]);
         let chunks =
-            seal_identification_key_chunks(&halves[1], &session, &pair(2, 1), 1000, &mut rng);
+            seal_identification_key_chunks(&halves[1], session, &pair(2, 1), 1000, &mut rng);
         assert_eq!(chunks.len(), halves[1].len().div_ceil(1000));
         let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
         let me = PartyIndex::ALL[1];
-        let keys = open_identification_key_chunks(me, &pair(1, 2), &session, &refs).unwrap();
+        let keys = open_identification_key_chunks(me, &pair(1, 2), session, &refs).unwrap();
         assert_eq!(keys.len(), 5);
         assert_eq!(keys.digest(), &template_digest(&ids));
         // Reordered, missing the last or the first, repeated: refused.
@@ -266,12 +283,12 @@ mod tests {
         let last = refs.len() - 1;
         let repeated = [refs[0], refs[0]];
         for bad in [&swapped[..], &refs[..last], &refs[1..], &repeated[..]] {
-            assert!(open_identification_key_chunks(me, &pair(1, 2), &session, bad).is_err());
+            assert!(open_identification_key_chunks(me, &pair(1, 2), session, bad).is_err());
         }
         // One chunk is the single message.
         let single =
-            seal_identification_key_chunks(&halves[1], &session, &pair(2, 1), usize::MAX, &mut rng);
+            seal_identification_key_chunks(&halves[1], session, &pair(2, 1), usize::MAX, &mut rng);
         assert_eq!(single.len(), 1);
-        assert!(open_identification_keys(me, &pair(1, 2), &session, &single[0]).is_ok());
+        assert!(open_identification_keys(me, &pair(1, 2), session, &single[0]).is_ok());
     }
 }

@@ -67,9 +67,32 @@ pub const GATE_CHUNK: usize = 4096;
 const IDENTIFICATION_MAGIC: &[u8; 4] = b"PMFI";
 const MASK_INFO: &[u8] = b"privmatch face template mask v1";
 const DEALING_INFO: &[u8] = b"privmatch face identification dealing v1";
+const STOCK_DEALING_INFO: &[u8] = b"privmatch face stocked identification dealing v1";
 /// Expansion domain of template masks, so a template seed never yields the stream of a
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
+
+/// What one dealing of identification keys is for (docs/protocols/face.md §13.7). Keys of
+/// the two kinds are derived ([`TemplateMaskMaster::dealing_rng`]) and sealed
+/// (`mask_dealer`) under different labels, so no choice of ids makes a stocked dealing equal
+/// a session's: each kind's ids are single use at the evaluators in their own table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeysFor {
+    /// Dealt on the path of the face session with this id, usable by that session only.
+    Session([u8; 16]),
+    /// Dealt ahead of time under this stock id for a known template list; an evaluator claims
+    /// it for one session, once (`privmatch.face_stock_used`).
+    Stock([u8; 16]),
+}
+
+impl KeysFor {
+    /// The session or stock id.
+    pub fn id(&self) -> &[u8; 16] {
+        match self {
+            KeysFor::Session(id) | KeysFor::Stock(id) => id,
+        }
+    }
+}
 
 /// The dealer's master key for template masks. Zeroised on drop; never printed.
 pub struct TemplateMaskMaster {
@@ -124,18 +147,22 @@ impl TemplateMaskMaster {
         seeds
     }
 
-    /// The randomness of the dealing for face session `session` against the template list
-    /// with digest `digest` ([`template_digest`]): ChaCha20 keyed by HKDF-SHA256(master; info
-    /// = label ‖ session ‖ digest). Pseudorandom to everyone but the dealer, and the same for
-    /// the same (session, list): a second request for a session deals exactly the keys of the
-    /// first, so no evaluator can ever be handed two different dealings of one session
-    /// (whatever the coordinator does with transactions), and every session or list gets
-    /// independent keys.
-    pub fn session_rng(&self, session: &[u8; 16], digest: &[u8; 32]) -> ChaCha20Rng {
-        let hk = Hkdf::<Sha256>::new(Some(DEALING_INFO), &self.key);
+    /// The randomness of the dealing `keys_for` against the template list with digest
+    /// `digest` ([`template_digest`]): ChaCha20 keyed by HKDF-SHA256(master; info = label ‖
+    /// id ‖ digest), the label naming the kind ([`KeysFor`]). Pseudorandom to everyone but the
+    /// dealer, and the same for the same (kind, id, list): a second request deals exactly the
+    /// keys of the first, so no evaluator can ever be handed two different dealings of one
+    /// session or stock id (whatever the coordinator does with transactions), and every
+    /// other id, kind or list gets independent keys.
+    pub fn dealing_rng(&self, keys_for: KeysFor, digest: &[u8; 32]) -> ChaCha20Rng {
+        let label = match keys_for {
+            KeysFor::Session(_) => DEALING_INFO,
+            KeysFor::Stock(_) => STOCK_DEALING_INFO,
+        };
+        let hk = Hkdf::<Sha256>::new(Some(label), &self.key);
         let mut seed = [0u8; 32];
         // 32 bytes is far below HKDF-SHA256's limit of 255 · 32, so expand cannot fail.
-        let _ = hk.expand_multi_info(&[DEALING_INFO, session, digest], &mut seed);
+        let _ = hk.expand_multi_info(&[label, keys_for.id(), digest], &mut seed);
         let rng = ChaCha20Rng::from_seed(seed);
         seed.zeroize();
         rng
@@ -1198,21 +1225,28 @@ mod tests {
         let master = TemplateMaskMaster::generate(&mut rng);
         let ids = [id(&mut rng), id(&mut rng)];
         let digest = template_digest(&ids);
-        let deal = |session: [u8; 16], digest: &[u8; 32]| {
+        let deal_for = |keys_for: KeysFor, digest: &[u8; 32]| {
             deal_identification(
                 &params,
                 &master,
                 &ids,
-                &mut master.session_rng(&session, digest),
+                &mut master.dealing_rng(keys_for, digest),
             )
             .unwrap()
         };
+        let deal =
+            |session: [u8; 16], digest: &[u8; 32]| deal_for(KeysFor::Session(session), digest);
         let first = deal([1; 16], &digest);
         assert_eq!(first, deal([1; 16], &digest));
         assert_ne!(first[0], deal([2; 16], &digest)[0]);
         assert_ne!(first[0], deal([1; 16], &[0; 32])[0]);
+        // A stock id equal to a session id deals other keys: the kinds never collide.
+        let stocked = deal_for(KeysFor::Stock([1; 16]), &digest);
+        assert_eq!(stocked, deal_for(KeysFor::Stock([1; 16]), &digest));
+        assert_ne!(first[0], stocked[0]);
+        assert_ne!(first[1], stocked[1]);
         let other = TemplateMaskMaster::generate(&mut rng);
-        let mut other_rng = other.session_rng(&[1; 16], &digest);
+        let mut other_rng = other.dealing_rng(KeysFor::Session([1; 16]), &digest);
         assert_ne!(
             first[0],
             deal_identification(&params, &other, &ids, &mut other_rng).unwrap()[0]

@@ -5,12 +5,17 @@
 //! `privmatch.face_templates`, and the running face sessions between their rounds.
 //!
 //! A session (docs/protocols/face.md §13.2 step 2): `open` fixes the probe share and the
-//! ordered list of compared templates; `keys` opens the dealer's key half for this session and
-//! list (P2's chunks) and answers X_b = x_b + δx_b sealed for the other evaluator; round 2
+//! ordered list of compared templates, and may claim a dealing stocked ahead of time for that
+//! list (docs/protocols/face.md §13.7); `keys` opens the dealer's key half for this session
+//! and list (P2's chunks; none when a stocked dealing was claimed) and answers
+//! X_b = x_b + δx_b sealed for the other evaluator; round 2
 //! opens X_{1−b} and answers z_b for every compared template (the evaluation of the whole 1:N
 //! on the engine's threads); round 3 opens z_{1−b} and answers the output shares o_b, which
 //! ends the session. Sessions live in memory only, for at most `privmatch.search_timeout`
-//! between requests; single use of a session id is the table `face_sessions`' job.
+//! between requests; single use of a session id is the table `face_sessions`' job, single use
+//! of a stocked dealing the table `face_stock_used`'s (the backend records the claim in the
+//! open's transaction). Stocked dealings live in memory only: an engine restart loses them
+//! (they are dealt again), never a claim.
 //!
 //! Consistency: before every open the worker runs [`FaceService::refresh`] on its main
 //! thread: it drops templates whose rows are gone (deleted enrolments) and loads the opened
@@ -31,7 +36,7 @@ use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
 use privmatch_core::face::mask_dealer::open_identification_key_chunks;
 use privmatch_core::face::masked::{
-    distance_round_selected, probe_round, sign_round, template_digest, IdentificationKeys,
+    distance_round_selected, probe_round, sign_round, template_digest, IdentificationKeys, KeysFor,
     MaskedTemplateSet, BUNDLE_ID_LEN,
 };
 use privmatch_core::face::opening::session_channel;
@@ -45,6 +50,11 @@ use super::ipc::{EngineError, ErrorKind, Request, Response};
 
 /// Face sessions one party keeps at once (each holds its keys, 683 bytes per comparison).
 pub const MAX_FACE_SESSIONS: usize = 64;
+/// Stocked dealings one evaluator keeps at most (the oldest is dropped first).
+pub const MAX_STOCKED: usize = 4;
+/// Sealed bytes of stocked dealings one evaluator keeps at most (1 GiB: one dealing at
+/// N = 1,000,000 is about 683 MB); the oldest are dropped first, the newest always kept.
+pub const MAX_STOCK_BYTES: usize = 1 << 30;
 /// Rows loaded per SPI query.
 const LOAD_CHUNK: usize = 1024;
 /// Lists of at most this many templates (verifications) refresh only themselves before an
@@ -62,6 +72,8 @@ pub mod op {
     pub const KEYS: u8 = 2;
     /// Round 2 (peer's masked probe vector) or 3 (peer's distance shares).
     pub const ROUND: u8 = 3;
+    /// A dealing made ahead of time: P2's key chunks under a stock id, kept for a later open.
+    pub const STOCK: u8 = 4;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -120,6 +132,8 @@ pub struct OpenRequest {
     pub probe: EmbeddingShare,
     /// The compared templates in order; `None`: every held template, in the held order.
     pub wanted: Option<Vec<BundleId>>,
+    /// A stocked dealing to claim for the session if it was dealt for the compared list.
+    pub stock: Option<[u8; 16]>,
 }
 
 /// The request of an open.
@@ -132,6 +146,12 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
     if let Some(ids) = &req.wanted {
         list.push(1);
         put_ids(&mut list, ids);
+    } else {
+        list.push(0);
+    }
+    if let Some(stock) = &req.stock {
+        list.push(1);
+        list.extend_from_slice(stock);
     } else {
         list.push(0);
     }
@@ -152,11 +172,16 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         0 => None,
         _ => Some(p.ids()?),
     };
+    let stock = match p.take(1)?[0] {
+        0 => None,
+        _ => Some(p.array()?),
+    };
     p.end()?;
     Ok(OpenRequest {
         session,
         probe: EmbeddingShare { elements, norm },
         wanted,
+        stock,
     })
 }
 
@@ -168,11 +193,14 @@ pub struct Opened {
     pub subjects: Vec<String>,
     /// [`template_digest`] of `ids`.
     pub digest: [u8; 32],
+    /// Whether the session claimed the stocked dealing it was asked to (it has its keys).
+    pub claimed: bool,
 }
 
 fn encode_opened(opened: &Opened) -> Vec<u8> {
-    let mut out = Vec::with_capacity(40 + opened.ids.len() * 40);
+    let mut out = Vec::with_capacity(41 + opened.ids.len() * 40);
     out.extend_from_slice(&opened.digest);
+    out.push(u8::from(opened.claimed));
     put_ids(&mut out, &opened.ids);
     for s in &opened.subjects {
         out.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -185,6 +213,7 @@ fn encode_opened(opened: &Opened) -> Vec<u8> {
 pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
     let mut c = Cursor(body);
     let digest = c.array()?;
+    let claimed = c.take(1)?[0] != 0;
     let ids = c.ids()?;
     let mut subjects = Vec::with_capacity(ids.len());
     for _ in 0..ids.len() {
@@ -197,11 +226,22 @@ pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
         ids,
         subjects,
         digest,
+        claimed,
     })
 }
 
-/// The request carrying P2's sealed key chunks of session `session`.
+/// The request carrying P2's sealed key chunks of session `session` (none: the session uses
+/// the stocked dealing its open claimed).
 pub fn encode_keys<'a>(session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
+    encode_chunks(op::KEYS, session, chunks)
+}
+
+/// The request stocking P2's sealed key chunks dealt under stock id `stock`.
+pub fn encode_stock<'a>(stock: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
+    encode_chunks(op::STOCK, stock, chunks)
+}
+
+fn encode_chunks<'a>(op: u8, session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
     let mut head = session.to_vec();
     head.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
     let mut payload = Vec::with_capacity(chunks.iter().map(|c| c.len() + 8).sum());
@@ -210,7 +250,7 @@ pub fn encode_keys<'a>(session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
         payload.extend_from_slice(chunk);
     }
     Request::Face {
-        op: op::KEYS,
+        op,
         head,
         payload: payload.into(),
     }
@@ -409,6 +449,7 @@ struct Session {
     generation: u64,
     channel: Channel,
     from_dealer: PairwiseSecrets,
+    /// Set at the open when a stocked dealing was claimed, else by the keys step.
     keys: Option<IdentificationKeys>,
     own_x: Vec<u32>,
     own_z: Vec<u32>,
@@ -425,11 +466,22 @@ impl Drop for Session {
     }
 }
 
+/// One dealing made ahead of time (docs/protocols/face.md §13.7), waiting for the open that
+/// claims it.
+struct Stocked {
+    id: [u8; 16],
+    keys: IdentificationKeys,
+    /// Sealed bytes it arrived in (what [`MAX_STOCK_BYTES`] counts).
+    bytes: usize,
+}
+
 /// The face service of the engine (module docs). Cloning shares it.
 #[derive(Clone)]
 pub struct FaceService {
     store: Arc<RwLock<Option<Store>>>,
     sessions: Arc<Mutex<HashMap<[u8; 16], Session>>>,
+    /// Stocked dealings, oldest first.
+    stock: Arc<Mutex<Vec<Stocked>>>,
     threads: usize,
     timeout: Duration,
 }
@@ -439,6 +491,19 @@ fn unknown(session: &[u8; 16], why: &str) -> EngineError {
         ErrorKind::UnknownSession,
         format!("face session {} {why}", hex::encode(session)),
     )
+}
+
+/// This party's pairwise secrets with `peer` (derived once per process).
+fn channel_secrets(keys: &PartyKeys, peer: PartyIndex) -> Result<PairwiseSecrets, EngineError> {
+    let pinned = keys.peers[peer.as_usize()].ok_or_else(|| {
+        EngineError::new(
+            ErrorKind::NotReady,
+            format!("{peer} is not pinned at this party"),
+        )
+    })?;
+    crate::identity::CHANNELS
+        .derive(keys.me, &keys.secret, peer, &pinned)
+        .map_err(|e| EngineError::internal(e.to_string()))
 }
 
 fn refused(what: &str, err: impl std::fmt::Display) -> EngineError {
@@ -452,6 +517,7 @@ impl FaceService {
         FaceService {
             store: Arc::new(RwLock::new(None)),
             sessions: Arc::new(Mutex::new(HashMap::new())),
+            stock: Arc::new(Mutex::new(Vec::new())),
             threads: threads.max(1),
             timeout,
         }
@@ -464,6 +530,67 @@ impl FaceService {
     /// Running sessions.
     pub fn active(&self) -> usize {
         self.sessions().len()
+    }
+
+    fn stock(&self) -> std::sync::MutexGuard<'_, Vec<Stocked>> {
+        self.stock.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps P2's dealing `chunks` under stock id `stock` (opened and checked now: a half
+    /// not sealed by P2 for this stock id and this party is refused), dropping the oldest
+    /// stocked dealings beyond [`MAX_STOCKED`] or [`MAX_STOCK_BYTES`]. Answers how many are
+    /// held, as 4 bytes little-endian. Whether the id was claimed before is the backend's
+    /// check (`face_stock_used`); a replayed id is refused here while it is held.
+    fn keep_stock(
+        &self,
+        keys: &PartyKeys,
+        stock: [u8; 16],
+        chunks: &[&[u8]],
+    ) -> Result<Response, EngineError> {
+        let me = keys.me;
+        let from_dealer = channel_secrets(keys, PartyIndex::ALL[2])?;
+        let dealt = open_identification_key_chunks(me, &from_dealer, KeysFor::Stock(stock), chunks)
+            .map_err(|e| refused("the dealer's stocked key half", e))?;
+        let bytes = chunks.iter().map(|c| c.len()).sum();
+        let mut held = self.stock();
+        if held.iter().any(|s| s.id == stock) {
+            return Err(EngineError::new(
+                ErrorKind::BadParameter,
+                format!("stocked dealing {} is already held", hex::encode(stock)),
+            ));
+        }
+        held.push(Stocked {
+            id: stock,
+            keys: dealt,
+            bytes,
+        });
+        while held.len() > MAX_STOCKED
+            || (held.len() > 1 && held.iter().map(|s| s.bytes).sum::<usize>() > MAX_STOCK_BYTES)
+        {
+            held.remove(0);
+        }
+        Ok(Response::Continue(
+            (held.len() as u32).to_le_bytes().to_vec(),
+        ))
+    }
+
+    /// Takes stocked dealing `stock` out of the stock if it was dealt for the list with
+    /// `digest` and `count` templates. An identification over the whole set (`whole`) also
+    /// drops the dealings for other lists: the set moved on, they can never be claimed.
+    fn claim_stock(
+        &self,
+        stock: &[u8; 16],
+        digest: &[u8; 32],
+        count: usize,
+        whole: bool,
+    ) -> Option<IdentificationKeys> {
+        let mut held = self.stock();
+        let fits = |s: &Stocked| s.keys.digest() == digest && s.keys.len() == count;
+        if whole {
+            held.retain(|s| fits(s));
+        }
+        let at = held.iter().position(|s| &s.id == stock && fits(s))?;
+        Some(held.remove(at).keys)
     }
 
     /// Drops session `session`; whether it was running.
@@ -577,6 +704,11 @@ impl FaceService {
                 let (session, chunks) = decode_keys(head, payload)?;
                 self.keys(session, &chunks, now)
             }
+            op::STOCK => {
+                let keys = keys.ok_or_else(|| EngineError::internal("a stock without keys"))?;
+                let (stock, chunks) = decode_keys(head, payload)?;
+                self.keep_stock(keys, stock, &chunks)
+            }
             op::ROUND => {
                 let mut c = Cursor(head);
                 let session = c.array()?;
@@ -596,23 +728,9 @@ impl FaceService {
     ) -> Result<Response, EngineError> {
         let b =
             evaluator(keys.me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
-        let peer = PartyIndex::ALL[1 - b];
-        let dealer = PartyIndex::ALL[2];
-        let pinned = |p: PartyIndex| {
-            keys.peers[p.as_usize()].ok_or_else(|| {
-                EngineError::new(
-                    ErrorKind::NotReady,
-                    format!("{p} is not pinned at this party"),
-                )
-            })
-        };
-        let derive = |p: PartyIndex| {
-            crate::identity::CHANNELS
-                .derive(keys.me, &keys.secret, p, &pinned(p)?)
-                .map_err(|e| EngineError::internal(e.to_string()))
-        };
-        let to_peer = derive(peer)?;
-        let from_dealer = derive(dealer)?;
+        let whole = req.wanted.is_none();
+        let to_peer = channel_secrets(keys, PartyIndex::ALL[1 - b])?;
+        let from_dealer = channel_secrets(keys, PartyIndex::ALL[2])?;
         let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
         let not_opened = || {
             EngineError::new(
@@ -651,6 +769,10 @@ impl FaceService {
         };
         drop(guard);
         let digest = template_digest(&ids);
+        let stocked = req
+            .stock
+            .and_then(|stock| self.claim_stock(&stock, &digest, ids.len(), whole));
+        let claimed = stocked.is_some();
         let session = Session {
             me: keys.me,
             probe: req.probe,
@@ -660,7 +782,7 @@ impl FaceService {
             digest,
             positions,
             generation,
-            keys: None,
+            keys: stocked,
             own_x: Vec::new(),
             own_z: Vec::new(),
             step: 0,
@@ -670,6 +792,7 @@ impl FaceService {
             ids: session.ids.clone(),
             subjects,
             digest,
+            claimed,
         };
         let mut sessions = self.sessions();
         if sessions.contains_key(&req.session) {
@@ -729,8 +852,27 @@ impl FaceService {
         now: Instant,
     ) -> Result<Response, EngineError> {
         let mut s = self.take(&session, 1)?;
-        let dealt = open_identification_key_chunks(s.me, &s.from_dealer, &session, chunks)
-            .map_err(|e| refused("the dealer's key half", e))?;
+        // No chunks: the stocked dealing the open claimed. Chunks: keys dealt for this
+        // session, which replace a claimed stock (then burnt unused, as its claim is recorded).
+        let dealt = match (chunks.is_empty(), s.keys.take()) {
+            (true, Some(stocked)) => stocked,
+            (true, None) => {
+                return Err(EngineError::new(
+                    ErrorKind::BadParameter,
+                    format!(
+                        "face session {} claimed no stocked dealing: give it P2's key chunks",
+                        hex::encode(session)
+                    ),
+                ))
+            }
+            (false, _) => open_identification_key_chunks(
+                s.me,
+                &s.from_dealer,
+                KeysFor::Session(session),
+                chunks,
+            )
+            .map_err(|e| refused("the dealer's key half", e))?,
+        };
         if dealt.len() != s.ids.len() || dealt.digest() != &s.digest {
             return Err(refused(
                 "the dealer's key half",
@@ -848,6 +990,7 @@ mod tests {
                 norm: 9,
             },
             wanted: Some(vec![[1; 16], [2; 16]]),
+            stock: Some([8; 16]),
         };
         let Request::Face { op, head, payload } = encode_open(&req) else {
             panic!("not a face request");
@@ -858,17 +1001,29 @@ mod tests {
         assert_eq!(back.probe.elements, req.probe.elements);
         assert_eq!(back.probe.norm, 9);
         assert_eq!(back.wanted, req.wanted);
+        assert_eq!(back.stock, req.stock);
         assert!(decode_open(&head, &payload[..payload.len() - 1]).is_err());
+        let unstocked = OpenRequest {
+            wanted: None,
+            stock: None,
+            ..req
+        };
+        let Request::Face { head, payload, .. } = encode_open(&unstocked) else {
+            panic!("not a face request");
+        };
+        let back = decode_open(&head, &payload).unwrap();
+        assert_eq!((back.wanted, back.stock), (None, None));
 
         let opened = Opened {
             ids: vec![[3; 16]],
             subjects: vec!["ÅSA".into()],
             digest: [4; 32],
+            claimed: true,
         };
         let back = decode_opened(&encode_opened(&opened)).unwrap();
         assert_eq!(
-            (back.ids, back.subjects, back.digest),
-            (opened.ids, opened.subjects, opened.digest)
+            (back.ids, back.subjects, back.digest, back.claimed),
+            (opened.ids, opened.subjects, opened.digest, true)
         );
 
         let chunks: [&[u8]; 2] = [b"abc", b"de"];
@@ -878,5 +1033,11 @@ mod tests {
         let (session, got) = decode_keys(&head, &payload).unwrap();
         assert_eq!(session, [5; 16]);
         assert_eq!(got, chunks.to_vec());
+        let Request::Face { op, head, payload } = encode_stock(&[6; 16], &[]) else {
+            panic!("not a face request");
+        };
+        assert_eq!(op, op::STOCK);
+        let (stock, got) = decode_keys(&head, &payload).unwrap();
+        assert_eq!((stock, got.len()), ([6; 16], 0));
     }
 }

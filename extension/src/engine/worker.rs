@@ -545,7 +545,8 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
         }
         Request::Face { op, head, payload } => {
             // An open brings the held face templates up to date first (SPI, this thread);
-            // the other steps touch only the engine's memory.
+            // a stocked dealing needs the party's keys to open; the other steps touch only
+            // the engine's memory.
             let keys = if op == super::face::op::OPEN {
                 let face = engine.face.clone();
                 in_transaction(|| {
@@ -553,6 +554,8 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
                     face.refresh_for_open(keys.me, &head, &payload)?;
                     Ok(Some(keys))
                 })
+            } else if op == super::face::op::STOCK {
+                in_transaction(|| read_keys().map(Some))
             } else {
                 Ok(None)
             };

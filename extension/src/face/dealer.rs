@@ -11,7 +11,8 @@ use privmatch_core::face::mask_dealer::{
     seal_identification_key_chunks, seal_template_seeds, KEY_CHUNK_BYTES,
 };
 use privmatch_core::face::masked::{
-    deal_identification_on, template_digest, TemplateMaskMaster, BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
+    deal_identification_on, template_digest, KeysFor, TemplateMaskMaster, BUNDLE_ID_LEN,
+    TEMPLATE_MASTER_LEN,
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
@@ -377,11 +378,46 @@ fn face_dealer_identify(
 > {
     const F: &str = "face_dealer_identify";
     let session = parse_session_id(F, "session", session);
-    let ids = parse_bundle_ids(F, bundle_ids);
-    let me = dealer_identity(F);
-    let params = load_params(F);
-    let master = load_template_master(F);
-    let mut dealing = master.session_rng(&session, &template_digest(&ids));
+    TableIterator::new(deal_rows(F, KeysFor::Session(session), bundle_ids))
+}
+
+/// Deals, ahead of any session, the keys of one identification against the templates
+/// `bundle_ids` under the stock id `stock` (16 bytes; docs/protocols/face.md §13.7): the same
+/// dealing as `face_dealer_identify`, derived and sealed under the stock label instead of
+/// the session's, so no session id can ever be dealt the same keys. P0 and P1 keep the
+/// halves in their engines (`face_masked_stock`) and let one identification over exactly
+/// that list claim them, once (`privmatch.face_stock_used`). Asking again for the same stock
+/// id and list deals the same keys.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile)]
+fn face_dealer_stock(
+    stock: &[u8],
+    bundle_ids: Array<'_, &[u8]>,
+) -> TableIterator<
+    'static,
+    (
+        name!(chunk, i32),
+        name!(envelope_p0, Vec<u8>),
+        name!(envelope_p1, Vec<u8>),
+    ),
+> {
+    const F: &str = "face_dealer_stock";
+    let stock = parse_session_id(F, "stock", stock);
+    TableIterator::new(deal_rows(F, KeysFor::Stock(stock), bundle_ids))
+}
+
+/// The dealing for `keys_for` against `bundle_ids`, sealed to P0 and P1: one row per chunk
+/// (chunk number, P0's envelope, P1's envelope).
+fn deal_rows(
+    function: &str,
+    keys_for: KeysFor,
+    bundle_ids: Array<'_, &[u8]>,
+) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
+    let ids = parse_bundle_ids(function, bundle_ids);
+    let me = dealer_identity(function);
+    let params = load_params(function);
+    let master = load_template_master(function);
+    let mut dealing = master.dealing_rng(keys_for, &template_digest(&ids));
     // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
     // and start with every signal blocked.
     let threads = match crate::engine::worker::ENGINE_THREADS.get() {
@@ -391,20 +427,18 @@ fn face_dealer_identify(
     let mut halves = crate::signals::without_signals(|| {
         deal_identification_on(&params, &master, &ids, &mut dealing, threads)
     })
-    .unwrap_or_else(|e| raise_face(F, e));
+    .unwrap_or_else(|e| raise_face(function, e));
     let mut rng = ChaCha20Rng::from_entropy();
     let [p0, p1]: [Vec<Vec<u8>>; 2] = [0, 1].map(|b| {
-        let pair = channel_to(F, &me, b);
-        seal_identification_key_chunks(&halves[b], &session, &pair, KEY_CHUNK_BYTES, &mut rng)
+        let pair = channel_to(function, &me, b);
+        seal_identification_key_chunks(&halves[b], keys_for, &pair, KEY_CHUNK_BYTES, &mut rng)
     });
     for half in halves.iter_mut() {
         zeroize::Zeroize::zeroize(half);
     }
-    let rows: Vec<(i32, Vec<u8>, Vec<u8>)> = p0
-        .into_iter()
+    p0.into_iter()
         .zip(p1)
         .enumerate()
         .map(|(chunk, (a, b))| (chunk as i32, a, b))
-        .collect();
-    TableIterator::new(rows)
+        .collect()
 }

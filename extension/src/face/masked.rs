@@ -14,6 +14,13 @@
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
 //!    comparison, little-endian u32); the session ends.
 //!
+//! An identification may instead use a dealing made ahead of time (docs/protocols/face.md
+//! §13.7): `face_dealer_stock(stock, ids)` at P2 and `face_masked_stock(stock, chunks)` at P0
+//! and P1 keep it in the engines; `face_masked_open_stocked(session, probe, stock)` at P0 and
+//! P1 (at once) opens the session and claims it when it was dealt for the compared list,
+//! recording the claim in `privmatch.face_stock_used` (one session per stock id, ever); step 2
+//! is skipped and step 3 gets no chunks.
+//!
 //! Aborts: `face_session_abort` (both kinds of session).
 
 use pgrx::pg_sys;
@@ -24,11 +31,15 @@ use privmatch_core::face::FaceError;
 use super::enroll::enrolled_dim;
 use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call;
-use crate::engine::face::{decode_opened, encode_keys, encode_open, encode_round, OpenRequest};
+use crate::engine::face::{
+    decode_opened, encode_keys, encode_open, encode_round, encode_stock, OpenRequest, Opened,
+};
 use crate::engine::ipc::Response;
-use crate::errors::{parse_session_id, raise, run, select};
+use crate::errors::{get_one, parse_session_id, raise, run, select};
 
 const OPEN: &str = "face_masked_open";
+const OPEN_STOCKED: &str = "face_masked_open_stocked";
+const STOCK: &str = "face_masked_stock";
 const KEYS: &str = "face_masked_keys";
 const ROUND: &str = "face_masked_round";
 
@@ -88,13 +99,144 @@ fn face_masked_open(
         name!(digest, Vec<u8>),
     ),
 > {
-    let (id, share) = fresh_session_probe(OPEN, session, subject, probe);
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
+    let opened = open_session(OPEN, session, probe, subject, expected, None);
+    let ids: Vec<u8> = opened.ids.concat();
+    TableIterator::once((
+        opened.ids.len() as i32,
+        ids,
+        opened.subjects,
+        opened.digest.to_vec(),
+    ))
+}
+
+/// Opens masked identification session `session` at this evaluator with its sealed `probe`
+/// against every opened template, as `face_masked_open` with no subject, and claims the
+/// dealing stocked under `stock` (docs/protocols/face.md §13.7) if this party holds it and it
+/// was dealt for exactly the compared list. The claim is a row of
+/// `privmatch.face_stock_used` committed with the session (a stock id serves one session,
+/// ever: 23505 otherwise). Returns as `face_masked_open`, and `claimed`: whether the session
+/// has its keys (then `face_masked_keys` takes no chunks); if not, the coordinator deals for
+/// the session as usual. P0 and P1 may be called at once; the coordinator compares their
+/// lists and claims.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_open_stocked(
+    session: &[u8],
+    probe: &[u8],
+    stock: &[u8],
+) -> TableIterator<
+    'static,
+    (
+        name!(comparisons, i32),
+        name!(bundle_ids, Vec<u8>),
+        name!(subjects, Vec<String>),
+        name!(digest, Vec<u8>),
+        name!(claimed, bool),
+    ),
+> {
+    let stock = parse_session_id(OPEN_STOCKED, "stock", stock);
+    let opened = open_session(OPEN_STOCKED, session, probe, None, None, Some(stock));
+    if opened.claimed {
+        run(
+            OPEN_STOCKED,
+            "INSERT INTO privmatch.face_stock_used (stock, session) VALUES ($1, $2)",
+            &[stock.to_vec().into(), session.into()],
+        );
+    }
+    let ids: Vec<u8> = opened.ids.concat();
+    TableIterator::once((
+        opened.ids.len() as i32,
+        ids,
+        opened.subjects,
+        opened.digest.to_vec(),
+        opened.claimed,
+    ))
+}
+
+/// Keeps P2's dealing sealed under stock id `stock` (`chunks`: this party's envelopes of
+/// `face_dealer_stock`, in chunk order) in this evaluator's engine for a later
+/// `face_masked_open_stocked` (docs/protocols/face.md §13.7). The engine keeps at most a few
+/// (the oldest are dropped) and loses them in a restart: they are a cache, the claims are
+/// durable. Returns how many stocked dealings the engine holds. Errors: 23505 the stock id was
+/// claimed already, 08P01 the half was refused (not sealed by P2 for this stock id and party),
+/// 22023 bad arguments.
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_stock(stock: &[u8], chunks: Array<'_, &[u8]>) -> i32 {
+    let id = parse_session_id(STOCK, "stock", stock);
+    let chunks = parse_chunks(STOCK, chunks.iter());
+    let used = get_one::<bool>(
+        STOCK,
+        "SELECT EXISTS (SELECT 1 FROM privmatch.face_stock_used WHERE stock = $1)",
+        &[stock.into()],
+    )
+    .unwrap_or(false);
+    if used {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
+            format!(
+                "{STOCK}: stocked dealing {} was claimed by a session already: stock ids are single-use",
+                hex::encode(id)
+            ),
+            None,
+        );
+    }
+    let held = engine_bytes(STOCK, call(&encode_stock(&id, &chunks)));
+    held.try_into()
+        .map(|b: [u8; 4]| u32::from_le_bytes(b) as i32)
+        .unwrap_or_else(|_| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("{STOCK}: the engine answered a malformed count"),
+                None,
+            )
+        })
+}
+
+/// The chunks of a dealing, each non-NULL, at least one (22023/22004 naming the argument).
+fn parse_chunks<'d>(
+    function: &str,
+    chunks: impl Iterator<Item = Option<&'d [u8]>>,
+) -> Vec<&'d [u8]> {
+    let chunks: Vec<&[u8]> = chunks
+        .enumerate()
+        .map(|(i, c)| {
+            c.unwrap_or_else(|| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                    format!("{function}: chunks[{}] is NULL", i + 1),
+                    None,
+                )
+            })
+        })
+        .collect();
+    if chunks.is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{function}: chunks is empty"),
+            None,
+        );
+    }
+    chunks
+}
+
+/// The open of a masked session (`face_masked_open`, `face_masked_open_stocked`): checks the
+/// probe, fixes the compared list in the engine (claiming `stock` there if it fits), records
+/// the single-use session id, and answers what the engine opened.
+fn open_session(
+    function: &str,
+    session: &[u8],
+    probe: &[u8],
+    subject: Option<&str>,
+    expected: Option<Vec<[u8; BUNDLE_ID_LEN]>>,
+    stock: Option<[u8; 16]>,
+) -> Opened {
+    let (id, share) = fresh_session_probe(function, session, subject, probe);
     let dim = share.elements.len();
-    if let Some(enrolled) = enrolled_dim(OPEN) {
+    if let Some(enrolled) = enrolled_dim(function) {
         if enrolled != dim {
             raise_probe_from(
-                OPEN,
+                function,
                 FaceError::WrongDimension {
                     expected: enrolled,
                     got: dim,
@@ -105,7 +247,7 @@ fn face_masked_open(
     let wanted = match subject {
         Some(s) => {
             let ids: Vec<[u8; BUNDLE_ID_LEN]> = select(
-                OPEN,
+                function,
                 "SELECT bundle_id FROM privmatch.face_templates WHERE subject = $1",
                 &[s.into()],
                 |row| row.get::<Vec<u8>>(1).unwrap_or_default(),
@@ -116,14 +258,14 @@ fn face_masked_open(
             if ids.is_empty() {
                 raise(
                     PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
-                    format!("{OPEN}: subject {s:?} has no enrolled face template"),
+                    format!("{function}: subject {s:?} has no enrolled face template"),
                     None,
                 );
             }
             if expected.as_ref().is_some_and(|e| *e != ids) {
                 raise(
                     PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                    format!("{OPEN}: subject {s:?} has another template here than at the other evaluator"),
+                    format!("{function}: subject {s:?} has another template here than at the other evaluator"),
                     Some("an enrolment or deletion is in flight: retry with a new session"),
                 );
             }
@@ -135,12 +277,13 @@ fn face_masked_open(
         session: id,
         probe: share,
         wanted,
+        stock,
     });
-    let opened = decode_opened(&engine_bytes(OPEN, call(&request)))
+    let opened = decode_opened(&engine_bytes(function, call(&request)))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
     let finished = opened.ids.is_empty();
     run(
-        OPEN,
+        function,
         "INSERT INTO privmatch.face_sessions \
          (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at, target, masked) \
          VALUES ($1, NULL, $2, '{}', $3, '', NULL, $4, CASE WHEN $5 THEN now() END, $6, true)",
@@ -153,13 +296,7 @@ fn face_masked_open(
             subject.into(),
         ],
     );
-    let ids: Vec<u8> = opened.ids.concat();
-    TableIterator::once((
-        opened.ids.len() as i32,
-        ids,
-        opened.subjects,
-        opened.digest.to_vec(),
-    ))
+    opened
 }
 
 /// Checks masked session `session` before one of its steps (1 keys, 2 and 3 rounds): it must have
@@ -236,32 +373,19 @@ fn save_finished(function: &str, session: &[u8]) {
 }
 
 /// Gives masked session `session` its key half from the dealer P2 (`chunks`: this party's
-/// envelopes of `face_dealer_identify`, in chunk order) and returns the sealed masked probe
-/// vector X_b for the other evaluator. Errors: 42704 not running, 55000 out of order, 08P01
+/// envelopes of `face_dealer_identify`, in chunk order; an empty array: the stocked dealing
+/// `face_masked_open_stocked` claimed) and returns the sealed masked probe vector X_b for the
+/// other evaluator. Errors: 42704 not running, 55000 out of order, 08P01
 /// the half was refused (another session or list, not sealed by P2).
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
     let id = parse_session_id(KEYS, "session", session);
-    let chunks: Vec<&[u8]> = chunks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            c.unwrap_or_else(|| {
-                raise(
-                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                    format!("{KEYS}: chunks[{}] is NULL", i + 1),
-                    None,
-                )
-            })
-        })
-        .collect();
-    if chunks.is_empty() {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{KEYS}: chunks is empty"),
-            None,
-        );
-    }
+    // No chunks: the stocked dealing the open claimed (the engine refuses when none was).
+    let chunks = if chunks.is_empty() {
+        Vec::new()
+    } else {
+        parse_chunks(KEYS, chunks.iter())
+    };
     check_masked(KEYS, session);
     engine_bytes(KEYS, call(&encode_keys(&id, &chunks)))
 }
