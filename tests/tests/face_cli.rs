@@ -169,6 +169,33 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
     // The stock dealt for the 40 templates does not fit the 39 left: neither evaluator claims
     // it; the eight identifications after the first use fresh stock.
     assert_eq!(stock_claims(&cluster), [25, 25]);
+    // A template enrolled after the last identification is not opened yet: the stocked open
+    // is refused at both (nothing recorded), the coordinator opens it and asks again, and the
+    // new template is compared (it has person-001's embedding, so it matches exactly when
+    // person-001 does); the stock dealt for 39 does not fit the 40.
+    let late = cluster.path("late.ndjson");
+    write_lines(
+        &late,
+        &[json!({"subject": "person-late", "embedding": people[1].1}).to_string()],
+    );
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&late)])
+        .expect_success();
+    let out = cluster
+        .cli(&["face", "identify", "--input", &path_arg(&probe_file)])
+        .expect_success();
+    let got = lines(&out.stdout);
+    assert_eq!(got.len(), probes.len(), "{out}");
+    assert!(got.iter().any(|l| l["matches"].to_string().contains("person-001")));
+    for line in &got {
+        let matches = line["matches"].to_string();
+        assert_eq!(
+            matches.contains("person-late"),
+            matches.contains("person-001"),
+            "{line}"
+        );
+    }
+    assert_eq!(stock_claims(&cluster), [33, 33]);
     // Stock ids are single use: a claimed one cannot be stocked again (checked before the
     // chunks are even opened); halves not sealed by P2 are refused; the coordinator's role
     // cannot read the claims; P2 refuses a malformed stock id.

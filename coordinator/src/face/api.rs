@@ -11,7 +11,8 @@
 //! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "match"}` |
-//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"matches": [subject…], "comparisons"}` |
+//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"matches": [subject…], "comparisons", "bytes_sent", "key_bytes", "stocked"}` |
+//! | `GET /v1/face/stock` | — | [`crate::face::stock::StockStatus`] `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
 //!
 //! Configuring starts a new dealer generation; the coordinator then retires the keys of
 //! earlier generations at P0 and P1, so no comparison runs under the old threshold (the pool

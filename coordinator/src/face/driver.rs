@@ -7,7 +7,9 @@
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
 //!
-//! 0. Templates enrolled since the last session are opened once ([`open_pending`]):
+//! 0. Templates enrolled since the last session are opened once ([`open_pending`]) when an
+//!    open is refused because one is not opened yet (40001, nothing recorded; the open is
+//!    then asked again with the same probe):
 //!    `face_masked_pending` at P0 and P1, `face_dealer_template_seeds` at P2 per evaluator,
 //!    `face_masked_prepare` and `face_masked_accept` at P0 and P1 (each gets the other's Y_b).
 //! 1. `face_masked_open(session, probe, subject, NULL)` at P0: P0 opens its sealed probe share
@@ -585,6 +587,25 @@ impl FaceSession<'_> {
             self.open_stocked_at(p1, c1, &stock.id),
             dealer_generation(dealer, self.timeout)
         );
+        // Refused while templates are not opened yet (40001 before anything is recorded): open
+        // them and ask again.
+        let pending = |r: &Result<(OpenReply, bool), FaceSessionError>| matches!(r, Err(e) if e.kind() == FaceErrorKind::SetsDiffer);
+        let (a, b) = if pending(&a) || pending(&b) {
+            open_pending(three, self.timeout).await?;
+            let a = if pending(&a) {
+                self.open_stocked_at(p0, c0, &stock.id).await
+            } else {
+                a
+            };
+            let b = if pending(&b) {
+                self.open_stocked_at(p1, c1, &stock.id).await
+            } else {
+                b
+            };
+            (a, b)
+        } else {
+            (a, b)
+        };
         let ((first, claimed0), (second, claimed1)) = (a?, b?);
         // Dealt under another configuration of P2 (a new threshold or metric): not used.
         let current = generation? == stock.generation;
@@ -711,7 +732,6 @@ impl Session<2> for FaceSession<'_> {
         // compared; a template not opened yet (40001) is opened and the open tried again.
         let mut stocked = false;
         let (first, dealt) = if let (None, Some(stock)) = (subject, &self.stocked) {
-            open_pending(three, self.timeout).await?;
             let (first, halves, used) = self.stocked_opened_and_dealt(stock, three).await?;
             if first.comparisons == 0 {
                 self.parties.all()[2].give_back(dealer).await;
@@ -720,8 +740,8 @@ impl Session<2> for FaceSession<'_> {
             stocked = used;
             (first, Ok(halves))
         } else if subject.is_none() {
-            open_pending(three, self.timeout).await?;
-            let first = self.open_at(p0, c0, None).await?;
+            let first = self.open_at(p0, c0, None).await;
+            let first = self.opened_or_retry(p0, None, first, three).await?;
             check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
             if first.comparisons == 0 {
                 // Nothing enrolled: nothing to evaluate.

@@ -115,7 +115,7 @@ pub fn needs(method: &Method, path: &str) -> Needs {
         }
         "search" | "verify" | "identify" | "outcome" | "device" => Needs::Scope(Scope::Search),
         "delete" => Needs::Scope(Scope::Delete),
-        "configure" | "refill" | "pool" | "pin" | "devices" => Needs::Scope(Scope::Admin),
+        "configure" | "refill" | "pool" | "stock" | "pin" | "devices" => Needs::Scope(Scope::Admin),
         "mailbox" | "reply" => Needs::Scope(Scope::Device),
         _ => Needs::Refused,
     }
@@ -391,6 +391,7 @@ mod tests {
             (&post, "/v1/iris/delete", Needs::Scope(Scope::Delete)),
             (&post, "/v1/face/configure", Needs::Scope(Scope::Admin)),
             (&get, "/v1/face/pool", Needs::Scope(Scope::Admin)),
+            (&get, "/v1/face/stock", Needs::Scope(Scope::Admin)),
             (&post, "/v1/face/refill", Needs::Scope(Scope::Admin)),
             (&post, "/v1/face/enroll", Needs::Scope(Scope::Enroll)),
             (&post, "/v1/face/delete", Needs::Scope(Scope::Delete)),

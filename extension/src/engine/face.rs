@@ -649,14 +649,31 @@ impl FaceService {
         load_into(&mut guard, b, &missing)
     }
 
-    /// Brings the held templates up to date with the tables (module docs). Runs inside the
-    /// caller's transaction, on the worker's main thread. `me` must be P0 or P1.
+    /// Brings the held templates up to date with the tables (module docs), and refuses
+    /// (Retry, 40001) while an enrolled template is not opened yet: an identification compares
+    /// every enrolled template, so the coordinator opens the pending ones and asks again
+    /// (instead of asking whether any is pending before every identification). Runs inside
+    /// the caller's transaction, on the worker's main thread. `me` must be P0 or P1.
     pub fn refresh(&self, me: PartyIndex) -> Result<(), EngineError> {
         let b = evaluator(me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
         if !masked_table_exists()? {
             return Err(not_updated());
         }
         let ids = opened_ids(None)?;
+        // Opened rows are deleted with their enrolment, so the opened ones are a subset of
+        // the enrolled ones: equal counts mean nothing is pending.
+        let enrolled = Spi::get_one::<i64>("SELECT count(*) FROM privmatch.face_templates")
+            .map_err(spi_error)?
+            .unwrap_or(0);
+        if usize::try_from(enrolled).unwrap_or(usize::MAX) > ids.len() {
+            return Err(EngineError::new(
+                ErrorKind::Retry,
+                format!(
+                    "{} enrolled face template(s) are not opened at this party yet",
+                    enrolled as usize - ids.len()
+                ),
+            ));
+        }
         let current: HashSet<BundleId> = ids.iter().copied().collect();
         {
             let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
