@@ -186,7 +186,9 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
         .expect_success();
     let got = lines(&out.stdout);
     assert_eq!(got.len(), probes.len(), "{out}");
-    assert!(got.iter().any(|l| l["matches"].to_string().contains("person-001")));
+    assert!(got
+        .iter()
+        .any(|l| l["matches"].to_string().contains("person-001")));
     for line in &got {
         let matches = line["matches"].to_string();
         assert_eq!(
