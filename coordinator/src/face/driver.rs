@@ -51,7 +51,6 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
 use crate::face::api::FaceRequest;
-use crate::face::stock::{dealer_generation, Stocked};
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     call_with_timeout, relay, run_pooled, Rounds, Session, Step, Traffic,
@@ -324,6 +323,43 @@ pub async fn deal_at(
         )));
     }
     Ok(halves)
+}
+
+/// A dealing both evaluators hold, ready for the next identification over `ids`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stocked {
+    /// The stock id it was dealt under.
+    pub id: [u8; 16],
+    /// The bundle ids it was dealt for (16 bytes each, in comparison order).
+    pub ids: Vec<u8>,
+    /// P2's configuration generation when it was dealt.
+    pub generation: i64,
+}
+
+/// P2's configuration generation (`face_dealer_status`; an unconfigured dealer is 55000).
+pub async fn dealer_generation(
+    dealer: &tokio_postgres::Client,
+    timeout: Duration,
+) -> Result<i64, FaceSessionError> {
+    let p2 = PartyIndex::ALL[2];
+    let rows = call_with_timeout::<_, FaceSessionError>(
+        p2,
+        dealer,
+        "face_dealer_status",
+        timeout,
+        dealer.query_typed("SELECT generation FROM privmatch.face_dealer_status()", &[]),
+    )
+    .await?;
+    match rows.first() {
+        Some(row) => Ok(column::<i64>(p2, row, 0)
+            .map_err(FaceSessionError::Party)?
+            .unwrap_or(0)),
+        None => Err(FaceSessionError::Party(PartyError {
+            party: p2,
+            sqlstate: Some("55000".into()),
+            message: "the face dealer P2 is not configured".into(),
+        })),
+    }
 }
 
 /// Templates opened per batch of the one-time opening (≈ 20 MB per message at l = 512).

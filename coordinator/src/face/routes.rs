@@ -22,9 +22,8 @@ use crate::face::api::{
     FaceRefillResponse, FaceRequest, FaceVerifyBody, FaceVerifyResponse,
 };
 use crate::face::driver::{
-    run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, SubjectIds,
+    run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, Stocked, SubjectIds,
 };
-use crate::face::stock::Stocked;
 use crate::face::stock::{FaceStock, StockStatus};
 use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;

@@ -32,20 +32,9 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 
-use crate::face::driver::{deal_at, FaceSessionError, DEAL_STOCK_SQL};
+use crate::face::driver::{deal_at, dealer_generation, FaceSessionError, Stocked, DEAL_STOCK_SQL};
 use crate::parties::{column, Parties};
 use crate::session::driver::call_with_timeout;
-
-/// A dealing both evaluators hold, ready for the next identification over `ids`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Stocked {
-    /// The stock id it was dealt under.
-    pub id: [u8; 16],
-    /// The bundle ids it was dealt for (16 bytes each, in comparison order).
-    pub ids: Vec<u8>,
-    /// P2's configuration generation when it was dealt.
-    pub generation: i64,
-}
 
 /// The stock's state as `GET /v1/face/stock` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -224,32 +213,6 @@ async fn keep(
     )
     .await?;
     column::<i32>(party, &row, 0).map_err(FaceSessionError::Party)
-}
-
-/// P2's configuration generation (`face_dealer_status`; an unconfigured dealer is 55000).
-pub async fn dealer_generation(
-    dealer: &tokio_postgres::Client,
-    timeout: Duration,
-) -> Result<i64, FaceSessionError> {
-    let p2 = PartyIndex::ALL[2];
-    let rows = call_with_timeout::<_, FaceSessionError>(
-        p2,
-        dealer,
-        "face_dealer_status",
-        timeout,
-        dealer.query_typed("SELECT generation FROM privmatch.face_dealer_status()", &[]),
-    )
-    .await?;
-    match rows.first() {
-        Some(row) => Ok(column::<i64>(p2, row, 0)
-            .map_err(FaceSessionError::Party)?
-            .unwrap_or(0)),
-        None => Err(FaceSessionError::Party(crate::parties::PartyError {
-            party: p2,
-            sqlstate: Some("55000".into()),
-            message: "the face dealer P2 is not configured".into(),
-        })),
-    }
 }
 
 #[cfg(test)]
