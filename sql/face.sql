@@ -163,6 +163,40 @@ CREATE TABLE privmatch.face_stock_used (
 );
 REVOKE ALL ON privmatch.face_stock_used FROM PUBLIC;
 
+-- The version of this evaluator's template set (P0 and P1; docs/protocols/face.md §13.8): one
+-- row, bumped by every statement that enrols, opens or deletes a face template (the triggers
+-- below, whoever runs the statement, the operator by hand included), in the same transaction
+-- as the change. The engine reads it before an identification's open and re-reads the set
+-- only when it moved since its last full refresh: a snapshot that sees the same (epoch,
+-- version) sees no committed change since. The epoch is drawn when the row is made, so a
+-- re-created extension never repeats an old (epoch, version). Not dumped: a restore makes a
+-- new epoch.
+CREATE TABLE privmatch.face_set_version (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    epoch     uuid    NOT NULL DEFAULT gen_random_uuid(),
+    version   bigint  NOT NULL DEFAULT 0
+);
+INSERT INTO privmatch.face_set_version DEFAULT VALUES;
+REVOKE ALL ON privmatch.face_set_version FROM PUBLIC;
+
+-- Bumps the set version (a statement trigger; runs as the extension's owner, roles.sql), once
+-- per transaction: a row version this transaction wrote already (its xmin is this transaction's
+-- id) will commit with it. Statements in a subtransaction bump again (harmless).
+CREATE FUNCTION privmatch.face_set_changed() RETURNS trigger
+LANGUAGE plpgsql AS $changed$
+BEGIN
+    UPDATE privmatch.face_set_version SET version = version + 1
+     WHERE xmin::text::bigint <> pg_catalog.txid_current() % 4294967296;
+    RETURN NULL;
+END
+$changed$;
+CREATE TRIGGER face_templates_set_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_templates
+    FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
+CREATE TRIGGER face_masked_templates_set_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_masked_templates
+    FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
+
 -- The pool level as this party sees it.
 CREATE VIEW privmatch.face_key_pool AS
     SELECT metric, dim, generation,

@@ -100,6 +100,8 @@ AS $list$
         ('face_masked_stock',         ARRAY['privmatch_coordinator']),
         ('face_masked_keys',          ARRAY['privmatch_coordinator']),
         ('face_masked_round',         ARRAY['privmatch_coordinator']),
+        -- the face set version's trigger (docs/protocols/face.md §13.8): fired, never called
+        ('face_set_changed',          ARRAY[]::name[]),
         -- Paillier service provider (the coordinator relays device and terminal messages)
         ('paillier_enroll_begin',     ARRAY['privmatch_coordinator']),
         ('paillier_enroll_finish',    ARRAY['privmatch_coordinator']),

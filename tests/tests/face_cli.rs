@@ -198,6 +198,54 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
         );
     }
     assert_eq!(stock_claims(&cluster), [33, 33]);
+    // The operator deletes person-late by hand at P0 and P1 (plain SQL, not face_delete): the
+    // set version moves with it (docs/protocols/face.md §13.8), so the engines pass over the
+    // set again and no identification compares the deleted template. Were the set taken as
+    // unchanged, person-late would match with person-001 as above.
+    for p in 0..2 {
+        cluster.query(
+            p,
+            "WITH gone AS (DELETE FROM privmatch.face_templates WHERE subject = 'person-late' \
+                           RETURNING bundle_id) \
+             DELETE FROM privmatch.face_masked_templates m USING gone \
+              WHERE m.bundle_id = gone.bundle_id",
+            &[],
+        );
+    }
+    let out = cluster
+        .cli(&["face", "identify", "--input", &path_arg(&probe_file)])
+        .expect_success();
+    let got = lines(&out.stdout);
+    assert!(got
+        .iter()
+        .any(|l| l["matches"].to_string().contains("person-001")));
+    assert!(
+        got.iter()
+            .all(|l| !l["matches"].to_string().contains("person-late")),
+        "{out}"
+    );
+    // The version is the owner's: the coordinator's role can neither move nor read it, run
+    // its trigger function or switch the triggers off; a malformed known list is refused.
+    let refused =
+        |party: usize, sql: &str| cluster.query_as_coordinator(party, sql).expect_err(sql).0;
+    for sql in [
+        "UPDATE privmatch.face_set_version SET version = 0",
+        "SELECT version FROM privmatch.face_set_version",
+        "SELECT privmatch.face_set_changed()",
+        "ALTER TABLE privmatch.face_templates DISABLE TRIGGER ALL",
+    ] {
+        assert_eq!(refused(0, sql), "42501", "{sql}");
+    }
+    let id = hex::encode([9u8; 16]);
+    assert_eq!(
+        refused(
+            0,
+            &format!(
+                "SELECT * FROM privmatch.face_masked_open_stocked('\\x{id}', '\\x00', '\\x{id}', '\\x01')"
+            )
+        ),
+        "22023"
+    );
     // Stock ids are single use: a claimed one cannot be stocked again (checked before the
     // chunks are even opened); halves not sealed by P2 are refused; the coordinator's role
     // cannot read the claims; P2 refuses a malformed stock id.
@@ -216,8 +264,6 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
             hex::encode(id)
         )
     };
-    let refused =
-        |party: usize, sql: &str| cluster.query_as_coordinator(party, sql).expect_err(sql).0;
     assert_eq!(refused(0, &stock_sql(&claimed)), "23505");
     assert_eq!(refused(0, &stock_sql(&[7; 16])), "08P01");
     assert_eq!(

@@ -1,6 +1,7 @@
 //! The upgrade paths (`migrations/privmatch--0.1.0--0.2.0.sql`, then `--0.2.0--0.3.0.sql`, then
 //! `--0.3.0--0.4.0.sql`, then `--0.4.0--0.5.0.sql`, then `--0.5.0--0.6.0.sql`, then
-//! `--0.6.0--0.7.0.sql`, then `--0.7.0--0.8.0.sql`, then `--0.8.0--0.9.0.sql`): a
+//! `--0.6.0--0.7.0.sql`, then `--0.7.0--0.8.0.sql`, then `--0.8.0--0.9.0.sql`, then
+//! `--0.9.0--0.10.0.sql`): a
 //! party created with the released 0.1.0 schema (the released install scripts are kept in
 //! `tests/upgrade/`), holding an identity (secret key in the 0.1.0 column), pinned peers and
 //! enrolled templates, is upgraded with `ALTER EXTENSION privmatch UPDATE` under the current
@@ -9,7 +10,7 @@
 //! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
 //! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
 //! catalog of a fresh install, and so must parties created at 0.3.0, 0.4.0, 0.5.0, 0.6.0,
-//! 0.7.0 and 0.8.0.
+//! 0.7.0, 0.8.0 and 0.9.0.
 //!
 //! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
 //! library is not built here; the rows are plain data of the 0.1.0 tables).
@@ -32,7 +33,7 @@ use rand_chacha::ChaCha20Rng;
 
 const PORT: u16 = 16990;
 /// The released install scripts kept in `tests/upgrade/`.
-const OLD_SCRIPTS: [&str; 8] = [
+const OLD_SCRIPTS: [&str; 9] = [
     "privmatch--0.1.0.sql",
     "privmatch--0.2.0.sql",
     "privmatch--0.3.0.sql",
@@ -41,6 +42,7 @@ const OLD_SCRIPTS: [&str; 8] = [
     "privmatch--0.6.0.sql",
     "privmatch--0.7.0.sql",
     "privmatch--0.8.0.sql",
+    "privmatch--0.9.0.sql",
 ];
 
 /// Everything the catalog says about the extension's objects, one line each, sorted.
@@ -69,6 +71,10 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
   SELECT 'index ' || pg_get_indexdef(i.indexrelid)
     FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
    WHERE c.relnamespace = 'privmatch'::regnamespace
+  UNION ALL
+  SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+   WHERE c.relnamespace = 'privmatch'::regnamespace AND NOT t.tgisinternal
   UNION ALL
   SELECT 'view ' || c.relname || ' ' || pg_get_viewdef(c.oid)
     FROM pg_class c WHERE c.relnamespace = 'privmatch'::regnamespace AND c.relkind = 'v'
@@ -270,6 +276,7 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     admin.execute("CREATE DATABASE at_0_6_0");
     admin.execute("CREATE DATABASE at_0_7_0");
     admin.execute("CREATE DATABASE at_0_8_0");
+    admin.execute("CREATE DATABASE at_0_9_0");
 
     // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
     // enrolled templates (its Shamir shares).
@@ -356,6 +363,10 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     at_0_8_0.execute("CREATE EXTENSION privmatch VERSION '0.8.0'");
     at_0_8_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.8.0", &catalog(&at_0_8_0), &expected);
+    let at_0_9_0 = server.client("at_0_9_0");
+    at_0_9_0.execute("CREATE EXTENSION privmatch VERSION '0.9.0'");
+    at_0_9_0.execute("ALTER EXTENSION privmatch UPDATE");
+    assert_same_catalog("0.9.0", &catalog(&at_0_9_0), &expected);
 
     // The key: same identity, in the key file (0600), in no column.
     let info = party.query(

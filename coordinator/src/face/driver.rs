@@ -44,6 +44,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use privmatch_core::face::funshade::{bytes_to_words, reconstruct};
+use privmatch_core::face::masked::template_digest;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
@@ -332,8 +333,37 @@ pub struct Stocked {
     pub id: [u8; 16],
     /// The bundle ids it was dealt for (16 bytes each, in comparison order).
     pub ids: Vec<u8>,
+    /// Their subjects, in the same order (as the open that listed them answered).
+    pub subjects: Vec<String>,
+    /// [`template_digest`] of `ids`: the evaluators answer an open over this list without
+    /// listing it again.
+    pub list_digest: [u8; 32],
     /// P2's configuration generation when it was dealt.
     pub generation: i64,
+}
+
+impl Stocked {
+    /// The dealing under stock id `id` for the list `ids` (16 bytes each) of `subjects`.
+    pub fn new(id: [u8; 16], ids: Vec<u8>, subjects: Vec<String>, generation: i64) -> Self {
+        let list_digest = template_digest(ids.chunks_exact(16).filter_map(|c| c.try_into().ok()));
+        Stocked {
+            id,
+            ids,
+            subjects,
+            list_digest,
+            generation,
+        }
+    }
+
+    /// `reply` with the list filled in from this dealing's when the evaluator left it out
+    /// because it compares exactly this list (same digest).
+    fn fill_in(&self, mut reply: OpenReply) -> OpenReply {
+        if reply.comparisons > 0 && reply.ids.is_empty() && reply.digest == self.list_digest {
+            reply.ids = self.ids.clone();
+            reply.subjects = self.subjects.clone();
+        }
+        reply
+    }
 }
 
 /// P2's configuration generation (`face_dealer_status`; an unconfigured dealer is 55000).
@@ -572,11 +602,12 @@ impl FaceSession<'_> {
         &self,
         party: PartyIndex,
         client: &Client,
-        stock: &[u8; 16],
+        stocked: &Stocked,
     ) -> Result<(OpenReply, bool), FaceSessionError> {
         let session: &[u8] = &self.request.session;
         let probe: &[u8] = &self.request.probes[party.as_usize()];
-        let stock: &[u8] = stock;
+        let stock: &[u8] = &stocked.id;
+        let known: &[u8] = &stocked.list_digest;
         let row = call_with_timeout::<_, FaceSessionError>(
             party,
             client,
@@ -584,23 +615,24 @@ impl FaceSession<'_> {
             self.timeout,
             client.query_typed_one(
                 "SELECT comparisons, bundle_ids, subjects, digest, claimed \
-                   FROM privmatch.face_masked_open_stocked($1, $2, $3)",
+                   FROM privmatch.face_masked_open_stocked($1, $2, $3, $4)",
                 &[
                     (&session, Type::BYTEA),
                     (&probe, Type::BYTEA),
                     (&stock, Type::BYTEA),
+                    (&known, Type::BYTEA),
                 ],
             ),
         )
         .await?;
         let reply = || {
             Ok((
-                OpenReply {
+                stocked.fill_in(OpenReply {
                     comparisons: column(party, &row, 0)?.unwrap_or(-1),
                     ids: column(party, &row, 1)?.unwrap_or_default(),
                     subjects: column(party, &row, 2)?.unwrap_or_default(),
                     digest: column(party, &row, 3)?.unwrap_or_default(),
-                },
+                }),
                 column::<bool>(party, &row, 4)?.unwrap_or(false),
             ))
         };
@@ -619,8 +651,8 @@ impl FaceSession<'_> {
         let [c0, c1, dealer] = three;
         let [p0, p1] = EVALUATORS;
         let (a, b, generation) = futures::join!(
-            self.open_stocked_at(p0, c0, &stock.id),
-            self.open_stocked_at(p1, c1, &stock.id),
+            self.open_stocked_at(p0, c0, stock),
+            self.open_stocked_at(p1, c1, stock),
             dealer_generation(dealer, self.timeout)
         );
         // Refused while templates are not opened yet (40001 before anything is recorded): open
@@ -629,12 +661,12 @@ impl FaceSession<'_> {
         let (a, b) = if pending(&a) || pending(&b) {
             open_pending(three, self.timeout).await?;
             let a = if pending(&a) {
-                self.open_stocked_at(p0, c0, &stock.id).await
+                self.open_stocked_at(p0, c0, stock).await
             } else {
                 a
             };
             let b = if pending(&b) {
-                self.open_stocked_at(p1, c1, &stock.id).await
+                self.open_stocked_at(p1, c1, stock).await
             } else {
                 b
             };

@@ -313,19 +313,21 @@ async fn identify(
     let plan = request.plan().map_err(bad_request)?;
     let stocked = stock.take(state.options.search_timeout).await;
     let outcome = compare(&state, &known, stocked, plan, "identification").await?;
-    stock.spawn_refill(
-        Arc::clone(&state.parties),
-        outcome.ids.clone(),
-        state.options.search_timeout,
-    );
     let mut matches = outcome.matched();
     matches.sort();
+    let stats = outcome.stats;
+    stock.spawn_refill(
+        Arc::clone(&state.parties),
+        outcome.ids,
+        outcome.subjects,
+        state.options.search_timeout,
+    );
     Ok(Json(FaceIdentifyResponse {
         matches,
-        comparisons: outcome.stats.comparisons,
-        bytes_sent: outcome.stats.bytes_sent,
-        key_bytes: outcome.stats.key_bytes,
-        stocked: outcome.stats.stocked,
+        comparisons: stats.comparisons,
+        bytes_sent: stats.bytes_sent,
+        key_bytes: stats.key_bytes,
+        stocked: stats.stocked,
     }))
 }
 

@@ -19,7 +19,9 @@
 //!
 //! Consistency: before every open the worker runs [`FaceService::refresh`] on its main
 //! thread: it drops templates whose rows are gone (deleted enrolments) and loads the opened
-//! ones it lacks. A running session keeps the bundle ids it compares; if the set changed
+//! ones it lacks — unless the set version (`privmatch.face_set_version`, bumped by triggers in
+//! every transaction that changes the template tables; docs/protocols/face.md §13.8) is the
+//! one its last complete pass saw. A running session keeps the bundle ids it compares; if the set changed
 //! since its open, round 2 finds them again by id, and fails if one was deleted.
 //!
 //! Messages between the backend and this service travel in [`Request::Face`] /
@@ -134,6 +136,9 @@ pub struct OpenRequest {
     pub wanted: Option<Vec<BundleId>>,
     /// A stocked dealing to claim for the session if it was dealt for the compared list.
     pub stock: Option<[u8; 16]>,
+    /// The digest of a list the caller knows already: when the compared list has it, the
+    /// answer omits the ids and subjects.
+    pub known: Option<[u8; 32]>,
 }
 
 /// The request of an open.
@@ -149,11 +154,17 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
     } else {
         list.push(0);
     }
-    if let Some(stock) = &req.stock {
-        list.push(1);
-        list.extend_from_slice(stock);
-    } else {
-        list.push(0);
+    for optional in [
+        req.stock.as_ref().map(|s| &s[..]),
+        req.known.as_ref().map(|k| &k[..]),
+    ] {
+        match optional {
+            Some(bytes) => {
+                list.push(1);
+                list.extend_from_slice(bytes);
+            }
+            None => list.push(0),
+        }
     }
     Request::Face {
         op: op::OPEN,
@@ -176,20 +187,28 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         0 => None,
         _ => Some(p.array()?),
     };
+    let known = match p.take(1)?[0] {
+        0 => None,
+        _ => Some(p.array()?),
+    };
     p.end()?;
     Ok(OpenRequest {
         session,
         probe: EmbeddingShare { elements, norm },
         wanted,
         stock,
+        known,
     })
 }
 
-/// What an open answers: the compared list, its subjects and its digest.
+/// What an open answers: the number of comparisons, the compared list, its subjects and its
+/// digest.
 pub struct Opened {
-    /// Bundle ids compared, in order.
+    /// Templates compared.
+    pub comparisons: u32,
+    /// Bundle ids compared, in order (empty when the caller knew the list: [`OpenRequest::known`]).
     pub ids: Vec<BundleId>,
-    /// Their subjects, in the same order.
+    /// Their subjects, in the same order (empty with `ids`).
     pub subjects: Vec<String>,
     /// [`template_digest`] of `ids`.
     pub digest: [u8; 32],
@@ -201,6 +220,7 @@ fn encode_opened(opened: &Opened) -> Vec<u8> {
     let mut out = Vec::with_capacity(41 + opened.ids.len() * 40);
     out.extend_from_slice(&opened.digest);
     out.push(u8::from(opened.claimed));
+    out.extend_from_slice(&opened.comparisons.to_le_bytes());
     put_ids(&mut out, &opened.ids);
     for s in &opened.subjects {
         out.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -214,7 +234,11 @@ pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
     let mut c = Cursor(body);
     let digest = c.array()?;
     let claimed = c.take(1)?[0] != 0;
+    let comparisons = c.u32()?;
     let ids = c.ids()?;
+    if !ids.is_empty() && ids.len() != comparisons as usize {
+        return Err(malformed());
+    }
     let mut subjects = Vec::with_capacity(ids.len());
     for _ in 0..ids.len() {
         let n = c.u32()? as usize;
@@ -223,6 +247,7 @@ pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
     }
     c.end()?;
     Ok(Opened {
+        comparisons,
         ids,
         subjects,
         digest,
@@ -305,6 +330,25 @@ fn masked_table_exists() -> Result<bool, EngineError> {
     Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_masked_templates') IS NOT NULL")
         .map_err(spi_error)
         .map(|v| v.unwrap_or(false))
+}
+
+/// The set version (docs/protocols/face.md §13.8): the epoch and the count of changing
+/// statements, as this transaction's snapshot sees them; `None` before the extension's
+/// catalog has the table (an update pending).
+fn set_version() -> Result<Option<SetVersion>, EngineError> {
+    let exists =
+        Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_set_version') IS NOT NULL")
+            .map_err(spi_error)?
+            .unwrap_or(false);
+    if !exists {
+        return Ok(None);
+    }
+    let (epoch, version) =
+        Spi::get_two::<String, i64>("SELECT epoch::text, version FROM privmatch.face_set_version")
+            .map_err(spi_error)?;
+    Ok(epoch
+        .zip(version)
+        .map(|(epoch, version)| SetVersion { epoch, version }))
 }
 
 /// The opened templates whose enrolment is still there: all of them, or those of `only`.
@@ -475,10 +519,20 @@ struct Stocked {
     bytes: usize,
 }
 
+/// A version of the evaluator's template set (`privmatch.face_set_version`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SetVersion {
+    epoch: String,
+    version: i64,
+}
+
 /// The face service of the engine (module docs). Cloning shares it.
 #[derive(Clone)]
 pub struct FaceService {
     store: Arc<RwLock<Option<Store>>>,
+    /// The set version the last complete refresh saw (read before its pass over the set):
+    /// while the tables show it still, nothing changed and the held set is current.
+    refreshed_at: Arc<Mutex<Option<SetVersion>>>,
     sessions: Arc<Mutex<HashMap<[u8; 16], Session>>>,
     /// Stocked dealings, oldest first.
     stock: Arc<Mutex<Vec<Stocked>>>,
@@ -516,6 +570,7 @@ impl FaceService {
     pub fn new(threads: usize, timeout: Duration) -> Self {
         FaceService {
             store: Arc::new(RwLock::new(None)),
+            refreshed_at: Arc::new(Mutex::new(None)),
             sessions: Arc::new(Mutex::new(HashMap::new())),
             stock: Arc::new(Mutex::new(Vec::new())),
             threads: threads.max(1),
@@ -652,9 +707,28 @@ impl FaceService {
     /// Brings the held templates up to date with the tables (module docs), and refuses
     /// (Retry, 40001) while an enrolled template is not opened yet: an identification compares
     /// every enrolled template, so the coordinator opens the pending ones and asks again
-    /// (instead of asking whether any is pending before every identification). Runs inside
-    /// the caller's transaction, on the worker's main thread. `me` must be P0 or P1.
+    /// (instead of asking whether any is pending before every identification). When the set
+    /// version is the one the last complete refresh saw, nothing changed since and nothing is
+    /// read (docs/protocols/face.md §13.8). Runs inside the caller's transaction, on the
+    /// worker's main thread. `me` must be P0 or P1.
     pub fn refresh(&self, me: PartyIndex) -> Result<(), EngineError> {
+        let version = set_version()?;
+        let mut refreshed_at = self
+            .refreshed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if version.is_some() && *refreshed_at == version {
+            return Ok(());
+        }
+        // Read before the pass: a change committed during it moves the version again, so
+        // the next open passes over the set once more.
+        self.refresh_all(me)?;
+        *refreshed_at = version;
+        Ok(())
+    }
+
+    /// The pass of [`FaceService::refresh`] over every opened template.
+    fn refresh_all(&self, me: PartyIndex) -> Result<(), EngineError> {
         let b = evaluator(me).map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
         if !masked_table_exists()? {
             return Err(not_updated());
@@ -755,9 +829,15 @@ impl FaceService {
                 "a compared face template is not opened at this party yet (an enrolment is being committed or opened)",
             )
         };
-        let (ids, positions, subjects, generation) = match guard.as_ref() {
+        let (ids, positions, subjects, generation, digest) = match guard.as_ref() {
             None if req.wanted.as_ref().is_some_and(|w| !w.is_empty()) => return Err(not_opened()),
-            None => (Vec::new(), Vec::new(), Vec::new(), 0),
+            None => (
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                0,
+                template_digest(std::iter::empty()),
+            ),
             Some(store) => {
                 if store.set.dim() != req.probe.elements.len() {
                     return Err(EngineError::new(
@@ -769,23 +849,33 @@ impl FaceService {
                         ),
                     ));
                 }
-                let ids = req.wanted.unwrap_or_else(|| store.set.ids().to_vec());
-                let mut positions = Vec::with_capacity(ids.len());
-                for id in &ids {
-                    let Some(t) = store.set.position(id) else {
-                        return Err(not_opened());
-                    };
-                    positions.push(t);
-                }
-                let subjects = ids
-                    .iter()
-                    .map(|id| store.subjects.get(id).cloned().unwrap_or_default())
-                    .collect();
-                (ids, positions, subjects, store.generation)
+                let (ids, positions) = match req.wanted {
+                    Some(ids) => {
+                        let mut positions = Vec::with_capacity(ids.len());
+                        for id in &ids {
+                            let Some(t) = store.set.position(id) else {
+                                return Err(not_opened());
+                            };
+                            positions.push(t);
+                        }
+                        (ids, positions)
+                    }
+                    None => (store.set.ids().to_vec(), (0..store.set.len()).collect()),
+                };
+                // The subjects only when the caller does not know the list already.
+                let digest = template_digest(&ids);
+                let subjects = if req.known == Some(digest) {
+                    Vec::new()
+                } else {
+                    ids.iter()
+                        .map(|id| store.subjects.get(id).cloned().unwrap_or_default())
+                        .collect()
+                };
+                (ids, positions, subjects, store.generation, digest)
             }
         };
         drop(guard);
-        let digest = template_digest(&ids);
+        let listed = req.known != Some(digest);
         let stocked = req
             .stock
             .and_then(|stock| self.claim_stock(&stock, &digest, ids.len(), whole));
@@ -806,7 +896,12 @@ impl FaceService {
             touched: now,
         };
         let opened = Opened {
-            ids: session.ids.clone(),
+            comparisons: session.ids.len() as u32,
+            ids: if listed {
+                session.ids.clone()
+            } else {
+                Vec::new()
+            },
             subjects,
             digest,
             claimed,
@@ -1008,6 +1103,7 @@ mod tests {
             },
             wanted: Some(vec![[1; 16], [2; 16]]),
             stock: Some([8; 16]),
+            known: Some([9; 32]),
         };
         let Request::Face { op, head, payload } = encode_open(&req) else {
             panic!("not a face request");
@@ -1019,19 +1115,22 @@ mod tests {
         assert_eq!(back.probe.norm, 9);
         assert_eq!(back.wanted, req.wanted);
         assert_eq!(back.stock, req.stock);
+        assert_eq!(back.known, req.known);
         assert!(decode_open(&head, &payload[..payload.len() - 1]).is_err());
         let unstocked = OpenRequest {
             wanted: None,
             stock: None,
+            known: None,
             ..req
         };
         let Request::Face { head, payload, .. } = encode_open(&unstocked) else {
             panic!("not a face request");
         };
         let back = decode_open(&head, &payload).unwrap();
-        assert_eq!((back.wanted, back.stock), (None, None));
+        assert_eq!((back.wanted, back.stock, back.known), (None, None, None));
 
         let opened = Opened {
+            comparisons: 1,
             ids: vec![[3; 16]],
             subjects: vec!["ÅSA".into()],
             digest: [4; 32],
@@ -1039,9 +1138,37 @@ mod tests {
         };
         let back = decode_opened(&encode_opened(&opened)).unwrap();
         assert_eq!(
-            (back.ids, back.subjects, back.digest, back.claimed),
-            (opened.ids, opened.subjects, opened.digest, true)
+            (
+                back.comparisons,
+                back.ids,
+                back.subjects,
+                back.digest,
+                back.claimed
+            ),
+            (1, opened.ids, opened.subjects, opened.digest, true)
         );
+        // A known list: the count without the ids and subjects.
+        let unlisted = Opened {
+            comparisons: 5,
+            ids: Vec::new(),
+            subjects: Vec::new(),
+            digest: [4; 32],
+            claimed: false,
+        };
+        let back = decode_opened(&encode_opened(&unlisted)).unwrap();
+        assert_eq!(
+            (back.comparisons, back.ids.len(), back.subjects.len()),
+            (5, 0, 0)
+        );
+        // Ids that do not match the count are malformed.
+        let wrong = Opened {
+            comparisons: 2,
+            ids: vec![[3; 16]],
+            subjects: vec!["ÅSA".into()],
+            digest: [4; 32],
+            claimed: false,
+        };
+        assert!(decode_opened(&encode_opened(&wrong)).is_err());
 
         let chunks: [&[u8]; 2] = [b"abc", b"de"];
         let Request::Face { head, payload, .. } = encode_keys(&[5; 16], &chunks) else {

@@ -100,10 +100,10 @@ fn face_masked_open(
     ),
 > {
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
-    let opened = open_session(OPEN, session, probe, subject, expected, None);
+    let opened = open_session(OPEN, session, probe, subject, expected, None, None);
     let ids: Vec<u8> = opened.ids.concat();
     TableIterator::once((
-        opened.ids.len() as i32,
+        opened.comparisons as i32,
         ids,
         opened.subjects,
         opened.digest.to_vec(),
@@ -118,13 +118,16 @@ fn face_masked_open(
 /// ever: 23505 otherwise). Returns as `face_masked_open`, and `claimed`: whether the session
 /// has its keys (then `face_masked_keys` takes no chunks); if not, the coordinator deals for
 /// the session as usual. P0 and P1 may be called at once; the coordinator compares their
-/// lists and claims.
+/// lists and claims. `known_list`: the digest of the list the caller knows already (the one
+/// the stock was dealt for); when the compared list has it, `bundle_ids` and `subjects` are
+/// answered empty (nothing of O(N) crosses on the identification's path).
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_open_stocked(
     session: &[u8],
     probe: &[u8],
     stock: &[u8],
+    known_list: default!(Option<&[u8]>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -136,7 +139,19 @@ fn face_masked_open_stocked(
     ),
 > {
     let stock = parse_session_id(OPEN_STOCKED, "stock", stock);
-    let opened = open_session(OPEN_STOCKED, session, probe, None, None, Some(stock));
+    let known = known_list.map(|k| {
+        <[u8; 32]>::try_from(k).unwrap_or_else(|_| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!(
+                    "{OPEN_STOCKED}: known_list must be a 32-byte list digest, got {} bytes",
+                    k.len()
+                ),
+                None,
+            )
+        })
+    });
+    let opened = open_session(OPEN_STOCKED, session, probe, None, None, Some(stock), known);
     if opened.claimed {
         run(
             OPEN_STOCKED,
@@ -146,7 +161,7 @@ fn face_masked_open_stocked(
     }
     let ids: Vec<u8> = opened.ids.concat();
     TableIterator::once((
-        opened.ids.len() as i32,
+        opened.comparisons as i32,
         ids,
         opened.subjects,
         opened.digest.to_vec(),
@@ -230,6 +245,7 @@ fn open_session(
     subject: Option<&str>,
     expected: Option<Vec<[u8; BUNDLE_ID_LEN]>>,
     stock: Option<[u8; 16]>,
+    known: Option<[u8; 32]>,
 ) -> Opened {
     let (id, share) = fresh_session_probe(function, session, subject, probe);
     let dim = share.elements.len();
@@ -278,10 +294,11 @@ fn open_session(
         probe: share,
         wanted,
         stock,
+        known,
     });
     let opened = decode_opened(&engine_bytes(function, call(&request)))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
-    let finished = opened.ids.is_empty();
+    let finished = opened.comparisons == 0;
     run(
         function,
         "INSERT INTO privmatch.face_sessions \
