@@ -163,30 +163,35 @@ CREATE TABLE privmatch.face_stock_used (
 );
 REVOKE ALL ON privmatch.face_stock_used FROM PUBLIC;
 
--- The version of this evaluator's template set (P0 and P1; docs/protocols/face.md §13.8): one
--- row, bumped by every statement that enrols, opens or deletes a face template (the triggers
--- below, whoever runs the statement, the operator by hand included), in the same transaction
--- as the change. The engine reads it before an identification's open and re-reads the set
--- only when it moved since its last full refresh: a snapshot that sees the same (epoch,
--- version) sees no committed change since. The epoch is drawn when the row is made, so a
--- re-created extension never repeats an old (epoch, version). Not dumped: a restore makes a
+-- The version of this evaluator's template set (P0 and P1; docs/protocols/face.md §13.8): 128
+-- counters, one of which (the changing backend's, by process id) every statement that enrols,
+-- opens or deletes a face template bumps (the triggers below, whoever runs the statement, the
+-- operator by hand included), in the same transaction as the change and at most once per
+-- transaction. The engine reads all of them before an identification's open and re-reads the
+-- set only when one moved since its last full refresh: a snapshot that sees the same counters
+-- sees no committed change since. Several counters, so that concurrent enrolments (held until
+-- COMMIT PREPARED) rarely wait for each other's row. The epoch is drawn when the rows are
+-- made, so a re-created extension never repeats an old version. Not dumped: a restore makes a
 -- new epoch.
 CREATE TABLE privmatch.face_set_version (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    epoch     uuid    NOT NULL DEFAULT gen_random_uuid(),
-    version   bigint  NOT NULL DEFAULT 0
+    shard   integer PRIMARY KEY CHECK (shard BETWEEN 0 AND 127),
+    epoch   uuid    NOT NULL,
+    version bigint  NOT NULL DEFAULT 0
 );
-INSERT INTO privmatch.face_set_version DEFAULT VALUES;
+INSERT INTO privmatch.face_set_version (shard, epoch)
+    SELECT s, e.epoch FROM generate_series(0, 127) s, (SELECT gen_random_uuid() AS epoch) e;
 REVOKE ALL ON privmatch.face_set_version FROM PUBLIC;
 
--- Bumps the set version (a statement trigger; runs as the extension's owner, roles.sql), once
--- per transaction: a row version this transaction wrote already (its xmin is this transaction's
--- id) will commit with it. Statements in a subtransaction bump again (harmless).
+-- Bumps the set version (a statement trigger; runs as the extension's owner, roles.sql): the
+-- changing backend's counter, once per transaction (a row version this transaction wrote
+-- already, its xmin being this transaction's id, commits with it). Statements in a
+-- subtransaction bump again (harmless).
 CREATE FUNCTION privmatch.face_set_changed() RETURNS trigger
 LANGUAGE plpgsql AS $changed$
 BEGIN
     UPDATE privmatch.face_set_version SET version = version + 1
-     WHERE xmin::text::bigint <> pg_catalog.txid_current() % 4294967296;
+     WHERE shard = pg_catalog.pg_backend_pid() % 128
+       AND xmin::text::bigint <> pg_catalog.txid_current() % 4294967296;
     RETURN NULL;
 END
 $changed$;

@@ -332,9 +332,9 @@ fn masked_table_exists() -> Result<bool, EngineError> {
         .map(|v| v.unwrap_or(false))
 }
 
-/// The set version (docs/protocols/face.md §13.8): the epoch and the count of changing
-/// statements, as this transaction's snapshot sees them; `None` before the extension's
-/// catalog has the table (an update pending).
+/// The set version (docs/protocols/face.md §13.8): the epoch and every counter, as this
+/// transaction's snapshot sees them; `None` before the extension's catalog has the table (an
+/// update pending).
 fn set_version() -> Result<Option<SetVersion>, EngineError> {
     let exists =
         Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_set_version') IS NOT NULL")
@@ -343,12 +343,12 @@ fn set_version() -> Result<Option<SetVersion>, EngineError> {
     if !exists {
         return Ok(None);
     }
-    let (epoch, version) =
-        Spi::get_two::<String, i64>("SELECT epoch::text, version FROM privmatch.face_set_version")
-            .map_err(spi_error)?;
-    Ok(epoch
-        .zip(version)
-        .map(|(epoch, version)| SetVersion { epoch, version }))
+    Spi::get_one::<String>(
+        "SELECT string_agg(epoch::text || ':' || version, ',' ORDER BY shard) \
+           FROM privmatch.face_set_version",
+    )
+    .map_err(spi_error)
+    .map(|v| v.map(SetVersion))
 }
 
 /// The opened templates whose enrolment is still there: all of them, or those of `only`.
@@ -519,12 +519,10 @@ struct Stocked {
     bytes: usize,
 }
 
-/// A version of the evaluator's template set (`privmatch.face_set_version`).
+/// A version of the evaluator's template set: `privmatch.face_set_version`'s epoch and
+/// counters, as text.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct SetVersion {
-    epoch: String,
-    version: i64,
-}
+struct SetVersion(String);
 
 /// The face service of the engine (module docs). Cloning shares it.
 #[derive(Clone)]

@@ -2,6 +2,8 @@
 //! distributed transaction (prepared at every party, then committed), as for iris. Table
 //! `privmatch.face_templates`: `sql/face.sql`.
 
+use std::collections::HashSet;
+
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::face::encoding::evaluator;
@@ -17,6 +19,8 @@ use crate::errors::{raise, raise_spi};
 use crate::identity::load_identity;
 
 const ENROLL: &str = "face_enroll_sealed";
+/// Templates written per INSERT statement (4 parameters each, far below PostgreSQL's 65,535).
+const ROWS_PER_INSERT: usize = 1024;
 
 /// The dimension of the templates already enrolled here, if any.
 pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
@@ -73,7 +77,7 @@ fn face_enroll_sealed(
     let mut inserted_at = vec![false; bundles.len()];
     Spi::connect_mut(|client| {
         let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_spi(ENROLL, e));
-        for record in order {
+        for &record in &order {
             let bundle = &bundles[record];
             let fresh = guard
                 .consume(client, &bundle.bundle_id)
@@ -85,36 +89,59 @@ fn face_enroll_sealed(
                     None,
                 );
             }
-            let inserted = client
-                .update(
-                    "INSERT INTO privmatch.face_templates (subject, template, norm_share, bundle_id) \
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (subject) DO NOTHING RETURNING id",
-                    None,
-                    &[
-                        bundle.subject.clone().into(),
-                        share_datum(
-                            &encode_face_share(
-                                PartyIndex::ALL[usize::from(bundle.party)],
-                                &bundle.share.elements,
-                            ),
-                            share_oid,
-                        ),
-                        (bundle.share.norm as i32).into(),
-                        bundle.bundle_id.to_vec().into(),
-                    ],
-                )
+        }
+        // Many rows per statement: the set version's trigger fires once per statement
+        // (docs/protocols/face.md §13.8), and one statement is cheaper than many anyway.
+        for chunk in order.chunks(ROWS_PER_INSERT) {
+            let mut sql = String::from(
+                "INSERT INTO privmatch.face_templates (subject, template, norm_share, bundle_id) VALUES ",
+            );
+            let mut args = Vec::with_capacity(4 * chunk.len());
+            for (k, &record) in chunk.iter().enumerate() {
+                let bundle = &bundles[record];
+                let at = 4 * k;
+                let sep = if k == 0 { "" } else { ", " };
+                sql.push_str(&format!(
+                    "{sep}(${}, ${}, ${}, ${})",
+                    at + 1,
+                    at + 2,
+                    at + 3,
+                    at + 4
+                ));
+                args.push(bundle.subject.clone().into());
+                args.push(share_datum(
+                    &encode_face_share(
+                        PartyIndex::ALL[usize::from(bundle.party)],
+                        &bundle.share.elements,
+                    ),
+                    share_oid,
+                ));
+                args.push((bundle.share.norm as i32).into());
+                args.push(bundle.bundle_id.to_vec().into());
+            }
+            sql.push_str(" ON CONFLICT (subject) DO NOTHING RETURNING subject");
+            let mut inserted: HashSet<String> = client
+                .update(&sql, None, &args)
                 .unwrap_or_else(|e| raise_spi(ENROLL, e))
-                .len()
-                == 1;
-            if !inserted && on_duplicate == OnDuplicate::Error {
+                .filter_map(|row| row.get::<String>(1).ok().flatten())
+                .collect();
+            // A subject twice in one call: its first record (in call order) is the one stored.
+            for &record in chunk {
+                inserted_at[record] = inserted.remove(&bundles[record].subject);
+            }
+            pg_sys::check_for_interrupts!();
+        }
+        if on_duplicate == OnDuplicate::Error {
+            if let Some(&record) = order.iter().find(|&&r| !inserted_at[r]) {
                 raise(
                     PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
-                    format!("{ENROLL}: subject {:?} is already enrolled", bundle.subject),
+                    format!(
+                        "{ENROLL}: subject {:?} is already enrolled",
+                        bundles[record].subject
+                    ),
                     Some(DUPLICATE_HINT),
                 );
             }
-            inserted_at[record] = inserted;
-            pg_sys::check_for_interrupts!();
         }
     });
     let results: Vec<(String, bool)> = bundles
