@@ -7,6 +7,8 @@
 -- changed; face_masked_open_stocked takes a fourth argument, known_list (the digest of the
 -- list the coordinator knows already), and then answers no bundle ids and subjects. The
 -- trigger function face_set_changed runs as the owner and may be executed by no role.
+-- engine_status() gains the column resident_shared_bytes (PostgreSQL's shared buffers within
+-- the engine's resident memory).
 -- No row changes; running sessions survive the upgrade (the engine re-reads the set once).
 --
 -- Tested by tests/tests/upgrade.rs: an upgraded 0.9.0 party has the catalog of a fresh 0.10.0
@@ -79,6 +81,27 @@ CREATE  FUNCTION "face_masked_open_stocked"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'face_masked_open_stocked_wrapper';
+
+-- ---------------------------------------------------------------------------------------------
+-- engine_status gains the column resident_shared_bytes (extension/src/engine/client.rs).
+-- ---------------------------------------------------------------------------------------------
+DROP FUNCTION privmatch.engine_status();
+
+-- extension/src/engine/client.rs
+-- privmatch::engine::client::engine_status
+CREATE  FUNCTION "engine_status"() RETURNS TABLE (
+	"state" TEXT,  /* String */
+	"templates" bigint,  /* i64 */
+	"share_bytes" bigint,  /* i64 */
+	"resident_bytes" bigint,  /* i64 */
+	"sessions" INT,  /* i32 */
+	"kernel" TEXT,  /* String */
+	"threads" INT,  /* i32 */
+	"resident_shared_bytes" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'engine_status_wrapper';
 
 -- ---------------------------------------------------------------------------------------------
 -- Who may call what (sql/roles.sql of 0.10.0, frozen): the list gains face_set_changed (no

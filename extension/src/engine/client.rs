@@ -166,8 +166,11 @@ fn hint(kind: ErrorKind) -> Option<&'static str> {
 /// The engine's state: `ready` (or why not), templates in memory, bytes of shares, resident
 /// memory of the engine process, running searches, the scan backend (`kernel`: the GPUs or the
 /// CPU kernel, and in parentheses why the CPU scans when `privmatch.gpu` allowed or required a
-/// GPU) and its parallelism (`threads`: CPU threads, or GPUs). Reports `not running` instead
+/// GPU), its parallelism (`threads`: CPU threads, or GPUs) and, of the resident memory, the
+/// pages of PostgreSQL's shared buffers mapped into the engine (`resident_shared_bytes`: the
+/// server's memory, touched when the engine reads the tables; not the engine's own). Reports `not running` instead
 /// of failing when the engine is down.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn engine_status() -> TableIterator<
     'static,
@@ -179,6 +182,7 @@ fn engine_status() -> TableIterator<
         name!(sessions, i32),
         name!(kernel, String),
         name!(threads, i32),
+        name!(resident_shared_bytes, i64),
     ),
 > {
     let status = match try_call(&Request::Status) {
@@ -196,5 +200,6 @@ fn engine_status() -> TableIterator<
         status.sessions as i32,
         status.kernel,
         status.threads as i32,
+        status.resident_shared_bytes as i64,
     ))
 }

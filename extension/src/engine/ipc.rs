@@ -134,6 +134,10 @@ pub struct EngineStatus {
     pub share_bytes: u64,
     /// Resident memory of the engine process.
     pub resident_bytes: u64,
+    /// Of `resident_bytes`, the pages of PostgreSQL's shared memory (its shared buffers,
+    /// touched when the engine reads the tables) mapped into the process: the server's, not
+    /// the engine's own allocation.
+    pub resident_shared_bytes: u64,
     /// Running searches.
     pub sessions: u32,
     /// The scan backend: a GPU description or the CPU kernel, followed by why the CPU scans
@@ -394,6 +398,7 @@ impl Response {
                     .u64(s.templates)
                     .u64(s.share_bytes)
                     .u64(s.resident_bytes)
+                    .u64(s.resident_shared_bytes)
                     .u32(s.sessions)
                     .bytes(s.kernel.as_bytes())
                     .u32(s.threads)
@@ -444,6 +449,7 @@ impl Response {
                 templates: r.u64()?,
                 share_bytes: r.u64()?,
                 resident_bytes: r.u64()?,
+                resident_shared_bytes: r.u64()?,
                 sessions: r.u32()?,
                 kernel: r.text()?,
                 threads: r.u32()?,

@@ -476,6 +476,7 @@ impl Engine {
             templates: self.iris.templates() as u64,
             share_bytes: self.iris.share_bytes() as u64,
             resident_bytes: resident_bytes(),
+            resident_shared_bytes: resident_shared_bytes(),
             sessions: self.iris.service.active() as u32,
             kernel: self.scan.describe(),
             threads: self.iris.service.backend().parallelism() as u32,
@@ -489,6 +490,19 @@ fn resident_bytes() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * 4096)
+}
+
+/// Of the resident set, the pages of shared memory (`RssShmem` in /proc; 0 where
+/// unavailable): PostgreSQL's shared buffers the engine touched.
+fn resident_shared_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssShmem:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// Reads one request from `stream` and answers it: status and abort here, a start (after

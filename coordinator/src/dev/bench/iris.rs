@@ -8,7 +8,8 @@
 //!   bandwidth of this machine (summing a large u64 buffer);
 //! * a plaintext matcher: the fractional Hamming distance minimum over the same rotations on
 //!   the same plaintext templates, one thread;
-//! * the engines' own status: templates, share bytes and resident bytes per party.
+//! * the engines' own status: templates, share bytes and resident bytes per party, and of the
+//!   resident bytes the pages of PostgreSQL's shared buffers (the engine's own memory is the rest).
 //!
 //! The result is checked against the plaintext matcher (the same subjects must match) and the
 //! near-duplicate's subject must be found with 31 rotations.
@@ -335,7 +336,8 @@ async fn engine_status_lines(parties: &Parties) -> Vec<String> {
             let client = party.connect().await.map_err(|e| e.to_string())?;
             let row = client
                 .query_one(
-                    "SELECT state, templates, share_bytes, resident_bytes, sessions, kernel, threads \
+                    "SELECT state, templates, share_bytes, resident_bytes, sessions, kernel, threads, \
+                            resident_shared_bytes \
                      FROM privmatch.engine_status()",
                     &[],
                 )
@@ -349,14 +351,23 @@ async fn engine_status_lines(parties: &Parties) -> Vec<String> {
             let sessions: Option<i32> = row.try_get(4).map_err(|e| e.to_string())?;
             let kernel: Option<String> = row.try_get(5).map_err(|e| e.to_string())?;
             let threads: Option<i32> = row.try_get(6).map_err(|e| e.to_string())?;
-            let (share, resident) = (share.unwrap_or(0), resident.unwrap_or(0));
+            let shared: Option<i64> = row.try_get(7).map_err(|e| e.to_string())?;
+            let (share, resident, shared) =
+                (share.unwrap_or(0), resident.unwrap_or(0), shared.unwrap_or(0));
+            let own = resident.saturating_sub(shared);
+            let per_share = |bytes: i64| bytes as f64 / (share as f64).max(1.0);
             Ok::<_, String>(format!(
-                "state {}, {} templates, share {:.1} MB, resident {:.1} MB ({:.3} x share), {} session(s), kernel {}, {} thread(s)",
+                "state {}, {} templates, share {:.1} MB, resident {:.1} MB ({:.3} x share; \
+                 of it PostgreSQL's shared buffers {:.1} MB, the engine's own {:.1} MB = {:.3} x share), \
+                 {} session(s), kernel {}, {} thread(s)",
                 state.unwrap_or_default(),
                 templates.unwrap_or(0),
                 share as f64 / 1e6,
                 resident as f64 / 1e6,
-                resident as f64 / (share as f64).max(1.0),
+                per_share(resident),
+                shared as f64 / 1e6,
+                own as f64 / 1e6,
+                per_share(own),
                 sessions.unwrap_or(0),
                 kernel.unwrap_or_default(),
                 threads.unwrap_or(0)
