@@ -185,7 +185,8 @@ REVOKE ALL ON privmatch.face_set_version FROM PUBLIC;
 -- Bumps the set version (a statement trigger; runs as the extension's owner, roles.sql): the
 -- changing backend's counter, once per transaction (a row version this transaction wrote
 -- already, its xmin being this transaction's id, commits with it). Statements in a
--- subtransaction bump again (harmless).
+-- subtransaction bump again (harmless). Before the statement: the counter's row is locked
+-- before the statement takes any row lock of its own (docs/protocols/face.md §13.8).
 CREATE FUNCTION privmatch.face_set_changed() RETURNS trigger
 LANGUAGE plpgsql AS $changed$
 BEGIN
@@ -196,10 +197,10 @@ BEGIN
 END
 $changed$;
 CREATE TRIGGER face_templates_set_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_templates
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_templates
     FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
 CREATE TRIGGER face_masked_templates_set_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_masked_templates
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_masked_templates
     FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
 
 -- The pool level as this party sees it.

@@ -428,6 +428,9 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
     let [c0, c1, c2] = clients;
     let [p0, p1, p2] = PartyIndex::ALL;
     let mut opened = 0usize;
+    // A batch that stored nothing: fine once (another session opened it meanwhile), an error
+    // when the evaluators list it as pending again (nothing would ever change).
+    let mut stored_none: Option<Vec<Vec<u8>>> = None;
     loop {
         let pending = "SELECT privmatch.face_masked_pending($1)";
         let (a, b) = futures::join!(
@@ -441,6 +444,12 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
         ids.truncate(OPENING_BATCH as usize);
         if ids.is_empty() {
             return Ok(opened);
+        }
+        if stored_none.as_ref() == Some(&ids) {
+            return Err(FaceSessionError::Protocol(format!(
+                "opening {} pending face templates stored none at either evaluator",
+                ids.len()
+            )));
         }
         let seeds_sql = "SELECT privmatch.face_dealer_template_seeds($1, $2)";
         let s0 = value::<Vec<u8>>(p2, c2, timeout, seeds_sql, &[&0i32, &ids]).await?;
@@ -461,11 +470,10 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
         );
         let (n0, n1) = (n0?.unwrap_or(0), n1?.unwrap_or(0));
         if n0 == 0 && n1 == 0 {
-            return Err(FaceSessionError::Protocol(format!(
-                "opening {} pending face templates stored none at either evaluator",
-                ids.len()
-            )));
+            stored_none = Some(ids);
+            continue;
         }
+        stored_none = None;
         opened += ids.len();
     }
 }

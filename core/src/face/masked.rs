@@ -362,13 +362,68 @@ impl MaskedTemplateSet {
         self.seeds.truncate(kept);
         self.norms.truncate(kept);
         self.ids.truncate(kept);
+        self.reindex();
+        dropped
+    }
+
+    /// Rebuilds the id → position map after the order changed.
+    fn reindex(&mut self) {
         self.known = self
             .ids
             .iter()
             .enumerate()
             .map(|(k, id)| (*id, k))
             .collect();
-        dropped
+    }
+
+    /// Whether the templates are held in ascending bundle-id order.
+    pub fn is_sorted_by_id(&self) -> bool {
+        self.ids.windows(2).all(|w| w[0] < w[1])
+    }
+
+    /// Puts the templates in ascending bundle-id order, in place (each row moved once along
+    /// the cycles of the permutation; one row of scratch). Two evaluators holding the same
+    /// templates then hold the same ordered list, whatever order they loaded them in, so an
+    /// identification over the whole set compares the same list at both (the order is what
+    /// its keys and digest are bound to). Returns whether anything moved.
+    pub fn sort_by_id(&mut self) -> bool {
+        let n = self.ids.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by(|&a, &b| self.ids[a].cmp(&self.ids[b]));
+        if order.iter().enumerate().all(|(k, &from)| k == from) {
+            return false;
+        }
+        let l = self.dim;
+        let mut scratch = vec![0u32; l];
+        let mut placed = vec![false; n];
+        for start in 0..n {
+            if placed[start] {
+                continue;
+            }
+            // The cycle through `start`: position k receives the template at order[k].
+            scratch.copy_from_slice(&self.rows[start * l..(start + 1) * l]);
+            let (seed, norm, id) = (self.seeds[start], self.norms[start], self.ids[start]);
+            let mut k = start;
+            loop {
+                placed[k] = true;
+                let from = order[k];
+                if from == start {
+                    self.rows[k * l..(k + 1) * l].copy_from_slice(&scratch);
+                    self.seeds[k] = seed;
+                    self.norms[k] = norm;
+                    self.ids[k] = id;
+                    break;
+                }
+                self.rows.copy_within(from * l..(from + 1) * l, k * l);
+                self.seeds[k] = self.seeds[from];
+                self.norms[k] = self.norms[from];
+                self.ids[k] = self.ids[from];
+                k = from;
+            }
+        }
+        scratch.zeroize();
+        self.reindex();
+        true
     }
 
     /// Where the template with bundle id `id` is held, if it is.
@@ -1007,7 +1062,8 @@ mod tests {
     use crate::face::encoding::test_support::{embedding, property_case};
     use crate::face::quantize::{plaintext_match, squared_distance, Quantizer};
     use proptest::prelude::{any, prop, proptest, ProptestConfig};
-    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
     fn id(rng: &mut ChaCha20Rng) -> [u8; BUNDLE_ID_LEN] {
@@ -1251,6 +1307,48 @@ mod tests {
             first[0],
             deal_identification(&params, &other, &ids, &mut other_rng).unwrap()[0]
         );
+    }
+
+    #[test]
+    fn sorting_by_id_gives_one_order_for_any_load_order_and_keeps_each_template() {
+        let mut rng = ChaCha20Rng::seed_from_u64(91);
+        let l = crate::face::quantize::MIN_DIM;
+        // (bundle id, opened row, seed, norm) per template.
+        type Held = ([u8; BUNDLE_ID_LEN], Vec<u32>, [u8; 16], u32);
+        let templates: Vec<Held> = (0..50)
+            .map(|_| {
+                let row: Vec<u32> = (0..l).map(|_| rng.gen()).collect();
+                let mut seed = [0u8; 16];
+                rng.fill_bytes(&mut seed);
+                (id(&mut rng), row, seed, rng.gen())
+            })
+            .collect();
+        let load = |order: &[usize]| {
+            let mut set = MaskedTemplateSet::new(0, l).unwrap();
+            for &i in order {
+                let (id, row, seed, norm) = &templates[i];
+                set.push_opened(*id, row, seed, *norm).unwrap();
+            }
+            set
+        };
+        let forward: Vec<usize> = (0..templates.len()).collect();
+        let mut shuffled = forward.clone();
+        shuffled.shuffle(&mut rng);
+        let (mut a, mut b) = (load(&forward), load(&shuffled));
+        assert_ne!(a.ids(), b.ids());
+        assert!(a.sort_by_id() && b.sort_by_id());
+        assert!(a.is_sorted_by_id() && !a.sort_by_id(), "sorted once");
+        assert_eq!(a.ids(), b.ids());
+        assert_eq!(a.digest(), b.digest());
+        assert_eq!(
+            (a.rows.clone(), a.seeds.clone(), a.norms.clone()),
+            (b.rows.clone(), b.seeds.clone(), b.norms.clone())
+        );
+        for (id, row, seed, norm) in &templates {
+            let t = a.position(id).unwrap();
+            assert_eq!(&a.rows[t * l..(t + 1) * l], row.as_slice());
+            assert_eq!((&a.seeds[t], a.norms[t]), (seed, *norm));
+        }
     }
 
     #[test]

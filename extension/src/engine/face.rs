@@ -750,7 +750,10 @@ impl FaceService {
         {
             let guard = self.store.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(store) = guard.as_ref() {
-                if store.set.len() == current.len() && ids.iter().all(|id| store.set.contains(id)) {
+                if store.set.len() == current.len()
+                    && ids.iter().all(|id| store.set.contains(id))
+                    && store.set.is_sorted_by_id()
+                {
                     return Ok(());
                 }
             }
@@ -771,7 +774,16 @@ impl FaceService {
                 .collect(),
             None => ids,
         };
-        load_into(&mut guard, b, &missing)
+        load_into(&mut guard, b, &missing)?;
+        // One order at both evaluators, whatever order each loaded its templates in (the
+        // tables' row order differs between parties): an identification over the whole set
+        // then compares the same list at P0 and P1.
+        if let Some(store) = guard.as_mut() {
+            if store.set.sort_by_id() {
+                store.generation += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Runs one face request (on a request thread; calls nothing of Postgres).
