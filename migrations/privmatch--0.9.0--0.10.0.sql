@@ -1,11 +1,11 @@
 -- privmatch 0.9.0 -> 0.10.0 (ALTER EXTENSION privmatch UPDATE TO '0.10.0').
 --
 -- What 0.10.0 adds (docs/protocols/face.md §13.8): cheaper opens of a face 1:N
--- identification. At P0 and P1 the table face_set_version (one row: an epoch and a version
--- bumped by statement triggers on face_templates and face_masked_templates; readable by no
--- role, not dumped) lets the engine skip its pass over every opened template when nothing
--- changed; face_masked_open_stocked takes a fourth argument, known_list (the digest of the
--- list the coordinator knows already), and then answers no bundle ids and subjects. The
+-- identification. At P0 and P1 the table face_set_version (128 counters and an epoch, bumped
+-- by statement triggers on face_templates and face_masked_templates; readable by no role, not
+-- dumped) lets the engine skip its pass over every opened template when nothing changed;
+-- face_masked_open_stocked gains an overload with a fourth argument, known_list (the digest of
+-- the list the coordinator knows already), which then answers no bundle ids and subjects. The
 -- trigger function face_set_changed runs as the owner and may be executed by no role.
 -- engine_status() gains the column resident_shared_bytes (PostgreSQL's shared buffers within
 -- the engine's resident memory).
@@ -61,9 +61,9 @@ CREATE TRIGGER face_masked_templates_set_changed
     FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
 
 -- ---------------------------------------------------------------------------------------------
--- face_masked_open_stocked with known_list (extension/src/face/masked.rs, as pgrx generates it).
+-- face_masked_open_stocked with known_list: an overload of the three-argument form, which
+-- stays as it was (extension/src/face/masked.rs, as pgrx generates it).
 -- ---------------------------------------------------------------------------------------------
-DROP FUNCTION privmatch.face_masked_open_stocked(bytea, bytea, bytea);
 
 -- extension/src/face/masked.rs
 -- privmatch::face::masked::face_masked_open_stocked
@@ -71,7 +71,7 @@ CREATE  FUNCTION "face_masked_open_stocked"(
 	"session" bytea, /* & [u8] */
 	"probe" bytea, /* & [u8] */
 	"stock" bytea, /* & [u8] */
-	"known_list" bytea DEFAULT NULL /* Option < & [u8] > */
+	"known_list" bytea /* & [u8] */
 ) RETURNS TABLE (
 	"comparisons" INT,  /* i32 */
 	"bundle_ids" bytea,  /* Vec < u8 > */
@@ -79,9 +79,9 @@ CREATE  FUNCTION "face_masked_open_stocked"(
 	"digest" bytea,  /* Vec < u8 > */
 	"claimed" bool  /* bool */
 )
-VOLATILE PARALLEL UNSAFE
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'face_masked_open_stocked_wrapper';
+AS 'MODULE_PATHNAME', 'face_masked_open_stocked_known_wrapper';
 
 -- ---------------------------------------------------------------------------------------------
 -- engine_status gains the column resident_shared_bytes (extension/src/engine/client.rs).

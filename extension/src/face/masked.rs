@@ -118,16 +118,13 @@ fn face_masked_open(
 /// ever: 23505 otherwise). Returns as `face_masked_open`, and `claimed`: whether the session
 /// has its keys (then `face_masked_keys` takes no chunks); if not, the coordinator deals for
 /// the session as usual. P0 and P1 may be called at once; the coordinator compares their
-/// lists and claims. `known_list`: the digest of the list the caller knows already (the one
-/// the stock was dealt for); when the compared list has it, `bundle_ids` and `subjects` are
-/// answered empty (nothing of O(N) crosses on the identification's path).
+/// lists and claims. STRICT, like the overload with `known_list`.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_open_stocked(
     session: &[u8],
     probe: &[u8],
     stock: &[u8],
-    known_list: default!(Option<&[u8]>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -138,19 +135,55 @@ fn face_masked_open_stocked(
         name!(claimed, bool),
     ),
 > {
-    let stock = parse_session_id(OPEN_STOCKED, "stock", stock);
-    let known = known_list.map(|k| {
-        <[u8; 32]>::try_from(k).unwrap_or_else(|_| {
-            raise(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!(
-                    "{OPEN_STOCKED}: known_list must be a 32-byte list digest, got {} bytes",
-                    k.len()
-                ),
-                None,
-            )
-        })
+    TableIterator::once(open_stocked(session, probe, stock, None))
+}
+
+/// `face_masked_open_stocked` with `known_list` (an overload, STRICT): the digest of the list
+/// the caller knows already (the one the stock was dealt for; docs/protocols/face.md §13.8).
+/// When the compared list has it, `bundle_ids` and `subjects` are answered empty (nothing of
+/// O(N) crosses on the identification's path); another list is answered in full. Errors as
+/// the three-argument form, and 22023 when `known_list` is not 32 bytes.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe, name = "face_masked_open_stocked")]
+fn face_masked_open_stocked_known(
+    session: &[u8],
+    probe: &[u8],
+    stock: &[u8],
+    known_list: &[u8],
+) -> TableIterator<
+    'static,
+    (
+        name!(comparisons, i32),
+        name!(bundle_ids, Vec<u8>),
+        name!(subjects, Vec<String>),
+        name!(digest, Vec<u8>),
+        name!(claimed, bool),
+    ),
+> {
+    let known = <[u8; 32]>::try_from(known_list).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{OPEN_STOCKED}: known_list must be a 32-byte list digest, got {} bytes",
+                known_list.len()
+            ),
+            None,
+        )
     });
+    TableIterator::once(open_stocked(session, probe, stock, Some(known)))
+}
+
+/// One row of `face_masked_open_stocked`: comparisons, bundle ids, subjects, digest, claimed.
+type OpenedStocked = (i32, Vec<u8>, Vec<String>, Vec<u8>, bool);
+
+/// The body of both `face_masked_open_stocked` forms.
+fn open_stocked(
+    session: &[u8],
+    probe: &[u8],
+    stock: &[u8],
+    known: Option<[u8; 32]>,
+) -> OpenedStocked {
+    let stock = parse_session_id(OPEN_STOCKED, "stock", stock);
     let opened = open_session(OPEN_STOCKED, session, probe, None, None, Some(stock), known);
     if opened.claimed {
         run(
@@ -159,14 +192,13 @@ fn face_masked_open_stocked(
             &[stock.to_vec().into(), session.into()],
         );
     }
-    let ids: Vec<u8> = opened.ids.concat();
-    TableIterator::once((
+    (
         opened.comparisons as i32,
-        ids,
+        opened.ids.concat(),
         opened.subjects,
         opened.digest.to_vec(),
         opened.claimed,
-    ))
+    )
 }
 
 /// Keeps P2's dealing sealed under stock id `stock` (`chunks`: this party's envelopes of
