@@ -56,6 +56,9 @@ pub mod codes {
     /// Paillier: the session is not at the step the call belongs to (a reply of another
     /// round, or one already given).
     pub const WRONG_STEP: &str = "wrong_step";
+    /// Paillier: a mailbox poll or reply not signed by the device's enrolled key, or a poll
+    /// whose time is too far from the coordinator's clock (403).
+    pub const DEVICE_SIGNATURE: &str = "device_signature";
 
     /// The codes of transient failures: a new session (freshly sealed probes) may succeed.
     pub const TRANSIENT: [&str; 3] = [SETS_DIFFER, KEY_CONFLICT, TOO_BUSY];

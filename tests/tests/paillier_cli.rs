@@ -18,8 +18,9 @@ use std::time::Duration;
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
 use privmatch_coordinator::paillier::api::{Reply, SessionState, SessionView};
-use privmatch_coordinator::paillier::client::{unix_now, PaillierClient, Responder};
+use privmatch_coordinator::paillier::client::{unix_now, unix_now_ms, PaillierClient, Responder};
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
+use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::malicious::Pi2Round3;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
@@ -513,6 +514,9 @@ fn tampering_is_refused(
     let mut sealed = input.seal(PartyIndex::ALL[0], &keys[0], rng).expect("seal");
     let last = sealed.len() - 1;
     sealed[last] ^= 1;
+    let signer_of =
+        |dev: &Device| DeviceSigner::new(&load_key(&dev.key).expect("key")).expect("signer");
+    let (mine, theirs) = (signer_of(d), signer_of(&devices[3]));
     cluster.block_on(async {
         let mut client = PaillierClient::new(config).expect("client");
         // A sealed input tampered on the way: the SP refuses it (08P01 → 422), nothing waits
@@ -527,7 +531,7 @@ fn tampering_is_refused(
             }
             other => panic!("a tampered terminal input was accepted: {other:?}"),
         }
-        let queued = client.mailbox(&d.id, 0, 16).await.expect("mailbox");
+        let queued = client.mailbox(&d.id, &mine, 0, 16).await.expect("mailbox");
         assert!(queued.is_empty(), "{queued:?}");
         // A device message tampered on the way: the coordinator refuses it and the session
         // fails; a message for another device's session or of another round is refused.
@@ -535,12 +539,48 @@ fn tampering_is_refused(
             .open(&d.id, Protocol::Pi1, w.clone(), theta)
             .await
             .expect("open");
-        let taken = client.mailbox(&d.id, 5_000, 1).await.expect("mailbox");
+        // Another device (a valid credential of scope `device`, its own enrolled key) can
+        // neither take this device's Round 2 nor answer in its place.
+        fn refused_signature<T: std::fmt::Debug>(what: &str, result: Result<T, CallError>) {
+            match result {
+                Err(CallError::Api { status, body }) => {
+                    assert_eq!(status, 403, "{what}: {}", body.error);
+                    assert_eq!(body.code.as_deref(), Some("device_signature"), "{what}");
+                }
+                other => panic!("{what} was accepted: {other:?}"),
+            }
+        }
+        refused_signature(
+            "a poll of another device's mailbox",
+            client.mailbox(&d.id, &theirs, 0, 16).await,
+        );
+        let taken = client
+            .mailbox(&d.id, &mine, 5_000, 1)
+            .await
+            .expect("mailbox");
         assert_eq!(taken.len(), 1);
         let hex_session = taken[0].session.clone();
-        for (device, round) in [(devices[3].id.as_str(), 3u8), (d.id.as_str(), 5)] {
+        refused_signature(
+            "a reply signed by another device",
+            client
+                .reply(
+                    &d.id,
+                    &theirs,
+                    &hex_session,
+                    3,
+                    Reply::Message(vec![1, 19, 1]),
+                )
+                .await,
+        );
+        for (device, signer, round) in [(&devices[3].id, &theirs, 3u8), (&d.id, &mine, 5)] {
             match client
-                .reply(device, &hex_session, round, Reply::Message(vec![1, 19, 1]))
+                .reply(
+                    device,
+                    signer,
+                    &hex_session,
+                    round,
+                    Reply::Message(vec![1, 19, 1]),
+                )
                 .await
             {
                 Err(CallError::Api { status, .. }) => assert_eq!(status, 409),
@@ -548,7 +588,13 @@ fn tampering_is_refused(
             }
         }
         match client
-            .reply(&d.id, &hex_session, 3, Reply::Message(vec![1, 0x13, 7]))
+            .reply(
+                &d.id,
+                &mine,
+                &hex_session,
+                3,
+                Reply::Message(vec![1, 0x13, 7]),
+            )
             .await
         {
             Err(CallError::Api { status, .. }) => assert_eq!(status, 400),
@@ -560,7 +606,6 @@ fn tampering_is_refused(
             .expect("outcome");
         assert_eq!(view.state, SessionState::Failed, "{view:?}");
     });
-
     // A record tampered at rest (its expiry changed): the SP, the device and the terminal
     // refuse it.
     let d = &devices[4];
@@ -606,6 +651,125 @@ fn tampering_is_refused(
     ]);
     assert_eq!(respond.code, Some(1), "{respond}");
     respond.assert_stderr_contains(&["signature does not verify"]);
+    let d = &devices[2];
+    pi1_outcome_is_the_devices_signed_bit(cluster, config, d, &mine, w, theta);
+}
+
+/// Π1's bit comes from the device ([ABMR20] Fig. 3 Round 3): the terminal believes the
+/// coordinator's report only with the device's signature of that bit for that session; a
+/// flipped, unsigned, moved or stale-clocked report is refused, and so is a poll whose clock
+/// is far from the coordinator's.
+fn pi1_outcome_is_the_devices_signed_bit(
+    cluster: &Cluster,
+    config: &Config,
+    d: &Device,
+    signer: &DeviceSigner,
+    w: Vec<i32>,
+    theta: i64,
+) {
+    let secret = load_key(&d.key).expect("key");
+    let client = PaillierClient::new(config).expect("client");
+    let signed = load_record(
+        &record_path(&d.key, &d.id),
+        &d.id,
+        &secret,
+        client.service_key(),
+        unix_now(),
+    )
+    .expect("record");
+    let key = signed.record.public_key.clone();
+    let Responder::Pi1(device) = Responder::new(secret, &signed).expect("device") else {
+        panic!("a Π1 device");
+    };
+    // A poll stamped ten minutes off is refused even with the right key.
+    let stamp = unix_now_ms() - 600_000;
+    let stale = signer
+        .sign(&Statement::mailbox(&d.id, stamp))
+        .expect("sign");
+    let body = json!({
+        "device": d.id,
+        "wait_ms": 0,
+        "time_ms": stamp,
+        "signature": privmatch_coordinator::wire::to_base64(&stale),
+    });
+    let (status, answer) =
+        cluster.post_bytes("/v1/paillier/mailbox", body.to_string().into_bytes());
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("clock"),
+        "{answer}"
+    );
+    cluster.block_on(async {
+        let mut client = PaillierClient::new(config).expect("client");
+        let session = client
+            .open(&d.id, Protocol::Pi1, w, theta)
+            .await
+            .expect("open");
+        let taken = client
+            .mailbox(&d.id, signer, 5_000, 1)
+            .await
+            .expect("mailbox");
+        assert_eq!(taken.len(), 1);
+        let round2 =
+            privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
+        let (round3, outcome) = device.round3(&round2).expect("round 3");
+        client
+            .reply(&d.id, signer, &taken[0].session, 3, Reply::Message(round3))
+            .await
+            .expect("relayed");
+        let view = client
+            .outcome(&session, Duration::from_secs(5))
+            .await
+            .expect("outcome");
+        assert_eq!(
+            view.state,
+            SessionState::of_bit(outcome.matched),
+            "{view:?}"
+        );
+        client
+            .check_verdict(&session, &d.id, Protocol::Pi1, &key, &view)
+            .expect("the device's signed bit");
+        let flipped = SessionState::of_bit(!outcome.matched);
+        let lie = |edit: &dyn Fn(&mut SessionView)| {
+            let mut v = view.clone();
+            edit(&mut v);
+            v
+        };
+        let other_session = [0x5a; 16];
+        for (what, forged, device, session) in [
+            (
+                "flipped",
+                lie(&|v| v.state = flipped),
+                d.id.as_str(),
+                &session,
+            ),
+            (
+                "refused",
+                lie(&|v| v.state = SessionState::Refused),
+                d.id.as_str(),
+                &session,
+            ),
+            (
+                "unsigned",
+                lie(&|v| v.verdict = None),
+                d.id.as_str(),
+                &session,
+            ),
+            ("other device", view.clone(), "someone-else", &session),
+            ("other session", view.clone(), d.id.as_str(), &other_session),
+        ] {
+            let err = client
+                .check_verdict(session, device, Protocol::Pi1, &key, &forged)
+                .expect_err(what);
+            assert!(
+                format!("{err:#}").contains("not trusted"),
+                "{what}: {err:#}"
+            );
+        }
+    });
 }
 
 /// Π2 and Π3 through the CLI, and a device that cheats in Π2 (X + 1) refused: this needs
@@ -648,11 +812,16 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
     let signed =
         load_record(&record, &d.id, &secret, client.service_key(), unix_now()).expect("record");
     let p = signed.record.params.clone();
+    let key = signed.record.public_key.clone();
+    let signer = DeviceSigner::new(&secret).expect("signer");
     let Responder::Pi2(device) = Responder::new(secret, &signed).expect("device") else {
         panic!("a Π2 device");
     };
     cluster.block_on(async {
-        let taken = client.mailbox(&d.id, 20_000, 1).await.expect("mailbox");
+        let taken = client
+            .mailbox(&d.id, &signer, 20_000, 1)
+            .await
+            .expect("mailbox");
         assert_eq!(taken.len(), 1, "the terminal's session reached the mailbox");
         let round2 =
             privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
@@ -662,6 +831,7 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         let answer = client
             .reply(
                 &d.id,
+                &signer,
                 &taken[0].session,
                 3,
                 Reply::Message(cheat.to_bytes()),
@@ -679,7 +849,7 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
             .expect("outcome");
         assert_eq!(view.state, SessionState::Refused, "{view:?}");
         client
-            .check_verdict(&session, &d.id, Protocol::Pi2, &view)
+            .check_verdict(&session, &d.id, Protocol::Pi2, &key, &view)
             .expect("the SP's signed verdict");
         let lie = |edit: &dyn Fn(&mut SessionView)| {
             let mut v = view.clone();
@@ -714,7 +884,7 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
             ("other protocol", view.clone(), d.id.as_str(), Protocol::Pi3),
         ] {
             let err = client
-                .check_verdict(&session, device, protocol, &forged)
+                .check_verdict(&session, device, protocol, &key, &forged)
                 .expect_err(what);
             assert!(
                 format!("{err:#}").contains("not trusted"),

@@ -15,8 +15,8 @@
 //! | `POST /v1/paillier/delete` | delete | [`DeviceBody`] | [`DeleteResponse`] `{"device", "deleted"}` |
 //! | `POST /v1/paillier/verify` | search | [`VerifyBody`] `{"device", "protocol", "session", "terminal_input"}` | [`SessionView`] (state `waiting`) |
 //! | `POST /v1/paillier/outcome` | search | [`WaitBody`] `{"session", "wait_ms"}` | [`SessionView`] |
-//! | `POST /v1/paillier/mailbox` | device | [`MailboxBody`] `{"device", "wait_ms", "max"}` | [`MailboxResponse`] `{"messages": [DeviceMessage]}` |
-//! | `POST /v1/paillier/reply` | device | [`ReplyBody`] `{"device", "session", "round", "message" \| "error"}` | [`ReplyResponse`] `{"session", "next", "closed"}` |
+//! | `POST /v1/paillier/mailbox` | device | [`MailboxBody`] `{"device", "wait_ms", "max", "time_ms", "signature"}` | [`MailboxResponse`] `{"messages": [DeviceMessage]}` |
+//! | `POST /v1/paillier/reply` | device | [`ReplyBody`] `{"device", "session", "round", "message" \| "error", "signature"}` | [`ReplyResponse`] `{"session", "next", "closed"}` |
 //!
 //! A session's `state` ([`SessionState`]): `waiting` (for the device), `match`, `no_match`,
 //! `refused` (the service provider found the device's answer inconsistent: a cheating device,
@@ -26,6 +26,7 @@
 //! under the protocol), `rejected_by_party` (422: a malformed message, a refused proof or
 //! a tampered input), `bad_request` (400).
 
+use privmatch_core::paillier::device_signature::Statement;
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::record::check_device_id;
 use privmatch_core::wire::session::SessionId;
@@ -298,7 +299,9 @@ pub struct SessionView {
     pub error: Option<String>,
     /// Π2, Π3: the service provider's Ed25519 signature (base64) of the decision (protocol,
     /// session, device, matched, valid; core's `paillier::verdict`), which the terminal checks
-    /// with its pinned key before it believes `match`, `no_match` or `refused`.
+    /// with its pinned key before it believes `match`, `no_match` or `refused`. Π1: the
+    /// device's signature of its Round 3 (the bit; core's `paillier::device_signature`), which
+    /// the terminal checks with the key of the device's record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<String>,
 }
@@ -315,7 +318,16 @@ pub struct MailboxBody {
     /// will serve only so many sessions takes no more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<usize>,
+    /// When the device made the poll, Unix time in ms (accepted within
+    /// [`MAX_CLOCK_SKEW_MS`] of the coordinator's clock).
+    pub time_ms: i64,
+    /// The device's signature of the poll (core's `paillier::device_signature`,
+    /// `Statement::mailbox(device, time_ms)`) with its enrolled Paillier key, base64.
+    pub signature: String,
 }
+
+/// How far a mailbox poll's `time_ms` may be from the coordinator's clock.
+pub const MAX_CLOCK_SKEW_MS: i64 = 300_000;
 
 /// One protocol message for a device.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,6 +365,11 @@ pub struct ReplyBody {
     /// Why the device abandons the session (its message is then absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The device's signature of the reply (core's `paillier::device_signature`:
+    /// `Statement::reply_message` or `reply_abandon` for this device, session and round)
+    /// with its enrolled Paillier key, base64. For Π1 Round 3 it reaches the terminal as the
+    /// session's `verdict`.
+    pub signature: String,
 }
 
 /// What a device posts: its message, or the reason it gives up.
@@ -368,16 +385,36 @@ pub enum Reply {
 pub const MAX_REASON: usize = 300;
 
 impl ReplyBody {
-    /// Checks and decodes: (session, round, reply).
-    pub fn decode(&self) -> Result<(SessionId, u8, Reply), String> {
+    /// Checks and decodes: (session, round, reply, signature).
+    pub fn decode(&self) -> Result<(SessionId, u8, Reply, Vec<u8>), String> {
         check_device(&self.device)?;
         let session = session_from_hex(&self.session, "session")?;
         let reply = match (&self.message, &self.error) {
             (Some(m), None) => Reply::Message(bytes_of(m, "message")?),
-            (None, Some(e)) => Reply::Abandon(e.chars().take(MAX_REASON).collect()),
+            (None, Some(e)) if e.chars().count() <= MAX_REASON => Reply::Abandon(e.clone()),
+            (None, Some(_)) => return Err(format!("a reason has at most {MAX_REASON} characters")),
             _ => return Err("a reply carries either \"message\" or \"error\"".into()),
         };
-        Ok((session, self.round, reply))
+        let signature = bytes_of(&self.signature, "signature")?;
+        Ok((session, self.round, reply, signature))
+    }
+}
+
+impl Reply {
+    /// What the device signs for this reply of `round` in `session`.
+    pub fn statement(&self, device: &str, session: &SessionId, round: u8) -> Statement {
+        match self {
+            Reply::Message(m) => Statement::reply_message(device, session, round, m),
+            Reply::Abandon(reason) => Statement::reply_abandon(device, session, round, reason),
+        }
+    }
+}
+
+impl MailboxBody {
+    /// Checks and decodes the signature.
+    pub fn signature_bytes(&self) -> Result<Vec<u8>, String> {
+        check_device(&self.device)?;
+        bytes_of(&self.signature, "signature")
     }
 }
 
@@ -432,6 +469,7 @@ mod tests {
             round: 3,
             message: Some(to_base64(b"x")),
             error: None,
+            signature: to_base64(b"sig"),
         };
         assert_eq!(
             reply.decode().expect("valid").2,
@@ -450,12 +488,22 @@ mod tests {
         let long = ReplyBody {
             message: None,
             error: Some("e".repeat(1000)),
-            ..reply
+            ..reply.clone()
         };
-        assert_eq!(
-            long.decode().expect("valid").2,
-            Reply::Abandon("e".repeat(MAX_REASON))
-        );
+        assert!(long
+            .decode()
+            .err()
+            .unwrap_or_default()
+            .contains("at most 300 characters"));
+        let unsigned = ReplyBody {
+            signature: String::new(),
+            ..reply.clone()
+        };
+        assert!(unsigned
+            .decode()
+            .err()
+            .unwrap_or_default()
+            .contains("signature"));
         let wait: WaitBody =
             serde_json::from_str(&format!("{{\"session\": \"{}\"}}", hex::encode([0u8; 16])))
                 .expect("parses");

@@ -27,11 +27,12 @@ use crate::config::{Config, ServicePin};
 use crate::paillier::api::{
     parse_protocol, protocol_name, SessionState, DEFAULT_WAIT_MS, MAX_MESSAGES,
 };
-use crate::paillier::client::{serve, unix_now, PaillierClient, Responder};
+use crate::paillier::client::{serve, unix_now, Device, PaillierClient, Responder};
 use crate::paillier::device::{
     fingerprint, generate, load_key, load_record, record_path, save_record,
 };
 use crate::paillier::input::{quantize, read_embedding};
+use privmatch_core::paillier::device_signature::DeviceSigner;
 
 /// Failed polls in a row (a second apart) `device respond` rides out: a coordinator restart.
 const MAX_POLL_FAILURES: u32 = 30;
@@ -282,6 +283,12 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
         client.service_key(),
         unix_now(),
     )?;
+    let signer = DeviceSigner::new(&secret)
+        .ok_or_else(|| anyhow!("the device key has no signing exponent (not a Paillier key)"))?;
+    let device = Device {
+        id: &args.device,
+        signer: &signer,
+    };
     let responder = Responder::new(secret, &signed)?;
     let mut rng = sharing_rng()?;
     let (mut served, mut failed, mut unreachable) = (0u64, 0u64, 0u32);
@@ -289,7 +296,10 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
         let room = limit.map_or(MAX_MESSAGES, |l| {
             usize::try_from(l - served).map_or(MAX_MESSAGES, |r| r.min(MAX_MESSAGES))
         });
-        let messages = match client.mailbox(&args.device, DEFAULT_WAIT_MS, room).await {
+        let messages = match client
+            .mailbox(&args.device, &signer, DEFAULT_WAIT_MS, room)
+            .await
+        {
             Ok(messages) => {
                 unreachable = 0;
                 messages
@@ -308,7 +318,7 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
         };
         for message in &messages {
             served += 1;
-            match serve(&client, &args.device, &responder, message, &mut rng).await {
+            match serve(&client, &device, &responder, message, &mut rng).await {
                 Ok(done) => {
                     let line = json_line(&ServedLine {
                         device: &args.device,
@@ -363,6 +373,7 @@ pub async fn run_terminal(
             &session,
             &args.device,
             protocol,
+            &signed.record.public_key,
             Duration::from_secs(args.timeout),
         )
         .await?;

@@ -16,14 +16,15 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use ed25519_dalek::VerifyingKey;
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::paillier::cipher::SecretKey;
+use privmatch_core::paillier::cipher::{PublicKey, SecretKey};
+use privmatch_core::paillier::device_signature::{self, DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
 use privmatch_core::paillier::malicious::Pi2Device;
 use privmatch_core::paillier::no_leakage::Pi3Device;
 use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::SignedTemplate;
-use privmatch_core::paillier::semi_honest::Pi1Device;
+use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Round3};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
@@ -39,13 +40,20 @@ use crate::paillier::api::{
     RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
     VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
-use crate::wire::{from_base64, session_to_hex, to_base64};
+use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
 
 /// The time now, in Unix seconds (record expiry).
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Unix time in milliseconds (a device's mailbox polls carry it).
+pub fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn decode(text: &str, what: &str) -> Result<Vec<u8>> {
@@ -257,20 +265,23 @@ impl PaillierClient {
     }
 
     /// [`Self::outcome`] for a session this terminal opened for `device` under `protocol`,
-    /// believed only as far as the service provider signed it: for Π2 and Π3 a final
-    /// `match`, `no_match` or `refused` must carry the SP's signature of exactly that decision
-    /// for this session and device (core's `paillier::verdict`), checked with the pinned key;
-    /// otherwise it is an error, whatever the coordinator reports. Π1's bit comes from the
-    /// device (all parties semi-honest in Π1) and has no signature.
+    /// believed only as far as it is signed: for Π2 and Π3 a final `match`, `no_match` or
+    /// `refused` must carry the SP's signature of exactly that decision for this session and
+    /// device (core's `paillier::verdict`), checked with the pinned key; for Π1 (where the
+    /// device reports the bit, [ABMR20] Fig. 3 Round 3) the device's signature of its Round 3
+    /// with `device_key`, the key in the record the terminal checked against the pinned SP
+    /// key (core's `paillier::device_signature`). Otherwise it is an error, whatever the
+    /// coordinator reports.
     pub async fn verified_outcome(
         &self,
         session: &SessionId,
         device: &str,
         protocol: Protocol,
+        device_key: &PublicKey,
         timeout: Duration,
     ) -> Result<SessionView> {
         let view = self.outcome(session, timeout).await?;
-        self.check_verdict(session, device, protocol, &view)?;
+        self.check_verdict(session, device, protocol, device_key, &view)?;
         Ok(view)
     }
 
@@ -280,6 +291,7 @@ impl PaillierClient {
         session: &SessionId,
         device: &str,
         protocol: Protocol,
+        device_key: &PublicKey,
         view: &SessionView,
     ) -> Result<()> {
         let (matched, valid) = match view.state {
@@ -288,17 +300,37 @@ impl PaillierClient {
             SessionState::Refused => (false, false),
             _ => return Ok(()),
         };
-        if protocol == Protocol::Pi1 {
-            return Ok(());
-        }
+        let signer = if protocol == Protocol::Pi1 {
+            "device's signed Round 3"
+        } else {
+            "service provider's signed verdict"
+        };
         let signature = view.verdict.as_deref().with_context(|| {
             format!(
-                "session {}: the coordinator reports {:?} without the service provider's signed verdict: not trusted",
+                "session {}: the coordinator reports {:?} without the {signer}: not trusted",
                 session_to_hex(session),
                 view.state
             )
         })?;
         let signature = decode(signature, "verdict")?;
+        if protocol == Protocol::Pi1 {
+            if !valid {
+                bail!(
+                    "session {}: the coordinator reports a Π1 session refused; Π1 has no refusal: not trusted",
+                    session_to_hex(session)
+                );
+            }
+            let round3 = Pi1Round3 { matched }.to_bytes();
+            let statement = Statement::reply_message(device, session, 3, &round3);
+            device_signature::verify(device_key, &statement, &signature).with_context(|| {
+                format!(
+                    "session {}: the coordinator reports {:?}, which device {device:?} did not sign: not trusted",
+                    session_to_hex(session),
+                    view.state
+                )
+            })?;
+            return Ok(());
+        }
         Verdict {
             protocol,
             session: *session,
@@ -311,13 +343,19 @@ impl PaillierClient {
         Ok(())
     }
 
-    /// Round 2 of the sessions waiting for `device` (waits up to `wait_ms`; at most `max`).
+    /// Round 2 of the sessions waiting for `device` (waits up to `wait_ms`; at most `max`),
+    /// the poll signed with the device's key.
     pub async fn mailbox(
         &self,
         device: &str,
+        signer: &DeviceSigner,
         wait_ms: u64,
         max: usize,
     ) -> Result<Vec<DeviceMessage>, CallError> {
+        let time_ms = unix_now_ms();
+        let signature = signer
+            .sign(&Statement::mailbox(device, time_ms))
+            .map_err(|e| CallError::Local(e.to_string()))?;
         let answer: MailboxResponse = self
             .coordinator
             .post(
@@ -326,20 +364,28 @@ impl PaillierClient {
                     device: device.to_owned(),
                     wait_ms,
                     max: Some(max),
+                    time_ms,
+                    signature: to_base64(&signature),
                 },
             )
             .await?;
         Ok(answer.messages)
     }
 
-    /// Posts the device's message of `round` (or gives the session up).
+    /// Posts the device's message of `round` (or gives the session up), signed with the
+    /// device's key.
     pub async fn reply(
         &self,
         device: &str,
+        signer: &DeviceSigner,
         session: &str,
         round: u8,
         reply: Reply,
     ) -> Result<ReplyResponse, CallError> {
+        let id = session_from_hex(session, "session").map_err(CallError::Local)?;
+        let signature = signer
+            .sign(&reply.statement(device, &id, round))
+            .map_err(|e| CallError::Local(e.to_string()))?;
         let (message, error) = match reply {
             Reply::Message(m) => (Some(to_base64(&m)), None),
             Reply::Abandon(reason) => (None, Some(reason)),
@@ -353,6 +399,7 @@ impl PaillierClient {
                     round,
                     message,
                     error,
+                    signature: to_base64(&signature),
                 },
             )
             .await
@@ -438,7 +485,7 @@ pub struct Served {
 /// that carries no decrypted value, and the error (with its detail) is returned.
 async fn give_up<T>(
     client: &PaillierClient,
-    device: &str,
+    device: &Device<'_>,
     session: &str,
     round: u8,
     err: impl Into<anyhow::Error>,
@@ -446,18 +493,34 @@ async fn give_up<T>(
     let reason = format!("the device refused Round {} of the session", round - 1);
     // Best effort: the session expires anyway if this does not arrive.
     let _ = client
-        .reply(device, session, round, Reply::Abandon(reason))
+        .reply(
+            device.id,
+            device.signer,
+            session,
+            round,
+            Reply::Abandon(reason),
+        )
         .await;
     Err(err
         .into()
         .context(format!("session {session}: Round {}", round - 1)))
 }
 
+/// A device as it talks to the coordinator: its id and the key that signs its polls and
+/// replies.
+#[derive(Clone, Copy, Debug)]
+pub struct Device<'a> {
+    /// The device id.
+    pub id: &'a str,
+    /// Its signing key (its Paillier key).
+    pub signer: &'a DeviceSigner,
+}
+
 /// Answers one session whose Round 2 is `message` ([ABMR20]: Π1 Round 3; Π2 Rounds 3 and the
-/// bit of Round 4; Π3 Rounds 3 and 5), posting the device's messages through `client`.
+/// bit of Round 4; Π3 Rounds 3 and 5), posting the device's signed messages through `client`.
 pub async fn serve(
     client: &PaillierClient,
-    device: &str,
+    device: &Device<'_>,
     responder: &Responder,
     message: &DeviceMessage,
     rng: &mut ChaCha20Rng,
@@ -488,7 +551,7 @@ pub async fn serve(
             // The device's own output is the bit it sends (its inner product stays here).
             let matched = outcome.matched;
             client
-                .reply(device, session, 3, Reply::Message(round3))
+                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
                 .await?;
             Ok(served(SessionState::of_bit(matched)))
         }
@@ -499,7 +562,7 @@ pub async fn serve(
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
             let answer = client
-                .reply(device, session, 3, Reply::Message(round3))
+                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
                 .await?;
             let Some(next) = answer.next else {
                 return Ok(served(SessionState::Refused));
@@ -514,7 +577,7 @@ pub async fn serve(
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
             let answer = client
-                .reply(device, session, 3, Reply::Message(round3))
+                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
                 .await?;
             let Some(next) = answer.next.filter(|n| n.round == 4) else {
                 bail!("session {session}: the coordinator sent no Round 4");
@@ -524,7 +587,7 @@ pub async fn serve(
                 Err(e) => return give_up(client, device, session, 5, e).await,
             };
             client
-                .reply(device, session, 5, Reply::Message(round5))
+                .reply(device.id, device.signer, session, 5, Reply::Message(round5))
                 .await?;
             Ok(served(SessionState::of_bit(matched)))
         }

@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use privmatch_core::paillier::device_signature::{self, Statement};
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::semi_honest::Pi1Round3;
 use privmatch_core::party::PartyIndex;
@@ -23,10 +24,10 @@ use crate::paillier::api::{
     check_device, protocol_name, DeleteResponse, DeviceBody, DeviceMessage, DevicesResponse,
     EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody, MailboxResponse,
     RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
-    VerifyBody, WaitBody, MAX_MESSAGES, MAX_WAIT_MS,
+    VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
 };
 use crate::paillier::driver::{Relay, RelayError, Status};
-use crate::paillier::sp::{ServiceProvider, SpError, Verdict};
+use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError, Verdict};
 use crate::parties::PartyError;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
@@ -42,6 +43,7 @@ pub struct PaillierState {
     app: SharedState,
     sp: Arc<ServiceProvider>,
     relay: Arc<Relay>,
+    keys: Arc<DeviceKeys>,
 }
 
 /// The Paillier routes, merged into the coordinator's router (they carry their own state).
@@ -52,6 +54,7 @@ pub fn routes(app: SharedState) -> Router<SharedState> {
             app.options.search_timeout,
         )),
         relay: Arc::new(Relay::new()),
+        keys: Arc::new(DeviceKeys::default()),
         app,
     };
     Router::new()
@@ -211,6 +214,11 @@ async fn verify(
     let round2 =
         s.sp.round2(plan.protocol, &plan.device, &plan.terminal_input)
             .await?;
+    // The key the device's replies must be signed with, as the record Round 2 used.
+    match s.sp.device_key(&plan.device).await {
+        Ok(key) => s.keys.put(&plan.device, key),
+        Err(e) => tracing::warn!("paillier: the device's key could not be read: {e}"),
+    }
     s.relay
         .open(&plan.device, plan.protocol, plan.session, round2)?;
     let status = s
@@ -241,7 +249,18 @@ async fn mailbox(
     body: Bytes,
 ) -> Result<Json<MailboxResponse>, ApiError> {
     let request: MailboxBody = parse_json(&body)?;
-    check_device(&request.device).map_err(bad_request)?;
+    let signature = request.signature_bytes().map_err(bad_request)?;
+    let skew = crate::paillier::client::unix_now_ms().abs_diff(request.time_ms);
+    if skew > MAX_CLOCK_SKEW_MS.unsigned_abs() {
+        return Err(signature_refused(format!(
+            "the poll's time_ms is {} s from the coordinator's clock (at most {} s): check the \
+             device's clock",
+            skew / 1000,
+            MAX_CLOCK_SKEW_MS / 1000
+        )));
+    }
+    let statement = Statement::mailbox(&request.device, request.time_ms);
+    check_signature(&s, &request.device, &statement, &signature).await?;
     let max = request.max.unwrap_or(MAX_MESSAGES);
     if !(1..=MAX_MESSAGES).contains(&max) {
         return Err(bad_request(format!("max must be 1 to {MAX_MESSAGES}")));
@@ -270,7 +289,9 @@ async fn reply(
     body: Bytes,
 ) -> Result<Json<ReplyResponse>, ApiError> {
     let request: ReplyBody = parse_json(&body)?;
-    let (session, round, answer) = request.decode().map_err(bad_request)?;
+    let (session, round, answer, signature) = request.decode().map_err(bad_request)?;
+    let statement = answer.statement(&request.device, &session, round);
+    check_signature(&s, &request.device, &statement, &signature).await?;
     let protocol = s.relay.claim(&session, &request.device, round)?;
     let message = match answer {
         Reply::Message(message) => message,
@@ -287,7 +308,7 @@ async fn reply(
             }));
         }
     };
-    match relay_reply(&s, protocol, &session, round, &message).await {
+    match relay_reply(&s, protocol, &session, round, &message, signature).await {
         Ok(answer) => Ok(Json(answer)),
         Err(err) => {
             // Any failure ends the session: the SP's state of it is single-use.
@@ -296,6 +317,30 @@ async fn reply(
             Err(err)
         }
     }
+}
+
+fn signature_refused(message: String) -> ApiError {
+    error_with(StatusCode::FORBIDDEN, codes::DEVICE_SIGNATURE, message)
+}
+
+/// Checks that `device` signed `statement` with its enrolled key: under the cached key, else
+/// (none cached, or it fails: the device may have enrolled again) under the key the SP's
+/// record has now. An unknown device is 404, a bad signature 403.
+async fn check_signature(
+    s: &PaillierState,
+    device: &str,
+    statement: &Statement,
+    signature: &[u8],
+) -> Result<(), ApiError> {
+    if let Some(key) = s.keys.get(device) {
+        if device_signature::verify(&key, statement, signature).is_ok() {
+            return Ok(());
+        }
+    }
+    let key = s.sp.device_key(device).await?;
+    let checked = device_signature::verify(&key, statement, signature);
+    s.keys.put(device, key);
+    checked.map_err(|e| signature_refused(format!("device {device:?}: {e}")))
 }
 
 /// The outcome of a Π2/Π3 check at the SP.
@@ -313,6 +358,7 @@ async fn relay_reply(
     session: &SessionId,
     round: u8,
     message: &[u8],
+    signature: Vec<u8>,
 ) -> Result<ReplyResponse, ApiError> {
     let closed = |next: Option<DeviceMessage>| ReplyResponse {
         session: session_to_hex(session),
@@ -326,12 +372,13 @@ async fn relay_reply(
         message: to_base64(message),
     };
     match (protocol, round) {
-        // Π1 Round 3 ([ABMR20] Fig. 3): the device's bit is the outcome.
+        // Π1 Round 3 ([ABMR20] Fig. 3): the device's bit is the outcome, and the device's
+        // signature of it is what the terminal checks.
         (Protocol::Pi1, 3) => {
             let bit = Pi1Round3::from_bytes(message)
                 .map_err(|e| bad_request(format!("Π1 Round 3: {e}")))?;
             s.relay
-                .finish(session, SessionState::of_bit(bit.matched), None);
+                .finish_signed(session, SessionState::of_bit(bit.matched), signature);
             Ok(closed(None))
         }
         // Π2 Round 4 (§6.1): the SP checks X; the bit goes back to the device.

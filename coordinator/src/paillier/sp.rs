@@ -8,11 +8,14 @@
 //! returns is kept here beyond the call (the relay keeps the Round 2 message until the device
 //! takes it).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use privmatch_core::paillier::cipher::PublicKey;
 use privmatch_core::paillier::params::Protocol;
+use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use tokio::sync::Mutex;
@@ -237,6 +240,16 @@ impl ServiceProvider {
         Self::required(party, &row, 0, "record")
     }
 
+    /// The Paillier key in `device`'s stored record (`paillier_device`): the key its
+    /// signatures verify under.
+    pub async fn device_key(&self, device: &str) -> Result<PublicKey, SpError> {
+        let bytes = self.record(device).await?;
+        let party = self.party().await?.index.as_u8();
+        let signed = SignedTemplate::from_bytes(&bytes)
+            .map_err(|e| SpError::Malformed(party, format!("the record of {device:?}: {e}")))?;
+        Ok(signed.record.public_key)
+    }
+
     /// `paillier_devices()`.
     pub async fn devices(&self) -> Result<Vec<DeviceEntry>, SpError> {
         let party = self.party().await?.index.as_u8();
@@ -328,5 +341,40 @@ impl ServiceProvider {
             valid: Self::required(party, &row, 1, "valid")?,
             signature: Self::required(party, &row, 2, "verdict")?,
         })
+    }
+}
+
+/// The most device keys [`DeviceKeys`] holds; past it the cache starts again empty.
+const MAX_CACHED_KEYS: usize = 100_000;
+
+/// The devices' enrolled Paillier keys as the SP's records give them, which the relay checks
+/// the devices' signatures with (core's `paillier::device_signature`). Public keys only. An
+/// entry is replaced when a terminal opens a session for the device and whenever a signature
+/// fails under it (the device may have been deleted and enrolled again under a new key).
+#[derive(Default)]
+pub struct DeviceKeys {
+    keys: std::sync::Mutex<HashMap<String, PublicKey>>,
+}
+
+impl DeviceKeys {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, PublicKey>> {
+        // A panic while holding the lock leaves a map of public keys, still consistent.
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The cached key of `device`.
+    pub fn get(&self, device: &str) -> Option<PublicKey> {
+        self.table().get(device).cloned()
+    }
+
+    /// Keeps `key` as `device`'s.
+    pub fn put(&self, device: &str, key: PublicKey) {
+        let mut table = self.table();
+        if table.len() >= MAX_CACHED_KEYS && !table.contains_key(device) {
+            table.clear();
+        }
+        table.insert(device.to_owned(), key);
     }
 }

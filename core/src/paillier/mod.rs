@@ -20,6 +20,7 @@
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
 //! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
 //! | [`terminal`] | the terminal's w and threshold, sealed to the service provider for Round 2 |
+//! | [`device_signature`] | the device's signatures with its Paillier key (RSA-FDH, e = N): mailbox polls and replies through the coordinator, Π1's bit for the terminal |
 //! | [`verdict`] | the service provider's signed decision of a Π2/Π3 session, which the terminal checks (the coordinator relays it) |
 //! | [`quantize`] | float face embeddings → templates u and measurements w: M from the layout (m-bit elements, ‖u‖² ≤ ζ² for every unit vector), the threshold, the plaintext reference |
 //!
@@ -27,6 +28,7 @@
 //! the paper.
 
 pub mod cipher;
+pub mod device_signature;
 pub mod encoding;
 pub mod enroll;
 pub mod key_proof;
