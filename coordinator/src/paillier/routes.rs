@@ -14,7 +14,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use privmatch_core::paillier::device_signature::{self, Statement};
+use privmatch_core::paillier::cipher::PublicKey;
+use privmatch_core::paillier::device_signature::{self, DeviceSignatureError, Statement};
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::semi_honest::Pi1Round3;
 use privmatch_core::party::PartyIndex;
@@ -333,14 +334,27 @@ async fn check_signature(
     signature: &[u8],
 ) -> Result<(), ApiError> {
     if let Some(key) = s.keys.get(device) {
-        if device_signature::verify(&key, statement, signature).is_ok() {
+        if verify_off_runtime(&key, statement, signature).await.is_ok() {
             return Ok(());
         }
     }
     let key = s.sp.device_key(device).await?;
-    let checked = device_signature::verify(&key, statement, signature);
+    let checked = verify_off_runtime(&key, statement, signature).await;
     s.keys.put(device, key);
     checked.map_err(|e| signature_refused(format!("device {device:?}: {e}")))
+}
+
+/// [`device_signature::verify`] on a blocking thread: one exponentiation by N modulo N
+/// (5–10 ms) would otherwise hold up the other requests of this runtime thread.
+async fn verify_off_runtime(
+    key: &PublicKey,
+    statement: &Statement,
+    signature: &[u8],
+) -> Result<(), DeviceSignatureError> {
+    let (key, statement, signature) = (key.clone(), statement.clone(), signature.to_vec());
+    tokio::task::spawn_blocking(move || device_signature::verify(&key, &statement, &signature))
+        .await
+        .unwrap_or(Err(DeviceSignatureError::Forged))
 }
 
 /// The outcome of a Π2/Π3 check at the SP.
