@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
+use privmatch_coordinator::paillier::api::unix_now_ms;
 use privmatch_coordinator::paillier::api::{Reply, SessionState, SessionView};
-use privmatch_coordinator::paillier::client::{unix_now, unix_now_ms, PaillierClient, Responder};
+use privmatch_coordinator::paillier::client::{unix_now, PaillierClient, Responder};
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::malicious::Pi2Round3;

@@ -329,6 +329,14 @@ pub struct MailboxBody {
 /// How far a mailbox poll's `time_ms` may be from the coordinator's clock.
 pub const MAX_CLOCK_SKEW_MS: i64 = 300_000;
 
+/// Unix time in milliseconds: what a device stamps its mailbox polls with, and what the
+/// coordinator compares the stamp to.
+pub fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// One protocol message for a device.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceMessage {

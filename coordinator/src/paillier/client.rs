@@ -35,10 +35,10 @@ use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::sharing_rng;
 use crate::config::{Config, ServicePin};
 use crate::paillier::api::{
-    parse_protocol, protocol_name, DeleteResponse, DeviceBody, DeviceMessage, DevicesResponse,
-    EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody, MailboxResponse,
-    RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
-    VerifyBody, WaitBody, DEFAULT_WAIT_MS,
+    parse_protocol, protocol_name, unix_now_ms, DeleteResponse, DeviceBody, DeviceMessage,
+    DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
+    MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
+    SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
 use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
 
@@ -47,13 +47,6 @@ pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
-}
-
-/// Unix time in milliseconds (a device's mailbox polls carry it).
-pub fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn decode(text: &str, what: &str) -> Result<Vec<u8>> {

@@ -22,10 +22,10 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 
 use crate::paillier::api::{
-    check_device, protocol_name, DeleteResponse, DeviceBody, DeviceMessage, DevicesResponse,
-    EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody, MailboxResponse,
-    RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState, SessionView,
-    VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
+    check_device, protocol_name, unix_now_ms, DeleteResponse, DeviceBody, DeviceMessage,
+    DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
+    MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
+    SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
 };
 use crate::paillier::driver::{Relay, RelayError, Status};
 use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError, Verdict};
@@ -215,11 +215,6 @@ async fn verify(
     let round2 =
         s.sp.round2(plan.protocol, &plan.device, &plan.terminal_input)
             .await?;
-    // The key the device's replies must be signed with, as the record Round 2 used.
-    match s.sp.device_key(&plan.device).await {
-        Ok(key) => s.keys.put(&plan.device, key),
-        Err(e) => tracing::warn!("paillier: the device's key could not be read: {e}"),
-    }
     s.relay
         .open(&plan.device, plan.protocol, plan.session, round2)?;
     let status = s
@@ -251,7 +246,7 @@ async fn mailbox(
 ) -> Result<Json<MailboxResponse>, ApiError> {
     let request: MailboxBody = parse_json(&body)?;
     let signature = request.signature_bytes().map_err(bad_request)?;
-    let skew = crate::paillier::client::unix_now_ms().abs_diff(request.time_ms);
+    let skew = unix_now_ms().abs_diff(request.time_ms);
     if skew > MAX_CLOCK_SKEW_MS.unsigned_abs() {
         return Err(signature_refused(format!(
             "the poll's time_ms is {} s from the coordinator's clock (at most {} s): check the \

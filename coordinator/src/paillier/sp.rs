@@ -349,7 +349,7 @@ const MAX_CACHED_KEYS: usize = 100_000;
 
 /// The devices' enrolled Paillier keys as the SP's records give them, which the relay checks
 /// the devices' signatures with (core's `paillier::device_signature`). Public keys only. An
-/// entry is replaced when a terminal opens a session for the device and whenever a signature
+/// entry is read from the SP on the device's first signed call and again whenever a signature
 /// fails under it (the device may have been deleted and enrolled again under a new key).
 #[derive(Default)]
 pub struct DeviceKeys {
