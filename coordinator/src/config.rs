@@ -61,6 +61,10 @@ impl PartyConfig {
     /// about 20 s instead of a call that waits for the kernel's retransmissions (15 minutes),
     /// holding its caller and, in an enrolment, its batch. A party that is alive but busy
     /// acknowledges both, however long its call computes.
+    ///
+    /// `plan_cache_mode=force_generic_plan`: the coordinator's statements are single function
+    /// calls, whose plan does not depend on the arguments; a custom plan would copy every bound
+    /// argument into the plan as a constant, and round messages of iris searches are tens of MB.
     pub fn connection_string(&self) -> String {
         let sslmode = if self.ca_cert.is_some() {
             "require"
@@ -70,7 +74,7 @@ impl PartyConfig {
         format!(
             "host={} port={} dbname={} user={} password={} application_name=privmatch connect_timeout=5 \
              keepalives=1 keepalives_idle=5 keepalives_interval=2 keepalives_retries=3 \
-             tcp_user_timeout=15 sslmode={sslmode}",
+             tcp_user_timeout=15 sslmode={sslmode} options='-c plan_cache_mode=force_generic_plan'",
             self.host, self.port, self.dbname, self.user, self.password
         )
     }

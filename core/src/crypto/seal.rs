@@ -14,11 +14,12 @@
 //!   replay-protected by themselves: the payloads carry a unique id that the receiving party
 //!   records (see [`crate::iris::enroll`]).
 //! * **Pairwise channels** (party ↔ party): static-static Diffie-Hellman between the two
-//!   parties' long-term keys, expanded with HKDF into one AEAD key per direction and one PRF
-//!   seed. Messages are XChaCha20-Poly1305 with random nonces (so a counter reset after a
-//!   restart can never repeat a nonce); session id, round, sequence number, sender and receiver
-//!   are authenticated and the receiver insists on the next expected sequence number, so a
-//!   replayed, reordered, misrouted or tampered message is rejected.
+//!   parties' long-term keys, expanded with HKDF into one key per direction and one PRF seed;
+//!   each session derives its own AES-256-GCM key per direction from them. Messages carry
+//!   random 96-bit nonces (so a counter reset after a restart can never repeat a nonce);
+//!   session id, round, sequence number, sender and receiver are authenticated and the
+//!   receiver insists on the next expected sequence number, so a replayed, reordered,
+//!   misrouted or tampered message is rejected.
 //! * **Pairwise PRF seeds** give correlated randomness without interaction, e.g. the
 //!   zero-sharing r_i = F(k_{i,i+1}) − F(k_{i−1,i}) used to re-randomise additive shares
 //!   ([TACEO24] §3.2, ABY3 resharing).
@@ -29,6 +30,7 @@ use hkdf::Hkdf;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use rand_core::{CryptoRng, RngCore};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use sha2::{Digest, Sha256};
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::{Zeroize, ZeroizeOnDrop};
@@ -360,8 +362,9 @@ impl PairwiseSecrets {
             me: self.me,
             peer: self.peer,
             session,
-            send: XChaCha20Poly1305::new(&self.send_key.into()),
-            recv: XChaCha20Poly1305::new(&self.recv_key.into()),
+            send: session_key(&self.send_key, &session, self.me, self.peer),
+            recv: session_key(&self.recv_key, &session, self.peer, self.me),
+            legacy_recv: XChaCha20Poly1305::new(&self.recv_key.into()),
             next_send: 0,
             next_recv: 0,
         }
@@ -441,30 +444,68 @@ impl Default for PairwiseCache {
     }
 }
 
-const CHANNEL_MAGIC: &[u8; 4] = b"PMCH";
-/// magic, sender, receiver, session, round, sequence, nonce.
-const CHANNEL_HEADER_LEN: usize = 4 + 1 + 1 + 16 + 4 + 8 + 24;
+/// Magic of channel messages: AES-256-GCM under a key derived for the session and direction.
+const CHANNEL_MAGIC: &[u8; 4] = b"PMC2";
+/// Magic of the channel messages of privmatch 0.10 and earlier (XChaCha20-Poly1305 under the
+/// long-term direction key). Still opened, never sealed: P0 and P1 keep the dealer's sealed
+/// key batches in their tables across an upgrade.
+const LEGACY_CHANNEL_MAGIC: &[u8; 4] = b"PMCH";
+/// Bytes of magic, sender, receiver, session, round and sequence number (the nonce follows).
+const CHANNEL_ROUTING_LEN: usize = 4 + 1 + 1 + 16 + 4 + 8;
+/// Header of a channel message: routing fields and the 96-bit nonce.
+const CHANNEL_HEADER_LEN: usize = CHANNEL_ROUTING_LEN + NONCE_LEN;
+/// Header of a legacy channel message: routing fields and the 192-bit XChaCha nonce.
+const LEGACY_CHANNEL_HEADER_LEN: usize = CHANNEL_ROUTING_LEN + 24;
+
+/// The AES-256-GCM key of one direction of one session: HKDF-SHA256 of the long-term direction
+/// key, with the session id, sender and receiver as context. A key per session keeps each key's
+/// message count tiny, so random 96-bit nonces never come near GCM's collision bound, and a
+/// session id used again (after a restart) still never repeats a (key, nonce) pair but by a
+/// 2^-96 chance.
+fn session_key(
+    direction_key: &[u8; 32],
+    session: &[u8; 16],
+    from: PartyIndex,
+    to: PartyIndex,
+) -> LessSafeKey {
+    let hk = Hkdf::<Sha256>::new(Some(b"privmatch channel v2"), direction_key);
+    let info = [session.as_slice(), &[from.as_u8(), to.as_u8()]].concat();
+    let mut key = [0u8; 32];
+    hk.expand(&info, &mut key)
+        .expect("HKDF-SHA256 can expand 32 bytes");
+    let unbound = UnboundKey::new(&AES_256_GCM, &key).expect("an AES-256 key is 32 bytes");
+    key.zeroize();
+    LessSafeKey::new(unbound)
+}
 
 /// An authenticated, encrypted, replay-checked channel between two parties for one session.
+///
+/// Messages are AES-256-GCM (ring's implementation: AES-NI and carry-less multiplication, with
+/// VAES/VPCLMULQDQ where the CPU has them) under per-session direction keys ([`session_key`]),
+/// sealed and opened in place. Round messages of an iris search with 31 rotations are tens of
+/// MB per party and round; XChaCha20-Poly1305, used before, took about a tenth of the parties'
+/// CPU there.
 pub struct Channel {
     me: PartyIndex,
     peer: PartyIndex,
     session: [u8; 16],
-    send: XChaCha20Poly1305,
-    recv: XChaCha20Poly1305,
+    send: LessSafeKey,
+    recv: LessSafeKey,
+    legacy_recv: XChaCha20Poly1305,
     next_send: u64,
     next_recv: u64,
 }
 
 impl Channel {
-    /// Seals `payload` as this side's next message of `round`.
+    /// Seals `payload` as this side's next message of `round`: one copy of the payload,
+    /// encrypted where it lies.
     pub fn seal<R: RngCore + CryptoRng>(
         &mut self,
         round: u32,
         payload: &[u8],
         rng: &mut R,
     ) -> Vec<u8> {
-        let mut nonce = [0u8; 24];
+        let mut nonce = [0u8; NONCE_LEN];
         rng.fill_bytes(&mut nonce);
         let mut out = Vec::with_capacity(CHANNEL_HEADER_LEN + payload.len() + AEAD_TAG_LEN);
         out.extend_from_slice(CHANNEL_MAGIC);
@@ -474,17 +515,17 @@ impl Channel {
         out.extend_from_slice(&round.to_le_bytes());
         out.extend_from_slice(&self.next_send.to_le_bytes());
         out.extend_from_slice(&nonce);
-        let ciphertext = self
+        out.extend_from_slice(payload);
+        let (header, body) = out.split_at_mut(CHANNEL_HEADER_LEN);
+        let tag = self
             .send
-            .encrypt(
-                &nonce.into(),
-                Payload {
-                    msg: payload,
-                    aad: &out,
-                },
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&*header),
+                body,
             )
-            .expect("XChaCha20-Poly1305 encryption of an in-memory buffer cannot fail");
-        out.extend_from_slice(&ciphertext);
+            .expect("AES-256-GCM sealing of an in-memory buffer below 64 GB cannot fail");
+        out.extend_from_slice(tag.as_ref());
         self.next_send += 1;
         out
     }
@@ -492,10 +533,51 @@ impl Channel {
     /// Opens the peer's next message, which must belong to this session and `round`, be
     /// addressed from the peer to this party, and carry the next expected sequence number.
     pub fn open(&mut self, round: u32, message: &[u8]) -> Result<Vec<u8>, SealError> {
-        if message.len() < CHANNEL_HEADER_LEN + AEAD_TAG_LEN || &message[..4] != CHANNEL_MAGIC {
+        let header_len = match message.get(..4) {
+            Some(m) if m == CHANNEL_MAGIC => CHANNEL_HEADER_LEN,
+            Some(m) if m == LEGACY_CHANNEL_MAGIC => LEGACY_CHANNEL_HEADER_LEN,
+            _ => return Err(SealError::Malformed("channel message")),
+        };
+        if message.len() < header_len + AEAD_TAG_LEN {
             return Err(SealError::Malformed("channel message"));
         }
-        let (header, ciphertext) = message.split_at(CHANNEL_HEADER_LEN);
+        let (header, ciphertext) = message.split_at(header_len);
+        self.check_routing(round, header)?;
+        let nonce = &header[CHANNEL_ROUTING_LEN..];
+        let plaintext = if header_len == CHANNEL_HEADER_LEN {
+            let mut nonce_bytes = [0u8; NONCE_LEN];
+            nonce_bytes.copy_from_slice(nonce);
+            let mut body = ciphertext.to_vec();
+            let opened = self
+                .recv
+                .open_in_place(
+                    Nonce::assume_unique_for_key(nonce_bytes),
+                    Aad::from(header),
+                    &mut body,
+                )
+                .map_err(|_| SealError::Tampered("channel message"))?
+                .len();
+            body.truncate(opened);
+            body
+        } else {
+            let mut nonce_bytes = [0u8; 24];
+            nonce_bytes.copy_from_slice(nonce);
+            self.legacy_recv
+                .decrypt(
+                    &nonce_bytes.into(),
+                    Payload {
+                        msg: ciphertext,
+                        aad: header,
+                    },
+                )
+                .map_err(|_| SealError::Tampered("channel message"))?
+        };
+        self.next_recv += 1;
+        Ok(plaintext)
+    }
+
+    /// Checks sender, receiver, session, round and sequence number of a message's header.
+    fn check_routing(&self, round: u32, header: &[u8]) -> Result<(), SealError> {
         if header[4] != self.peer.as_u8() || header[5] != self.me.as_u8() {
             return Err(SealError::Misrouted("sender or receiver"));
         }
@@ -516,20 +598,7 @@ impl Channel {
                 got: seq,
             });
         }
-        let mut nonce = [0u8; 24];
-        nonce.copy_from_slice(&header[34..58]);
-        let plaintext = self
-            .recv
-            .decrypt(
-                &nonce.into(),
-                Payload {
-                    msg: ciphertext,
-                    aad: header,
-                },
-            )
-            .map_err(|_| SealError::Tampered("channel message"))?;
-        self.next_recv += 1;
-        Ok(plaintext)
+        Ok(())
     }
 }
 
@@ -791,6 +860,79 @@ mod tests {
             Err(SealError::Tampered("channel message"))
         );
         assert_eq!(b.open(3, &m).as_deref(), Ok(b"data".as_slice()));
+    }
+
+    /// A channel message as privmatch 0.10 sealed it: XChaCha20-Poly1305 under the long-term
+    /// direction key, 24-byte nonce.
+    fn legacy_seal(
+        secrets: &PairwiseSecrets,
+        session: [u8; 16],
+        round: u32,
+        seq: u64,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut out = LEGACY_CHANNEL_MAGIC.to_vec();
+        out.extend_from_slice(&[secrets.me.as_u8(), secrets.peer.as_u8()]);
+        out.extend_from_slice(&session);
+        out.extend_from_slice(&round.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        let nonce = [7u8; 24];
+        out.extend_from_slice(&nonce);
+        let ciphertext = XChaCha20Poly1305::new(&secrets.send_key.into())
+            .encrypt(
+                &nonce.into(),
+                Payload {
+                    msg: payload,
+                    aad: &out,
+                },
+            )
+            .unwrap();
+        out.extend_from_slice(&ciphertext);
+        out
+    }
+
+    #[test]
+    fn channel_opens_messages_sealed_by_privmatch_0_10() {
+        let mut rng = rng();
+        let ks = keys(&mut rng);
+        let a = PairwiseSecrets::derive(p(0), &ks[0], p(1), &ks[1].public_key()).unwrap();
+        let b = PairwiseSecrets::derive(p(1), &ks[1], p(0), &ks[0].public_key()).unwrap();
+        let mut from_a = b.channel([5; 16]);
+        let old = legacy_seal(&a, [5; 16], 0, 0, b"stored batch");
+        let new = a.channel([5; 16]).seal(0, b"x", &mut rng);
+        assert_eq!(&new[..4], CHANNEL_MAGIC);
+        assert_eq!(
+            from_a.open(0, &old).as_deref(),
+            Ok(b"stored batch".as_slice())
+        );
+        // Sequence numbers run on across both formats; a tampered legacy message is refused.
+        let mut second = legacy_seal(&a, [5; 16], 0, 1, b"more");
+        let last = second.len() - 1;
+        second[last] ^= 1;
+        assert_eq!(
+            from_a.open(0, &second),
+            Err(SealError::Tampered("channel message"))
+        );
+    }
+
+    #[test]
+    fn channel_keys_are_per_session() {
+        // Two channels of the same pair (same keys: same seed), sessions 1 and 2.
+        let (mut a, mut b) = channel_pair(&mut ChaCha20Rng::seed_from_u64(0x5ea1), [1; 16]);
+        let (_, mut b_other) = channel_pair(&mut ChaCha20Rng::seed_from_u64(0x5ea1), [2; 16]);
+        let mut rng = rng();
+        let m = a.seal(0, b"data", &mut rng);
+        // Header rewritten to session 2: the routing checks pass, the session key does not.
+        let mut moved = m.clone();
+        moved[6..22].copy_from_slice(&[2; 16]);
+        assert_eq!(
+            b_other.open(0, &moved),
+            Err(SealError::Tampered("channel message"))
+        );
+        assert_eq!(b.open(0, &m).as_deref(), Ok(b"data".as_slice()));
+        // Two seals of the same payload differ (fresh nonces).
+        let again = a.seal(0, b"data", &mut rng);
+        assert_ne!(again[CHANNEL_ROUTING_LEN..], m[CHANNEL_ROUTING_LEN..]);
     }
 
     #[test]

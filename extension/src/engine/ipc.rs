@@ -3,8 +3,12 @@
 //! processes (and the same library build); the bytes never leave the machine. One request
 //! and one response per connection. Pure Rust: no Postgres call, unit-tested.
 //!
-//! Frame: u32 little-endian body length, then the body. Body: a tag byte, then the fields in
-//! order; byte strings and text are u32-length-prefixed, integers little-endian. The search
+//! Frame: the u32 little-endian lengths of the head and of the payload, then the head, then the
+//! payload. Head: a tag byte, then the fields in order; byte strings and text are
+//! u32-length-prefixed, integers little-endian. The payload is the large part of a message (a
+//! round message, key chunks), empty for the others; the head repeats its length. Head and
+//! payload are read into buffers of their own, so a payload of tens of MB is handed on
+//! without being moved. The search
 //! parameters travel checked ([`SearchParams`]): the mode as [`SearchMode::to_byte`], the
 //! maximum rotation, and the threshold as the bits of its exact ratio; the engine rebuilds
 //! them with [`SearchParams::new`], and a frame whose parameters do not check is malformed.
@@ -173,13 +177,6 @@ pub enum Response {
     Error(EngineError),
 }
 
-/// The bytes of `body` from `start` on, in the same allocation (the head is shifted out, no
-/// fresh pages for a payload of tens of MB).
-fn into_tail(mut body: Vec<u8>, start: usize) -> Vec<u8> {
-    body.drain(..start);
-    body
-}
-
 #[derive(Default)]
 struct Writer(Vec<u8>);
 
@@ -244,15 +241,12 @@ impl<'a> Reader<'a> {
     fn text(&mut self) -> io::Result<String> {
         String::from_utf8(self.bytes()?).map_err(|_| malformed())
     }
-    /// Where the last field of `body` starts (a u32 length, then exactly that many bytes
-    /// to the end of the body).
-    fn trailing_start(&mut self, body_len: usize) -> io::Result<usize> {
-        let n = self.u32()? as usize;
-        if self.0.len() != n {
+    /// The payload's length as the head repeats it, which must be `payload`'s.
+    fn trailing(&mut self, payload: &[u8]) -> io::Result<()> {
+        if self.u32()? as usize != payload.len() {
             return Err(malformed());
         }
-        self.0 = &[];
-        Ok(body_len - n)
+        Ok(())
     }
 
     fn end(&self) -> io::Result<()> {
@@ -311,9 +305,10 @@ impl Request<'_> {
         }
     }
 
-    /// Parses a frame body, taking ownership so a round's payload is moved, not copied.
-    pub fn decode(body: Vec<u8>) -> io::Result<Request<'static>> {
-        let mut r = Reader(&body);
+    /// Parses a frame, taking ownership so a round's payload is handed on, not copied.
+    pub fn decode(frame: Frame) -> io::Result<Request<'static>> {
+        let Frame { head, payload } = frame;
+        let mut r = Reader(&head);
         let req = match r.u8()? {
             1 => {
                 let session = r.array()?;
@@ -332,11 +327,12 @@ impl Request<'_> {
             2 => {
                 let session = r.array()?;
                 let round = r.u32()?;
-                let start = r.trailing_start(body.len())?;
+                r.trailing(&payload)?;
+                r.end()?;
                 return Ok(Request::Round {
                     session,
                     round,
-                    message: Cow::Owned(into_tail(body, start)),
+                    message: Cow::Owned(payload),
                 });
             }
             3 => Request::Abort {
@@ -346,16 +342,18 @@ impl Request<'_> {
             5 => {
                 let op = r.u8()?;
                 let head = r.bytes()?;
-                let start = r.trailing_start(body.len())?;
+                r.trailing(&payload)?;
+                r.end()?;
                 return Ok(Request::Face {
                     op,
                     head,
-                    payload: Cow::Owned(into_tail(body, start)),
+                    payload: Cow::Owned(payload),
                 });
             }
             _ => return Err(malformed()),
         };
         r.end()?;
+        no_payload(&payload)?;
         Ok(req)
     }
 }
@@ -416,27 +414,30 @@ impl Response {
         }
     }
 
-    /// Parses a frame body, taking ownership so a message payload is moved, not copied.
-    pub fn decode(body: Vec<u8>) -> io::Result<Self> {
-        let mut r = Reader(&body);
+    /// Parses a frame, taking ownership so a message payload is handed on, not copied.
+    pub fn decode(frame: Frame) -> io::Result<Self> {
+        let Frame { head, payload } = frame;
+        let mut r = Reader(&head);
         let resp = match r.u8()? {
             1 => {
                 let entries = r.u64()?;
                 let digest = r.array()?;
-                let start = r.trailing_start(body.len())?;
+                r.trailing(&payload)?;
+                r.end()?;
                 return Ok(Response::Started {
                     entries,
                     digest,
-                    message: into_tail(body, start),
+                    message: payload,
                 });
             }
             2 => {
-                let start = r.trailing_start(body.len())?;
-                return Ok(Response::Continue(into_tail(body, start)));
+                r.trailing(&payload)?;
+                r.end()?;
+                return Ok(Response::Continue(payload));
             }
             3 => {
                 let n = r.u32()? as usize;
-                let mut subjects = Vec::with_capacity(n.min(body.len()));
+                let mut subjects = Vec::with_capacity(n.min(head.len()));
                 for _ in 0..n {
                     subjects.push(r.text()?);
                 }
@@ -461,43 +462,72 @@ impl Response {
             _ => return Err(malformed()),
         };
         r.end()?;
+        no_payload(&payload)?;
         Ok(resp)
     }
 }
 
-/// Writes one frame whose body is `head` followed by `payload` (no copy of the payload).
+/// A frame as read: its head and its payload, each in a buffer of its own.
+#[derive(Debug, Default)]
+pub struct Frame {
+    /// Tag and small fields.
+    pub head: Vec<u8>,
+    /// The large trailing part (empty for most messages).
+    pub payload: Vec<u8>,
+}
+
+/// Refuses a payload on a message that has none.
+fn no_payload(payload: &[u8]) -> io::Result<()> {
+    if payload.is_empty() {
+        Ok(())
+    } else {
+        Err(malformed())
+    }
+}
+
+/// Writes one frame: the two lengths, `head`, then `payload` (no copy of the payload).
 pub fn write_frame(w: &mut impl Write, head: &[u8], payload: &[u8]) -> io::Result<()> {
-    let len = head.len() + payload.len();
-    if len > MAX_FRAME {
+    if head.len() + payload.len() > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "engine frame too large",
         ));
     }
-    w.write_all(&(len as u32).to_le_bytes())?;
+    w.write_all(&(head.len() as u32).to_le_bytes())?;
+    w.write_all(&(payload.len() as u32).to_le_bytes())?;
     w.write_all(head)?;
     w.write_all(payload)?;
     w.flush()
 }
 
-/// Reads one frame.
-pub fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
+/// Reads one frame. The payload is read into uninitialised capacity (no pass to zero tens of
+/// MB that the read overwrites at once).
+pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
+    let mut lengths = [0u8; 8];
+    r.read_exact(&mut lengths)?;
+    let head_len = u32::from_le_bytes([lengths[0], lengths[1], lengths[2], lengths[3]]) as usize;
+    let payload_len = u32::from_le_bytes([lengths[4], lengths[5], lengths[6], lengths[7]]) as usize;
+    if head_len + payload_len > MAX_FRAME {
         return Err(malformed());
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    Ok(body)
+    let mut head = vec![0u8; head_len];
+    r.read_exact(&mut head)?;
+    let mut payload = Vec::with_capacity(payload_len);
+    r.take(payload_len as u64).read_to_end(&mut payload)?;
+    if payload.len() != payload_len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "engine frame cut short",
+        ));
+    }
+    Ok(Frame { head, payload })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn frame_body(head: Vec<u8>, payload: &[u8]) -> Vec<u8> {
+    fn frame_body(head: Vec<u8>, payload: &[u8]) -> Frame {
         let mut framed = Vec::new();
         write_frame(&mut framed, &head, payload).unwrap();
         read_frame(&mut framed.as_slice()).unwrap()
@@ -541,10 +571,19 @@ mod tests {
             let back = Response::decode(frame_body(head, payload)).unwrap();
             assert_eq!(format!("{back:?}"), format!("{resp:?}"));
         }
-        assert!(Request::decode(vec![9]).is_err());
-        // A trailing field whose length does not reach the end of the body is refused.
-        assert!(Response::decode(vec![2, 5, 0, 0, 0, 1]).is_err());
-        assert!(Request::decode(vec![2; 30]).is_err());
+        let frame = |head: Vec<u8>, payload: Vec<u8>| Frame { head, payload };
+        assert!(Request::decode(frame(vec![9], vec![])).is_err());
+        // A payload whose length is not the one the head gives is refused, and so is a
+        // payload on a message that has none.
+        assert!(Response::decode(frame(vec![2, 5, 0, 0, 0], vec![1])).is_err());
+        assert!(Response::decode(frame(vec![2, 1, 0, 0, 0], vec![1])).is_ok());
+        assert!(Response::decode(frame(vec![4, 1], vec![1])).is_err());
+        assert!(Request::decode(frame(vec![2; 30], vec![])).is_err());
+        // A frame cut short is an error, not a short payload.
+        let mut framed = Vec::new();
+        write_frame(&mut framed, &[2, 3, 0, 0, 0], &[7, 7, 7]).unwrap();
+        framed.pop();
+        assert!(read_frame(&mut framed.as_slice()).is_err());
     }
 
     #[test]
@@ -573,7 +612,10 @@ mod tests {
             body.push(mode);
             body.extend_from_slice(&rotation.to_le_bytes());
             body.extend_from_slice(&threshold.to_bits().to_le_bytes());
-            Request::decode(body)
+            Request::decode(Frame {
+                head: body,
+                payload: Vec::new(),
+            })
         };
         assert!(start(SearchMode::Uniqueness.to_byte(), 15, 0.345).is_ok());
         assert!(start(2, 15, 0.345).is_err());
