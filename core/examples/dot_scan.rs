@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use privmatch_core::iris::aligned::AlignedU16s;
 use privmatch_core::iris::dot::{scan_range, DotKernel, ShareMatrix, SHARE_BYTES_PER_ENTRY};
 use privmatch_core::iris::encoding::{CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use privmatch_core::iris::query::{share_query_template, PreparedQuery};
@@ -20,13 +21,17 @@ use privmatch_core::iris::template::{fractional_hamming_distance, min_fhd_over_r
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-fn random_u16s(n: usize, rng: &mut ChaCha20Rng) -> Vec<u16> {
-    let mut bytes = vec![0u8; 2 * n];
-    rng.fill_bytes(&mut bytes);
-    bytes
-        .chunks_exact(2)
-        .map(|p| u16::from_le_bytes([p[0], p[1]]))
-        .collect()
+/// `n` random coefficients in cache-line aligned storage, as the engine's store keeps rows.
+fn random_u16s(n: usize, rng: &mut ChaCha20Rng) -> AlignedU16s {
+    let mut out = AlignedU16s::zeroed(n);
+    let mut bytes = [0u8; 8192];
+    for chunk in out.chunks_mut(bytes.len() / 2) {
+        rng.fill_bytes(&mut bytes);
+        for (v, p) in chunk.iter_mut().zip(bytes.chunks_exact(2)) {
+            *v = u16::from_le_bytes([p[0], p[1]]);
+        }
+    }
+    out
 }
 
 /// Single-thread read bandwidth over `data` (bytes per second), best of three.

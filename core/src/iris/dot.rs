@@ -35,6 +35,7 @@
 
 use std::ops::Range;
 
+use super::aligned::AlignedU16s;
 use super::encoding::{EncodingError, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use super::journal::RowJournal;
 use super::query::PreparedQuery;
@@ -611,7 +612,56 @@ pub fn scan_range(
     out_code: &mut [u16],
     out_mask: &mut [u16],
 ) -> Result<(), DotError> {
-    query.validate()?;
+    let panel = RotationPanel::new(query)?;
+    scan_range_with(kernel, db, &panel, entries, out_code, out_mask)
+}
+
+/// A query's rotations as the scan reads them: the code sides one after the other, then the
+/// mask sides, each starting a cache line ([`AlignedU16s`]). Built once per scan (1.2 MB for
+/// 31 rotations) and shared by the scan's threads.
+#[derive(Debug)]
+pub struct RotationPanel {
+    code: AlignedU16s,
+    mask: AlignedU16s,
+    count: usize,
+}
+
+impl RotationPanel {
+    /// Lays out the rotations of `query`; fails as [`PreparedQuery::validate`] does.
+    pub fn new(query: &PreparedQuery) -> Result<Self, DotError> {
+        query.validate()?;
+        let count = query.rotations.len();
+        let mut code = AlignedU16s::new();
+        let mut mask = AlignedU16s::new();
+        code.reserve_exact(count * CODE_SHARE_COEFS);
+        mask.reserve_exact(count * MASK_SHARE_COEFS);
+        for r in &query.rotations {
+            code.extend_from_slice(&r.code);
+            mask.extend_from_slice(&r.mask);
+        }
+        Ok(RotationPanel { code, mask, count })
+    }
+
+    /// The number of rotations.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True for a query without rotations.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// [`scan_range`] with the query's rotations already laid out ([`RotationPanel`]).
+pub fn scan_range_with(
+    kernel: DotKernel,
+    db: &ShareMatrix<'_>,
+    panel: &RotationPanel,
+    entries: Range<usize>,
+    out_code: &mut [u16],
+    out_mask: &mut [u16],
+) -> Result<(), DotError> {
     if entries.start > entries.end || entries.end > db.len {
         return Err(DotError::RangeOutOfBounds {
             start: entries.start,
@@ -619,7 +669,7 @@ pub fn scan_range(
             len: db.len,
         });
     }
-    let r_count = query.rotations.len();
+    let r_count = panel.len();
     let expected = entries.len().saturating_mul(r_count);
     for (what, got) in [("code", out_code.len()), ("mask", out_mask.len())] {
         if got != expected {
@@ -635,8 +685,8 @@ pub fn scan_range(
     }
     let codes = &db.codes[entries.start * CODE_SHARE_COEFS..entries.end * CODE_SHARE_COEFS];
     let masks = &db.masks[entries.start * MASK_SHARE_COEFS..entries.end * MASK_SHARE_COEFS];
-    let code_rots: Vec<&[u16]> = query.rotations.iter().map(|r| &r.code[..]).collect();
-    let mask_rots: Vec<&[u16]> = query.rotations.iter().map(|r| &r.mask[..]).collect();
+    let code_rots: Vec<&[u16]> = panel.code.chunks_exact(CODE_SHARE_COEFS).collect();
+    let mask_rots: Vec<&[u16]> = panel.mask.chunks_exact(MASK_SHARE_COEFS).collect();
     scan_side(kernel, codes, CODE_SHARE_COEFS, &code_rots, out_code);
     scan_side(kernel, masks, MASK_SHARE_COEFS, &mask_rots, out_mask);
     Ok(())

@@ -4,6 +4,7 @@
 //! bundles and probes, the scan seam and its CPU kernels, the matcher state machine and one
 //! party's store and search service.
 
+pub mod aligned;
 pub mod dot;
 pub mod encoding;
 pub mod enroll;

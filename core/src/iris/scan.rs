@@ -14,7 +14,9 @@ use crate::parallel::split_ranges;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::iris::dot::{scan_range, DotError, DotKernel, DotShares, ShareMatrix};
+use crate::iris::dot::{
+    scan_range_with, DotError, DotKernel, DotShares, RotationPanel, ShareMatrix,
+};
 use crate::iris::query::PreparedQuery;
 
 /// A request to stop a scan early, raised from another thread: the engine raises it when the
@@ -124,7 +126,7 @@ impl ScanBackend for CpuScan {
         let job = Job {
             kernel: self.kernel,
             db,
-            query,
+            panel: &RotationPanel::new(query)?,
             interrupt,
         };
         scan_parallel(&job, self.threads, &mut code, &mut mask)?;
@@ -141,12 +143,12 @@ impl ScanBackend for CpuScan {
 struct Job<'a> {
     kernel: DotKernel,
     db: &'a ShareMatrix<'a>,
-    query: &'a PreparedQuery,
+    panel: &'a RotationPanel,
     interrupt: &'a Interrupt,
 }
 
 impl Job<'_> {
-    /// [`scan_range`] over `range` in chunks of [`INTERRUPT_CHUNK_ROWS`], looking at the
+    /// [`scan_range_with`] over `range` in chunks of [`INTERRUPT_CHUNK_ROWS`], looking at the
     /// interrupt before each.
     fn scan_range(
         &self,
@@ -154,7 +156,7 @@ impl Job<'_> {
         code: &mut [u16],
         mask: &mut [u16],
     ) -> Result<(), DotError> {
-        let r = self.query.num_rotations();
+        let r = self.panel.len();
         let chunks = code
             .chunks_mut(INTERRUPT_CHUNK_ROWS * r.max(1))
             .zip(mask.chunks_mut(INTERRUPT_CHUNK_ROWS * r.max(1)));
@@ -162,12 +164,12 @@ impl Job<'_> {
         for (c, m) in chunks {
             self.interrupt.check()?;
             let end = (start + INTERRUPT_CHUNK_ROWS).min(range.end);
-            scan_range(self.kernel, self.db, self.query, start..end, c, m)?;
+            scan_range_with(self.kernel, self.db, self.panel, start..end, c, m)?;
             start = end;
         }
         // An empty range (or no rotation) has no chunk: still one call, for its checks.
         if start == range.start {
-            scan_range(self.kernel, self.db, self.query, range, code, mask)?;
+            scan_range_with(self.kernel, self.db, self.panel, range, code, mask)?;
         }
         Ok(())
     }
@@ -180,7 +182,7 @@ fn scan_parallel(
     code: &mut [u16],
     mask: &mut [u16],
 ) -> Result<(), DotError> {
-    let r = job.query.num_rotations();
+    let r = job.panel.len();
     let ranges = split_ranges(job.db.len(), threads);
     if ranges.len() <= 1 {
         return job.scan_range(0..job.db.len(), code, mask);

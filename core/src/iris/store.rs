@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
+use crate::iris::aligned::AlignedU16s;
 use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::Eye;
@@ -130,8 +131,10 @@ pub struct CanonicalOrder {
 /// The rows of one eye.
 #[derive(Default)]
 struct EyeMatrix {
-    codes: Vec<u16>,
-    masks: Vec<u16>,
+    /// Code rows, each starting a cache line (the scan's vector loads are never split).
+    codes: AlignedU16s,
+    /// Mask rows, likewise.
+    masks: AlignedU16s,
     ids: Vec<i64>,
     subjects: Vec<String>,
     /// The subjects held, for the duplicate check.
@@ -151,7 +154,7 @@ impl EyeMatrix {
     /// Reserves room for `additional` more rows, at least an eighth of the current size.
     fn reserve(&mut self, additional: usize) {
         let rows = additional.max(self.len() / 8);
-        let grow = |v: &mut Vec<u16>, per_row: usize| {
+        let grow = |v: &mut AlignedU16s, per_row: usize| {
             if v.capacity() - v.len() < additional * per_row {
                 v.reserve_exact(rows * per_row);
             }

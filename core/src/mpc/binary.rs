@@ -702,7 +702,24 @@ impl<P: Program> std::fmt::Debug for Session<P> {
 }
 
 fn encode_u64(words: &[u64]) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    let mut out = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// Refuses a payload of another length than `expected` bytes.
+fn check_length(payload: &[u8], expected: usize, round: u32) -> Result<(), MpcError> {
+    if payload.len() == expected {
+        Ok(())
+    } else {
+        Err(MpcError::WrongLength {
+            round,
+            expected,
+            got: payload.len(),
+        })
+    }
 }
 
 /// Decodes exactly `count` little-endian `N`-byte values, or reports the wrong length.
@@ -785,27 +802,37 @@ impl<P: Program> Session<P> {
                 got: from,
             });
         }
-        let products = match &self.pending {
-            Pending::And { lens, z } => {
-                let theirs = decode_u64(payload, z.len(), self.round)?;
+        let pending = std::mem::replace(
+            &mut self.pending,
+            Pending::And {
+                lens: Vec::new(),
+                z: Vec::new(),
+            },
+        );
+        let products = match pending {
+            Pending::And { lens, mut z } => {
+                check_length(payload, z.len() * 8, self.round)?;
+                // The batches' own words move out of `z` (split from the back: the first
+                // batch stays where it is); the peer's are decoded once, batch by batch.
                 let mut out = Vec::with_capacity(lens.len());
-                let mut off = 0;
-                for &len in lens {
+                for &len in lens.iter().rev() {
                     let n = words_for(len);
+                    let off = z.len() - n;
+                    let theirs = decode_u64(&payload[off * 8..(off + n) * 8], n, self.round)?;
                     out.push(BitSliced {
                         len,
-                        a: z[off..off + n].to_vec(),
-                        b: theirs[off..off + n].to_vec(),
+                        a: z.split_off(off),
+                        b: theirs,
                     });
-                    off += n;
                 }
+                out.reverse();
                 Products::And(out)
             }
             Pending::Mul { lens, z } => {
                 let theirs = decode_u32(payload, z.len(), self.round)?;
                 let mut out = Vec::with_capacity(lens.len());
                 let mut off = 0;
-                for &len in lens {
+                for &len in &lens {
                     out.push(
                         (off..off + len)
                             .map(|k| ReplicatedShare {
