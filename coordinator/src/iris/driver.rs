@@ -36,7 +36,8 @@ use tokio_postgres::{Client, Row};
 use crate::iris::api::{SearchRequest, SearchStats};
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
-    at_each, call_with_timeout, relay, run_on, run_pooled, Rounds, Session, Step, Traffic,
+    at_each, call_with_timeout, relay_ring, run_on, run_pooled, RingReply, RingRounds, Rounds,
+    Session, Step, Traffic,
 };
 use crate::session::retry::{with_retry, RetryPolicy};
 
@@ -291,12 +292,18 @@ impl Session<3> for Search<'_> {
     }
 
     async fn drive(&self, clients: [&Client; 3]) -> Result<Self::Output, SearchError> {
+        let started = std::time::Instant::now();
         let starts = at_each(clients, |party, client| self.start_at(party, client)).await?;
+        // With the per-round lines of the relay: where a search's time goes (times only).
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "iris_search_start at the three parties"
+        );
         check_same_set(&starts)?;
         let entries = starts[0].entries;
         let first = starts.map(|s| s.message);
         let mut traffic = Traffic::new();
-        let result = relay(self, clients, 0..MAX_ROUNDS, Some(first), &mut traffic).await?;
+        let result = relay_ring(self, clients, 0..MAX_ROUNDS, first, &mut traffic).await?;
         let stats = SearchStats {
             entries,
             rounds: traffic.rounds,
@@ -348,6 +355,24 @@ impl Rounds<3> for Search<'_> {
 
     fn route(&self, outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
         route(outbound)
+    }
+}
+
+impl RingRounds<3> for Search<'_> {
+    fn ring_reply(
+        &self,
+        party: PartyIndex,
+        round: i32,
+        reply: RoundReply,
+    ) -> Result<RingReply<RoundReply>, SearchError> {
+        if reply.finished {
+            return Ok(RingReply::Finished(reply));
+        }
+        reply.message.map(RingReply::Relay).ok_or_else(|| {
+            SearchError::Protocol(format!(
+                "{party} sent no message in round {round} and did not finish"
+            ))
+        })
     }
 }
 

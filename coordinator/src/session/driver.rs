@@ -26,6 +26,7 @@
 
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -384,6 +385,240 @@ pub async fn relay<const N: usize, R: Rounds<N>>(
     )))
 }
 
+/// What one party's answer to a round of a ring session is ([`RingRounds`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum RingReply<T> {
+    /// Its message for the next party (i+1): the session goes on.
+    Relay(Vec<u8>),
+    /// Its last answer: the session is over at this party.
+    Finished(T),
+}
+
+/// Rounds that form a ring: in every round party i sends one message, to party i+1, and its
+/// answer to round k depends only on its own state and party i−1's message of round k−1.
+/// [`relay_ring`] can then run every party's next round as soon as that message is in,
+/// instead of waiting for all answers of a round.
+pub trait RingRounds<const N: usize>: Rounds<N> {
+    /// What `party`'s answer to round `round` is: a message to relay or its last answer.
+    fn ring_reply(
+        &self,
+        party: PartyIndex,
+        round: i32,
+        reply: Self::Reply,
+    ) -> Result<RingReply<Self::Reply>, Self::Error>;
+}
+
+/// How one party's chain of rounds in [`relay_ring`] ended.
+enum ChainEnd<T, E> {
+    /// It finished in this round with this answer.
+    Finished(i32, T),
+    /// Its own call failed.
+    Failed(E),
+    /// Its predecessor stopped sending before this round (a consequence of another error, or
+    /// of the predecessor finishing early).
+    Starved(i32),
+}
+
+/// [`relay`] for ring sessions, pipelined: each party runs its rounds on its own connection
+/// and is given party i−1's message of a round as soon as that party answered it, so no party
+/// waits for the slowest of a round before its next one (parties sharing cores overlap their
+/// rounds, and the coordinator relays one party's message while others still compute). The
+/// messages, their order and their routing are those of [`relay`]; `first` holds the
+/// messages of the opening (indexed by sender). All parties must finish in the same round;
+/// their last answers then go through [`Rounds::step`]. Errors rank as in [`at_each`]: a
+/// party's own error before a timeout, and both before a party left without input.
+pub async fn relay_ring<const N: usize, R: RingRounds<N>>(
+    rounds: &R,
+    clients: [&Client; N],
+    numbers: Range<i32>,
+    first: [Vec<u8>; N],
+    traffic: &mut Traffic<N>,
+) -> Result<R::Last, R::Error> {
+    let call = |party: PartyIndex, round: i32, inbound: Vec<u8>| async move {
+        let client = clients[party.as_usize()];
+        round_at(rounds, party, client, round, Some(&inbound)).await
+    };
+    relay_ring_with(rounds, &call, numbers, first, traffic).await
+}
+
+/// [`relay_ring`] with the round call given: `call(party, round, inbound)` runs one round at
+/// a party (tests give one that needs no database).
+async fn relay_ring_with<const N: usize, R, F, Fut>(
+    rounds: &R,
+    call: &F,
+    numbers: Range<i32>,
+    first: [Vec<u8>; N],
+    traffic: &mut Traffic<N>,
+) -> Result<R::Last, R::Error>
+where
+    R: RingRounds<N>,
+    F: Fn(PartyIndex, i32, Vec<u8>) -> Fut,
+    Fut: Future<Output = Result<R::Reply, R::Error>>,
+{
+    traffic.count(&first);
+    // Channel j is party j's inbox: party i reads channel i and sends on channel i+1.
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..N)
+        .map(|_| tokio::sync::mpsc::unbounded_channel::<Vec<u8>>())
+        .unzip();
+    for (i, opening) in first.into_iter().enumerate() {
+        // Party i's opening message is party i+1's input to the first round.
+        let _ = senders[(i + 1) % N].send(opening);
+    }
+    let sent: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
+    let calls = AtomicU32::new(0);
+    let chains: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(i, inbox)| {
+            let chain = Chain {
+                party: PartyIndex::ALL[i],
+                inbox,
+                outbox: senders[(i + 1) % N].clone(),
+                sent: &sent[i],
+                calls: &calls,
+            };
+            chain.run(rounds, call, numbers.clone())
+        })
+        .collect();
+    // The chains now hold the only senders: a chain that ends drops its own, so its successor
+    // sees the end instead of waiting for a message that will not come.
+    drop(senders);
+    let ends = join_all(chains).await;
+    traffic.rounds += calls.load(Ordering::Relaxed);
+    for (total, party_sent) in traffic.bytes_sent.iter_mut().zip(&sent) {
+        *total += party_sent.load(Ordering::Relaxed);
+    }
+    finish_ring(rounds, ends, numbers.end)
+}
+
+/// One party's rounds in [`relay_ring`].
+struct Chain<'a> {
+    party: PartyIndex,
+    /// Party i−1's messages.
+    inbox: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    /// To party i+1.
+    outbox: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes this party sent.
+    sent: &'a AtomicU64,
+    /// Round calls made by the party that made most.
+    calls: &'a AtomicU32,
+}
+
+impl Chain<'_> {
+    /// Runs rounds `numbers` at this party, each as soon as its input is in.
+    async fn run<const N: usize, R, F, Fut>(
+        mut self,
+        rounds: &R,
+        call: &F,
+        numbers: Range<i32>,
+    ) -> ChainEnd<R::Reply, R::Error>
+    where
+        R: RingRounds<N>,
+        F: Fn(PartyIndex, i32, Vec<u8>) -> Fut,
+        Fut: Future<Output = Result<R::Reply, R::Error>>,
+    {
+        let party = self.party;
+        for round in numbers.clone() {
+            let Some(inbound) = self.inbox.recv().await else {
+                return ChainEnd::Starved(round);
+            };
+            let started = Instant::now();
+            let inbound_bytes = inbound.len();
+            let reply = match call(party, round, inbound).await {
+                Ok(reply) => reply,
+                Err(e) => return ChainEnd::Failed(e),
+            };
+            self.calls
+                .fetch_max((round - numbers.start + 1) as u32, Ordering::Relaxed);
+            // Where a session's time goes, round by round and party by party (sizes and
+            // times only).
+            tracing::debug!(
+                function = R::ROUND_FUNCTION,
+                %party,
+                round,
+                inbound_bytes,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "round"
+            );
+            match rounds.ring_reply(party, round, reply) {
+                Ok(RingReply::Relay(message)) => {
+                    self.sent.fetch_add(message.len() as u64, Ordering::Relaxed);
+                    // A successor that already stopped does not take it; its end says why.
+                    let _ = self.outbox.send(message);
+                }
+                Ok(RingReply::Finished(last)) => return ChainEnd::Finished(round, last),
+                Err(e) => return ChainEnd::Failed(e),
+            }
+        }
+        ChainEnd::Starved(numbers.end)
+    }
+}
+
+/// The first error that is not a timeout, else the first (the ranking of [`all_answers`]).
+fn most_telling<E: SessionError>(errors: Vec<E>) -> Option<E> {
+    let mut kept: Option<E> = None;
+    for e in errors {
+        if kept
+            .as_ref()
+            .is_none_or(|k| k.is_timeout() && !e.is_timeout())
+        {
+            kept = Some(e);
+        }
+    }
+    kept
+}
+
+/// The output of a ring session from how each party's chain ended, or its most telling error.
+fn finish_ring<const N: usize, R: RingRounds<N>>(
+    rounds: &R,
+    ends: Vec<ChainEnd<R::Reply, R::Error>>,
+    limit: i32,
+) -> Result<R::Last, R::Error> {
+    let mut last = Vec::with_capacity(N);
+    let mut own: Vec<R::Error> = Vec::new();
+    let mut starved = None;
+    for (party, end) in PartyIndex::ALL.iter().zip(ends) {
+        match end {
+            ChainEnd::Finished(round, reply) => last.push((round, reply)),
+            ChainEnd::Failed(e) => own.push(e),
+            ChainEnd::Starved(round) => starved = starved.or(Some((*party, round))),
+        }
+    }
+    if let Some(e) = most_telling(own) {
+        return Err(e);
+    }
+    if let Some((party, round)) = starved {
+        return Err(R::Error::protocol(if round >= limit {
+            format!("the parties did not finish within {limit} rounds")
+        } else {
+            format!(
+                "{party} got no message for round {round}: its predecessor finished or stopped before it (finished: {})",
+                last.len()
+            )
+        }));
+    }
+    let round = last.first().map_or(0, |(r, _)| *r);
+    if last.iter().any(|(r, _)| *r != round) {
+        let rounds_seen: Vec<String> = last.iter().map(|(r, _)| r.to_string()).collect();
+        return Err(R::Error::protocol(format!(
+            "the parties finished in different rounds ({})",
+            rounds_seen.join(", ")
+        )));
+    }
+    let replies: [R::Reply; N] = last
+        .into_iter()
+        .map(|(_, reply)| reply)
+        .collect::<Vec<_>>()
+        .try_into()
+        .map_err(|_| R::Error::protocol(format!("expected {N} last answers")))?;
+    match rounds.step(round, replies)? {
+        Step::Finished(output) => Ok(output),
+        Step::Relay(_) => Err(R::Error::protocol(format!(
+            "round {round}: the parties finished, yet their answers ask for another round"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +641,186 @@ mod tests {
         assert_eq!(got, Ok([1, 2]));
         let got: Result<[u8; 3], &str> = all_answers(vec![Ok(1), Ok(2)], timeout, || "count");
         assert_eq!(got, Err("count"));
+    }
+
+    /// A ring session without a database: party i's answer to round k is "Pi:k", its last
+    /// answer in round `finish_at[i]` ([`run_fake`] makes the calls).
+    struct FakeRing {
+        id: SessionId,
+        finish_at: [i32; 3],
+    }
+
+    #[derive(Debug)]
+    enum FakeError {
+        Party(PartyError),
+        Timeout(PartyError),
+        Protocol(String),
+    }
+    crate::session_error!(FakeError);
+
+    impl Session<3> for FakeRing {
+        type Output = ();
+        type Error = FakeError;
+        const ABORT_SQL: &'static str = "";
+
+        fn id(&self) -> &SessionId {
+            &self.id
+        }
+
+        #[allow(clippy::manual_async_fn)]
+        fn drive<'a>(
+            &'a self,
+            _clients: [&'a Client; 3],
+        ) -> impl Future<Output = Result<(), FakeError>> + Send + 'a {
+            async { Ok(()) }
+        }
+    }
+
+    impl Rounds<3> for FakeRing {
+        type Reply = (String, bool);
+        type Last = Vec<String>;
+        const ROUND_SQL: &'static str = "";
+        const ROUND_FUNCTION: &'static str = "fake_round";
+
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn reply(&self, _: PartyIndex, _: i32, _: &Row) -> Result<(String, bool), FakeError> {
+            unreachable!("the fake call makes its replies itself")
+        }
+
+        fn step(
+            &self,
+            _round: i32,
+            replies: [(String, bool); 3],
+        ) -> Result<Step<3, Vec<String>>, FakeError> {
+            Ok(Step::Finished(replies.into_iter().map(|r| r.0).collect()))
+        }
+
+        fn route(&self, outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
+            let [m0, m1, m2] = outbound;
+            [m2, m0, m1]
+        }
+    }
+
+    impl RingRounds<3> for FakeRing {
+        fn ring_reply(
+            &self,
+            _: PartyIndex,
+            _: i32,
+            reply: (String, bool),
+        ) -> Result<RingReply<(String, bool)>, FakeError> {
+            Ok(if reply.1 {
+                RingReply::Finished(reply)
+            } else {
+                RingReply::Relay(reply.0.into_bytes())
+            })
+        }
+    }
+
+    fn party_error(party: PartyIndex, message: &str) -> PartyError {
+        PartyError {
+            party,
+            sqlstate: Some("XX000".into()),
+            message: message.into(),
+        }
+    }
+
+    /// Runs the fake ring for `rounds` rounds; `fail(party, round)` may make a call fail.
+    async fn run_fake(
+        finish_at: [i32; 3],
+        rounds: i32,
+        fail: impl Fn(PartyIndex, i32) -> Option<FakeError>,
+    ) -> (Result<Vec<String>, FakeError>, Traffic<3>) {
+        let ring = FakeRing {
+            id: [7; 16],
+            finish_at,
+        };
+        let call = |party: PartyIndex, round: i32, inbound: Vec<u8>| {
+            let failure = fail(party, round);
+            let finish = ring.finish_at[party.as_usize()];
+            async move {
+                // Each party gets exactly its predecessor's message of the round before.
+                let prev = party.prev();
+                let expected = if round == 0 {
+                    format!("open {prev}")
+                } else {
+                    format!("{prev}:{}", round - 1)
+                };
+                assert_eq!(String::from_utf8(inbound).unwrap(), expected);
+                if let Some(e) = failure {
+                    return Err(e);
+                }
+                Ok((format!("{party}:{round}"), round == finish))
+            }
+        };
+        let first = PartyIndex::ALL.map(|p| format!("open {p}").into_bytes());
+        let mut traffic = Traffic::new();
+        let out = relay_ring_with(&ring, &call, 0..rounds, first, &mut traffic).await;
+        (out, traffic)
+    }
+
+    #[tokio::test]
+    async fn the_ring_relays_each_message_to_the_next_party_and_finishes_together() {
+        let (out, traffic) = run_fake([3, 3, 3], 10, |_, _| None).await;
+        assert_eq!(out.unwrap(), vec!["P0:3", "P1:3", "P2:3"]);
+        assert_eq!(traffic.rounds, 4);
+        // "open Pi" (7 bytes) and rounds 0–2 (4 bytes each) relayed from every party.
+        assert_eq!(traffic.bytes_sent, [7 + 12; 3]);
+    }
+
+    #[tokio::test]
+    async fn a_failing_party_is_reported_and_nobody_waits_for_it() {
+        let p = PartyIndex::ALL;
+        let (out, _) = run_fake([5; 3], 10, |party, round| {
+            (party == p[1] && round == 2).then(|| FakeError::Party(party_error(party, "refused")))
+        })
+        .await;
+        match out {
+            Err(FakeError::Party(e)) => {
+                assert_eq!((e.party, e.message.as_str()), (p[1], "refused"))
+            }
+            other => panic!("expected P1's own error, got {other:?}"),
+        }
+        // A timeout is only reported when no party failed by itself.
+        let (out, _) = run_fake([5; 3], 10, |party, round| match (party.as_usize(), round) {
+            (0, 2) => Some(FakeError::Timeout(party_error(party, "no answer"))),
+            (2, 2) => Some(FakeError::Party(party_error(party, "tampered message"))),
+            _ => None,
+        })
+        .await;
+        assert!(
+            matches!(&out, Err(FakeError::Party(e)) if e.party == p[2]),
+            "{out:?}"
+        );
+        let (out, _) = run_fake([5; 3], 10, |party, round| {
+            (party == p[0] && round == 1).then(|| FakeError::Timeout(party_error(party, "slow")))
+        })
+        .await;
+        assert!(
+            matches!(&out, Err(FakeError::Timeout(e)) if e.party == p[0]),
+            "{out:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn parties_that_do_not_finish_together_or_at_all_fail_the_session() {
+        let (out, _) = run_fake([3, 3, 1], 10, |_, _| None).await;
+        match out {
+            Err(FakeError::Protocol(m)) => {
+                assert!(m.contains("P0 got no message for round 2"), "{m}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        let (out, traffic) = run_fake([99; 3], 4, |_, _| None).await;
+        match out {
+            Err(FakeError::Protocol(m)) => {
+                assert!(m.contains("did not finish within 4 rounds"), "{m}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        assert_eq!(traffic.rounds, 4);
     }
 
     #[test]
