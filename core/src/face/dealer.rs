@@ -18,7 +18,7 @@ use super::funshade::DealerParams;
 use super::quantize::check_dim;
 use super::{FaceError, Metric};
 use crate::crypto::seal::{
-    open_sealed_box, seal_to_party, PairwiseSecrets, PartyPublicKey, PartySecretKey,
+    self, open_sealed_box, seal_to_party, PairwiseSecrets, PartyPublicKey, PartySecretKey,
 };
 use crate::party::PartyIndex;
 use crate::wire::session::SESSION_ID_LEN;
@@ -163,17 +163,11 @@ pub fn seal_key_batch<R: RngCore + CryptoRng>(
         .seal(0, &plain, rng)
 }
 
-/// The session id a channel message names in its (authenticated) header: magic `PMCH`,
-/// sender, receiver, then the 16-byte session id.
+/// The session id a channel message names in its (authenticated) header.
 fn channel_message_session(sealed: &[u8]) -> Result<[u8; SESSION_ID_LEN], FaceError> {
-    if sealed.len() < 6 + SESSION_ID_LEN || &sealed[..4] != b"PMCH" {
-        return Err(FaceError::Malformed(
-            "key batch: not a privmatch channel message",
-        ));
-    }
-    let mut id = [0u8; SESSION_ID_LEN];
-    id.copy_from_slice(&sealed[6..6 + SESSION_ID_LEN]);
-    Ok(id)
+    seal::channel_message_session(sealed).ok_or(FaceError::Malformed(
+        "key batch: not a privmatch channel message",
+    ))
 }
 
 /// Evaluator side: opens a key batch as `me` with `from_dealer`, the pairwise secrets of this

@@ -597,13 +597,9 @@ impl MpcContext {
 
     /// This party's share r_i = F(k_{i,i+1}) ⊕ F(k_{i−1,i}) of an XOR-sharing of zero.
     fn zero_share_words(&self, label: &[u8], round: u32, out: &mut [u64]) {
-        use rand_core::RngCore;
         let ctx = self.prf_context(label, round, b'B');
-        let mut mine = self.with_next.stream(&ctx);
-        let mut theirs = self.with_prev.stream(&ctx);
-        for w in out.iter_mut() {
-            *w = mine.next_u64() ^ theirs.next_u64();
-        }
+        self.with_next.fill_words(&ctx, out);
+        self.with_prev.xor_words(&ctx, out);
     }
 
     /// This party's share of an additive sharing of zero over Z_2^32.
@@ -702,9 +698,11 @@ impl<P: Program> std::fmt::Debug for Session<P> {
 }
 
 fn encode_u64(words: &[u64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(words.len() * 8);
-    for w in words {
-        out.extend_from_slice(&w.to_le_bytes());
+    // Fixed-size chunks of a sized buffer: the loop compiles to a straight copy on
+    // little-endian machines (pushing 8 bytes at a time does not).
+    let mut out = vec![0u8; words.len() * 8];
+    for (bytes, w) in out.chunks_exact_mut(8).zip(words) {
+        bytes.copy_from_slice(&w.to_le_bytes());
     }
     out
 }
@@ -1277,14 +1275,23 @@ impl OperandCarryProgram {
     }
 
     /// Gates of one tree level: pairs (lo, hi) of adjacent nodes.
-    fn tree_gates(&self) -> Result<Gates, MpcError> {
+    /// The AND gates of one tree level. The planes that are gate inputs only (lo's g and p,
+    /// hi's p) move into the gates, emptied where they stand; the next level reads hi's g and
+    /// whether lo had a p, which stay. p_hi, an input of two gates, is copied once.
+    fn tree_gates(&mut self) -> Result<Gates, MpcError> {
         let mut pairs = Vec::new();
-        for chunk in self.nodes.chunks_exact(2) {
-            let (lo, hi) = (&chunk[0], &chunk[1]);
-            let p_hi = hi.p.as_ref().ok_or(MpcError::OutOfStep("carry tree"))?;
-            pairs.push((p_hi.clone(), lo.g.clone()));
-            if let Some(p_lo) = &lo.p {
-                pairs.push((p_hi.clone(), p_lo.clone()));
+        for chunk in self.nodes.chunks_exact_mut(2) {
+            let [lo, hi] = chunk else {
+                unreachable!("chunks_exact_mut(2) yields pairs")
+            };
+            let p_hi = hi.p.take().ok_or(MpcError::OutOfStep("carry tree"))?;
+            let g_lo = std::mem::take(&mut lo.g);
+            match lo.p.as_mut() {
+                Some(p_lo) => {
+                    pairs.push((p_hi.clone(), g_lo));
+                    pairs.push((p_hi, std::mem::take(p_lo)));
+                }
+                None => pairs.push((p_hi, g_lo)),
             }
         }
         Ok(Gates::And(pairs))
