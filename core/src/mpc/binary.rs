@@ -727,13 +727,7 @@ fn decode_le<T, const N: usize>(
     round: u32,
     from_le: fn([u8; N]) -> T,
 ) -> Result<Vec<T>, MpcError> {
-    if payload.len() != count * N {
-        return Err(MpcError::WrongLength {
-            round,
-            expected: count * N,
-            got: payload.len(),
-        });
-    }
+    check_length(payload, count * N, round)?;
     Ok(payload
         .chunks_exact(N)
         .map(|c| {
@@ -1274,10 +1268,10 @@ impl OperandCarryProgram {
         })
     }
 
-    /// Gates of one tree level: pairs (lo, hi) of adjacent nodes.
-    /// The AND gates of one tree level. The planes that are gate inputs only (lo's g and p,
-    /// hi's p) move into the gates, emptied where they stand; the next level reads hi's g and
-    /// whether lo had a p, which stay. p_hi, an input of two gates, is copied once.
+    /// The AND gates of one tree level, over pairs (lo, hi) of adjacent nodes. The planes that
+    /// are gate inputs only (lo's g and p, hi's p) move into the gates, emptied where they
+    /// stand; the next level reads hi's g and whether lo had a p, which stay. p_hi, an input of
+    /// two gates, is copied once.
     fn tree_gates(&mut self) -> Result<Gates, MpcError> {
         let mut pairs = Vec::new();
         for chunk in self.nodes.chunks_exact_mut(2) {

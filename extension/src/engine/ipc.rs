@@ -468,7 +468,7 @@ impl Response {
 }
 
 /// A frame as read: its head and its payload, each in a buffer of its own.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Frame {
     /// Tag and small fields.
     pub head: Vec<u8>,
