@@ -40,6 +40,15 @@ use super::encoding::{EncodingError, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use super::journal::RowJournal;
 use super::query::PreparedQuery;
 
+#[cfg(target_arch = "x86_64")]
+mod paired;
+#[cfg(target_arch = "x86_64")]
+use paired::PairedSide;
+/// Rotation pairs exist only for the AVX-512 kernel (x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Debug)]
+enum PairedSide {}
+
 /// Bytes of shares one entry contributes to a scan (code 25,600 + mask 12,800; docs/protocols/iris.md), for
 /// the benchmark's bandwidth figure.
 pub const SHARE_BYTES_PER_ENTRY: usize = 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
@@ -403,11 +412,33 @@ mod avx2 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::{
-        __m512i, _mm512_dpwssd_epi32, _mm512_load_si512, _mm512_loadu_si512, _mm512_setzero_si512,
-        _mm512_store_si512,
+        __m512i, _mm512_load_si512, _mm512_loadu_si512, _mm512_setzero_si512, _mm512_store_si512,
     };
 
     use super::{common_len, Slot};
+
+    /// `acc + Σ pairs a·b` (VPDPWSSD), as that one instruction: written as an intrinsic, LLVM's
+    /// machine combiner splits long chains of it into VPMADDWD + VPADDD (twice the
+    /// instructions), which made an unrolled scan slower, not faster.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512 VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    #[inline]
+    pub(super) unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: register operands only; the caller guarantees the CPU has AVX-512 VNNI.
+        unsafe {
+            std::arch::asm!(
+                "vpdpwssd {acc}, {a}, {b}",
+                acc = inout(zmm_reg) acc,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        acc
+    }
 
     /// Loads 32 u16 starting at element `i` of `s`.
     ///
@@ -475,7 +506,8 @@ mod avx512 {
                 // SAFETY: as above.
                 let x = unsafe { load(r, i) };
                 for (a, &y) in a_row.iter_mut().zip(&b) {
-                    *a = _mm512_dpwssd_epi32(*a, x, y);
+                    // SAFETY: the caller guarantees AVX-512 VNNI.
+                    *a = unsafe { dpwssd(*a, x, y) };
                 }
             }
             i += 32;
@@ -624,6 +656,9 @@ pub struct RotationPanel {
     code: AlignedU16s,
     mask: AlignedU16s,
     count: usize,
+    /// The code and mask rotations in pairs for the AVX-512 scan (`dot/paired.rs`), where
+    /// they pair (nine rotations or more).
+    paired: [Option<PairedSide>; 2],
 }
 
 impl RotationPanel {
@@ -639,7 +674,16 @@ impl RotationPanel {
             code.extend_from_slice(&r.code);
             mask.extend_from_slice(&r.mask);
         }
-        Ok(RotationPanel { code, mask, count })
+        let paired = [(&code, CODE_SHARE_COEFS), (&mask, MASK_SHARE_COEFS)].map(|(side, len)| {
+            let rots: Vec<&[u16]> = side.chunks_exact(len).collect();
+            pair_rotations(&rots, len)
+        });
+        Ok(RotationPanel {
+            code,
+            mask,
+            count,
+            paired,
+        })
     }
 
     /// The number of rotations.
@@ -687,17 +731,52 @@ pub fn scan_range_with(
     let masks = &db.masks[entries.start * MASK_SHARE_COEFS..entries.end * MASK_SHARE_COEFS];
     let code_rots: Vec<&[u16]> = panel.code.chunks_exact(CODE_SHARE_COEFS).collect();
     let mask_rots: Vec<&[u16]> = panel.mask.chunks_exact(MASK_SHARE_COEFS).collect();
-    scan_side(kernel, codes, CODE_SHARE_COEFS, &code_rots, out_code);
-    scan_side(kernel, masks, MASK_SHARE_COEFS, &mask_rots, out_mask);
+    let [paired_code, paired_mask] = &panel.paired;
+    scan_side(
+        kernel,
+        codes,
+        CODE_SHARE_COEFS,
+        &code_rots,
+        paired_code.as_ref(),
+        out_code,
+    );
+    scan_side(
+        kernel,
+        masks,
+        MASK_SHARE_COEFS,
+        &mask_rots,
+        paired_mask.as_ref(),
+        out_mask,
+    );
     Ok(())
+}
+
+/// The rotations of one side in pairs for the AVX-512 scan, where they pair.
+#[cfg(target_arch = "x86_64")]
+fn pair_rotations(rots: &[&[u16]], row_len: usize) -> Option<PairedSide> {
+    PairedSide::new(rots, row_len)
+}
+
+/// No rotation pairs off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+fn pair_rotations(_rots: &[&[u16]], _row_len: usize) -> Option<PairedSide> {
+    None
 }
 
 /// Dot products of consecutive database rows (`rows`, each `row_len` long) with one side
 /// (code or mask) of every rotation (`rots`), entry-major into `out` (rows × R), with the
 /// kernel's register tile (measured best on Zen 4, N = 20,000, R = 31): 6 rows × 4 rotations
 /// (24 of the 32 zmm registers accumulate) for AVX-512, 3 × 3 (9 of the 16 ymm registers)
-/// for AVX2.
-fn scan_side(kernel: DotKernel, rows: &[u16], row_len: usize, rots: &[&[u16]], out: &mut [u16]) {
+/// for AVX2. With AVX-512 and rotations that pair (`paired`), the pairs share products
+/// (`dot/paired.rs`).
+fn scan_side(
+    kernel: DotKernel,
+    rows: &[u16],
+    row_len: usize,
+    rots: &[&[u16]],
+    paired: Option<&PairedSide>,
+    out: &mut [u16],
+) {
     if rots.is_empty() || row_len == 0 {
         return;
     }
@@ -706,7 +785,10 @@ fn scan_side(kernel: DotKernel, rows: &[u16], row_len: usize, rots: &[&[u16]], o
         #[cfg(target_arch = "x86_64")]
         Kind::Avx2 => scan_tiled::<3, 3>(kernel, rows, row_len, rots, out),
         #[cfg(target_arch = "x86_64")]
-        Kind::Avx512 => scan_tiled::<6, 4>(kernel, rows, row_len, rots, out),
+        Kind::Avx512 => match paired {
+            Some(side) => paired::scan_side(kernel, rows, row_len, rots, side, out),
+            None => scan_tiled::<6, 4>(kernel, rows, row_len, rots, out),
+        },
     }
 }
 
