@@ -269,8 +269,9 @@ impl DotKernel {
             Kind::Portable => sum(&mut lanes.into_iter()),
             #[cfg(target_arch = "x86_64")]
             Kind::Avx2 => sum(&mut lanes.into_iter().take(16)),
+            // SAFETY: a `Kind::Avx512` kernel exists only on a CPU with AVX-512F.
             #[cfg(target_arch = "x86_64")]
-            Kind::Avx512 => sum(&mut lanes.into_iter().step_by(2)),
+            Kind::Avx512 => unsafe { avx512::hsum(s) },
         }
     }
 }
@@ -412,7 +413,8 @@ mod avx2 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::{
-        __m512i, _mm512_load_si512, _mm512_loadu_si512, _mm512_setzero_si512, _mm512_store_si512,
+        __m512i, _mm512_load_si512, _mm512_loadu_si512, _mm512_reduce_add_epi32,
+        _mm512_setzero_si512, _mm512_store_si512,
     };
 
     use super::{common_len, Slot};
@@ -438,6 +440,21 @@ mod avx512 {
             );
         }
         acc
+    }
+
+    /// The sum of the 16 i32 lanes of `s` modulo 2^16, which is the wrapping sum of their low
+    /// halves (the high halves only hold carries), in one vector reduction: the scalar fold
+    /// over 32 u16 lanes was 2 % of a whole search's CPU.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn hsum(s: &Slot) -> u16 {
+        // SAFETY: a slot is 64 readable bytes, 64-byte aligned (`repr(align(64))`).
+        let v = unsafe { _mm512_load_si512(s.0.as_ptr().cast::<__m512i>()) };
+        // Truncation is the point: the result is the sum modulo 2^16.
+        _mm512_reduce_add_epi32(v) as u16
     }
 
     /// Loads 32 u16 starting at element `i` of `s`.

@@ -172,24 +172,26 @@ pub(super) fn scan_side(
 ) {
     let r_count = rots.len();
     let mut acc = vec![Slot::ZERO; TILE_ROWS * (3 * side.pairs.len() + side.singles.len())];
+    let singles: Vec<&[u16]> = side.singles.iter().map(|&r| rots[r]).collect();
     let mut blocks = rows.chunks_exact(TILE_ROWS * row_len);
     let mut outs = out.chunks_exact_mut(TILE_ROWS * r_count);
     for (block, o) in (&mut blocks).zip(&mut outs) {
         let rows: [&[u16]; TILE_ROWS] = std::array::from_fn(|m| &block[m * row_len..][..row_len]);
-        scan_block(kernel, rows, rots, side, o, &mut acc);
+        scan_block(kernel, rows, &singles, side, o, &mut acc);
     }
     let rest = blocks.remainder().chunks_exact(row_len);
     for (row, o) in rest.zip(outs.into_remainder().chunks_exact_mut(r_count)) {
-        scan_block(kernel, [row], rots, side, o, &mut acc);
+        scan_block(kernel, [row], &singles, side, o, &mut acc);
     }
 }
 
-/// The M rows `rows` against every rotation, entry-major into `out` (M × R); `acc` is
-/// scratch of at least M·(3·pairs + singles) slots.
+/// The M rows `rows` against every rotation (the pairs of `side`, and `singles`, the
+/// rotations of `side.singles`), entry-major into `out` (M × R); `acc` is scratch of at least
+/// M·(3·pairs + singles) slots.
 fn scan_block<const M: usize>(
     kernel: DotKernel,
     rows: [&[u16]; M],
-    rots: &[&[u16]],
+    singles: &[&[u16]],
     side: &PairedSide,
     out: &mut [u16],
     acc: &mut [Slot],
@@ -198,7 +200,6 @@ fn scan_block<const M: usize>(
     let single_acc = &mut single_acc[..M * side.singles.len()];
     pair_acc.fill(Slot::ZERO);
     single_acc.fill(Slot::ZERO);
-    let singles: Vec<&[u16]> = side.singles.iter().map(|&r| rots[r]).collect();
     let mut s0 = 0;
     while s0 < side.segments {
         let s1 = (s0 + BLOCK_SEGMENTS).min(side.segments);
@@ -220,11 +221,11 @@ fn scan_block<const M: usize>(
             p += 1;
         }
         if !singles.is_empty() {
-            cache_block::<M, 4>(kernel, row_slices, &singles, elems, single_acc);
+            cache_block::<M, 4>(kernel, row_slices, singles, elems, single_acc);
         }
         s0 = s1;
     }
-    let r_count = rots.len();
+    let r_count = side.pairs.len() * 2 + side.singles.len();
     let sum = |a: &Slot, b: &Slot| kernel.hsum(a).wrapping_add(kernel.hsum(b));
     for (p, &(lo, hi)) in side.pairs.iter().enumerate() {
         for m in 0..M {
