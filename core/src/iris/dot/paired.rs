@@ -15,11 +15,12 @@
 //!                                                  M3 = A[c+8]·(b2 − b1)
 //! ```
 //!
-//! This is the minimal filtering algorithm F(2,2) of Winograd ("Arithmetic Complexity of
-//! Computations", SIAM 1980, doi:10.1137/1.9781611970364; used for convolutions by Lavin and
-//! Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016, arXiv:1509.09308) in
-//! its division-free form, so it is exact in Z_2^16: the products and sums are the wrapping
-//! u16 arithmetic of the plain scan, in another order.
+//! This is Winograd's minimal filtering algorithm F(2,2) (S. Winograd, "Arithmetic Complexity
+//! of Computations", SIAM 1980, doi:10.1137/1.9781611970364; [Win80] in docs/references.md;
+//! used for convolutions by Lavin and Gray, "Fast Algorithms for Convolutional Neural
+//! Networks", CVPR 2016, arXiv:1509.09308) in its division-free form, so it is exact in
+//! Z_2^16: the products and sums are the wrapping u16 arithmetic of the plain scan, in another
+//! order.
 //!
 //! **Layout.** An iris row of a stored share is a segment of 800 u16 (200 columns × 4) = 25
 //! vectors: vectors (2i, 2i + 1) for i < 12 are tap pairs (3 products per rotation pair), the
