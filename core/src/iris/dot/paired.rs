@@ -63,6 +63,7 @@ const BLOCK_SEGMENTS: usize = 2;
 /// Xeon with AVX-512 VNNI): 4 × 2 0.92–0.97 s, 6 × 1 0.98 s, 3 × 2 1.0 s, 8 × 1 1.07 s, 2 × 4
 /// 1.28 s; a cache block of 1 or 4 segments instead of 2: 1.06 / 1.16 s.
 const TILE_ROWS: usize = 4;
+/// Rotation pairs per register tile (see [`TILE_ROWS`]).
 const TILE_PAIRS: usize = 2;
 
 /// One side (code or mask) of a query's rotations, paired for [`scan_side`].
