@@ -28,7 +28,9 @@
 //! blocks ([`DotKernel::block_elems`]): for one block of rows, every rotation group passes
 //! over the same slice of the rows while it is in L1/L2, the partial sums wait in a small
 //! accumulator buffer, and each row is read from memory once whatever R is (at R = 1 the scan
-//! is bandwidth-bound). Figures: BENCHMARKS.md, `examples/dot_scan.rs`.
+//! is bandwidth-bound). With AVX-512 and nine rotations or more, rotations k and k + 8 share
+//! products (three instead of four per pair of taps, `dot/paired.rs`). Figures: BENCHMARKS.md,
+//! `examples/dot_scan.rs`.
 //!
 //! No threads here: the caller owns the pool and calls [`scan_range`] on sub-ranges.
 //! Rounds: none (local).
@@ -768,9 +770,11 @@ pub fn scan_range_with(
     Ok(())
 }
 
-/// The rotations of one side in pairs for the AVX-512 scan, where they pair.
+/// The rotations of one side in pairs for the AVX-512 scan, where they pair; `None` on a CPU
+/// without the AVX-512 kernel (no other kernel reads the pairs).
 #[cfg(target_arch = "x86_64")]
 fn pair_rotations(rots: &[&[u16]], row_len: usize) -> Option<PairedSide> {
+    DotKernel::avx512()?;
     PairedSide::new(rots, row_len)
 }
 
