@@ -748,8 +748,19 @@ fn bind_socket() -> Option<UnixListener> {
     Some(listener)
 }
 
+/// What ended a wait for work.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A connection is waiting.
+    Readable,
+    /// The latch was set (a signal, a request thread's log line).
+    Latch,
+    /// A whole second passed without either.
+    Timeout,
+}
+
 /// Waits up to a second for a connection, a signal or postmaster death (which exits).
-fn wait_for_work(fd: i32) -> bool {
+fn wait_for_work(fd: i32) -> Wake {
     let events = pg_sys::WL_LATCH_SET
         | pg_sys::WL_SOCKET_READABLE
         | pg_sys::WL_TIMEOUT
@@ -766,7 +777,13 @@ fn wait_for_work(fd: i32) -> bool {
         pg_sys::ResetLatch(pg_sys::MyLatch);
         rc
     };
-    rc & pg_sys::WL_SOCKET_READABLE as i32 != 0
+    if rc & pg_sys::WL_SOCKET_READABLE as i32 != 0 {
+        Wake::Readable
+    } else if rc & pg_sys::WL_TIMEOUT as i32 != 0 {
+        Wake::Timeout
+    } else {
+        Wake::Latch
+    }
 }
 
 /// The engine worker's entry point.
@@ -803,12 +820,15 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     }
     let mut idle_trimmed = true;
     while !BackgroundWorker::sigterm_received() {
-        let readable = wait_for_work(listener.as_raw_fd());
+        let wake = wait_for_work(listener.as_raw_fd());
         engine.iris.service.expire(Instant::now());
         engine.face.expire(Instant::now());
         engine.drain_log();
-        if !readable {
-            if !idle_trimmed && engine.idle() {
+        if wake != Wake::Readable {
+            // Only after a whole second without a request: the latch is also set when a
+            // request thread logs, which happens at the end of every search, and trimming
+            // then made every next search fault its round buffers in again.
+            if wake == Wake::Timeout && !idle_trimmed && engine.idle() {
                 release_free_memory();
                 idle_trimmed = true;
             }
