@@ -8,10 +8,10 @@
 /// Makes the allocator serve every request from the heap (no `mmap`: glibc caps its mmap
 /// threshold at 32 MB, below the largest round messages) and never trim it, so a buffer freed
 /// after one round is reused by the next. One arena for all threads: glibc gives other
-/// threads arenas made of 64 MB mappings that it unmaps as soon as one is empty and serves
-/// larger requests there by `mmap` whatever `M_MMAP_MAX` says, so the engine's request
-/// threads mapped fresh zeroed pages for their round buffers every round (measured at
-/// N = 100,000 with 31 rotations: 37 % of a search's page faults, ≈ 100 MB per engine).
+/// threads arenas made of 64 MB mappings that it unmaps as soon as one is empty (and, as its
+/// source reads, serves a request too large for one by `mmap` whatever `M_MMAP_MAX` says),
+/// so the engine's request threads could map fresh zeroed pages for their round buffers
+/// every round (BENCHMARKS.md, "The round buffers kept between searches").
 ///
 /// # Safety
 /// No other thread of this process may be running (glibc's `mallopt` is not thread-safe).
