@@ -91,8 +91,8 @@ fn engine_configured() -> bool {
 /// Keeps this backend's large buffers (round messages of tens of MB: the protocol message it
 /// receives, the bytea it returns) in its heap from one round to the next instead of mapping
 /// fresh zeroed pages for each: measured at N = 100,000 with 31 rotations, page faults were
-/// about two thirds of a searching backend's CPU. Set once per backend; the heap is handed
-/// back when a search ends ([`release_round_buffers`]).
+/// about two thirds of a searching backend's CPU. Set once per backend; when a search ends,
+/// what is free beyond [`KEPT_ROUND_BUFFERS`] is handed back ([`release_round_buffers`]).
 fn keep_round_buffers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     // SAFETY: a backend runs a single thread (Postgres backends start none).
