@@ -753,7 +753,7 @@ fn bind_socket() -> Option<UnixListener> {
 enum Wake {
     /// A connection is waiting.
     Readable,
-    /// The latch was set (a signal, a request thread's log line).
+    /// The latch was set (a signal).
     Latch,
     /// A whole second passed without either.
     Timeout,
@@ -825,9 +825,8 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
         engine.face.expire(Instant::now());
         engine.drain_log();
         if wake != Wake::Readable {
-            // Only after a whole second without a request: the latch is also set when a
-            // request thread logs, which happens at the end of every search, and trimming
-            // then made every next search fault its round buffers in again.
+            // Only after a whole second without a request: a latch wake-up (a signal) between
+            // two searches would otherwise hand back the heap the next search's rounds need.
             if wake == Wake::Timeout && !idle_trimmed && engine.idle() {
                 release_free_memory();
                 idle_trimmed = true;
