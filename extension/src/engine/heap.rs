@@ -7,11 +7,7 @@
 
 /// Makes the allocator serve every request from the heap (no `mmap`: glibc caps its mmap
 /// threshold at 32 MB, below the largest round messages) and never trim it, so a buffer freed
-/// after one round is reused by the next. One arena for all threads: glibc gives other
-/// threads arenas made of 64 MB mappings that it unmaps as soon as one is empty (and, as its
-/// source reads, serves a request too large for one by `mmap` whatever `M_MMAP_MAX` says),
-/// so the engine's request threads could map fresh zeroed pages for their round buffers
-/// every round (BENCHMARKS.md, "The round buffers kept between searches").
+/// after one round is reused by the next.
 ///
 /// # Safety
 /// No other thread of this process may be running (glibc's `mallopt` is not thread-safe).
@@ -22,7 +18,6 @@ pub unsafe fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
