@@ -1,7 +1,8 @@
 //! glibc heap tuning for the large per-round buffers of iris searches (round messages of tens
 //! of MB), shared by the engine worker and the backends that call it: keep freed memory in
 //! the heap for the next round instead of mapping fresh zeroed pages every time, and hand it
-//! back when no search needs it. A no-op outside Linux with glibc.
+//! back when no search needs it (the engine: after an idle second; a backend: what is free
+//! beyond what the next search's rounds use). A no-op outside Linux with glibc.
 //!
 //! Imports: none of this crate.
 
