@@ -14,7 +14,9 @@
 # engine (the worker's backend choice), sanitizer (compute-sanitizer memcheck on the small
 # tests; sanitizer-large, not in the default list, on the 100,000-row one), e2e (the
 # whole search through three PostgreSQL parties and the coordinator, privmatch.gpu = on),
-# bench (gpu_scan). Logs go to $OUT (default target/gpu-check/out). Each step has its own time
+# bench (gpu_scan); bench-iris, not in the default list (`privmatch bench iris` on this host:
+# three PostgreSQL parties and the coordinator, first scanning on the GPU, then on the CPU with
+# privmatch.engine_threads = $IRIS_THREADS each; N = $IRIS_N, default 100,000). Logs go to $OUT (default target/gpu-check/out). Each step has its own time
 # limit, so one hung step does not eat the others' time. docs/gpu.md explains what each shows.
 set -u
 cd "$(dirname "$0")/.."
@@ -116,6 +118,29 @@ timeout 420 "$PM/e2e/iris_search_cli" --exact \
     with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher --nocapture 2>&1 \
     | tee "$OUT/e2e.log"
 echo "e2e rc=${PIPESTATUS[0]}"
+fi
+
+if wanted bench-iris; then
+step "privmatch bench iris, N = ${IRIS_N:=100000}: three PostgreSQL parties and the coordinator on this host"
+PM=/tmp/privmatch-e2e
+[ -x "$PM/bin/privmatch" ] || { rm -rf "$PM" && mkdir -p "$PM" && tar -xJf "$BIN/pg-bundle.tar.xz" -C "$PM"; }
+. "$PM/env.sh"
+id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+export PRIVMATCH_HOME=/tmp/privmatch-bench-iris
+rm -rf "$PRIVMATCH_HOME"
+timeout 120 privmatch cluster up 2>&1 | tail -3
+echo "-- the GPU scan (privmatch.gpu = auto)"
+timeout 400 privmatch bench iris --n "$IRIS_N" --repetitions 5 2>&1 | tee "$OUT/bench-iris-gpu.log"
+echo "bench-iris gpu rc=${PIPESTATUS[0]}"
+privmatch cluster down 2>&1 | tail -1
+for p in 0 1 2; do
+    printf "privmatch.gpu = off\nprivmatch.engine_threads = %s\n" "${IRIS_THREADS:=5}" >>"$PRIVMATCH_HOME/p$p/data/postgresql.conf"
+done
+timeout 120 privmatch cluster up 2>&1 | tail -1
+echo "-- the CPU scan (privmatch.gpu = off, privmatch.engine_threads = $IRIS_THREADS)"
+timeout 200 privmatch bench iris --n "$IRIS_N" --reuse --repetitions 5 2>&1 | tee "$OUT/bench-iris-cpu.log"
+echo "bench-iris cpu rc=${PIPESTATUS[0]}"
+privmatch cluster down 2>&1 | tail -1
 fi
 
 wanted bench || exit 0
