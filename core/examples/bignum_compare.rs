@@ -6,11 +6,16 @@
 //! * **encryption**: r^N mod N² (exponent |N| bits, modulus 2|N| bits; N public);
 //! * **CRT decryption half**: c^(p−1) mod p² (exponent |N|/2 bits, modulus |N| bits; secret).
 //!
+//! and, where the CPU has AVX-512 IFMA, the project's radix-2^52 Montgomery exponentiation
+//! (`paillier::montgomery`: `pow_public` variable time in the exponent, `pow_secret` constant
+//! time).
+//!
 //! `cargo run --release -p privmatch-core --example bignum_compare [-- BITS...]` (default 2048
-//! and 3072). Prints milliseconds per operation and the ratio to GMP's constant-time path.
+//! and 3072). Prints milliseconds per operation and the ratios of GMP to the IFMA paths.
 
 use crypto_bigint::modular::{BoxedMontyForm, BoxedMontyParams};
 use crypto_bigint::{BoxedUint, Odd};
+use privmatch_core::algebra::montgomery::Montgomery52;
 use privmatch_core::paillier::cipher::{random_below, SecretKey};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -39,8 +44,9 @@ fn to_boxed(x: &Integer, bits: u32) -> BoxedUint {
     BoxedUint::from_be_slice(&padded, precision).expect("fits")
 }
 
-/// (num-bigint, crypto-bigint, rug pow_mod, rug secure_pow_mod) in ms for base^exp mod modulus.
-fn time_all(base: &Integer, exp: &Integer, modulus: &Integer, reps: u32) -> [f64; 4] {
+/// (num-bigint, crypto-bigint, rug pow_mod, rug secure_pow_mod, IFMA public, IFMA secret) in
+/// ms for base^exp mod modulus (the IFMA figures NaN where the CPU lacks it).
+fn time_all(base: &Integer, exp: &Integer, modulus: &Integer, reps: u32) -> [f64; 6] {
     let (nb, ne, nm) = (to_num(base), to_num(exp), to_num(modulus));
     let t_num = per_op_ms(reps, || {
         std::hint::black_box(nb.modpow(&ne, &nm));
@@ -58,10 +64,22 @@ fn time_all(base: &Integer, exp: &Integer, modulus: &Integer, reps: u32) -> [f64
     let t_sec = per_op_ms(reps, || {
         std::hint::black_box(base.clone().secure_pow_mod(exp, modulus));
     });
-    // All four agree.
+    // All agree.
     let want = base.pow_mod_ref(exp, modulus).map(Integer::from);
     assert_eq!(want.as_ref().map(to_num), Some(nb.modpow(&ne, &nm)));
-    [t_num, t_cb, t_rug, t_sec]
+    let (mut t_ifma, mut t_ifma_sec) = (f64::NAN, f64::NAN);
+    if let Some(ctx) = Montgomery52::for_this_cpu(modulus) {
+        let bound = exp.significant_bits();
+        assert_eq!(Some(ctx.pow_public(base, exp)), want);
+        assert_eq!(Some(ctx.pow_secret(base, exp, bound)), want);
+        t_ifma = per_op_ms(reps, || {
+            std::hint::black_box(ctx.pow_public(base, exp));
+        });
+        t_ifma_sec = per_op_ms(reps, || {
+            std::hint::black_box(ctx.pow_secret(base, exp, bound));
+        });
+    }
+    [t_num, t_cb, t_rug, t_sec, t_ifma, t_ifma_sec]
 }
 
 fn main() {
@@ -74,8 +92,8 @@ fn main() {
     } else {
         args
     };
-    println!("| |N| | operation | num-bigint ms | crypto-bigint ms | rug pow_mod ms | rug secure_pow_mod ms | num / sec | crypto-bigint / sec |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| |N| | operation | num-bigint ms | crypto-bigint ms | rug pow_mod ms | rug secure_pow_mod ms | IFMA public ms | IFMA secret ms | pow_mod / IFMA public | secure_pow_mod / IFMA secret |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for bits in sizes {
         let mut rng = ChaCha20Rng::seed_from_u64(u64::from(bits));
         let sk = SecretKey::generate(bits, &mut rng).expect("key");
@@ -91,11 +109,11 @@ fn main() {
             ("r^N mod N²", &r, &n, &n2),
             ("c^(p−1) mod p²", &c, &p_minus_1, &p2),
         ] {
-            let [a, b, g, s] = time_all(base, exp, modulus, reps);
+            let [a, b, g, s, i, j] = time_all(base, exp, modulus, reps);
             println!(
-                "| {bits} | {what} | {a:.2} | {b:.2} | {g:.2} | {s:.2} | {:.1}× | {:.1}× |",
-                a / s,
-                b / s
+                "| {bits} | {what} | {a:.2} | {b:.2} | {g:.2} | {s:.2} | {i:.2} | {j:.2} | {:.2}× | {:.2}× |",
+                g / i,
+                s / j
             );
         }
     }

@@ -9,9 +9,11 @@
 //!   `phe` library's (python-paillier, `raw_encrypt`), which also uses g = N + 1; a test in the
 //!   suite (`tests/python/phe_interop.py`) checks both directions.
 //! * **Constant time where the exponent is secret.** Decryption raises to p − 1 and q − 1 and
-//!   owner-side encryption to N mod p(p − 1) and N mod q(q − 1): these go through GMP's
-//!   `mpz_powm_sec` ([`rug::Integer::secure_pow_mod`]). Exponentiations whose exponent is public
-//!   (r^N with the public N, homomorphic scalar products) use the faster `mpz_powm`.
+//!   owner-side encryption to N mod (p − 1) and p (and likewise for q): these go through
+//!   [`montgomery::secure_pow_mod`] (radix-2^52 Montgomery on AVX-512 IFMA where the CPU has
+//!   it, GMP's `mpz_powm_sec` elsewhere). Exponentiations whose exponent is public (r^N with
+//!   the public N, homomorphic scalar products) use [`montgomery::pow_mod`] (IFMA, or GMP's
+//!   `mpz_powm`).
 //! * **Keys.** [`SecretKey::generate`] draws p ≡ q ≡ 3 (mod 4) of |N|/2 bits each with the two
 //!   top bits set, so N has exactly the requested size and is a Blum integer, which the
 //!   Paillier–Blum modulus proof of the enrolment needs.
@@ -26,6 +28,8 @@ use rand_core::{CryptoRng, RngCore};
 use rug::integer::Order;
 use rug::{Complete, Integer};
 use zeroize::Zeroize;
+
+use crate::algebra::montgomery;
 
 /// Moduli sizes a key may have. 3072 bits is the default (about 128-bit security); 2048 bits
 /// is kept for comparison with [ABMR20] §9, whose message sizes imply a 2048-bit N; 1024 bits
@@ -244,10 +248,8 @@ impl PublicKey {
         if *r <= 0 || r >= &self.n || r.gcd_ref(&self.n).complete() != 1 {
             return Err(PaillierError::BadNonce);
         }
-        // r is secret but the exponent N is public; mpz_powm's timing depends on the exponent.
-        Ok(r.pow_mod_ref(&self.n, &self.n_squared)
-            .map(Integer::from)
-            .unwrap_or_default())
+        // r is secret but the exponent N is public; only the exponent steers the timing.
+        Ok(montgomery::pow_mod(r, &self.n, &self.n_squared))
     }
 
     /// A fresh random r^N mod N².
@@ -309,11 +311,7 @@ impl PublicKey {
     pub fn mul_plain(&self, a: &Ciphertext, k: &Integer) -> Ciphertext {
         // A valid ciphertext is a unit mod N², so pow_mod with a negative exponent (which
         // inverts first) succeeds; an invalid one has been refused when it was decoded.
-        Ciphertext(
-            a.0.pow_mod_ref(k, &self.n_squared)
-                .map(Integer::from)
-                .unwrap_or_default(),
-        )
+        Ciphertext(montgomery::pow_mod(&a.0, k, &self.n_squared))
     }
 
     /// ⟦a⟧⁻¹ = ⟦−a⟧.
@@ -533,7 +531,8 @@ impl SecretKey {
         let c_mod = c.modulo_ref(prime_squared).complete();
         // The exponent p − 1 is secret: constant-time exponentiation. c is a unit mod N² (it
         // was checked when decoded), so c mod p² is a unit and the exponent is positive.
-        let x = c_mod.secure_pow_mod(&exponent, prime_squared);
+        let x =
+            montgomery::secure_pow_mod(&c_mod, &exponent, prime.significant_bits(), prime_squared);
         let l = (x - 1u32) / prime;
         (l * h).modulo(prime)
     }
@@ -549,10 +548,9 @@ impl SecretKey {
             return Err(PaillierError::BadNonce);
         }
         let half = |prime: &Integer, prime_squared: &Integer, reduced: &Integer| {
-            r.modulo_ref(prime)
-                .complete()
-                .secure_pow_mod(reduced, prime)
-                .secure_pow_mod(prime, prime_squared)
+            let bits = prime.significant_bits();
+            let mod_prime = montgomery::secure_pow_mod(r, reduced, bits, prime);
+            montgomery::secure_pow_mod(&mod_prime, prime, bits, prime_squared)
         };
         let a = half(&self.p, &self.p_squared, &self.n_mod_p1);
         let b = half(&self.q, &self.q_squared, &self.n_mod_q1);

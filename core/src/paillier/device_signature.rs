@@ -45,6 +45,7 @@ use rug::{Complete, Integer};
 use sha2::{Digest, Sha256, Sha512};
 
 use super::cipher::{fixed_be, PublicKey, SecretKey};
+use crate::algebra::montgomery::{pow_mod, secure_pow_mod};
 
 /// Domain separation of every hash this module makes.
 const HASH_DOMAIN: &[u8] = b"privmatch/paillier/device-signature/v1";
@@ -213,14 +214,9 @@ impl DeviceSigner {
     /// σ = H(statement)^{1/N} mod N, |N| bytes big endian, checked before it is returned.
     pub fn sign(&self, statement: &Statement) -> Result<Vec<u8>, DeviceSignatureError> {
         let h = statement.hash(&self.public);
-        let mut root_p = h
-            .modulo_ref(&self.p)
-            .complete()
-            .secure_pow_mod(&self.d_p, &self.p);
-        let mut root_q = h
-            .modulo_ref(&self.q)
-            .complete()
-            .secure_pow_mod(&self.d_q, &self.q);
+        let bits = self.p.significant_bits();
+        let mut root_p = secure_pow_mod(&h, &self.d_p, bits, &self.p);
+        let mut root_q = secure_pow_mod(&h, &self.d_q, bits, &self.q);
         // σ = σ_p + p · ((σ_q − σ_p) p⁻¹ mod q)
         let mut t = (&root_q - &root_p).complete();
         t *= &self.p_inv_q;
@@ -241,10 +237,7 @@ impl DeviceSigner {
         [(&self.p, &self.e_p), (&self.q, &self.e_q)]
             .into_iter()
             .all(|(prime, exponent)| {
-                let power = sigma
-                    .modulo_ref(prime)
-                    .complete()
-                    .secure_pow_mod(exponent, prime);
+                let power = secure_pow_mod(sigma, exponent, prime.significant_bits(), prime);
                 power == h.modulo_ref(prime).complete()
             })
     }
@@ -268,10 +261,7 @@ pub fn verify(
     if sigma == 0 || &sigma >= pk.n() {
         return Err(DeviceSignatureError::Forged);
     }
-    let power = sigma
-        .pow_mod(pk.n(), pk.n())
-        .map_err(|_| DeviceSignatureError::Forged)?;
-    if power != statement.hash(pk) {
+    if pow_mod(&sigma, pk.n(), pk.n()) != statement.hash(pk) {
         return Err(DeviceSignatureError::Forged);
     }
     Ok(())

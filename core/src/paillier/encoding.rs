@@ -115,6 +115,7 @@
 
 use super::cipher::{Ciphertext, PaillierError, PublicKey, SecretKey};
 use super::params::Layout;
+use crate::algebra::montgomery::{GmpModulus, ModularProducts, Montgomery52};
 use rand_core::{CryptoRng, RngCore};
 use rug::{Complete, Integer};
 
@@ -490,6 +491,20 @@ pub(super) fn wnaf(e: i128, w: u32) -> Vec<(u32, i32)> {
     out
 }
 
+/// x^1, x^3, …, x^(2·count − 1) in the form of `arith`.
+fn odd_powers_in<A: ModularProducts>(arith: &A, x: A::Element, count: usize) -> Vec<A::Element> {
+    let mut square = x.clone();
+    arith.square_assign(&mut square);
+    let mut out = Vec::with_capacity(count);
+    out.push(x);
+    for i in 1..count {
+        let mut next = out[i - 1].clone();
+        arith.mul_assign(&mut next, &square);
+        out.push(next);
+    }
+    out
+}
+
 /// x^1, x^3, …, x^(2·count − 1) mod m.
 pub(super) fn odd_powers(x: &Integer, count: usize, m: &Integer) -> Vec<Integer> {
     let mut out = Vec::with_capacity(count);
@@ -519,8 +534,24 @@ fn window_width(bases: usize, slots: usize, exponent_bits: u32) -> u32 {
 
 /// Π_c bases[c]^(E_c) mod m with E_c = Σ_j exponent(c, j)·2^(k·positions[j]), by Horner over
 /// the positions with the per-position multi-exponentiations interleaved on the accumulator
-/// (see deviation 5 of the module documentation). The bases must be units modulo m.
+/// (see deviation 5 of the module documentation). The bases must be units modulo m. The
+/// products are Montgomery products on AVX-512 IFMA where the CPU has it, GMP's otherwise.
 fn horner_multi_exp(
+    m: &Integer,
+    bases: &[&Integer],
+    positions: &[u32],
+    k: u32,
+    exponent: impl Fn(usize, usize) -> i128,
+) -> Result<Integer, EncodingError> {
+    match Montgomery52::for_this_cpu(m) {
+        Some(ctx) => horner_multi_exp_in(&ctx, m, bases, positions, k, exponent),
+        None => horner_multi_exp_in(&GmpModulus(m), m, bases, positions, k, exponent),
+    }
+}
+
+/// [`horner_multi_exp`] with the products of `arith` (whose modulus is `m`).
+fn horner_multi_exp_in<A: ModularProducts>(
+    arith: &A,
     m: &Integer,
     bases: &[&Integer],
     positions: &[u32],
@@ -547,28 +578,29 @@ fn horner_multi_exp(
             }
         }
     }
-    let mut tables: Vec<(Vec<Integer>, Vec<Integer>)> = Vec::with_capacity(bases.len());
+    // Per base: its odd powers, and those of its inverse where a digit is negative.
+    type OddPowers<E> = (Vec<E>, Vec<E>);
+    let mut tables: Vec<OddPowers<A::Element>> = Vec::with_capacity(bases.len());
     for (c, base) in bases.iter().enumerate() {
-        let positive = odd_powers(base, half, m);
+        let positive = odd_powers_in(arith, arith.lift(base), half);
         let negative = if used_negative[c] {
             let inverse = base
                 .invert_ref(m)
                 .map(Integer::from)
                 .ok_or_else(|| range("template", format!("ciphertext {c} is not a unit")))?;
-            odd_powers(&inverse, half, m)
+            odd_powers_in(arith, arith.lift(&inverse), half)
         } else {
             Vec::new()
         };
         tables.push((positive, negative));
     }
     events.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut acc: Option<Integer> = None;
+    let mut acc: Option<A::Element> = None;
     let mut current = 0u64;
     for (bit, c, d) in events {
         if let Some(x) = acc.as_mut() {
             for _ in bit..current {
-                x.square_mut();
-                *x %= m;
+                arith.square_assign(x);
             }
         }
         let (positive, negative) = &tables[c];
@@ -578,20 +610,16 @@ fn horner_multi_exp(
             &negative[(d.unsigned_abs() as usize) >> 1]
         };
         match acc.as_mut() {
-            Some(x) => {
-                *x *= entry;
-                *x %= m;
-            }
+            Some(x) => arith.mul_assign(x, entry),
             None => acc = Some(entry.clone()),
         }
         current = bit;
     }
-    let mut x = acc.unwrap_or_else(|| Integer::from(1));
+    let mut x = acc.unwrap_or_else(|| arith.one());
     for _ in 0..current {
-        x.square_mut();
-        x %= m;
+        arith.square_assign(&mut x);
     }
-    Ok(x)
+    Ok(arith.lower(&x))
 }
 
 /// Checks the template ciphertexts against the key and the layout.
@@ -738,10 +766,12 @@ pub fn mask_affine_product<R: RngCore + CryptoRng + ?Sized>(
         product.clone()
     } else {
         // a is the terminal's secret: constant-time exponentiation (product is a unit).
-        let raised = product
-            .as_integer()
-            .clone()
-            .secure_pow_mod(a, pk.n_squared());
+        let raised = crate::algebra::montgomery::secure_pow_mod(
+            product.as_integer(),
+            a,
+            a.significant_bits(),
+            pk.n_squared(),
+        );
         pk.ciphertext_from_integer(raised)?
     };
     let addend = affine_mask_addend(layout, b, rng)?;

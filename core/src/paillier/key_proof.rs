@@ -45,6 +45,7 @@ use sha2::Sha256;
 
 use super::cipher::{fixed_be, random_below, PublicKey, SecretKey, SUPPORTED_MODULUS_BITS};
 use super::proofs::{wipe_integer, ProofError};
+use crate::algebra::montgomery::secure_pow_mod;
 
 /// Π^mod challenges (m of [CGGMP21]): soundness error 2^−m.
 pub const MOD_PROOF_ROUNDS: usize = 128;
@@ -131,9 +132,12 @@ impl RingPedersenParams {
                 let mut lambda = random_below(&phi, rng);
                 wipe_integer(&mut phi);
                 // s = t^λ for a random λ < φ(N̂): s ∈ ⟨t⟩, the discrete log λ is discarded.
-                let s = t
-                    .clone()
-                    .secure_pow_mod(&(&lambda + 1u32).complete(), &n_hat);
+                let s = secure_pow_mod(
+                    &t,
+                    &(&lambda + 1u32).complete(),
+                    n_hat.significant_bits(),
+                    &n_hat,
+                );
                 wipe_integer(&mut tau);
                 wipe_integer(&mut lambda);
                 let params = Self { n_hat, s, t };
@@ -286,7 +290,7 @@ fn ct_pow_prime(base: &Integer, exp: &Integer, prime: &Integer) -> Integer {
     let mut e = (prime - 1u32).complete();
     e <<= 1u32;
     e += exp;
-    let result = base.modulo_ref(prime).complete().secure_pow_mod(&e, prime);
+    let result = secure_pow_mod(base, &e, prime.significant_bits() + 2, prime);
     wipe_integer(&mut e);
     result
 }
@@ -319,7 +323,7 @@ impl<'a> SignedPow<'a> {
 
     fn pow(&self, x: &Integer) -> Integer {
         let mut e = (x + &self.shift).complete();
-        let mut r = self.base.clone().secure_pow_mod(&e, self.modulus);
+        let mut r = secure_pow_mod(self.base, &e, self.shift.significant_bits(), self.modulus);
         wipe_integer(&mut e);
         r *= &self.correction;
         r %= self.modulus;
