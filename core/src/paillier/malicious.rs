@@ -59,6 +59,7 @@ use super::messages::{
 };
 use super::params::{Layout, Params, Protocol};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
+use crate::algebra::montgomery::{GmpModulus, ModularProducts, Montgomery52};
 use rand_core::{CryptoRng, RngCore};
 use rug::integer::IsPrime;
 use rug::{Complete, Integer};
@@ -124,38 +125,54 @@ pub fn pack_element_ciphertexts(
         });
     }
     let n2 = pk.n_squared();
+    for x in elements {
+        if x.as_integer() >= n2 || *x.as_integer() <= 0 {
+            return Err(MatchError::Argument {
+                argument: "elements",
+                reason: "a ciphertext is not below N² of this key".into(),
+            });
+        }
+    }
+    let packed = match Montgomery52::for_this_cpu(n2) {
+        Some(ctx) => pack_with(&ctx, layout, elements),
+        None => pack_with(&GmpModulus(n2), layout, elements),
+    };
+    packed
+        .into_iter()
+        .map(|c| Ok(pk.ciphertext_from_integer(c)?))
+        .collect()
+}
+
+/// The packed ciphertexts of [`pack_element_ciphertexts`] with the modular products of
+/// `arith` (Montgomery products on AVX-512 IFMA, or GMP's).
+fn pack_with<A: ModularProducts>(
+    arith: &A,
+    layout: &Layout,
+    elements: &[Ciphertext],
+) -> Vec<Integer> {
     let k = layout.slot_bits();
     let positions = layout.positions();
     let mut out = Vec::with_capacity(layout.ciphertexts());
     for chunk in elements.chunks(layout.values_per_ciphertext()) {
-        let mut acc: Option<Integer> = None;
+        let mut acc: Option<A::Element> = None;
         for j in (0..chunk.len()).rev() {
-            let x = chunk[j].as_integer();
-            if x >= n2 || *x <= 0 {
-                return Err(MatchError::Argument {
-                    argument: "elements",
-                    reason: "a ciphertext is not below N² of this key".into(),
-                });
-            }
+            let x = arith.lift(chunk[j].as_integer());
             acc = Some(match acc {
-                None => x.clone(),
+                None => x,
                 Some(mut a) => {
                     // positions[j + 1] exists: the loop went down from the last one.
                     let gap = k * (positions[j + 1] - positions[j]);
                     for _ in 0..gap {
-                        a.square_mut();
-                        a %= n2;
+                        arith.square_assign(&mut a);
                     }
-                    a *= x;
-                    a %= n2;
+                    arith.mul_assign(&mut a, &x);
                     a
                 }
             });
         }
-        let acc = acc.unwrap_or_else(|| Integer::from(1));
-        out.push(pk.ciphertext_from_integer(acc)?);
+        out.push(arith.lower(&acc.unwrap_or_else(|| arith.one())));
     }
-    Ok(out)
+    out
 }
 
 /// A uniform prime of exactly κ = [`Layout::multiplier_bits`] bits: Π2's multiplier a
