@@ -234,7 +234,15 @@ impl Montgomery52 {
     }
 
     /// AMM(a, b) = a·b·R⁻¹ mod M, below 2M for inputs below 2M.
+    ///
+    /// # Panics
+    /// If an operand has another length than this context's digits: a [`Residue`] of another
+    /// context. The vector kernel reads whole vectors, so this is checked before it runs.
     fn mul_digits(&self, a: &[u64], b: &[u64]) -> Vec<u64> {
+        assert!(
+            a.len() == self.m.len() && b.len() == self.m.len(),
+            "Montgomery52: an operand of another modulus"
+        );
         let mut out = vec![0u64; self.m.len()];
         #[cfg(target_arch = "x86_64")]
         if cpu_has_ifma() {
@@ -306,7 +314,7 @@ impl ModularProducts for GmpModulus<'_> {
 }
 
 /// A value in Montgomery form x·R mod M of one [`Montgomery52`] context: normalised 52-bit
-/// digits, below 2M.
+/// digits, below 2M. Only the context that made it may use it (another one panics).
 #[derive(Clone, Debug)]
 pub struct Residue(Vec<u64>);
 
@@ -714,6 +722,15 @@ mod tests {
             return;
         }
         amm_cases(true);
+    }
+
+    #[test]
+    #[should_panic(expected = "another modulus")]
+    fn residues_of_another_context_are_refused() {
+        let small = Montgomery52::new(&Integer::from(1_000_003)).unwrap();
+        let large = Montgomery52::new(&((Integer::from(1) << 2000u32) + 1u32)).unwrap();
+        let mut x = large.lift(&Integer::from(5));
+        large.mul_assign(&mut x, &small.lift(&Integer::from(7)));
     }
 
     #[test]
