@@ -505,18 +505,10 @@ fn odd_powers_in<A: ModularProducts>(arith: &A, x: A::Element, count: usize) -> 
     out
 }
 
-/// x^1, x^3, …, x^(2·count − 1) mod m.
+/// x^1, x^3, …, x^(2·count − 1) mod m, as integers (the terminal's stored tables).
 pub(super) fn odd_powers(x: &Integer, count: usize, m: &Integer) -> Vec<Integer> {
-    let mut out = Vec::with_capacity(count);
-    out.push(x.clone());
-    if count > 1 {
-        let square = (x.square_ref().complete()) % m;
-        for i in 1..count {
-            let next = (&out[i - 1] * &square).complete() % m;
-            out.push(next);
-        }
-    }
-    out
+    let gmp = GmpModulus(m);
+    odd_powers_in(&gmp, gmp.lift(x), count)
 }
 
 /// The window width minimising t·(2^(w−1) + inversion) + n·t·(bits + 1)/(w + 1)
