@@ -835,6 +835,15 @@ mod tests {
         }
         assert!(pack_element_ciphertexts(pk, &p, &elements[1..]).is_err());
         assert!(pack_element_ciphertexts(key_2048().public_key(), &p, &elements).is_err());
+        // An element above N² of this key (a ciphertext of a larger key) is refused before
+        // any product.
+        let big = key_2048().public_key();
+        let mut tampered = elements.clone();
+        tampered[3] = big
+            .ciphertext_from_integer(pk.n_squared().clone() + 1u32)
+            .unwrap();
+        let err = pack_element_ciphertexts(pk, &p, &tampered).unwrap_err();
+        assert!(err.to_string().contains("not below N²"), "{err}");
     }
 
     /// With the terminal's offline tables of the packed template: T's IP and both outputs
