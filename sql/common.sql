@@ -53,3 +53,31 @@ CREATE TABLE privmatch.operator_key (
     last_counter bigint  NOT NULL DEFAULT 0 CHECK (last_counter >= 0),
     set_at       timestamptz NOT NULL DEFAULT now()
 );
+
+-- Query budgets (docs/trust-model.md §4): how many searches or verifications this party
+-- answers per hour, kept and enforced here, whoever calls (the coordinator's role included),
+-- so that no caller can measure a distance or a threshold by asking again and again. The
+-- operator sets them (privmatch.set_query_budget); a request past its budget is refused with
+-- 53400 before any work. Kinds:
+--   iris-search    iris identifications and uniqueness checks started at this party
+--   face-identify  face 1:N identifications opened at this evaluator
+--   face-verify    face 1:1 verifications opened at this evaluator, per verified subject
+CREATE TABLE privmatch.query_budget_policy (
+    kind     text    PRIMARY KEY CHECK (kind IN ('iris-search', 'face-identify', 'face-verify')),
+    per_hour integer NOT NULL CHECK (per_hour >= 0),
+    set_at   timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO privmatch.query_budget_policy (kind, per_hour) VALUES
+    ('iris-search', 100000), ('face-identify', 100000), ('face-verify', 60);
+REVOKE ALL ON privmatch.query_budget_policy FROM PUBLIC;
+
+-- What each budget used in each hour (key: the verified subject for face-verify, '' for the
+-- party-wide kinds). Logged, so a restart does not refill a budget; not dumped.
+CREATE TABLE privmatch.query_budget_use (
+    kind text        NOT NULL,
+    key  text        NOT NULL,
+    hour timestamptz NOT NULL,
+    used integer     NOT NULL CHECK (used > 0),
+    PRIMARY KEY (kind, key, hour)
+);
+REVOKE ALL ON privmatch.query_budget_use FROM PUBLIC;

@@ -56,13 +56,15 @@ CREATE TABLE privmatch.face_templates (
 -- Looked up by bundle id: the opening, the engine's loads and the replay guard's neighbours.
 CREATE INDEX face_templates_bundle_id ON privmatch.face_templates (bundle_id);
 
--- The dealer's configuration (P2 only): metric, dimension and the secret threshold. Readable
--- by no role but the owner; no function returns the threshold.
+-- The dealer's configuration (P2 only): metric, dimension and the secret threshold, sealed
+-- under the party's at-rest key (core's crypto::at_rest, derived from the key file), so that
+-- θ is in no WAL record, physical backup or replica in the clear. Readable by no role but the
+-- owner; no function returns the threshold.
 CREATE TABLE privmatch.face_dealer (
     singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     metric        text    NOT NULL CHECK (metric IN ('cosine', 'euclidean')),
     dim           integer NOT NULL CHECK (dim BETWEEN 128 AND 1024),
-    threshold     float8  NOT NULL,
+    threshold_sealed bytea NOT NULL,
     generation    bigint  NOT NULL CHECK (generation > 0),
     next_batch    bigint  NOT NULL DEFAULT 1 CHECK (next_batch > 0),
     configured_at timestamptz NOT NULL DEFAULT now()
@@ -74,10 +76,11 @@ REVOKE ALL ON privmatch.face_dealer FROM PUBLIC;
 -- Δy = y + δy that P0 and P1 hold. Drawn once, when the dealer is first configured, and kept
 -- across reconfigurations (the evaluators' opened templates stay valid). Readable by no role
 -- but the owner; no function returns it; not dumped (a restored P2 draws a new K and the
--- evaluators open their templates again under it).
+-- evaluators open their templates again under it). Stored sealed under the party's at-rest
+-- key (32 bytes of K, 45 of sealing), like θ.
 CREATE TABLE privmatch.face_template_master (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    master_key bytea   NOT NULL CHECK (length(master_key) = 32),
+    master_key_sealed bytea NOT NULL CHECK (length(master_key_sealed) = 77),
     created_at timestamptz NOT NULL DEFAULT now()
 );
 REVOKE ALL ON privmatch.face_template_master FROM PUBLIC;
@@ -85,8 +88,10 @@ REVOKE ALL ON privmatch.face_template_master FROM PUBLIC;
 -- Single-use key material dealt by P2 (P0 and P1). A batch's keys are claimed in ranges;
 -- keys below next_key are claimed (or retired) and are never handed out again. The claims
 -- table's exclusion constraint makes a second claim of any key impossible, whatever the
--- code above it does.
-CREATE TABLE privmatch.face_key_batches (
+-- code above it does. UNLOGGED: the keys are in no WAL record, physical backup or replica; a
+-- crash empties the table (keys are single-use and refilled from P2; the claims stay, so no
+-- claimed key is ever handed out again).
+CREATE UNLOGGED TABLE privmatch.face_key_batches (
     batch       bigint  PRIMARY KEY CHECK (batch > 0 AND batch < 549755813888),
     generation  bigint  NOT NULL,
     metric      text    NOT NULL CHECK (metric IN ('cosine', 'euclidean')),

@@ -39,6 +39,101 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA privmatch FROM PUBLIC;
 GRANT USAGE ON TYPE privmatch.iris_code_share, privmatch.iris_mask_share, privmatch.face_share,
     privmatch.paillier_template, privmatch.eye TO privmatch_operator, privmatch_coordinator, privmatch_application;
 
+-- Resources a login could take from the others (docs/trust-model.md §2a). In this database no
+-- role but the operator may create temporary objects (a front-door or coordinator session
+-- could otherwise fill the disk or keep state beside the protocol), nor take advisory locks:
+-- the coordinator's lock at P0 (privmatch.coordinator_lock() below) would otherwise be
+-- takeable by any login, which stops the coordinator. The extension's own functions run as
+-- its owner and keep both. DROP EXTENSION does not give these back (GRANT them again by hand).
+DO $limits$
+DECLARE
+    f regprocedure;
+BEGIN
+    EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', pg_catalog.current_database());
+    EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO privmatch_operator', pg_catalog.current_database());
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'pg_catalog'::regnamespace
+           AND p.proname LIKE 'pg\_%advisory%lock%' AND p.proname NOT LIKE '%unlock%'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO privmatch_operator', f);
+    END LOOP;
+END
+$limits$;
+
+-- The coordinator's lock at P0 (coordinator/src/guard.rs): one coordinator per deployment. A
+-- session-level advisory lock taken by this function (as the owner), so only a login that may
+-- execute it — the coordinator's — can hold it; it lasts as long as the calling session.
+CREATE FUNCTION privmatch.coordinator_lock() RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $lock$ SELECT pg_catalog.pg_try_advisory_lock(8102654636955104355) $lock$;
+
+-- Per-login limits for the coordinator's and the application's logins (docs/trust-model.md
+-- §2a): a connection limit (so neither can fill max_connections and lock the other, or the
+-- operator, out) and a temp_file_limit (so no query spills the disk full). PostgreSQL keeps
+-- both per login role, not per group, so the operator applies them to every login of the two
+-- groups after creating one (privmatch.create_application_login does; `privmatch operator init`
+-- does for the coordinator's). Returns the logins changed and their limits.
+CREATE FUNCTION privmatch.apply_login_limits(
+    coordinator_connections integer DEFAULT 32,
+    application_connections integer DEFAULT 8,
+    coordinator_temp_file_limit text DEFAULT '1GB',
+    application_temp_file_limit text DEFAULT '256MB')
+RETURNS TABLE (login name, connection_limit integer, temp_file_limit text)
+LANGUAGE plpgsql VOLATILE
+AS $apply_limits$
+DECLARE
+    r record;
+    conns integer;
+    temp_limit text;
+BEGIN
+    IF coordinator_connections NOT BETWEEN 1 AND 10000 OR application_connections NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'apply_login_limits: connection limits must be between 1 and 10000'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR r IN
+        SELECT u.rolname,
+               pg_catalog.pg_has_role(u.oid, 'privmatch_coordinator', 'MEMBER') AS coordinator
+          FROM pg_catalog.pg_roles u
+         WHERE u.rolcanlogin AND NOT u.rolsuper
+           AND (pg_catalog.pg_has_role(u.oid, 'privmatch_coordinator', 'MEMBER')
+                OR pg_catalog.pg_has_role(u.oid, 'privmatch_application', 'MEMBER'))
+           AND NOT pg_catalog.pg_has_role(u.oid, 'privmatch_operator', 'MEMBER')
+         ORDER BY u.rolname
+    LOOP
+        IF r.coordinator THEN
+            conns := coordinator_connections; temp_limit := coordinator_temp_file_limit;
+        ELSE
+            conns := application_connections; temp_limit := application_temp_file_limit;
+        END IF;
+        EXECUTE format('ALTER ROLE %I CONNECTION LIMIT %s', r.rolname, conns);
+        EXECUTE format('ALTER ROLE %I SET temp_file_limit = %L', r.rolname, temp_limit);
+        login := r.rolname; connection_limit := conns; temp_file_limit := temp_limit;
+        RETURN NEXT;
+    END LOOP;
+END
+$apply_limits$;
+
+-- Creates an application login (a member of privmatch_application only, with the limits of
+-- apply_login_limits) without a password: the operator sets one with psql's \password (so it
+-- is in no statement log) or uses certificate authentication. Returns the login's name.
+CREATE FUNCTION privmatch.create_application_login(login name)
+RETURNS name
+LANGUAGE plpgsql VOLATILE
+AS $create_login$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = login) THEN
+        RAISE EXCEPTION 'create_application_login: role % already exists', login
+            USING ERRCODE = '42710';
+    END IF;
+    EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT '
+                   'NOREPLICATION NOBYPASSRLS IN ROLE privmatch_application', login);
+    PERFORM privmatch.apply_login_limits();
+    RETURN login;
+END
+$create_login$;
+
 -- The function lists. Adding a function means adding its name here (and to the upgrade
 -- script of the version that adds it).
 CREATE FUNCTION privmatch.function_roles()
@@ -51,6 +146,14 @@ AS $list$
         ('init_party'::name,          ARRAY['privmatch_operator']::name[]),
         ('pin_peer',                  ARRAY['privmatch_operator']),
         ('set_operator_key',          ARRAY['privmatch_operator']),
+        ('apply_login_limits',        ARRAY['privmatch_operator']),
+        ('create_application_login',  ARRAY['privmatch_operator']),
+        ('set_query_budget',          ARRAY['privmatch_operator']),
+        ('query_budgets',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- the one-coordinator lock at P0 (coordinator/src/guard.rs)
+        ('coordinator_lock',          ARRAY['privmatch_coordinator']),
+        -- sealing a secret under the party's at-rest key: used by upgrade scripts only
+        ('at_rest_seal',              ARRAY[]::name[]),
         -- a peer pin signed by the operator, relayed by the coordinator
         ('pin_peer_signed',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
         -- identity and status, for everyone who may use the schema
@@ -65,6 +168,8 @@ AS $list$
         -- the Paillier service provider's keys and parameters (its operator)
         ('paillier_init_service',     ARRAY['privmatch_operator']),
         ('paillier_set_params',       ARRAY['privmatch_operator']),
+        ('paillier_set_policy',       ARRAY['privmatch_operator']),
+        ('paillier_policies',         ARRAY['privmatch_operator', 'privmatch_coordinator']),
         -- distributed transactions (the coordinator)
         ('txn_begin',                 ARRAY['privmatch_coordinator']),
         ('txn_committed',             ARRAY['privmatch_coordinator']),
@@ -77,6 +182,10 @@ AS $list$
         ('iris_search_start',         ARRAY['privmatch_coordinator']),
         ('iris_search_round',         ARRAY['privmatch_coordinator']),
         ('iris_search_abort',         ARRAY['privmatch_coordinator']),
+        -- the iris threshold policy: read by all, set by an operator-signed command
+        ('iris_policy',               ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('iris_set_policy',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('iris_audit',                ARRAY['privmatch_operator', 'privmatch_coordinator']),
         -- face protocol (the coordinator); the dealer configuration is signed by P2's
         -- operator and verified inside P2, so the coordinator can relay it but not forge it
         ('face_dealer_configure',     ARRAY['privmatch_coordinator']),
@@ -106,6 +215,8 @@ AS $list$
         ('paillier_enroll_begin',     ARRAY['privmatch_coordinator']),
         ('paillier_enroll_finish',    ARRAY['privmatch_coordinator']),
         ('paillier_delete',           ARRAY['privmatch_coordinator']),
+        ('paillier_delete_signed',    ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('paillier_session_open',     ARRAY['privmatch_coordinator']),
         ('paillier_device',           ARRAY['privmatch_coordinator']),
         ('paillier_pi1_round2',       ARRAY['privmatch_coordinator']),
         ('paillier_pi2_round2',       ARRAY['privmatch_coordinator']),
@@ -171,10 +282,14 @@ SELECT privmatch.apply_function_roles();
 -- hand out keys that were already used; the pool is refilled instead. Neither is the dealer's
 -- threshold (reconfigure P2 after a restore) nor running sessions.
 SELECT pg_catalog.pg_extension_config_dump('privmatch.party_identity', '');
+-- The operator key and its last accepted counter: a party restored from a dump keeps refusing
+-- the commands it accepted before the dump (and every command expires, core's crypto::sign).
+SELECT pg_catalog.pg_extension_config_dump('privmatch.operator_key', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.peers', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.consumed_bundles', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_templates', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_templates_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_policy', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates_id_seq', '');
 -- The Paillier service provider's records, parameters and public material (its signing seed is
@@ -182,3 +297,4 @@ SELECT pg_catalog.pg_extension_config_dump('privmatch.face_templates_id_seq', ''
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_service', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_params', '');
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_devices', '');
+SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_policy', '');

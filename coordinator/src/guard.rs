@@ -3,6 +3,10 @@
 //! in-flight batches (safely — recovery decides at P0 first — but uselessly). A coordinator
 //! therefore holds a session-level advisory lock at P0 for as long as it runs; a second one
 //! refuses to start. If P0 restarts, the lock is re-taken on the next recovery tick.
+//!
+//! The lock is taken by `privmatch.coordinator_lock()`, which only the coordinator's role may
+//! execute; no other login at the party may take advisory locks at all (`sql/roles.sql`), so
+//! an application login cannot hold the lock and keep the coordinator from starting.
 
 use std::time::{Duration, Instant};
 
@@ -10,9 +14,6 @@ use anyhow::{bail, Result};
 use tokio_postgres::Client;
 
 use crate::config::PartyConfig;
-
-/// The advisory lock key: the bytes of "privmatc" as a big-endian integer.
-const LOCK_KEY: i64 = 0x7072_6976_6d61_7463;
 
 /// What trying to take the lock found.
 pub enum LockAttempt {
@@ -31,7 +32,7 @@ pub async fn try_lock(p0: &PartyConfig) -> LockAttempt {
         Err(e) => return LockAttempt::Unreachable(e.to_string()),
     };
     match client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&LOCK_KEY])
+        .query_one("SELECT privmatch.coordinator_lock()", &[])
         .await
     {
         Ok(row) if row.get::<_, bool>(0) => LockAttempt::Held(client),

@@ -7,7 +7,7 @@
 //!   varlena share types' I/O functions), [`bundles`] (what enrolment of every modality
 //!   shares), the [`engine`] background worker with its socket protocol, and the SQL
 //!   [`front_door`] (the coordinator's HTTPS client behind each modality's front-door
-//!   functions);
+//!   functions), query [`budget`]s, and secrets sealed [`at_rest`] in the party's tables;
 //! * [`iris`]: share types, enrolment and deletion, the SQL functions of a search's rounds;
 //! * [`face`]: share type, enrolment and deletion, comparison sessions, the dealer, the key
 //!   pool;
@@ -18,6 +18,8 @@
 //! core, and turns core's errors into SQLSTATEs. The schema is hand-written in `sql/`, one
 //! file per modality after the common one; the modalities never import each other.
 
+mod at_rest;
+mod budget;
 mod bundles;
 mod datum;
 mod engine;

@@ -24,7 +24,9 @@ fn raise_command(function: &str, err: CommandError) -> ! {
         CommandError::WrongParty { .. }
         | CommandError::WrongAction { .. }
         | CommandError::BadSignature
-        | CommandError::Replayed { .. } => {
+        | CommandError::Replayed { .. }
+        | CommandError::Expired { .. }
+        | CommandError::TooLongLived { .. } => {
             PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION
         }
     };
@@ -80,10 +82,18 @@ fn pin_peer_signed(command: &[u8]) -> String {
     )
 }
 
+/// The party's clock, in microseconds since the Unix epoch (a command's expiry is checked
+/// against it).
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Checks the operator command `command` that `function` received for `action`, records its
 /// counter (in the caller's transaction, under a row lock, so two concurrent commands cannot
 /// both pass with the same counter) and returns its payload. Raises 28000 for a command that
-/// is not this operator's, not for this party or action, or replayed; 55000 when the operator
+/// is not this operator's, not for this party or action, replayed or expired; 55000 when the operator
 /// has set no key.
 pub fn accept_command(function: &str, action: &str, command: &[u8]) -> Vec<u8> {
     let me = load_identity();
@@ -104,7 +114,7 @@ pub fn accept_command(function: &str, action: &str, command: &[u8]) -> Vec<u8> {
     };
     let key = OperatorVerifyingKey::from_bytes(&key).unwrap_or_else(|e| raise_command(function, e));
     let last = u64::try_from(last).unwrap_or(0);
-    let verified = verify_command(command, me.index, action, &key, last)
+    let verified = verify_command(command, me.index, action, &key, last, now_micros())
         .unwrap_or_else(|e| raise_command(function, e));
     let counter = i64::try_from(verified.counter).unwrap_or_else(|_| {
         raise_command(function, CommandError::Malformed("counter above 2^63 - 1"))

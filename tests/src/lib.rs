@@ -517,6 +517,7 @@ impl Cluster {
                 ca_cert: None,
                 api_token: None,
                 party_keys: Vec::new(),
+                party_identities: Vec::new(),
                 paillier_service: None,
             },
             operators: Vec::new(),
@@ -688,6 +689,8 @@ impl Cluster {
                 ),
                 &[],
             );
+            // Its connection limit and temp_file_limit, as for every application login.
+            self.query(party, "SELECT * FROM privmatch.apply_login_limits()", &[]);
         }
         PartyConfig {
             user,

@@ -1,7 +1,7 @@
 //! The upgrade paths (`migrations/privmatch--0.1.0--0.2.0.sql`, then `--0.2.0--0.3.0.sql`, then
 //! `--0.3.0--0.4.0.sql`, then `--0.4.0--0.5.0.sql`, then `--0.5.0--0.6.0.sql`, then
 //! `--0.6.0--0.7.0.sql`, then `--0.7.0--0.8.0.sql`, then `--0.8.0--0.9.0.sql`, then
-//! `--0.9.0--0.10.0.sql`): a
+//! `--0.9.0--0.10.0.sql`, then `--0.10.0--0.11.0.sql`): a
 //! party created with the released 0.1.0 schema (the released install scripts are kept in
 //! `tests/upgrade/`), holding an identity (secret key in the 0.1.0 column), pinned peers and
 //! enrolled templates, is upgraded with `ALTER EXTENSION privmatch UPDATE` under the current
@@ -10,7 +10,10 @@
 //! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
 //! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
 //! catalog of a fresh install, and so must parties created at 0.3.0, 0.4.0, 0.5.0, 0.6.0,
-//! 0.7.0, 0.8.0 and 0.9.0.
+//! 0.7.0, 0.8.0, 0.9.0 and 0.10.0. The 0.10.0 party (made from the released 0.9.0 script and
+//! the 0.9.0 → 0.10.0 upgrade, which the test above proves equal to a fresh 0.10.0) is a face
+//! dealer with θ and its template master key K in the clear: after the upgrade both are sealed
+//! under its key file and open to the values it held.
 //!
 //! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
 //! library is not built here; the rows are plain data of the 0.1.0 tables).
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use privmatch_core::crypto::at_rest::AtRestKey;
 use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::iris::encoding::share_template;
 use privmatch_core::iris::enroll::Eye;
@@ -62,7 +66,8 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
    WHERE c.relnamespace = 'privmatch'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
-  SELECT 'relation ' || c.relname || ' kind=' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '')
+  SELECT 'relation ' || c.relname || ' kind=' || c.relkind::text || ' persistence=' || c.relpersistence::text
+         || ' acl=' || coalesce(c.relacl::text, '')
     FROM pg_class c WHERE c.relnamespace = 'privmatch'::regnamespace
   UNION ALL
   SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
@@ -277,6 +282,7 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     admin.execute("CREATE DATABASE at_0_7_0");
     admin.execute("CREATE DATABASE at_0_8_0");
     admin.execute("CREATE DATABASE at_0_9_0");
+    admin.execute("CREATE DATABASE at_0_10_0");
 
     // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
     // enrolled templates (its Shamir shares).
@@ -367,6 +373,42 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     at_0_9_0.execute("CREATE EXTENSION privmatch VERSION '0.9.0'");
     at_0_9_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.9.0", &catalog(&at_0_9_0), &expected);
+    // A 0.10.0 dealer with θ and K in the clear (the identity of the 0.1.0 party above, whose
+    // key file its upgrade wrote): both come out sealed under the key file.
+    let at_0_10_0 = server.client("at_0_10_0");
+    at_0_10_0.execute("CREATE EXTENSION privmatch VERSION '0.10.0'");
+    at_0_10_0.query(
+        "INSERT INTO privmatch.party_identity (party_index, public_key) VALUES (1, $1)",
+        &[&publics[1].as_bytes().to_vec()],
+    );
+    let theta = 0.6180339887_f64;
+    at_0_10_0.query(
+        "INSERT INTO privmatch.face_dealer (metric, dim, threshold, generation) \
+         VALUES ('cosine', 128, $1, 1)",
+        &[&theta],
+    );
+    at_0_10_0.query(
+        "INSERT INTO privmatch.face_template_master (master_key) VALUES ($1)",
+        &[&vec![9u8; 32]],
+    );
+    at_0_10_0.execute("ALTER EXTENSION privmatch UPDATE");
+    assert_same_catalog("0.10.0", &catalog(&at_0_10_0), &expected);
+    let sealed: Vec<u8> = at_0_10_0.query("SELECT threshold_sealed FROM privmatch.face_dealer", &[])
+        [0]
+        .get(0);
+    let opened = AtRestKey::derive(&secrets[1], PartyIndex::ALL[1], "face-dealer-threshold")
+        .open(&sealed)
+        .expect("θ opens under the key file");
+    assert_eq!(opened.as_slice(), theta.to_bits().to_be_bytes().as_slice());
+    let sealed: Vec<u8> = at_0_10_0.query(
+        "SELECT master_key_sealed FROM privmatch.face_template_master",
+        &[],
+    )[0]
+    .get(0);
+    let opened = AtRestKey::derive(&secrets[1], PartyIndex::ALL[1], "face-template-master")
+        .open(&sealed)
+        .expect("K opens under the key file");
+    assert_eq!(opened.as_slice(), [9u8; 32].as_slice());
 
     // The key: same identity, in the key file (0600), in no column.
     let info = party.query(

@@ -255,6 +255,11 @@ pub async fn provision(operator: &PartyConfig, coordinator_password: &str) -> Re
         ))
         .await
         .context("creating the coordinator's login role")?;
+    // Its connection limit and temp_file_limit (and those of any application login).
+    client
+        .batch_execute("SELECT count(*) FROM privmatch.apply_login_limits()")
+        .await
+        .context("applying the login limits")?;
     Ok(row.get(0))
 }
 

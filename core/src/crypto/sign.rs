@@ -7,15 +7,22 @@
 //! its own database, and the highest counter it has accepted. A command is
 //!
 //! ```text
-//! "PMOC" | version (1) | party index (1) | counter (8, big endian) | action length (1) | action
-//!        | payload length (4, big endian) | payload | Ed25519 signature (64)
+//! "PMOC" | version (1) = 2 | party index (1) | counter (8, big endian)
+//!        | expires at (8, big endian: microseconds since the Unix epoch) | action length (1)
+//!        | action | payload length (4, big endian) | payload | Ed25519 signature (64)
 //! ```
 //!
 //! and the signature covers the domain label [`DOMAIN`] followed by every byte before the
 //! signature. The party accepts a command only if it is addressed to it, names the action the
-//! called function performs, verifies under the stored key, and carries a counter strictly
-//! above the stored one (which it then stores in the same transaction). Clients use the time
-//! in microseconds as the counter, so they need no state of their own.
+//! called function performs, verifies under the stored key, has not expired, was not signed to
+//! live longer than [`MAX_LIFETIME_MICROS`], and carries a counter strictly above the stored
+//! one (which it then stores in the same transaction). Clients use the time in microseconds as
+//! the counter, so they need no state of their own.
+//!
+//! Why an expiry as well as a counter: the counter lives in the party's database, so a party
+//! restored from a backup taken before a command was accepted has forgotten it. The expiry
+//! bounds that replay window to the command's lifetime (ten minutes by default), whatever
+//! the database remembers. Version 1 commands (no expiry) are refused.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use rand_core::{CryptoRng, RngCore};
@@ -25,9 +32,15 @@ use crate::party::PartyIndex;
 
 /// The label every signature starts with, so an operator key's signature over anything else
 /// can never be taken for a command.
-pub const DOMAIN: &[u8] = b"privmatch operator command v1";
+pub const DOMAIN: &[u8] = b"privmatch operator command v2";
 const MAGIC: &[u8; 4] = b"PMOC";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// How long a command signed with [`OperatorSigningKey::sign`] stays valid: ten minutes after
+/// its counter (the signing time in microseconds).
+pub const DEFAULT_LIFETIME_MICROS: u64 = 10 * 60 * 1_000_000;
+/// The longest a party lets a command live: one whose expiry lies further ahead than this is
+/// refused, so no command can be kept for a replay long after it was signed.
+pub const MAX_LIFETIME_MICROS: u64 = 60 * 60 * 1_000_000;
 const SIGNATURE_LEN: usize = 64;
 /// Largest payload a command may carry (the sealed dealer configuration is ~100 bytes).
 pub const MAX_PAYLOAD: usize = 1 << 16;
@@ -114,6 +127,20 @@ pub enum CommandError {
     /// A key that is not a valid Ed25519 public key.
     #[error("not an Ed25519 public key (64 hex digits of a valid point)")]
     BadKey,
+    /// The command expired before it arrived (or the party's clock is ahead of the signer's).
+    #[error("the operator command expired {late_seconds} s ago: sign it again")]
+    Expired {
+        /// How many seconds after its expiry it arrived.
+        late_seconds: u64,
+    },
+    /// The command was signed to stay valid for longer than a party accepts.
+    #[error("the operator command is valid for another {seconds} s, more than the {max} s a party accepts")]
+    TooLongLived {
+        /// Seconds from now to its expiry.
+        seconds: u64,
+        /// The most a party accepts ([`MAX_LIFETIME_MICROS`] in seconds).
+        max: u64,
+    },
 }
 
 /// An operator's signing key. Its bytes are zeroised on drop and never printed.
@@ -148,10 +175,25 @@ impl OperatorSigningKey {
         OperatorVerifyingKey(self.0.verifying_key())
     }
 
-    /// Signs command `action` with `payload` for party `party` under `counter`; returns the
-    /// encoded command (layout in the module docs).
+    /// Signs command `action` with `payload` for party `party` under `counter`, the signing
+    /// time in microseconds since the Unix epoch; the command expires
+    /// [`DEFAULT_LIFETIME_MICROS`] after it. Returns the encoded command (module docs).
     pub fn sign(&self, party: PartyIndex, counter: u64, action: &str, payload: &[u8]) -> Vec<u8> {
-        let mut out = encode_unsigned(party, counter, action, payload);
+        let expires_at = counter.saturating_add(DEFAULT_LIFETIME_MICROS);
+        self.sign_expiring(party, counter, expires_at, action, payload)
+    }
+
+    /// Signs command `action` with `payload` for party `party` under `counter`, valid until
+    /// `expires_at` (microseconds since the Unix epoch); returns the encoded command.
+    pub fn sign_expiring(
+        &self,
+        party: PartyIndex,
+        counter: u64,
+        expires_at: u64,
+        action: &str,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut out = encode_unsigned(party, counter, expires_at, action, payload);
         let signature = self.0.sign(&signed_message(&out));
         out.extend_from_slice(&signature.to_bytes());
         out
@@ -199,12 +241,19 @@ pub struct VerifiedCommand {
     pub payload: Vec<u8>,
 }
 
-fn encode_unsigned(party: PartyIndex, counter: u64, action: &str, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(19 + action.len() + payload.len() + SIGNATURE_LEN);
+fn encode_unsigned(
+    party: PartyIndex,
+    counter: u64,
+    expires_at: u64,
+    action: &str,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(27 + action.len() + payload.len() + SIGNATURE_LEN);
     out.extend_from_slice(MAGIC);
     out.push(VERSION);
     out.push(party.as_u8());
     out.extend_from_slice(&counter.to_be_bytes());
+    out.extend_from_slice(&expires_at.to_be_bytes());
     // Actions are short constants of the code; a longer one is a programming error caught by
     // the round-trip tests, and truncating keeps the encoding well-formed regardless.
     let action = &action.as_bytes()[..action.len().min(255)];
@@ -236,14 +285,16 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Checks command `bytes` received by party `me` for `action` against the operator key `key`
-/// and the last accepted counter `last` (module docs); returns its counter and payload.
+/// Checks command `bytes` received by party `me` for `action` against the operator key `key`,
+/// the last accepted counter `last` and the party's clock `now` (microseconds since the Unix
+/// epoch) (module docs); returns its counter and payload.
 pub fn verify_command(
     bytes: &[u8],
     me: PartyIndex,
     action: &str,
     key: &OperatorVerifyingKey,
     last: u64,
+    now: u64,
 ) -> Result<VerifiedCommand, CommandError> {
     if bytes.len() < SIGNATURE_LEN {
         return Err(CommandError::Malformed("too short"));
@@ -263,6 +314,11 @@ pub fn verify_command(
         .try_into()
         .map_err(|_| CommandError::Malformed("counter"))?;
     let counter = u64::from_be_bytes(counter_bytes);
+    let expiry_bytes: [u8; 8] = r
+        .take(8, "expiry")?
+        .try_into()
+        .map_err(|_| CommandError::Malformed("expiry"))?;
+    let expires_at = u64::from_be_bytes(expiry_bytes);
     let action_len = usize::from(r.take(1, "action length")?[0]);
     let found = String::from_utf8_lossy(r.take(action_len, "action")?).into_owned();
     let len_bytes: [u8; 4] = r
@@ -290,6 +346,17 @@ pub fn verify_command(
         return Err(CommandError::WrongAction {
             expected: action.to_owned(),
             found,
+        });
+    }
+    if now > expires_at {
+        return Err(CommandError::Expired {
+            late_seconds: (now - expires_at) / 1_000_000,
+        });
+    }
+    if expires_at - now > MAX_LIFETIME_MICROS {
+        return Err(CommandError::TooLongLived {
+            seconds: (expires_at - now) / 1_000_000,
+            max: MAX_LIFETIME_MICROS / 1_000_000,
         });
     }
     if counter <= last {
@@ -341,11 +408,11 @@ mod tests {
         let operator = key(1);
         let public = operator.verifying_key();
         let command = operator.sign(P2, 10, "face-dealer-config", b"sealed");
-        let ok = verify_command(&command, P2, "face-dealer-config", &public, 9).expect("valid");
+        let ok = verify_command(&command, P2, "face-dealer-config", &public, 9, 20).expect("valid");
         assert_eq!(ok.counter, 10);
         assert_eq!(ok.payload, b"sealed");
         assert_eq!(
-            verify_command(&command, P2, "face-dealer-config", &public, 10),
+            verify_command(&command, P2, "face-dealer-config", &public, 10, 20),
             Err(CommandError::Replayed {
                 counter: 10,
                 last: 10
@@ -360,7 +427,7 @@ mod tests {
         let command = operator.sign(P2, 10, "face-dealer-config", b"sealed");
         let other = key(2).sign(P2, 10, "face-dealer-config", b"sealed");
         assert_eq!(
-            verify_command(&other, P2, "face-dealer-config", &public, 0),
+            verify_command(&other, P2, "face-dealer-config", &public, 0, 20),
             Err(CommandError::BadSignature)
         );
         assert!(matches!(
@@ -369,23 +436,56 @@ mod tests {
                 PartyIndex::ALL[0],
                 "face-dealer-config",
                 &public,
-                0
+                0,
+                20
             ),
             Err(CommandError::WrongParty { .. })
         ));
         assert!(matches!(
-            verify_command(&command, P2, "peer-pin", &public, 0),
+            verify_command(&command, P2, "peer-pin", &public, 0, 20),
             Err(CommandError::WrongAction { .. })
         ));
         for i in 0..command.len() {
             let mut tampered = command.clone();
             tampered[i] ^= 0x01;
             assert!(
-                verify_command(&tampered, P2, "face-dealer-config", &public, 0).is_err(),
+                verify_command(&tampered, P2, "face-dealer-config", &public, 0, 20).is_err(),
                 "bit flip at byte {i} accepted"
             );
         }
-        assert!(verify_command(&command[..20], P2, "face-dealer-config", &public, 0).is_err());
+        assert!(verify_command(&command[..20], P2, "face-dealer-config", &public, 0, 20).is_err());
+    }
+
+    #[test]
+    fn an_expired_or_too_long_lived_command_is_refused() {
+        let operator = key(4);
+        let public = operator.verifying_key();
+        let signed_at = 1_800_000_000_000_000u64;
+        let command = operator.sign(P2, signed_at, "peer-pin", b"pin");
+        let valid_until = signed_at + DEFAULT_LIFETIME_MICROS;
+        assert!(verify_command(&command, P2, "peer-pin", &public, 0, valid_until).is_ok());
+        assert_eq!(
+            verify_command(&command, P2, "peer-pin", &public, 0, valid_until + 3_000_000),
+            Err(CommandError::Expired { late_seconds: 3 })
+        );
+        let long = operator.sign_expiring(
+            P2,
+            signed_at,
+            signed_at + MAX_LIFETIME_MICROS + 1_000_000,
+            "peer-pin",
+            b"pin",
+        );
+        assert!(matches!(
+            verify_command(&long, P2, "peer-pin", &public, 0, signed_at),
+            Err(CommandError::TooLongLived { .. })
+        ));
+        // A version 1 command (no expiry) is refused before anything else is read.
+        let mut v1 = command.clone();
+        v1[4] = 1;
+        assert_eq!(
+            verify_command(&v1, P2, "peer-pin", &public, 0, signed_at),
+            Err(CommandError::Malformed("unknown version"))
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! generation of key batches sealed to P0 and P1 (Funshade `setup`, offline phase).
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::at_rest::AtRestKey;
 use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::dealer::{
     open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader, DEALER_CONFIG_ACTION,
@@ -24,6 +25,37 @@ use super::raise_face;
 use crate::errors::{get_one, modify, parse_session_id, raise, run};
 use crate::identity::{load_identity, pinned_peer, Identity};
 use crate::operator::accept_command;
+
+/// The at-rest purpose of the sealed threshold θ (`face_dealer.threshold_sealed`).
+const THRESHOLD_PURPOSE: &str = "face-dealer-threshold";
+/// The at-rest purpose of the sealed master key K (`face_template_master.master_key_sealed`).
+const MASTER_PURPOSE: &str = "face-template-master";
+
+/// θ sealed under this party's at-rest key (core's `crypto::at_rest`), so that it is in no
+/// WAL record or backup in the clear.
+fn seal_threshold(me: &Identity, threshold: f64) -> Vec<u8> {
+    AtRestKey::derive(&me.secret, me.index, THRESHOLD_PURPOSE)
+        .seal(&mut rand::rngs::OsRng, &threshold.to_bits().to_be_bytes())
+}
+
+/// Opens the stored θ; raises 55000 when it does not open under the current key file.
+fn open_threshold(function: &str, me: &Identity, sealed: &[u8]) -> f64 {
+    let opened = AtRestKey::derive(&me.secret, me.index, THRESHOLD_PURPOSE)
+        .open(sealed)
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes.as_slice()).ok())
+        .unwrap_or_else(|| sealed_under_another_key(function, "threshold"));
+    f64::from_bits(u64::from_be_bytes(opened))
+}
+
+/// Raises 55000: a secret stored sealed does not open under this party's key file.
+fn sealed_under_another_key(function: &str, what: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{function}: the dealer's stored {what} does not open under this party's key file (was the party key rotated?)"),
+        Some("configure the dealer again (privmatch face configure); after a new template master key the evaluators open their templates again"),
+    )
+}
 
 /// Most keys one `face_dealer_generate` call makes (a batch of 50,000 is ~36 MB per party).
 const MAX_BATCH: i32 = 50_000;
@@ -68,20 +100,20 @@ fn face_dealer_configure(
         open_dealer_config(me.index, &me.secret, &config).unwrap_or_else(|e| raise_face(F, e));
     let generation = get_one::<i64>(
         F,
-        "INSERT INTO privmatch.face_dealer (metric, dim, threshold, generation) \
+        "INSERT INTO privmatch.face_dealer (metric, dim, threshold_sealed, generation) \
          VALUES ($1, $2, $3, 1) \
          ON CONFLICT (singleton) DO UPDATE SET metric = EXCLUDED.metric, dim = EXCLUDED.dim, \
-             threshold = EXCLUDED.threshold, generation = privmatch.face_dealer.generation + 1, \
+             threshold_sealed = EXCLUDED.threshold_sealed, generation = privmatch.face_dealer.generation + 1, \
              configured_at = now() \
          RETURNING generation",
         &[
             opened.metric.as_str().into(),
             (opened.dim as i32).into(),
-            opened.threshold.into(),
+            seal_threshold(&me, opened.threshold).into(),
         ],
     )
     .unwrap_or_default();
-    ensure_template_master(F);
+    ensure_template_master(F, &me);
     TableIterator::once((
         opened.metric.as_str().to_owned(),
         opened.dim as i32,
@@ -145,7 +177,7 @@ fn face_dealer_generate(
     let row = modify(
         F,
         "UPDATE privmatch.face_dealer SET next_batch = next_batch + 1 \
-         RETURNING next_batch - 1, generation, metric, dim, threshold",
+         RETURNING next_batch - 1, generation, metric, dim, threshold_sealed",
         &[],
         |row| {
             (
@@ -153,7 +185,7 @@ fn face_dealer_generate(
                 row.get::<i64>(2).unwrap_or_default(),
                 row.get::<String>(3).unwrap_or_default(),
                 row.get::<i32>(4).unwrap_or_default(),
-                row.get::<f64>(5).unwrap_or_default(),
+                row.get::<Vec<u8>>(5).unwrap_or_default(),
             )
         },
     )
@@ -162,6 +194,7 @@ fn face_dealer_generate(
     let Some((batch, generation, metric, dim, threshold)) = row else {
         not_configured(F);
     };
+    let threshold = open_threshold(F, &me, &threshold);
     let params = dealer_params(F, &metric, dim, threshold);
     let metric = params.metric();
     let mut rng = ChaCha20Rng::from_entropy();
@@ -203,25 +236,27 @@ fn face_dealer_generate(
 
 /// Draws the template-mask master key K once (docs/protocols/face.md §13.1); an existing key is
 /// kept, so templates the evaluators opened under it stay valid across reconfigurations.
-fn ensure_template_master(function: &str) {
+fn ensure_template_master(function: &str, me: &Identity) {
     let mut key = [0u8; TEMPLATE_MASTER_LEN];
     rand::rngs::OsRng.fill_bytes(&mut key);
+    let sealed =
+        AtRestKey::derive(&me.secret, me.index, MASTER_PURPOSE).seal(&mut rand::rngs::OsRng, &key);
+    zeroize::Zeroize::zeroize(&mut key);
     run(
         function,
-        "INSERT INTO privmatch.face_template_master (master_key) VALUES ($1) \
+        "INSERT INTO privmatch.face_template_master (master_key_sealed) VALUES ($1) \
          ON CONFLICT (singleton) DO NOTHING",
-        &[key.to_vec().into()],
+        &[sealed.into()],
     );
-    zeroize::Zeroize::zeroize(&mut key);
 }
 
 /// The master key K; raises 55000 when the dealer was never configured. A dealer configured
 /// before 0.6.0 (no K yet) draws it here, once.
-fn load_template_master(function: &str) -> TemplateMaskMaster {
+fn load_template_master(function: &str, me: &Identity) -> TemplateMaskMaster {
     let read = || {
         get_one::<Vec<u8>>(
             function,
-            "SELECT (SELECT master_key FROM privmatch.face_template_master)",
+            "SELECT (SELECT master_key_sealed FROM privmatch.face_template_master)",
             &[],
         )
     };
@@ -236,26 +271,28 @@ fn load_template_master(function: &str) -> TemplateMaskMaster {
         if !configured {
             return None;
         }
-        ensure_template_master(function);
+        ensure_template_master(function, me);
         read()
     });
-    let Some(mut bytes) = stored else {
+    let Some(sealed) = stored else {
         not_configured(function);
     };
-    let master = TemplateMaskMaster::from_bytes(&bytes).unwrap_or_else(|e| raise_face(function, e));
-    zeroize::Zeroize::zeroize(&mut bytes);
-    master
+    let bytes = AtRestKey::derive(&me.secret, me.index, MASTER_PURPOSE)
+        .open(&sealed)
+        .unwrap_or_else(|_| sealed_under_another_key(function, "template master key"));
+    TemplateMaskMaster::from_bytes(&bytes).unwrap_or_else(|e| raise_face(function, e))
 }
 
 /// The dealer's parameters (metric, dimension, secret threshold); raises 55000 when the
 /// dealer was never configured.
-fn load_params(function: &str) -> DealerParams {
-    let row = Spi::get_three::<String, i32, f64>(
-        "SELECT metric, dim, threshold FROM privmatch.face_dealer",
+fn load_params(function: &str, me: &Identity) -> DealerParams {
+    let row = Spi::get_three::<String, i32, Vec<u8>>(
+        "SELECT metric, dim, threshold_sealed FROM privmatch.face_dealer",
     );
-    let Ok((Some(metric), Some(dim), Some(threshold))) = row else {
+    let Ok((Some(metric), Some(dim), Some(sealed))) = row else {
         not_configured(function);
     };
+    let threshold = open_threshold(function, me, &sealed);
     dealer_params(function, &metric, dim, threshold)
 }
 
@@ -345,7 +382,7 @@ fn face_dealer_template_seeds(party: i32, bundle_ids: Array<'_, &[u8]>) -> Vec<u
     }
     let ids = parse_bundle_ids(F, bundle_ids);
     let me = dealer_identity(F);
-    let master = load_template_master(F);
+    let master = load_template_master(F, &me);
     let pair = channel_to(F, &me, party as usize);
     let mut rng = ChaCha20Rng::from_entropy();
     seal_template_seeds(party as usize, &master, &ids, &pair, &mut rng)
@@ -415,8 +452,8 @@ fn deal_rows(
 ) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
     let ids = parse_bundle_ids(function, bundle_ids);
     let me = dealer_identity(function);
-    let params = load_params(function);
-    let master = load_template_master(function);
+    let params = load_params(function, &me);
+    let master = load_template_master(function, &me);
     let mut dealing = master.dealing_rng(keys_for, &template_digest(&ids));
     // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
     // and start with every signal blocked.

@@ -35,6 +35,7 @@ use super::pool::{
     claim_fresh, claim_given, decode_claims, encode_claims, pool_parameters, read_keys, Claim,
 };
 use super::raise_face;
+use crate::budget::{self, BudgetKind};
 use crate::errors::{
     get_one, modify, parse_session_id, raise, raise_share_layout, run, select, Row,
 };
@@ -122,7 +123,8 @@ fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(d
 
 /// The first checks of a face session's open at an evaluator, shared by both kinds of
 /// session: the session id parses and was never used here (23505), this party is P0 or P1
-/// (55000), and its sealed `probe` opens for this session and `subject` (22P03 / 22023).
+/// (55000), its sealed `probe` opens for this session and `subject` (22P03 / 22023), and the
+/// party's query budget allows one more verification of `subject` or identification (53400).
 pub(super) fn fresh_session_probe(
     function: &str,
     session: &[u8],
@@ -150,6 +152,11 @@ pub(super) fn fresh_session_probe(
     }
     let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
         .unwrap_or_else(|e| raise_probe_from(function, e));
+    // Charged with the session's open, which commits before any later step may run.
+    match subject {
+        Some(s) => budget::charge(function, BudgetKind::FaceVerify, s),
+        None => budget::charge(function, BudgetKind::FaceIdentify, ""),
+    }
     (id, share)
 }
 
