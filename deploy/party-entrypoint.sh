@@ -5,7 +5,8 @@
 #   health           healthy when PostgreSQL accepts connections and the party is initialised
 #   identity         the party's identity (JSON): index, public key, fingerprint
 #   pin PEER KEY     the operator pins peer PEER's public key (key ceremony)
-#   psql [ARGS]      psql as the party's operator
+#   psql [ARGS]      psql as the party's operator (the superuser: over the Unix socket,
+#                    the only way it can log in)
 #   front-door       install the SQL front door's credential and the coordinator's CA
 #                    certificate (standard input: the credential on the first line, then the
 #                    PEM); the key ceremony runs it
@@ -19,7 +20,11 @@
 #   PRIVMATCH_COORDINATOR_PASSWORD_FILE   the password of the coordinator's login role
 #                                         (default /run/secrets/coordinator_password; required)
 #   PRIVMATCH_COORDINATOR_NETWORK         address range the coordinator connects from
-#                                         (default: every address; TLS and password required)
+#                                         (default: every address; TLS and password required;
+#                                         docker-compose.yml: the coordinator's address)
+#   PRIVMATCH_APPLICATION_NETWORK         address range applications connect from, if not
+#                                         from inside the container (default: none; members
+#                                         of privmatch_application only)
 #   PRIVMATCH_COORDINATOR_URL             where the SQL front door reaches the coordinator
 #                                         (default https://coordinator:8443)
 #
@@ -111,13 +116,40 @@ ssl_cert_file = '$HOME_DIR/tls/server.pem'
 ssl_key_file = '$HOME_DIR/tls/server.key'
 ssl_min_protocol_version = 'TLSv1.2'
 EOF
-  local network=${PRIVMATCH_COORDINATOR_NETWORK:-all}
-  cat >"$DATA/pg_hba.conf" <<EOF
-# privmatch party: TLS only over TCP; the Unix socket for the operator's maintenance.
-hostnossl all all all                reject
-local     all all                    scram-sha-256
-hostssl   all all $network           scram-sha-256
-EOF
+}
+
+# pg_hba.conf, rewritten on every start (so that a changed network, or a volume made by an
+# older image, gets the rules below). The superuser `privmatch` (and any role that is a
+# member of it, which could SET ROLE to it) logs in over the Unix socket only, never over
+# TCP, whatever its password: a TCP line before the allowing ones rejects it, and no
+# replication connection is accepted (none is used). Every other TCP login needs TLS and a
+# password, and comes from the coordinator's address range, the container's own loopback
+# (applications that use the front door from inside the container) or, if set, the
+# application network (members of privmatch_application only).
+write_hba() {
+  local network=${PRIVMATCH_COORDINATOR_NETWORK:-all} applications=${PRIVMATCH_APPLICATION_NETWORK:-}
+  case "$network$applications" in
+    *[!0-9A-Za-z.:/-]*) die "PRIVMATCH_COORDINATOR_NETWORK, PRIVMATCH_APPLICATION_NETWORK: one address range, 'samenet' or 'all' each (got '$network', '$applications')" ;;
+  esac
+  {
+    echo "# privmatch party: written by the entrypoint on every start (PRIVMATCH_COORDINATOR_NETWORK,"
+    echo "# PRIVMATCH_APPLICATION_NETWORK); edits here are lost at the next start."
+    echo "local     all         all                    scram-sha-256"
+    echo "# The superuser and its members: the Unix socket only."
+    echo "host      all         privmatch,+privmatch   all           reject"
+    echo "host      replication all                    all           reject"
+    echo "# Every other TCP login: TLS and a password, from the coordinator or loopback."
+    echo "hostnossl all         all                    all           reject"
+    echo "hostssl   all         all                    127.0.0.1/32  scram-sha-256"
+    echo "hostssl   all         all                    ::1/128       scram-sha-256"
+    echo "hostssl   all         all                    $network      scram-sha-256"
+    if [ -n "$applications" ]; then
+      echo "hostssl   all         +privmatch_application $applications scram-sha-256"
+    fi
+  } >"$DATA/pg_hba.conf.tmp"
+  chown postgres: "$DATA/pg_hba.conf.tmp"
+  chmod 0600 "$DATA/pg_hba.conf.tmp"
+  mv "$DATA/pg_hba.conf.tmp" "$DATA/pg_hba.conf"
 }
 
 # First start: the operator's initialisation while PostgreSQL listens on its socket only.
@@ -172,6 +204,7 @@ serve() {
   prepare_dirs
   make_tls
   initdb_once
+  write_hba
   initialise_once
   front_door_settings
   echo "privmatch-party: P$(party_index) serving: $(cat "$HOME_DIR/public/identity.json")"

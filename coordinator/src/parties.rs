@@ -1,7 +1,10 @@
 //! Connections from the coordinator to the three parties: a small pool per party that drops
-//! connections a party restart has broken, and errors that say which party failed and why.
+//! connections a party restart has broken and retires connections older than
+//! [`MAX_CONNECTION_AGE`], and errors that say which party failed and why.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use privmatch_core::party::PartyIndex;
@@ -46,9 +49,12 @@ pub async fn open(config: &PartyConfig) -> Result<Client, ConnectError> {
     let connection_string = config.connection_string();
     match &config.ca_cert {
         Some(ca) => {
-            let tls = crate::tls::party_connector(ca).map_err(|e| ConnectError::Tls {
-                party: config.index,
-                message: format!("{e:#}"),
+            // The CA is also recorded for this host's cancel requests (crate::tls::CancelTls).
+            let tls = crate::tls::party_connector_for(&config.host, ca).map_err(|e| {
+                ConnectError::Tls {
+                    party: config.index,
+                    message: format!("{e:#}"),
+                }
             })?;
             let (client, connection) = tokio_postgres::connect(&connection_string, tls).await?;
             tokio::spawn(async move {
@@ -111,25 +117,71 @@ impl PartyError {
     }
 }
 
+/// How long a pooled connection to a party is reused. Each backend has a secret cancel key
+/// for its whole life, which lets whoever holds it cancel the backend's queries; a pool that
+/// kept its connections for as long as the coordinator runs would keep every key valid that
+/// long. A connection this old is closed when it comes back to the pool or is found idle there
+/// (never while a call runs on it), so the key dies with its backend; a new connection costs
+/// one TLS handshake and login.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// A connection lent by a party's pool: a [`Client`] (through `Deref`) and when it was opened,
+/// for [`MAX_CONNECTION_AGE`]. Give it back with [`Party::give_back`] (or drop it: that closes
+/// it).
+pub struct PooledClient {
+    client: Client,
+    opened: Instant,
+}
+
+impl PooledClient {
+    /// The connection.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// How long ago it was opened.
+    pub fn age(&self) -> Duration {
+        self.opened.elapsed()
+    }
+}
+
+impl Deref for PooledClient {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for PooledClient {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
 /// A connection pool for one party.
 pub struct Party {
     /// Which party.
     pub index: PartyIndex,
     config: PartyConfig,
-    idle: Mutex<Vec<Client>>,
+    max_age: Duration,
+    idle: Mutex<Vec<PooledClient>>,
 }
 
 impl Party {
-    /// Takes an idle connection or opens a new one.
-    pub async fn connect(&self) -> Result<Client, PartyError> {
+    /// Takes an idle connection (dropping those closed or older than the pool's maximum age)
+    /// or opens a new one.
+    pub async fn connect(&self) -> Result<PooledClient, PartyError> {
         while let Some(client) = self.idle.lock().await.pop() {
-            if !client.is_closed() {
+            if !client.is_closed() && client.age() < self.max_age {
                 return Ok(client);
             }
         }
-        open(&self.config)
+        let opened = Instant::now();
+        let client = open(&self.config)
             .await
-            .map_err(|e| PartyError::from_connect(self.index, &e))
+            .map_err(|e| PartyError::from_connect(self.index, &e))?;
+        Ok(PooledClient { client, opened })
     }
 
     /// Runs one statement on a pooled connection, given back afterwards (dropped after an
@@ -165,9 +217,10 @@ impl Party {
         }
     }
 
-    /// Returns a healthy connection (outside any transaction) to the pool.
-    pub async fn give_back(&self, client: Client) {
-        if !client.is_closed() {
+    /// Returns a healthy connection (outside any transaction) to the pool; one that is closed,
+    /// older than the pool's maximum age or beyond the 8 idle ones kept is closed instead.
+    pub async fn give_back(&self, client: PooledClient) {
+        if !client.is_closed() && client.age() < self.max_age {
             let mut idle = self.idle.lock().await;
             if idle.len() < 8 {
                 idle.push(client);
@@ -193,11 +246,18 @@ impl Parties {
 
     /// Pools for three parties given in index order, logging in as each entry says.
     pub fn from_configs(configs: [PartyConfig; 3]) -> Self {
+        Self::with_max_age(configs, MAX_CONNECTION_AGE)
+    }
+
+    /// [`Parties::from_configs`] with connections retired after `max_age` instead of
+    /// [`MAX_CONNECTION_AGE`] (tests).
+    pub fn with_max_age(configs: [PartyConfig; 3], max_age: Duration) -> Self {
         let [c0, c1, c2] = configs;
         let make = |i: usize, config: PartyConfig| {
             Arc::new(Party {
                 index: PartyIndex::ALL[i],
                 config,
+                max_age,
                 idle: Mutex::new(Vec::new()),
             })
         };
@@ -213,7 +273,7 @@ impl Parties {
 
     /// One pooled connection to each of the first `N` parties (P0, P1, … in order). If any
     /// cannot be had, the others go back to their pools and the first error is returned.
-    pub async fn connect_first<const N: usize>(&self) -> Result<[Client; N], PartyError> {
+    pub async fn connect_first<const N: usize>(&self) -> Result<[PooledClient; N], PartyError> {
         let connected = join_all(self.parties[..N].iter().map(|p| p.connect())).await;
         let mut clients = Vec::with_capacity(N);
         let mut error = None;
@@ -233,7 +293,7 @@ impl Parties {
             }
             return Err(err);
         }
-        let clients: Vec<Client> = clients.into_iter().map(|(_, client)| client).collect();
+        let clients: Vec<PooledClient> = clients.into_iter().map(|(_, client)| client).collect();
         clients.try_into().map_err(|_| PartyError {
             party: PartyIndex::ALL[0],
             sqlstate: None,
@@ -242,7 +302,7 @@ impl Parties {
     }
 
     /// Gives connections back to the pools of the first parties (`clients[i]` to party i).
-    pub async fn give_back_all(&self, clients: impl IntoIterator<Item = Client>) {
+    pub async fn give_back_all(&self, clients: impl IntoIterator<Item = PooledClient>) {
         for (party, client) in self.parties.iter().zip(clients) {
             party.give_back(client).await;
         }

@@ -1,15 +1,16 @@
 //! TLS for the two links the coordinator is part of: clients → coordinator API (the
 //! coordinator serves, [`server_config`]) and coordinator → parties' PostgreSQL (the coordinator
-//! connects, [`party_connector`]); and a small certificate authority for local clusters
-//! ([`LocalCa`]) that `privmatch cluster up` uses to issue the coordinator's and the parties'
-//! certificates.
+//! connects, [`party_connector`] and [`party_connector_for`], and cancels its queries there,
+//! [`CancelTls`]); and a small certificate authority for local clusters ([`LocalCa`]) that
+//! `privmatch cluster up` uses to issue the coordinator's and the parties' certificates.
 //!
 //! One rustls with the *ring* provider everywhere (passed explicitly, so no process-wide
 //! default is needed). Certificates are verified against a pinned CA file (never the system
 //! roots: a deployment's CA is its own) and the host name or IP address connected to.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::files::write_atomic;
 use anyhow::{bail, Context, Result};
@@ -20,6 +21,8 @@ use rcgen::{
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -79,10 +82,77 @@ pub fn client_config(ca_file: &Path) -> Result<ClientConfig> {
 }
 
 /// The TLS connector for a party's PostgreSQL whose certificate chains to `ca_file`.
-pub fn party_connector(ca_file: &Path) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(
-        client_config(ca_file)?,
-    ))
+pub fn party_connector(ca_file: &Path) -> Result<MakeRustlsConnect> {
+    Ok(MakeRustlsConnect::new(client_config(ca_file)?))
+}
+
+/// [`party_connector`] for the party at `host`, whose CA is also recorded for the cancel
+/// requests of connections to `host` ([`CancelTls`]).
+pub fn party_connector_for(host: &str, ca_file: &Path) -> Result<MakeRustlsConnect> {
+    let connector = party_connector(ca_file)?;
+    let certs = load_certs(ca_file)?;
+    let mut pinned = CANCEL_ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+    let known = pinned.entry(host.to_owned()).or_default();
+    for cert in certs {
+        if !known.contains(&cert) {
+            known.push(cert);
+        }
+    }
+    Ok(connector)
+}
+
+/// The CA certificates pinned for each party host name that a connection was opened to with
+/// TLS ([`party_connector_for`]): what a cancel request to that host verifies against.
+static CANCEL_ROOTS: Mutex<BTreeMap<String, Vec<CertificateDer<'static>>>> =
+    Mutex::new(BTreeMap::new());
+
+/// The TLS of cancel requests to the parties, for
+/// `tokio_postgres::CancelToken::cancel_query`.
+///
+/// A cancel request travels on a new connection to the party, and carries the backend's
+/// process id and secret key: whoever reads it can cancel that backend's queries for as long
+/// as the backend lives. PostgreSQL checks no `pg_hba.conf` line for a cancel request and so
+/// also accepts one without TLS where every session must use TLS; sent in the clear (or with a
+/// token of a TLS connection given no TLS at all: then it is not sent), it would give the key
+/// away to the network between the coordinator and the party. The token knows the connection's
+/// host, port and `sslmode`, not its TLS configuration: this connector takes the party's
+/// pinned CA from what [`party_connector_for`] recorded for that host name, so the request
+/// goes after an SSLRequest, inside TLS verified as the connection's own (the CA certificates
+/// of every party at that host name: one, except on a local cluster, whose parties share one
+/// CA). A host nothing was recorded for gets no trusted root, so the handshake fails and
+/// nothing is sent, never a plain request. A connection without TLS (`sslmode=disable`, a
+/// configuration without a CA) is cancelled as it was opened, in the clear: `tokio-postgres`
+/// then does not use this connector at all.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CancelTls;
+
+impl<S> MakeTlsConnect<S> for CancelTls
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<S>>::TlsConnect;
+    type Error = rustls::Error;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+        let mut roots = RootCertStore::empty();
+        if let Some(certs) = CANCEL_ROOTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(host)
+        {
+            // Each was accepted as a root when it was recorded (a connection was opened with it).
+            roots.add_parsable_certificates(certs.iter().cloned());
+        }
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        match MakeTlsConnect::<S>::make_tls_connect(&mut MakeRustlsConnect::new(config), host) {
+            Ok(connect) => Ok(connect),
+            Err(never) => match never {},
+        }
+    }
 }
 
 /// A certificate and its key, as PEM file paths.

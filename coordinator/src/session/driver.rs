@@ -16,8 +16,9 @@
 //!   messages and counting them.
 //!
 //! Every call at a party runs under a deadline ([`call_with_timeout`]): on timeout the query
-//! is cancelled at the party. A parallel step ([`at_each`]) fails with its most telling error:
-//! a party's own error rather than a timeout, which may only be its consequence.
+//! is cancelled at the party, with a cancel request sent over TLS as the connection was. A
+//! parallel step ([`at_each`]) fails with its most telling error: a party's own error rather
+//! than a timeout, which may only be its consequence.
 //!
 //! The iris search (three parties in a ring, Bloemen et al., "Large-Scale MPC: Scaling
 //! Private Iris Code Uniqueness Checks to Millions of Users", ePrint 2024/705) and the face
@@ -33,7 +34,7 @@ use futures::future::join_all;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, Row};
 
 use crate::parties::{Parties, PartyError};
 
@@ -79,6 +80,11 @@ macro_rules! session_error {
 
 /// Runs one call at `party` with a deadline; on timeout the query is cancelled at the party
 /// (so it does not keep working on an abandoned round). `what` names the call in errors.
+///
+/// The cancel request goes over TLS verified against the party's pinned CA whenever the
+/// connection uses TLS ([`crate::tls::CancelTls`]): it carries the backend's secret cancel key,
+/// which PostgreSQL would accept in the clear too (a cancel request meets no `pg_hba.conf`
+/// line), and which must not cross the network readable.
 pub async fn call_with_timeout<T, E: SessionError>(
     party: PartyIndex,
     client: &Client,
@@ -92,10 +98,11 @@ pub async fn call_with_timeout<T, E: SessionError>(
         Err(_) => {
             let token = client.cancel_token();
             tokio::spawn(async move {
-                // PostgreSQL takes a cancel request before any authentication or TLS, so the
-                // plain one reaches a party that refuses plain sessions too; it carries only
-                // the backend's one-off cancel key.
-                let _ = token.cancel_query(NoTls).await;
+                if let Err(e) = token.cancel_query(crate::tls::CancelTls).await {
+                    // The party goes on with the abandoned call until it ends by itself; the
+                    // connection is not reused (run_pooled, TwoPhase).
+                    tracing::warn!(%party, error = %e, "cancel request not delivered");
+                }
             });
             Err(E::timeout(PartyError {
                 party,
@@ -187,7 +194,7 @@ pub async fn run_pooled<const N: usize, S: Session<N>>(
         .connect_first::<N>()
         .await
         .map_err(S::Error::party)?;
-    let outcome = run_on(clients.each_ref(), parties, session).await;
+    let outcome = run_on(clients.each_ref().map(|c| c.client()), parties, session).await;
     if outcome.is_ok() {
         parties.give_back_all(clients).await;
     }

@@ -11,7 +11,7 @@ use privmatch_core::twophase::{make_gid, Resolution};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
-use crate::parties::{Parties, PartyError};
+use crate::parties::{Parties, PartyError, PooledClient};
 use crate::txn::fault::Fault;
 use crate::txn::work::{Decision, Txn, TxnError, Work};
 
@@ -61,7 +61,7 @@ async fn begin_at(party: PartyIndex, client: &Client, gid: &str) -> Result<(), P
     Ok(())
 }
 
-async fn rollback_open(clients: &[Client; 3]) {
+async fn rollback_open(clients: &[PooledClient; 3]) {
     join_all(clients.iter().map(|c| c.batch_execute("ROLLBACK"))).await;
 }
 
@@ -158,7 +158,7 @@ impl TwoPhase {
     async fn phase_one<W: Work>(
         &self,
         gid: &str,
-        clients: &[Client; 3],
+        clients: &[PooledClient; 3],
         work: &W,
     ) -> Result<Decision<W::Output>, TxnError<W::Error>> {
         let began = join_all(
@@ -180,7 +180,7 @@ impl TwoPhase {
                     .map_err(|e| TxnError::Aborted(PartyError::from_pg(party, &e)))?;
             }
         }
-        let txn = Txn::new(clients.each_ref(), &self.parties);
+        let txn = Txn::new(clients.each_ref().map(|c| c.client()), &self.parties);
         work.phase_one(&txn).await
     }
 
@@ -188,7 +188,7 @@ impl TwoPhase {
     async fn prepare_and_commit<T, E>(
         &self,
         gid: &str,
-        clients: [Client; 3],
+        clients: [PooledClient; 3],
         result: T,
     ) -> Result<Outcome<T>, TxnError<E>> {
         let prepare = &format!("PREPARE TRANSACTION '{gid}'");
