@@ -58,8 +58,10 @@ CREATE TABLE privmatch.paillier_devices (
 
 -- Enrolments between their two calls: the SP's state (core's ServiceEnrolment::to_bytes; its
 -- seed gives the norm challenge's secret α, so no role but the owner reads it). Rows older than
--- 10 minutes are refused and swept.
-CREATE TABLE privmatch.paillier_pending (
+-- 10 minutes are refused and swept. UNLOGGED: the seed is in no WAL record, physical backup
+-- or replica; a crash empties the table and the device enrols again (a pending enrolment is
+-- minutes old at most).
+CREATE UNLOGGED TABLE privmatch.paillier_pending (
     device_id  text  PRIMARY KEY CHECK (length(device_id) BETWEEN 1 AND 64),
     state      bytea NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
@@ -84,3 +86,41 @@ CREATE UNLOGGED TABLE privmatch.paillier_sessions (
 );
 CREATE INDEX paillier_sessions_created ON privmatch.paillier_sessions (created_at);
 CREATE INDEX paillier_sessions_device ON privmatch.paillier_sessions (device_id);
+
+-- The session policy per protocol (issue 34 item 10; extension/src/paillier/policy.rs): the one
+-- threshold every session compares with (a terminal cannot choose another) and the sessions
+-- allowed per device and per terminal per hour. Set by the SP's operator with
+-- privmatch.paillier_set_policy(); without a policy no session of the protocol opens (55000).
+CREATE TABLE privmatch.paillier_policy (
+    protocol                   smallint PRIMARY KEY CHECK (protocol BETWEEN 1 AND 3),
+    threshold                  bigint   NOT NULL,
+    device_sessions_per_hour   integer  NOT NULL CHECK (device_sessions_per_hour >= 0),
+    terminal_sessions_per_hour integer  NOT NULL CHECK (terminal_sessions_per_hour >= 0),
+    set_at                     timestamptz NOT NULL DEFAULT now()
+);
+
+-- Every matching session the SP opened (privmatch.paillier_session_open): its id (the
+-- terminal's, from its sealed input; never reused), device, protocol, the terminal as the
+-- coordinator named it, the transaction that opened it (a Round 2 is refused in that same
+-- transaction, so the budget charge commits first) and when its one Round 2 was given. Not
+-- secret; logged, so a restart forgets nothing. Rows older than a day are swept.
+CREATE TABLE privmatch.paillier_session_log (
+    session     bytea    PRIMARY KEY CHECK (length(session) = 16),
+    device_id   text     NOT NULL CHECK (length(device_id) BETWEEN 1 AND 64),
+    protocol    smallint NOT NULL CHECK (protocol BETWEEN 1 AND 3),
+    terminal    text     NOT NULL CHECK (length(terminal) BETWEEN 1 AND 128),
+    opened_xact bigint   NOT NULL,
+    opened_at   timestamptz NOT NULL DEFAULT now(),
+    round2_at   timestamptz
+);
+CREATE INDEX paillier_session_log_opened ON privmatch.paillier_session_log (opened_at);
+
+-- Sessions used per device and per terminal in each hour (the budgets of paillier_policy);
+-- refused past the limit with 53400. Logged: budgets survive restarts.
+CREATE TABLE privmatch.paillier_budget_use (
+    kind text        NOT NULL CHECK (kind IN ('device', 'terminal')),
+    key  text        NOT NULL,
+    hour timestamptz NOT NULL,
+    used integer     NOT NULL,
+    PRIMARY KEY (kind, key, hour)
+);

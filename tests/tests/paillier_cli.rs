@@ -18,13 +18,17 @@ use std::time::Duration;
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
 use privmatch_coordinator::paillier::api::unix_now_ms;
-use privmatch_coordinator::paillier::api::{Reply, SessionState, SessionView};
-use privmatch_coordinator::paillier::client::{unix_now, PaillierClient, Responder};
+use privmatch_coordinator::paillier::api::{DeviceMessage, Reply, SessionState, SessionView};
+use privmatch_coordinator::paillier::client::{
+    serve, unix_now, Device as DeviceRef, PaillierClient, Responder,
+};
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::malicious::Pi2Round3;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
+use privmatch_core::paillier::semi_honest::Pi1Round2;
+use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::party::PartyIndex;
 use privmatch_e2e::{write_lines, Background, Cluster, CmdOutput};
@@ -109,7 +113,7 @@ fn write_embedding(path: &Path, subject: &str, embedding: &[f64]) {
 }
 
 /// The SP's operator: service keys (1024-bit ring-Pedersen parameters keep the test fast),
-/// the parameter sets; the client pins the SP with `privmatch device pin-service`. Returns the
+/// the parameter sets and the session policies (threshold, budgets); the client pins the SP with `privmatch device pin-service`. Returns the
 /// reloaded client configuration.
 fn set_up_service(cluster: &Cluster) -> Config {
     let signing: String =
@@ -119,6 +123,15 @@ fn set_up_service(cluster: &Cluster) -> Config {
             0,
             "SELECT privmatch.paillier_set_params($1, 30)",
             &[&params(protocol).to_bytes()],
+        );
+        // The threshold is the SP's policy: the terminals' cosine THRESHOLD, quantised.
+        let theta = Quantizer::new(&params(protocol))
+            .and_then(|q| q.quantize_threshold(THRESHOLD))
+            .expect("θ");
+        cluster.query(
+            0,
+            "SELECT privmatch.paillier_set_policy($1, $2, 1000, 100000)",
+            &[&protocol_name(protocol), &theta],
         );
     }
     cluster
@@ -449,6 +462,21 @@ fn devices_enrol_under_every_protocol_and_match_with_pi1() {
     ]);
     assert_eq!(threshold.code, Some(1), "{threshold}");
     threshold.assert_stderr_contains(&["--threshold"]);
+    // A terminal cannot choose its threshold: one other than the SP's policy is refused.
+    let lower = cluster.cli(&[
+        "terminal",
+        "verify",
+        "--device",
+        &d.id,
+        "--protocol",
+        "pi1",
+        "--input",
+        &path_arg(&d.probes[0].0),
+        "--threshold",
+        "0.2",
+    ]);
+    assert_eq!(lower.code, Some(1), "{lower}");
+    lower.assert_stderr_contains(&["cannot choose the threshold"]);
 
     // A terminal whose configuration pins another signing key refuses the SP's records.
     let mut other = config.clone();
@@ -476,9 +504,28 @@ fn devices_enrol_under_every_protocol_and_match_with_pi1() {
     tampering_is_refused(&cluster, &config, &pi1, &mut rng);
     assert_log_holds_no_secret(&cluster, &devices);
 
-    // Deletion: the record is gone, terminals get a clear error.
+    // Deletion needs the device's key: with another device's key it is refused (the SP
+    // answers 28000) and the record stays; with its own, the record is gone and terminals get
+    // a clear error.
+    let wrong_key = cluster.cli(&[
+        "device",
+        "delete",
+        "--key",
+        &path_arg(&pi1[2].key),
+        "--device",
+        &pi1[1].id,
+    ]);
+    assert_eq!(wrong_key.code, Some(1), "{wrong_key}");
+    wrong_key.assert_stderr_contains(&["another key"]);
     let gone = cluster
-        .cli(&["device", "delete", "--device", &pi1[1].id])
+        .cli(&[
+            "device",
+            "delete",
+            "--key",
+            &path_arg(&pi1[1].key),
+            "--device",
+            &pi1[1].id,
+        ])
         .expect_success();
     assert_eq!(lines(&gone.stdout)[0]["deleted"], true, "{gone}");
     let after = verify(&cluster, &pi1[1], &pi1[1].probes[0].0);
@@ -653,7 +700,90 @@ fn tampering_is_refused(
     assert_eq!(respond.code, Some(1), "{respond}");
     respond.assert_stderr_contains(&["signature does not verify"]);
     let d = &devices[2];
-    pi1_outcome_is_the_devices_signed_bit(cluster, config, d, &mine, w, theta);
+    pi1_outcome_is_the_devices_signed_bit(cluster, config, d, &mine, w.clone(), theta);
+    relay_rewritten_round2_gets_no_verdict(cluster, config, d, &mine, w, theta, rng);
+}
+
+/// The coordinator as a relay that rewrites Round 2 in the device's mailbox (issue 34 point
+/// 10 (a)): its own Round 2 (Enc(0), threshold −1: "match" for anyone), or the SP's under a
+/// session id it made up. The device (the product's `serve`, as `device respond` runs it)
+/// refuses each before decrypting, gives the session up with a fixed reason, and no verdict
+/// exists: the terminal's session fails. Against f21d1f1 the device signed "match".
+fn relay_rewritten_round2_gets_no_verdict(
+    cluster: &Cluster,
+    config: &Config,
+    d: &Device,
+    signer: &DeviceSigner,
+    w: Vec<i32>,
+    theta: i64,
+    rng: &mut ChaCha20Rng,
+) {
+    let secret = load_key(&d.key).expect("key");
+    let client = PaillierClient::new(config).expect("client");
+    let signed = load_record(
+        &record_path(&d.key, &d.id),
+        &d.id,
+        &secret,
+        client.service_key(),
+        unix_now(),
+    )
+    .expect("record");
+    let pk = signed.record.public_key.clone();
+    let responder = Responder::new(secret, &signed).expect("device");
+    let device = DeviceRef { id: &d.id, signer };
+    let own = Pi1Round2 {
+        threshold: -1,
+        ciphertext: pk.encrypt(&rug::Integer::new(), rng).expect("Enc(0)"),
+    }
+    .to_bytes(&pk);
+    cluster.block_on(async {
+        let mut client = PaillierClient::new(config).expect("client");
+        for forge in ["own Round 2", "made-up session"] {
+            let session = client
+                .open(&d.id, Protocol::Pi1, w.clone(), theta)
+                .await
+                .expect("open");
+            let taken = client
+                .mailbox(&d.id, signer, 5_000, 1)
+                .await
+                .expect("mailbox");
+            assert_eq!(taken.len(), 1);
+            let forged = match forge {
+                "own Round 2" => DeviceMessage {
+                    message: privmatch_coordinator::wire::to_base64(&own),
+                    ..taken[0].clone()
+                },
+                _ => DeviceMessage {
+                    session: hex::encode([0x77u8; 16]),
+                    ..taken[0].clone()
+                },
+            };
+            let err = serve(&client, &device, &responder, &forged, rng)
+                .await
+                .expect_err(forge);
+            assert!(
+                format!("{err:#}").contains("Round 2 refused"),
+                "{forge}: {err:#}"
+            );
+            if forge == "made-up session" {
+                // The made-up session is unknown to the relay's terminal side; the real one
+                // was never answered and expires unanswered: no verdict either way.
+                let view = client
+                    .outcome(&session, Duration::from_millis(500))
+                    .await
+                    .expect("outcome");
+                assert_eq!(view.state, SessionState::Waiting, "{view:?}");
+                assert!(view.verdict.is_none());
+                continue;
+            }
+            let view = client
+                .outcome(&session, Duration::from_secs(5))
+                .await
+                .expect("outcome");
+            assert_eq!(view.state, SessionState::Failed, "{forge}: {view:?}");
+            assert!(view.verdict.is_none(), "{forge}: a verdict exists");
+        }
+    });
 }
 
 /// Π1's bit comes from the device ([ABMR20] Fig. 3 Round 3): the terminal believes the
@@ -716,7 +846,16 @@ fn pi1_outcome_is_the_devices_signed_bit(
         assert_eq!(taken.len(), 1);
         let round2 =
             privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
-        let (round3, outcome) = device.round3(&round2).expect("round 3");
+        let round2 = SignedRound2::open(
+            &round2,
+            client.service_key(),
+            &d.id,
+            Protocol::Pi1,
+            &session,
+            unix_now(),
+        )
+        .expect("the SP's signed Round 2");
+        let (round3, outcome) = device.round3_signed(&round2).expect("round 3");
         client
             .reply(&d.id, signer, &taken[0].session, 3, Reply::Message(round3))
             .await
@@ -826,7 +965,18 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         assert_eq!(taken.len(), 1, "the terminal's session reached the mailbox");
         let round2 =
             privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
-        let honest = device.session().round3(&round2).expect("round 3");
+        let session = privmatch_coordinator::wire::session_from_hex(&taken[0].session, "session")
+            .expect("hex");
+        let round2 = SignedRound2::open(
+            &round2,
+            client.service_key(),
+            &d.id,
+            Protocol::Pi2,
+            &session,
+            unix_now(),
+        )
+        .expect("the SP's signed Round 2");
+        let honest = device.session().round3_signed(&round2).expect("round 3");
         let mut cheat = Pi2Round3::from_bytes(&p, &honest).expect("decodes");
         cheat.x += 1u32;
         let answer = client
@@ -842,8 +992,6 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         assert!(answer.closed && answer.next.is_none(), "{answer:?}");
         // The SP signed the refusal for this session and device; a coordinator that reports
         // another outcome, drops the signature or moves it to another device is not believed.
-        let session = privmatch_coordinator::wire::session_from_hex(&taken[0].session, "session")
-            .expect("hex");
         let view = client
             .outcome(&session, Duration::from_secs(5))
             .await

@@ -13,6 +13,7 @@ use ed25519_dalek::VerifyingKey;
 use privmatch_core::crypto::garble::Label;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::paillier::cipher::SecretKey;
+use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
 use privmatch_core::paillier::malicious::{Pi2Device, Pi2Round3};
@@ -20,6 +21,7 @@ use privmatch_core::paillier::no_leakage::{Pi3Device, Pi3Round5};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Device;
+use privmatch_core::paillier::signed_round2::{SignedRound2, VerifiedRound2};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
@@ -87,8 +89,57 @@ fn expect_code<T: std::fmt::Debug>(got: Result<T, (String, String)>, code: &str,
     }
 }
 
+/// The coordinator's two calls of a Round 2 at the SP: the session opened (policy, budgets;
+/// its own transaction), then `round2_sql` (the SP's signed Round 2). The first error, if any.
+async fn round2_at(
+    sp: &Client,
+    round2_sql: &str,
+    device: &str,
+    sealed: &[u8],
+) -> Result<Vec<u8>, (String, String)> {
+    sp.query_one(
+        "SELECT privmatch.paillier_session_open($1, $2, 'terminal-1')",
+        &[&device, &sealed],
+    )
+    .await
+    .map_err(|e| sqlstate_and_message(&e))?;
+    call(sp, round2_sql, &[&device, &sealed])
+        .await
+        .map(|b| b.expect("a Round 2"))
+}
+
+/// The device's check of the SP's signed Round 2 (core's `SignedRound2::open`).
+fn verified(
+    envelope: &[u8],
+    vk: &VerifyingKey,
+    device: &str,
+    protocol: Protocol,
+    session: &[u8; 16],
+) -> VerifiedRound2 {
+    SignedRound2::open(envelope, vk, device, protocol, session, now())
+        .expect("the SP's signed Round 2")
+}
+
+/// The SP's operator sets `protocol`'s policy: `threshold` and the hourly budgets.
+async fn set_policy(
+    operator: &Client,
+    protocol: &str,
+    threshold: i64,
+    per_device: i32,
+    per_terminal: i32,
+) {
+    operator
+        .query_one(
+            "SELECT privmatch.paillier_set_policy($1, $2, $3, $4)",
+            &[&protocol, &threshold, &per_device, &per_terminal],
+        )
+        .await
+        .expect("set the policy");
+}
+
 const BEGIN: &str = "SELECT privmatch.paillier_enroll_begin($1, $2, $3)";
 const FINISH: &str = "SELECT privmatch.paillier_enroll_finish($1, $2)";
+const DELETE: &str = "SELECT privmatch.paillier_delete($1, $2)";
 
 /// The SP's operator at P0 makes it the service provider (1024-bit ring-Pedersen parameters
 /// keep the tests fast; idempotent) and sets the parameters of `protocols`; returns the key
@@ -265,20 +316,26 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
         );
         assert_eq!(count("paillier_devices").await, 1);
 
-        // Delete: true, then false; the record is gone (P0002).
-        let mut deleted = Vec::new();
-        for _ in 0..2 {
-            let row = sp
-                .query_one("SELECT privmatch.paillier_delete($1)", &[&"phone-1"])
-                .await
-                .expect("delete");
-            deleted.push(row.get::<_, bool>(0));
-        }
-        assert_eq!(deleted, [true, false]);
+        // Delete, signed by the device over its stored record: true; the record is gone
+        // (P0002), and a second deletion finds nothing (P0002).
+        let signer = DeviceSigner::new(&secret).expect("signer");
+        let signature = signer
+            .sign(&Statement::delete("phone-1", &fetched))
+            .expect("sign");
+        let row = sp
+            .query_one(DELETE, &[&"phone-1", &signature])
+            .await
+            .expect("delete");
+        assert!(row.get::<_, bool>(0));
         expect_code(
             call(sp, "SELECT privmatch.paillier_device($1)", &[&"phone-1"]).await,
             "P0002",
             "deleted device",
+        );
+        expect_code(
+            call(sp, DELETE, &[&"phone-1", &signature]).await,
+            "P0002",
+            "deleted twice",
         );
 
         // Π1: the device packs and encrypts itself (no challenge); the terminal seals w and
@@ -303,32 +360,31 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             signed3.record.packed.clone(),
         )
         .expect("device");
-        for (i, w) in [template(&mut rng), u.clone()].into_iter().enumerate() {
+        // No policy for Π1 yet: no session opens (55000).
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi1, "phone-p1", &u, 0, &mut rng);
+        expect_code(
+            round2_at(sp, PI1_ROUND2, "phone-p1", &sealed).await,
+            "55000",
+            "no policy",
+        );
+        for w in [template(&mut rng), u.clone()] {
             let ip = dot(&u, &w);
             for threshold in [ip, ip + 1] {
-                let input = TerminalInput {
-                    protocol: Protocol::Pi1,
-                    session: [i as u8; 16],
-                    device_id: "phone-p1".into(),
-                    threshold,
-                    w: w.clone(),
-                };
-                let sealed = input
-                    .seal(PartyIndex::ALL[0], &keys[0], &mut rng)
-                    .expect("seal");
-                let round2 = call(
-                    sp,
-                    "SELECT privmatch.paillier_pi1_round2($1, $2)",
-                    &[&"phone-p1", &sealed],
-                )
-                .await
-                .expect("round 2")
-                .expect("bytes");
-                let (_, outcome) = pi1.round3(&round2).expect("round 3");
+                // The threshold is the operator's policy, not the terminal's choice.
+                set_policy(&operator, "pi1", threshold, 1000, 1000).await;
+                let (session, sealed) =
+                    sealed_input(&keys, Protocol::Pi1, "phone-p1", &w, threshold, &mut rng);
+                let envelope = round2_at(sp, PI1_ROUND2, "phone-p1", &sealed)
+                    .await
+                    .expect("round 2");
+                let round2 = verified(&envelope, &vk, "phone-p1", Protocol::Pi1, &session);
+                assert_eq!(round2.threshold(), threshold);
+                let (_, outcome) = pi1.round3_signed(&round2).expect("round 3");
                 assert_eq!(outcome.inner_product, ip);
                 assert_eq!(outcome.matched, threshold == ip);
             }
         }
+        set_policy(&operator, "pi1", 0, 1000, 1000).await;
         // A terminal input sealed to P1, or for another device: refused.
         let input = TerminalInput {
             protocol: Protocol::Pi1,
@@ -341,12 +397,7 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             .seal(PartyIndex::ALL[1], &keys[1], &mut rng)
             .expect("seal");
         expect_code(
-            call(
-                sp,
-                "SELECT privmatch.paillier_pi1_round2($1, $2)",
-                &[&"phone-p1", &to_p1],
-            )
-            .await,
+            round2_at(sp, PI1_ROUND2, "phone-p1", &to_p1).await,
             "08P01",
             "input sealed to P1",
         );
@@ -354,12 +405,7 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             .seal(PartyIndex::ALL[0], &keys[0], &mut rng)
             .expect("seal");
         expect_code(
-            call(
-                sp,
-                "SELECT privmatch.paillier_pi1_round2($1, $2)",
-                &[&"phone-2", &to_p0],
-            )
-            .await,
+            round2_at(sp, PI1_ROUND2, "phone-2", &to_p0).await,
             "22023",
             "input for another device",
         );
@@ -377,7 +423,8 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
     });
 }
 
-/// The coordinator's calls of Π2 and Π3 at the SP.
+/// The coordinator's calls of Π1, Π2 and Π3 at the SP.
+const PI1_ROUND2: &str = "SELECT privmatch.paillier_pi1_round2($1, $2)";
 const PI2_ROUND2: &str = "SELECT privmatch.paillier_pi2_round2($1, $2)";
 const PI2_ROUND4: &str =
     "SELECT message, matched, valid, verdict FROM privmatch.paillier_pi2_round4($1, $2)";
@@ -560,15 +607,16 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         let mut runs = 0;
         for (id, u, device) in &pi2_devices {
             for (w, ip, threshold) in captures(u, &mut rng) {
+                set_policy(&operator, "pi2", threshold, 1000, 1000).await;
                 let (session, sealed) =
                     sealed_input(&keys, Protocol::Pi2, id, &w, threshold, &mut rng);
-                let round2 = call(sp, PI2_ROUND2, &[id, &sealed])
+                let envelope = round2_at(sp, PI2_ROUND2, id, &sealed)
                     .await
-                    .expect("Π2 round 2")
-                    .expect("bytes");
+                    .expect("Π2 round 2");
+                let round2 = verified(&envelope, &vk, id, Protocol::Pi2, &session);
                 assert_eq!(sessions().await, 1);
                 let mut s = device.session();
-                let round3 = s.round3(&round2).expect("round 3");
+                let round3 = s.round3_signed(&round2).expect("round 3");
                 let (message, matched, valid, verdict) =
                     pi2_round4(sp, &session, &round3).await.expect("Π2 round 4");
                 assert!(valid);
@@ -582,14 +630,15 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         }
         for (id, u, device) in &pi3_devices {
             for (w, ip, threshold) in captures(u, &mut rng) {
+                set_policy(&operator, "pi3", threshold, 1000, 1000).await;
                 let (session, sealed) =
                     sealed_input(&keys, Protocol::Pi3, id, &w, threshold, &mut rng);
-                let round2 = call(sp, PI3_ROUND2, &[id, &sealed])
+                let envelope = round2_at(sp, PI3_ROUND2, id, &sealed)
                     .await
-                    .expect("Π3 round 2")
-                    .expect("bytes");
+                    .expect("Π3 round 2");
+                let round2 = verified(&envelope, &vk, id, Protocol::Pi3, &session);
                 let mut s = device.session();
-                let round3 = s.round3(&round2, &mut rng).expect("round 3");
+                let round3 = s.round3_signed(&round2, &mut rng).expect("round 3");
                 let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
                     .await
                     .expect("Π3 round 4")
@@ -607,17 +656,24 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             }
         }
         assert_eq!(runs, 60);
+        set_policy(&operator, "pi2", 0, 1000, 1000).await;
+        set_policy(&operator, "pi3", 0, 1000, 1000).await;
 
         // Π2: a device that shifts X is refused (valid = false, no message) and the session is
         // gone: the honest X cannot follow (P0002). A Round 3 that does not decode first:
         // 22P03, the session untouched.
         let (id2, u2, device2) = &pi2_devices[0];
         let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
-        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
-            .await
-            .expect("round 2")
-            .expect("bytes");
-        let round3 = device2.session().round3(&round2).expect("round 3");
+        let round2 = verified(
+            &round2_at(sp, PI2_ROUND2, id2, &sealed)
+                .await
+                .expect("round 2"),
+            &vk,
+            id2,
+            Protocol::Pi2,
+            &session,
+        );
+        let round3 = device2.session().round3_signed(&round2).expect("round 3");
         expect_code(
             pi2_round4(sp, &session, &round3[..round3.len() - 1]).await,
             "22P03",
@@ -648,14 +704,24 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         // The same sealed input twice: the session id is in use (23505); after the session
         // ends, the replayed Round 3 finds none (P0002).
         let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
-        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
-            .await
-            .expect("round 2")
-            .expect("bytes");
+        let round2 = verified(
+            &round2_at(sp, PI2_ROUND2, id2, &sealed)
+                .await
+                .expect("round 2"),
+            &vk,
+            id2,
+            Protocol::Pi2,
+            &session,
+        );
+        expect_code(
+            round2_at(sp, PI2_ROUND2, id2, &sealed).await,
+            "23505",
+            "a session id in use",
+        );
         expect_code(
             call(sp, PI2_ROUND2, &[id2, &sealed]).await,
             "23505",
-            "a session id in use",
+            "a second Round 2 for an opened session",
         );
         let state_in_wal = || async {
             let row = operator
@@ -670,7 +736,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             contains(&wal_bytes(&cluster.home.join("p0/data")), &state)
         };
         assert!(!state_in_wal().await, "Π2 session secrets in the WAL");
-        let round3 = device2.session().round3(&round2).expect("round 3");
+        let round3 = device2.session().round3_signed(&round2).expect("round 3");
         let (_, matched, valid, _) = pi2_round4(sp, &session, &round3).await.expect("round 4");
         assert!(valid && matched);
         expect_code(
@@ -692,12 +758,17 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         // Π3: a wrong output label is refused (valid = false) and consumes the session.
         let (id3, u3, device3) = &pi3_devices[0];
         let (session, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
-        let round2 = call(sp, PI3_ROUND2, &[id3, &sealed])
-            .await
-            .expect("round 2")
-            .expect("bytes");
+        let round2 = verified(
+            &round2_at(sp, PI3_ROUND2, id3, &sealed)
+                .await
+                .expect("round 2"),
+            &vk,
+            id3,
+            Protocol::Pi3,
+            &session,
+        );
         let mut s = device3.session();
-        let round3 = s.round3(&round2, &mut rng).expect("round 3");
+        let round3 = s.round3_signed(&round2, &mut rng).expect("round 3");
         expect_code(
             pi3_finish(sp, &session, &[1, 0x38]).await,
             "P0002",
@@ -759,19 +830,19 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         // Wrong protocol: a Π3 input at Π2's function, a Π2 input for a Π3 device.
         let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
         expect_code(
-            call(sp, PI2_ROUND2, &[id3, &sealed]).await,
+            round2_at(sp, PI2_ROUND2, id3, &sealed).await,
             "22023",
             "a Π3 input at paillier_pi2_round2",
         );
         let (_, sealed) = sealed_input(&keys, Protocol::Pi2, id3, u3, 0, &mut rng);
         expect_code(
-            call(sp, PI2_ROUND2, &[id3, &sealed]).await,
+            round2_at(sp, PI2_ROUND2, id3, &sealed).await,
             "22023",
             "a Π2 input for a Π3 device",
         );
         let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id2, u2, 0, &mut rng);
         expect_code(
-            call(sp, PI3_ROUND2, &[id3, &sealed]).await,
+            round2_at(sp, PI3_ROUND2, id3, &sealed).await,
             "22023",
             "an input for another device",
         );
@@ -780,10 +851,15 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         // An expired session (its Round 2 made 11 minutes old by the operator): P0002, and
         // the next Round 2 sweeps it.
         let (session, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
-        let round2 = call(sp, PI2_ROUND2, &[id2, &sealed])
-            .await
-            .expect("round 2")
-            .expect("bytes");
+        let round2 = verified(
+            &round2_at(sp, PI2_ROUND2, id2, &sealed)
+                .await
+                .expect("round 2"),
+            &vk,
+            id2,
+            Protocol::Pi2,
+            &session,
+        );
         operator
             .execute(
                 "UPDATE privmatch.paillier_sessions SET created_at = now() - interval '11 minutes'",
@@ -791,20 +867,28 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             )
             .await
             .expect("age the session");
-        let round3 = device2.session().round3(&round2).expect("round 3");
+        let round3 = device2.session().round3_signed(&round2).expect("round 3");
         expect_code(
             pi2_round4(sp, &session, &round3).await,
             "P0002",
             "expired session",
         );
         let (_, sealed) = sealed_input(&keys, Protocol::Pi2, id2, u2, 0, &mut rng);
-        call(sp, PI2_ROUND2, &[id2, &sealed])
+        round2_at(sp, PI2_ROUND2, id2, &sealed)
             .await
             .expect("round 2");
         assert_eq!(sessions().await, 1, "the expired session was swept");
-        // Deleting the device ends its sessions.
+        // Deleting the device (its signature over its record) ends its sessions.
+        let record2 = call(sp, "SELECT privmatch.paillier_device($1)", &[id2])
+            .await
+            .expect("fetch")
+            .expect("record");
+        let signature = DeviceSigner::new(&secret)
+            .expect("signer")
+            .sign(&Statement::delete(id2, &record2))
+            .expect("sign");
         let row = sp
-            .query_one("SELECT privmatch.paillier_delete($1)", &[id2])
+            .query_one(DELETE, &[id2, &signature])
             .await
             .expect("delete");
         assert!(row.get::<_, bool>(0));
@@ -813,7 +897,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         // Only the SP runs them; the coordinator cannot read the sessions.
         let (_, sealed) = sealed_input(&keys, Protocol::Pi3, id3, u3, 0, &mut rng);
         expect_code(
-            call(&clients[1], PI3_ROUND2, &[id3, &sealed]).await,
+            round2_at(&clients[1], PI3_ROUND2, id3, &sealed).await,
             "55000",
             "P1 is no service provider",
         );
@@ -823,4 +907,431 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             "the coordinator reads the sessions",
         );
     });
+}
+
+/// Issue 34 point 10 at the service provider, the coordinator played by this test as a relay
+/// that calls the SP's functions with the coordinator's role and rewrites what it relays:
+/// every forged Round 2 (its own under Π1/Π2/Π3, the SP's ciphertext beside a lowered
+/// threshold, a session id it made up) is refused by the device (core's `SignedRound2::open`),
+/// so no Round 3 and no verdict exists; a raised Π2 ciphertext is refused by the range check;
+/// a Round 2 is given only for a session opened (and charged) in an earlier transaction; a
+/// deletion (and so a re-enrolment) needs the device's key, or the operator's signed command;
+/// a terminal cannot choose the threshold, and the per-device and per-terminal budgets stop a
+/// bisection, across a crash of the SP. Against f21d1f1 each of these attacks succeeded (the
+/// device decrypted any Round 2, deletion was unsigned, the terminal chose θ, no budget).
+#[test]
+fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() {
+    use privmatch_core::crypto::sign::OperatorSigningKey;
+    use privmatch_core::paillier::malicious::Pi2Round2;
+    use privmatch_core::paillier::messages::MatchError;
+    use privmatch_core::paillier::semi_honest::Pi1Round2;
+    use rug::Integer;
+
+    let cluster = Cluster::start("paillier-sql-attacks", 68);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(68);
+    let (vk, aux) = init_service_provider(&cluster, &[Protocol::Pi1, Protocol::Pi2, Protocol::Pi3]);
+    let secret = SecretKey::generate(2048, &mut rng).expect("device key");
+    let pk = secret.public_key().clone();
+    let u = template(&mut rng);
+    let impostor: Vec<i32> = u.iter().map(|x| -x).collect();
+    let theta = dot(&u, &u) / 2;
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let sp = &clients[0];
+        let operator = cluster.connect(0).await;
+        for protocol in ["pi1", "pi2", "pi3"] {
+            set_policy(&operator, protocol, theta, 1000, 1000).await;
+        }
+        // The relay's own key: whatever it signs, the device pinned the SP's.
+        let relay_key = ed25519_dalek::SigningKey::from_bytes(&[99u8; 32]);
+        let refused = |got: Result<VerifiedRound2, MatchError>, what: &str| match got {
+            Err(MatchError::Unsigned(_)) => {}
+            other => panic!("{what}: not refused as unsigned: {other:?}"),
+        };
+        let open = |envelope: &[u8], device: &str, protocol, session: &[u8; 16]| {
+            SignedRound2::open(envelope, &vk, device, protocol, session, now())
+        };
+
+        // ---- Π1: the relay's own Round 2 (Enc(0), threshold −1) for an impostor. ----
+        let p1 = params(Protocol::Pi1);
+        let (d1, r1) = DeviceEnrolment::start(&secret, &p1, "phone-a", &u, &aux, b"a", &mut rng)
+            .expect("request");
+        call(sp, BEGIN, &[&"phone-a", &r1, &b"a".as_slice()])
+            .await
+            .expect("begin");
+        let rec1 = call(sp, FINISH, &[&"phone-a", &None::<Vec<u8>>])
+            .await
+            .expect("finish")
+            .expect("record");
+        let s1 = d1.finish(&rec1, &vk, now()).expect("σ");
+        let pi1 = Pi1Device::from_encrypted(p1.clone(), clone_key(&secret), s1.record.packed)
+            .expect("device");
+        let (session, sealed) =
+            sealed_input(&keys, Protocol::Pi1, "phone-a", &impostor, theta, &mut rng);
+        let envelope = round2_at(sp, PI1_ROUND2, "phone-a", &sealed)
+            .await
+            .expect("round 2");
+        let own = Pi1Round2 {
+            threshold: -1,
+            ciphertext: pk.encrypt(&Integer::new(), &mut rng).expect("Enc(0)"),
+        }
+        .to_bytes(&pk);
+        // What the device of f21d1f1 did with it: "match" for the impostor.
+        assert!(pi1.round3(&own).expect("decrypted").1.matched);
+        refused(
+            open(&own, "phone-a", Protocol::Pi1, &session),
+            "Π1 own Round 2",
+        );
+        let own_signed = SignedRound2 {
+            protocol: Protocol::Pi1,
+            session,
+            device_id: "phone-a".into(),
+            threshold: -1,
+            expires_at: now() + 600,
+            payload: own,
+        }
+        .sign(&relay_key)
+        .expect("sign");
+        refused(
+            open(&own_signed, "phone-a", Protocol::Pi1, &session),
+            "Π1 relay-signed",
+        );
+        // The SP's ciphertext kept, the threshold beside it lowered to −1.
+        let at = 2 + 1 + 16 + 1 + "phone-a".len() + 8 + 8 + 4 + 2;
+        let mut lowered = envelope.clone();
+        lowered[at..at + 8].copy_from_slice(&(-1i64).to_be_bytes());
+        refused(
+            open(&lowered, "phone-a", Protocol::Pi1, &session),
+            "Π1 lowered threshold",
+        );
+        // The SP's Round 2 under a session id the relay made up.
+        refused(
+            open(&envelope, "phone-a", Protocol::Pi1, &[0xee; 16]),
+            "made-up session",
+        );
+        // The honest one: answered, no match.
+        let honest = open(&envelope, "phone-a", Protocol::Pi1, &session).expect("SP's");
+        assert!(!pi1.round3_signed(&honest).expect("round 3").1.matched);
+
+        // ---- Π2: a raised record ciphertext (template values on the diagonal). ----
+        let signed2 = enrol(
+            sp,
+            &secret,
+            Protocol::Pi2,
+            "phone-b",
+            &u,
+            &aux,
+            &vk,
+            &mut rng,
+        )
+        .await;
+        let p2 = params(Protocol::Pi2);
+        let pi2 = Pi2Device::new(
+            p2.clone(),
+            clone_key(&secret),
+            signed2.record.packed.clone(),
+            signed2.round1_signature(),
+        )
+        .expect("Π2 device");
+        let layout = p2.layout();
+        let shift = layout.slot_bits() * layout.positions()[1];
+        let raised = pk.mul_plain(&signed2.record.packed[0], &(Integer::from(1) << shift));
+        let forged = Pi2Round2 { ciphertext: raised }.to_bytes(&pk);
+        let (session, sealed) = sealed_input(&keys, Protocol::Pi2, "phone-b", &u, theta, &mut rng);
+        let envelope = round2_at(sp, PI2_ROUND2, "phone-b", &sealed)
+            .await
+            .expect("round 2");
+        refused(
+            open(&forged, "phone-b", Protocol::Pi2, &session),
+            "Π2 raised, bare",
+        );
+        let mut swapped = envelope[..2 + 1 + 16 + 1 + "phone-b".len() + 16].to_vec();
+        swapped.extend_from_slice(&(forged.len() as u32).to_be_bytes());
+        swapped.extend_from_slice(&forged);
+        swapped.extend_from_slice(&envelope[envelope.len() - 64..]);
+        refused(
+            open(&swapped, "phone-b", Protocol::Pi2, &session),
+            "Π2 raised under the SP's σ",
+        );
+        // The range check: the raised ciphertext's X would be u[1] itself; refused.
+        assert!(matches!(
+            pi2.session().round3(&forged),
+            Err(MatchError::OutOfRange("X"))
+        ));
+        let honest = open(&envelope, "phone-b", Protocol::Pi2, &session).expect("SP's");
+        let round3 = pi2.session().round3_signed(&honest).expect("round 3");
+        let (_, matched, valid, _) = pi2_round4(sp, &session, &round3).await.expect("round 4");
+        assert!(valid && matched, "the genuine capture matches");
+
+        // ---- Π3: the SP's ciphertexts with the threshold lowered; a Round 2 of Π2. ----
+        let signed3 = enrol(
+            sp,
+            &secret,
+            Protocol::Pi3,
+            "phone-c",
+            &u,
+            &aux,
+            &vk,
+            &mut rng,
+        )
+        .await;
+        let pi3 = Pi3Device::new(
+            params(Protocol::Pi3),
+            clone_key(&secret),
+            signed3.record.packed.clone(),
+            signed3.round1_signature(),
+        )
+        .expect("Π3 device");
+        let (session, sealed) =
+            sealed_input(&keys, Protocol::Pi3, "phone-c", &impostor, theta, &mut rng);
+        let envelope = round2_at(sp, PI3_ROUND2, "phone-c", &sealed)
+            .await
+            .expect("round 2");
+        let mut lowered = envelope.clone();
+        let at = 2 + 1 + 16 + 1 + "phone-c".len();
+        lowered[at..at + 8].copy_from_slice(&(-1i64).to_be_bytes());
+        refused(
+            open(&lowered, "phone-c", Protocol::Pi3, &session),
+            "Π3 signed θ lowered",
+        );
+        // The payload's threshold is its last field (sign byte, u16 length, magnitude): make
+        // it −θ under the SP's signature.
+        let magnitude = (64 - theta.unsigned_abs().leading_zeros() as usize).div_ceil(8);
+        let mut lowered = envelope.clone();
+        lowered[envelope.len() - 64 - magnitude - 3] = 1;
+        refused(
+            open(&lowered, "phone-c", Protocol::Pi3, &session),
+            "Π3 payload θ changed",
+        );
+        refused(
+            open(&envelope, "phone-b", Protocol::Pi2, &session),
+            "Π3 Round 2 as Π2",
+        );
+        let honest = open(&envelope, "phone-c", Protocol::Pi3, &session).expect("SP's");
+        let mut s = pi3.session();
+        let round3 = s.round3_signed(&honest, &mut rng).expect("round 3");
+        let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+            .await
+            .expect("round 4")
+            .expect("bytes");
+        let (round5, bit) = s.round5(&round4).expect("round 5");
+        let (matched, valid, _) = pi3_finish(sp, &session, &round5).await.expect("output");
+        assert!(valid && !matched && !bit, "the impostor does not match");
+
+        // ---- A Round 2 only for a session opened, and charged, in an earlier transaction. ----
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi1, "phone-a", &u, theta, &mut rng);
+        expect_code(
+            call(sp, PI1_ROUND2, &[&"phone-a", &sealed]).await,
+            "P0002",
+            "a Round 2 of a session never opened",
+        );
+        sp.batch_execute("BEGIN").await.expect("begin");
+        sp.query_one(
+            "SELECT privmatch.paillier_session_open($1, $2, 'terminal-1')",
+            &[&"phone-a", &sealed],
+        )
+        .await
+        .expect("open");
+        expect_code(
+            call(sp, PI1_ROUND2, &[&"phone-a", &sealed]).await,
+            "55000",
+            "open and Round 2 in one transaction (the charge could be rolled back)",
+        );
+        sp.batch_execute("ROLLBACK").await.expect("rollback");
+
+        // ---- Deletion and re-enrolment need the device's key. ----
+        let record_b = call(sp, "SELECT privmatch.paillier_device($1)", &[&"phone-b"])
+            .await
+            .expect("fetch")
+            .expect("record");
+        let other = SecretKey::generate(2048, &mut rng).expect("the relay's Paillier key");
+        let other_signer = DeviceSigner::new(&other).expect("signer");
+        let by_other = other_signer
+            .sign(&Statement::delete("phone-b", &record_b))
+            .expect("sign");
+        for (signature, what) in [
+            (vec![1u8; 1], "a junk signature"),
+            (by_other, "a signature with another key"),
+        ] {
+            expect_code(
+                call(sp, DELETE, &[&"phone-b", &signature]).await,
+                "28000",
+                what,
+            );
+        }
+        // A signature of the device, but for another device's record, or replayed later.
+        let signer = DeviceSigner::new(&secret).expect("signer");
+        let for_c = signer
+            .sign(&Statement::delete("phone-c", &record_b))
+            .expect("sign");
+        expect_code(
+            call(sp, DELETE, &[&"phone-c", &for_c]).await,
+            "28000",
+            "another record",
+        );
+        // Re-enrolment of the id under the relay's key and an impostor's template: refused.
+        let (_, request) =
+            DeviceEnrolment::start(&other, &p2, "phone-b", &impostor, &aux, b"again", &mut rng)
+                .expect("request");
+        expect_code(
+            call(sp, BEGIN, &[&"phone-b", &request, &b"again".as_slice()]).await,
+            "23505",
+            "re-enrolment of an enrolled id",
+        );
+        assert_eq!(
+            call(sp, "SELECT privmatch.paillier_device($1)", &[&"phone-b"]).await,
+            Ok(Some(record_b.clone())),
+            "the device's record is untouched"
+        );
+        // The device's own signed deletion works; a replay of it after a re-enrolment does not.
+        let mine = signer
+            .sign(&Statement::delete("phone-b", &record_b))
+            .expect("sign");
+        assert_eq!(call_bool(sp, DELETE, &[&"phone-b", &mine]).await, Ok(true));
+        enrol(
+            sp,
+            &secret,
+            Protocol::Pi2,
+            "phone-b",
+            &u,
+            &aux,
+            &vk,
+            &mut rng,
+        )
+        .await;
+        expect_code(
+            call(sp, DELETE, &[&"phone-b", &mine]).await,
+            "28000",
+            "a replayed deletion",
+        );
+        // A lost device: the SP's operator signs a paillier-delete command.
+        let operator_key = privmatch_coordinator::cli::operator_key::load(
+            &cluster.home.join("operators/p0.signing.key"),
+        )
+        .expect("P0's operator key");
+        let micros = privmatch_coordinator::cli::operator_key::fresh_counter();
+        let command = operator_key.sign(PartyIndex::ALL[0], micros, "paillier-delete", b"phone-b");
+        let wrong_action =
+            operator_key.sign(PartyIndex::ALL[0], micros + 1, "peer-pin", b"phone-b");
+        expect_code(
+            call(
+                sp,
+                "SELECT privmatch.paillier_delete_signed($1)",
+                &[&wrong_action],
+            )
+            .await,
+            "28000",
+            "another action",
+        );
+        let forged = OperatorSigningKey::from_bytes(&[18u8; 32]).sign(
+            PartyIndex::ALL[0],
+            micros + 2,
+            "paillier-delete",
+            b"phone-b",
+        );
+        expect_code(
+            call(
+                sp,
+                "SELECT privmatch.paillier_delete_signed($1)",
+                &[&forged],
+            )
+            .await,
+            "28000",
+            "not the operator's key",
+        );
+        assert_eq!(
+            call_bool(
+                sp,
+                "SELECT privmatch.paillier_delete_signed($1)",
+                &[&command]
+            )
+            .await,
+            Ok(true)
+        );
+        expect_code(
+            call(
+                sp,
+                "SELECT privmatch.paillier_delete_signed($1)",
+                &[&command],
+            )
+            .await,
+            "28000",
+            "a replayed operator command",
+        );
+
+        // ---- The bisection of a score: the threshold is policy, the budgets bound it. ----
+        for (probe, what) in [
+            (theta - 1, "a lower θ"),
+            (theta + 1, "a higher θ"),
+            (-1, "θ = −1"),
+        ] {
+            let (_, sealed) = sealed_input(&keys, Protocol::Pi3, "phone-c", &u, probe, &mut rng);
+            expect_code(
+                round2_at(sp, PI3_ROUND2, "phone-c", &sealed).await,
+                "22023",
+                what,
+            );
+        }
+        set_policy(&operator, "pi3", theta, 3, 1000).await;
+        // This hour's Π3 sessions of phone-c so far: the one above.
+        let mut opened = 1;
+        let budget_code = loop {
+            let (_, sealed) = sealed_input(&keys, Protocol::Pi3, "phone-c", &u, theta, &mut rng);
+            match round2_at(sp, PI3_ROUND2, "phone-c", &sealed).await {
+                Ok(_) => opened += 1,
+                Err((code, message)) => {
+                    assert!(message.contains("budget"), "{message}");
+                    break code;
+                }
+            }
+            assert!(opened <= 3, "past the device's budget");
+        };
+        assert_eq!((budget_code.as_str(), opened), ("53400", 3));
+        // Per terminal: another device, the same terminal.
+        set_policy(&operator, "pi3", theta, 1000, 0).await;
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi3, "phone-c", &u, theta, &mut rng);
+        expect_code(
+            round2_at(sp, PI3_ROUND2, "phone-c", &sealed).await,
+            "53400",
+            "terminal budget",
+        );
+        // The budget survives a crash of the SP.
+        set_policy(&operator, "pi3", theta, 3, 1000).await;
+        drop(operator);
+        drop(clients);
+        cluster.kill_party(0);
+        cluster.start_party(0);
+        let clients = cluster.clients().await;
+        let (_, sealed) = sealed_input(&keys, Protocol::Pi3, "phone-c", &u, theta, &mut rng);
+        expect_code(
+            round2_at(&clients[0], PI3_ROUND2, "phone-c", &sealed).await,
+            "53400",
+            "the device's budget after a restart",
+        );
+        // The operator reads the budget's use, the coordinator cannot change it.
+        expect_code(
+            call(
+                &clients[0],
+                "DELETE FROM privmatch.paillier_budget_use RETURNING NULL::bytea",
+                &[],
+            )
+            .await,
+            "42501",
+            "the coordinator resets the budget",
+        );
+    });
+}
+
+/// `sql` with `args`: the first column of the first row as a bool, or (SQLSTATE, message).
+async fn call_bool(
+    client: &Client,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<bool, (String, String)> {
+    client
+        .query_one(sql, args)
+        .await
+        .map(|row| row.get(0))
+        .map_err(|e| sqlstate_and_message(&e))
 }

@@ -10,9 +10,9 @@
 //! | `GET /v1/paillier/enroll-params` | enroll | — | [`ServiceInfo`]: the SP's party, signing key, ring-Pedersen parameters, parameter sets |
 //! | `POST /v1/paillier/enroll-begin` | enroll | [`EnrollBeginBody`] `{"device", "session", "request"}` | [`EnrollBeginResponse`] `{"challenge": b64 \| null}` |
 //! | `POST /v1/paillier/enroll-finish` | enroll | [`EnrollFinishBody`] `{"device", "response": b64 \| null}` | [`RecordResponse`] `{"device", "record"}` |
-//! | `POST /v1/paillier/device` | search | [`DeviceBody`] `{"device"}` | [`RecordResponse`] |
+//! | `POST /v1/paillier/device` | search | [`DeviceBody`] `{"device"}` | [`RecordResponse`] `{"device", "record", "threshold"}` |
 //! | `GET /v1/paillier/devices` | admin | — | [`DevicesResponse`] |
-//! | `POST /v1/paillier/delete` | delete | [`DeviceBody`] | [`DeleteResponse`] `{"device", "deleted"}` |
+//! | `POST /v1/paillier/delete` | delete | [`DeleteBody`] `{"device", "signature"}` | [`DeleteResponse`] `{"device", "deleted"}` |
 //! | `POST /v1/paillier/verify` | search | [`VerifyBody`] `{"device", "protocol", "session", "terminal_input"}` | [`SessionView`] (state `waiting`) |
 //! | `POST /v1/paillier/outcome` | search | [`WaitBody`] `{"session", "wait_ms"}` | [`SessionView`] |
 //! | `POST /v1/paillier/mailbox` | device | [`MailboxBody`] `{"device", "wait_ms", "max", "time_ms", "signature"}` | [`MailboxResponse`] `{"messages": [DeviceMessage]}` |
@@ -158,9 +158,15 @@ pub struct RecordResponse {
     pub device: String,
     /// The record with the service provider's signature, base64.
     pub record: String,
+    /// `POST /v1/paillier/device` only: the threshold of the service provider's policy for
+    /// the record's protocol (`paillier_policies()`), which a terminal's input must carry (the
+    /// SP refuses any other and signs the one it applies into Round 2); absent when no policy
+    /// is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<i64>,
 }
 
-/// A body naming one device: `POST /v1/paillier/device`, `/v1/paillier/delete`.
+/// A body naming one device: `POST /v1/paillier/device`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeviceBody {
     /// The device id.
@@ -185,6 +191,24 @@ pub struct DeviceEntry {
 pub struct DevicesResponse {
     /// The enrolled devices, by id.
     pub devices: Vec<DeviceEntry>,
+}
+
+/// The body of `POST /v1/paillier/delete`: the device asks for its record's deletion.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeleteBody {
+    /// The device id.
+    pub device: String,
+    /// The device's signature (core's `paillier::device_signature`, `Statement::delete` of the
+    /// device id and its stored record) with its enrolled Paillier key, base64.
+    pub signature: String,
+}
+
+impl DeleteBody {
+    /// Checks and decodes the signature.
+    pub fn signature_bytes(&self) -> Result<Vec<u8>, String> {
+        check_device(&self.device)?;
+        bytes_of(&self.signature, "signature")
+    }
 }
 
 /// The answer to `POST /v1/paillier/delete`.

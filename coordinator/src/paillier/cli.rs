@@ -6,9 +6,11 @@
 //!   never printed); `device pin-service` pins the service provider in the client
 //!   configuration; `device enroll` runs Π_en through the coordinator and keeps the signed
 //!   record beside the key; `device respond` answers the sessions terminals open for the
-//!   device; `device list` / `device delete` manage the records at the service provider.
-//! * `terminal verify` quantises a live capture, seals it with the threshold to the service
-//!   provider, opens a session and waits for its outcome. Exit status: 0 match, 2 no match,
+//!   device (only Round 2 messages the pinned service provider signed); `device list` lists
+//!   the records at the service provider, `device delete` deletes the device's own (signed
+//!   with its key).
+//! * `terminal verify` quantises a live capture, seals it with the threshold of the service
+//!   provider's policy to the service provider, opens a session and waits for its outcome. Exit status: 0 match, 2 no match,
 //!   3 refused (the service provider caught the device cheating, Π2/Π3), 1 any error
 //!   (including a session that failed or expired).
 
@@ -73,8 +75,12 @@ pub enum DeviceAction {
     Respond(RespondArgs),
     /// The devices enrolled at the service provider (JSON).
     List,
-    /// Delete a device's record at the service provider.
+    /// Delete the device's record at the service provider (signed with the device's key; a
+    /// lost device's record is deleted by the SP's operator with a signed command).
     Delete {
+        /// The device's key file (`privmatch device keygen`).
+        #[arg(long)]
+        key: PathBuf,
         /// The device id.
         #[arg(long)]
         device: String,
@@ -142,9 +148,11 @@ pub struct VerifyArgs {
     /// The device's protocol: pi1, pi2 or pi3.
     #[arg(long, value_parser = ["pi1", "pi2", "pi3"])]
     pub protocol: String,
-    /// The cosine similarity the capture must reach (−1..1).
-    #[arg(long, default_value_t = 0.6, allow_hyphen_values = true)]
-    pub threshold: f64,
+    /// The cosine similarity the capture must reach (−1..1). The service provider's policy
+    /// fixes the threshold: by default the terminal uses the policy's (relayed with the
+    /// record); a value given here must quantise to it, or the SP refuses the session.
+    #[arg(long, allow_hyphen_values = true)]
+    pub threshold: Option<f64>,
     /// How long to wait for the device, in seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
@@ -218,9 +226,13 @@ pub async fn run_device(
             );
             Ok(())
         }
-        DeviceAction::Delete { device } => {
+        DeviceAction::Delete { key, device } => {
             let client = PaillierClient::new(&config()?)?;
-            let deleted = client.delete(device).await?;
+            let secret = load_key(key)?;
+            let signer = DeviceSigner::new(&secret).ok_or_else(|| {
+                anyhow!("the device key has no signing exponent (not a Paillier key)")
+            })?;
+            let deleted = client.delete(device, &signer).await?;
             println!(
                 "{}",
                 serde_json::json!({"device": device, "deleted": deleted})
@@ -353,7 +365,7 @@ pub async fn run_terminal(
     let protocol = parse_protocol(&args.protocol).map_err(|e| anyhow!("--protocol: {e}"))?;
     let probe = read_embedding(&args.input)?;
     let mut client = PaillierClient::new(&config()?)?;
-    let signed = client.record(&args.device).await?;
+    let (signed, _, policy) = client.record_and_policy(&args.device).await?;
     let params = &signed.record.params;
     if params.protocol() != protocol {
         bail!(
@@ -364,9 +376,17 @@ pub async fn run_terminal(
         );
     }
     let w = quantize(&args.input, &probe, params)?;
-    let threshold = Quantizer::new(params)?
-        .quantize_threshold(args.threshold)
-        .map_err(|e| anyhow!("--threshold: {e}"))?;
+    let threshold = match (args.threshold, policy) {
+        (Some(cosine), _) => Quantizer::new(params)?
+            .quantize_threshold(cosine)
+            .map_err(|e| anyhow!("--threshold: {e}"))?,
+        (None, Some(theta)) => theta,
+        (None, None) => bail!(
+            "the service provider has no threshold policy for {}: its operator sets one \
+             (privmatch.paillier_set_policy)",
+            args.protocol
+        ),
+    };
     let session = client.open(&args.device, protocol, w, threshold).await?;
     let view = client
         .verified_outcome(

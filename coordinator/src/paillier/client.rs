@@ -25,6 +25,7 @@ use privmatch_core::paillier::no_leakage::Pi3Device;
 use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Round3};
+use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
@@ -35,10 +36,10 @@ use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::sharing_rng;
 use crate::config::{Config, ServicePin};
 use crate::paillier::api::{
-    parse_protocol, protocol_name, unix_now_ms, DeleteResponse, DeviceBody, DeviceMessage,
-    DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
-    MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
-    SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
+    parse_protocol, protocol_name, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody,
+    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
+    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
+    SessionState, SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
 use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
 
@@ -167,6 +168,17 @@ impl PaillierClient {
     /// The record of `device` the service provider stores, checked against the pinned key
     /// (signature, expiry, device id): what a terminal takes the layout from.
     pub async fn record(&self, device: &str) -> Result<SignedTemplate> {
+        Ok(self.record_and_policy(device).await?.0)
+    }
+
+    /// [`Self::record`], with the record's bytes and the threshold of the service provider's
+    /// policy for its protocol as the coordinator relays it (None when no policy is set). The
+    /// threshold needs no trust: the SP refuses an input with any other and signs the one it
+    /// applies.
+    pub async fn record_and_policy(
+        &self,
+        device: &str,
+    ) -> Result<(SignedTemplate, Vec<u8>, Option<i64>)> {
         let answer: RecordResponse = self
             .coordinator
             .post(
@@ -176,7 +188,8 @@ impl PaillierClient {
                 },
             )
             .await?;
-        let signed = SignedTemplate::from_bytes(&decode(&answer.record, "record")?)?;
+        let bytes = decode(&answer.record, "record")?;
+        let signed = SignedTemplate::from_bytes(&bytes)?;
         signed
             .verify(&self.service_key, unix_now())
             .with_context(|| format!("the record of device {device:?}"))?;
@@ -186,7 +199,7 @@ impl PaillierClient {
                 signed.record.device_id
             );
         }
-        Ok(signed)
+        Ok((signed, bytes, answer.threshold))
     }
 
     /// Opens a matching session as the terminal ([ABMR20] Round 2 at the service provider):
@@ -398,14 +411,23 @@ impl PaillierClient {
             .await
     }
 
-    /// Deletes `device`'s record at the service provider.
-    pub async fn delete(&self, device: &str) -> Result<bool> {
+    /// Deletes `device`'s record at the service provider, as the device: the stored record is
+    /// fetched and checked (σ under the pinned key, enrolled with `signer`'s key), and the
+    /// deletion of exactly that record is signed with the device's key (core's
+    /// `Statement::delete`), which the SP requires.
+    pub async fn delete(&self, device: &str, signer: &DeviceSigner) -> Result<bool> {
+        let (signed, bytes, _) = self.record_and_policy(device).await?;
+        if &signed.record.public_key != signer.public_key() {
+            bail!("device {device:?} is enrolled under another key than the one given");
+        }
+        let signature = signer.sign(&Statement::delete(device, &bytes))?;
         let answer: DeleteResponse = self
             .coordinator
             .post(
                 "/v1/paillier/delete",
-                &DeviceBody {
+                &DeleteBody {
                     device: device.to_owned(),
+                    signature: to_base64(&signature),
                 },
             )
             .await?;
@@ -511,6 +533,9 @@ pub struct Device<'a> {
 
 /// Answers one session whose Round 2 is `message` ([ABMR20]: Π1 Round 3; Π2 Rounds 3 and the
 /// bit of Round 4; Π3 Rounds 3 and 5), posting the device's signed messages through `client`.
+/// The Round 2 must carry the pinned service provider's signature for this device, protocol
+/// and session, and decrypt into the honest range (Π2, Π3); otherwise the device gives the
+/// session up with a fixed reason and answers nothing.
 pub async fn serve(
     client: &PaillierClient,
     device: &Device<'_>,
@@ -529,7 +554,22 @@ pub async fn serve(
         );
         return give_up(client, device, session, 3, err).await;
     }
-    let round2 = decode(&message.message, "message")?;
+    let envelope = decode(&message.message, "message")?;
+    // Nothing is decrypted unless the pinned service provider signed this Round 2 for this
+    // device, its protocol and this session (core's `signed_round2`): a Round 2 the relay wrote
+    // or changed gets no answer, so no verdict.
+    let id = session_from_hex(session, "session").map_err(anyhow::Error::msg)?;
+    let round2 = match SignedRound2::open(
+        &envelope,
+        client.service_key(),
+        device.id,
+        responder.protocol(),
+        &id,
+        unix_now(),
+    ) {
+        Ok(verified) => verified,
+        Err(e) => return give_up(client, device, session, 3, e).await,
+    };
     let served = |state| Served {
         session: session.to_owned(),
         protocol,
@@ -537,7 +577,7 @@ pub async fn serve(
     };
     match responder {
         Responder::Pi1(d) => {
-            let (round3, outcome) = match d.round3(&round2) {
+            let (round3, outcome) = match d.round3_signed(&round2) {
                 Ok(out) => out,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
@@ -550,7 +590,7 @@ pub async fn serve(
         }
         Responder::Pi2(d) => {
             let mut s = d.session();
-            let round3 = match s.round3(&round2) {
+            let round3 = match s.round3_signed(&round2) {
                 Ok(m) => m,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
@@ -565,7 +605,7 @@ pub async fn serve(
         }
         Responder::Pi3(d) => {
             let mut s = d.session();
-            let round3 = match s.round3(&round2, rng) {
+            let round3 = match s.round3_signed(&round2, rng) {
                 Ok(m) => m,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };

@@ -13,23 +13,25 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use privmatch_core::paillier::cipher::PublicKey;
 use privmatch_core::paillier::device_signature::{self, DeviceSignatureError, Statement};
 use privmatch_core::paillier::params::Protocol;
+use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::Pi1Round3;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 
 use crate::paillier::api::{
-    check_device, protocol_name, unix_now_ms, DeleteResponse, DeviceBody, DeviceMessage,
-    DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
-    MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
-    SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
+    check_device, protocol_name, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody,
+    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
+    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
+    SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
 };
 use crate::paillier::driver::{Relay, RelayError, Status};
 use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError, Verdict};
 use crate::parties::PartyError;
+use crate::server::auth::Credential;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
     ApiError,
@@ -100,6 +102,8 @@ impl From<SpError> for ApiError {
                     Some("P0002") => (StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
                     Some("55000") => (StatusCode::SERVICE_UNAVAILABLE, codes::NOT_CONFIGURED),
                     Some("08P01") => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
+                    // A session budget of the SP's policy is spent (not transient: no retry).
+                    Some("53400") => (StatusCode::TOO_MANY_REQUESTS, BUDGET_EXHAUSTED),
                     _ => party_failure_status(party),
                 };
                 party_error(status, code, message, party)
@@ -124,6 +128,10 @@ impl From<RelayError> for ApiError {
         }
     }
 }
+
+/// The error code of a session refused by a budget of the SP's policy (SQLSTATE 53400, HTTP
+/// 429; not transient: the client does not retry).
+pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
 
 fn wait_of(wait_ms: u64) -> Duration {
     Duration::from_millis(wait_ms.min(MAX_WAIT_MS))
@@ -169,6 +177,7 @@ async fn enroll_finish(
     Ok(Json(RecordResponse {
         device: request.device,
         record: to_base64(&record),
+        threshold: None,
     }))
 }
 
@@ -179,9 +188,18 @@ async fn device(
     let request: DeviceBody = parse_json(&body)?;
     check_device(&request.device).map_err(bad_request)?;
     let record = s.sp.record(&request.device).await?;
+    // The policy threshold of the record's protocol, for the terminal (the SP checks it).
+    let threshold = match SignedTemplate::from_bytes(&record) {
+        Ok(signed) => {
+            s.sp.policy_threshold(signed.record.params.protocol())
+                .await?
+        }
+        Err(_) => None,
+    };
     Ok(Json(RecordResponse {
         device: request.device,
         record: to_base64(&record),
+        threshold,
     }))
 }
 
@@ -195,25 +213,30 @@ async fn delete(
     State(s): State<PaillierState>,
     body: Bytes,
 ) -> Result<Json<DeleteResponse>, ApiError> {
-    let request: DeviceBody = parse_json(&body)?;
-    check_device(&request.device).map_err(bad_request)?;
-    let deleted = s.sp.delete(&request.device).await?;
+    let request: DeleteBody = parse_json(&body)?;
+    let signature = request.signature_bytes().map_err(bad_request)?;
+    let deleted = s.sp.delete(&request.device, &signature).await?;
     Ok(Json(DeleteResponse {
         device: request.device,
         deleted,
     }))
 }
 
-/// The terminal opens a session: Round 2 at the SP, queued for the device.
+/// The terminal opens a session: Round 2 at the SP (the session opened there first, charged
+/// to the device's and to this credential's budgets), queued for the device.
 async fn verify(
     State(s): State<PaillierState>,
+    credential: Option<Extension<Credential>>,
     body: Bytes,
 ) -> Result<Json<SessionView>, ApiError> {
     let request: VerifyBody = parse_json(&body)?;
     let plan = request.decode().map_err(bad_request)?;
+    // The terminal is the API credential that called (its budget at the SP); a server run
+    // without credentials (tests, local development) is one terminal.
+    let terminal = credential.map_or_else(|| "anonymous".to_owned(), |c| c.0 .0.clone());
     s.app.claim_sessions(&[plan.session]).await?;
     let round2 =
-        s.sp.round2(plan.protocol, &plan.device, &plan.terminal_input)
+        s.sp.round2(plan.protocol, &plan.device, &plan.terminal_input, &terminal)
             .await?;
     s.relay
         .open(&plan.device, plan.protocol, plan.session, round2)?;

@@ -273,22 +273,51 @@ impl ServiceProvider {
             .collect()
     }
 
-    /// `paillier_delete`: whether a record was removed.
-    pub async fn delete(&self, device: &str) -> Result<bool, SpError> {
+    /// `paillier_delete` with the device's `signature` of the deletion: whether a record was
+    /// removed.
+    pub async fn delete(&self, device: &str, signature: &[u8]) -> Result<bool, SpError> {
         let (party, row) = self
-            .row("SELECT privmatch.paillier_delete($1)", &[&device])
+            .row(
+                "SELECT privmatch.paillier_delete($1, $2)",
+                &[&device, &signature],
+            )
             .await?;
         Self::required(party, &row, 0, "deleted")
     }
 
-    /// Round 2 of `protocol` at the SP from the terminal's sealed input
-    /// (`paillier_pi1_round2`, `paillier_pi2_round2`, `paillier_pi3_round2`).
+    /// The threshold of the SP's policy for `protocol` (`paillier_policies()`), if one is set.
+    pub async fn policy_threshold(&self, protocol: Protocol) -> Result<Option<i64>, SpError> {
+        let name = protocol_name(protocol);
+        let rows = self
+            .rows(
+                "SELECT threshold FROM privmatch.paillier_policies() WHERE protocol = $1",
+                &[&name],
+            )
+            .await?;
+        let party = self.party().await?.index.as_u8();
+        match rows.first() {
+            Some(row) => Self::get(party, row, 0),
+            None => Ok(None),
+        }
+    }
+
+    /// Round 2 of `protocol` at the SP from the terminal's sealed input: first
+    /// `paillier_session_open` (policy threshold, budgets of the device and of `terminal`, the
+    /// API credential that asked; its own transaction, so the charge commits), then
+    /// `paillier_pi1_round2`, `paillier_pi2_round2` or `paillier_pi3_round2`: the SP's signed
+    /// Round 2 (core's `SignedRound2`).
     pub async fn round2(
         &self,
         protocol: Protocol,
         device: &str,
         terminal_input: &[u8],
+        terminal: &str,
     ) -> Result<Vec<u8>, SpError> {
+        self.row(
+            "SELECT privmatch.paillier_session_open($1, $2, $3)",
+            &[&device, &terminal_input, &terminal],
+        )
+        .await?;
         let sql = format!(
             "SELECT privmatch.paillier_{}_round2($1, $2)",
             protocol_name(protocol)

@@ -115,7 +115,9 @@ pub fn needs(method: &Method, path: &str) -> Needs {
         }
         "search" | "verify" | "identify" | "outcome" | "device" => Needs::Scope(Scope::Search),
         "delete" => Needs::Scope(Scope::Delete),
-        "configure" | "refill" | "pool" | "stock" | "pin" | "devices" => Needs::Scope(Scope::Admin),
+        "configure" | "refill" | "pool" | "stock" | "pin" | "devices" | "audit" => {
+            Needs::Scope(Scope::Admin)
+        }
         "mailbox" | "reply" => Needs::Scope(Scope::Device),
         _ => Needs::Refused,
     }
@@ -294,7 +296,16 @@ pub async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next
     response
 }
 
-async fn check_and_run(guard: &Guard, request: Request, next: Next) -> (Option<String>, Response) {
+/// The API credential a request was authenticated with (its id), for the handlers that count
+/// per caller (the Paillier service provider's per-terminal session budget).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credential(pub String);
+
+async fn check_and_run(
+    guard: &Guard,
+    mut request: Request,
+    next: Next,
+) -> (Option<String>, Response) {
     let needed = needs(request.method(), request.uri().path());
     let scope = match needed {
         Needs::Nothing => return (None, next.run(request).await),
@@ -350,6 +361,7 @@ async fn check_and_run(guard: &Guard, request: Request, next: Next) -> (Option<S
             refusal(StatusCode::TOO_MANY_REQUESTS, codes::TOO_BUSY, message),
         );
     };
+    request.extensions_mut().insert(Credential(key.id.clone()));
     let response = next.run(request).await;
     // A body sent without a length (chunked) is cut by the body limit layer, which answers
     // 413 in plain text: give it the API's JSON shape.

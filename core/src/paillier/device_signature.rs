@@ -109,6 +109,19 @@ impl Statement {
         Self::reply(device_id, session, round, 1, reason.as_bytes())
     }
 
+    /// The device's request that the service provider delete its enrolment record `record`
+    /// (the signed record's bytes, as the SP stores them): bound to that very record, so a
+    /// signature captured once deletes nothing the device enrols later (issue 34 item 10).
+    pub fn delete(device_id: &str, record: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(device_id.len() + 34);
+        push_device(&mut bytes, device_id);
+        bytes.extend_from_slice(&Sha256::digest(record));
+        Self {
+            domain: b"delete",
+            bytes,
+        }
+    }
+
     fn reply(device_id: &str, session: &[u8; 16], round: u8, kind: u8, content: &[u8]) -> Self {
         let mut bytes = Vec::with_capacity(device_id.len() + 52);
         push_device(&mut bytes, device_id);

@@ -15,12 +15,15 @@
 //!   of a norm-bounded u whatever D does, which the slot sizing relies on.
 //! * **Round 1** D → T ([`Pi2Round1`]): (σ, epk, ⟦u_1*⟧ … ⟦u_t*⟧). Reusable.
 //! * **Round 2** T → D ([`Pi2Round2`]): T verifies σ (else ⊥), picks a fresh random prime a of
-//!   κ ≥ 64 bits ([`random_prime_multiplier`]) and b uniform in [0, 2^B)
-//!   ([`random_addend`]), and sends ⟦Mask(a·Σ_c u_c*·w_c* + Encode2(ρ̃ + (0, …, 0, b)))⟧,
+//!   κ ≥ 64 bits ([`random_prime_multiplier`]) and b uniform in [2·A·ζ², 2^B)
+//!   ([`random_addend`], [`pi2_addend_range`]), and sends ⟦Mask(a·Σ_c u_c*·w_c* + Encode2(ρ̃ + (0, …, 0, b)))⟧,
 //!   re-randomised. The product is computed with m-bit exponents and a applied once to it (the
 //!   cheaper of the two ways, measured by the `timings` test).
 //! * **Round 3** D → T ([`Pi2Round3`]): X, the sum of the decoded diagonal slots
-//!   (= a·IP + b for an honest D).
+//!   (= a·IP + b for an honest D). The device sends X only if it lies in [`pi2_x_range`],
+//!   where every honest X lies (b's floor makes it at least A·ζ²); and a device that talks
+//!   through an untrusted relay answers only a Round 2 the service provider signed
+//!   ([`Pi2DeviceSession::round3_signed`], `signed_round2.rs`).
 //! * **Round 4** T → D ([`Pi2Round4`]): T computes IP′ = (X − b)/a and outputs ⊥ (a
 //!   [`MatchError::Cheating`]) unless a | (X − b) and |IP′| ≤ IP_max = ζ² (the signed form of
 //!   §6.1's 0 ≤ IP′ ≤ IP_max); otherwise it outputs [IP′ ≥ threshold] and sends the bit.
@@ -44,7 +47,7 @@
 //! 23 ms for the product and its power, folding a into the exponents about 46 ms. [ABMR20] §9
 //! reports 49 ms for the Π2 matching phase on a laptop.
 //!
-//! **What Π3 reuses** ([ABMR20] Fig. 5 Round 2, T's side): [`random_addend`] for b and pad,
+//! **What Π3 reuses** ([ABMR20] Fig. 5 Round 2, T's side):
 //! `encoding::homomorphic_inner_product` once for ⟦z⟧, then `encoding::mask_affine_product`
 //! twice (a = 1, b = pad for X̃; a, b for Ỹ), and on D's side `encoding::decode_sum` for X
 //! and Y. Π3's layout takes a uniform in [1, 2^λ) (its circuit checks Y = a·(X − pad) + b, an
@@ -59,6 +62,7 @@ use super::messages::{
 };
 use super::params::{Layout, Params, Protocol};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
+use super::signed_round2::VerifiedRound2;
 use crate::algebra::montgomery::{GmpModulus, ModularProducts, Montgomery52};
 use rand_core::{CryptoRng, RngCore};
 use rug::integer::IsPrime;
@@ -198,11 +202,31 @@ pub fn random_prime_multiplier<R: RngCore + CryptoRng + ?Sized>(
     }
 }
 
-/// The addend b (Π2, [ABMR20] §6.1) or Π3's b and pad (Fig. 5 Round 2 step (2)): uniform in
-/// [0, 2^B), B = [`Layout::addend_bits`] = bits(A·ζ²) + λ + 1, so that b hides a·IP within
-/// 2^−(λ+1).
+/// The range [low, high) of Π2's addend b ([ABMR20] §6.1 Round 2): [2·A·ζ², 2^B), B =
+/// [`Layout::addend_bits`] = bits(A·ζ²) + λ + 1, A the largest multiplier. The floor keeps every
+/// honest X = a·IP + b at or above A·ζ² (a ≤ A, |IP| ≤ ζ²), so the device can refuse small
+/// values ([`pi2_x_range`]); the interval is still at least 2^B·(1 − 2^−λ) wide, so b hides
+/// a·IP within about 2^−λ, and b stays below 2^B, the room the layout reserves.
+pub fn pi2_addend_range(layout: &Layout) -> (Integer, Integer) {
+    let low = Integer::from(2) * layout.max_multiplier() * layout.ip_bound();
+    let high = Integer::from(1) << layout.addend_bits();
+    (low, high)
+}
+
+/// The range [low, high) of X = a·IP + b that an honest Π2 Round 2 produces: [A·ζ², 2^B + A·ζ²)
+/// (b from [`pi2_addend_range`], 1 ≤ a ≤ A, |IP| ≤ ζ²). The device refuses to send any other X
+/// ([`MatchError::OutOfRange`]): a Round 2 that was not made as the protocol says (a power of
+/// a template ciphertext, say, which puts template values on the diagonal) decodes outside it.
+pub fn pi2_x_range(layout: &Layout) -> (Integer, Integer) {
+    let a_zeta = (layout.max_multiplier() * layout.ip_bound()).complete();
+    let high = (Integer::from(1) << layout.addend_bits()) + &a_zeta;
+    (a_zeta, high)
+}
+
+/// The addend b of Π2 ([ABMR20] §6.1 Round 2): uniform in [`pi2_addend_range`].
 pub fn random_addend<R: RngCore + CryptoRng + ?Sized>(layout: &Layout, rng: &mut R) -> Integer {
-    random_below(&(Integer::from(1) << layout.addend_bits()), rng)
+    let (low, high) = pi2_addend_range(layout);
+    random_below(&(high - &low), rng) + low
 }
 
 /// [ABMR20] §6.1 Round 4's check: IP′ = (X − b)/a, refused ([`MatchError::Cheating`]) unless a
@@ -488,8 +512,22 @@ impl Pi2DeviceSession<'_> {
         let d = &self.device.inner;
         let msg = Pi2Round2::from_bytes(d.public_key(), round2)?;
         let x = decode_sum(d.secret(), d.params().layout(), &msg.ciphertext)?;
+        // Nothing outside the honest range leaves the device (see `pi2_x_range`).
+        let (low, high) = pi2_x_range(d.params().layout());
+        if x < low || x >= high {
+            return Err(MatchError::OutOfRange("X"));
+        }
         self.state = DeviceState::AwaitingRound4;
         Ok(Pi2Round3 { x }.to_bytes())
+    }
+
+    /// Round 3 on a Round 2 the pinned service provider signed for this device and session
+    /// (`signed_round2`): the only Round 3 a device that talks through an untrusted relay makes.
+    pub fn round3_signed(&mut self, round2: &VerifiedRound2) -> Result<Vec<u8>, MatchError> {
+        if round2.fields().protocol != Protocol::Pi2 {
+            return Err(MatchError::Unsigned("not a Π2 Round 2".into()));
+        }
+        self.round3(round2.payload())
     }
 
     /// Output ([ABMR20] §6.1 Round 4): the bit T sent.
@@ -703,7 +741,7 @@ impl Pi2Terminal {
     /// The terminal awaiting Round 3 again from [`Self::suspend`]'s bytes, for the same
     /// `params` (the check value binds them). Strict: a wrong kind, version, length or check
     /// value, a threshold outside ±ζ², an a that is not a κ-bit prime or a b outside
-    /// [0, 2^B) is a [`MatchError::Wire`] naming the field (never the value).
+    /// [`pi2_addend_range`] is a [`MatchError::Wire`] naming the field (never the value).
     pub fn resume(params: Params, state: &[u8]) -> Result<Self, MatchError> {
         const WHAT: &str = "Π2 terminal state";
         let mut r = state_reader(WHAT, &params, state, MessageKind::Pi2TerminalState)?;
@@ -720,11 +758,8 @@ impl Pi2Terminal {
         if a.is_probably_prime(PRIME_TEST_REPS) == IsPrime::No {
             return Err(r.error("a is not prime"));
         }
-        let b = r.bounded(
-            &Integer::new(),
-            &(&one << layout.addend_bits()).complete(),
-            "b",
-        )?;
+        let (b_low, b_high) = pi2_addend_range(layout);
+        let b = r.bounded(&b_low, &b_high, "b")?;
         r.finish()?;
         Ok(Self {
             params,

@@ -74,6 +74,8 @@ pub enum MessageKind {
     /// Not a message: the Π3 terminal's state between its Round 4 and the output (the two
     /// labels of each output wire; `Pi3Terminal::suspend`).
     Pi3TerminalAfterRound4 = 0x3b,
+    /// The service provider's signed envelope around any Round 2 (`signed_round2.rs`).
+    SignedRound2 = 0x50,
 }
 
 /// Everything that can go wrong in a matching session (input, wire, or protocol).
@@ -106,6 +108,14 @@ pub enum MatchError {
     /// Round 4: output ⊥).
     #[error("the device cheated: {0}")]
     Cheating(String),
+    /// A Round 2 that is not one the pinned service provider signed for this device, protocol
+    /// and session (or has expired): the device decrypts nothing and answers nothing.
+    #[error("Round 2 refused: {0}")]
+    Unsigned(String),
+    /// A decrypted value outside what an honest Round 2 can produce (the device refuses to
+    /// answer; names the value, never its content).
+    #[error("Round 2 refused: the decrypted {0} is outside the range an honest service provider produces")]
+    OutOfRange(&'static str),
     /// The garbled circuit or the oblivious transfer of Π3 refused an input (names what).
     #[error("Π3 {0}")]
     Garbled(String),

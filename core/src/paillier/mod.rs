@@ -21,6 +21,7 @@
 //! | [`enroll`] | enrolment Π_en (§6.1, §8; Fig. 3 for Π1): the device's and the service provider's state machines, their messages, the SP state encoding |
 //! | [`terminal`] | the terminal's w and threshold, sealed to the service provider for Round 2 |
 //! | [`device_signature`] | the device's signatures with its Paillier key (RSA-FDH, e = N): mailbox polls and replies through the coordinator, Π1's bit for the terminal |
+//! | [`signed_round2`] | the service provider's Ed25519 signature on every Round 2 (session, device, protocol, policy threshold, expiry, payload hash), which the device checks against its pinned key before it decrypts |
 //! | [`verdict`] | the service provider's signed decision of a Π2/Π3 session, which the terminal checks (the coordinator relays it) |
 //! | [`quantize`] | float face embeddings → templates u and measurements w: M from the layout (m-bit elements, ‖u‖² ≤ ζ² for every unit vector), the threshold, the plaintext reference |
 //!
@@ -41,5 +42,6 @@ pub mod proofs;
 pub mod quantize;
 pub mod record;
 pub mod semi_honest;
+pub mod signed_round2;
 pub mod terminal;
 pub mod verdict;

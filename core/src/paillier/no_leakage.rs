@@ -21,10 +21,12 @@
 //!   valid = 0 means the device fed values other than the decrypted ones: T refuses
 //!   ([`MatchError::Cheating`]).
 //!
-//! **Ranges.** T offsets its one-time pads as in the exact version: pad = ζ² + U[0,
-//! 2^(bits(ζ²)+λ)) makes X = IP + pad ≥ 0 and hides IP (|IP| ≤ ζ²) within 2^−λ; b = A·ζ² +
-//! U[0, 2^(B−1)) with A = 2^λ − 1 and B = bits(A·ζ²) + λ + 1 (the layout's addend width)
-//! makes Y ≥ 0 and hides a·IP within 2^−λ. Both stay below 2^B, the room the layout reserves.
+//! **Ranges.** T offsets its one-time pads: pad = 2ζ² + U[0, 2^(bits(ζ²)+λ)) makes X = IP +
+//! pad ≥ ζ² and hides IP (|IP| ≤ ζ²) within 2^−λ; b = 2·A·ζ² + U[0, 2^(B−1)) with A = 2^λ − 1
+//! and B = bits(A·ζ²) + λ + 1 (the layout's addend width) makes Y ≥ A·ζ² and hides a·IP within
+//! 2^−λ. Both stay below 2^B, the room the layout reserves. The device refuses X or Y outside
+//! the ranges an honest T produces (`OutOfRange`), so a Round 2 not made as the protocol says
+//! (a raised template ciphertext: small values) is refused before any oblivious transfer.
 //!
 //! **Reduced inputs.** The circuit needs only X mod 2^k with k = bits(ζ²) + 1 (IP is
 //! recovered exactly from X − pad mod 2^k, since |IP| < 2^(k−1); pad mod 2^k is uniform, the
@@ -53,6 +55,7 @@ use super::messages::{
 };
 use super::params::{Layout, Params, Protocol};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
+use super::signed_round2::VerifiedRound2;
 use crate::crypto::circuit::{
     match_check_circuit, Circuit, MatchCheckWidths, MATCH_CHECK_MATCHED, MATCH_CHECK_VALID,
 };
@@ -369,16 +372,37 @@ impl Pi3DeviceSession<'_> {
         let x = decode_sum(d.secret(), layout, &msg.x)?;
         let y = decode_sum(d.secret(), layout, &msg.y)?;
         let widths = circuit_widths(layout)?;
-        if x < 0 || y < 0 {
-            return Err(MatchError::Cheating(
-                "the terminal's X or Y is negative, which its offsets rule out".into(),
-            ));
+        // Nothing outside the honest ranges goes into the oblivious transfer: a Round 2 not
+        // made as the protocol says (a power of a template ciphertext, say) decodes outside
+        // them, and its bits would otherwise be what the circuit's outputs reveal.
+        let [x_range, y_range] = SecretRanges::of(layout).decoded(layout);
+        if x < x_range.0 || x >= x_range.1 {
+            return Err(MatchError::OutOfRange("X"));
+        }
+        if y < y_range.0 || y >= y_range.1 {
+            return Err(MatchError::OutOfRange("Y"));
         }
         let choices = device_input_bits(&widths, &x, &y)?;
         let circuit = circuit(d.params(), msg.threshold)?;
         let (receiver, request) = OtReceiver::new(&ot_session(round2), &choices, rng);
         self.state = DeviceState::AwaitingRound4 { circuit, receiver };
         Ok(Pi3Round3 { ot: request }.to_bytes())
+    }
+
+    /// Round 3 on a Round 2 the pinned service provider signed for this device and session
+    /// (`signed_round2`), whose threshold inside must be the signed policy threshold: the only
+    /// Round 3 a device that talks through an untrusted relay makes.
+    pub fn round3_signed<R: RngCore + CryptoRng>(
+        &mut self,
+        round2: &VerifiedRound2,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, MatchError> {
+        if round2.fields().protocol != Protocol::Pi3 {
+            return Err(MatchError::Unsigned("not a Π3 Round 2".into()));
+        }
+        let msg = Pi3Round2::from_bytes(self.device.inner.public_key(), round2.payload())?;
+        round2.require_threshold(msg.threshold)?;
+        self.round3(round2.payload(), rng)
     }
 
     /// Round 5 (Fig. 5 Round 5): obtain the labels of X and Y by OT, evaluate, learn the
@@ -434,15 +458,35 @@ impl SecretRanges {
         let one = Integer::from(1);
         let zeta2 = layout.ip_bound();
         let lambda = layout.stat_bits();
-        let pad_low = zeta2.clone();
-        let pad_high = (&one << (zeta2.significant_bits() + lambda)).complete() + zeta2;
-        let b_low = (layout.max_multiplier() * zeta2).complete();
+        // Floors of 2ζ² and 2·A·ζ² (not ζ² and A·ζ²): every honest X and Y is then at least
+        // ζ² and A·ζ², so the device can refuse small values (`decoded_ranges`). The widths,
+        // and so the hiding and the uniformity of pad mod 2^k, are unchanged.
+        let pad_low = (zeta2 * 2u32).complete();
+        let pad_high = (&one << (zeta2.significant_bits() + lambda)).complete() + &pad_low;
+        let b_low = (layout.max_multiplier() * zeta2).complete() * 2u32;
         let b_high = (&one << (layout.addend_bits() - 1)).complete() + &b_low;
         Self {
             a: (one.clone(), (&one << lambda).complete()),
             pad: (pad_low, pad_high),
             b: (b_low, b_high),
         }
+    }
+
+    /// The ranges [low, high) of X = IP + pad and Y = a·IP + b an honest T produces (|IP| ≤
+    /// ζ², 1 ≤ a ≤ A): pad's and b's ranges widened by ζ² and A·ζ² on both sides.
+    fn decoded(&self, layout: &Layout) -> [(Integer, Integer); 2] {
+        let zeta2 = layout.ip_bound();
+        let a_zeta = (layout.max_multiplier() * zeta2).complete();
+        [
+            (
+                (&self.pad.0 - zeta2).complete(),
+                (&self.pad.1 + zeta2).complete(),
+            ),
+            (
+                (&self.b.0 - &a_zeta).complete(),
+                (&self.b.1 + &a_zeta).complete(),
+            ),
+        ]
     }
 
     /// Uniform in [low, high).

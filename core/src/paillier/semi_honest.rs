@@ -16,9 +16,9 @@
 //!   IP = ⟨u, w⟩ and sends the bit [IP ≥ threshold]. Both output the bit.
 //!
 //! Leakage: D learns IP (the paper's L_dev); T learns only the bit. The threshold T is a public
-//! parameter in [ABMR20] Fig. 1; here the terminal, whose acceptance policy it is, states it in
-//! Round 2 next to the ciphertext (D checks |T| ≤ ζ²), so a device serves terminals with
-//! different policies (in Π2 the terminal compares itself, with its own threshold).
+//! parameter in [ABMR20] Fig. 1; here it travels in Round 2 next to the ciphertext (D checks
+//! |T| ≤ ζ²), and it is the service provider's policy threshold, which the SP's signature on
+//! Round 2 covers ([`Pi1Device::round3_signed`], `signed_round2.rs`).
 //!
 //! **Cost** (the `timings` test; release, one core of a 2-vCPU AMD EPYC, ℓ = 256, m = 16,
 //! |N| = 3072, n = 8, t = 32): T's Round 2 about 23 ms with an r^N taken from a pool filled
@@ -34,6 +34,7 @@ use super::messages::{
 };
 use super::params::{Params, Protocol};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
+use super::signed_round2::VerifiedRound2;
 use rand_core::{CryptoRng, RngCore};
 use rug::Integer;
 use std::sync::Arc;
@@ -234,6 +235,22 @@ impl Pi1Device {
             template: self.template.clone(),
         }
         .to_bytes(&self.params)
+    }
+
+    /// Round 3 on a Round 2 the pinned service provider signed for this device and session
+    /// (`signed_round2`), whose threshold must be the signed policy threshold: the only Round 3
+    /// a device that talks through an untrusted relay makes (a relay's own Round 2, or the SP's
+    /// ciphertext beside a lowered threshold, gets no answer and so no signed bit).
+    pub fn round3_signed(
+        &self,
+        round2: &VerifiedRound2,
+    ) -> Result<(Vec<u8>, DeviceOutcome), MatchError> {
+        if round2.fields().protocol != Protocol::Pi1 {
+            return Err(MatchError::Unsigned("not a Π1 Round 2".into()));
+        }
+        let msg = Pi1Round2::from_bytes(self.secret.public_key(), round2.payload())?;
+        round2.require_threshold(msg.threshold)?;
+        self.round3(round2.payload())
     }
 
     /// Round 3 ([ABMR20] Fig. 3 Round 3): decrypts the Round 2 ciphertext, decodes and sums

@@ -11,6 +11,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
+use privmatch_core::paillier::device_signature::{self, Statement};
 use privmatch_core::paillier::enroll::{request_header, EnrolError, ServiceEnrolment};
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::record::{check_device_id, SignedTemplate};
@@ -19,6 +20,7 @@ use super::service::{configured_params, load_service, protocol_name, signing_key
 use super::{raise_enrol, require_sp};
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{get_one, modify, raise, run, select};
+use crate::operator::accept_command;
 use crate::signals::without_signals;
 
 /// How long a begun enrolment waits for its second call (SQL interval).
@@ -50,7 +52,7 @@ fn already_enrolled(function: &str, device_id: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
         format!("{function}: device {device_id:?} is already enrolled"),
-        Some("delete it first with privmatch.paillier_delete() to enrol it again"),
+        Some("to enrol it again the device deletes it first with its signature (privmatch.paillier_delete), or its SP's operator with a signed command (privmatch.paillier_delete_signed)"),
     )
 }
 
@@ -236,28 +238,91 @@ fn sp_protocol(sp: &ServiceEnrolment) -> Protocol {
     sp.params().protocol()
 }
 
-/// Deletes the record of `device_id` (and any pending enrolment and running Π2/Π3 session of
-/// it): true when a record was removed. After this, terminals can no longer be served its template by this SP
-/// (records already handed out remain valid under σ until they expire, [ABMR20] §6.1).
-#[pg_extern(volatile)]
-fn paillier_delete(device_id: &str) -> bool {
-    const F: &str = "paillier_delete";
-    require_sp(F);
-    check_id(F, device_id);
+/// The device's side of a deletion: the device signs core's `Statement::delete` (its id and
+/// SHA-256 of the record the SP stores) with its enrolled Paillier key (RSA-FDH, core's
+/// `device_signature`); the coordinator, which relays it, cannot make one, and a captured one
+/// deletes nothing enrolled later.
+fn check_delete_signature(function: &str, device_id: &str, signature: &[u8]) {
+    let bytes = stored_record(function, device_id);
+    let signed = SignedTemplate::from_bytes(&bytes).unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("{function}: the record of {device_id:?}: {e}"),
+            None,
+        )
+    });
+    let statement = Statement::delete(device_id, &bytes);
+    if let Err(e) = device_signature::verify(&signed.record.public_key, &statement, signature) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+            format!("{function}: device {device_id:?} did not sign this deletion: {e}"),
+            Some(
+                "the device signs its deletion with its key (privmatch device delete); for a \
+                 lost device its SP's operator signs a paillier-delete command \
+                 (privmatch.paillier_delete_signed)",
+            ),
+        );
+    }
+}
+
+/// Removes `device_id`'s record, pending enrolment and running sessions: true when a record
+/// was removed.
+fn remove_device(function: &str, device_id: &str) -> bool {
     for table in ["paillier_pending", "paillier_sessions"] {
         run(
-            F,
+            function,
             &format!("DELETE FROM privmatch.{table} WHERE device_id = $1"),
             &[device_id.into()],
         );
     }
     !modify(
-        F,
+        function,
         "DELETE FROM privmatch.paillier_devices WHERE device_id = $1 RETURNING 1",
         &[device_id.into()],
         |_| (),
     )
     .is_empty()
+}
+
+/// Deletes the record of `device_id` (and any pending enrolment and running Π2/Π3 session of
+/// it) at the device's request: `signature` is the device's signature of the deletion of the
+/// record the SP stores (core's `Statement::delete`, made with the Paillier key in that record),
+/// refused with 28000 otherwise (nothing removed). An unknown device: P0002. Since a device id
+/// can be enrolled again only once its record is gone, this also guards re-enrolment: neither
+/// the coordinator nor anyone without the device's key can free a device's id for an
+/// impostor's template (issue 34 item 10). For a lost device: [`paillier_delete_signed`].
+/// After this, terminals can no longer be served its template by this SP (records already
+/// handed out remain valid under σ until they expire, [ABMR20] §6.1).
+#[pg_extern(volatile)]
+fn paillier_delete(device_id: &str, signature: &[u8]) -> bool {
+    const F: &str = "paillier_delete";
+    require_sp(F);
+    check_id(F, device_id);
+    check_delete_signature(F, device_id, signature);
+    remove_device(F, device_id)
+}
+
+/// The operator command action that deletes a device (payload: the device id, UTF-8).
+pub const DELETE_ACTION: &str = "paillier-delete";
+
+/// Deletes a device whose key is lost, on its SP operator's signed command (core's
+/// `crypto::sign`, action `paillier-delete`, payload the device id): relayed by the
+/// coordinator or any tool, which can neither forge nor replay it (28000, nothing removed;
+/// 55000 when the operator has set no key). Returns whether a record was removed.
+#[pg_extern(volatile)]
+fn paillier_delete_signed(command: &[u8]) -> bool {
+    const F: &str = "paillier_delete_signed";
+    require_sp(F);
+    let payload = accept_command(F, DELETE_ACTION, command);
+    let device_id = std::str::from_utf8(&payload).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{F}: the command's device id is not UTF-8"),
+            None,
+        )
+    });
+    check_id(F, device_id);
+    remove_device(F, device_id)
 }
 
 /// The stored signed record of `device_id` or P0002 from `function`.

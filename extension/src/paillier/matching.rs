@@ -3,147 +3,75 @@
 //! the record it stores). T seals its live capture w, its threshold and a session id to the
 //! SP's party key (`privmatch_core::paillier::terminal`); the coordinator relays the box and
 //! learns neither. The SP opens it, checks it names the device and protocol of the stored
-//! record, checks its own σ and the expiry, and returns Round 2 for the device.
+//! record, checks its own σ and the expiry, and returns Round 2 for the device, signed with its
+//! Ed25519 key over (protocol, session, device, policy threshold, expiry, hash of the message)
+//! so that the device answers no Round 2 the relay wrote or changed (issue 34 item 10).
 //!
-//! Here: what every protocol's Round 2 shares ([`open_input`], [`checked_record`]) and Π1
-//! (Fig. 3 Round 2), where T keeps no secret. Π2 and Π3, whose terminal keeps secrets until
-//! its later rounds, are in [`super::sessions`].
+//! Here: the SP's signature on every protocol's Round 2 ([`sign_round2`]) and Π1 (Fig. 3
+//! Round 2), where T keeps no secret. What every Round 2 shares before (the input opened, the
+//! record checked) is in [`super::input`]; Π2 and Π3, whose terminal keeps secrets until its
+//! later rounds, are in [`super::sessions`].
 
-use ed25519_dalek::VerifyingKey;
 use pgrx::prelude::*;
 use privmatch_core::paillier::params::Protocol;
-use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::semi_honest::{Pi1Round1, Pi1Terminal};
+use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::terminal::TerminalInput;
 
-use super::enroll::stored_record;
-use super::service::{load_service, protocol_name};
+use super::input::{checked_record, open_input, CheckedRecord};
+use super::policy::{admit_round2, ROUND2_TTL_SECS};
+use super::service::{load_service, signing_key};
 use super::{raise_match, require_sp};
-use crate::errors::{get_one, raise};
-use crate::identity::Identity;
 
-/// A device's stored record, checked now: what Round 2 runs on.
-pub(super) struct CheckedRecord {
-    /// The signed record.
-    pub signed: SignedTemplate,
-    /// The SP's verifying key (σ verified under it).
-    pub key: VerifyingKey,
-    /// The time of the check (Unix seconds, the transaction's).
-    pub now: i64,
-}
-
-/// Opens the terminal's sealed input as party `me` (08P01 from `function` if it was not sealed
-/// to this party or was tampered with) and requires it to be for `protocol` (22023 otherwise).
-pub(super) fn open_input(
+/// The SP's signature on a Round 2 it computed ([`SignedRound2`]: protocol, the terminal's
+/// session id, the device, the policy `threshold`, an expiry [`ROUND2_TTL_SECS`] from `now`,
+/// SHA-256 of `payload`): the envelope the device checks against its pinned key before it
+/// decrypts anything.
+pub(super) fn sign_round2(
     function: &str,
-    me: &Identity,
-    terminal_input: &[u8],
-    protocol: Protocol,
-) -> TerminalInput {
-    let input = TerminalInput::open(me.index, &me.secret, terminal_input).unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_PROTOCOL_VIOLATION,
-            format!("{function}: terminal_input: {e}"),
-            None,
-        )
-    });
-    if input.protocol != protocol {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: the terminal input is for {}, this function runs {}",
-                protocol_name(input.protocol),
-                protocol_name(protocol)
-            ),
-            None,
-        );
-    }
-    input
-}
-
-/// The stored record of the device `input` names, its signature and expiry checked now
-/// ([ABMR20] Fig. 5 Round 2 step (1), done by the SP on its own record).
-pub(super) fn checked_record(
-    function: &str,
-    device_id: &str,
     input: &TerminalInput,
-) -> CheckedRecord {
-    if input.device_id != device_id {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: the terminal input is for device {:?}, not {device_id:?}",
-                input.device_id
-            ),
-            None,
-        );
+    threshold: i64,
+    now: i64,
+    payload: Vec<u8>,
+) -> Vec<u8> {
+    let key = signing_key(function, &load_service(function));
+    SignedRound2 {
+        protocol: input.protocol,
+        session: input.session,
+        device_id: input.device_id.clone(),
+        threshold,
+        expires_at: now.saturating_add(ROUND2_TTL_SECS),
+        payload,
     }
-    let signed = stored_template(function, device_id);
-    let protocol = signed.record.params.protocol();
-    if protocol != input.protocol {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: device {device_id:?} is enrolled for {}, the terminal asks for {}",
-                protocol_name(protocol),
-                protocol_name(input.protocol)
-            ),
-            None,
-        );
-    }
-    let service = load_service(function);
-    let key = VerifyingKey::from_bytes(&service.verifying).unwrap_or_else(|_| {
-        raise(
-            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
-            format!("{function}: the stored signing key is not an Ed25519 key"),
-            None,
-        )
-    });
-    let now = get_one::<i64>(function, "SELECT extract(epoch FROM now())::bigint", &[])
-        .unwrap_or_default();
-    if let Err(e) = signed.verify(&key, now) {
-        raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("{function}: {e}"),
-            Some("the device enrols again"),
-        );
-    }
-    CheckedRecord { signed, key, now }
-}
-
-/// The stored record of `device_id`, decoded (P0002 if it is not enrolled, XX001 if the row
-/// does not decode).
-pub(super) fn stored_template(function: &str, device_id: &str) -> SignedTemplate {
-    let bytes = stored_record(function, device_id);
-    SignedTemplate::from_bytes(&bytes).unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
-            format!("{function}: the record of {device_id:?}: {e}"),
-            None,
-        )
-    })
+    .sign(&key)
+    .unwrap_or_else(|e| raise_match(function, e))
 }
 
 /// Π1 Round 2 ([ABMR20] §5, Fig. 3 Round 2) at the SP for the terminal: opens the terminal's
 /// sealed input (w, threshold; 08P01 if it was not sealed to this party or was tampered with),
-/// takes the stored record of `device_id` as Round 1, and returns ⟦Mask(z + ρ)⟧ with the
-/// threshold (`Pi1Round2`), for the device to decrypt (Round 3: the device learns ⟨u, w⟩ and
-/// sends the match bit). Nothing is stored.
+/// requires the session to have been opened by `paillier_session_open` in an earlier
+/// transaction (budgets charged, threshold the policy's; see `policy.rs`), takes the stored
+/// record of `device_id` as Round 1, and returns ⟦Mask(z + ρ)⟧ with the threshold
+/// (`Pi1Round2`) inside the SP's signed envelope (core's `SignedRound2`), for the device to
+/// check and decrypt (Round 3: the device learns ⟨u, w⟩ and sends the match bit). Nothing but
+/// the session's Round 2 mark is stored.
 #[pg_extern(volatile)]
 fn paillier_pi1_round2(device_id: &str, terminal_input: &[u8]) -> Vec<u8> {
     const F: &str = "paillier_pi1_round2";
     let me = require_sp(F);
     let input = open_input(F, &me, terminal_input, Protocol::Pi1);
-    let CheckedRecord { signed, .. } = checked_record(F, device_id, &input);
+    let CheckedRecord { signed, now, .. } = checked_record(F, device_id, &input);
+    let threshold = admit_round2(F, device_id, &input);
     let params = signed.record.params.clone();
     let round1 = Pi1Round1 {
         public_key: signed.record.public_key.clone(),
         template: signed.record.packed.clone(),
     }
     .to_bytes(&params);
-    let TerminalInput { w, threshold, .. } = input;
-    let mut terminal = Pi1Terminal::new(params, w, threshold).unwrap_or_else(|e| raise_match(F, e));
-    terminal
+    let mut terminal =
+        Pi1Terminal::new(params, input.w.clone(), threshold).unwrap_or_else(|e| raise_match(F, e));
+    let payload = terminal
         .round2(&round1, &mut rand::rngs::OsRng)
-        .unwrap_or_else(|e| raise_match(F, e))
+        .unwrap_or_else(|e| raise_match(F, e));
+    sign_round2(F, &input, threshold, now, payload)
 }

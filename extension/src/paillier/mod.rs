@@ -9,16 +9,23 @@
 //! * The SP's keys and parameters ([`service`]): its Ed25519 signing key (in the party's key
 //!   file), its ring-Pedersen parameters for the device key proof (§8.1), the parameter sets
 //!   it enrols under.
-//! * Enrolment Π_en (§6.1, §8), deletion and fetching of records ([`enroll`]).
-//! * The terminal's Round 2 computed at the SP on the stored record ([`matching`]; Π1 there,
+//! * Enrolment Π_en (§6.1, §8), deletion (signed by the device, or by the operator for a lost
+//!   device) and fetching of records ([`enroll`]).
+//! * The session policy ([`policy`]): one threshold per protocol, per-device and per-terminal
+//!   session budgets, sessions opened in their own transaction.
+//! * The terminal's input opened and the record checked, as every Round 2 starts ([`input`]).
+//! * The terminal's Round 2 computed at the SP on the stored record and signed by the SP
+//!   ([`matching`]; Π1 there,
 //!   Π2 and Π3 in [`sessions`] with the terminal's later rounds, its secrets kept between the
 //!   calls).
 //!
-//! Imports: the shared modules (`errors`, `datum`, `identity`, `keyfile`) and core; never
+//! Imports: the shared modules (`errors`, `datum`, `identity`, `keyfile`, `operator`) and core; never
 //! `crate::iris`, `crate::face` or `crate::engine`. Tables: `sql/paillier.sql`.
 
 mod enroll;
+mod input;
 mod matching;
+mod policy;
 mod service;
 mod sessions;
 mod types;

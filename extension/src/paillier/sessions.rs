@@ -27,7 +27,9 @@ use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use zeroize::Zeroizing;
 
-use super::matching::{checked_record, open_input, stored_template, CheckedRecord};
+use super::input::{checked_record, open_input, stored_template, CheckedRecord};
+use super::matching::sign_round2;
+use super::policy::admit_round2;
 use super::service::{load_service, protocol_name, signing_key};
 use super::{raise_match, require_sp};
 use crate::errors::{get_one, modify, parse_session_id, raise, run};
@@ -44,9 +46,11 @@ const AFTER_ROUND4: i16 = 4;
 type Round2 = Result<(Vec<u8>, Zeroizing<Vec<u8>>), MatchError>;
 
 /// T's Round 2 of Π2 or Π3 at the SP: the sealed input opened and checked (it names
-/// `protocol` and `device_id`; 08P01, 22023), the record's σ and expiry checked, the session id
-/// unused (23505), then `respond(params, input, Round 1, verify)` computes the message; its
-/// state is stored under the input's session id.
+/// `protocol` and `device_id`; 08P01, 22023), the record's σ and expiry checked, the session
+/// opened by `paillier_session_open` in an earlier transaction with the policy's threshold
+/// (`policy.rs`), the session id unused here (23505), then `respond(params, input, Round 1,
+/// verify)` computes the message; its state is stored under the input's session id, and the
+/// message is returned inside the SP's signed envelope (core's `SignedRound2`).
 fn round2_with_session(
     function: &str,
     device_id: &str,
@@ -84,6 +88,7 @@ fn round2_with_session(
         in_use();
     }
     let CheckedRecord { signed, key, now } = checked_record(function, device_id, &input);
+    let threshold = admit_round2(function, device_id, &input);
     let params = signed.record.params.clone();
     // Round 1 as the device would present it (Fig. 5 Round 1): the SP's own record.
     let round1 = Pi2Round1 {
@@ -95,8 +100,8 @@ fn round2_with_session(
     let verify = |message: &[u8], sigma: &[u8]| {
         verify_round1_signature(&key, now, message, sigma).is_ok_and(|id| id == device_id)
     };
-    let (message, state) =
-        respond(params, input, &round1, &verify).unwrap_or_else(|e| raise_match(function, e));
+    let (message, state) = respond(params, input.clone(), &round1, &verify)
+        .unwrap_or_else(|e| raise_match(function, e));
     let stored = modify(
         function,
         "INSERT INTO privmatch.paillier_sessions (session, device_id, protocol, stage, state) \
@@ -113,7 +118,7 @@ fn round2_with_session(
     if stored.is_empty() {
         in_use();
     }
-    message
+    sign_round2(function, &input, threshold, now, message)
 }
 
 /// A running session of `protocol` at `stage`, locked for this transaction: its id, device id,
