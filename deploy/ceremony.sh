@@ -7,11 +7,17 @@
 #   4. the identities and CA certificates are handed to the coordinator, which then starts;
 #   5. a client credential is issued: deploy/client/privmatch.toml (with the coordinator's CA
 #      certificate beside it), for `privmatch --config deploy/client/privmatch.toml …`
-#      (PRIVMATCH_CLIENT_DIR: elsewhere);
-#   6. each party's SQL front door gets its own API credential (enroll, search) and the
+#      (PRIVMATCH_CLIENT_DIR: elsewhere). It holds the coordinator's URL, CA and the credential
+#      only, never a party key: the coordinator is not trusted with the parties' identities;
+#   6. each party's operator exports the party's signed identity bundle and reads out its
+#      fingerprint; the client pins each bundle with that fingerprint (`privmatch client pin`,
+#      run here on the host with the client's CLI: PRIVMATCH_BIN, else
+#      target/release/privmatch, else `privmatch` on PATH). On one host the fingerprint travels from the party's
+#      output to the client's command line; between organisations it goes by a second channel;
+#   7. each party's SQL front door gets its own API credential (enroll, search) and the
 #      coordinator's CA certificate.
 # Safe to run again: pins of the same keys and the handover are idempotent; an existing client
-# configuration is kept.
+# configuration is kept (a party whose identity changed is refused by `client pin`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,7 +77,29 @@ if [ ! -s "$client/privmatch.toml" ]; then
   compose restart coordinator >/dev/null
   wait_healthy coordinator privmatch-coordinator
 fi
-# 6. each party's SQL front door gets its own credential (scopes enroll and search) and the
+# 6. the parties' identities reach the client from their operators, never from the
+#    coordinator: each operator exports a signed bundle and its fingerprint; the client pins
+#    the bundle only if the fingerprint matches.
+client_cli=${PRIVMATCH_BIN:-target/release/privmatch}
+[ -x "$client_cli" ] || client_cli=$(command -v privmatch || true)
+[ -x "$client_cli" ] || {
+  echo "ceremony: the client's privmatch CLI is needed on this host to pin the parties' identities (set PRIVMATCH_BIN)" >&2
+  exit 1
+}
+for i in 0 1 2; do
+  exported=$(compose exec -T "p$i" privmatch party identity-export \
+    --operator-config /var/lib/privmatch/operator/operator.toml \
+    --tls-ca /var/lib/privmatch/public/ca.pem \
+    --out /var/lib/privmatch/public/identity.bundle.json | tr -d '\r')
+  fingerprint=$(echo "$exported" | sed -n 's/.*identity fingerprint \([0-9a-f]*\).*/\1/p')
+  [ ${#fingerprint} = 32 ] || { echo "ceremony: P$i's identity export failed: $exported" >&2; exit 1; }
+  echo "P$i  identity fingerprint $fingerprint"
+  compose exec -T "p$i" cat /var/lib/privmatch/public/identity.bundle.json >"$client/p$i.identity.json"
+  "$client_cli" --config "$client/privmatch.toml" client pin \
+    --bundle "$client/p$i.identity.json" --fingerprint "$fingerprint" >/dev/null
+done
+echo "ceremony: the client pinned the three parties' identity bundles"
+# 7. each party's SQL front door gets its own credential (scopes enroll and search) and the
 #    coordinator's CA certificate; the coordinator restarts to accept the new credentials.
 doors=0
 for i in 0 1 2; do

@@ -5,9 +5,12 @@
 #   PRIVMATCH_LOCAL_BASE=0), `up`, the key ceremony, 1,000 iris templates and 1,000 faces
 #   enrolled through the coordinator, searches and identifications checked against what the
 #   synthetic data implies, the SQL front door (an application role enrols, identifies and
-#   verifies with SQL and can read no table), a party unreachable from the api network and
-#   refusing connections without TLS or with a wrong password, the coordinator killed during an enrolment (the
-#   front door names it while it is down; after its restart no transaction is left prepared
+#   verifies with SQL and can read no table), each party on a network of its own with the
+#   coordinator (unreachable from the api network and from the other parties, refusing
+#   connections without TLS, with a wrong password or from another address than the
+#   coordinator's, and its superuser over TCP even with its password), the coordinator killed
+#   during an enrolment (the front door names it while it is down; after its restart no
+#   transaction is left prepared
 #   and the three parties hold the same records), a party killed mid-search (a clear error,
 #   nothing left prepared, the next search works), `down` then `up` (the data is kept).
 # Prints SKIP and succeeds where Docker is not available. Needs scripts/setup.sh first.
@@ -99,41 +102,98 @@ grep -q '"match":false' verify.out || fail "face verify of another subject: $(ca
 step "SQL front door at P0: an application enrols and matches with SQL"
 app_password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
 compose exec -T p0 privmatch-party psql -q -v ON_ERROR_STOP=1 \
-  -c "CREATE ROLE smoke_app LOGIN PASSWORD '$app_password' IN ROLE privmatch_application" >/dev/null
-app_sql() { # app_sql SQL [FILE]: runs SQL as smoke_app at P0 over TLS; FILE is its standard input
-  compose exec -T -e PGPASSWORD="$app_password" -e PGSSLMODE=require p0 \
-    psql -h 127.0.0.1 -U smoke_app -d privmatch -Atq -v ON_ERROR_STOP=1 -c "$1" <"${2:-/dev/null}"
+  -c "CREATE ROLE smoke_app LOGIN PASSWORD '$app_password' IN ROLE privmatch_application" \
+  -c "SELECT count(*) FROM privmatch.apply_login_limits()" >/dev/null
+app_sql() { # app_sql SQL: runs SQL (read from standard input: sealed inputs make it long) as
+  # smoke_app at P0 over TLS
+  printf '%s\n' "$1" | compose exec -T -e PGPASSWORD="$app_password" -e PGSSLMODE=require p0 \
+    psql -h 127.0.0.1 -U smoke_app -d privmatch -Atq -v ON_ERROR_STOP=1 -f -
+}
+tsv_values() { # tsv_values FILE: the lines "subject<TAB>sealed" as a VALUES list (the application
+  # may create no table, not even a TEMP one; sealed inputs are base64, subjects plain names)
+  awk -F'\t' '{ printf "%s(\x27%s\x27, \x27%s\x27)", (NR > 1 ? ", " : ""), $1, $2 }' "$1"
 }
 # New templates (another seed), so that the searches below still find what they found before.
 "$P" iris synth 5 --seed 99 | sed 's/"synth-/"sql-/' >sql-enrol.ndjson
 "$P" "${C[@]}" iris seal --for enroll --input sql-enrol.ndjson --out sql-enrol.tsv 2>/dev/null
 "$P" "${C[@]}" iris seal --for identify --input <(head -3 sql-enrol.ndjson) --out sql-probes.tsv 2>/dev/null
-"$P" "${C[@]}" face seal --for verify --input <(sed -n 8p faces.ndjson) --out sql-verify.tsv 2>/dev/null
-enrolled=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT count(*) FILTER (WHERE privmatch.iris_enroll(sealed)) FROM s" sql-enrol.tsv)
+"$P" "${C[@]}" face seal --for verify --front-door 0 --input <(sed -n 8p faces.ndjson) --out sql-verify.tsv 2>/dev/null
+enrolled=$(app_sql "SELECT count(*) FILTER (WHERE privmatch.iris_enroll(sealed)) FROM (VALUES $(tsv_values sql-enrol.tsv)) s (subject, sealed)")
 [ "$enrolled" = 5 ] || fail "front door: enrolled $enrolled of 5"
-matches=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT string_agg(m.subject, ',' ORDER BY m.subject) FROM s, privmatch.iris_identify(s.sealed) m" sql-probes.tsv)
+matches=$(app_sql "SELECT string_agg(m.subject, ',' ORDER BY m.subject) FROM (VALUES $(tsv_values sql-probes.tsv)) s (subject, sealed), privmatch.iris_identify(s.sealed) m")
 want="sql-0000000,sql-0000001,sql-0000002"
 [ "$matches" = "$want" ] || fail "front door identify: got $matches, want $want"
-verified=$(app_sql "CREATE TEMP TABLE s (subject text, sealed text); COPY s FROM STDIN; SELECT privmatch.face_verify(subject, sealed) FROM s" sql-verify.tsv)
+verified=$(app_sql "SELECT privmatch.face_verify(subject, sealed) FROM (VALUES $(tsv_values sql-verify.tsv)) s (subject, sealed)")
 [ "$verified" = t ] || fail "front door face_verify: $verified"
 denied=$(app_sql "SELECT count(*) FROM privmatch.iris_templates" 2>&1 || true)
 echo "$denied" | grep -q "permission denied" || fail "the application role read the templates: $denied"
-echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table"
+temp=$(app_sql "CREATE TEMP TABLE s (x int)" 2>&1 || true)
+echo "$temp" | grep -q "permission denied" || fail "the application role created a TEMP table: $temp"
+echo "    enrolled 5 and identified 3 probes with SQL; the application role cannot read a table or create a TEMP one"
 
-step "a party is reachable only on the internal network, and only with TLS and a password"
+step "each party on its own network with the coordinator: no party reaches another, TLS, a password and the coordinator's address required, the superuser never over TCP"
 image=privmatch/party:$PRIVMATCH_TAG
-probe() { # probe NETWORK CONNINFO: psql from a throwaway container on NETWORK; its error
-  docker run --rm --network "${COMPOSE_PROJECT_NAME}_$1" --entrypoint psql -e PGCONNECT_TIMEOUT=5 \
+coordinator=$(compose ps -q coordinator)
+unreachable="could not translate host name|timeout expired|could not connect|Network is unreachable|No route to host|Connection refused"
+psql_at() { # psql_at NETWORK CONNINFO: psql from a throwaway container on NETWORK (a compose
+  # network's name, or container:ID to share that container's addresses); its output or error
+  local network=$1
+  case $network in container:*) ;; *) network=${COMPOSE_PROJECT_NAME}_$network ;; esac
+  docker run --rm --network "$network" --entrypoint psql -e PGCONNECT_TIMEOUT=5 \
     "$image" "$2" -Atc "SELECT 1" 2>&1 || true
 }
-out=$(probe api "host=p0 dbname=privmatch user=privmatch sslmode=require")
-echo "$out" | grep -qiE "could not translate host name|timeout expired|could not connect" ||
-  fail "P0 answered on the api network: $out"
-out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=disable")
-echo "$out" | grep -qE "no pg_hba.conf entry|pg_hba.conf rejects connection" || fail "P0 accepted a connection without TLS: $out"
-out=$(probe parties "host=p0 dbname=privmatch user=privmatch sslmode=require password=wrong")
+from_party() { # from_party I CONNINFO: psql inside party I's own container; its output or error
+  compose exec -T -e PGCONNECT_TIMEOUT=5 "p$1" psql "$2" -Atc "SELECT 1" 2>&1 || true
+}
+is_unreachable() { # is_unreachable OUTPUT: no server answered (no FATAL from PostgreSQL either)
+  echo "$1" | grep -qE "$unreachable" && ! echo "$1" | grep -q "FATAL"
+}
+out=$(psql_at api "host=p0 dbname=privmatch user=privmatch sslmode=require")
+is_unreachable "$out" || fail "P0 answered on the api network: $out"
+declare -a address
+for j in 0 1 2; do
+  address[j]=$(docker inspect -f "{{with index .NetworkSettings.Networks \"${COMPOSE_PROJECT_NAME}_p$j\"}}{{.IPAddress}}{{end}}" "$(compose ps -q "p$j")")
+  [ -n "${address[j]}" ] || fail "P$j has no address on its network p$j"
+done
+# No party reaches another's PostgreSQL, by name or by address.
+for pair in 0:1 0:2 1:2 2:0; do
+  i=${pair%:*} j=${pair#*:}
+  for host in "p$j" "${address[j]}"; do
+    out=$(from_party "$i" "host=$host dbname=privmatch user=coordinator password=x sslmode=require")
+    is_unreachable "$out" || fail "P$i reached P$j's PostgreSQL at $host: $out"
+  done
+done
+# The superuser is the only role with its rights: no other superuser, no member that could
+# SET ROLE to it (pg_hba.conf refuses privmatch and its members over TCP).
+for i in 0 1 2; do
+  supers=$(compose exec -T "p$i" privmatch-party psql -Atc "SELECT string_agg(rolname, ',' ORDER BY rolname) FROM pg_roles WHERE rolsuper OR pg_has_role(oid, 'privmatch', 'MEMBER')")
+  [ "$supers" = privmatch ] || fail "P$i: roles with the superuser's rights: $supers"
+done
+# From the coordinator's own addresses: its login works with TLS and its password only; the
+# superuser is refused with its right password.
+coordinator_password=$(cat "$PRIVMATCH_SECRETS_DIR/p0_coordinator_password")
+superuser_password=$(compose exec -T p0 cat /var/lib/privmatch/operator/password)
+[ -n "$superuser_password" ] || fail "P0's superuser password is unreadable"
+out=$(psql_at "container:$coordinator" "host=${address[0]} dbname=privmatch user=coordinator password=$coordinator_password sslmode=require")
+[ "$out" = 1 ] || fail "the coordinator's login from the coordinator's address: $out"
+out=$(psql_at "container:$coordinator" "host=${address[0]} dbname=privmatch user=privmatch password=$superuser_password sslmode=require")
+echo "$out" | grep -q 'pg_hba.conf rejects connection for host .*user "privmatch"' ||
+  fail "P0's superuser logged in over TCP from the coordinator's address: $out"
+out=$(from_party 0 "host=127.0.0.1 dbname=privmatch user=privmatch password=$superuser_password sslmode=require")
+echo "$out" | grep -q 'pg_hba.conf rejects connection for host .*user "privmatch"' ||
+  fail "P0's superuser logged in over TCP inside its container: $out"
+out=$(psql_at "container:$coordinator" "host=${address[0]} dbname=privmatch user=coordinator password=$coordinator_password sslmode=disable")
+echo "$out" | grep -q "pg_hba.conf rejects connection" || fail "P0 accepted a connection without TLS: $out"
+out=$(psql_at "container:$coordinator" "host=${address[0]} dbname=privmatch user=coordinator password=wrong sslmode=require")
 echo "$out" | grep -q "password authentication failed" || fail "P0 accepted a wrong password: $out"
-echo "    api network: no route to P0; parties network: no TLS refused, wrong password refused"
+# Another address on P0's network, with the coordinator's right password: not the coordinator.
+out=$(psql_at p0 "host=p0 dbname=privmatch user=coordinator password=$coordinator_password sslmode=require")
+echo "$out" | grep -q "no pg_hba.conf entry for host" || fail "P0 accepted the coordinator's login from another address: $out"
+# The coordinator still works through the new networks (the front door above used them too).
+"$P" "${C[@]}" iris search --input probes.ndjson | cmp -s - search.out || fail "search after the network checks differs"
+echo "    api network: no route to P0; P0, P1, P2: no route to each other (by name or address)"
+echo "    from the coordinator's address: its login works; the superuser, no TLS, a wrong password: refused"
+echo "    the superuser over TCP inside P0: refused; the coordinator's password from another address on p0: refused"
 
 step "the coordinator killed during an enrolment, and while the front door is used"
 "$P" iris synth 3000 --seed 7 | sed 's/"synth-/"more-/' >more.ndjson

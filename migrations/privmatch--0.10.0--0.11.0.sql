@@ -171,6 +171,8 @@ ALTER TABLE privmatch.face_template_master DROP COLUMN master_key;
 -- The single-use face keys: in no WAL record from now on (a crash empties the table; the
 -- claims stay).
 ALTER TABLE privmatch.face_key_batches SET UNLOGGED;
+-- The Paillier SP's pending enrolments (the norm challenge's seed): likewise.
+ALTER TABLE privmatch.paillier_pending SET UNLOGGED;
 
 -- The operator key and its counter are dumped (a restored party keeps refusing old commands).
 SELECT pg_catalog.pg_extension_config_dump('privmatch.operator_key', '');
@@ -179,6 +181,113 @@ SELECT pg_catalog.pg_extension_config_dump('privmatch.operator_key', '');
 -- ---------------------------------------------------------------------------------------------
 -- [section: iris set binding, signed iris outputs, iris threshold policy]
 -- ---------------------------------------------------------------------------------------------
+-- Iris (docs/protocols/iris.md §13.1, §14.1, §14.2; issue 34 items 2 and 4):
+--  * set binding: iris_templates gains enrolment_id, what the three parties agreed when they
+--    stored a record (SHA-256 over the hashes of its three sealed envelopes); the set digest
+--    of every search commits to it. iris_enroll_sealed takes the envelope hashes as its second
+--    argument (dropped and created again). Rows enrolled before 0.11.0 get the legacy id every
+--    party computes alike, SHA-256('privmatch iris legacy enrolment v1' || eye || 0x00 ||
+--    subject) (core/src/iris/binding.rs, legacy_enrolment_id): they keep matching but are NOT
+--    bound (a share replaced at one party keeps its digest) until the subject re-enrols.
+--    iris_audit() lists (subject, eye, enrolment_id) for `privmatch iris audit`.
+--  * threshold policy: the table iris_policy (no row = the install default 0.345), set only by
+--    the operator-signed iris_set_policy(command); iris_policy() reads it; iris_search_start
+--    refuses any other threshold (no signature change).
+--  * signed outputs: iris_search_round returns the column signature (dropped and created
+--    again); party_info() returns the column signing_key, the public half of the party's
+--    Ed25519 key derived from its key file (dropped and created again).
+-- Install the 0.11.0 library at all three parties and restart them (the engine loads the
+-- enrolment ids) before the 0.11.0 coordinator enrols or searches.
+
+ALTER TABLE privmatch.iris_templates ADD COLUMN enrolment_id bytea;
+UPDATE privmatch.iris_templates
+   SET enrolment_id = pg_catalog.sha256(
+           pg_catalog.convert_to('privmatch iris legacy enrolment v1' || eye::text, 'UTF8')
+           || '\x00'::bytea || pg_catalog.convert_to(subject, 'UTF8'));
+ALTER TABLE privmatch.iris_templates
+    ALTER COLUMN enrolment_id SET NOT NULL,
+    ADD CONSTRAINT iris_templates_enrolment_id_check CHECK (length(enrolment_id) = 32);
+
+-- The iris threshold policy of this party (at most one row; none = the install default,
+-- τ = 0.345): every search must use threshold τ = threshold_num / 10,000, whoever calls
+-- iris_search_start. Written only by iris_set_policy, an operator-signed command
+-- (extension/src/iris/policy.rs). Dumped with the templates, so a restored party keeps it.
+CREATE TABLE privmatch.iris_policy (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    threshold_num integer NOT NULL CHECK (threshold_num BETWEEN 1 AND 5000),
+    set_at        timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON privmatch.iris_policy FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('privmatch.iris_policy', '');
+
+DROP FUNCTION privmatch.iris_enroll_sealed(bytea[], text);
+-- privmatch::iris::enroll::iris_enroll_sealed
+CREATE  FUNCTION "iris_enroll_sealed"(
+	"envelopes" bytea[], /* Array < '_, & [u8] > */
+	"envelope_hashes" bytea[], /* Array < '_, & [u8] > */
+	"on_duplicate" TEXT DEFAULT 'skip' /* & str */
+) RETURNS TABLE (
+	"subject" TEXT,  /* String */
+	"eye" TEXT,  /* String */
+	"enrolled" bool  /* bool */
+)
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'iris_enroll_sealed_wrapper';
+
+-- privmatch::iris::enroll::iris_audit
+CREATE  FUNCTION "iris_audit"() RETURNS TABLE (
+	"subject" TEXT,  /* String */
+	"eye" TEXT,  /* String */
+	"enrolment_id" bytea  /* Vec < u8 > */
+)
+STRICT STABLE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'iris_audit_wrapper';
+
+-- privmatch::iris::policy::iris_policy
+CREATE  FUNCTION "iris_policy"() RETURNS double precision /* f64 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'iris_policy_wrapper';
+
+-- privmatch::iris::policy::iris_set_policy
+CREATE  FUNCTION "iris_set_policy"(
+	"command" bytea /* & [u8] */
+) RETURNS double precision /* f64 */
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'iris_set_policy_wrapper';
+
+DROP FUNCTION privmatch.iris_search_round(bytea, integer, bytea);
+-- privmatch::iris::search::iris_search_round
+CREATE  FUNCTION "iris_search_round"(
+	"session_id" bytea, /* & [u8] */
+	"round" INT, /* i32 */
+	"message" bytea /* & [u8] */
+) RETURNS TABLE (
+	"message" bytea,  /* :: std :: option :: Option < Vec < u8 > > */
+	"finished" bool,  /* bool */
+	"is_unique" bool,  /* Option < bool > */
+	"subjects" TEXT[],  /* :: std :: option :: Option < Vec < String > > */
+	"signature" bytea  /* :: std :: option :: Option < Vec < u8 > > */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'iris_search_round_wrapper';
+
+DROP FUNCTION privmatch.party_info();
+-- privmatch::identity::party_info
+CREATE  FUNCTION "party_info"() RETURNS TABLE (
+	"party_index" INT,  /* i32 */
+	"public_key" TEXT,  /* String */
+	"fingerprint" TEXT,  /* String */
+	"signing_key" TEXT  /* Option < String > */
+)
+STRICT STABLE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'party_info_wrapper';
+
 -- [end section: iris]
 
 -- ---------------------------------------------------------------------------------------------
@@ -216,6 +325,8 @@ CREATE TABLE privmatch.paillier_budget_use (
     used integer     NOT NULL,
     PRIMARY KEY (kind, key, hour)
 );
+REVOKE ALL ON privmatch.paillier_policy, privmatch.paillier_session_log, privmatch.paillier_budget_use
+    FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('privmatch.paillier_policy', '');
 
 -- Π2/Π3 sessions suspended under 0.10.0 hold b (and pad) from the earlier, floorless ranges,
@@ -282,3 +393,106 @@ AS 'MODULE_PATHNAME', 'paillier_set_policy_wrapper';
 -- [end section: paillier]
 
 -- [final: function_roles list and apply_function_roles() are re-created last, by the lead]
+
+-- ---------------------------------------------------------------------------------------------
+-- Who may call what (sql/roles.sql of 0.11.0, frozen): the list gains the functions above; the
+-- lists are applied again.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION privmatch.function_roles()
+RETURNS TABLE (function_name name, granted_to name[])
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $list$
+    VALUES
+        -- the party's operator
+        ('init_party'::name,          ARRAY['privmatch_operator']::name[]),
+        ('pin_peer',                  ARRAY['privmatch_operator']),
+        ('set_operator_key',          ARRAY['privmatch_operator']),
+        ('apply_login_limits',        ARRAY['privmatch_operator']),
+        ('create_application_login',  ARRAY['privmatch_operator']),
+        ('set_query_budget',          ARRAY['privmatch_operator']),
+        ('query_budgets',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- the one-coordinator lock at P0 (coordinator/src/guard.rs)
+        ('coordinator_lock',          ARRAY['privmatch_coordinator']),
+        -- sealing a secret under the party's at-rest key: used by upgrade scripts only
+        ('at_rest_seal',              ARRAY[]::name[]),
+        -- a peer pin signed by the operator, relayed by the coordinator
+        ('pin_peer_signed',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- identity and status, for everyone who may use the schema
+        ('party_info',                ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('engine_status',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('iris_records',              ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('face_dealer_status',        ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('face_pool_status',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('paillier_service_info',     ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('paillier_parameters',       ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('paillier_devices',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- the Paillier service provider's keys and parameters (its operator)
+        ('paillier_init_service',     ARRAY['privmatch_operator']),
+        ('paillier_set_params',       ARRAY['privmatch_operator']),
+        ('paillier_set_policy',       ARRAY['privmatch_operator']),
+        ('paillier_policies',         ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- distributed transactions (the coordinator)
+        ('txn_begin',                 ARRAY['privmatch_coordinator']),
+        ('txn_committed',             ARRAY['privmatch_coordinator']),
+        ('txn_fence',                 ARRAY['privmatch_coordinator']),
+        ('txn_lock_templates',        ARRAY['privmatch_coordinator']),
+        -- iris protocol (the coordinator)
+        ('iris_enroll_sealed',        ARRAY['privmatch_coordinator']),
+        ('iris_delete',               ARRAY['privmatch_coordinator']),
+        ('iris_enrolled',             ARRAY['privmatch_coordinator']),
+        ('iris_search_start',         ARRAY['privmatch_coordinator']),
+        ('iris_search_round',         ARRAY['privmatch_coordinator']),
+        ('iris_search_abort',         ARRAY['privmatch_coordinator']),
+        -- the iris threshold policy: read by all, set by an operator-signed command
+        ('iris_policy',               ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('iris_set_policy',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('iris_audit',                ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- face protocol (the coordinator); the dealer configuration is signed by P2's
+        -- operator and verified inside P2, so the coordinator can relay it but not forge it
+        ('face_dealer_configure',     ARRAY['privmatch_coordinator']),
+        ('face_dealer_generate',      ARRAY['privmatch_coordinator']),
+        ('face_dealer_template_seeds', ARRAY['privmatch_coordinator']),
+        ('face_dealer_identify',      ARRAY['privmatch_coordinator']),
+        ('face_dealer_stock',         ARRAY['privmatch_coordinator']),
+        ('face_keys_store',           ARRAY['privmatch_coordinator']),
+        ('face_keys_retire_before',   ARRAY['privmatch_coordinator']),
+        ('face_enroll_sealed',        ARRAY['privmatch_coordinator']),
+        ('face_delete',               ARRAY['privmatch_coordinator']),
+        ('face_template_set',         ARRAY['privmatch_coordinator']),
+        ('face_session_open',         ARRAY['privmatch_coordinator']),
+        ('face_session_round',        ARRAY['privmatch_coordinator']),
+        ('face_session_abort',        ARRAY['privmatch_coordinator']),
+        ('face_masked_pending',       ARRAY['privmatch_coordinator']),
+        ('face_masked_prepare',       ARRAY['privmatch_coordinator']),
+        ('face_masked_accept',        ARRAY['privmatch_coordinator']),
+        ('face_masked_open',          ARRAY['privmatch_coordinator']),
+        ('face_masked_open_stocked',  ARRAY['privmatch_coordinator']),
+        ('face_masked_stock',         ARRAY['privmatch_coordinator']),
+        ('face_masked_keys',          ARRAY['privmatch_coordinator']),
+        ('face_masked_round',         ARRAY['privmatch_coordinator']),
+        -- the face set version's trigger (docs/protocols/face.md §13.8): fired, never called
+        ('face_set_changed',          ARRAY[]::name[]),
+        -- Paillier service provider (the coordinator relays device and terminal messages)
+        ('paillier_enroll_begin',     ARRAY['privmatch_coordinator']),
+        ('paillier_enroll_finish',    ARRAY['privmatch_coordinator']),
+        ('paillier_delete',           ARRAY['privmatch_coordinator']),
+        ('paillier_delete_signed',    ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('paillier_session_open',     ARRAY['privmatch_coordinator']),
+        ('paillier_device',           ARRAY['privmatch_coordinator']),
+        ('paillier_pi1_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi2_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi2_round4',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_round2',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_round4',       ARRAY['privmatch_coordinator']),
+        ('paillier_pi3_finish',       ARRAY['privmatch_coordinator']),
+        -- the SQL front door (the application); the function asks the coordinator
+        ('iris_enroll',               ARRAY['privmatch_application']),
+        ('iris_identify',             ARRAY['privmatch_application']),
+        ('iris_is_unique',            ARRAY['privmatch_application']),
+        ('face_enroll',               ARRAY['privmatch_application']),
+        ('face_verify',               ARRAY['privmatch_application']),
+        ('face_identify',             ARRAY['privmatch_application'])
+$list$;
+REVOKE ALL ON FUNCTION privmatch.function_roles() FROM PUBLIC;
+SELECT privmatch.apply_function_roles();

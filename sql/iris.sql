@@ -82,6 +82,11 @@ CREATE TABLE privmatch.iris_templates (
     code_share  privmatch.iris_code_share(12800) NOT NULL,
     mask_share  privmatch.iris_mask_share(6400) NOT NULL,
     enrolled_at timestamptz NOT NULL DEFAULT now(),
+    -- What the three parties agreed at enrolment: SHA-256 over the hashes of the record's
+    -- three sealed envelopes (core/src/iris/binding.rs); the set digest of every search
+    -- commits to it. Rows from before 0.11.0 carry the legacy id derived from subject and
+    -- eye (not bound until re-enrolled).
+    enrolment_id bytea NOT NULL CHECK (length(enrolment_id) = 32),
     CONSTRAINT iris_templates_subject_eye_key UNIQUE (subject, eye)
 );
 
@@ -94,3 +99,13 @@ CREATE TABLE privmatch.iris_used_sessions (
     used_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX iris_used_sessions_used_at ON privmatch.iris_used_sessions (used_at);
+
+-- The iris threshold policy of this party (at most one row; none = the install default,
+-- τ = 0.345): every search must use threshold τ = threshold_num / 10,000, whoever calls
+-- iris_search_start. Written only by iris_set_policy, an operator-signed command
+-- (extension/src/iris/policy.rs). Dumped with the templates, so a restored party keeps it.
+CREATE TABLE privmatch.iris_policy (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    threshold_num integer NOT NULL CHECK (threshold_num BETWEEN 1 AND 5000),
+    set_at        timestamptz NOT NULL DEFAULT now()
+);

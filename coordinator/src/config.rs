@@ -1,9 +1,11 @@
 //! The configuration files, split by who holds them (docs/trust-model.md):
 //!
 //! * [`Config`] (`privmatch.toml`), **the client's**: the coordinator's URL, the CA that
-//!   signed its certificate, the client's API credential and the three pinned party keys. No
-//!   database password. The client seals to the keys pinned here, never to keys the
-//!   coordinator reports.
+//!   signed its certificate, the client's API credential and the three pinned party keys,
+//!   each with the identity bundle its operator signed ([`crate::identity`]; pinned by
+//!   `privmatch client pin` after a fingerprint check). No database password. The client
+//!   seals to the keys pinned here, never to keys the coordinator reports, and refuses a key
+//!   that no verified bundle backs.
 //! * [`CoordinatorConfig`] (`coordinator.toml`), **the coordinator's**: where it listens, its
 //!   TLS key and certificate, the digests of the API credentials it accepts, and per party the
 //!   endpoint and the credentials of its own login role (member of `privmatch_coordinator`:
@@ -20,6 +22,8 @@ use anyhow::{bail, Context, Result};
 use privmatch_core::crypto::seal::PartyPublicKey;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::identity::{IdentityBundle, PartyIdentity, PinnedIdentity};
 
 /// Name of the client's configuration file inside the privmatch home directory.
 pub const CONFIG_FILE: &str = "privmatch.toml";
@@ -137,8 +141,21 @@ pub struct Config {
     /// The client's API credential (`pm_<id>_<secret>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_token: Option<String>,
-    /// The parties' pinned X25519 public keys (hex), in index order.
+    /// The parties' pinned X25519 public keys (hex), in index order; empty, or an empty
+    /// entry, for a party not pinned yet. Each key must be backed by an entry of
+    /// `party_identities`.
     pub party_keys: Vec<String>,
+    /// The identity bundles the keys were pinned from (`privmatch client pin`), re-verified
+    /// on every load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub party_identities: Vec<PinnedIdentity>,
+    /// The parties' pinned signing keys (Ed25519, 64 hex digits each, in index order, as
+    /// `party_info()`'s `signing_key` shows them): what the client verifies the parties'
+    /// signed search outputs with (`coordinator/src/iris/client.rs`). Empty: not verified.
+    /// `privmatch client pin` fills them from the parties' identity bundles once all three are
+    /// pinned; a key no pinned bundle backs is refused at load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub party_signing_keys: Vec<String>,
     /// The pinned service provider of device-held face templates (packed Paillier), when this
     /// client enrols devices or runs terminals: `privmatch device pin-service` writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,7 +213,9 @@ impl Config {
                 config.ca_cert = Some(dir.join(ca));
             }
         }
-        config.pinned_keys()?;
+        config
+            .check_pins()
+            .with_context(|| format!("in {}", path.display()))?;
         if let Some(pin) = &config.paillier_service {
             pin.check()
                 .with_context(|| format!("in {}", path.display()))?;
@@ -236,19 +255,141 @@ impl Config {
         Ok(())
     }
 
-    /// The three pinned party keys, in index order.
+    /// The three pinned party keys, in index order; refused, naming the party, while one is
+    /// not pinned.
     pub fn pinned_keys(&self) -> Result<[PartyPublicKey; 3]> {
-        if self.party_keys.len() != 3 {
+        if !self.party_keys.is_empty() && self.party_keys.len() != 3 {
             bail!(
                 "the configuration must pin exactly 3 party keys, found {}",
                 self.party_keys.len()
             );
         }
         let key = |i: usize| {
-            PartyPublicKey::from_hex(&self.party_keys[i])
+            let text = self.party_keys.get(i).map_or("", String::as_str);
+            if text.is_empty() {
+                bail!(
+                    "no key is pinned for P{i}: pin the identity bundle P{i}'s operator exported, with the fingerprint they gave you out of band: `privmatch client pin --bundle FILE --fingerprint HEX`"
+                );
+            }
+            PartyPublicKey::from_hex(text)
                 .with_context(|| format!("pinned key of party P{i} in the configuration"))
         };
         Ok([key(0)?, key(1)?, key(2)?])
+    }
+
+    /// Checks the pins: no key or three entries, each key (where pinned) backed by exactly one
+    /// identity bundle of that party that verifies under the fingerprint recorded when it was
+    /// pinned, and no bundle without its key. A key put in the file by hand, or by a tool that
+    /// copied it from the coordinator, is refused, naming the party.
+    pub fn check_pins(&self) -> Result<()> {
+        if !self.party_keys.is_empty() && self.party_keys.len() != 3 {
+            bail!(
+                "the configuration must pin exactly 3 party keys, found {}",
+                self.party_keys.len()
+            );
+        }
+        let mut verified: [Option<PartyIdentity>; 3] = [None, None, None];
+        for pinned in &self.party_identities {
+            let identity = pinned.verify()?;
+            let slot = &mut verified[usize::from(identity.party)];
+            if slot.is_some() {
+                bail!("P{} has two identity bundles pinned", identity.party);
+            }
+            *slot = Some(identity);
+        }
+        for (i, identity) in verified.iter().enumerate() {
+            let key = self.party_keys.get(i).map_or("", String::as_str);
+            match identity {
+                None if key.is_empty() => {}
+                None => bail!(
+                    "P{i}'s key is not pinned from its operator's identity bundle (written by hand, or copied from the coordinator?): pin the bundle P{i}'s operator exported with `privmatch client pin --bundle FILE --fingerprint HEX`"
+                ),
+                Some(identity) => {
+                    let parsed = PartyPublicKey::from_hex(key).ok();
+                    if parsed.as_ref() != Some(&identity.public_key) {
+                        bail!(
+                            "P{i}'s key in party_keys is not the key of the identity bundle pinned for P{i}: refusing it"
+                        );
+                    }
+                }
+            }
+        }
+        // The signing keys results are verified with come from the same bundles, all three
+        // or none (while a party is not pinned yet).
+        if !self.party_signing_keys.is_empty() {
+            if self.party_signing_keys.len() != 3 {
+                bail!(
+                    "party_signing_keys must pin exactly 3 keys, found {}",
+                    self.party_signing_keys.len()
+                );
+            }
+            for (i, identity) in verified.iter().enumerate() {
+                let backed = identity.as_ref().is_some_and(|identity| {
+                    self.party_signing_keys[i]
+                        .eq_ignore_ascii_case(&hex::encode(identity.signing_key.as_bytes()))
+                });
+                if !backed {
+                    bail!(
+                        "P{i}'s signing key in party_signing_keys is not the one of the identity bundle pinned for P{i}: refusing it"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pins `bundle` after verifying its signature and comparing its fingerprint with
+    /// `fingerprint`, which the party's operator gave out of band. A party pinned before with
+    /// another identity is refused unless `replace` (a deliberate key rotation); the same
+    /// identity again changes nothing. Returns the identity pinned.
+    pub fn pin_identity(
+        &mut self,
+        bundle: &IdentityBundle,
+        fingerprint: &str,
+        replace: bool,
+    ) -> Result<PartyIdentity> {
+        let identity = bundle.verify_fingerprint(fingerprint)?;
+        let index = usize::from(identity.party);
+        if let Some(previous) = self
+            .party_identities
+            .iter()
+            .find(|p| p.bundle.party == identity.party)
+        {
+            let previous = previous.verify()?;
+            if previous.fingerprint() != identity.fingerprint() && !replace {
+                bail!(
+                    "P{index} is pinned with identity fingerprint {}, and this bundle has {}: refusing to change it (pass --replace for a key rotation its operator announced)",
+                    previous.fingerprint_hex(),
+                    identity.fingerprint_hex()
+                );
+            }
+        }
+        self.party_identities
+            .retain(|p| p.bundle.party != identity.party);
+        let mut kept = bundle.clone();
+        // The digest of the CA certificate is what the signature covers; the PEM itself is not
+        // needed to seal.
+        kept.tls_ca_pem = None;
+        self.party_identities.push(PinnedIdentity {
+            fingerprint: identity.fingerprint_hex(),
+            bundle: kept,
+        });
+        self.party_identities.sort_by_key(|p| p.bundle.party);
+        if self.party_keys.len() != 3 {
+            self.party_keys = vec![String::new(); 3];
+        }
+        self.party_keys[index] = identity.public_key.to_hex();
+        // The parties' output-signing keys, once all three are pinned.
+        self.party_signing_keys = if self.party_identities.len() == 3 {
+            self.party_identities
+                .iter()
+                .map(|p| p.bundle.signing_key.to_ascii_lowercase())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.check_pins()?;
+        Ok(identity)
     }
 
     /// The coordinator's base URL, without a trailing slash.
@@ -361,6 +502,136 @@ mod tests {
         }
     }
 
+    /// Party `party`'s identity bundle with X25519 key `key`, signed by the operator key of
+    /// seed `operator`, and its fingerprint.
+    fn bundle(party: u8, key: [u8; 32], operator: u8) -> (IdentityBundle, String) {
+        let signing = privmatch_core::crypto::sign::OperatorSigningKey::from_bytes(&[operator; 32]);
+        let identity = PartyIdentity {
+            party,
+            public_key: PartyPublicKey::from_bytes(key),
+            signing_key: ed25519_dalek::SigningKey::from_bytes(&[operator ^ 0x80; 32])
+                .verifying_key(),
+            operator_key: ed25519_dalek::VerifyingKey::from_bytes(
+                &signing.verifying_key().to_bytes(),
+            )
+            .expect("key"),
+            tls_ca_sha256: [1; 32],
+        };
+        (
+            identity.sign(&signing, 1_700_000_000).expect("sign"),
+            identity.fingerprint_hex(),
+        )
+    }
+
+    #[test]
+    fn keys_come_only_from_pinned_bundles() {
+        let dir = temp("pins");
+        let path = dir.join(CONFIG_FILE);
+        let mut config = Config {
+            coordinator_url: "http://127.0.0.1:1".into(),
+            ca_cert: None,
+            api_token: None,
+            party_keys: Vec::new(),
+            party_identities: Vec::new(),
+            party_signing_keys: Vec::new(),
+            paillier_service: None,
+        };
+        // Nothing pinned yet: the configuration loads, sealing is refused naming P0.
+        config.save(&path).expect("save");
+        let loaded = Config::load(&path).expect("load unpinned");
+        let err = format!("{:#}", loaded.pinned_keys().expect_err("unpinned"));
+        assert!(err.contains("no key is pinned for P0"), "{err}");
+        // P1 pinned with the fingerprint its operator gave: only P1 is pinned.
+        let (p1, fp1) = bundle(1, [11; 32], 21);
+        config.pin_identity(&p1, &fp1, false).expect("pin P1");
+        config.save(&path).expect("save");
+        let loaded = Config::load(&path).expect("load");
+        assert_eq!(loaded.party_keys[1], hex::encode([11u8; 32]));
+        let err = format!("{:#}", loaded.pinned_keys().expect_err("P0 missing"));
+        assert!(err.contains("P0"), "{err}");
+        // The wrong fingerprint (another party's bundle, or a substituted key) is refused.
+        let (p2, fp2) = bundle(2, [12; 32], 22);
+        let err = format!(
+            "{:#}",
+            config.pin_identity(&p2, &fp1, false).expect_err("fp")
+        );
+        assert!(
+            err.contains("P2's identity bundle has fingerprint"),
+            "{err}"
+        );
+        // A key swapped inside a bundle is refused: the signature fails.
+        let mut swapped = p2.clone();
+        swapped.public_key = hex::encode([0xee; 32]);
+        let err = format!(
+            "{:#}",
+            config.pin_identity(&swapped, &fp2, false).expect_err("sig")
+        );
+        assert!(
+            err.contains("P2's identity bundle") && err.contains("signature"),
+            "{err}"
+        );
+        let (p0, fp0) = bundle(0, [10; 32], 20);
+        config.pin_identity(&p0, &fp0, false).expect("pin P0");
+        config.pin_identity(&p2, &fp2, false).expect("pin P2");
+        config
+            .pin_identity(&p2, &fp2, false)
+            .expect("the same bundle again");
+        config.save(&path).expect("save");
+        let loaded = Config::load(&path).expect("load");
+        assert_eq!(
+            loaded.pinned_keys().expect("keys")[2].as_bytes(),
+            &[12u8; 32]
+        );
+        // The output-signing keys came with the bundles; one changed by hand is refused.
+        assert_eq!(loaded.party_signing_keys.len(), 3);
+        assert_eq!(loaded.party_signing_keys[1], p1.signing_key);
+        let mut resigned = loaded.clone();
+        resigned.party_signing_keys[2] = p1.signing_key.clone();
+        resigned.save(&path).expect("save");
+        let err = format!("{:#}", Config::load(&path).expect_err("signing key"));
+        assert!(err.contains("P2's signing key"), "{err}");
+        // A different identity for P1 needs --replace.
+        let (rotated, fp_rotated) = bundle(1, [31; 32], 21);
+        let err = format!(
+            "{:#}",
+            config
+                .pin_identity(&rotated, &fp_rotated, false)
+                .expect_err("rotation")
+        );
+        assert!(
+            err.contains("P1 is pinned with identity fingerprint"),
+            "{err}"
+        );
+        // A key edited into the file (by hand, or copied from the coordinator) is refused at
+        // load, naming the party.
+        let mut edited = loaded.clone();
+        edited.party_keys[1] = hex::encode([0xee; 32]);
+        edited.save(&path).expect("save");
+        let err = format!("{:#}", Config::load(&path).expect_err("edited key"));
+        assert!(
+            err.contains("P1's key in party_keys is not the key of the identity bundle"),
+            "{err}"
+        );
+        let mut unbacked = loaded.clone();
+        unbacked.party_identities.retain(|p| p.bundle.party != 2);
+        unbacked.save(&path).expect("save");
+        let err = format!("{:#}", Config::load(&path).expect_err("no bundle"));
+        assert!(
+            err.contains("P2's key is not pinned from its operator's identity bundle"),
+            "{err}"
+        );
+        let mut tampered = loaded;
+        tampered.party_identities[0].bundle.public_key = hex::encode([0xee; 32]);
+        tampered.party_keys[0] = hex::encode([0xee; 32]);
+        tampered.save(&path).expect("save");
+        let err = format!("{:#}", Config::load(&path).expect_err("tampered bundle"));
+        assert!(
+            err.contains("P0's identity bundle") && err.contains("signature"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     fn pinned_key(config: &Config) -> String {
         config
             .paillier_service
@@ -404,13 +675,21 @@ mod tests {
         let dir = temp("client");
         let path = dir.join(CONFIG_FILE);
         let ca = crate::tls::LocalCa::open_or_create(&dir).expect("local CA");
-        let config = Config {
+        let mut config = Config {
             coordinator_url: "https://127.0.0.1:1/".into(),
             ca_cert: Some(ca.cert_path()),
             api_token: Some("pm_cli_00".into()),
-            party_keys: vec![hex::encode([7u8; 32]); 3],
+            party_keys: Vec::new(),
+            party_identities: Vec::new(),
+            party_signing_keys: Vec::new(),
             paillier_service: None,
         };
+        for i in 0..3 {
+            let (bundle, fingerprint) = bundle(i, [7 + i; 32], 40 + i);
+            config
+                .pin_identity(&bundle, &fingerprint, false)
+                .expect("pin");
+        }
         config.save(&path).expect("save");
         let text = std::fs::read_to_string(&path).expect("read");
         assert!(!text.contains("password"), "{text}");

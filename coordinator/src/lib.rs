@@ -10,6 +10,7 @@
 //! | [`files`] | atomic writes of configurations, credentials, keys and certificates, with their modes |
 //! | [`parties`] | connection pools to the three parties, their errors |
 //! | [`guard`] | one coordinator per deployment (an advisory lock at P0) |
+//! | [`identity`] | party identity bundles: signed by each party's operator, pinned by clients after a fingerprint check |
 //! | [`tls`] | TLS of the API and of the links to the parties, a local CA for `cluster up` |
 //! | [`wire`] | the HTTP error body and codes, the encodings of binary values, modality-neutral shapes |
 //! | [`session`] | the round-driver skeleton every modality's sessions run on, retries |
@@ -29,6 +30,7 @@ pub mod dev;
 pub mod face;
 pub mod files;
 pub mod guard;
+pub mod identity;
 pub mod iris;
 pub mod paillier;
 pub mod parties;

@@ -14,7 +14,10 @@
 //!   its side of matching sessions, and the terminal's (exit status 0 match, 2 no match,
 //!   3 refused).
 //! * `privmatch party pin` — a party's operator pins a peer's key through the coordinator,
-//!   signed with the operator's key.
+//!   signed with the operator's key; `privmatch party identity-export` — the operator's
+//!   signed identity bundle for clients.
+//! * `privmatch client pin|pins` — the client pins a party's key from its operator's bundle,
+//!   after comparing the fingerprint given out of band.
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
 //! * `privmatch bench enroll|iris|face` — the bulk-enrolment, search and face benchmarks.
 
@@ -83,6 +86,11 @@ enum Command {
     Party {
         #[command(subcommand)]
         action: privmatch_coordinator::cli::party::PartyAction,
+    },
+    /// The client's pins of the parties' identities (from bundles their operators exported).
+    Client {
+        #[command(subcommand)]
+        action: privmatch_coordinator::cli::keys::ClientAction,
     },
     /// A party operator's own commands at its party: initialise it, pin peers (key ceremony),
     /// show its identity, make its TLS certificate.
@@ -186,6 +194,9 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Party { action } => {
             privmatch_coordinator::cli::party::run(action, &cli.home(), || cli.load_config()).await
+        }
+        Command::Client { action } => {
+            privmatch_coordinator::cli::keys::run(action, &cli.config_path())
         }
         Command::Operator { action } => privmatch_coordinator::cli::operator::run(action).await,
         Command::Recover => recover::run(&cli.load_config()?).await,

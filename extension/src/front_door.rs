@@ -408,7 +408,8 @@ fn error_code(status: u16, body: &ErrorBody) -> PgSqlErrorCode {
 
 fn hint_for(code: Option<&str>) -> Option<&'static str> {
     match code? {
-        "template_sets_differ" | "key_claim_conflict" => {
+        "template_sets_differ" => Some("an enrolment was being committed: seal the input again and retry; if it persists, the set of the party named diverges: its operator runs `privmatch iris audit` (docs/protocols/iris.md §14.2)"),
+        "key_claim_conflict" => {
             Some("an enrolment was being committed: seal the input again and retry")
         }
         "in_doubt" => Some("the coordinator's recovery completes it at every party or at none; calling again with the same sealed input fails with 23505 once it committed"),

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
+use privmatch_core::crypto::party_sign::PartySigningKey;
 use privmatch_core::crypto::seal::{PairwiseCache, PartyPublicKey, PartySecretKey};
 use privmatch_core::party::PartyIndex;
 
@@ -279,8 +280,10 @@ fn init_party(party_index: i32) -> String {
     public.to_hex()
 }
 
-/// This party's index, public key (hex) and key fingerprint: what operators compare out of
-/// band and pin in configuration.
+/// This party's index, public key (hex), key fingerprint and signing key (the public half of
+/// the Ed25519 key derived from the key file that signs the party's outputs, core's
+/// `crypto::party_sign`; NULL when the key file cannot be read): what operators compare out
+/// of band and clients pin.
 #[pg_extern(stable)]
 fn party_info() -> TableIterator<
     'static,
@@ -288,8 +291,18 @@ fn party_info() -> TableIterator<
         name!(party_index, i32),
         name!(public_key, String),
         name!(fingerprint, String),
+        name!(signing_key, Option<String>),
     ),
 > {
+    let signing_key = read_identity()
+        .ok()
+        .flatten()
+        .and_then(|stored| stored.decode().ok())
+        .map(|identity| {
+            PartySigningKey::derive(&identity.secret)
+                .verifying_key()
+                .to_hex()
+        });
     let Some(StoredIdentity { index, public }) = stored_identity() else {
         not_initialised()
     };
@@ -301,7 +314,7 @@ fn party_info() -> TableIterator<
         )
     });
     let key = PartyPublicKey::from_bytes(key);
-    TableIterator::once((index, key.to_hex(), key.fingerprint_hex()))
+    TableIterator::once((index, key.to_hex(), key.fingerprint_hex(), signing_key))
 }
 
 /// Pins the public key of peer party `party_index`. Re-pinning a different key requires

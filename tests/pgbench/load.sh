@@ -172,10 +172,10 @@ seal() {
       "$PM" "${cfg[@]}" face seal --for enroll --input "$input" --out "$out" 2>/dev/null ;;
     face-verify)
       lines face-base.ndjson "$n" >"$input"
-      "$PM" "${cfg[@]}" face seal --for verify --input "$input" --out "$out" 2>/dev/null ;;
+      "$PM" "${cfg[@]}" face seal --for verify --front-door 0 --input "$input" --out "$out" 2>/dev/null ;;
     face-identify)
       lines face-probes.ndjson "$n" >"$input"
-      "$PM" "${cfg[@]}" face seal --for identify --input "$input" --out "$out" 2>/dev/null ;;
+      "$PM" "${cfg[@]}" face seal --for identify --front-door 0 --input "$input" --out "$out" 2>/dev/null ;;
   esac
   app_sql -c "CREATE TEMP TABLE staged (subject text, sealed text)" -c "\\copy staged FROM pstdin" \
     -c "INSERT INTO privmatch_bench.inputs (kind, level, subject, sealed) SELECT '$kind', $level, subject, sealed FROM staged" \

@@ -518,6 +518,7 @@ impl Cluster {
                 api_token: None,
                 party_keys: Vec::new(),
                 party_identities: Vec::new(),
+                party_signing_keys: Vec::new(),
                 paillier_service: None,
             },
             operators: Vec::new(),
@@ -1048,6 +1049,55 @@ impl Cluster {
 
     fn data_dir(&self, party: usize) -> PathBuf {
         self.home.join(format!("p{party}/data"))
+    }
+
+    /// `pg_dump` of party `party`'s database as its operator, in `format` (`p` plain, `c`
+    /// custom), to `out`.
+    pub fn pg_dump(&self, party: usize, format: &str, out: &Path) {
+        let operator = &self.operators[party];
+        let mut cmd = Command::new(pg_bindir().join("pg_dump"));
+        cmd.args(["-h", &operator.host, "-p", &operator.port.to_string()])
+            .args(["-U", &operator.user, "-d", &operator.dbname])
+            .arg(format!("-F{format}"))
+            .arg("-f")
+            .arg(out)
+            .env("PGPASSWORD", &operator.password);
+        run(cmd, Duration::from_secs(120)).expect_success();
+    }
+
+    /// Drops party `party`'s database and restores the custom-format `dump` into a new one,
+    /// as its operator would (the key file stays where it is).
+    pub fn restore_database(&self, party: usize, dump: &Path) {
+        let mut admin = self.operators[party].clone();
+        admin.dbname = "postgres".into();
+        self.block_on(async {
+            let client = privmatch_coordinator::parties::open(&admin)
+                .await
+                .expect("connect");
+            // Two statements: neither may run inside the implicit transaction of a batch.
+            client
+                .batch_execute("DROP DATABASE privmatch WITH (FORCE)")
+                .await
+                .expect("drop the party's database");
+            client
+                .batch_execute("CREATE DATABASE privmatch")
+                .await
+                .expect("create the party's database");
+        });
+        let operator = &self.operators[party];
+        let mut restore = Command::new(pg_bindir().join("pg_restore"));
+        restore
+            .args(["-h", &operator.host, "-p", &operator.port.to_string()])
+            .args([
+                "-U",
+                &operator.user,
+                "-d",
+                &operator.dbname,
+                "--exit-on-error",
+            ])
+            .arg(dump)
+            .env("PGPASSWORD", &operator.password);
+        run(restore, Duration::from_secs(120)).expect_success();
     }
 
     /// `kill -9` of a party's postmaster; waits until it is gone.

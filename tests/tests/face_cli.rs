@@ -503,4 +503,28 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
     assert_eq!(verify(&cluster, &probe), json!(true));
     assert_eq!(verify(&cluster, &near), json!(false));
     assert_eq!(verify(&cluster, &probe), json!(true));
+    // A coordinator that alters a sealed output in transit (issue 34: the coordinator learns
+    // no result and cannot change it): P0 and P1 seal their output shares to the CLI's fresh
+    // reply key, so the altered one does not open and the CLI refuses it, naming the party.
+    // Against 0.10.0 the coordinator added the shares itself and answered any bit it liked.
+    for (party, name) in [(0, "P0"), (1, "P1")] {
+        cluster.stop_coordinator();
+        cluster.start_coordinator(Some(&format!("face-alter-output={party}")));
+        for args in [
+            vec!["face", "verify", "--subject", "alice"],
+            vec!["face", "identify"],
+        ] {
+            let input = path_arg(&probe);
+            let mut args = args;
+            args.extend(["--input", input.as_str()]);
+            let out = cluster.cli(&args).expect_failure();
+            out.assert_stderr_contains(&[
+                &format!("the sealed output of {name} is refused"),
+                "changed in transit",
+            ]);
+        }
+    }
+    cluster.stop_coordinator();
+    cluster.start_coordinator(None);
+    assert_eq!(verify(&cluster, &probe), json!(true));
 }

@@ -17,6 +17,7 @@ use privmatch_core::face::masked::{
 };
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::{plaintext_match, squared_distance, Quantizer};
+use privmatch_core::face::reply::{open_face_reply, open_face_result, sealed_output_len};
 use privmatch_core::face::{funshade, FaceError, Metric};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
@@ -25,6 +26,31 @@ use privmatch_e2e::{failure, sqlstate_and_message, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
+
+/// The reply key's secret of the client these tests play: P0 and P1 seal their outputs to
+/// its public key (docs/protocols/face.md §13.9).
+fn client_reply() -> PartySecretKey {
+    PartySecretKey::from_bytes([0x5a; 32])
+}
+
+/// The client's step: opens P0's and P1's sealed outputs of `session` and adds them.
+fn open_bits(
+    keys: &[PartyPublicKey; 3],
+    session: &[u8; 16],
+    o0: &[u8],
+    o1: &[u8],
+    subjects: &[String],
+) -> Vec<bool> {
+    let names: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    open_face_result(
+        [&keys[0], &keys[1]],
+        &client_reply(),
+        session,
+        [o0, o1],
+        &names,
+    )
+    .expect("the client opens the sealed outputs")
+}
 
 /// A random L2-normalised embedding.
 fn random_embedding(rng: &mut ChaCha20Rng, dim: usize) -> Vec<f64> {
@@ -167,6 +193,7 @@ async fn available(client: &Client) -> i64 {
 struct Opened {
     session: [u8; 16],
     subjects: Vec<String>,
+    keys: [PartyPublicKey; 3],
 }
 
 async fn open(
@@ -177,7 +204,15 @@ async fn open(
 ) -> Result<Opened, Failure> {
     let mut rng = ChaCha20Rng::from_entropy();
     let session: [u8; 16] = rng.gen();
-    let sealed = seal_face_probe(probe, session, subject, keys, &mut rng).expect("seal probe");
+    let sealed = seal_face_probe(
+        probe,
+        session,
+        subject,
+        &client_reply().public_key(),
+        keys,
+        &mut rng,
+    )
+    .expect("seal probe");
     let row = clients[0]
         .query_one(
             "SELECT comparisons, claims, subjects, digest FROM privmatch.face_session_open($1, $2, $3)",
@@ -196,7 +231,11 @@ async fn open(
         .await
         .map_err(|e| failure(1, &e))?;
     assert_eq!(row1.get::<_, Vec<String>>(1), subjects);
-    Ok(Opened { session, subjects })
+    Ok(Opened {
+        session,
+        subjects,
+        keys: *keys,
+    })
 }
 
 async fn round(
@@ -216,7 +255,7 @@ async fn round(
         .map_err(|e| failure(party, &e))
 }
 
-/// Rounds 1–3 at P0 and P1 and the verifier's reconstruction.
+/// Rounds 1–3 at P0 and P1 and the client's opening of the sealed outputs.
 async fn finish(clients: &[Client], opened: &Opened) -> Result<Vec<(String, bool)>, Failure> {
     let s = opened.session.as_slice();
     if opened.subjects.is_empty() {
@@ -237,11 +276,7 @@ async fn finish(clients: &[Client], opened: &Opened) -> Result<Vec<(String, bool
         round(&clients[1], 1, s, 3, Some(&z0))
     );
     let (o0, o1) = (a?, b?);
-    let bits = funshade::reconstruct(
-        &funshade::bytes_to_words(&o0).expect("words"),
-        &funshade::bytes_to_words(&o1).expect("words"),
-    )
-    .expect("bits");
+    let bits = open_bits(&opened.keys, &opened.session, &o0, &o1, &opened.subjects);
     Ok(opened.subjects.iter().cloned().zip(bits).collect())
 }
 
@@ -430,7 +465,8 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
         );
     }
     // A crash after a session's keys were used: the claim survives, the keys stay consumed,
-    // and the next session gets other keys.
+    // and the next session gets other keys. The key batches are UNLOGGED (issue 34 item 9:
+    // no key in the WAL), so the crash empties P0's pool; the claims are logged and stay.
     let crashed = cluster.block_on(async {
         let clients = cluster.clients().await;
         refill(&clients, 3).await;
@@ -448,8 +484,8 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
         let clients = cluster.clients().await;
         assert_eq!(
             available(&clients[0]).await,
-            2,
-            "the crashed session's key is not back in the pool"
+            0,
+            "the crash emptied the UNLOGGED key batches: the crashed session's key is not back in the pool"
         );
         // Inspecting the claims table is the operator's business.
         let claimed: i64 = cluster
@@ -476,12 +512,22 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
             .await
             .expect("abort");
         }
+        // Fresh keys from P2 for both evaluators.
+        refill(&clients, 2).await;
+        assert_eq!(available(&clients[0]).await, 2);
         // An open whose transaction dies before commit consumes nothing (nothing derived
         // from its keys left the party).
         let mut rng = ChaCha20Rng::seed_from_u64(99);
         let session: [u8; 16] = rng.gen();
-        let sealed =
-            seal_face_probe(&probe, session, Some("alice"), &keys, &mut rng).expect("seal");
+        let sealed = seal_face_probe(
+            &probe,
+            session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
         clients[0].batch_execute("BEGIN").await.expect("begin");
         clients[0]
             .query(
@@ -490,11 +536,8 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
             )
             .await
             .expect("open in transaction");
-    });
-    cluster.kill_party(0);
-    cluster.start_party(0);
-    cluster.block_on(async {
-        let clients = cluster.clients().await;
+        // The transaction dies (a crash would also empty the UNLOGGED pool, see above).
+        clients[0].batch_execute("ROLLBACK").await.expect("rollback");
         assert_eq!(available(&clients[0]).await, 2);
         let got = compare(&clients, &keys, Some("alice"), &probe).await.expect("after restart");
         assert_eq!(got.len(), 1);
@@ -507,7 +550,9 @@ fn key_material_is_single_use_under_concurrency_and_crashes() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert_eq!(firsts, vec![0, 1], "distinct keys, never the crashed session's again");
+        // The first key of the new batch: the crashed session's claim is in the batch the
+        // crash emptied, and the rolled-back open claimed nothing.
+        assert_eq!(firsts, vec![0], "a fresh key, never the crashed session's again");
     });
 }
 
@@ -734,8 +779,15 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         assert_eq!(err.sqlstate.as_deref(), Some("42704"), "{err:?}");
         // A session id is single-use.
         let mut rng = ChaCha20Rng::seed_from_u64(5);
-        let sealed =
-            seal_face_probe(&alice, opened.session, Some("alice"), &keys, &mut rng).expect("seal");
+        let sealed = seal_face_probe(
+            &alice,
+            opened.session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_session_open($1, $2, 'alice')",
@@ -746,8 +798,15 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         assert_eq!(err.code().map(|c| c.code()), Some("23505"), "{err:?}");
         // A probe sealed to P1 cannot be opened by P0.
         let session: [u8; 16] = rng.gen();
-        let sealed =
-            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
+        let sealed = seal_face_probe(
+            &alice,
+            session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_session_open($1, $2, 'alice')",
@@ -758,8 +817,15 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         assert_eq!(err.code().map(|c| c.code()), Some("22P03"), "{err:?}");
         // A verification probe cannot be run as an identification (it would reveal who).
         let session: [u8; 16] = rng.gen();
-        let sealed =
-            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
+        let sealed = seal_face_probe(
+            &alice,
+            session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
         let err = clients[0]
             .query(
                 "SELECT * FROM privmatch.face_session_open($1, $2)",
@@ -771,8 +837,15 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         // Rounds need a committed opening: an open and a round in one transaction (which a
         // rollback would undo, returning used keys to the pool) are refused.
         let session: [u8; 16] = rng.gen();
-        let sealed =
-            seal_face_probe(&alice, session, Some("alice"), &keys, &mut rng).expect("seal");
+        let sealed = seal_face_probe(
+            &alice,
+            session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
         clients[0].batch_execute("BEGIN").await.expect("begin");
         clients[0]
             .query(
@@ -1213,7 +1286,15 @@ async fn masked_open(
     probe: &[i32],
 ) -> Result<(Vec<u8>, Vec<String>), Failure> {
     let mut rng = ChaCha20Rng::from_entropy();
-    let sealed = seal_face_probe(probe, session, None, keys, &mut rng).expect("seal probe");
+    let sealed = seal_face_probe(
+        probe,
+        session,
+        None,
+        &client_reply().public_key(),
+        keys,
+        &mut rng,
+    )
+    .expect("seal probe");
     let row = clients[0]
         .query_one(
             "SELECT bundle_ids, subjects FROM privmatch.face_masked_open($1, $2)",
@@ -1372,7 +1453,7 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
         let (list_a, subjects) = masked_open(&clients, &keys, session_a, &probe).await.expect("open a");
         assert_eq!(subjects.len(), TEMPLATES);
         let (list_b, _) = masked_open(&clients, &keys, session_b, &probe).await.expect("open b");
-        let reuse = seal_face_probe(&probe, session_a, None, &keys, &mut rng).expect("seal");
+        let reuse = seal_face_probe(&probe, session_a, None, &client_reply().public_key(), &keys, &mut rng).expect("seal");
         let (code, message) = refused_with(
             clients[0]
                 .query(
@@ -1421,11 +1502,7 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
         let z1 = masked_round(&clients[1], &session_c, 2, &x0).await.expect("z1");
         let o0 = masked_round(&clients[0], &session_c, 3, &z1).await.expect("o0");
         let o1 = masked_round(&clients[1], &session_c, 3, &z0).await.expect("o1");
-        let bits = funshade::reconstruct(
-            &funshade::bytes_to_words(&o0).expect("words"),
-            &funshade::bytes_to_words(&o1).expect("words"),
-        )
-        .expect("bits");
+        let bits = open_bits(&keys, &session_c, &o0, &o1, &subjects);
         let mut matched = 0;
         for (bit, subject) in bits.iter().zip(&subjects) {
             let template = &records.iter().find(|r| &r.0 == subject).expect("subject").1;
@@ -1441,5 +1518,261 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
         for operator in &operators {
             assert_eq!(opened_count(operator).await, TEMPLATES as i64);
         }
+    });
+}
+
+/// Everything the coordinator receives from the parties in one masked session, as its role
+/// drives it the way `coordinator/src/face/driver.rs` does (open at P0, open at P1 with P0's
+/// list, P2's dealing, keys, rounds 2 and 3): every byte string and text of every answer, and
+/// P0's and P1's round-3 outputs.
+struct Captured {
+    received: Vec<Vec<u8>>,
+    subjects: Vec<String>,
+    outputs: [Vec<u8>; 2],
+}
+
+async fn captured_session(
+    clients: &[Client],
+    keys: &[PartyPublicKey; 3],
+    session: [u8; 16],
+    subject: Option<&str>,
+    probe: &[i32],
+) -> Captured {
+    let mut received: Vec<Vec<u8>> = Vec::new();
+    let mut rng = ChaCha20Rng::from_entropy();
+    let sealed = seal_face_probe(
+        probe,
+        session,
+        subject,
+        &client_reply().public_key(),
+        keys,
+        &mut rng,
+    )
+    .expect("seal probe");
+    let row = clients[0]
+        .query_one(
+            "SELECT comparisons, bundle_ids, subjects, digest FROM privmatch.face_masked_open($1, $2, $3)",
+            &[&session.as_slice(), &sealed[0], &subject],
+        )
+        .await
+        .expect("open at P0");
+    let ids: Vec<u8> = row.get(1);
+    let subjects: Vec<String> = row.get(2);
+    received.push(row.get::<_, i32>(0).to_le_bytes().to_vec());
+    received.extend([ids.clone(), row.get(3)]);
+    received.extend(subjects.iter().map(|s| s.as_bytes().to_vec()));
+    let row = clients[1]
+        .query_one(
+            "SELECT comparisons, bundle_ids, subjects, digest FROM privmatch.face_masked_open($1, $2, $3, $4)",
+            &[&session.as_slice(), &sealed[1], &subject, &ids],
+        )
+        .await
+        .expect("open at P1");
+    received.extend([row.get::<_, Vec<u8>>(1), row.get(3)]);
+    received.extend(
+        row.get::<_, Vec<String>>(2)
+            .iter()
+            .map(|s| s.as_bytes().to_vec()),
+    );
+    let list: Vec<[u8; 16]> = ids
+        .chunks_exact(16)
+        .map(|c| c.try_into().expect("16"))
+        .collect();
+    let halves = dealt_halves(&clients[2], &session, &list)
+        .await
+        .expect("deal");
+    received.extend(halves.iter().flatten().cloned());
+    let x0 = masked_keys(&clients[0], &session, &halves[0])
+        .await
+        .expect("keys P0");
+    let x1 = masked_keys(&clients[1], &session, &halves[1])
+        .await
+        .expect("keys P1");
+    let z0 = masked_round(&clients[0], &session, 2, &x1)
+        .await
+        .expect("z0");
+    let z1 = masked_round(&clients[1], &session, 2, &x0)
+        .await
+        .expect("z1");
+    let o0 = masked_round(&clients[0], &session, 3, &z1)
+        .await
+        .expect("o0");
+    let o1 = masked_round(&clients[1], &session, 3, &z0)
+        .await
+        .expect("o1");
+    received.extend([x0, x1, z0, z1, o0.clone(), o1.clone()]);
+    Captured {
+        received,
+        subjects,
+        outputs: [o0, o1],
+    }
+}
+
+/// Whether `bits` can be read off the capture in the clear: as 0/1 bytes or 0/1
+/// little-endian words anywhere in one message, or as the word-wise sum of two messages at
+/// the same offset (how the coordinator added the output shares before 0.11.0).
+fn bits_in_the_clear(received: &[Vec<u8>], bits: &[bool]) -> bool {
+    let as_bytes: Vec<u8> = bits.iter().map(|b| u8::from(*b)).collect();
+    let as_words: Vec<u8> = bits
+        .iter()
+        .flat_map(|b| u32::from(*b).to_le_bytes())
+        .collect();
+    if received
+        .iter()
+        .any(|m| privmatch_e2e::contains(m, &as_bytes) || privmatch_e2e::contains(m, &as_words))
+    {
+        return true;
+    }
+    let n = 4 * bits.len();
+    received.iter().any(|a| {
+        received.iter().any(|b| {
+            let len = a.len().min(b.len());
+            (0..=len.saturating_sub(n)).step_by(4).any(|at| {
+                len >= n
+                    && (0..bits.len()).all(|k| {
+                        let word = |m: &[u8]| {
+                            let i = at + 4 * k;
+                            u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]])
+                        };
+                        word(a).wrapping_add(word(b)) == u32::from(bits[k])
+                    })
+            })
+        })
+    })
+}
+
+/// Issue 34, "the coordinator learns no result" (docs/protocols/face.md §13.9): everything
+/// the coordinator's role receives from the parties in a face verification and an
+/// identification holds no comparison bit in the clear — the round-3 outputs are sealed to
+/// the client's reply key, only as long as the count requires, and do not add up to the bits
+/// — while the client opens them to exactly the plaintext answers. Before 0.11.0 the round-3
+/// answers were the output shares themselves, whose word-wise sum is the bit vector: this
+/// test's `bits_in_the_clear` finds them there.
+#[test]
+fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
+    const DIM: usize = 128;
+    const TEMPLATES: usize = 16;
+    let cluster = Cluster::start("face-sealed-outputs", 38);
+    let keys = cluster.party_keys();
+    let q = Quantizer::new(DIM).expect("dim");
+    let mut rng = ChaCha20Rng::seed_from_u64(38);
+    let (floats, records) = population(&mut rng, &q, TEMPLATES);
+    let probe = q
+        .quantize(&recapture(&mut rng, &floats[3], 0.3))
+        .expect("q");
+    let m2 = f64::from(q.magnitude()).powi(2);
+    let theta_q = dot(&probe, &records[3].1) - 1;
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        enroll(&clients, &keys, &records).await;
+        configure(
+            &cluster,
+            &clients,
+            &keys,
+            Metric::Cosine,
+            DIM,
+            theta_q as f64 / m2,
+        )
+        .await;
+        // The one opening of the templates, as the coordinator runs it.
+        let ids: Vec<Vec<u8>> = clients[0]
+            .query_one("SELECT privmatch.face_masked_pending()", &[])
+            .await
+            .expect("pending")
+            .get(0);
+        let seeds = [
+            sealed_seeds(&clients[2], 0, &ids).await,
+            sealed_seeds(&clients[2], 1, &ids).await,
+        ];
+        let y = [
+            prepare(&clients[0], &ids, &seeds[0])
+                .await
+                .expect("prepare P0"),
+            prepare(&clients[1], &ids, &seeds[1])
+                .await
+                .expect("prepare P1"),
+        ];
+        for b in 0..2 {
+            accept(&clients[b], &ids, &seeds[b], &y[1 - b])
+                .await
+                .expect("accept");
+        }
+
+        let expected = |subject: &str| {
+            let template = &records.iter().find(|r| r.0 == subject).expect("subject").1;
+            plaintext_match(Metric::Cosine, &probe, template, theta_q)
+        };
+        // An identification and two verifications (the genuine subject, another one).
+        let mut cases = vec![(None, 0u8)];
+        cases.push((Some(records[3].0.as_str()), 1));
+        cases.push((Some(records[7].0.as_str()), 2));
+        let mut matched = 0;
+        for (subject, tag) in cases {
+            let session = [tag; 16];
+            let c = captured_session(&clients, &keys, session, subject, &probe).await;
+            let bits_expected: Vec<bool> = c.subjects.iter().map(|s| expected(s)).collect();
+            matched += bits_expected.iter().filter(|b| **b).count();
+            // The outputs are sealed: their length depends on the count only.
+            for o in &c.outputs {
+                assert_eq!(o.len(), sealed_output_len(c.subjects.len()), "{subject:?}");
+            }
+            // No bit in the clear anywhere in the capture (a verification's bit as well: the
+            // capture is checked for the exact vector, of length 1 there).
+            if bits_expected.len() > 1 {
+                assert!(
+                    !bits_in_the_clear(&c.received, &bits_expected),
+                    "{subject:?}: the comparison bits can be read off what the coordinator received"
+                );
+            } else {
+                // One bit: check that the two round-3 answers do not add up to 0 or 1 in any
+                // word (a one-word sum is 0 or 1 by chance with probability 2^-31 per offset).
+                let [o0, o1] = &c.outputs;
+                let words = |m: &[u8]| -> Vec<u32> {
+                    m.chunks_exact(4)
+                        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                        .collect()
+                };
+                let sums: Vec<u32> = words(o0)
+                    .iter()
+                    .zip(words(o1))
+                    .map(|(a, b)| a.wrapping_add(b))
+                    .collect();
+                assert!(
+                    sums.iter().all(|s| *s > 1),
+                    "{subject:?}: a share sum is a bit"
+                );
+            }
+            // The coordinator holds no key that opens them: a key of its own does not.
+            let coordinator = PartySecretKey::from_bytes([0x17; 32]);
+            for ((party, key), output) in PartyIndex::ALL.iter().zip(&keys).zip(&c.outputs) {
+                assert!(
+                    open_face_reply(*party, key, &coordinator, &session, output).is_err(),
+                    "{subject:?}: {party}'s output opens without the client's key"
+                );
+            }
+            // The client opens them to the plaintext answers.
+            let bits = open_bits(&keys, &session, &c.outputs[0], &c.outputs[1], &c.subjects);
+            assert_eq!(bits, bits_expected, "{subject:?}");
+            // A sealed output altered in transit is refused by the client, naming the party.
+            let mut altered = c.outputs[1].clone();
+            altered[40] ^= 1;
+            let names: Vec<&str> = c.subjects.iter().map(String::as_str).collect();
+            let err = open_face_result(
+                [&keys[0], &keys[1]],
+                &client_reply(),
+                &session,
+                [&c.outputs[0], &altered],
+                &names,
+            )
+            .expect_err("altered output");
+            assert!(
+                matches!(err, FaceError::SealedOutput { party: 1, .. }),
+                "{err}"
+            );
+        }
+        assert!(
+            matched >= 2,
+            "the recapture matches its subject in both sessions"
+        );
     });
 }

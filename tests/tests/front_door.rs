@@ -230,9 +230,10 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
             "{subject}"
         );
     }
-    let face_counts =
-        || [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_templates"));
-    assert_eq!(face_counts(), [20, 20, 0]);
+    let face_counts = |cluster: &Cluster| {
+        [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_templates"))
+    };
+    assert_eq!(face_counts(&cluster), [20, 20, 0]);
     // Probes: re-captures of the first four people, then two strangers; each claims the
     // identity of the person it re-captures (strangers claim face-000).
     let mut probes: Vec<(String, Vec<f64>)> = (0..4)
@@ -259,8 +260,21 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         .iter()
         .map(|(_, e)| q.quantize(e).expect("q"))
         .collect();
-    let verify = seal(&cluster, "face", "verify", &probe_file, &[]);
-    let identify = seal(&cluster, "face", "identify", &probe_file, &[]);
+    // The application calls P1's front door: P0 and P1 seal their outputs to P1's key.
+    let verify = seal(
+        &cluster,
+        "face",
+        "verify",
+        &probe_file,
+        &["--front-door", "1"],
+    );
+    let identify = seal(
+        &cluster,
+        "face",
+        "identify",
+        &probe_file,
+        &["--front-door", "1"],
+    );
     for (i, (claimed, embedding)) in probes.iter().enumerate() {
         let probe = q.quantize(embedding).expect("q");
         let claimed_index = people
@@ -291,8 +305,70 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         assert_eq!(got, expected, "identify probe {i}");
     }
 
+    // --- sealed outputs (issue 34: the coordinator learns no result) ----------------------
+    // A probe whose reply key is another party's (sealed for P2's front door) cannot be
+    // opened here: 28000, nothing learnt.
+    let for_p2 = seal(
+        &cluster,
+        "face",
+        "verify",
+        &probe_file,
+        &["--front-door", "2"],
+    );
+    let (code, message) = refused(
+        &cluster,
+        &app,
+        "SELECT privmatch.face_verify($1, $2)",
+        &[&for_p2[0].0, &for_p2[0].1],
+    );
+    assert_eq!(code, "28000", "{message}");
+    assert!(
+        message.contains("sealed output of P0 is refused"),
+        "{message}"
+    );
+    // A coordinator that alters P0's or P1's sealed output in transit: the front door
+    // refuses it, naming the party (28000). Against 0.10.0 the front door trusted the
+    // coordinator's JSON "match" and "matches".
+    for (party, name) in [(0, "P0"), (1, "P1")] {
+        cluster.stop_coordinator();
+        cluster.start_coordinator(Some(&format!("face-alter-output={party}")));
+        let verify = seal(
+            &cluster,
+            "face",
+            "verify",
+            &probe_file,
+            &["--front-door", "1"],
+        );
+        let identify = seal(
+            &cluster,
+            "face",
+            "identify",
+            &probe_file,
+            &["--front-door", "1"],
+        );
+        for (sql, args) in [
+            (
+                "SELECT privmatch.face_verify($1, $2)",
+                vec![verify[0].0.as_str(), verify[0].1.as_str()],
+            ),
+            (
+                "SELECT subject FROM privmatch.face_identify($1)",
+                vec![identify[0].1.as_str()],
+            ),
+        ] {
+            let (code, message) = refused(&cluster, &app, sql, &args);
+            assert_eq!(code, "28000", "{sql}: {message}");
+            assert!(
+                message.contains(&format!("sealed output of {name} is refused")),
+                "{sql}: {message}"
+            );
+        }
+    }
+    cluster.stop_coordinator();
+    cluster.start_coordinator(None);
+
     // --- bad input: a clear SQLSTATE naming the argument, nothing written ------------------
-    let before = (cluster.record_counts(), face_counts());
+    let before = (cluster.record_counts(), face_counts(&cluster));
     let (code, message) = refused(
         &cluster,
         &app,
@@ -327,7 +403,7 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         &["face-009", &verify[1].1],
     );
     assert_eq!(code, "22023", "{message}");
-    assert_eq!((cluster.record_counts(), face_counts()), before);
+    assert_eq!((cluster.record_counts(), face_counts(&cluster)), before);
 
     // --- the application role can call the front door and nothing else --------------------
     for sql in [

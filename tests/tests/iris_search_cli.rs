@@ -597,3 +597,381 @@ fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
     let got = search_json(&cluster, &probes, &[]);
     assert_eq!(matches_of(&got[0]), vec![(new_subject, new_eye)]);
 }
+
+/// How the proxy of [`start_proxy`] changes the coordinator's answers to `POST
+/// /v1/iris/search`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tamper {
+    /// Passes them through.
+    Nothing,
+    /// Drops the first match of the first eye from its signed output and from `matches`.
+    DropMatch,
+    /// Adds a match "mallory" to the combined `matches` only.
+    AddCombined,
+    /// Flips the first eye's signed uniqueness bit and `unique`.
+    FlipUnique,
+}
+
+/// A TLS proxy in front of the coordinator holding the coordinator's own certificate (what
+/// a coordinator that rewrites its answers looks like to a client), on an ephemeral loopback
+/// port; it rewrites search answers as `tamper` says.
+struct TamperProxy {
+    port: u16,
+    tamper: std::sync::Arc<std::sync::Mutex<Tamper>>,
+}
+
+impl TamperProxy {
+    fn set(&self, tamper: Tamper) {
+        *self.tamper.lock().expect("tamper") = tamper;
+    }
+}
+
+/// Reads one HTTP/1.1 message (head and a Content-Length body).
+fn read_http(stream: &mut impl std::io::Read) -> std::io::Result<(String, Vec<u8>)> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body)?;
+    Ok((head, body))
+}
+
+/// `head` without its Content-Length and Connection lines, with `extra` lines added.
+fn rewrite_head(head: &str, extra: &[String]) -> String {
+    let mut lines: Vec<String> = head
+        .trim_end()
+        .lines()
+        .filter(|l| {
+            let name = l.split(':').next().unwrap_or_default().to_ascii_lowercase();
+            name != "content-length" && name != "connection"
+        })
+        .map(str::to_owned)
+        .collect();
+    lines.extend_from_slice(extra);
+    format!("{}\r\n\r\n", lines.join("\r\n"))
+}
+
+fn tamper_answer(tamper: Tamper, body: &[u8]) -> Vec<u8> {
+    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
+        return body.to_vec();
+    };
+    match tamper {
+        Tamper::Nothing => return body.to_vec(),
+        Tamper::DropMatch => {
+            let dropped = v["eyes"][0]["output"]["subjects"]
+                .as_array_mut()
+                .and_then(|s| (!s.is_empty()).then(|| s.remove(0)));
+            if let (Some(dropped), Some(matches)) = (dropped, v["matches"].as_array_mut()) {
+                matches.retain(|m| m["subject"] != dropped);
+            }
+        }
+        Tamper::AddCombined => {
+            if let Some(matches) = v["matches"].as_array_mut() {
+                matches.push(serde_json::json!({"subject": "mallory", "eye": "left"}));
+            }
+        }
+        Tamper::FlipUnique => {
+            if let Some(u) = v["eyes"][0]["output"]["unique"].as_bool() {
+                v["eyes"][0]["output"]["unique"] = Value::Bool(!u);
+                v["unique"] = Value::Bool(!u);
+            }
+        }
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+fn start_proxy(cluster: &Cluster) -> TamperProxy {
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+    let tls = cluster.home.join("tls");
+    let server = Arc::new(
+        privmatch_coordinator::tls::server_config(
+            &tls.join("coordinator.pem"),
+            &tls.join("coordinator.key"),
+        )
+        .expect("the coordinator's certificate"),
+    );
+    let client =
+        Arc::new(privmatch_coordinator::tls::client_config(&tls.join("ca.pem")).expect("the CA"));
+    let upstream = cluster.coordinator_port;
+    let tamper = Arc::new(Mutex::new(Tamper::Nothing));
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let port = listener.local_addr().expect("address").port();
+    let shared = Arc::clone(&tamper);
+    std::thread::spawn(move || {
+        for incoming in listener.incoming() {
+            let Ok(tcp) = incoming else { continue };
+            let (server, client, tamper) = (
+                Arc::clone(&server),
+                Arc::clone(&client),
+                Arc::clone(&shared),
+            );
+            std::thread::spawn(move || -> std::io::Result<()> {
+                use std::io::Write;
+                let conn = rustls::ServerConnection::new(server).map_err(std::io::Error::other)?;
+                let mut down = rustls::StreamOwned::new(conn, tcp);
+                loop {
+                    let (head, body) = read_http(&mut down)?;
+                    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
+                        .map_err(std::io::Error::other)?;
+                    let conn = rustls::ClientConnection::new(Arc::clone(&client), name)
+                        .map_err(std::io::Error::other)?;
+                    let mut up = rustls::StreamOwned::new(
+                        conn,
+                        TcpStream::connect(("127.0.0.1", upstream))?,
+                    );
+                    let head_up = rewrite_head(
+                        &head,
+                        &[
+                            format!("Content-Length: {}", body.len()),
+                            "Connection: close".into(),
+                        ],
+                    );
+                    up.write_all(head_up.as_bytes())?;
+                    up.write_all(&body)?;
+                    up.flush()?;
+                    let (rhead, rbody) = read_http(&mut up)?;
+                    let is_search = head.starts_with("POST /v1/iris/search ");
+                    let mode = *tamper.lock().map_err(|_| std::io::Error::other("lock"))?;
+                    let rbody = if is_search {
+                        tamper_answer(mode, &rbody)
+                    } else {
+                        rbody
+                    };
+                    let rhead = rewrite_head(&rhead, &[format!("Content-Length: {}", rbody.len())]);
+                    down.write_all(rhead.as_bytes())?;
+                    down.write_all(&rbody)?;
+                    down.flush()?;
+                }
+            });
+        }
+    });
+    TamperProxy { port, tamper }
+}
+
+/// Items 2 and 4 of issue 34 through the product's interfaces. (a) The iris threshold is the
+/// operators' policy: the CLI has no `--threshold`, `privmatch iris policy set` changes it at
+/// one party with that party's operator key, and the front door refuses a probe sealed with
+/// another threshold (22023). (b) Every party signs its output: with the parties' signing keys
+/// pinned, the CLI refuses an answer a proxy holding the coordinator's certificate rewrote
+/// (a match dropped from an eye's signed output, or a match added to the combined list),
+/// naming the party; the front door at P0 refuses a result P0 did not sign (28000) and
+/// computes its rows from the signed per-eye results only. Against f21d1f1 the threshold was
+/// the caller's and both clients took whatever JSON the coordinator sent.
+#[test]
+fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
+    use privmatch_coordinator::config::{Config, CONFIG_FILE};
+    let cluster = Cluster::start("search-signed", 88);
+    let mut rng = ChaCha20Rng::seed_from_u64(88);
+    let enrolled = enroll(&cluster, &mut rng, 24, "db");
+    let ((subject, eye), t) = enrolled
+        .iter()
+        .find(|((_, e), _)| e == "left")
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("a left eye");
+    let probes = cluster.path("probe.ndjson");
+    write_lines(&probes, &[probe_line(&eye, &t)]);
+    let probe_path = probes.display().to_string();
+
+    // (a) The threshold is policy.
+    let out = cluster
+        .cli(&[
+            "iris",
+            "search",
+            "--input",
+            &probe_path,
+            "--threshold",
+            "0.2",
+        ])
+        .expect_failure();
+    out.assert_stderr_contains(&["--threshold"]);
+    let shown = cluster.cli(&["iris", "policy", "show"]).expect_success();
+    assert!(shown.stdout.contains("P2: iris threshold 0.345"), "{shown}");
+    let key = |p: usize| {
+        cluster
+            .home
+            .join(format!("operators/p{p}.signing.key"))
+            .display()
+            .to_string()
+    };
+    for p in 0..3 {
+        let set = cluster
+            .cli(&[
+                "iris",
+                "policy",
+                "set",
+                "--party",
+                &p.to_string(),
+                "--threshold",
+                "0.3",
+                "--operator-key",
+                &key(p),
+            ])
+            .expect_success();
+        assert!(set.stdout.contains("set to 0.3"), "{set}");
+    }
+    let shown = cluster.cli(&["iris", "policy", "show"]).expect_success();
+    assert!(shown.stdout.contains("P1: iris threshold 0.3\n"), "{shown}");
+    // The front door: a probe sealed at the old default is refused by the parties.
+    let app = cluster.application(0);
+    let seal = |threshold: &str, purpose: &str| {
+        let out = cluster.path(&format!("sealed-{purpose}-{threshold}.tsv"));
+        cluster
+            .cli(&[
+                "iris",
+                "seal",
+                "--for",
+                purpose,
+                "--input",
+                &probe_path,
+                "--out",
+                &out.display().to_string(),
+                "--threshold",
+                threshold,
+            ])
+            .expect_success();
+        let text = std::fs::read_to_string(&out).expect("sealed");
+        text.lines()
+            .next()
+            .and_then(|l| l.split('\t').nth(1))
+            .expect("one sealed input")
+            .to_owned()
+    };
+    let identify = |sealed: &str| {
+        cluster.query_login(
+            &app,
+            "SELECT subject, eye FROM privmatch.iris_identify($1)",
+            &[&sealed],
+        )
+    };
+    let err = identify(&seal("0.345", "identify")).expect_err("not the policy");
+    assert_eq!(err.0, "22023", "{err:?}");
+    assert!(err.1.contains("threshold policy"), "{err:?}");
+    let rows = identify(&seal("0.3", "identify")).expect("at the policy");
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect::<Vec<_>>(),
+        vec![(subject.clone(), eye.clone())]
+    );
+
+    // (b) Signed outputs. The client pins the parties' signing keys (as party_info() shows
+    // them; their operators hand them out with their identity bundles).
+    let config_path = cluster.home.join(CONFIG_FILE);
+    let mut config = Config::load(&config_path).expect("client configuration");
+    config.party_signing_keys = (0..3)
+        .map(|p| {
+            cluster.query(p, "SELECT signing_key FROM privmatch.party_info()", &[])[0]
+                .get::<_, String>(0)
+        })
+        .collect();
+    config.save(&config_path).expect("save");
+    let direct = cluster
+        .cli(&["iris", "search", "--input", &probe_path, "--json"])
+        .expect_success();
+    assert!(!direct.stderr.contains("not verified"), "{direct}");
+    assert_eq!(
+        matches_of(&serde_json::from_str(direct.stdout.trim()).expect("json")),
+        vec![(subject.clone(), eye.clone())]
+    );
+    let proxy = start_proxy(&cluster);
+    let mut through = config.clone();
+    through.coordinator_url = format!("https://127.0.0.1:{}", proxy.port);
+    through.ca_cert = Some(cluster.home.join("tls/ca.pem"));
+    let proxied_path = cluster.path("proxied.toml");
+    through.save(&proxied_path).expect("save");
+    let proxied = proxied_path.display().to_string();
+    let search = |extra: &[&str]| {
+        let mut args = vec![
+            "--config",
+            &proxied,
+            "iris",
+            "search",
+            "--input",
+            &probe_path,
+        ];
+        args.extend_from_slice(extra);
+        cluster.cli(&args)
+    };
+    // Passed through untouched: accepted.
+    let ok = search(&["--json"]).expect_success();
+    assert_eq!(
+        matches_of(&serde_json::from_str(ok.stdout.trim()).expect("json")),
+        vec![(subject.clone(), eye.clone())]
+    );
+    proxy.set(Tamper::DropMatch);
+    search(&[]).expect_failure().assert_stderr_contains(&[
+        "P0's signature does not cover this result of the left eye's search",
+        "refusing",
+    ]);
+    proxy.set(Tamper::AddCombined);
+    search(&[]).expect_failure().assert_stderr_contains(&[
+        "combined answer is not what the parties' signed per-eye results give",
+    ]);
+    proxy.set(Tamper::FlipUnique);
+    search(&["--uniqueness"])
+        .expect_failure()
+        .assert_stderr_contains(&["P0's signature does not cover"]);
+
+    // The front door at P0, through the same proxy.
+    cluster.query(
+        0,
+        &format!(
+            "ALTER SYSTEM SET privmatch.coordinator_url = 'https://127.0.0.1:{}'",
+            proxy.port
+        ),
+        &[],
+    );
+    cluster.query(0, "SELECT pg_reload_conf()", &[]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    proxy.set(Tamper::DropMatch);
+    let err = identify(&seal("0.3", "identify")).expect_err("a dropped match");
+    assert_eq!(err.0, "28000", "{err:?}");
+    assert!(
+        err.1.contains("P0's signature does not cover this result"),
+        "{err:?}"
+    );
+    // A match added to the combined list only: the rows come from the signed results.
+    proxy.set(Tamper::AddCombined);
+    let rows = identify(&seal("0.3", "identify")).expect("the signed rows");
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect::<Vec<_>>(),
+        vec![(subject.clone(), eye.clone())]
+    );
+    proxy.set(Tamper::FlipUnique);
+    let err = cluster
+        .query_login(
+            &app,
+            "SELECT privmatch.iris_is_unique($1)",
+            &[&seal("0.3", "uniqueness")],
+        )
+        .expect_err("a flipped bit");
+    assert_eq!(err.0, "28000", "{err:?}");
+    proxy.set(Tamper::Nothing);
+    let unique: bool = cluster
+        .query_login(
+            &app,
+            "SELECT privmatch.iris_is_unique($1)",
+            &[&seal("0.3", "uniqueness")],
+        )
+        .expect("untouched")[0]
+        .get(0);
+    assert!(!unique);
+}

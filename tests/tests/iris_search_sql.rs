@@ -37,11 +37,30 @@ fn seal(
     max_rotation: i32,
     rng: &mut ChaCha20Rng,
 ) -> [Vec<u8>; 3] {
+    seal_at(
+        cluster,
+        probe,
+        eye,
+        session,
+        (mode, max_rotation, 0.345),
+        rng,
+    )
+}
+
+/// Seals `probe` for `session` with the parameters (mode, max_rotation, threshold).
+fn seal_at(
+    cluster: &Cluster,
+    probe: &IrisTemplate,
+    eye: Eye,
+    session: [u8; 16],
+    (mode, max_rotation, threshold): (&str, i32, f64),
+    rng: &mut ChaCha20Rng,
+) -> [Vec<u8>; 3] {
     let mode = SearchMode::parse(mode).expect("mode");
     let context = ProbeContext {
         session,
         eye,
-        params: SearchParams::new(mode, max_rotation, 0.345).expect("params"),
+        params: SearchParams::new(mode, max_rotation, threshold).expect("params"),
         sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
     };
     seal_iris_probe(probe, &context, &cluster.party_keys(), rng).expect("seal")
@@ -54,12 +73,24 @@ async fn start(
     mode: &str,
     max_rotation: i32,
 ) -> Result<Vec<(i64, Vec<u8>, Vec<u8>)>, Failure> {
+    start_at(clients, session, sealed, mode, max_rotation, 0.345).await
+}
+
+/// `iris_search_start` at the three parties, in index order, with `threshold`.
+async fn start_at(
+    clients: &[Client],
+    session: &[u8],
+    sealed: &[Vec<u8>; 3],
+    mode: &str,
+    max_rotation: i32,
+    threshold: f64,
+) -> Result<Vec<(i64, Vec<u8>, Vec<u8>)>, Failure> {
     let mut out = Vec::new();
     for (i, c) in clients.iter().enumerate() {
         let row = c
             .query_one(
-                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, 0.345)",
-                &[&session, &sealed[i], &mode, &max_rotation],
+                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, $5)",
+                &[&session, &sealed[i], &mode, &max_rotation, &threshold],
             )
             .await
             .map_err(|e| failure(i, &e))?;
@@ -485,12 +516,17 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
     });
     assert_eq!(outcome.expect("search"), Outcome::Unique(false));
     // What a coordinator would try next: the same probes as an identification (which subjects
-    // match), or at another threshold (to bisect the distance). Refused by every party.
+    // match), or at another threshold (to bisect the distance). Refused by every party: the
+    // replayed session (42704), and another threshold than the policy before that (22023).
     let replay = |what: &str| {
         cluster.block_on(async {
             let clients = cluster.clients().await;
             for (i, c) in clients.iter().enumerate() {
-                for (mode, threshold) in [("identify", 0.345), ("uniqueness", 0.2)] {
+                for (mode, threshold, sqlstate, says) in [
+                    ("identify", 0.345, "42704", "already used"),
+                    ("uniqueness", 0.345, "42704", "already used"),
+                    ("uniqueness", 0.2, "22023", "threshold policy"),
+                ] {
                     let err = c
                         .query_one(
                             "SELECT entries FROM privmatch.iris_search_start($1, $2, $3, 15, $4)",
@@ -499,8 +535,8 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
                         .await
                         .expect_err("a replayed probe must be refused");
                     let f = failure(i, &err);
-                    assert_eq!(f.sqlstate.as_deref(), Some("42704"), "{what}: {f:?}");
-                    assert!(f.message.contains("already used"), "{what}: {f:?}");
+                    assert_eq!(f.sqlstate.as_deref(), Some(sqlstate), "{what}: {f:?}");
+                    assert!(f.message.contains(says), "{what}: {f:?}");
                 }
             }
         })
@@ -617,4 +653,332 @@ fn a_search_cancelled_mid_scan_stops_the_scan_and_the_next_search_works() {
             .expect("after the cancelled search");
         assert_eq!(got, Outcome::Subjects(vec![key.0.clone()]));
     });
+}
+
+/// Signs an `iris-policy` command for `party` with its operator's key (as `privmatch iris
+/// policy set` does).
+fn policy_command(cluster: &Cluster, party: usize, threshold: f64) -> Vec<u8> {
+    use privmatch_core::iris::policy::{IrisPolicy, IRIS_POLICY_ACTION};
+    let key = privmatch_coordinator::cli::operator_key::load(
+        &cluster.home.join(format!("operators/p{party}.signing.key")),
+    )
+    .expect("operator key");
+    let index = privmatch_core::party::PartyIndex::ALL[party];
+    let payload = IrisPolicy::from_ratio(threshold).expect("policy").encode();
+    key.sign(
+        index,
+        privmatch_coordinator::cli::operator_key::fresh_counter(),
+        IRIS_POLICY_ACTION,
+        &payload,
+    )
+}
+
+/// Attack 3 of issue 34 (a caller bisects the distance between a probe and an enrolled
+/// template by searching at thresholds of its choice; 12 searches bracketed it to 1e-4): the
+/// threshold is each party's operator-signed policy, and `iris_search_start` refuses any
+/// other with 22023 naming the argument, also when the coordinator's role calls it directly
+/// with probes sealed at that threshold. Against f21d1f1 every one of these searches ran.
+#[test]
+fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() {
+    let cluster = Cluster::start("search-policy", 86);
+    let enrolled = enroll_synthetic(&cluster, 30);
+    let (key, t) = enrolled
+        .iter()
+        .nth(5)
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("one");
+    let eye = Eye::parse(&key.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(86);
+    // A probe at a true distance of about 0.3 from the enrolled template.
+    let probe = near_duplicate(&t, 0.3, 2, &mut rng);
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        for c in &clients {
+            let tau: f64 = c
+                .query_one("SELECT privmatch.iris_policy()", &[])
+                .await
+                .expect("policy")
+                .get(0);
+            assert_eq!(tau, 0.345, "the install default");
+        }
+        // The bisection: every threshold but the policy's is refused at every party, before
+        // anything is scanned, with probes sealed at that threshold (what a coordinator that
+        // seals its own probes sends).
+        for tau in [0.25, 0.3, 0.2875, 0.3125, 0.2938, 0.4, 0.3449, 0.3451] {
+            let session: [u8; 16] = rng.gen();
+            let sealed = seal_at(
+                &cluster,
+                &probe,
+                eye,
+                session,
+                ("uniqueness", 15, tau),
+                &mut rng,
+            );
+            for (i, c) in clients.iter().enumerate() {
+                let err = c
+                    .query_one(
+                        "SELECT entries FROM privmatch.iris_search_start($1, $2, 'uniqueness', 15, $3)",
+                        &[&session.as_slice(), &sealed[i], &tau],
+                    )
+                    .await
+                    .expect_err("a threshold other than the policy");
+                let f = failure(i, &err);
+                assert_eq!(f.sqlstate.as_deref(), Some("22023"), "τ = {tau}: {f:?}");
+                assert!(
+                    f.message.contains("argument threshold") && f.message.contains("policy"),
+                    "τ = {tau}: {f:?}"
+                );
+            }
+        }
+        // At the policy's threshold the search runs (and answers as the plaintext matcher).
+        let got = search(&cluster, &clients, &mut rng, &probe, eye, "identify", 15)
+            .await
+            .expect("at the policy");
+        assert_eq!(got, Outcome::Subjects(plain_matches(&enrolled, &probe, eye, 15)));
+
+        // Changing the policy takes each party's operator: the coordinator's role relays the
+        // signed command. P0 first: while the parties differ, no threshold runs everywhere.
+        let to_030: Vec<Vec<u8>> = (0..3).map(|p| policy_command(&cluster, p, 0.3)).collect();
+        let set = |p: usize, command: Vec<u8>| {
+            let c = &clients[p];
+            async move {
+                c.query_one("SELECT privmatch.iris_set_policy($1)", &[&command])
+                    .await
+                    .map(|r| r.get::<_, f64>(0))
+                    .map_err(|e| failure(p, &e))
+            }
+        };
+        assert_eq!(set(0, to_030[0].clone()).await.expect("P0"), 0.3);
+        for tau in [0.345, 0.3] {
+            let session: [u8; 16] = rng.gen();
+            let sealed = seal_at(&cluster, &probe, eye, session, ("identify", 15, tau), &mut rng);
+            let err = start_at(&clients, &session, &sealed, "identify", 15, tau)
+                .await
+                .expect_err("the parties' policies differ");
+            assert_eq!(err.sqlstate.as_deref(), Some("22023"), "τ = {tau}: {err:?}");
+            assert_eq!(err.party, if tau == 0.3 { 1 } else { 0 }, "τ = {tau}");
+        }
+        // A command replayed, signed by another key, or for another party changes nothing.
+        let err = set(0, to_030[0].clone()).await.expect_err("replayed");
+        assert_eq!(err.sqlstate.as_deref(), Some("28000"), "{err:?}");
+        let stranger = privmatch_core::crypto::sign::OperatorSigningKey::generate(&mut rng);
+        let forged = stranger.sign(
+            privmatch_core::party::PartyIndex::ALL[1],
+            privmatch_coordinator::cli::operator_key::fresh_counter(),
+            privmatch_core::iris::policy::IRIS_POLICY_ACTION,
+            &privmatch_core::iris::policy::IrisPolicy::from_ratio(0.45)
+                .expect("policy")
+                .encode(),
+        );
+        let err = set(1, forged).await.expect_err("forged");
+        assert_eq!(err.sqlstate.as_deref(), Some("28000"), "{err:?}");
+        let err = set(2, to_030[1].clone()).await.expect_err("P1's command at P2");
+        assert_eq!(err.sqlstate.as_deref(), Some("28000"), "{err:?}");
+        assert_eq!(set(1, to_030[1].clone()).await.expect("P1"), 0.3);
+        assert_eq!(set(2, to_030[2].clone()).await.expect("P2"), 0.3);
+        // Now 0.3 is the policy: the old default is refused, the new one runs.
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal_at(
+            &cluster,
+            &probe,
+            eye,
+            session,
+            ("identify", 15, 0.345),
+            &mut rng,
+        );
+        let err = start_at(&clients, &session, &sealed, "identify", 15, 0.345)
+            .await
+            .expect_err("the old default");
+        assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal_at(&cluster, &probe, eye, session, ("identify", 15, 0.3), &mut rng);
+        let starts = start_at(&clients, &session, &sealed, "identify", 15, 0.3)
+            .await
+            .expect("at the new policy");
+        let got = drive(&clients, &session, starts.into_iter().map(|s| s.2).collect())
+            .await
+            .expect("search at 0.3");
+        let expected = if plain_distance_below(&t, &probe, 3_000) {
+            vec![key.0.clone()]
+        } else {
+            vec![]
+        };
+        assert_eq!(got, Outcome::Subjects(expected));
+    });
+    // The application role may read the policy but not set it.
+    let app = cluster.application(0);
+    let rows = cluster
+        .query_login(&app, "SELECT privmatch.iris_policy()", &[])
+        .expect("the application reads the policy");
+    assert_eq!(rows[0].get::<_, f64>(0), 0.3);
+    let command = policy_command(&cluster, 0, 0.2);
+    let err = cluster
+        .query_login(&app, "SELECT privmatch.iris_set_policy($1)", &[&command])
+        .expect_err("the application sets no policy");
+    assert_eq!(err.0, "42501", "{err:?}");
+}
+
+/// Whether `probe` is within τ = `numerator` / 10,000 of `enrolled` at some rotation in ±15.
+fn plain_distance_below(enrolled: &IrisTemplate, probe: &IrisTemplate, numerator: u64) -> bool {
+    (-15..=15).any(|k| {
+        let (hd, common) = masked_code_distance_counts(&probe.rotate(k), enrolled);
+        common > 0 && u64::from(hd) * 10_000 < numerator * u64::from(common)
+    })
+}
+
+/// Attack 2 of issue 34 (sets not bound): as the coordinator's role, at P2 only, delete the
+/// victim's template and store a P2 envelope of the coordinator's own for it. Against f21d1f1
+/// searches then ran without error and answered wrongly (the set digest covered subject names
+/// only, so all three digests still agreed). Now the entry's enrolment id differs at P2, so
+/// P2's set digest differs: the parties cannot even authenticate each other's first message
+/// (the digest is in the session binding), the coordinator's search fails naming P2, `privmatch
+/// iris audit` names the entry and the party, and `--quarantine` deletes it at all three
+/// parties, after which searches answer again. The same for an entry deleted at one party only.
+#[test]
+fn a_share_replaced_or_deleted_at_one_party_is_named_at_the_next_search_and_quarantined() {
+    use privmatch_core::iris::binding::envelope_hashes;
+    use privmatch_core::iris::enroll::seal_iris_enrollment;
+    let cluster = Cluster::start("search-bound", 87);
+    let enrolled = enroll_synthetic(&cluster, 24);
+    let mut entries = enrolled.iter().map(|(k, t)| (k.clone(), *t));
+    let (victim, victim_t) = entries.next().expect("victim");
+    let (lost, _) = entries
+        .find(|((_, e), _)| *e == victim.1)
+        .expect("a second entry of the same eye");
+    let eye = Eye::parse(&victim.1).expect("eye");
+    let mut rng = ChaCha20Rng::seed_from_u64(87);
+    // The upgrade's legacy enrolment id (migrations/privmatch--0.10.0--0.11.0.sql) is core's.
+    let legacy: Vec<u8> = cluster.query(
+        0,
+        "SELECT pg_catalog.sha256(pg_catalog.convert_to('privmatch iris legacy enrolment v1' || $2, 'UTF8') \
+         || '\\x00'::bytea || pg_catalog.convert_to($1, 'UTF8'))",
+        &[&victim.0, &victim.1],
+    )[0]
+    .get(0);
+    assert_eq!(
+        legacy,
+        privmatch_core::iris::binding::legacy_enrolment_id(&victim.0, eye).to_vec()
+    );
+    let impostor = random_template(&mut rng);
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        // The attack, with nothing but the coordinator's role at P2.
+        let deleted: i64 = clients[2]
+            .query_one(
+                "SELECT privmatch.iris_delete($1, $2)",
+                &[&victim.0, &victim.1],
+            )
+            .await
+            .expect("delete at P2")
+            .get(0);
+        assert_eq!(deleted, 1);
+        let (forged, _) =
+            seal_iris_enrollment(&impostor, &victim.0, eye, &cluster.party_keys(), &mut rng)
+                .expect("seal");
+        let hashes = envelope_hashes([&forged[0], &forged[1], &forged[2]]).to_vec();
+        // Hashes that do not cover the envelope are refused outright.
+        let err = clients[2]
+            .query(
+                "SELECT * FROM privmatch.iris_enroll_sealed($1, $2)",
+                &[&vec![forged[2].clone()], &vec![vec![0u8; 96]]],
+            )
+            .await
+            .expect_err("hashes without P2's envelope");
+        let f = failure(2, &err);
+        assert_eq!(f.sqlstate.as_deref(), Some("22023"), "{f:?}");
+        assert!(f.message.contains("does not hash to P2's slot"), "{f:?}");
+        let rows = clients[2]
+            .query(
+                "SELECT * FROM privmatch.iris_enroll_sealed($1, $2)",
+                &[&vec![forged[2].clone()], &vec![hashes]],
+            )
+            .await
+            .expect("the forged P2 envelope is stored");
+        assert_eq!(rows.len(), 1);
+        // Same subjects and counts everywhere, but P2's digest differs from P0's and P1's.
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal(&cluster, &victim_t, eye, session, "identify", 15, &mut rng);
+        let starts = start(&clients, &session, &sealed, "identify", 15)
+            .await
+            .expect("start");
+        assert!(
+            starts.iter().all(|s| s.0 == starts[0].0),
+            "same entry counts"
+        );
+        assert_eq!(starts[0].1, starts[1].1);
+        assert_ne!(starts[2].1, starts[0].1, "P2's set digest must differ");
+        // A coordinator that ignores the digests gets no answer: the first messages of a
+        // party searching another set do not authenticate at its peers.
+        let err = drive(
+            &clients,
+            &session,
+            starts.into_iter().map(|s| s.2).collect(),
+        )
+        .await
+        .expect_err("the rounds of diverging sets");
+        assert_eq!(err.sqlstate.as_deref(), Some("08P01"), "{err:?}");
+        for c in &clients {
+            let _ = c
+                .execute(
+                    "SELECT privmatch.iris_search_abort($1)",
+                    &[&session.as_slice()],
+                )
+                .await;
+        }
+    });
+    let probe_file = cluster.path("victim-probe.ndjson");
+    privmatch_e2e::write_lines(
+        &probe_file,
+        &[serde_json::json!({"eye": victim.1, "iris_codes": victim_t.code.to_base64(), "mask_codes": victim_t.mask.to_base64()}).to_string()],
+    );
+    let probe_path = probe_file.display().to_string();
+    // The coordinator's search fails (after its retries) and names P2.
+    let out = cluster
+        .cli(&["iris", "search", "--input", &probe_path, "--json"])
+        .expect_failure();
+    out.assert_stderr_contains(&["different template sets", "P2's set diverges", "iris audit"]);
+    // The audit names the entry and the party, and fails while it diverges.
+    let out = cluster.cli(&["iris", "audit", "--json"]).expect_failure();
+    let report: serde_json::Value =
+        serde_json::from_str(out.stdout.lines().next().unwrap_or_default()).expect("json");
+    let diverging = report["diverging"].as_array().expect("diverging");
+    assert_eq!(diverging.len(), 1, "{report}");
+    assert_eq!(diverging[0]["subject"], victim.0.as_str());
+    assert_eq!(diverging[0]["diverging"], serde_json::json!([2]));
+    // Deleted at one party only (P1): named as well.
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        clients[1]
+            .query_one("SELECT privmatch.iris_delete($1, $2)", &[&lost.0, &lost.1])
+            .await
+            .expect("delete at P1");
+    });
+    let out = cluster.cli(&["iris", "audit"]).expect_failure();
+    assert!(
+        out.stdout
+            .contains(&format!("{:?} ({} eye) at P1", lost.0, lost.1))
+            && out.stdout.contains("P1 missing")
+            && out
+                .stdout
+                .contains(&format!("{:?} ({} eye) at P2", victim.0, victim.1)),
+        "{out}"
+    );
+    // Quarantine: both entries deleted at all three parties, atomically per entry.
+    let out = cluster
+        .cli(&["iris", "audit", "--quarantine"])
+        .expect_success();
+    assert!(out.stdout.contains("2 quarantined"), "{out}");
+    for p in 0..3 {
+        assert_eq!(cluster.subject_count(p, &victim.0), 0, "P{p}");
+        assert!(
+            !cluster.keys(p).contains(&(lost.0.clone(), lost.1.clone())),
+            "P{p}"
+        );
+    }
+    cluster.cli(&["iris", "audit"]).expect_success();
+    // Searches answer again: the victim's probe (and the lost one's) match nobody now.
+    let out = cluster
+        .cli(&["iris", "search", "--input", &probe_path, "--json"])
+        .expect_success();
+    assert!(out.stdout.contains("\"matches\":[]"), "{out}");
 }

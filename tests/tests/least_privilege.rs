@@ -10,8 +10,6 @@
 //! tables; a signed peer pin replayed after a restore; θ, K and key batches were in the WAL.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 use privmatch_coordinator::cli::operator_key::{fresh_counter, load};
 use privmatch_core::crypto::at_rest::AtRestKey;
@@ -19,7 +17,7 @@ use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::crypto::sign::{PeerPin, PEER_PIN_ACTION};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::party::PartyIndex;
-use privmatch_e2e::{contains, pg_bindir, run, sqlstate_and_message, wal_bytes, Cluster};
+use privmatch_e2e::{contains, sqlstate_and_message, wal_bytes, Cluster};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
@@ -55,11 +53,12 @@ fn logins_cannot_take_the_coordinator_lock_fill_connections_or_write_temporary_o
         .expect("coordinator_lock");
     drop(rows);
     // No temporary objects for either login.
-    for sql in [
-        "CREATE TEMP TABLE t (x int)",
-        "CREATE TEMPORARY SEQUENCE s",
-    ] {
-        assert_eq!(app_sql(sql).expect_err(sql).0, "42501", "application: {sql}");
+    for sql in ["CREATE TEMP TABLE t (x int)", "CREATE TEMPORARY SEQUENCE s"] {
+        assert_eq!(
+            app_sql(sql).expect_err(sql).0,
+            "42501",
+            "application: {sql}"
+        );
         assert_eq!(
             cluster.query_as_coordinator(0, sql).expect_err(sql).0,
             "42501",
@@ -88,16 +87,18 @@ fn logins_cannot_take_the_coordinator_lock_fill_connections_or_write_temporary_o
                 .unwrap_or_else(|e| panic!("application connection {i}: {e}"))
         })
         .collect();
-    let refused = cluster
-        .block_on(privmatch_coordinator::parties::open(&app))
-        .err()
-        .expect("a 9th application connection");
+    let Err(refused) = cluster.block_on(privmatch_coordinator::parties::open(&app)) else {
+        panic!("a 9th application connection was accepted");
+    };
     let privmatch_coordinator::parties::ConnectError::Pg(refused) = refused else {
         panic!("a 9th application connection: {refused}");
     };
     let (code, message) = sqlstate_and_message(&refused);
     assert_eq!(code, "53300", "{message}");
-    assert!(message.contains("too many connections for role"), "{message}");
+    assert!(
+        message.contains("too many connections for role"),
+        "{message}"
+    );
     let out = cluster.restart_coordinator();
     assert!(out.success(), "the coordinator restarts: {out}");
     assert!(cluster.healthy(), "the coordinator serves");
@@ -116,43 +117,6 @@ fn logins_cannot_take_the_coordinator_lock_fill_connections_or_write_temporary_o
     )[0]
     .get(0);
     assert_eq!(limit, 32);
-}
-
-/// `pg_dump` of party `party` as its operator (custom format) to `out`.
-fn dump(cluster: &Cluster, party: usize, out: &Path) {
-    let operator = &cluster.operators[party];
-    let mut cmd = Command::new(pg_bindir().join("pg_dump"));
-    cmd.args(["-h", &operator.host, "-p", &operator.port.to_string()])
-        .args(["-U", &operator.user, "-d", &operator.dbname, "-Fc", "-f"])
-        .arg(out)
-        .env("PGPASSWORD", &operator.password);
-    run(cmd, Duration::from_secs(120)).expect_success();
-}
-
-/// Drops party `party`'s database and restores `dump` into a new one, as its operator would.
-fn restore(cluster: &Cluster, party: usize, dump: &Path) {
-    let mut admin = cluster.operators[party].clone();
-    admin.dbname = "postgres".into();
-    cluster.block_on(async {
-        let client = privmatch_coordinator::parties::open(&admin)
-            .await
-            .expect("connect");
-        client
-            .batch_execute("DROP DATABASE privmatch WITH (FORCE)")
-            .await
-            .expect("drop");
-        client
-            .batch_execute("CREATE DATABASE privmatch")
-            .await
-            .expect("create");
-    });
-    let operator = &cluster.operators[party];
-    let mut cmd = Command::new(pg_bindir().join("pg_restore"));
-    cmd.args(["-h", &operator.host, "-p", &operator.port.to_string()])
-        .args(["-U", &operator.user, "-d", &operator.dbname, "--exit-on-error"])
-        .arg(dump)
-        .env("PGPASSWORD", &operator.password);
-    run(cmd, Duration::from_secs(120)).expect_success();
 }
 
 #[test]
@@ -183,7 +147,13 @@ fn signed_commands_expire_and_stay_refused_after_a_restore() {
     .encode();
     // Expired, and signed to live for longer than a party accepts: refused (28000).
     let now = fresh_counter();
-    let expired = operator.sign_expiring(P[2], now - 2_000_000, now - 1_000_000, PEER_PIN_ACTION, &pin);
+    let expired = operator.sign_expiring(
+        P[2],
+        now - 2_000_000,
+        now - 1_000_000,
+        PEER_PIN_ACTION,
+        &pin,
+    );
     let err = relay(&expired).expect_err("expired");
     assert_eq!(err.0, "28000", "{err:?}");
     assert!(err.1.contains("expired"), "{err:?}");
@@ -199,10 +169,10 @@ fn signed_commands_expire_and_stay_refused_after_a_restore() {
     let good = operator.sign(P[2], fresh_counter(), PEER_PIN_ACTION, &pin);
     relay(&good).expect("a fresh signed pin");
     let file = cluster.path("p2.dump");
-    dump(&cluster, 2, &file);
-    restore(&cluster, 2, &file);
-    let counter: i64 = cluster.query(2, "SELECT last_counter FROM privmatch.operator_key", &[])[0]
-        .get(0);
+    cluster.pg_dump(2, "c", &file);
+    cluster.restore_database(2, &file);
+    let counter: i64 =
+        cluster.query(2, "SELECT last_counter FROM privmatch.operator_key", &[])[0].get(0);
     assert!(counter > 0, "the counter was restored");
     let replayed = relay(&good).expect_err("replayed after the restore");
     assert_eq!(replayed.0, "28000", "{replayed:?}");
@@ -264,7 +234,16 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
     let (f, p) = (faces.display().to_string(), probes.display().to_string());
     cluster
         .cli(&[
-            "face", "synth", "--subjects", "6", "--dim", "128", "--out", &f, "--probes", &p,
+            "face",
+            "synth",
+            "--subjects",
+            "6",
+            "--dim",
+            "128",
+            "--out",
+            &f,
+            "--probes",
+            &p,
         ])
         .expect_success();
     cluster
@@ -279,7 +258,9 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
             "128",
         ])
         .expect_success();
-    cluster.cli(&["face", "enroll", "--input", &f]).expect_success();
+    cluster
+        .cli(&["face", "enroll", "--input", &f])
+        .expect_success();
     cluster
         .cli(&["face", "refill", "--target", "200"])
         .expect_success();
@@ -297,6 +278,23 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
     };
     for party in [0, 1] {
         assert_eq!(persistence(party, "face_key_batches"), "u", "P{party}");
+    }
+    // The Paillier SP's pending enrolments (the norm challenge's seed) and sessions, at P0.
+    for table in ["paillier_pending", "paillier_sessions"] {
+        assert_eq!(persistence(0, table), "u", "{table}");
+    }
+    for (table, column) in [
+        ("face_dealer", "threshold"),
+        ("face_template_master", "master_key"),
+    ] {
+        let clear: i64 = cluster.query(
+            2,
+            "SELECT count(*) FROM information_schema.columns \
+              WHERE table_schema = 'privmatch' AND table_name = $1 AND column_name = $2",
+            &[&table, &column],
+        )[0]
+        .get(0);
+        assert_eq!(clear, 0, "{table}.{column} in the clear");
     }
     let sealed_k: Vec<u8> = cluster.query(
         2,
@@ -325,14 +323,17 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
         (
             "a key batch",
             0,
-            slices(&keys, keys.len() / 64).iter().map(|s| s.to_vec()).collect(),
+            slices(&keys, keys.len() / 64)
+                .iter()
+                .map(|s| s.to_vec())
+                .collect(),
         ),
     ];
     for (what, party, needles) in &secrets {
         cluster.query(*party, "CHECKPOINT", &[]);
         let wal = wal_bytes(&cluster.home.join(format!("p{party}/data")));
         let file = cluster.path(&format!("p{party}.dump"));
-        dump(&cluster, *party, &file);
+        cluster.pg_dump(*party, "c", &file);
         let dumped = std::fs::read(&file).expect("dump");
         let logs = log_bytes(&cluster.home);
         assert!(!wal.is_empty() && !logs.is_empty());
@@ -347,12 +348,19 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
     // by the parties (53400), through the CLI and when the coordinator's role calls the party
     // function itself.
     for party in [0, 1] {
-        cluster.query(party, "SELECT privmatch.set_query_budget('face-verify', 3)", &[]);
+        cluster.query(
+            party,
+            "SELECT privmatch.set_query_budget('face-verify', 3)",
+            &[],
+        );
     }
     let one_probe = cluster.path("one.ndjson");
     let first = std::fs::read_to_string(&probes).expect("probes");
-    std::fs::write(&one_probe, first.lines().next().expect("a probe").to_owned() + "\n")
-        .expect("write");
+    std::fs::write(
+        &one_probe,
+        first.lines().next().expect("a probe").to_owned() + "\n",
+    )
+    .expect("write");
     let o = one_probe.display().to_string();
     for _ in 0..3 {
         cluster
@@ -372,6 +380,7 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
         &vec![1000; 128],
         session,
         Some("face-0000001"),
+        &cluster.party_keys()[2],
         &cluster.party_keys(),
         &mut ChaCha20Rng::seed_from_u64(1),
     )
@@ -398,4 +407,53 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
             "{sql}"
         );
     }
+}
+
+#[test]
+fn iris_searches_past_a_party_budget_are_refused_there() {
+    let cluster = Cluster::start("iris-budget", 47);
+    let templates = cluster.path("t.ndjson");
+    let t = templates.display().to_string();
+    cluster
+        .cli(&["iris", "synth", "3", "-o", &t])
+        .expect_success();
+    cluster.enroll(&templates, &[]).expect_success();
+    let probe = cluster.path("probe.ndjson");
+    let first = std::fs::read_to_string(&templates).expect("templates");
+    std::fs::write(
+        &probe,
+        first.lines().next().expect("a template").to_owned() + "\n",
+    )
+    .expect("write");
+    let p = probe.display().to_string();
+    // P1 answers two searches an hour (a probe of one eye is one search).
+    cluster.query(
+        1,
+        "SELECT privmatch.set_query_budget('iris-search', 2)",
+        &[],
+    );
+    for _ in 0..2 {
+        cluster
+            .cli(&["iris", "search", "--input", &p, "--uniqueness"])
+            .expect_success();
+    }
+    let out = cluster
+        .cli(&["iris", "search", "--input", &p, "--uniqueness"])
+        .expect_failure();
+    out.assert_stderr_contains(&["budget"]);
+    // Called directly by the coordinator's role: refused before the probe is even opened.
+    let direct = cluster
+        .query_as_coordinator(
+            1,
+            "SELECT * FROM privmatch.iris_search_start(decode(repeat('ab', 16), 'hex'), '\\x00', 'identify', 15, 0.345)",
+        )
+        .expect_err("past the budget");
+    assert_eq!(direct.0, "53400", "{direct:?}");
+    // The other parties keep their own budgets.
+    let budgets = cluster.query(
+        0,
+        "SELECT per_hour FROM privmatch.query_budgets() WHERE kind = 'iris-search'",
+        &[],
+    );
+    assert_eq!(budgets[0].get::<_, i32>(0), 100_000);
 }

@@ -4,10 +4,9 @@
 //! kept) matches as before.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use privmatch_e2e::{contains, pg_bindir, run, wait_until, wal_bytes, Cluster};
+use privmatch_e2e::{contains, wait_until, wal_bytes, Cluster};
 
 /// What the coordinator's login may not do at a party, with the SQLSTATE it gets.
 const FORBIDDEN: &[(&str, &str)] = &[
@@ -134,19 +133,6 @@ fn secret_keys(cluster: &Cluster, party: usize) -> Vec<(String, Vec<u8>, String)
         .collect()
 }
 
-/// `pg_dump` of a party's database as its operator, in `format` (`p` plain, `c` custom).
-fn pg_dump(cluster: &Cluster, party: usize, format: &str, out: &Path) {
-    let operator = &cluster.operators[party];
-    let mut cmd = Command::new(pg_bindir().join("pg_dump"));
-    cmd.args(["-h", &operator.host, "-p", &operator.port.to_string()])
-        .args(["-U", &operator.user, "-d", &operator.dbname])
-        .arg(format!("-F{format}"))
-        .arg("-f")
-        .arg(out)
-        .env("PGPASSWORD", &operator.password);
-    run(cmd, Duration::from_secs(120)).expect_success();
-}
-
 fn search_lines(cluster: &Cluster, probes: &Path) -> Vec<String> {
     let input = probes.display().to_string();
     let out = cluster
@@ -209,7 +195,7 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
         assert!(!wal.is_empty());
         // Not in a dump, which does hold the templates.
         let dump = cluster.path(&format!("p{party}.sql"));
-        pg_dump(&cluster, party, "p", &dump);
+        cluster.pg_dump(party, "p", &dump);
         let text = std::fs::read(&dump).expect("dump");
         for (what, raw, hex_key) in &keys {
             assert!(!contains(&wal, raw), "P{party}'s {what} is in its WAL");
@@ -237,40 +223,8 @@ fn the_party_key_is_in_no_table_wal_or_dump_and_a_restored_party_still_matches()
 
     // Restore P1 from a dump into a fresh database, as its operator would.
     let dump = cluster.path("p1.dump");
-    pg_dump(&cluster, 1, "c", &dump);
-    let admin = {
-        let mut admin = cluster.operators[1].clone();
-        admin.dbname = "postgres".into();
-        admin
-    };
-    cluster.block_on(async {
-        let client = privmatch_coordinator::parties::open(&admin)
-            .await
-            .expect("connect");
-        // Two statements: neither may run inside the implicit transaction of a batch.
-        client
-            .batch_execute("DROP DATABASE privmatch WITH (FORCE)")
-            .await
-            .expect("drop P1's database");
-        client
-            .batch_execute("CREATE DATABASE privmatch")
-            .await
-            .expect("recreate P1's database");
-    });
-    let operator = &cluster.operators[1];
-    let mut restore = Command::new(pg_bindir().join("pg_restore"));
-    restore
-        .args(["-h", &operator.host, "-p", &operator.port.to_string()])
-        .args([
-            "-U",
-            &operator.user,
-            "-d",
-            &operator.dbname,
-            "--exit-on-error",
-        ])
-        .arg(&dump)
-        .env("PGPASSWORD", &operator.password);
-    run(restore, Duration::from_secs(120)).expect_success();
+    cluster.pg_dump(1, "c", &dump);
+    cluster.restore_database(1, &dump);
     // Without its key file the restored party refuses clearly; with it, it matches as before.
     let key = cluster.home.join("p1/party.key");
     let aside = cluster.home.join("p1/party.key.aside");

@@ -393,9 +393,8 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     );
     at_0_10_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.10.0", &catalog(&at_0_10_0), &expected);
-    let sealed: Vec<u8> = at_0_10_0.query("SELECT threshold_sealed FROM privmatch.face_dealer", &[])
-        [0]
-        .get(0);
+    let sealed: Vec<u8> =
+        at_0_10_0.query("SELECT threshold_sealed FROM privmatch.face_dealer", &[])[0].get(0);
     let opened = AtRestKey::derive(&secrets[1], PartyIndex::ALL[1], "face-dealer-threshold")
         .open(&sealed)
         .expect("θ opens under the key file");

@@ -50,7 +50,9 @@ pub struct CredentialArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
     /// Also write a client configuration holding the credential, for a client that reaches
-    /// the coordinator at `--url`.
+    /// the coordinator at `--url` (the coordinator's URL and CA certificate and the credential
+    /// only: the client pins the parties' keys from their operators' bundles, `privmatch
+    /// client pin`).
     #[arg(long, requires = "url")]
     pub client_config: Option<PathBuf>,
     /// The coordinator's URL as the client reaches it (with --client-config).
@@ -182,9 +184,11 @@ pub fn credential(home: &Path, args: &CredentialArgs) -> Result<()> {
 }
 
 /// A client configuration for `url` with `token`: the coordinator's CA certificate is copied
-/// next to it (and named relative to it), the parties' keys are those the coordinator pins.
+/// next to it (and named relative to it). It pins no party key: the coordinator is not trusted
+/// with the parties' identities (a coordinator that handed out its own key for two parties
+/// could open every sealed template and probe). The client pins each party's key from the
+/// bundle that party's operator exported (`privmatch client pin`).
 fn write_client_config(home: &Path, out: &Path, url: &str, token: &str) -> Result<()> {
-    let coordinator = CoordinatorConfig::load(&home.join(COORDINATOR_CONFIG_FILE))?;
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let ca_name = "coordinator-ca.pem";
@@ -197,11 +201,9 @@ fn write_client_config(home: &Path, out: &Path, url: &str, token: &str) -> Resul
         coordinator_url: url.to_owned(),
         ca_cert: Some(PathBuf::from(ca_name)),
         api_token: Some(token.to_owned()),
-        party_keys: coordinator
-            .parties
-            .iter()
-            .map(|p| p.public_key.clone())
-            .collect(),
+        party_keys: Vec::new(),
+        party_identities: Vec::new(),
+        party_signing_keys: Vec::new(),
         paillier_service: None,
     };
     config.save(out)?;
@@ -269,6 +271,14 @@ mod tests {
         };
         credential(&home, &credential_args).expect("credential");
         let client = Config::load(&out).expect("client config");
+        // The coordinator hands out no party key: it pins its own (here P2's is 0303…).
+        assert!(client.party_keys.is_empty() && client.party_identities.is_empty());
+        let text = std::fs::read_to_string(&out).expect("client config text");
+        for i in 0..3u8 {
+            assert!(!text.contains(&hex::encode([i + 1; 32])), "{text}");
+        }
+        let err = format!("{:#}", client.pinned_keys().expect_err("nothing pinned"));
+        assert!(err.contains("no key is pinned for P0"), "{err}");
         assert_eq!(
             client.ca_cert,
             Some(root.join("client").join("coordinator-ca.pem"))

@@ -1,12 +1,88 @@
 //! What the client shares and seals with: the parties' keys pinned in the configuration
-//! (never keys the coordinator reports) and a CSPRNG seeded from the operating system.
+//! (never keys the coordinator reports) and a CSPRNG seeded from the operating system; and
+//! `privmatch client pin|pins`, the only way a key gets into the configuration: from the
+//! identity bundle a party's operator exported, after comparing the fingerprint the operator
+//! gave out of band ([`crate::identity`]).
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use clap::Subcommand;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use crate::config::Config;
+use crate::identity::IdentityBundle;
+
+/// Actions of `privmatch client`.
+#[derive(Subcommand, Clone, Debug)]
+pub enum ClientAction {
+    /// Pin a party's key from the identity bundle its operator exported (`privmatch party
+    /// identity-export`), after checking the bundle's signature and the fingerprint the
+    /// operator gave you over a second channel (a call, a signed mail, paper). Writes the
+    /// client configuration (`--config`), which must exist (`privmatch coordinator credential
+    /// --client-config` makes one without party keys).
+    Pin {
+        /// The bundle file (JSON).
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The bundle's fingerprint as the party's operator told you (32 hex digits).
+        #[arg(long)]
+        fingerprint: String,
+        /// Replace another identity pinned for the same party (a key rotation its operator
+        /// announced).
+        #[arg(long)]
+        replace: bool,
+    },
+    /// List the pinned party identities and their fingerprints.
+    Pins,
+}
+
+/// Runs `privmatch client …` on the client configuration at `config_path`.
+pub fn run(action: &ClientAction, config_path: &Path) -> Result<()> {
+    match action {
+        ClientAction::Pin {
+            bundle,
+            fingerprint,
+            replace,
+        } => {
+            let bundle = IdentityBundle::load(bundle)?;
+            let mut config = Config::load(config_path)?;
+            let identity = config.pin_identity(&bundle, fingerprint, *replace)?;
+            // The CA path as written (relative to the configuration's directory, so the pair
+            // can still be moved together), not as `load` resolved it.
+            let written: Config = toml::from_str(&std::fs::read_to_string(config_path)?)
+                .with_context(|| format!("invalid {}", config_path.display()))?;
+            config.ca_cert = written.ca_cert;
+            config.save(config_path)?;
+            println!(
+                "pinned P{}: key {} (identity fingerprint {}) in {}",
+                identity.party,
+                identity.public_key.to_hex(),
+                identity.fingerprint_hex(),
+                config_path.display()
+            );
+        }
+        ClientAction::Pins => {
+            let config = Config::load(config_path)?;
+            for index in 0..3u8 {
+                match config
+                    .party_identities
+                    .iter()
+                    .find(|p| p.bundle.party == index)
+                {
+                    Some(pinned) => println!(
+                        "P{index}: key {} identity fingerprint {}",
+                        pinned.bundle.public_key, pinned.fingerprint
+                    ),
+                    None => println!("P{index}: not pinned"),
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 /// A ChaCha20 CSPRNG seeded from the operating system: drawing every share coefficient from
 /// the OS directly would cost a system call per draw.

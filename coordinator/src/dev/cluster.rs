@@ -10,10 +10,25 @@
 //! keys; the coordinator gets a login role `coordinator` that is a member of
 //! `privmatch_coordinator` only, so it can call the protocol functions and nothing else.
 //!
+//! The client pins the parties' keys as a real client does: each operator exports its party's
+//! signed identity bundle (`operators/p<i>.identity.json`, [`crate::identity`]) and the
+//! client configuration pins it with the fingerprint the export printed; the coordinator's
+//! configuration is never read for them.
+//!
 //! Layout of the home directory: `p0/`, `p1/`, `p2/` (each: `data/`, `run/` socket directory,
-//! `party.key`, `postgres.log`); the configurations, one per role (`crate::config`):
+//! `party.key`, `postgres.log`, `tls/`); the configurations, one per role (`crate::config`):
 //! `privmatch.toml` (the client's), `coordinator.toml` (the coordinator's),
-//! `operators/p<i>.toml` (each operator's); `coordinator.log`, `coordinator.pid`.
+//! `operators/p<i>.toml` (each operator's, with its signing key and identity bundle);
+//! `tls/` (the local CA and the coordinator's certificate); `coordinator.log`,
+//! `coordinator.pid`.
+//!
+//! Nothing secret is ever readable by another local user, not even while `up` runs: the home
+//! is 0700 (0710 with the cluster user's group when run as root, so the servers and the
+//! coordinator can reach their own files in it), every party directory 0700, every key,
+//! password, credential, configuration and log 0600. initdb's password file lives in a 0700
+//! directory of its own, mode 0600 from its creation, and is deleted right after initdb. When
+//! run as root, the coordinator runs as the cluster user too, never as root. `down --purge`
+//! deletes every key, the CA's included, so the next `up` makes a new CA.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +40,7 @@ use clap::Subcommand;
 use crate::cli::deploy::API_KEYS_FILE;
 use crate::cli::http::Coordinator;
 use crate::cli::operator::{self, provision, set_operator_key, COORDINATOR_ROLE};
+use crate::cli::party::{export_identity, save_bundle};
 use crate::config::{
     operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
     COORDINATOR_CONFIG_FILE,
@@ -67,6 +83,52 @@ struct Runner {
     pg_bin: PathBuf,
     /// Some(user) when we are root and must drop privileges.
     run_as: Option<String>,
+    /// The user id and primary group id of `run_as`.
+    ids: Option<(u32, u32)>,
+}
+
+/// The user id and primary group id of `user` (`id -u`, `id -g`).
+fn user_ids(user: &str) -> Result<(u32, u32)> {
+    let id = |flag: &str| -> Result<u32> {
+        let out = Command::new("id")
+            .args([flag, user])
+            .output()
+            .context("cannot run id")?;
+        if !out.status.success() {
+            bail!("no user {user:?} to run the cluster as (pass --run-as)");
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("id {flag} {user} printed no number"))
+    };
+    let uid = id("-u")?;
+    if uid == 0 {
+        bail!("--run-as {user}: the cluster and the coordinator must run as an unprivileged user, not root");
+    }
+    Ok((uid, id("-g")?))
+}
+
+/// Sets `path`'s permission bits to `mode`.
+fn chmod(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot chmod {:04o} {}", mode, path.display()))
+}
+
+/// Creates directory `dir` (and its parents) if missing, created with `mode` from the start so
+/// it is never more open than that, and sets `mode` on it.
+fn make_dir(dir: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    chmod(dir, mode)
 }
 
 impl Runner {
@@ -89,7 +151,36 @@ impl Runner {
         }
         // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
         let run_as = (unsafe { libc::geteuid() } == 0).then(|| run_as.to_owned());
-        Ok(Runner { pg_bin, run_as })
+        let ids = run_as.as_deref().map(user_ids).transpose()?;
+        Ok(Runner {
+            pg_bin,
+            run_as,
+            ids,
+        })
+    }
+
+    /// Makes the file or directory `path` (not what is inside) belong to the cluster user and
+    /// its group, when run as root.
+    fn give(&self, path: &Path) -> Result<()> {
+        if let Some((uid, gid)) = self.ids {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .with_context(|| format!("cannot chown {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// A directory the cluster user must traverse but only root may list or change (the home,
+    /// its `tls/`): root and the cluster user's group, mode 0710; without root, the user's
+    /// own, 0700.
+    fn shared_dir(&self, dir: &Path) -> Result<()> {
+        match self.ids {
+            Some((_, gid)) => {
+                make_dir(dir, 0o710)?;
+                std::os::unix::fs::chown(dir, Some(0), Some(gid))
+                    .with_context(|| format!("cannot chown {}", dir.display()))
+            }
+            None => make_dir(dir, 0o700),
+        }
     }
 
     fn command(&self, program: &str) -> Command {
@@ -161,8 +252,8 @@ fn key_file(home: &Path, index: usize) -> PathBuf {
     party_dir(home, index).join("party.key")
 }
 
-/// The password of role `role` at party `index`: generated once, kept (mode 0600) in the home
-/// directory so a half-finished `up` can be resumed.
+/// The password of role `role` at party `index`: generated once, kept (mode 0600, owned by
+/// whoever runs `up`) in the private home directory so a half-finished `up` can be resumed.
 fn party_password(home: &Path, index: usize, role: &str) -> Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -208,12 +299,45 @@ checkpoint_timeout = 15min
 wal_buffers = 16MB
 ";
 
+/// Creates party `index`'s directory (0700, the cluster user's) and its socket directory.
+fn make_party_dir(runner: &Runner, home: &Path, index: usize) -> Result<()> {
+    let dir = party_dir(home, index);
+    for dir in [dir.clone(), dir.join("run")] {
+        make_dir(&dir, 0o700)?;
+        runner.give(&dir)?;
+    }
+    Ok(())
+}
+
+/// Writes initdb's password file: in a directory of its own, 0700 from its creation, the file
+/// 0600 from its creation, both then given to the cluster user (who runs initdb). No other
+/// user can read the superuser's password at any moment; the caller deletes both right after
+/// initdb.
+fn write_initdb_password(runner: &Runner, dir: &Path, password: &str) -> Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A leftover of an interrupted run holds nothing secret anymore: its password is replaced.
+    std::fs::remove_dir_all(dir).ok();
+    make_dir(dir, 0o700)?;
+    runner.give(dir)?;
+    let pwfile = dir.join("pwfile");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&pwfile)
+        .with_context(|| format!("cannot write {}", pwfile.display()))?;
+    file.write_all(format!("{password}\n").as_bytes())?;
+    file.sync_all()?;
+    runner.give(&pwfile)?;
+    Ok(pwfile)
+}
+
 fn initdb(runner: &Runner, home: &Path, index: usize, port: u16, password: &str) -> Result<()> {
     let dir = party_dir(home, index);
-    std::fs::create_dir_all(dir.join("run"))?;
-    let pwfile = dir.join("pwfile");
-    std::fs::write(&pwfile, format!("{password}\n"))?;
-    runner.own(&dir)?;
+    make_party_dir(runner, home, index)?;
+    let secret_dir = dir.join(".initdb");
+    let pwfile = write_initdb_password(runner, &secret_dir, password)?;
     let data = data_dir(home, index);
     let result = runner.run(
         "initdb",
@@ -230,7 +354,7 @@ fn initdb(runner: &Runner, home: &Path, index: usize, port: u16, password: &str)
             "UTF8",
         ],
     );
-    std::fs::remove_file(&pwfile).ok();
+    std::fs::remove_dir_all(&secret_dir).ok();
     result?;
     let settings = format!(
         "{SERVER_SETTINGS}port = {port}\nunix_socket_directories = '{}'\nprivmatch.key_file = '{}'\n",
@@ -275,6 +399,7 @@ const HBA_REQUIRE_TLS: &str = "hostnossl all all all reject  # privmatch: TLS on
 /// then reload).
 fn ensure_party_tls(runner: &Runner, home: &Path, index: usize, ca: &LocalCa) -> Result<bool> {
     let dir = party_tls_dir(home, index);
+    make_dir(&dir, 0o700)?;
     let issued = ca.server_cert(&dir, "server", &["127.0.0.1", "localhost"])?;
     runner.own(&dir)?;
     let data = data_dir(home, index);
@@ -314,11 +439,27 @@ fn is_running(runner: &Runner, home: &Path, index: usize) -> bool {
         .unwrap_or(false)
 }
 
+/// Makes `path` a log file of mode 0600 (created so if missing; an existing one is tightened)
+/// belonging to the cluster user.
+fn private_log(runner: &Runner, path: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    chmod(path, 0o600)?;
+    runner.give(path)
+}
+
 fn start_party(runner: &Runner, home: &Path, index: usize) -> Result<()> {
     if is_running(runner, home, index) {
         return Ok(());
     }
     let log = party_dir(home, index).join("postgres.log");
+    // pg_ctl appends to it and keeps its mode: 0600 before the server writes a line.
+    private_log(runner, &log)?;
     runner
         .run(
             "pg_ctl",
@@ -371,12 +512,20 @@ async fn coordinator_healthy(config: &Config) -> bool {
         .await
 }
 
-fn start_coordinator(home: &Path, coordinator_config: &Path) -> Result<()> {
+/// Starts the coordinator in the background, as the cluster user when run as root (never as
+/// root), its output appended to `coordinator.log` (0600).
+fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::process::CommandExt;
+    let log_path = home.join("coordinator.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(home.join("coordinator.log"))?;
+        .mode(0o600)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    // A log made by an older version may be 0644.
+    chmod(&log_path, 0o600)?;
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(["coordinator", "serve", "--coordinator-config"])
@@ -384,6 +533,11 @@ fn start_coordinator(home: &Path, coordinator_config: &Path) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+    if let Some((uid, gid)) = runner.ids {
+        // The standard library sets the group, drops the supplementary groups and then sets
+        // the user in the child before exec: the coordinator never runs as root.
+        cmd.uid(uid).gid(gid);
+    }
     // Detach from our session so the coordinator outlives this command.
     // SAFETY: the hook runs in the forked child before exec and calls only setsid, which is
     // async-signal-safe, allocates nothing and touches no memory shared with the parent.
@@ -394,7 +548,7 @@ fn start_coordinator(home: &Path, coordinator_config: &Path) -> Result<()> {
         });
     }
     let child = cmd.spawn().context("cannot start the coordinator")?;
-    std::fs::write(home.join("coordinator.pid"), child.id().to_string())?;
+    crate::files::write_private(&home.join("coordinator.pid"), &child.id().to_string())?;
     Ok(())
 }
 
@@ -539,6 +693,8 @@ fn start_local_party(
     ca: &LocalCa,
 ) -> Result<PartyConfig> {
     let password = party_password(home, index, OPERATOR_ROLE)?;
+    // Also tightens a party directory an older version made 0755.
+    make_party_dir(runner, home, index)?;
     if !data_dir(home, index).join("PG_VERSION").exists() {
         eprintln!(
             "creating party P{index} in {}",
@@ -568,6 +724,37 @@ fn start_local_party(
     ))
 }
 
+/// Gives the coordinator's own files to the cluster user (when run as root: the coordinator
+/// runs as that user and must read them), mode 0600 for the secret ones.
+fn give_coordinator_files(runner: &Runner, paths: &[&Path]) -> Result<()> {
+    for path in paths {
+        runner.give(path)?;
+    }
+    Ok(())
+}
+
+/// As each party's operator: exports the party's signed identity bundle (written to
+/// `operators/p<i>.identity.json`) and returns it with the fingerprint the export printed,
+/// which the client then compares, as a client given the fingerprint out of band would.
+async fn export_identities(
+    home: &Path,
+    operators: &[OperatorConfig],
+    ca: &LocalCa,
+) -> Result<Vec<(crate::identity::IdentityBundle, String)>> {
+    let mut out = Vec::with_capacity(operators.len());
+    for operator in operators {
+        let (bundle, identity) = export_identity(operator, &ca.cert_path()).await?;
+        save_bundle(
+            &bundle,
+            &home
+                .join("operators")
+                .join(format!("p{}.identity.json", operator.party.index)),
+        )?;
+        out.push((bundle, identity.fingerprint_hex()));
+    }
+    Ok(out)
+}
+
 async fn up(
     home: &Path,
     config_path: &Path,
@@ -575,7 +762,10 @@ async fn up(
     coordinator_port: u16,
     runner: &Runner,
 ) -> Result<()> {
-    std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
+    // Private from the start; an older version's 0755 home is tightened.
+    runner.shared_dir(home)?;
+    runner.shared_dir(&home.join("tls"))?;
+    make_dir(&home.join("operators"), 0o700)?;
     let coordinator_path = home.join(COORDINATOR_CONFIG_FILE);
     let existing = CoordinatorConfig::load(&coordinator_path).ok();
     let ca = LocalCa::open_or_create(&home.join("tls"))?;
@@ -611,17 +801,20 @@ async fn up(
         ));
     }
     pin_peers(&operators).await?;
+    let mut operator_configs = Vec::new();
     for operator in &operators {
         let signing_key = home
             .join("operators")
             .join(format!("p{}.signing.key", operator.index));
         set_operator_key(operator, &signing_key).await?;
-        OperatorConfig {
+        let config = OperatorConfig {
             party: operator.clone(),
             signing_key,
-        }
-        .save(&operator_config_file(home, operator.index))?;
+        };
+        config.save(&operator_config_file(home, operator.index))?;
+        operator_configs.push(config);
     }
+    let identities = export_identities(home, &operator_configs, &ca).await?;
     let api_keys = home.join(API_KEYS_FILE);
     let api_token = api_credentials(home, config_path, &api_keys)?;
     let api_cert = ca.server_cert(
@@ -634,12 +827,16 @@ async fn up(
             || format!("127.0.0.1:{coordinator_port}"),
             |c| c.listen.clone(),
         ),
-        tls_cert: Some(api_cert.cert),
-        tls_key: Some(api_cert.key),
-        api_keys: Some(api_keys),
+        tls_cert: Some(api_cert.cert.clone()),
+        tls_key: Some(api_cert.key.clone()),
+        api_keys: Some(api_keys.clone()),
         parties: coordinator_logins,
     };
     coordinator.save(&coordinator_path)?;
+    give_coordinator_files(
+        runner,
+        &[&coordinator_path, &api_keys, &api_cert.cert, &api_cert.key],
+    )?;
     let coordinator_url = format!("https://{}", coordinator.listen);
     for index in 0..3usize {
         if ensure_front_door(runner, home, index, &ca, &coordinator_url)? {
@@ -649,19 +846,31 @@ async fn up(
             )?;
         }
     }
-    let config = Config {
-        coordinator_url,
-        ca_cert: Some(ca.cert_path()),
-        api_token: Some(api_token),
-        party_keys: operators.iter().map(|o| o.public_key.clone()).collect(),
-        // A pinned Paillier service provider survives `cluster up` run again on the same home.
-        paillier_service: Config::load(config_path)
+    // The client keeps what it pinned before (a pinned Paillier service provider, the parties'
+    // identities: a party whose identity changed is refused, as a client would refuse it).
+    // A configuration an older version wrote (keys without bundles) is refused by `load`: it
+    // is written afresh, keeping only its Paillier service pin.
+    let mut config = Config::load(config_path).unwrap_or_else(|_| Config {
+        coordinator_url: String::new(),
+        ca_cert: None,
+        api_token: None,
+        party_keys: Vec::new(),
+        party_identities: Vec::new(),
+        party_signing_keys: Vec::new(),
+        paillier_service: std::fs::read_to_string(config_path)
             .ok()
+            .and_then(|text| toml::from_str::<Config>(&text).ok())
             .and_then(|c| c.paillier_service),
-    };
+    });
+    config.coordinator_url = coordinator_url;
+    config.ca_cert = Some(ca.cert_path());
+    config.api_token = Some(api_token);
+    for (bundle, fingerprint) in &identities {
+        config.pin_identity(bundle, fingerprint, false)?;
+    }
     config.save(config_path)?;
     if !coordinator_healthy(&config).await {
-        start_coordinator(home, &coordinator_path)?;
+        start_coordinator(runner, home, &coordinator_path)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while !coordinator_healthy(&config).await {
             if Instant::now() > deadline {
@@ -674,13 +883,14 @@ async fn up(
         }
     }
     println!("privmatch cluster is up (home {})", home.display());
-    for operator in &operators {
+    for (operator, (_, fingerprint)) in operators.iter().zip(&identities) {
         let key = operator.pinned_key()?;
         println!(
-            "  P{}  127.0.0.1:{}  key fingerprint {}",
+            "  P{}  127.0.0.1:{}  key fingerprint {}  identity fingerprint {}",
             operator.index,
             operator.port,
-            key.fingerprint_hex()
+            key.fingerprint_hex(),
+            fingerprint
         );
     }
     println!("  coordinator  {}", config.coordinator_url());
@@ -725,6 +935,47 @@ async fn status(home: &Path, config_path: &Path, runner: &Runner) -> Result<()> 
     Ok(())
 }
 
+/// Deletes everything `up` made in `home`: the parties (data, keys, certificates, logs), the
+/// operators' keys and bundles, the CA and the coordinator's key (`tls/`: the next `up` makes
+/// a new CA), the credentials, passwords, configurations and logs.
+fn purge_home(home: &Path) -> Result<()> {
+    for dir in [
+        party_dir(home, 0),
+        party_dir(home, 1),
+        party_dir(home, 2),
+        home.join("operators"),
+        home.join("tls"),
+    ] {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot delete {}", dir.display()))?;
+        }
+    }
+    let mut files = vec![
+        home.join("coordinator.log"),
+        home.join("coordinator.pid"),
+        home.join(API_KEYS_FILE),
+        home.join(format!("{API_KEYS_FILE}.tmp")),
+        home.join(CONFIG_FILE),
+        home.join(format!("{CONFIG_FILE}.tmp")),
+        home.join(COORDINATOR_CONFIG_FILE),
+        home.join(format!("{COORDINATOR_CONFIG_FILE}.tmp")),
+    ];
+    for index in 0..3 {
+        files.push(home.join(password_file(index, OPERATOR_ROLE)));
+        files.push(home.join(password_file(index, COORDINATOR_ROLE)));
+    }
+    for file in files {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot delete {}", file.display())),
+        }
+    }
+    // The home itself stays (empty, or with files the user put there, which are theirs).
+    Ok(())
+}
+
 /// Runs a `privmatch cluster` action.
 pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Result<()> {
     match action {
@@ -746,26 +997,7 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                 }
             }
             if *purge {
-                for index in 0..3 {
-                    let dir = party_dir(home, index);
-                    if dir.exists() {
-                        std::fs::remove_dir_all(&dir)?;
-                    }
-                }
-                std::fs::remove_dir_all(home.join("operators")).ok();
-                let mut files = vec![
-                    "coordinator.log".to_owned(),
-                    API_KEYS_FILE.to_owned(),
-                    CONFIG_FILE.to_owned(),
-                    COORDINATOR_CONFIG_FILE.to_owned(),
-                ];
-                for index in 0..3 {
-                    files.push(password_file(index, OPERATOR_ROLE));
-                    files.push(password_file(index, COORDINATOR_ROLE));
-                }
-                for file in files {
-                    std::fs::remove_file(home.join(file)).ok();
-                }
+                purge_home(home)?;
                 println!("privmatch cluster stopped and purged ({})", home.display());
             } else {
                 println!("privmatch cluster stopped; data kept in {}", home.display());

@@ -10,9 +10,15 @@
 //! | `POST /v1/face/refill` | [`FaceRefillBody`] `{"target", "batch_size", "max_batches"}` | [`FaceRefillResponse`] levels before/after |
 //! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
-//! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "match"}` |
-//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"matches": [subject…], "comparisons", "bytes_sent", "key_bytes", "stocked"}` |
+//! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "comparisons", "outputs": [P0, P1]}` |
+//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"subjects": [subject…], "comparisons", "outputs": [P0, P1], "bytes_sent", "key_bytes", "stocked"}` |
 //! | `GET /v1/face/stock` | — | [`crate::face::stock::StockStatus`] `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
+//!
+//! The answers of verify and identify carry no result: `outputs` are P0's and P1's output
+//! shares sealed to the reply key inside the client's probe (core's `face::reply`,
+//! docs/protocols/face.md §13.9), which only the client (or the party whose front door was
+//! called) opens; `subjects` are the compared subjects in comparison order, which the sealed
+//! outputs are bound to.
 //!
 //! Configuring starts a new dealer generation; the coordinator then retires the keys of
 //! earlier generations at P0 and P1, so no comparison runs under the old threshold (the pool
@@ -283,14 +289,16 @@ impl FaceVerifyBody {
     }
 }
 
-/// The answer to `POST /v1/face/verify`.
+/// The answer to `POST /v1/face/verify`: no result, only the sealed outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaceVerifyResponse {
     /// The subject claimed.
     pub subject: String,
-    /// Whether the probe matches the subject's enrolled template.
-    #[serde(rename = "match")]
-    pub matched: bool,
+    /// Templates compared (the subject's: 1).
+    #[serde(default)]
+    pub comparisons: i64,
+    /// P0's and P1's output shares sealed to the client's reply key, base64.
+    pub outputs: Vec<String>,
 }
 
 /// The body of `POST /v1/face/identify`.
@@ -313,14 +321,19 @@ impl FaceIdentifyBody {
     }
 }
 
-/// The answer to `POST /v1/face/identify`.
+/// The answer to `POST /v1/face/identify`: no result, only the sealed outputs and the
+/// compared subjects they are bound to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaceIdentifyResponse {
-    /// The matching subjects, in subject order.
-    pub matches: Vec<String>,
+    /// Every compared subject, in comparison order (one output share per subject).
+    pub subjects: Vec<String>,
     /// Templates compared (every enrolled one).
     #[serde(default)]
     pub comparisons: i64,
+    /// P0's and P1's output shares sealed to the client's reply key, base64 (empty when
+    /// nothing was compared).
+    #[serde(default)]
+    pub outputs: Vec<String>,
     /// Bytes each evaluator (P0, P1) sent online in the session.
     #[serde(default)]
     pub bytes_sent: [u64; 2],
@@ -433,14 +446,15 @@ mod tests {
     }
 
     #[test]
-    fn verify_answers_use_the_match_key() {
+    fn verify_answers_carry_sealed_outputs_and_no_match_key() {
         let answer = FaceVerifyResponse {
             subject: "a".into(),
-            matched: true,
+            comparisons: 1,
+            outputs: vec!["cDA=".into(), "cDE=".into()],
         };
         assert_eq!(
             serde_json::to_string(&answer).ok().as_deref(),
-            Some(r#"{"subject":"a","match":true}"#)
+            Some(r#"{"subject":"a","comparisons":1,"outputs":["cDA=","cDE="]}"#)
         );
     }
 }

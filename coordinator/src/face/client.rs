@@ -1,7 +1,11 @@
 //! The client side of the face modality and its library API: embeddings (read and quantised
 //! by [`crate::face::input`]) are additively shared and sealed here to the pinned keys of P0
 //! and P1 (the dealer configuration to P2's), and sent to the coordinator's HTTP API
-//! ([`crate::face::api`]); the coordinator only relays ciphertext. Each verification or
+//! ([`crate::face::api`]); the coordinator only relays ciphertext. Each probe carries a fresh
+//! reply key (an X25519 key pair drawn per request); P0 and P1 seal their output shares to
+//! it, and the client opens them with its secret and the parties' keys pinned in its own
+//! configuration (core's `face::reply`, docs/protocols/face.md §13.9), so the coordinator
+//! learns no result and an output it altered is refused, naming the party. Each verification or
 //! identification is one session with a fresh id; when the parties answer a transient error
 //! (template sets differ for a moment, a key claim conflict) the probe is re-sealed for a new
 //! session and retried with back-off.
@@ -13,14 +17,16 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
+use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::face::quantize::Quantizer;
+use privmatch_core::face::reply::open_face_result;
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
-use privmatch_core::wire::session::new_session_id;
+use privmatch_core::wire::session::{new_session_id, SessionId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -36,7 +42,7 @@ use crate::face::api::{
     FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse, MAX_REFILL_BATCH,
 };
 use crate::face::input::{read_enroll_file, EmbeddingOptions, FaceEnrollRecord};
-use crate::wire::{session_to_hex, to_base64};
+use crate::wire::{from_base64_each, session_to_hex, to_base64};
 
 /// Where recovery finishes a face batch left in doubt.
 const RECOVERY_SCOPE: &str = "at P0 and P1 or at neither";
@@ -46,6 +52,52 @@ const RECOVERY_SCOPE: &str = "at P0 and P1 or at neither";
 pub struct FaceClient {
     coordinator: Coordinator,
     sealer: Sealer,
+}
+
+/// What a 1:N identification answered, once the client opened the sealed outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaceIdentified {
+    /// The matching subjects, sorted.
+    pub matches: Vec<String>,
+    /// Templates compared (every enrolled one).
+    pub comparisons: i64,
+    /// Bytes each evaluator (P0, P1) sent online in the session.
+    pub bytes_sent: [u64; 2],
+    /// Bytes of the key half the dealer sent each evaluator for the session.
+    pub key_bytes: [u64; 2],
+    /// Whether the identification used a dealing made ahead of time.
+    pub stocked: bool,
+}
+
+/// Opens P0's and P1's sealed outputs (`outputs`, base64, as the coordinator relayed them) of
+/// `session` with the reply key's secret and the parties' keys pinned in the client's own
+/// configuration, checks them against the compared `subjects` and adds them: one bit per
+/// subject. An output that does not open (altered or forged in transit) is refused, naming the
+/// party.
+pub fn open_outputs(
+    sealer: &Sealer,
+    reply: &PartySecretKey,
+    session: &SessionId,
+    outputs: &[String],
+    subjects: &[&str],
+) -> Result<Vec<bool>> {
+    let outputs: [String; 2] = outputs.to_vec().try_into().map_err(|o: Vec<String>| {
+        anyhow!(
+            "the coordinator relayed {} sealed outputs, not P0's and P1's",
+            o.len()
+        )
+    })?;
+    let [o0, o1] = from_base64_each(&outputs, "outputs").map_err(|e| anyhow!("{e}"))?;
+    open_face_result(
+        [&sealer.keys[0], &sealer.keys[1]],
+        reply,
+        session,
+        [&o0, &o1],
+        subjects,
+    )
+    .map_err(|e| {
+        anyhow!("{e}: the result was changed in transit (by the coordinator?) and is refused")
+    })
 }
 
 /// What a refill did.
@@ -275,40 +327,62 @@ impl FaceClient {
         Ok(answer.deleted)
     }
 
-    /// POSTs a probe body, sealed afresh for every attempt (`body` gets the session id and the
-    /// sealed probes of P0 and P1), retrying transient failures.
+    /// POSTs a probe body, sealed afresh for every attempt with a fresh session id and a fresh
+    /// reply key (`body` gets the session id and the sealed probes of P0 and P1), retrying
+    /// transient failures. Returns the answer with the session id and reply key's secret of
+    /// the attempt it answers (the last one).
     async fn post_probe<B: serde::Serialize, T: DeserializeOwned>(
         &mut self,
         path: &str,
         embedding: &[i32],
         target: Option<&str>,
         body: impl Fn(String, [String; 2]) -> B,
-    ) -> Result<T> {
+    ) -> Result<(T, SessionId, PartySecretKey)> {
         let sealer = &mut self.sealer;
+        let mut last: Option<(SessionId, PartySecretKey)> = None;
         let seal = || {
             let session = new_session_id(&mut rand::rngs::OsRng);
-            let sealed = seal_face_probe(embedding, session, target, &sealer.keys, &mut sealer.rng)
-                .map_err(|e| CallError::Local(format!("sealing the probe: {e}")))?;
+            let reply = PartySecretKey::generate(&mut rand::rngs::OsRng);
+            let sealed = seal_face_probe(
+                embedding,
+                session,
+                target,
+                &reply.public_key(),
+                &sealer.keys,
+                &mut sealer.rng,
+            )
+            .map_err(|e| CallError::Local(format!("sealing the probe: {e}")))?;
+            last = Some((session, reply));
             Ok(body(
                 session_to_hex(&session),
                 sealed.map(|p| to_base64(&p)),
             ))
         };
         let (result, attempts) = self.coordinator.post_retrying(path, seal).await;
-        result.map_err(|e| e.after_attempts(attempts))
+        let answer = result.map_err(|e| e.after_attempts(attempts))?;
+        let (session, reply) = last.ok_or_else(|| anyhow!("no probe was sealed"))?;
+        Ok((answer, session, reply))
     }
 
-    /// 1:1: does the quantised `embedding` match `subject`'s template?
+    /// 1:1: does the quantised `embedding` match `subject`'s template? Opens P0's and P1's
+    /// sealed outputs; one the coordinator altered is refused, naming the party.
     pub async fn verify_quantized(&mut self, subject: &str, embedding: &[i32]) -> Result<bool> {
         let body = |session, probes| FaceVerifyBody {
             subject: subject.to_owned(),
             session,
             probes,
         };
-        let answer: FaceVerifyResponse = self
+        let (answer, session, reply): (FaceVerifyResponse, _, _) = self
             .post_probe("/v1/face/verify", embedding, Some(subject), body)
             .await?;
-        Ok(answer.matched)
+        if answer.subject != subject {
+            bail!(
+                "the coordinator answered for subject {:?}, not {subject:?}",
+                answer.subject
+            );
+        }
+        let bits = open_outputs(&self.sealer, &reply, &session, &answer.outputs, &[subject])?;
+        Ok(bits.first().copied().unwrap_or(false))
     }
 
     /// 1:N: which enrolled subjects does the quantised `embedding` match (sorted)? Also
@@ -318,11 +392,40 @@ impl FaceClient {
         Ok((answer.matches, answer.comparisons))
     }
 
-    /// 1:N as [`FaceClient::identify_quantized`], with the session's byte counts.
-    pub async fn identify_answer(&mut self, embedding: &[i32]) -> Result<FaceIdentifyResponse> {
+    /// 1:N as [`FaceClient::identify_quantized`], with the session's byte counts. Opens P0's
+    /// and P1's sealed outputs; one the coordinator altered is refused, naming the party.
+    pub async fn identify_answer(&mut self, embedding: &[i32]) -> Result<FaceIdentified> {
         let body = |session, probes| FaceIdentifyBody { session, probes };
-        self.post_probe("/v1/face/identify", embedding, None, body)
-            .await
+        let (answer, session, reply): (FaceIdentifyResponse, _, _) = self
+            .post_probe("/v1/face/identify", embedding, None, body)
+            .await?;
+        let subjects: Vec<&str> = answer.subjects.iter().map(String::as_str).collect();
+        if subjects.len() as i64 != answer.comparisons {
+            bail!(
+                "the coordinator relayed {} subjects for {} comparisons",
+                subjects.len(),
+                answer.comparisons
+            );
+        }
+        let bits = if subjects.is_empty() {
+            Vec::new()
+        } else {
+            open_outputs(&self.sealer, &reply, &session, &answer.outputs, &subjects)?
+        };
+        let mut matches: Vec<String> = subjects
+            .iter()
+            .zip(bits)
+            .filter(|(_, m)| *m)
+            .map(|(s, _)| (*s).to_owned())
+            .collect();
+        matches.sort();
+        Ok(FaceIdentified {
+            matches,
+            comparisons: answer.comparisons,
+            bytes_sent: answer.bytes_sent,
+            key_bytes: answer.key_bytes,
+            stocked: answer.stocked,
+        })
     }
 }
 

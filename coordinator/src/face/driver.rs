@@ -2,8 +2,9 @@
 //! verification (1:1) or identification (1:N) session across the two evaluators P0 and P1
 //! over dealer-masked templates (Funshade: Ibarrondo, Chabanne, Önen, PETS 2023, ePrint
 //! 2022/1688, with each template masked once: docs/protocols/face.md §13), relaying their
-//! sealed messages and — as the verifier — adding their output shares into one bit per
-//! comparison. P2 deals each session's keys.
+//! sealed messages. The output shares come back sealed to the requesting client's reply key
+//! (core's `face::reply`, docs/protocols/face.md §13.9): the coordinator relays them to the
+//! client unread and learns no comparison bit. P2 deals each session's keys.
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
 //!
@@ -30,11 +31,13 @@
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors.
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
-//!    round 3 takes the peer's distance shares and answers this party's output shares in
-//!    clear (4 bytes per comparison, little-endian).
-//! 6. The verifier reconstructs (`funshade::reconstruct`): o_0 + o_1 ∈ {0, 1} per comparison.
+//!    round 3 takes the peer's distance shares and answers this party's output shares sealed
+//!    to the client's reply key.
+//! 6. The coordinator hands both sealed outputs to the client, which opens them and adds
+//!    them (`face::reply::open_face_result`, Funshade's `res`): o_0 + o_1 ∈ {0, 1} per
+//!    comparison.
 //!
-//! With zero comparisons (nothing enrolled) the answer is no match. On any error or timeout
+//! With zero comparisons (nothing enrolled) there is nothing to seal: no outputs. On any error or timeout
 //! the session is aborted at P0 and P1 (best effort): the session id is burnt, its secrets
 //! dropped from the engines. The session id is bound into the sealed probes, so a retry
 //! needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
@@ -43,8 +46,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use privmatch_core::face::funshade::{bytes_to_words, reconstruct};
 use privmatch_core::face::masked::template_digest;
+use privmatch_core::face::reply::sealed_output_len;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
@@ -66,7 +69,7 @@ pub struct FaceStats {
     /// Comparisons evaluated (= keys consumed per evaluator).
     pub comparisons: i64,
     /// Bytes each evaluator emitted over the rounds (P0, P1): its sealed masked probe
-    /// vector, its sealed distance shares and its output shares.
+    /// vector, its sealed distance shares and its sealed output.
     pub bytes_sent: [u64; 2],
     /// Bytes of the key half P2 dealt each evaluator for the session (sealed chunks; 0 when
     /// the session used a dealing stocked ahead of time).
@@ -74,33 +77,22 @@ pub struct FaceStats {
     /// Whether the session used a dealing stocked ahead of time (no dealing on its path).
     #[serde(default)]
     pub stocked: bool,
-    /// Wall time from the first open to the reconstruction, in microseconds.
+    /// Wall time from the first open to the sealed outputs, in microseconds.
     pub micros: u64,
 }
 
-/// A finished session: the compared subjects, in the order of P0's open, and their bits.
+/// A finished session: the compared subjects, in the order of P0's open, and P0's and P1's
+/// outputs sealed to the client (the coordinator cannot open them).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaceOutcome {
     /// The compared subjects.
     pub subjects: Vec<String>,
     /// Their templates' bundle ids (16 bytes each, in the same order).
     pub ids: Vec<u8>,
-    /// Per compared subject: whether it matched.
-    pub matches: Vec<bool>,
+    /// P0's and P1's sealed outputs (core's `face::reply`); empty with no comparison.
+    pub outputs: [Vec<u8>; 2],
     /// Figures.
     pub stats: FaceStats,
-}
-
-impl FaceOutcome {
-    /// The subjects that matched, in comparison order.
-    pub fn matched(&self) -> Vec<String> {
-        self.subjects
-            .iter()
-            .zip(&self.matches)
-            .filter(|(_, m)| **m)
-            .map(|(s, _)| s.clone())
-            .collect()
-    }
 }
 
 /// What a party's error means for the face modality (from its SQLSTATE).
@@ -260,20 +252,20 @@ fn check_parallel_opens(
     check_second_open(p0, p1).map_err(FaceSessionError::Protocol)
 }
 
-/// The verifier's step: the two parties' round-3 outputs (4 bytes per comparison each) into
-/// one bit per comparison.
-pub fn combine_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<Vec<bool>, String> {
+/// Checks the shape of the two sealed outputs of round 3 (what the coordinator can check
+/// without opening them: present, and the same length, which depends on the comparison
+/// count only).
+pub fn check_sealed_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<(), String> {
+    let expected = sealed_output_len(comparisons);
     for (party, output) in [("P0", o0), ("P1", o1)] {
-        if output.len() != 4 * comparisons {
+        if output.len() != expected {
             return Err(format!(
-                "{party} returned {} output bytes for {comparisons} comparisons (expected {})",
-                output.len(),
-                4 * comparisons
+                "{party} returned a sealed output of {} bytes for {comparisons} comparisons (expected {expected})",
+                output.len()
             ));
         }
     }
-    let words = |b: &[u8]| bytes_to_words(b).map_err(|e| e.to_string());
-    reconstruct(&words(o0)?, &words(o1)?).map_err(|e| e.to_string())
+    Ok(())
 }
 
 crate::session_error!(FaceSessionError);
@@ -790,8 +782,8 @@ impl Session<2> for FaceSession<'_> {
         &self.request.session
     }
 
-    /// Opening of pending templates, open at P0, open at P1, keys from P2, rounds 1–3,
-    /// reconstruction.
+    /// Opening of pending templates, open at P0, open at P1, keys from P2, rounds 1–3; the
+    /// sealed outputs are the client's to open.
     async fn drive(&self, clients: [&Client; 2]) -> Result<FaceOutcome, FaceSessionError> {
         let [c0, c1] = clients;
         let [p0, p1] = EVALUATORS;
@@ -856,16 +848,16 @@ impl Session<2> for FaceSession<'_> {
             rounds_ms = t0.elapsed().as_secs_f64() * 1e3,
             "face session steps (cumulative)"
         );
-        // The output shares go to the verifier (here), not to the other evaluator.
+        // The sealed outputs go to the client, not to the other evaluator.
         traffic.count(&outputs);
         stats.bytes_sent = traffic.bytes_sent;
         let [o0, o1] = &outputs;
-        let matches = combine_outputs(first.comparisons as usize, o0, o1)
+        check_sealed_outputs(first.comparisons as usize, o0, o1)
             .map_err(FaceSessionError::Protocol)?;
         Ok(FaceOutcome {
             subjects: first.subjects,
             ids: first.ids,
-            matches,
+            outputs,
             stats,
         })
     }
@@ -876,7 +868,8 @@ impl Rounds<2> for FaceSession<'_> {
     type Last = [Vec<u8>; 2];
 
     /// Round 2 takes the peer's masked probe vector and answers the sealed distance shares;
-    /// round 3 takes the peer's distance shares and answers the output shares.
+    /// round 3 takes the peer's distance shares and answers the output shares sealed to the
+    /// client.
     const ROUND_SQL: &'static str = "SELECT privmatch.face_masked_round($1, $2, $3)";
     const ROUND_FUNCTION: &'static str = "face_masked_round";
 
@@ -1036,31 +1029,19 @@ mod tests {
         assert!(check_second_open(&p0, &reordered).is_err());
     }
 
-    fn le(words: &[u32]) -> Vec<u8> {
-        words.iter().flat_map(|w| w.to_le_bytes()).collect()
-    }
-
     #[test]
-    fn outputs_combine_into_bits() {
-        let o0 = le(&[5, 7, u32::MAX]);
-        let o1 = le(&[u32::MAX - 4, 4_294_967_290, 2]);
-        assert_eq!(combine_outputs(3, &o0, &o1), Ok(vec![false, true, true]));
-        // A sum that is not a bit, wrong lengths.
-        assert!(combine_outputs(1, &le(&[3]), &le(&[3])).is_err());
-        let err = combine_outputs(2, &le(&[1, 2]), &le(&[1]))
+    fn sealed_outputs_are_checked_for_their_length_only() {
+        let ok = vec![0u8; sealed_output_len(3)];
+        assert_eq!(check_sealed_outputs(3, &ok, &ok), Ok(()));
+        let err = check_sealed_outputs(3, &ok, &ok[..20])
             .err()
             .unwrap_or_default();
-        assert!(err.contains("P1 returned 4 output bytes"), "{err}");
-        assert!(combine_outputs(0, &[], &[]).is_ok_and(|b| b.is_empty()));
-    }
-
-    #[test]
-    fn matched_lists_the_subjects_whose_bit_is_set() {
-        let outcome = FaceOutcome {
-            subjects: vec!["a".into(), "b".into(), "c".into()],
-            matches: vec![true, false, true],
-            ..FaceOutcome::default()
-        };
-        assert_eq!(outcome.matched(), vec!["a".to_owned(), "c".to_owned()]);
+        assert!(
+            err.contains("P1 returned a sealed output of 20 bytes"),
+            "{err}"
+        );
+        // The length of 4-byte shares in the clear (the old answer) is refused.
+        let clear = vec![0u8; 12];
+        assert!(check_sealed_outputs(3, &clear, &ok).is_err());
     }
 }

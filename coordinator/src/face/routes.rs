@@ -33,7 +33,7 @@ use crate::server::error::{
 };
 use crate::server::state::{AppState, SharedState};
 use crate::txn::work::TxnError;
-use crate::wire::{codes, from_base64};
+use crate::wire::{codes, from_base64, to_base64};
 
 /// The face routes, merged into the coordinator's router. They share the bundle ids of
 /// recently verified subjects ([`SubjectIds`]) and the dealing made ahead of time for the
@@ -296,7 +296,8 @@ async fn verify(
     let outcome = compare(&state, &known, None, plan, "verification").await?;
     Ok(Json(FaceVerifyResponse {
         subject: request.subject,
-        matched: outcome.matches.first().copied().unwrap_or(false),
+        comparisons: outcome.stats.comparisons,
+        outputs: relayed_outputs(&outcome.outputs),
     }))
 }
 
@@ -313,9 +314,13 @@ async fn identify(
     let plan = request.plan().map_err(bad_request)?;
     let stocked = stock.take(state.options.search_timeout).await;
     let outcome = compare(&state, &known, stocked, plan, "identification").await?;
-    let mut matches = outcome.matched();
-    matches.sort();
     let stats = outcome.stats;
+    let outputs = if outcome.subjects.is_empty() {
+        Vec::new()
+    } else {
+        relayed_outputs(&outcome.outputs)
+    };
+    let subjects = outcome.subjects.clone();
     stock.spawn_refill(
         Arc::clone(&state.parties),
         outcome.ids,
@@ -323,12 +328,37 @@ async fn identify(
         state.options.search_timeout,
     );
     Ok(Json(FaceIdentifyResponse {
-        matches,
+        subjects,
         comparisons: stats.comparisons,
+        outputs,
         bytes_sent: stats.bytes_sent,
         key_bytes: stats.key_bytes,
         stocked: stats.stocked,
     }))
+}
+
+/// P0's and P1's sealed outputs as relayed to the client (base64), unread: the coordinator
+/// holds no key that opens them. The end-to-end tests model a coordinator that alters one in
+/// transit with `PRIVMATCH_FAULT=face-alter-output=<0|1>` (never set in production): the
+/// client must refuse it, naming the party.
+fn relayed_outputs(outputs: &[Vec<u8>; 2]) -> Vec<String> {
+    let altered = std::env::var("PRIVMATCH_FAULT")
+        .ok()
+        .and_then(|f| f.strip_prefix("face-alter-output=").map(str::to_owned))
+        .and_then(|p| p.parse::<usize>().ok());
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(b, sealed)| {
+            let mut sealed = sealed.clone();
+            if altered == Some(b) {
+                if let Some(last) = sealed.last_mut() {
+                    *last ^= 1;
+                }
+            }
+            to_base64(&sealed)
+        })
+        .collect()
 }
 
 /// The dealing made ahead of time for the next identification: waits until a running refill

@@ -2,11 +2,17 @@
 //! pinned keys of P0 and P1, and written as sealed inputs for the SQL front door
 //! (`privmatch.face_enroll`, `privmatch.face_verify`, `privmatch.face_identify`) instead of
 //! being sent. Nothing is contacted: sealing needs only the configuration's pinned keys.
+//!
+//! A probe's reply key (docs/protocols/face.md §13.9) is the static public key of the party
+//! whose front door will be called (`--front-door`, pinned in this configuration): P0 and P1
+//! seal their outputs to it, and that party opens them with its key file. The coordinator
+//! relays them unread.
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
+use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
 use privmatch_core::face::probe::seal_face_probe;
 use privmatch_core::wire::sealed_input::SealedKind;
@@ -40,6 +46,10 @@ pub struct FaceSealArgs {
     /// L2-normalise each embedding before quantising it (for the cosine metric).
     #[arg(long)]
     pub normalize: bool,
+    /// Verify and identify: the party (0, 1 or 2) whose SQL front door the application will
+    /// call. P0 and P1 seal the result to that party's pinned key; only it can open it.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub front_door: Option<u8>,
 }
 
 /// Runs `privmatch face seal`.
@@ -47,6 +57,15 @@ pub fn run(config: &Config, args: &FaceSealArgs) -> Result<()> {
     let mut sealer = Sealer::new(config)?;
     let options = EmbeddingOptions {
         normalize: args.normalize,
+    };
+    let reply_key = match (args.purpose.as_str(), args.front_door) {
+        ("enroll", None) => None,
+        ("enroll", Some(_)) => bail!("--front-door is for probes (--for verify or identify)"),
+        (_, None) => bail!(
+            "--front-door is required with --for {}: the party (0, 1 or 2) whose SQL front door will be called, which opens the result",
+            args.purpose
+        ),
+        (_, Some(party)) => Some(sealer.keys[usize::from(party)]),
     };
     let mut out = SealedWriter::create(args.out.as_deref())?;
     let kind = match args.purpose.as_str() {
@@ -63,8 +82,12 @@ pub fn run(config: &Config, args: &FaceSealArgs) -> Result<()> {
             for_each_line(&args.input, |number, text| {
                 let record = parse_enroll_line(number, text, dim, options)?;
                 dim = Some(record.embedding.len());
-                let (session, probes) =
-                    seal_probe(&mut sealer, &record.embedding, Some(&record.subject))?;
+                let (session, probes) = seal_probe(
+                    &mut sealer,
+                    &record.embedding,
+                    Some(&record.subject),
+                    &reply_key,
+                )?;
                 let body = FaceVerifyBody {
                     subject: record.subject.clone(),
                     session,
@@ -76,7 +99,7 @@ pub fn run(config: &Config, args: &FaceSealArgs) -> Result<()> {
         }
         _ => {
             for probe in read_probe_file(&args.input, options)? {
-                let (session, probes) = seal_probe(&mut sealer, &probe.embedding, None)
+                let (session, probes) = seal_probe(&mut sealer, &probe.embedding, None, &reply_key)
                     .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
                 out.write_json(
                     "",
@@ -106,14 +129,24 @@ fn enroll_body(sealer: &mut Sealer, record: &FaceEnrollRecord) -> Result<FaceEnr
     })
 }
 
-/// A probe sealed to P0 and P1 for a fresh session (bound to `subject` for a verification).
+/// A probe sealed to P0 and P1 for a fresh session (bound to `subject` for a verification),
+/// with the front-door party's key as its reply key.
 fn seal_probe(
     sealer: &mut Sealer,
     embedding: &[i32],
     subject: Option<&str>,
+    reply_key: &Option<PartyPublicKey>,
 ) -> Result<(String, [String; 2])> {
+    let reply_key = reply_key.ok_or_else(|| anyhow!("no front-door party"))?;
     let session = new_session_id(&mut rand::rngs::OsRng);
-    let sealed = seal_face_probe(embedding, session, subject, &sealer.keys, &mut sealer.rng)
-        .map_err(|e| anyhow!("sealing the probe: {e}"))?;
+    let sealed = seal_face_probe(
+        embedding,
+        session,
+        subject,
+        &reply_key,
+        &sealer.keys,
+        &mut sealer.rng,
+    )
+    .map_err(|e| anyhow!("sealing the probe: {e}"))?;
     Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
 }

@@ -18,8 +18,11 @@
 //!
 //! answers `{"mode", "policy", "matches": [{"subject", "eye"}…]}` (identify) or
 //! `{"mode", "policy", "unique": bool}` (uniqueness), plus `"eyes"`: per eye the figures of its
-//! search (entries, rounds, bytes sent per party, seconds; no per-eye result, so the policy
-//! decides what the caller learns). The parameters are `privmatch_core::iris::params`'s:
+//! search (entries, rounds, bytes sent per party, seconds) and `"output"` ([`SignedEyeOutput`]):
+//! its result as each party signed it, which the client verifies
+//! ([`crate::iris::client::verify_response`]) before it believes `matches` or `unique`.
+//!
+//! `GET /v1/iris/search` answers the parties' threshold policy ([`crate::iris::policy`]). The parameters are `privmatch_core::iris::params`'s:
 //! `max_rotation` in 0..=15, `threshold` in (0, 0.5] with at most four decimals.
 //!
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
@@ -204,7 +207,28 @@ impl SearchBody {
     }
 }
 
-/// The figures of one eye's search.
+/// One eye's result as each party signed it (core's `iris::output`): the client checks the
+/// three signatures against its pinned party signing keys with its own session id,
+/// parameters and eye, and refuses a result the coordinator changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedEyeOutput {
+    /// The session id (hex), as the client drew it.
+    pub session: String,
+    /// The digest of the set the parties searched (hex).
+    pub set_digest: String,
+    /// Entries searched.
+    pub entries: i64,
+    /// Identification: the matching subjects of this eye, sorted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subjects: Option<Vec<String>>,
+    /// Uniqueness: whether this eye matched nobody.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<bool>,
+    /// P0's, P1's and P2's Ed25519 signatures over their outputs (hex).
+    pub signatures: [String; 3],
+}
+
+/// The figures of one eye's search, and its signed output.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EyeReport {
     /// `"left"` or `"right"`.
@@ -212,6 +236,9 @@ pub struct EyeReport {
     /// Rounds, bytes, time.
     #[serde(flatten)]
     pub stats: SearchStats,
+    /// The eye's result as the three parties signed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<SignedEyeOutput>,
 }
 
 /// The answer to `POST /v1/iris/search`.

@@ -15,9 +15,7 @@ use crate::cli::http::CallError;
 use crate::cli::ndjson::json_line;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
-use crate::iris::api::{
-    if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse, DEFAULT_THRESHOLD,
-};
+use crate::iris::api::{if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse};
 use crate::iris::client::{enroll_file, BatchOptions, IrisClient};
 use crate::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{
@@ -50,6 +48,14 @@ pub enum IrisAction {
     Seal(crate::iris::seal::SealArgs),
     /// Write synthetic templates as enrolment NDJSON.
     Synth(SynthArgs),
+    /// The iris match threshold: deployment policy held by each party, changed only by a
+    /// command its operator signs.
+    #[command(subcommand)]
+    Policy(crate::iris::policy::PolicyAction),
+    /// List the enrolled entries whose copies diverge between the parties (deleted at one
+    /// party only, or stored there under another enrolment), naming the party that differs
+    /// from the other two; with --quarantine delete them at all three parties.
+    Audit(crate::iris::audit::AuditArgs),
 }
 
 /// Options of `privmatch iris enroll`.
@@ -77,9 +83,6 @@ pub struct EnrollArgs {
     /// --parallel do not apply.
     #[arg(long)]
     pub if_unique: bool,
-    /// With --if-unique: the match threshold (fractional Hamming distance ratio).
-    #[arg(long, default_value_t = DEFAULT_THRESHOLD, requires = "if_unique")]
-    pub threshold: f64,
 }
 
 /// Options of `privmatch iris search`.
@@ -101,12 +104,10 @@ pub struct SearchArgs {
     /// eyes; not supported with --uniqueness).
     #[arg(long, default_value = "or", value_parser = ["or", "and"])]
     pub policy: String,
-    /// Rotations tried: −N..=N columns (0..=15).
+    /// Rotations tried: −N..=N columns (0..=15). (The match threshold is no option: it is the
+    /// deployment's policy, which every party enforces; see `privmatch iris policy`.)
     #[arg(long, default_value_t = 15)]
     pub max_rotation: i32,
-    /// Match threshold: fractional Hamming distance ratio in (0, 0.5], at most four decimals.
-    #[arg(long, default_value_t = 0.345)]
-    pub threshold: f64,
 }
 
 impl SearchArgs {
@@ -118,14 +119,14 @@ impl SearchArgs {
         }
     }
 
-    /// The search parameters the flags give, checked.
-    pub fn params(&self) -> Result<SearchParams> {
+    /// The search parameters the flags give at the parties' policy `threshold`, checked.
+    pub fn params(&self, threshold: f64) -> Result<SearchParams> {
         let mode = if self.uniqueness {
             SearchMode::Uniqueness
         } else {
             SearchMode::Identify
         };
-        search_params(mode, self.max_rotation, self.threshold).map_err(|e| anyhow!(e))
+        search_params(mode, self.max_rotation, threshold).map_err(|e| anyhow!(e))
     }
 }
 
@@ -147,6 +148,8 @@ pub async fn run(action: &IrisAction, config: impl FnOnce() -> Result<Config>) -
         }
         IrisAction::Seal(args) => crate::iris::seal::run(&config()?, args),
         IrisAction::Synth(args) => crate::iris::synth::run(args),
+        IrisAction::Policy(action) => crate::iris::policy::run(&config()?, action).await,
+        IrisAction::Audit(args) => crate::iris::audit::run(&config()?, args).await,
     }
 }
 
@@ -233,10 +236,10 @@ fn check_policy(probes: &[ProbeRecord], args: &SearchArgs) -> Result<()> {
 /// `privmatch iris search`: validates the whole probe file, then searches probe by probe (one
 /// session per eye) and prints one line per probe, in input order.
 async fn search(config: &Config, args: &SearchArgs) -> Result<()> {
-    let params = args.params()?;
     let probes = read_probe_file(&args.input)?;
     check_policy(&probes, args)?;
     let mut client = IrisClient::new(config)?;
+    let params = args.params(client.policy().await?)?;
     let started = Instant::now();
     for probe in &probes {
         let response = client
@@ -325,9 +328,9 @@ fn record_failure(
 /// enrolled one (uniqueness search, ±15 rotations). Refused records are listed on standard
 /// output without naming what they matched; the run ends with a summary line.
 async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
-    let params = if_unique_params(args.threshold).map_err(|e| anyhow!(e))?;
     let total = validate_file(&args.input)?;
     let mut client = IrisClient::new(config)?;
+    let params = if_unique_params(client.policy().await?).map_err(|e| anyhow!(e))?;
     let (tx, mut rx) = mpsc::channel(16);
     spawn_reader(args.input.clone(), tx);
     let bar = progress_bar(total, args.no_progress, "enrolling if unique");
@@ -383,6 +386,7 @@ mod tests {
             eyes: vec![EyeReport {
                 eye: "left".into(),
                 stats: SearchStats::default(),
+                output: None,
             }],
         }
     }
@@ -456,7 +460,6 @@ mod tests {
             json: false,
             policy: policy.into(),
             max_rotation: 15,
-            threshold: 0.345,
         };
         let err = check_policy(&probes, &args(true, "and"))
             .err()
@@ -488,28 +491,27 @@ mod tests {
     }
 
     #[test]
-    fn the_threshold_flags_accept_half_and_refuse_beyond() {
-        let args = |threshold: f64| SearchArgs {
+    fn the_policy_threshold_is_checked_like_any_parameter() {
+        let args = SearchArgs {
             input: PathBuf::new(),
             uniqueness: false,
             json: false,
             policy: "or".into(),
             max_rotation: 15,
-            threshold,
         };
-        let half = args(0.5).params().expect("0.5 is accepted");
+        let half = args.params(0.5).expect("0.5 is accepted");
         assert_eq!(half.threshold_ratio(), 0.5);
         for refused in [0.5001, 0.0] {
-            let err = args(refused).params().err().map(|e| e.to_string());
+            let err = args.params(refused).err().map(|e| e.to_string());
             assert!(
                 err.as_deref().is_some_and(|e| e.contains("threshold")),
                 "{refused}: {err:?}"
             );
         }
-        let mut far = args(0.345);
+        let mut far = args.clone();
         far.max_rotation = 16;
-        assert!(far.params().is_err());
-        // `iris enroll --if-unique --threshold`.
+        assert!(far.params(0.345).is_err());
+        // `iris enroll --if-unique` at the policy's threshold.
         assert!(if_unique_params(0.5).is_ok());
         assert!(if_unique_params(0.5001).is_err());
         assert!(if_unique_params(0.0).is_err());

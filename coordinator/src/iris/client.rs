@@ -11,12 +11,14 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use privmatch_core::crypto::party_sign::PartyVerifyingKey;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::iris::enroll::{
     seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye,
 };
-use privmatch_core::iris::params::SearchParams;
+use privmatch_core::iris::output::{verify_outputs, IrisResult};
+use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::template::IrisTemplate;
 use privmatch_core::wire::envelope::encode_enroll_batch;
@@ -33,9 +35,12 @@ use crate::iris::api::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
     EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
 };
-use crate::iris::eyes::EyePolicy;
+use crate::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
-use crate::wire::{codes, session_to_hex, to_base64};
+use crate::wire::{codes, session_from_hex, session_to_hex, to_base64};
+
+/// Whether the warning that outputs are not verified was printed (once per process).
+static WARNED_UNVERIFIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Where recovery finishes an iris batch left in doubt.
 const RECOVERY_SCOPE: &str = "at all three parties or at none";
@@ -174,6 +179,113 @@ pub async fn enroll_file(
 pub struct IrisClient {
     coordinator: Coordinator,
     sealer: Sealer,
+    /// The parties' pinned signing keys (`party_signing_keys`), when pinned.
+    signing_keys: Option<[PartyVerifyingKey; 3]>,
+}
+
+/// The parties' signing keys pinned in `config` (`party_signing_keys`): None when none is
+/// pinned; an error naming the party when one is malformed or not all three are.
+pub fn pinned_signing_keys(config: &Config) -> Result<Option<[PartyVerifyingKey; 3]>> {
+    let keys = &config.party_signing_keys;
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    if keys.len() != 3 {
+        bail!(
+            "party_signing_keys must pin exactly 3 keys, found {}",
+            keys.len()
+        );
+    }
+    let key = |i: usize| {
+        PartyVerifyingKey::from_hex(&keys[i])
+            .with_context(|| format!("party_signing_keys: the key pinned for P{i}"))
+    };
+    Ok(Some([key(0)?, key(1)?, key(2)?]))
+}
+
+/// Checks a search answer against what the client sent (`body`: its own session ids,
+/// parameters and eyes): every eye's result must be what each party signed (core's
+/// `iris::output`, verified with the pinned `keys`), and the combined `matches` / `unique` the
+/// coordinator answered must be what the signed per-eye results give under the eye policy.
+/// Refuses, naming the party, a result the coordinator changed.
+pub fn verify_response(
+    body: &SearchBody,
+    response: &SearchResponse,
+    keys: &[PartyVerifyingKey; 3],
+) -> Result<(), String> {
+    let params = body.params()?;
+    let keys = keys.map(Some);
+    let mut matched: Vec<(Eye, Vec<String>)> = Vec::new();
+    let mut unique: Vec<(Eye, bool)> = Vec::new();
+    for sent in &body.eyes {
+        let eye = Eye::parse(&sent.eye).map_err(|e| e.to_string())?;
+        let refuse = |why: &str| {
+            format!(
+                "the coordinator's answer for the {} eye {why}: refusing it",
+                eye.as_str()
+            )
+        };
+        let output = response
+            .eyes
+            .iter()
+            .find(|r| r.eye == sent.eye)
+            .and_then(|r| r.output.as_ref())
+            .ok_or_else(|| refuse("carries no signed output"))?;
+        let session = session_from_hex(&sent.session, "session")?;
+        if output.session != sent.session {
+            return Err(refuse("is for another session"));
+        }
+        let digest: [u8; 32] = hex::decode(&output.set_digest)
+            .ok()
+            .and_then(|d| d.try_into().ok())
+            .ok_or_else(|| refuse("has a malformed set digest"))?;
+        let signatures: [Vec<u8>; 3] = {
+            let decoded: Vec<Vec<u8>> = output
+                .signatures
+                .iter()
+                .map(|s| hex::decode(s).unwrap_or_default())
+                .collect();
+            [decoded[0].clone(), decoded[1].clone(), decoded[2].clone()]
+        };
+        let result = match (params.mode(), &output.subjects, output.unique) {
+            (SearchMode::Identify, Some(subjects), None) => {
+                IrisResult::Identified(subjects.clone())
+            }
+            (SearchMode::Uniqueness, None, Some(u)) => IrisResult::Unique(u),
+            _ => return Err(refuse("is not a result of the mode it asked for")),
+        };
+        let entries = u64::try_from(output.entries).map_err(|_| refuse("has a negative count"))?;
+        verify_outputs(
+            &keys,
+            session,
+            params,
+            eye,
+            digest,
+            entries,
+            &result,
+            &signatures,
+        )
+        .map_err(|e| e.to_string())?;
+        match result {
+            IrisResult::Identified(subjects) => matched.push((eye, subjects)),
+            IrisResult::Unique(u) => unique.push((eye, u)),
+        }
+    }
+    let combined_ok = match params.mode() {
+        SearchMode::Identify => {
+            response.matches.as_ref() == Some(&combine_matches(&matched, body.policy))
+        }
+        SearchMode::Uniqueness => {
+            response.unique == Some(combine_uniqueness(&unique, body.policy)?)
+        }
+    };
+    if !combined_ok {
+        return Err(
+            "the coordinator's combined answer is not what the parties' signed per-eye results give: the coordinator changed it; refusing it"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Shares `template` as a probe and seals it to the three parties for a fresh session, with
@@ -236,7 +348,14 @@ impl IrisClient {
         Ok(IrisClient {
             coordinator: Coordinator::new(config),
             sealer: Sealer::new(config)?,
+            signing_keys: pinned_signing_keys(config)?,
         })
+    }
+
+    /// The iris threshold policy the three parties hold (asked through the coordinator; the
+    /// parties refuse a probe sealed with any other threshold).
+    pub async fn policy(&self) -> Result<f64> {
+        Ok(crate::iris::policy::fetch_policy(&self.coordinator).await?)
     }
 
     /// Searches one probe (one session per eye), re-sealing and retrying while the parties'
@@ -248,12 +367,30 @@ impl IrisClient {
         policy: EyePolicy,
     ) -> Result<SearchResponse> {
         let sealer = &mut self.sealer;
-        let body = || search_body(sealer, probe, params, policy);
+        // The body of the attempt that answered: its session ids are what the parties signed.
+        let mut sent: Option<SearchBody> = None;
+        let body = || {
+            let body = search_body(sealer, probe, params, policy)?;
+            sent = Some(body.clone());
+            Ok(body)
+        };
         let (result, attempts) = self
             .coordinator
-            .post_retrying("/v1/iris/search", body)
+            .post_retrying::<_, SearchResponse>("/v1/iris/search", body)
             .await;
-        result.map_err(|e| e.after_attempts(attempts))
+        let response = result.map_err(|e| e.after_attempts(attempts))?;
+        match (&self.signing_keys, &sent) {
+            (Some(keys), Some(body)) => {
+                verify_response(body, &response, keys).map_err(|e| anyhow!(e))?
+            }
+            (None, _) => {
+                if !WARNED_UNVERIFIED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!("warning: the parties' signed search outputs are not verified: no party_signing_keys are pinned in the configuration");
+                }
+            }
+            (Some(_), None) => bail!("no search was sent"),
+        }
+        Ok(response)
     }
 
     /// Enrolls one record if unique (`params`: the uniqueness search's): the bundles are

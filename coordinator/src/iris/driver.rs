@@ -64,23 +64,57 @@ pub struct SearchOutcome {
     pub result: SearchResult,
     /// Rounds, bytes, time.
     pub stats: SearchStats,
+    /// The set digest the three parties searched (they agreed on it).
+    pub set_digest: Vec<u8>,
+    /// Each party's signature over its output (core's `iris::output`), relayed to the client.
+    pub signatures: [Vec<u8>; 3],
 }
 
-/// The parties started a search over different template sets.
+/// The result the parties agreed on, with each party's signature over its output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignedResult {
+    /// The result.
+    pub result: SearchResult,
+    /// Party i's signature (empty where a party sent none).
+    pub signatures: [Vec<u8>; 3],
+}
+
+/// The parties started a search over different template sets. The set digest commits to each
+/// entry's subject and enrolment id (core's `iris::binding`), so this is also what a share
+/// deleted, replaced or re-enrolled at one party looks like: the party whose digest differs
+/// from the other two is named.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the parties hold different template sets (entries P0 = {}, P1 = {}, P2 = {}{}){}: an enrolment or deletion is being committed or awaits recovery; try again shortly (`privmatch recover` finishes transactions left in doubt)",
+    "the parties hold different template sets (entries P0 = {}, P1 = {}, P2 = {}{}){}{}: an enrolment or deletion is being committed or awaits recovery (`privmatch recover` finishes transactions left in doubt); if it persists, an entry was deleted or replaced at {} outside a distributed transaction: `privmatch iris audit` names it and `privmatch iris audit --quarantine` removes it at every party",
     entries[0], entries[1], entries[2],
     if *same_entries_other_keys { ", with different keys" } else { "" },
-    if *attempts > 1 { format!(" in {attempts} attempts") } else { String::new() }
+    match diverging {
+        Some(p) => format!("; {p}'s set diverges from the other two"),
+        None => String::new(),
+    },
+    if *attempts > 1 { format!(" in {attempts} attempts") } else { String::new() },
+    match diverging { Some(p) => p.to_string(), None => "a party".to_owned() }
 )]
 pub struct SetMismatch {
     /// Entries each party reported.
     pub entries: [i64; 3],
     /// The counts agree but the key digests do not.
     pub same_entries_other_keys: bool,
+    /// The party whose set digest differs from the other two (None: all three differ).
+    pub diverging: Option<PartyIndex>,
     /// Attempts made (1 until a retry loop gives up).
     pub attempts: u32,
+}
+
+/// The party whose value differs from the other two equal ones, if exactly one does.
+pub fn odd_one_out<T: PartialEq>(values: [&T; 3]) -> Option<PartyIndex> {
+    let [a, b, c] = values;
+    match (a == b, a == c, b == c) {
+        (true, false, false) => Some(PartyIndex::ALL[2]),
+        (false, true, false) => Some(PartyIndex::ALL[1]),
+        (false, false, true) => Some(PartyIndex::ALL[0]),
+        _ => None,
+    }
 }
 
 /// Why a search failed. The session was aborted at the three parties (best effort).
@@ -124,6 +158,8 @@ pub struct RoundReply {
     pub is_unique: Option<bool>,
     /// The matching subjects, when finished in identify mode.
     pub subjects: Option<Vec<String>>,
+    /// The party's signature over its output, when finished.
+    pub signature: Option<Vec<u8>>,
 }
 
 /// Routes the messages of a round (indexed by sender): party i receives party i−1's.
@@ -148,9 +184,12 @@ fn check_same_set(starts: &[StartReply; 3]) -> Result<(), SearchError> {
     if same_entries && same_digest {
         return Ok(());
     }
+    let keys = |s: &StartReply| (s.entries, s.set_digest.clone());
+    let [k0, k1, k2] = [keys(&starts[0]), keys(&starts[1]), keys(&starts[2])];
     Err(SearchError::SetsDiffer(SetMismatch {
         entries,
         same_entries_other_keys: same_entries,
+        diverging: odd_one_out([&k0, &k1, &k2]),
         attempts: 1,
     }))
 }
@@ -160,7 +199,7 @@ pub fn classify_round(
     mode: SearchMode,
     round: i32,
     replies: [RoundReply; 3],
-) -> Result<Step<3, SearchResult>, SearchError> {
+) -> Result<Step<3, SignedResult>, SearchError> {
     let finished: Vec<PartyIndex> = PartyIndex::ALL
         .iter()
         .zip(&replies)
@@ -184,7 +223,7 @@ pub fn classify_round(
 fn continue_round(
     round: i32,
     replies: [RoundReply; 3],
-) -> Result<Step<3, SearchResult>, SearchError> {
+) -> Result<Step<3, SignedResult>, SearchError> {
     let [r0, r1, r2] = replies;
     let take = |party: usize, reply: RoundReply| {
         reply.message.ok_or_else(|| {
@@ -201,12 +240,17 @@ fn finish_round(
     mode: SearchMode,
     round: i32,
     replies: [RoundReply; 3],
-) -> Result<SearchResult, SearchError> {
+) -> Result<SignedResult, SearchError> {
     let missing = |party: PartyIndex, what: &str| {
         SearchError::Protocol(format!("{party} finished in round {round} without {what}"))
     };
     let mut results = Vec::with_capacity(3);
-    for (&party, reply) in PartyIndex::ALL.iter().zip(replies) {
+    let mut signatures: [Vec<u8>; 3] = Default::default();
+    for ((&party, reply), signature) in PartyIndex::ALL.iter().zip(replies).zip(&mut signatures) {
+        *signature = reply
+            .signature
+            .clone()
+            .ok_or_else(|| missing(party, "its signature"))?;
         results.push(match mode {
             SearchMode::Identify => {
                 let mut subjects = reply
@@ -227,7 +271,10 @@ fn finish_round(
             "the parties report different results".into(),
         ));
     }
-    Ok(results.swap_remove(0))
+    Ok(SignedResult {
+        result: results.swap_remove(0),
+        signatures,
+    })
 }
 
 /// One search as the round driver runs it.
@@ -283,7 +330,7 @@ impl Search<'_> {
 }
 
 impl Session<3> for Search<'_> {
-    type Output = (SearchResult, SearchStats);
+    type Output = (SignedResult, SearchStats, Vec<u8>);
     type Error = SearchError;
     const ABORT_SQL: &'static str = "SELECT privmatch.iris_search_abort($1)";
 
@@ -301,6 +348,7 @@ impl Session<3> for Search<'_> {
         );
         check_same_set(&starts)?;
         let entries = starts[0].entries;
+        let set_digest = starts[0].set_digest.clone();
         let first = starts.map(|s| s.message);
         let mut traffic = Traffic::new();
         let result = relay_ring(self, clients, 0..MAX_ROUNDS, first, &mut traffic).await?;
@@ -310,13 +358,13 @@ impl Session<3> for Search<'_> {
             bytes_sent: traffic.bytes_sent,
             micros: 0,
         };
-        Ok((result, stats))
+        Ok((result, stats, set_digest))
     }
 }
 
 impl Rounds<3> for Search<'_> {
     type Reply = RoundReply;
-    type Last = SearchResult;
+    type Last = SignedResult;
 
     /// Called in the select list, not in `FROM`: a set-returning function in `FROM` is a
     /// function scan, which copies its rows into a tuplestore that spills to a temporary
@@ -325,7 +373,7 @@ impl Rounds<3> for Search<'_> {
     /// writing and reading back those files. `OFFSET 0` keeps the call in the subquery, so
     /// it runs once per round rather than once per selected column.
     const ROUND_SQL: &'static str =
-        "SELECT (r).message, (r).finished, (r).is_unique, (r).subjects \
+        "SELECT (r).message, (r).finished, (r).is_unique, (r).subjects, (r).signature \
          FROM (SELECT privmatch.iris_search_round($1, $2, $3) AS r OFFSET 0) AS s";
     const ROUND_FUNCTION: &'static str = "iris_search_round";
 
@@ -340,6 +388,7 @@ impl Rounds<3> for Search<'_> {
                 finished: column(party, row, 1)?.unwrap_or(false),
                 is_unique: column(party, row, 2)?,
                 subjects: column(party, row, 3)?,
+                signature: column(party, row, 4)?,
             })
         };
         reply().map_err(SearchError::Party)
@@ -349,7 +398,7 @@ impl Rounds<3> for Search<'_> {
         &self,
         round: i32,
         replies: [RoundReply; 3],
-    ) -> Result<Step<3, SearchResult>, SearchError> {
+    ) -> Result<Step<3, SignedResult>, SearchError> {
         classify_round(self.request.params.mode(), round, replies)
     }
 
@@ -386,8 +435,8 @@ pub async fn run_search_on(
     timeout: Duration,
 ) -> Result<SearchOutcome, SearchError> {
     let search = Search { request, timeout };
-    let ((result, stats), elapsed) = run_on(clients, parties, &search).await?;
-    Ok(outcome(result, stats, elapsed))
+    let ((result, stats, digest), elapsed) = run_on(clients, parties, &search).await?;
+    Ok(outcome(result, stats, digest, elapsed))
 }
 
 /// Runs one search session on pooled connections. Connections go back to the pools only
@@ -398,17 +447,24 @@ pub async fn run_search(
     timeout: Duration,
 ) -> Result<SearchOutcome, SearchError> {
     let search = Search { request, timeout };
-    let ((result, stats), elapsed) = run_pooled(parties, &search).await?;
-    Ok(outcome(result, stats, elapsed))
+    let ((result, stats, digest), elapsed) = run_pooled(parties, &search).await?;
+    Ok(outcome(result, stats, digest, elapsed))
 }
 
-fn outcome(result: SearchResult, stats: SearchStats, elapsed: Duration) -> SearchOutcome {
+fn outcome(
+    signed: SignedResult,
+    stats: SearchStats,
+    set_digest: Vec<u8>,
+    elapsed: Duration,
+) -> SearchOutcome {
     SearchOutcome {
-        result,
+        result: signed.result,
         stats: SearchStats {
             micros: elapsed.as_micros() as u64,
             ..stats
         },
+        set_digest,
+        signatures: signed.signatures,
     }
 }
 
@@ -449,8 +505,16 @@ mod tests {
         RoundReply {
             finished: true,
             subjects: Some(subjects.iter().map(|s| (*s).to_owned()).collect()),
+            signature: Some(vec![1; 64]),
             ..RoundReply::default()
         }
+    }
+
+    fn signed(result: SearchResult) -> Step<3, SignedResult> {
+        Step::Finished(SignedResult {
+            result,
+            signatures: [vec![1; 64], vec![1; 64], vec![1; 64]],
+        })
     }
 
     #[test]
@@ -510,10 +574,7 @@ mod tests {
         );
         assert_eq!(
             done.ok(),
-            Some(Step::Finished(SearchResult::Identify(vec![
-                "a".into(),
-                "b".into()
-            ])))
+            Some(signed(SearchResult::Identify(vec!["a".into(), "b".into()])))
         );
         let differ = classify_round(
             SearchMode::Identify,
@@ -528,6 +589,7 @@ mod tests {
         let unique = |u: Option<bool>| RoundReply {
             finished: true,
             is_unique: u,
+            signature: Some(vec![1; 64]),
             ..RoundReply::default()
         };
         let ok = classify_round(
@@ -539,7 +601,22 @@ mod tests {
                 unique(Some(false)),
             ],
         );
-        assert_eq!(ok.ok(), Some(Step::Finished(SearchResult::Unique(false))));
+        assert_eq!(ok.ok(), Some(signed(SearchResult::Unique(false))));
+        let unsigned = classify_round(
+            SearchMode::Uniqueness,
+            38,
+            [
+                unique(Some(false)),
+                RoundReply {
+                    signature: None,
+                    ..unique(Some(false))
+                },
+                unique(Some(false)),
+            ],
+        );
+        assert!(
+            matches!(unsigned, Err(SearchError::Protocol(m)) if m.contains("P1") && m.contains("signature"))
+        );
         let split = classify_round(
             SearchMode::Uniqueness,
             38,
@@ -579,6 +656,22 @@ mod tests {
             err,
             Err(SearchError::SetsDiffer(SetMismatch {
                 same_entries_other_keys: true,
+                diverging: Some(p),
+                ..
+            })) if p == PartyIndex::ALL[1]
+        ));
+        let message = check_same_set(&[start(5, 1), start(5, 1), start(4, 3)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            message.contains("P2's set diverges") && message.contains("privmatch iris audit"),
+            "{message}"
+        );
+        assert!(matches!(
+            check_same_set(&[start(5, 1), start(5, 2), start(5, 3)]),
+            Err(SearchError::SetsDiffer(SetMismatch {
+                diverging: None,
                 ..
             }))
         ));
@@ -600,6 +693,7 @@ mod tests {
             SearchError::SetsDiffer(SetMismatch {
                 entries: [1, 2, 1],
                 same_entries_other_keys: false,
+                diverging: Some(PartyIndex::ALL[1]),
                 attempts: 1,
             })
         };

@@ -8,16 +8,20 @@
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
 //! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
 //! `privmatch iris synth` writes the input format [`input`] reads, for demos, tests and
-//! benchmarks). Modality-specific: [`eyes`] (how the two eyes of a probe combine).
+//! benchmarks). Modality-specific: [`eyes`] (how the two eyes of a probe combine), [`policy`] (the
+//! operator-signed threshold policy the parties enforce), [`audit`] (entries whose copies
+//! diverge between the parties, and their quarantine).
 //!
 //! Imports shared layers only, never another modality.
 
 pub mod api;
+pub mod audit;
 pub mod cli;
 pub mod client;
 pub mod driver;
 pub mod eyes;
 pub mod input;
+pub mod policy;
 pub mod routes;
 pub mod seal;
 pub mod synth;

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::iris::api::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
-    EnrollResponse, EyeReport, SearchBody, SearchResponse,
+    EnrollResponse, EyeReport, SearchBody, SearchResponse, SignedEyeOutput,
 };
 use crate::iris::driver::{run_search, SearchError, SearchOutcome, SearchResult};
 use crate::iris::eyes::{combine_matches, combine_uniqueness};
@@ -36,7 +36,12 @@ pub fn routes() -> Router<SharedState> {
     Router::new()
         .route("/v1/iris/enroll", post(enroll))
         .route("/v1/iris/delete", post(delete))
-        .route("/v1/iris/search", post(search))
+        .route(
+            "/v1/iris/search",
+            post(search).get(crate::iris::policy::get_policy),
+        )
+        .route("/v1/iris/configure", post(crate::iris::policy::configure))
+        .route("/v1/iris/audit", post(crate::iris::audit::audit))
         .route("/v1/iris/enroll-if-unique", post(enroll_if_unique))
 }
 
@@ -56,6 +61,7 @@ impl From<SearchError> for ApiError {
                 let mut api =
                     error_with(StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER, message);
                 api.body.entries = Some(mismatch.entries);
+                api.body.party = mismatch.diverging.map(|p| p.as_u8());
                 api
             }
             SearchError::Protocol(_) => protocol_error(message),
@@ -142,9 +148,24 @@ fn search_response(
         unique,
         eyes: per_eye
             .into_iter()
-            .map(|(eye, outcome)| EyeReport {
-                eye: eye.as_str().to_owned(),
-                stats: outcome.stats,
+            .zip(&request.eyes)
+            .map(|((eye, outcome), body)| {
+                let (subjects, unique) = match &outcome.result {
+                    SearchResult::Identify(s) => (Some(s.clone()), None),
+                    SearchResult::Unique(u) => (None, Some(*u)),
+                };
+                EyeReport {
+                    eye: eye.as_str().to_owned(),
+                    output: Some(SignedEyeOutput {
+                        session: body.session.clone(),
+                        set_digest: hex::encode(&outcome.set_digest),
+                        entries: outcome.stats.entries,
+                        subjects,
+                        unique,
+                        signatures: outcome.signatures.clone().map(hex::encode),
+                    }),
+                    stats: outcome.stats,
+                }
             })
             .collect(),
     })

@@ -35,7 +35,9 @@ pub struct SealArgs {
     /// Probes: rotations tried, −N..=N columns (0..=15).
     #[arg(long, default_value_t = 15)]
     pub max_rotation: i32,
-    /// Probes: match threshold, a fractional Hamming distance ratio in (0, 0.5].
+    /// Probes: the deployment's iris threshold policy (`privmatch iris policy show`; 0.345 at
+    /// install). Sealing is offline, so it is given here; the parties refuse a probe sealed
+    /// with any other threshold than their policy (22023), so it cannot be chosen per search.
     #[arg(long, default_value_t = DEFAULT_THRESHOLD)]
     pub threshold: f64,
     /// Two-eye probes: `or` or `and` (see `privmatch iris search --policy`).

@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use privmatch_core::iris::binding::envelope_hashes;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
@@ -27,18 +28,33 @@ pub struct Enroll {
     pub on_duplicate: String,
 }
 
-/// Opens and stores `bundles` at one party: per record subject, eye, whether newly enrolled.
+/// Per envelope position, h0 ‖ h1 ‖ h2 of the three parties' envelopes (core's
+/// `iris::binding`): every party gets all three and checks its own, and the three store the
+/// same enrolment id, so a share replaced at one party later shows in its set digest.
+pub fn envelope_hashes_of(bundles: &[Vec<Vec<u8>>; 3]) -> Vec<Vec<u8>> {
+    (0..bundles[0].len())
+        .map(|j| {
+            let at = |p: usize| bundles[p].get(j).map_or(&[][..], Vec::as_slice);
+            envelope_hashes([at(0), at(1), at(2)]).to_vec()
+        })
+        .collect()
+}
+
+/// Opens and stores `bundles` at one party with the envelope hashes of their batches:
+/// per record subject, eye, whether newly enrolled.
 async fn enroll_at(
     party: PartyIndex,
     client: &Client,
     bundles: &[Vec<u8>],
+    hashes: &[Vec<u8>],
     on_duplicate: &str,
 ) -> Result<Vec<EnrollResult>, PartyError> {
     let refs: Vec<&[u8]> = bundles.iter().map(Vec::as_slice).collect();
+    let hashes: Vec<&[u8]> = hashes.iter().map(Vec::as_slice).collect();
     let rows = client
         .query(
-            "SELECT subject, eye, enrolled FROM privmatch.iris_enroll_sealed($1, $2)",
-            &[&refs, &on_duplicate],
+            "SELECT subject, eye, enrolled FROM privmatch.iris_enroll_sealed($1, $2, $3)",
+            &[&refs, &hashes, &on_duplicate],
         )
         .await
         .map_err(|e| PartyError::from_pg(party, &e))?;
@@ -73,7 +89,8 @@ impl Work for Enroll {
         client: &Client,
     ) -> Result<Option<Self::Output>, PartyError> {
         let bundles = &self.bundles[party.as_usize()];
-        enroll_at(party, client, bundles, &self.on_duplicate)
+        let hashes = envelope_hashes_of(&self.bundles);
+        enroll_at(party, client, bundles, &hashes, &self.on_duplicate)
             .await
             .map(Some)
     }
@@ -105,6 +122,39 @@ impl Work for Delete {
             .await
             .map_err(|e| PartyError::from_pg(party, &e))?;
         Ok(Some(row.get(0)))
+    }
+}
+
+/// Deletes one entry (subject and eye) at every party whatever each holds of it: the repair of
+/// `privmatch iris audit --quarantine` for an entry whose copies diverge (deleted at one party
+/// only, or stored there under another enrolment). Unlike [`Delete`], the parties' counts are
+/// not compared (a party that lost the entry deletes nothing), but it is one distributed
+/// transaction: the entry is gone at all three or at none, and the subject must re-enrol.
+#[derive(Clone, Debug)]
+pub struct Quarantine {
+    /// The subject.
+    pub subject: String,
+    /// The eye.
+    pub eye: Eye,
+}
+
+impl Work for Quarantine {
+    type Output = ();
+    type Error = Infallible;
+
+    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
+        write_lock()
+    }
+
+    async fn run_at(&self, party: PartyIndex, client: &Client) -> Result<Option<()>, PartyError> {
+        client
+            .query_one(
+                "SELECT privmatch.iris_delete($1, $2)",
+                &[&self.subject, &self.eye.as_str()],
+            )
+            .await
+            .map_err(|e| PartyError::from_pg(party, &e))?;
+        Ok(Some(()))
     }
 }
 
@@ -174,7 +224,12 @@ impl Work for EnrollIfUnique {
         client: &Client,
     ) -> Result<Option<IfUnique>, PartyError> {
         let envelope = std::slice::from_ref(&self.envelopes[party.as_usize()]);
-        let rows = enroll_at(party, client, envelope, "error").await?;
+        let hashes =
+            [
+                envelope_hashes([&self.envelopes[0], &self.envelopes[1], &self.envelopes[2]])
+                    .to_vec(),
+            ];
+        let rows = enroll_at(party, client, envelope, &hashes, "error").await?;
         Ok(Some(IfUnique::Enrolled(rows)))
     }
 

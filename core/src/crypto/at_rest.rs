@@ -157,9 +157,15 @@ mod tests {
         for i in 0..sealed.len() {
             let mut tampered = sealed.clone();
             tampered[i] ^= 1;
-            assert!(key.open(&tampered).is_err(), "bit flip at byte {i} accepted");
+            assert!(
+                key.open(&tampered).is_err(),
+                "bit flip at byte {i} accepted"
+            );
         }
-        assert_eq!(key.open(&sealed[..OVERHEAD - 1]), Err(AtRestError::Malformed));
+        assert_eq!(
+            key.open(&sealed[..OVERHEAD - 1]),
+            Err(AtRestError::Malformed)
+        );
     }
 
     #[test]

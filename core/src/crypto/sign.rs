@@ -465,7 +465,14 @@ mod tests {
         let valid_until = signed_at + DEFAULT_LIFETIME_MICROS;
         assert!(verify_command(&command, P2, "peer-pin", &public, 0, valid_until).is_ok());
         assert_eq!(
-            verify_command(&command, P2, "peer-pin", &public, 0, valid_until + 3_000_000),
+            verify_command(
+                &command,
+                P2,
+                "peer-pin",
+                &public,
+                0,
+                valid_until + 3_000_000
+            ),
             Err(CommandError::Expired { late_seconds: 3 })
         );
         let long = operator.sign_expiring(

@@ -12,8 +12,9 @@
 //!   single-use pools; P2 never sees a template or a probe.
 //! * **The client** (sensor / enrolment station) quantises the embedding and splits it into
 //!   two additive shares sealed to P0 and P1.
-//! * **The coordinator** routes sealed messages and is the verifier (R_res): it adds the two
-//!   output shares and learns one bit per comparison.
+//! * **The coordinator** routes sealed messages. The verifier (R_res) is the client that
+//!   asked: the evaluators seal their output shares to the reply key in its probe
+//!   ([`reply`]), so the coordinator relays ciphertext and learns no comparison bit.
 //!
 //! ## One comparison (party b ∈ {0, 1}; all arithmetic wraps in Z_2^32)
 //!
@@ -34,7 +35,8 @@
 //!    z = v + r_in with v = ⟨x, y⟩ − θ or θ − ‖x − y‖².
 //! 3. ([`funshade::sign_shares`], `eval_sign`) o_b = Eval^IC(b, key_b, z): o_0 + o_1 = 1
 //!    exactly when v ≥ 0 (as a signed 32-bit value, guaranteed by [`quantize`]'s bound).
-//! 4. ([`funshade::reconstruct`], `res`) the verifier adds o_0 + o_1.
+//! 4. ([`funshade::reconstruct`], `res`) the verifier (the client, [`reply::open_face_result`])
+//!    adds o_0 + o_1.
 //!
 //! Unlike the Digidow setting of [BM25], neither evaluator holds an input in the clear (both are
 //! secret-shared), so step 1 sends both masked vectors: 8·l bytes per comparison per party,
@@ -55,6 +57,7 @@ pub mod masked;
 pub mod opening;
 pub mod probe;
 pub mod quantize;
+pub mod reply;
 
 use crate::crypto::fss::FssError;
 use crate::crypto::seal::SealError;
@@ -158,6 +161,19 @@ pub enum FaceError {
     /// identification).
     #[error("face probe was sealed for another comparison (another subject, or a verification rather than an identification)")]
     WrongTarget,
+    /// A face probe in a layout this version no longer accepts (version 1 carried no reply
+    /// key, so its result could only be revealed to the coordinator).
+    #[error("face probe format version {0} is no longer accepted: since extension 0.11.0 a probe (version 2) carries the requesting client's reply key, to which P0 and P1 seal their outputs; seal it again with privmatch 0.11 or later")]
+    UnsupportedProbeVersion(u8),
+    /// An evaluator's sealed output does not open for the client or does not fit what was
+    /// relayed beside it (docs/protocols/face.md §13.9).
+    #[error("the sealed output of P{party} is refused: {why}")]
+    SealedOutput {
+        /// The evaluator whose output is refused.
+        party: u8,
+        /// Why.
+        why: &'static str,
+    },
     /// Only P0 and P1 hold face shares and keys.
     #[error("party {0} does not evaluate face comparisons (only P0 and P1 do)")]
     NotAnEvaluator(u8),

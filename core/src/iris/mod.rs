@@ -5,12 +5,15 @@
 //! party's store and search service.
 
 pub mod aligned;
+pub mod binding;
 pub mod dot;
 pub mod encoding;
 pub mod enroll;
 pub mod journal;
 pub mod matcher;
+pub mod output;
 pub mod params;
+pub mod policy;
 pub mod probe;
 pub mod query;
 pub mod scan;

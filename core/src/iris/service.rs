@@ -40,9 +40,11 @@ use std::time::{Duration, Instant};
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
 
+use crate::crypto::party_sign::{PartySigningKey, SIGNATURE_LEN};
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
+use crate::iris::output::{IrisOutput, IrisResult};
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
 use crate::iris::probe::{check_probe, open_iris_probe, ProbeRefusal};
 use crate::iris::query::PreparedQuery;
@@ -184,6 +186,12 @@ enum State {
 
 struct ActiveSearch {
     me: PartyIndex,
+    /// What the party signs its output with (derived from its key at start).
+    signer: Arc<PartySigningKey>,
+    /// The session id, parameters and eye of the search, for the signed output.
+    session: SessionId,
+    params: SearchParams,
+    eye: Eye,
     state: State,
     to_next: Channel,
     from_prev: Channel,
@@ -393,6 +401,10 @@ impl SearchService {
             id,
             ActiveSearch {
                 me,
+                signer: Arc::new(PartySigningKey::derive(&keys.secret)),
+                session: id,
+                params,
+                eye: probe.eye,
                 state,
                 to_next,
                 from_prev,
@@ -409,7 +421,8 @@ impl SearchService {
     }
 
     /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure
-    /// aborts the search.
+    /// aborts the search. (The output without this party's signature: see
+    /// [`SearchService::round_signed`].)
     pub fn round(
         &self,
         id: SessionId,
@@ -417,6 +430,20 @@ impl SearchService {
         message: &[u8],
         now: Instant,
     ) -> Result<RoundReply, SearchError> {
+        self.round_signed(id, round, message, now)
+            .map(|(reply, _)| reply)
+    }
+
+    /// [`SearchService::round`], and with the output (the last round) this party's signature
+    /// over it ([`crate::iris::output`]: session, parameters, eye, set digest, entries and
+    /// result), which the coordinator relays to the client.
+    pub fn round_signed(
+        &self,
+        id: SessionId,
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<(RoundReply, Option<[u8; SIGNATURE_LEN]>), SearchError> {
         let (mut active, _in_round) = {
             let mut table = self.table();
             let Some(active) = table.sessions.remove(&id) else {
@@ -448,6 +475,25 @@ impl SearchService {
             session: session.clone(),
             source,
         };
+        // Captures the fields it reads only (not the state the match below moves out).
+        let signed = |reply: RoundReply| {
+            let result = match &reply {
+                RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
+                RoundReply::Unique(u) => IrisResult::Unique(*u),
+                RoundReply::Continue(_) => return (reply, None),
+            };
+            let output = IrisOutput {
+                party: active.me,
+                session: active.session,
+                params: active.params,
+                eye: active.eye,
+                set_digest: active.order.digest,
+                entries: active.order.subjects.len() as u64,
+                result,
+            };
+            let signature = output.sign(&active.signer);
+            (reply, Some(signature))
+        };
         let step = match active.state {
             State::Empty(mode) => {
                 if !payload.is_empty() {
@@ -455,10 +501,11 @@ impl SearchService {
                         "a search over no entries carries no message",
                     )));
                 }
-                return Ok(match mode {
+                let reply = match mode {
                     SearchMode::Identify => RoundReply::Identified(Vec::new()),
                     SearchMode::Uniqueness => RoundReply::Unique(true),
-                });
+                };
+                return Ok(signed(reply));
             }
             State::Running(s) => s.receive(from, &payload).map_err(protocol)?,
         };
@@ -469,9 +516,9 @@ impl SearchService {
                 active.next_round = round + 1;
                 active.last_used = now;
                 self.table().sessions.insert(id, active);
-                Ok(RoundReply::Continue(sealed))
+                Ok((RoundReply::Continue(sealed), None))
             }
-            Step::Done(output) => Ok(match output {
+            Step::Done(output) => Ok(signed(match output {
                 MatchOutput::Identify(entries) => RoundReply::Identified(
                     entries
                         .into_iter()
@@ -480,7 +527,7 @@ impl SearchService {
                 ),
                 MatchOutput::Unique(u) => RoundReply::Unique(u),
                 MatchOutput::Withheld => RoundReply::Identified(Vec::new()),
-            }),
+            })),
         }
     }
 

@@ -13,8 +13,9 @@
 //! three parties, so every search uses the *canonical order*: rows sorted by subject (the
 //! table is unique on (subject, eye), so within an eye the subject is a key). The scan runs
 //! in physical order on a thread pool and its results are permuted into canonical order.
-//! [`CanonicalOrder::digest`] commits to the canonical key list so the coordinator can check
-//! that the three parties search the same set.
+//! [`CanonicalOrder::digest`] commits to the canonical key list and each entry's enrolment id
+//! ([`crate::iris::binding`]), so the three parties search the same set of the same
+//! enrolments or their messages do not authenticate (the digest is in the session binding).
 //!
 //! **Memory.** Each eye holds `12,800 + 6,400` u16 coefficients per row in two flat vectors;
 //! growth reserves an eighth of the current size at a time, so capacity stays within
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use sha2::{Digest, Sha256};
 
 use crate::iris::aligned::AlignedU16s;
+use crate::iris::binding::{legacy_enrolment_id, EnrolmentId};
 use crate::iris::dot::{DotError, DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::Eye;
@@ -124,7 +126,7 @@ pub struct CanonicalOrder {
     rows: Vec<usize>,
     /// Subjects in canonical (sorted) order.
     pub subjects: Vec<String>,
-    /// SHA-256 over the eye and the canonical subject list.
+    /// SHA-256 over the eye and, in canonical order, each entry's subject and enrolment id.
     pub digest: [u8; 32],
 }
 
@@ -137,6 +139,8 @@ struct EyeMatrix {
     masks: AlignedU16s,
     ids: Vec<i64>,
     subjects: Vec<String>,
+    /// Each row's enrolment id ([`crate::iris::binding`]), committed to by the set digest.
+    enrolments: Vec<EnrolmentId>,
     /// The subjects held, for the duplicate check.
     subject_set: HashSet<String>,
     /// The cached canonical order (behind a mutex so that concurrent searches, which hold
@@ -163,12 +167,13 @@ impl EyeMatrix {
         grow(&mut self.masks, MASK_SHARE_COEFS);
     }
 
-    fn push(&mut self, t: StoredTemplate) {
+    fn push(&mut self, t: StoredTemplate, enrolment: EnrolmentId) {
         self.reserve(1);
         self.codes.extend_from_slice(&t.share.code);
         self.masks.extend_from_slice(&t.share.mask);
         self.journal.record(self.ids.len());
         self.ids.push(t.id);
+        self.enrolments.push(enrolment);
         self.subject_set.insert(t.subject.clone());
         self.subjects.push(t.subject);
         self.forget_order();
@@ -192,6 +197,7 @@ impl EyeMatrix {
         self.codes.truncate(last * CODE_SHARE_COEFS);
         self.masks.truncate(last * MASK_SHARE_COEFS);
         self.ids.swap_remove(row);
+        self.enrolments.swap_remove(row);
         let subject = self.subjects.swap_remove(row);
         self.subject_set.remove(&subject);
         self.forget_order();
@@ -212,13 +218,16 @@ impl EyeMatrix {
         let mut rows: Vec<usize> = (0..self.len()).collect();
         rows.sort_unstable_by(|&a, &b| self.subjects[a].cmp(&self.subjects[b]));
         let subjects: Vec<String> = rows.iter().map(|&r| self.subjects[r].clone()).collect();
+        // v2: each entry's enrolment id is committed to with its subject, so a share
+        // replaced or re-enrolled at one party changes that party's digest (binding.rs).
         let mut hash = Sha256::new();
-        hash.update(b"privmatch iris set v1");
+        hash.update(b"privmatch iris set v2");
         hash.update([eye.to_byte()]);
         hash.update((subjects.len() as u64).to_le_bytes());
-        for s in &subjects {
+        for (s, &r) in subjects.iter().zip(&rows) {
             hash.update((s.len() as u64).to_le_bytes());
             hash.update(s.as_bytes());
+            hash.update(self.enrolments[r]);
         }
         let order = Arc::new(CanonicalOrder {
             rows,
@@ -318,9 +327,20 @@ impl IrisStore {
         self.eyes[eye_slot(eye)].reserve(additional);
     }
 
-    /// Adds one row. Refuses another party's share, a wrong shape, a known id, or a subject
-    /// the eye already holds under another id.
+    /// Adds one row stored before enrolments were bound: its enrolment id is the legacy one
+    /// ([`legacy_enrolment_id`]). See [`IrisStore::insert_enrolled`].
     pub fn insert(&mut self, t: StoredTemplate) -> Result<(), StoreError> {
+        let enrolment = legacy_enrolment_id(&t.subject, t.eye);
+        self.insert_enrolled(t, enrolment)
+    }
+
+    /// Adds one row with its enrolment id. Refuses another party's share, a wrong shape, a
+    /// known id, or a subject the eye already holds under another id.
+    pub fn insert_enrolled(
+        &mut self,
+        t: StoredTemplate,
+        enrolment: EnrolmentId,
+    ) -> Result<(), StoreError> {
         if t.share.party != self.me {
             return Err(StoreError::WrongParty {
                 id: t.id,
@@ -346,7 +366,7 @@ impl IrisStore {
             });
         }
         self.index.insert(t.id, (t.eye, matrix.len()));
-        matrix.push(t);
+        matrix.push(t, enrolment);
         Ok(())
     }
 
@@ -490,6 +510,53 @@ mod tests {
             assert_eq!(store.eyes[eye_slot(eye)].ids[r], id);
         }
         assert_eq!(store.share_bytes(), 10 * SHARE_BYTES_PER_TEMPLATE);
+    }
+
+    #[test]
+    fn the_digest_commits_to_each_entrys_enrolment() {
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let shares: Vec<IrisShare> = (0..3)
+            .map(|_| share_template(&random_template(&mut rng), &mut rng).unwrap()[0].clone())
+            .collect();
+        let build = |victim_enrolment: EnrolmentId| {
+            let mut store = IrisStore::new(PartyIndex::ALL[0]);
+            for (i, share) in shares.iter().enumerate() {
+                let subject = ["alice", "bob", "victim"][i];
+                let enrolment = if subject == "victim" {
+                    victim_enrolment
+                } else {
+                    [i as u8; 32]
+                };
+                store
+                    .insert_enrolled(
+                        row(i as i64 + 1, subject, Eye::Left, share.clone()),
+                        enrolment,
+                    )
+                    .unwrap();
+            }
+            store
+        };
+        let honest = build([7; 32]).canonical(Eye::Left).digest;
+        assert_eq!(build([7; 32]).canonical(Eye::Left).digest, honest);
+        // The same subjects and shares, the victim re-enrolled under another enrolment: another
+        // digest, so the party's messages would not authenticate at its peers.
+        assert_ne!(build([8; 32]).canonical(Eye::Left).digest, honest);
+        // Legacy rows (no enrolment id stored) get the id every party derives alike.
+        let mut legacy = IrisStore::new(PartyIndex::ALL[0]);
+        legacy
+            .insert(row(1, "victim", Eye::Left, shares[0].clone()))
+            .unwrap();
+        let mut explicit = IrisStore::new(PartyIndex::ALL[0]);
+        explicit
+            .insert_enrolled(
+                row(9, "victim", Eye::Left, shares[1].clone()),
+                legacy_enrolment_id("victim", Eye::Left),
+            )
+            .unwrap();
+        assert_eq!(
+            legacy.canonical(Eye::Left).digest,
+            explicit.canonical(Eye::Left).digest
+        );
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! and list (P2's chunks; none when a stocked dealing was claimed) and answers
 //! X_b = x_b + δx_b sealed for the other evaluator; round 2
 //! opens X_{1−b} and answers z_b for every compared template (the evaluation of the whole 1:N
-//! on the engine's threads); round 3 opens z_{1−b} and answers the output shares o_b, which
+//! on the engine's threads); round 3 opens z_{1−b} and answers the output shares o_b sealed
+//! to the client's reply key (core's `face::reply`; the coordinator relays them unread), which
 //! ends the session. Sessions live in memory only, for at most `privmatch.search_timeout`
 //! between requests; single use of a session id is the table `face_sessions`' job, single use
 //! of a stocked dealing the table `face_stock_used`'s (the backend records the claim in the
@@ -33,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
-use privmatch_core::crypto::seal::{Channel, PairwiseSecrets};
+use privmatch_core::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey};
 use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
 use privmatch_core::face::mask_dealer::open_identification_key_chunks;
@@ -42,6 +43,7 @@ use privmatch_core::face::masked::{
     MaskedTemplateSet, BUNDLE_ID_LEN,
 };
 use privmatch_core::face::opening::session_channel;
+use privmatch_core::face::reply::{subjects_digest, ReplySealer};
 use privmatch_core::iris::service::PartyKeys;
 use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;
@@ -132,6 +134,8 @@ pub struct OpenRequest {
     pub session: [u8; 16],
     /// This party's share of the probe.
     pub probe: EmbeddingShare,
+    /// The reply key from the sealed probe: the outputs are sealed to it.
+    pub reply_key: PartyPublicKey,
     /// The compared templates in order; `None`: every held template, in the held order.
     pub wanted: Option<Vec<BundleId>>,
     /// A stocked dealing to claim for the session if it was dealt for the compared list.
@@ -145,6 +149,7 @@ pub struct OpenRequest {
 pub fn encode_open(req: &OpenRequest) -> Request<'static> {
     let mut head = Vec::with_capacity(32 + 4 * req.probe.elements.len());
     head.extend_from_slice(&req.session);
+    head.extend_from_slice(req.reply_key.as_bytes());
     head.extend_from_slice(&req.probe.norm.to_le_bytes());
     head.extend_from_slice(&words_to_bytes(&req.probe.elements));
     let mut list = Vec::new();
@@ -176,6 +181,7 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
 fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> {
     let mut c = Cursor(head);
     let session = c.array()?;
+    let reply_key = PartyPublicKey::from_bytes(c.array()?);
     let norm = c.u32()?;
     let elements = bytes_to_words(c.0).map_err(|_| malformed())?;
     let mut p = Cursor(payload);
@@ -195,6 +201,7 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
     Ok(OpenRequest {
         session,
         probe: EmbeddingShare { elements, norm },
+        reply_key,
         wanted,
         stock,
         known,
@@ -493,6 +500,10 @@ struct Session {
     generation: u64,
     channel: Channel,
     from_dealer: PairwiseSecrets,
+    /// Seals the round-3 output to the client's reply key.
+    reply: ReplySealer,
+    /// [`subjects_digest`] of the compared subjects, sealed with the output.
+    subjects_digest: [u8; 32],
     /// Set at the open when a stocked dealing was claimed, else by the keys step.
     keys: Option<IdentificationKeys>,
     own_x: Vec<u32>,
@@ -839,7 +850,9 @@ impl FaceService {
                 "a compared face template is not opened at this party yet (an enrolment is being committed or opened)",
             )
         };
-        let (ids, positions, subjects, generation, digest) = match guard.as_ref() {
+        let reply = ReplySealer::new(keys.me, &keys.secret, &req.reply_key, &req.session)
+            .map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
+        let (ids, positions, subjects, generation, digest, named) = match guard.as_ref() {
             None if req.wanted.as_ref().is_some_and(|w| !w.is_empty()) => return Err(not_opened()),
             None => (
                 Vec::new(),
@@ -847,6 +860,7 @@ impl FaceService {
                 Vec::new(),
                 0,
                 template_digest(std::iter::empty()),
+                subjects_digest(std::iter::empty()),
             ),
             Some(store) => {
                 if store.set.dim() != req.probe.elements.len() {
@@ -872,16 +886,17 @@ impl FaceService {
                     }
                     None => (store.set.ids().to_vec(), (0..store.set.len()).collect()),
                 };
-                // The subjects only when the caller does not know the list already.
+                // The subjects only when the caller does not know the list already; their
+                // digest always, as the client checks the subjects it is told against it.
                 let digest = template_digest(&ids);
+                let subject_of = |id: &BundleId| store.subjects.get(id).map_or("", String::as_str);
+                let named = subjects_digest(ids.iter().map(subject_of));
                 let subjects = if req.known == Some(digest) {
                     Vec::new()
                 } else {
-                    ids.iter()
-                        .map(|id| store.subjects.get(id).cloned().unwrap_or_default())
-                        .collect()
+                    ids.iter().map(|id| subject_of(id).to_owned()).collect()
                 };
-                (ids, positions, subjects, store.generation, digest)
+                (ids, positions, subjects, store.generation, digest, named)
             }
         };
         drop(guard);
@@ -895,6 +910,8 @@ impl FaceService {
             probe: req.probe,
             channel: to_peer.channel(session_channel(&req.session, &digest)),
             from_dealer,
+            reply,
+            subjects_digest: named,
             ids,
             digest,
             positions,
@@ -1092,10 +1109,14 @@ impl FaceService {
             .keys
             .as_ref()
             .ok_or_else(|| EngineError::internal("no keys"))?;
-        let o = sign_round(keys, &s.own_z, &peer, self.threads)
+        let mut o = sign_round(keys, &s.own_z, &peer, self.threads)
             .map_err(|e| refused("the peer's distance shares", e))?;
+        // Sealed to the client's reply key: the coordinator relays it and cannot add the two.
+        let mut rng = ChaCha20Rng::from_entropy();
+        let sealed = s.reply.seal(&s.digest, &s.subjects_digest, &o, &mut rng);
+        o.zeroize();
         // The session ends here: it was taken out of the table and is dropped.
-        Ok(Response::Continue(words_to_bytes(&o)))
+        Ok(Response::Continue(sealed))
     }
 }
 
@@ -1111,6 +1132,7 @@ mod tests {
                 elements: vec![1, 2, 3, u32::MAX],
                 norm: 9,
             },
+            reply_key: PartyPublicKey::from_bytes([5; 32]),
             wanted: Some(vec![[1; 16], [2; 16]]),
             stock: Some([8; 16]),
             known: Some([9; 32]),
@@ -1123,6 +1145,7 @@ mod tests {
         assert_eq!(back.session, req.session);
         assert_eq!(back.probe.elements, req.probe.elements);
         assert_eq!(back.probe.norm, 9);
+        assert_eq!(back.reply_key, req.reply_key);
         assert_eq!(back.wanted, req.wanted);
         assert_eq!(back.stock, req.stock);
         assert_eq!(back.known, req.known);

@@ -165,10 +165,10 @@ pub enum Response {
     },
     /// The next message.
     Continue(Vec<u8>),
-    /// Identification output.
-    Identified(Vec<String>),
-    /// Uniqueness output.
-    Unique(bool),
+    /// Identification output, and the party's signature over it (core's `iris::output`).
+    Identified(Vec<String>, [u8; 64]),
+    /// Uniqueness output, and the party's signature over it.
+    Unique(bool, [u8; 64]),
     /// Reply to [`Request::Abort`]: whether the session was running.
     Aborted(bool),
     /// Reply to [`Request::Status`].
@@ -377,17 +377,21 @@ impl Response {
                 message,
             ),
             Response::Continue(m) => (Writer::default().u8(2).u32(m.len() as u32).0, m),
-            Response::Identified(subjects) => (
+            Response::Identified(subjects, signature) => (
                 subjects
                     .iter()
                     .fold(
                         Writer::default().u8(3).u32(subjects.len() as u32),
                         |w, s| w.bytes(s.as_bytes()),
                     )
+                    .fixed(signature)
                     .0,
                 &[],
             ),
-            Response::Unique(u) => (Writer::default().u8(4).u8(u8::from(*u)).0, &[]),
+            Response::Unique(u, signature) => (
+                Writer::default().u8(4).u8(u8::from(*u)).fixed(signature).0,
+                &[],
+            ),
             Response::Aborted(a) => (Writer::default().u8(5).u8(u8::from(*a)).0, &[]),
             Response::Status(s) => (
                 Writer::default()
@@ -441,9 +445,12 @@ impl Response {
                 for _ in 0..n {
                     subjects.push(r.text()?);
                 }
-                Response::Identified(subjects)
+                Response::Identified(subjects, r.array()?)
             }
-            4 => Response::Unique(r.u8()? != 0),
+            4 => {
+                let unique = r.u8()? != 0;
+                Response::Unique(unique, r.array()?)
+            }
             5 => Response::Aborted(r.u8()? != 0),
             6 => Response::Status(EngineStatus {
                 state: r.text()?,
@@ -562,8 +569,8 @@ mod tests {
             },
             Response::Continue(vec![1, 2]),
             Response::Continue(Vec::new()),
-            Response::Identified(vec!["a".into(), "bé".into()]),
-            Response::Unique(true),
+            Response::Identified(vec!["a".into(), "bé".into()], [3; 64]),
+            Response::Unique(true, [4; 64]),
             Response::Error(EngineError::new(ErrorKind::Protocol, "no")),
         ];
         for resp in &responses {

@@ -22,6 +22,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
+use privmatch_core::iris::binding::EnrolmentId;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
 use privmatch_core::iris::params::SearchParams;
@@ -101,6 +102,7 @@ fn committed_ids() -> Result<Vec<i64>, EngineError> {
     })
 }
 
+/// One row of the template table as loaded: the template and its enrolment id.
 fn decode_row(
     me: PartyIndex,
     id: i64,
@@ -108,35 +110,45 @@ fn decode_row(
     eye: &str,
     code: &[u8],
     mask: &[u8],
-) -> Result<StoredTemplate, EngineError> {
+    enrolment: &[u8],
+) -> Result<(StoredTemplate, EnrolmentId), EngineError> {
     let bad = |what: String| EngineError::internal(format!("template {id}: {what}"));
     let eye = Eye::parse(eye).map_err(|e: BundleError| bad(e.to_string()))?;
     let code = decode_share(ShareKind::IrisCode, code).map_err(|e| bad(e.to_string()))?;
     let mask = decode_share(ShareKind::IrisMask, mask).map_err(|e| bad(e.to_string()))?;
+    let enrolment: EnrolmentId = enrolment
+        .try_into()
+        .map_err(|_| bad(format!("enrolment id of {} bytes", enrolment.len())))?;
     if code.party != me || mask.party != me {
         return Err(bad(format!(
             "holds a share of {}, this is {me}",
             code.party
         )));
     }
-    Ok(StoredTemplate {
-        id,
-        subject,
-        eye,
-        share: IrisShare {
-            party: me,
-            code: code.coefs(),
-            mask: mask.coefs(),
+    Ok((
+        StoredTemplate {
+            id,
+            subject,
+            eye,
+            share: IrisShare {
+                party: me,
+                code: code.coefs(),
+                mask: mask.coefs(),
+            },
         },
-    })
+        enrolment,
+    ))
 }
 
-fn load_rows(me: PartyIndex, ids: &[i64]) -> Result<Vec<StoredTemplate>, EngineError> {
+fn load_rows(
+    me: PartyIndex,
+    ids: &[i64],
+) -> Result<Vec<(StoredTemplate, EnrolmentId)>, EngineError> {
     Spi::connect(|client| {
         let rows = client
             .select(
                 "SELECT id, subject, eye::text, privmatch.iris_code_share_send(code_share), \
-                 privmatch.iris_mask_share_send(mask_share) \
+                 privmatch.iris_mask_share_send(mask_share), enrolment_id \
                  FROM privmatch.iris_templates WHERE id = ANY($1)",
                 None,
                 &[ids.to_vec().into()],
@@ -149,7 +161,8 @@ fn load_rows(me: PartyIndex, ids: &[i64]) -> Result<Vec<StoredTemplate>, EngineE
             let eye: String = row.get(3).map_err(spi_error)?.unwrap_or_default();
             let code: Vec<u8> = row.get(4).map_err(spi_error)?.unwrap_or_default();
             let mask: Vec<u8> = row.get(5).map_err(spi_error)?.unwrap_or_default();
-            out.push(decode_row(me, id, subject, &eye, &code, &mask)?);
+            let enrolment: Vec<u8> = row.get(6).map_err(spi_error)?.unwrap_or_default();
+            out.push(decode_row(me, id, subject, &eye, &code, &mask, &enrolment)?);
         }
         Ok(out)
     })
@@ -197,9 +210,9 @@ fn sync_store(store: &mut IrisStore, ids: &[i64]) -> Result<(), EngineError> {
     }
     let mut loaded = 0usize;
     for chunk in plan.missing.chunks(LOAD_CHUNK) {
-        for row in load_rows(store.party(), chunk)? {
+        for (row, enrolment) in load_rows(store.party(), chunk)? {
             store
-                .insert(row)
+                .insert_enrolled(row, enrolment)
                 .map_err(|e| EngineError::internal(e.to_string()))?;
         }
         loaded += chunk.len();
@@ -321,12 +334,15 @@ impl IrisSearch {
         now: Instant,
     ) -> Result<Response, EngineError> {
         self.service
-            .round(session, round, message, now)
+            .round_signed(session, round, message, now)
             .map_err(search_error)
-            .map(|reply| match reply {
-                RoundReply::Continue(m) => Response::Continue(m),
-                RoundReply::Identified(s) => Response::Identified(s),
-                RoundReply::Unique(u) => Response::Unique(u),
+            .and_then(|reply| match reply {
+                (RoundReply::Continue(m), _) => Ok(Response::Continue(m)),
+                (RoundReply::Identified(s), Some(signature)) => {
+                    Ok(Response::Identified(s, signature))
+                }
+                (RoundReply::Unique(u), Some(signature)) => Ok(Response::Unique(u, signature)),
+                (_, None) => Err(EngineError::internal("an output without its signature")),
             })
     }
 

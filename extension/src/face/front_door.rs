@@ -3,12 +3,93 @@
 //! `privmatch face seal`. The application role `privmatch_application` may call these and
 //! nothing else of the face modality.
 //!
-//! Imports: `crate::front_door` and core's `wire::sealed_input`; never `crate::iris`.
+//! The probes of `face_verify` and `face_identify` were sealed (`privmatch face seal
+//! --front-door <this party>`) with this party's static public key as their reply key, so P0
+//! and P1 seal their output shares to this party: the coordinator relays them unread, and this
+//! function opens them with the party's key file and P0's and P1's keys pinned here (never
+//! the coordinator's word; docs/protocols/face.md §13.9). An output the coordinator altered
+//! or forged is refused (28000) naming the party.
+//!
+//! Imports: `crate::front_door`, `crate::identity` and core's `face::reply` and
+//! `wire::sealed_input`; never `crate::iris`.
 
+use base64::Engine as _;
 use pgrx::prelude::*;
-use privmatch_core::wire::sealed_input::SealedKind;
+use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::face::reply::open_face_result;
+use privmatch_core::party::PartyIndex;
+use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
+use crate::errors::raise;
 use crate::front_door::{call, enrolled, field, malformed, parse_sealed};
+use crate::identity::{load_identity, pinned_peer};
+
+/// The session id a sealed probe input was sealed for (its body's `session`, hex), or 22023.
+fn sealed_session(function: &str, input: &SealedInput) -> [u8; 16] {
+    serde_json::from_slice::<serde_json::Value>(&input.body)
+        .ok()
+        .and_then(|b| b.get("session").and_then(|s| s.as_str()).map(str::to_owned))
+        .and_then(|h| hex::decode(h).ok())
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .unwrap_or_else(|| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("privmatch.{function}: argument sealed has no valid session id"),
+                Some("write it with `privmatch face seal`"),
+            )
+        })
+}
+
+/// Opens P0's and P1's sealed outputs in the coordinator's `answer` for `session`, checks
+/// them against the compared `subjects` and adds them: one bit per comparison. A sealed
+/// output that does not open (altered or forged by the coordinator, or sealed to another
+/// party's key) is refused with 28000 naming the party.
+fn open_outputs(
+    function: &str,
+    answer: &serde_json::Value,
+    session: &[u8; 16],
+    subjects: &[&str],
+) -> Vec<bool> {
+    let me = load_identity();
+    let outputs: Vec<Vec<u8>> = field(answer, "outputs", function)
+        .as_array()
+        .filter(|a| a.len() == 2)
+        .unwrap_or_else(|| malformed(function, "outputs"))
+        .iter()
+        .map(|o| {
+            o.as_str()
+                .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
+                .unwrap_or_else(|| malformed(function, "outputs[]"))
+        })
+        .collect();
+    // P0's and P1's keys as this party holds them: its own, or the pinned peer's.
+    let key = |b: usize| -> PartyPublicKey {
+        let party = PartyIndex::ALL[b];
+        if party == me.index {
+            me.secret.public_key()
+        } else {
+            pinned_peer(function, party)
+        }
+    };
+    let keys = [key(0), key(1)];
+    open_face_result(
+        [&keys[0], &keys[1]],
+        &me.secret,
+        session,
+        [&outputs[0], &outputs[1]],
+        subjects,
+    )
+    .unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+            format!("privmatch.{function}: {e}"),
+            Some(&format!(
+                "the coordinator changed the result, or the input was not sealed with `privmatch face seal --front-door {}` for this party",
+                me.index.as_u8()
+            )),
+        )
+    })
+}
 
 /// Enrols one face template at P0 and P1 (one distributed transaction, committed
 /// independently of the caller's). True when enrolled, false when the subject already has
@@ -36,10 +117,13 @@ fn face_verify(subject: &str, sealed: &str) -> bool {
             Some("seal the probe for this subject: `privmatch face seal --for verify` takes the subject from each input line"),
         );
     }
+    let session = sealed_session(function, &input);
     let answer = call(input, false);
-    field(&answer, "match", function)
-        .as_bool()
-        .unwrap_or_else(|| malformed(function, "match"))
+    // A verification compares the claimed subject's template: the first bit is the answer.
+    open_outputs(function, &answer, &session, &[subject])
+        .first()
+        .copied()
+        .unwrap_or_else(|| malformed(function, "outputs"))
 }
 
 /// 1:N: the enrolled subjects the probe matches, sorted (`privmatch face seal --for
@@ -48,16 +132,29 @@ fn face_verify(subject: &str, sealed: &str) -> bool {
 fn face_identify(sealed: &str) -> TableIterator<'static, (name!(subject, String),)> {
     let function = "face_identify";
     let input = parse_sealed(sealed, SealedKind::FaceIdentify, "sealed");
+    let session = sealed_session(function, &input);
     let answer = call(input, false);
-    let rows: Vec<(String,)> = field(&answer, "matches", function)
+    let subjects: Vec<&str> = field(&answer, "subjects", function)
         .as_array()
-        .unwrap_or_else(|| malformed(function, "matches"))
+        .unwrap_or_else(|| malformed(function, "subjects"))
         .iter()
         .map(|s| {
-            (s.as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| malformed(function, "matches[]")),)
+            s.as_str()
+                .unwrap_or_else(|| malformed(function, "subjects[]"))
         })
         .collect();
+    // Nothing enrolled: nothing compared, no outputs.
+    let bits = if subjects.is_empty() {
+        Vec::new()
+    } else {
+        open_outputs(function, &answer, &session, &subjects)
+    };
+    let mut rows: Vec<(String,)> = subjects
+        .iter()
+        .zip(bits)
+        .filter(|(_, m)| *m)
+        .map(|(s, _)| ((*s).to_owned(),))
+        .collect();
+    rows.sort();
     TableIterator::new(rows)
 }

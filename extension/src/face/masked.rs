@@ -12,7 +12,9 @@
 //! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer.
 //! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
-//!    comparison, little-endian u32); the session ends.
+//!    comparison) sealed to the reply key of the client's probe (core's `face::reply`,
+//!    docs/protocols/face.md §13.9): the coordinator relays them to the client unread; the
+//!    session ends.
 //!
 //! An identification may instead use a dealing made ahead of time (docs/protocols/face.md
 //! §13.7): `face_dealer_stock(stock, ids)` at P2 and `face_masked_stock(stock, chunks)` at P0
@@ -279,7 +281,8 @@ fn open_session(
     stock: Option<[u8; 16]>,
     known: Option<[u8; 32]>,
 ) -> Opened {
-    let (id, share) = fresh_session_probe(function, session, subject, probe);
+    let (id, opened) = fresh_session_probe(function, session, subject, probe);
+    let (share, reply_key) = (opened.share, opened.reply_key);
     let dim = share.elements.len();
     if let Some(enrolled) = enrolled_dim(function) {
         if enrolled != dim {
@@ -324,6 +327,7 @@ fn open_session(
     let request = encode_open(&OpenRequest {
         session: id,
         probe: share,
+        reply_key,
         wanted,
         stock,
         known,
@@ -441,7 +445,8 @@ fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
 
 /// Runs round 2 (the other evaluator's masked probe vector → this party's sealed distance
 /// shares) or 3 (the other's distance shares → this party's output shares, 4 bytes per
-/// comparison; the session ends) of masked session `session`. Errors: 42704 not running,
+/// comparison, sealed to the reply key of the client's probe: only the client opens them;
+/// the session ends) of masked session `session`. Errors: 42704 not running,
 /// 55000 out of order, 08P01 refused message, 22023 bad arguments.
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_round(session: &[u8], round: i32, inbound: &[u8]) -> Vec<u8> {

@@ -5,8 +5,9 @@
 //!    set digest (claims the same keys). Both commit before any key-derived value leaves.
 //! 2. `face_session_round(s, 1)` at both → sealed masked inputs for the peer.
 //! 3. `face_session_round(s, 2, peer's round-1 message)` → sealed distance share.
-//! 4. `face_session_round(s, 3, peer's round-2 message)` → this party's output shares (the
-//!    verifier adds P0's and P1's).
+//! 4. `face_session_round(s, 3, peer's round-2 message)` → this party's output shares sealed
+//!    to the reply key of the client's probe (core's `face::reply`, as on the dealer-masked
+//!    path: docs/protocols/face.md §13.9); the client opens P0's and P1's and adds them.
 //!
 //! Rounds run strictly in order, each once; a refused message fails the call (SQLSTATE
 //! 08P01) and the coordinator aborts the session. A session's keys are never released:
@@ -23,7 +24,8 @@ use privmatch_core::face::funshade::{
     bytes_to_words, distance_shares, masked_inputs, open_masked, sign_shares, words_to_bytes,
     KeySlice, COMPARISON_KEY_LEN,
 };
-use privmatch_core::face::probe::{channel_session, open_face_probe};
+use privmatch_core::face::probe::{channel_session, open_face_probe, OpenedProbe};
+use privmatch_core::face::reply::{subjects_digest, ReplySealer};
 use privmatch_core::face::{FaceError, Metric};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
@@ -123,14 +125,16 @@ fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(d
 
 /// The first checks of a face session's open at an evaluator, shared by both kinds of
 /// session: the session id parses and was never used here (23505), this party is P0 or P1
-/// (55000), its sealed `probe` opens for this session and `subject` (22P03 / 22023), and the
-/// party's query budget allows one more verification of `subject` or identification (53400).
+/// (55000), its sealed `probe` opens for this session and `subject` (22P03 / 22023; a probe of
+/// format version 1, without a reply key, is refused: 22P03), and the party's query budget
+/// allows one more verification of `subject` or identification (53400). Returns the session
+/// id, the probe share and the reply key the outputs are sealed to.
 pub(super) fn fresh_session_probe(
     function: &str,
     session: &[u8],
     subject: Option<&str>,
     probe: &[u8],
-) -> ([u8; 16], EmbeddingShare) {
+) -> ([u8; 16], OpenedProbe) {
     let id = parse_session_id(function, "session", session);
     let me = load_identity();
     evaluator(me.index).unwrap_or_else(|e| raise_face(function, e));
@@ -186,7 +190,8 @@ fn face_session_open(
         name!(digest, Vec<u8>),
     ),
 > {
-    let (_, share) = fresh_session_probe(OPEN, session, subject, probe);
+    let (_, opened) = fresh_session_probe(OPEN, session, subject, probe);
+    let share = opened.share;
     let dim = share.elements.len();
     let Some((metric, key_dim, generation)) = pool_parameters(OPEN) else {
         raise(
@@ -431,6 +436,26 @@ fn load_templates(ids: &[i64], dim: usize) -> Vec<EmbeddingShare> {
         .collect()
 }
 
+/// The subjects of a session's templates, in comparison order; a template deleted since the
+/// session opened fails the round.
+fn compared_subjects(ids: &[i64]) -> Vec<String> {
+    let subjects = select(
+        ROUND,
+        "SELECT t.subject FROM unnest($1::bigint[]) WITH ORDINALITY AS c(id, n) \
+           JOIN privmatch.face_templates t ON t.id = c.id ORDER BY c.n",
+        &[ids.to_vec().into()],
+        |row| row.get::<String>(1).unwrap_or_default(),
+    );
+    if subjects.len() != ids.len() {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{ROUND}: a compared template was deleted during the session"),
+            Some("start a new session"),
+        );
+    }
+    subjects
+}
+
 fn channel(me: &Identity, session: &[u8; 16], row: &SessionRow) -> Channel {
     let peer = PartyIndex::ALL[1 - evaluator(me.index).unwrap_or_else(|e| raise_face(ROUND, e))];
     let peer_key = pinned_peer(ROUND, peer);
@@ -469,8 +494,9 @@ fn save_round(session: &[u8], round: i32, z_share: Option<Vec<u8>>) {
 /// inbound message and returns the sealed masked inputs for the other evaluator; round 2
 /// takes the other's round-1 message and returns the sealed distance shares; round 3 takes
 /// the other's round-2 message and returns this party's output shares (4 bytes per
-/// comparison, little-endian u32, in the order of the subjects `face_session_open`
-/// returned), and ends the session. Errors: 42704 session not running (unknown, aborted,
+/// comparison, in the order of the subjects `face_session_open` returned) sealed to the
+/// reply key of the client's probe (core's `face::reply`: only the client opens them), and
+/// ends the session. Errors: 42704 session not running (unknown, aborted,
 /// finished), 55000 round out of order, 08P01 refused message, 22023 bad arguments.
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_session_round(
@@ -526,7 +552,8 @@ fn face_session_round(
         1 => {
             let probe =
                 open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
-                    .unwrap_or_else(|e| raise_face(ROUND, e));
+                    .unwrap_or_else(|e| raise_face(ROUND, e))
+                    .share;
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let words =
@@ -542,7 +569,8 @@ fn face_session_round(
             let peer = bytes_to_words(&plain).unwrap_or_else(|e| refused(round, e));
             let probe =
                 open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
-                    .unwrap_or_else(|e| raise_face(ROUND, e));
+                    .unwrap_or_else(|e| raise_face(ROUND, e))
+                    .share;
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let z = distance_shares(b, row.metric, &keys, &probe, &refs, &peer)
@@ -561,8 +589,19 @@ fn face_session_round(
                 .unwrap_or_else(|e| raise_face(ROUND, e));
             let z = open_masked(&own, &peer).unwrap_or_else(|e| refused(round, e));
             let o = sign_shares(b, &keys, &z).unwrap_or_else(|e| raise_face(ROUND, e));
+            // Sealed to the client's reply key (inside its sealed probe, kept until now), bound
+            // to the compared subjects: the coordinator relays it and cannot add the two.
+            let reply_key =
+                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
+                    .unwrap_or_else(|e| raise_face(ROUND, e))
+                    .reply_key;
+            let sealer = ReplySealer::new(me.index, &me.secret, &reply_key, &id)
+                .unwrap_or_else(|e| raise_face(ROUND, e));
+            let digest: [u8; 32] = row.digest.as_slice().try_into().unwrap_or([0; 32]);
+            let subjects = compared_subjects(&row.template_ids);
+            let named = subjects_digest(subjects.iter().map(String::as_str));
             save_round(session, 3, None);
-            words_to_bytes(&o)
+            sealer.seal(&digest, &named, &o, &mut rng)
         }
     };
     pg_sys::check_for_interrupts!();

@@ -6,13 +6,14 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::SealError;
+use privmatch_core::iris::binding::check_envelope_hashes;
 use privmatch_core::iris::enroll::{open_iris_enrollment, BundleError};
 use privmatch_core::wire::envelope::EnvelopeError;
 use privmatch_core::wire::storage::{encode_share, ShareKind};
 
 use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
 use crate::datum::{share_datum, type_oid};
-use crate::errors::{get_one, raise, raise_internal};
+use crate::errors::{get_one, raise, raise_internal, select};
 use crate::identity::load_identity;
 
 const ENROLL: &str = "iris_enroll_sealed";
@@ -41,13 +42,18 @@ fn raise_bundle(position: usize, err: BundleError) -> ! {
 }
 
 /// Opens each sealed enrolment envelope with this party's key and stores the shares of the
-/// bundles inside. Refuses (and so aborts the caller's transaction) any envelope that is not
-/// sealed to this party, fails authentication or is malformed, and any bundle that was already
-/// consumed (replay). A subject+eye that is already enrolled is skipped (`enrolled = false`)
-/// or, with `on_duplicate => 'error'`, aborts. Returns one row per record, in order.
+/// bundles inside. `envelope_hashes[j]` is h0 ‖ h1 ‖ h2, the hashes of the three parties'
+/// envelopes of `envelopes[j]`'s batch (core's `iris::binding`): this party's own envelope must
+/// hash to its slot (22023 otherwise), and every record stores the enrolment id the three
+/// parties derive from them alike, which the set digest of every search commits to. Refuses
+/// (and so aborts the caller's transaction) any envelope that is not sealed to this party,
+/// fails authentication or is malformed, and any bundle that was already consumed (replay).
+/// A subject+eye that is already enrolled is skipped (`enrolled = false`) or, with
+/// `on_duplicate => 'error'`, aborts. Returns one row per record, in order.
 #[pg_extern(volatile)]
 fn iris_enroll_sealed(
     envelopes: Array<'_, &[u8]>,
+    envelope_hashes: Array<'_, &[u8]>,
     on_duplicate: default!(&str, "'skip'"),
 ) -> TableIterator<
     'static,
@@ -63,18 +69,31 @@ fn iris_enroll_sealed(
     let code_oid = type_oid("privmatch.iris_code_share");
     let mask_oid = type_oid("privmatch.iris_mask_share");
     let envelopes: Vec<Option<&[u8]>> = envelopes.iter().collect();
+    let envelope_hashes: Vec<Option<&[u8]>> = envelope_hashes.iter().collect();
+    if envelope_hashes.len() != envelopes.len() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{ENROLL}: {} envelope_hashes for {} envelopes (one h0 ‖ h1 ‖ h2 per envelope)",
+                envelope_hashes.len(),
+                envelopes.len()
+            ),
+            None,
+        );
+    }
     let mut results = Vec::new();
     Spi::connect_mut(|client| {
         let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_internal(e));
         let insert = client
             .prepare_mut(
-                "INSERT INTO privmatch.iris_templates (subject, eye, code_share, mask_share) \
-                 VALUES ($1, $2::text::privmatch.eye, $3, $4) ON CONFLICT (subject, eye) DO NOTHING RETURNING id",
+                "INSERT INTO privmatch.iris_templates (subject, eye, code_share, mask_share, enrolment_id) \
+                 VALUES ($1, $2::text::privmatch.eye, $3, $4, $5) ON CONFLICT (subject, eye) DO NOTHING RETURNING id",
                 &[
                     PgOid::from(pg_sys::TEXTOID),
                     PgOid::from(pg_sys::TEXTOID),
                     PgOid::from(code_oid),
                     PgOid::from(mask_oid),
+                    PgOid::from(pg_sys::BYTEAOID),
                 ],
             )
             .unwrap_or_else(|e| raise_internal(e));
@@ -92,16 +111,33 @@ fn iris_enroll_sealed(
             };
             let bundles = open_iris_enrollment(me.index, &me.secret, sealed)
                 .unwrap_or_else(|e| raise_bundle(position, e));
-            opened.extend(bundles);
+            let hashes = envelope_hashes[position].unwrap_or_else(|| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                    format!("envelope_hashes #{position} is NULL"),
+                    None,
+                )
+            });
+            // A coordinator that stores an envelope of its own at this party only must give
+            // it other hashes than the other parties got, so the record's enrolment id here
+            // differs from theirs (core's iris::binding).
+            let enrolment = check_envelope_hashes(me.index, sealed, hashes).unwrap_or_else(|e| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    format!("envelope #{position}: {e}"),
+                    Some("the coordinator relayed envelope hashes that do not match the envelope; nothing was enrolled"),
+                )
+            });
+            opened.extend(bundles.into_iter().map(|b| (b, enrolment)));
         }
         let mut order: Vec<usize> = (0..opened.len()).collect();
         order.sort_by(|&a, &b| {
-            (opened[a].subject.as_str(), opened[a].eye.as_str())
-                .cmp(&(opened[b].subject.as_str(), opened[b].eye.as_str()))
+            (opened[a].0.subject.as_str(), opened[a].0.eye.as_str())
+                .cmp(&(opened[b].0.subject.as_str(), opened[b].0.eye.as_str()))
         });
         let mut inserted_at = vec![false; opened.len()];
         for record in order {
-            let bundle = &opened[record];
+            let (bundle, enrolment) = &opened[record];
             let party = bundle.share.party;
             let fresh = guard
                 .consume(client, &bundle.bundle_id)
@@ -128,6 +164,7 @@ fn iris_enroll_sealed(
                             &encode_share(ShareKind::IrisMask, party, &bundle.share.mask),
                             mask_oid,
                         ),
+                        enrolment.to_vec().into(),
                     ],
                 )
                 .unwrap_or_else(|e| raise_internal(e))
@@ -150,7 +187,9 @@ fn iris_enroll_sealed(
         results = opened
             .into_iter()
             .zip(inserted_at)
-            .map(|(bundle, inserted)| (bundle.subject, bundle.eye.as_str().to_owned(), inserted))
+            .map(|((bundle, _), inserted)| {
+                (bundle.subject, bundle.eye.as_str().to_owned(), inserted)
+            })
             .collect();
     });
     TableIterator::new(results)
@@ -211,4 +250,32 @@ fn iris_enrolled(subject: &str, eye: &str) -> bool {
         &[subject.into(), eye.into()],
     )
     .unwrap_or(false)
+}
+
+/// Every iris record this party holds with its enrolment id (core's `iris::binding`), sorted
+/// by eye and subject: what `privmatch iris audit` compares across the three parties to name
+/// the entries whose copies diverge (deleted at one party only, or stored there under another
+/// enrolment). Enrolment ids are hashes of sealed envelopes: no share, nothing secret.
+#[pg_extern(stable)]
+fn iris_audit() -> TableIterator<
+    'static,
+    (
+        name!(subject, String),
+        name!(eye, String),
+        name!(enrolment_id, Vec<u8>),
+    ),
+> {
+    let rows = select(
+        "iris_audit",
+        "SELECT subject, eye::text, enrolment_id FROM privmatch.iris_templates ORDER BY eye, subject",
+        &[],
+        |row| {
+            (
+                row.get::<String>(1).unwrap_or_default(),
+                row.get::<String>(2).unwrap_or_default(),
+                row.get::<Vec<u8>>(3).unwrap_or_default(),
+            )
+        },
+    );
+    TableIterator::new(rows)
 }

@@ -1,6 +1,6 @@
 //! The iris modality at one party: the share types ([`types`]), enrolment and deletion inside
 //! the coordinator's distributed transactions ([`enroll`]) and the SQL functions for the
-//! rounds of a search ([`search`]), which the engine worker runs (`crate::engine`), and the
+//! rounds of a search ([`search`]) under the party's threshold policy ([`policy`]), which the engine worker runs (`crate::engine`), and the
 //! application's SQL front door ([`front_door`]). The
 //! protocol is that of Bloemen et al., "Large-Scale MPC: Scaling Private Iris Code
 //! Uniqueness Checks to Millions of Users" (ePrint 2024/705), in [`privmatch_core::iris`].
@@ -10,5 +10,6 @@
 
 mod enroll;
 mod front_door;
+mod policy;
 mod search;
 mod types;

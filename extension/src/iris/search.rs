@@ -14,9 +14,11 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::PROBE_LIFETIME_SECS;
 use privmatch_core::iris::service::SearchError;
 
+use crate::budget::{self, BudgetKind};
 use crate::engine::client::{call, release_round_buffers};
 use crate::engine::ipc::{Request, Response};
 use crate::errors::{get_one, parse_session_id, raise, run};
+use crate::iris::policy::check_threshold;
 
 /// The search parameters of `iris_search_start`: 22023 with core's message (`iris search:
 /// …`) when one is out of range.
@@ -72,7 +74,8 @@ fn unexpected(function: &str, response: &Response) -> ! {
 /// date with the template table, scans the templates of the probe's eye and returns the
 /// number searched, the digest of the searched set and the first message (for party i+1).
 /// `mode` is `identify` or `uniqueness`, `max_rotation` 0..=15, `threshold` the fractional
-/// Hamming distance ratio in (0, 0.5] below which a comparison matches.
+/// Hamming distance ratio below which a comparison matches: it must be this party's policy
+/// (`iris_policy()`), anything else is refused with 22023.
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_search_start(
     session_id: &[u8],
@@ -88,12 +91,20 @@ fn iris_search_start(
         name!(message, Vec<u8>),
     ),
 > {
-    let session = parse_session_id("iris_search_start", "session_id", session_id);
+    const F: &str = "iris_search_start";
+    let session = parse_session_id(F, "session_id", session_id);
+    let params = search_params(mode, max_rotation, threshold);
+    // The threshold is deployment policy (attack: a caller bisecting a distance with searches
+    // at thresholds of its choice); checked here, whoever calls, before anything is opened.
+    check_threshold(F, "threshold", params.threshold());
+    // The per-party query budget is charged here, after the arguments are checked and before
+    // the probe is opened (a search past it is refused with 53400, whoever calls).
+    budget::charge(F, BudgetKind::IrisSearch, "");
     record_session(&session);
     let request = Request::Start {
         session,
         probe: probe.to_vec(),
-        params: search_params(mode, max_rotation, threshold),
+        params,
     };
     match call(&request) {
         Response::Started {
@@ -108,7 +119,10 @@ fn iris_search_start(
 /// Runs round `round` of search `session_id` with the message party i−1 returned. Returns
 /// the next message (for party i+1) with `finished = false`, or the output with
 /// `finished = true`: `subjects` (identification: the matching subjects of the probe's eye,
-/// sorted) or `is_unique` (uniqueness). Any refused message aborts the search.
+/// sorted) or `is_unique` (uniqueness), and `signature`, this party's Ed25519 signature over
+/// the output bound to the session, parameters, eye and set digest (core's `iris::output`;
+/// the key is derived from the party key file, its public half is `party_info()`'s
+/// `signing_key`). Any refused message aborts the search.
 // The row type must be spelled out inline for pgrx's SQL generation.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
@@ -123,6 +137,7 @@ fn iris_search_round(
         name!(finished, bool),
         name!(is_unique, Option<bool>),
         name!(subjects, Option<Vec<String>>),
+        name!(signature, Option<Vec<u8>>),
     ),
 > {
     let round = u32::try_from(round).unwrap_or_else(|_| {
@@ -138,9 +153,11 @@ fn iris_search_round(
         message: std::borrow::Cow::Borrowed(message),
     };
     let row = match call(&request) {
-        Response::Continue(m) => (Some(m), false, None, None),
-        Response::Identified(subjects) => (None, true, None, Some(subjects)),
-        Response::Unique(u) => (None, true, Some(u), None),
+        Response::Continue(m) => (Some(m), false, None, None, None),
+        Response::Identified(subjects, signature) => {
+            (None, true, None, Some(subjects), Some(signature.to_vec()))
+        }
+        Response::Unique(u, signature) => (None, true, Some(u), None, Some(signature.to_vec())),
         other => unexpected("iris_search_round", &other),
     };
     if row.1 {

@@ -21,8 +21,9 @@ SELECT * FROM privmatch.iris_search_round(decode(repeat('00', 16), 'hex'), -1, '
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 
 -- Parameters are checked at the SQL boundary, with the one definition of core: the threshold is
--- a ratio in (0, 0.5] (0.5 passes the check and reaches the engine; 0.5001 does not), the mode
--- is 'identify' or 'uniqueness', rotations 0..=15 (22023, naming the parameter).
+-- a ratio in (0, 0.5] (0.5001 is not) and must be this party's policy (0.345 at install: 0.5
+-- is refused by the policy), the mode is 'identify' or 'uniqueness', rotations 0..=15 (22023,
+-- naming the parameter).
 SELECT * FROM privmatch.iris_search_start(decode(repeat('00', 16), 'hex'), '\x00'::bytea, 'identify', 15, 0.5001);
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 SELECT * FROM privmatch.iris_search_start(decode(repeat('00', 16), 'hex'), '\x00'::bytea, 'lookup', 15, 0.345);

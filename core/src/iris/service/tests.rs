@@ -597,3 +597,72 @@ fn admission_counts_searches_that_are_starting() {
     assert_eq!(p.service.active(), 0);
     assert!(!p.service.table().used.contains(&id));
 }
+
+#[test]
+fn every_party_signs_its_output_bound_to_session_parameters_eye_and_set() {
+    use crate::crypto::party_sign::PartySigningKey;
+    use crate::iris::output::{verify_outputs, IrisResult, OutputRefused};
+    let mut w = world(23);
+    let t = random_template(&mut w.rng);
+    let other = random_template(&mut w.rng);
+    w.enroll("alice", Eye::Left, &t);
+    w.enroll("bob", Eye::Left, &other);
+    let keys =
+        [0, 1, 2].map(|i| Some(PartySigningKey::derive(&w.parties[i].keys.secret).verifying_key()));
+    for mode in ["identify", "uniqueness"] {
+        let p = params(mode, 15);
+        let id = w.session();
+        let probe = near_duplicate(&t, 0.05, 3, &mut w.rng);
+        let starts = w.start(id, &probe, Eye::Left, p);
+        let digest = starts[0].digest;
+        let mut messages: Vec<Vec<u8>> = starts.into_iter().map(|s| s.message).collect();
+        let mut round = 0;
+        let (result, signatures) = loop {
+            let replies: Vec<(RoundReply, Option<[u8; 64]>)> = (0..3)
+                .map(|i| {
+                    w.parties[i]
+                        .service
+                        .round_signed(id, round, &messages[(i + 2) % 3], Instant::now())
+                        .unwrap()
+                })
+                .collect();
+            if let (RoundReply::Continue(_), None) = &replies[0] {
+                messages = replies
+                    .into_iter()
+                    .map(|r| match r.0 {
+                        RoundReply::Continue(m) => m,
+                        other => panic!("out of step: {other:?}"),
+                    })
+                    .collect();
+                round += 1;
+                continue;
+            }
+            let result = match &replies[0].0 {
+                RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
+                RoundReply::Unique(u) => IrisResult::Unique(*u),
+                RoundReply::Continue(_) => unreachable!(),
+            };
+            let signatures: [Vec<u8>; 3] =
+                std::array::from_fn(|i| replies[i].1.expect("signed").to_vec());
+            break (result, signatures);
+        };
+        let expected = match mode {
+            "identify" => IrisResult::Identified(vec!["alice".into()]),
+            _ => IrisResult::Unique(false),
+        };
+        assert_eq!(result, expected);
+        let verify = |result: &IrisResult, eye: Eye| {
+            verify_outputs(&keys, id, p, eye, digest, 2, result, &signatures)
+        };
+        assert_eq!(verify(&result, Eye::Left), Ok(()));
+        let flipped = match &result {
+            IrisResult::Identified(_) => IrisResult::Identified(vec![]),
+            IrisResult::Unique(u) => IrisResult::Unique(!u),
+        };
+        assert!(matches!(
+            verify(&flipped, Eye::Left),
+            Err(OutputRefused::BadSignature { .. })
+        ));
+        assert!(verify(&result, Eye::Right).is_err());
+    }
+}
