@@ -205,7 +205,8 @@ sleep 2
 docker kill "$(compose ps -q coordinator)" >/dev/null
 wait $enrol
 rc=$?
-down=$(app_sql "SELECT privmatch.iris_is_unique(sealed) FROM (SELECT 'privmatch-sealed-v1:iris-uniqueness:AAAA'::text) v(sealed)" 2>&1)
+# A real sealed probe (the front door opens and checks it before it calls the coordinator).
+down=$(app_sql "SELECT count(*) FROM privmatch.iris_identify('$(head -1 sql-probes.tsv | cut -f2)')" 2>&1)
 set -e
 [ $rc != 0 ] || fail "the enrolment went on with the coordinator killed"
 echo "$down" | grep -q "cannot reach the coordinator at https://coordinator:8443" ||
