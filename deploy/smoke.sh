@@ -116,7 +116,7 @@ tsv_values() { # tsv_values FILE: the lines "subject<TAB>sealed" as a VALUES lis
 # New templates (another seed), so that the searches below still find what they found before.
 "$P" iris synth 5 --seed 99 | sed 's/"synth-/"sql-/' >sql-enrol.ndjson
 "$P" "${C[@]}" iris seal --for enroll --input sql-enrol.ndjson --out sql-enrol.tsv 2>/dev/null
-"$P" "${C[@]}" iris seal --for identify --input <(head -3 sql-enrol.ndjson) --out sql-probes.tsv 2>/dev/null
+"$P" "${C[@]}" iris seal --for identify --front-door 0 --input <(head -3 sql-enrol.ndjson) --out sql-probes.tsv 2>/dev/null
 "$P" "${C[@]}" face seal --for verify --front-door 0 --input <(sed -n 8p faces.ndjson) --out sql-verify.tsv 2>/dev/null
 enrolled=$(app_sql "SELECT count(*) FILTER (WHERE privmatch.iris_enroll(sealed)) FROM (VALUES $(tsv_values sql-enrol.tsv)) s (subject, sealed)")
 [ "$enrolled" = 5 ] || fail "front door: enrolled $enrolled of 5"

@@ -150,6 +150,15 @@ AS $list$
         ('create_application_login',  ARRAY['privmatch_operator']),
         ('set_query_budget',          ARRAY['privmatch_operator']),
         ('query_budgets',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        -- registered clients (extension/src/clients.rs): the operator's signed commands (the
+        -- coordinator may relay them, not forge them), the policy read by all, a client's setup
+        -- check, the per-client budgets (the operator's view)
+        ('client_register',           ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('client_revoke',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('client_auth_set_policy',    ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('client_auth_policy',        ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
+        ('client_auth_check',         ARRAY['privmatch_operator', 'privmatch_coordinator']),
+        ('client_budgets',            ARRAY['privmatch_operator']),
         -- the one-coordinator lock at P0 (coordinator/src/guard.rs)
         ('coordinator_lock',          ARRAY['privmatch_coordinator']),
         -- sealing a secret under the party's at-rest key: used by upgrade scripts only
@@ -192,6 +201,7 @@ AS $list$
         ('face_dealer_generate',      ARRAY['privmatch_coordinator']),
         ('face_dealer_template_seeds', ARRAY['privmatch_coordinator']),
         ('face_dealer_identify',      ARRAY['privmatch_coordinator']),
+        ('face_dealer_verify',        ARRAY['privmatch_coordinator']),
         ('face_dealer_stock',         ARRAY['privmatch_coordinator']),
         ('face_keys_store',           ARRAY['privmatch_coordinator']),
         ('face_keys_retire_before',   ARRAY['privmatch_coordinator']),

@@ -160,6 +160,16 @@ pub struct Config {
     /// client enrols devices or runs terminals: `privmatch device pin-service` writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paillier_service: Option<ServicePin>,
+    /// The id under which the parties' operators registered this client
+    /// (`privmatch client register`): with `client_key`, every sealed probe this client sends
+    /// or seals for a front door is signed for its party (docs/deployment.md, "Registered
+    /// clients"). Overridden by `PRIVMATCH_CLIENT_ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// This client's signing key file (`privmatch client keygen`). Overridden by
+    /// `PRIVMATCH_CLIENT_KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<PathBuf>,
 }
 
 /// The pinned service provider of device-held face templates (packed Paillier, Game-Set-MATCH:
@@ -535,6 +545,8 @@ mod tests {
             party_identities: Vec::new(),
             party_signing_keys: Vec::new(),
             paillier_service: None,
+            client_id: None,
+            client_key: None,
         };
         // Nothing pinned yet: the configuration loads, sealing is refused naming P0.
         config.save(&path).expect("save");
@@ -683,6 +695,8 @@ mod tests {
             party_identities: Vec::new(),
             party_signing_keys: Vec::new(),
             paillier_service: None,
+            client_id: None,
+            client_key: None,
         };
         for i in 0..3 {
             let (bundle, fingerprint) = bundle(i, [7 + i; 32], 40 + i);

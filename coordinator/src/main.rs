@@ -17,7 +17,9 @@
 //!   signed with the operator's key; `privmatch party identity-export` — the operator's
 //!   signed identity bundle for clients.
 //! * `privmatch client pin|pins` — the client pins a party's key from its operator's bundle,
-//!   after comparing the fingerprint given out of band.
+//!   after comparing the fingerprint given out of band; `privmatch client keygen` — a client's
+//!   signing key; `privmatch client register|revoke|budgets` and `privmatch client-auth policy
+//!   show|set` — a party's operator manages the registered clients (signed commands).
 //! * `privmatch recover` — finish distributed transactions a crash left in doubt.
 //! * `privmatch bench enroll|iris|face` — the bulk-enrolment, search and face benchmarks.
 
@@ -87,10 +89,17 @@ enum Command {
         #[command(subcommand)]
         action: privmatch_coordinator::cli::party::PartyAction,
     },
-    /// The client's pins of the parties' identities (from bundles their operators exported).
+    /// The client's pins of the parties' identities (from bundles their operators exported),
+    /// its signing key, and the operators' registration of clients at their parties.
     Client {
         #[command(subcommand)]
-        action: privmatch_coordinator::cli::keys::ClientAction,
+        action: privmatch_coordinator::cli::client_auth::ClientCommand,
+    },
+    /// A party's client-auth policy: whether sealed inputs must be signed by a registered
+    /// client (set by the party's operator, signed).
+    ClientAuth {
+        #[command(subcommand)]
+        action: privmatch_coordinator::cli::client_auth::ClientAuthAction,
     },
     /// A party operator's own commands at its party: initialise it, pin peers (key ceremony),
     /// show its identity, make its TLS certificate.
@@ -196,7 +205,14 @@ async fn run(cli: Cli) -> Result<()> {
             privmatch_coordinator::cli::party::run(action, &cli.home(), || cli.load_config()).await
         }
         Command::Client { action } => {
-            privmatch_coordinator::cli::keys::run(action, &cli.config_path())
+            privmatch_coordinator::cli::client_auth::run_client(action, &cli.config_path(), || {
+                cli.load_config()
+            })
+            .await
+        }
+        Command::ClientAuth { action } => {
+            privmatch_coordinator::cli::client_auth::run_client_auth(action, || cli.load_config())
+                .await
         }
         Command::Operator { action } => privmatch_coordinator::cli::operator::run(action).await,
         Command::Recover => recover::run(&cli.load_config()?).await,

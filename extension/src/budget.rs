@@ -5,7 +5,8 @@
 //! protocols make the open durable before anything derived from it leaves the party (the
 //! later steps refuse a session opened in their own transaction), so a caller cannot roll a
 //! charge back and keep the answer. Tables: `privmatch.query_budget_policy` and
-//! `privmatch.query_budget_use` (`sql/common.sql`).
+//! `privmatch.query_budget_use` (`sql/common.sql`). Budgets per registered client, charged on
+//! top of these for inputs a client signed, are `crate::clients`'.
 //!
 //! Imports: [`crate::errors`] only (no modality).
 
@@ -25,6 +26,18 @@ pub enum BudgetKind {
 }
 
 impl BudgetKind {
+    /// Every kind.
+    pub const ALL: [BudgetKind; 3] = [
+        BudgetKind::IrisSearch,
+        BudgetKind::FaceIdentify,
+        BudgetKind::FaceVerify,
+    ];
+
+    /// The kind named `name` (as [`BudgetKind::name`] spells it), if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The kind's name in `privmatch.query_budget_policy`.
     pub fn name(self) -> &'static str {
         match self {
@@ -54,16 +67,14 @@ pub fn charge(function: &str, kind: BudgetKind, key: &str) {
     )
     .unwrap_or(0);
     if used > allowed {
-        let whose = if key.is_empty() {
-            String::new()
-        } else {
-            format!(" of subject {key:?}")
-        };
         raise(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!(
-                "{function}: query budget exhausted: this party answers {allowed} {}{whose} per hour",
-                kind.name()
+                "{function}: query budget exhausted: this party answers {allowed} {} per hour{}",
+                kind.name(),
+                // The subject of a verification is not named: the message reaches the
+                // coordinator, which must not learn whom a verification was for.
+                if key.is_empty() { "" } else { " per subject" }
             ),
             Some("wait for the next hour, or the party's operator raises the budget with privmatch.set_query_budget"),
         );
@@ -85,12 +96,7 @@ pub fn charge(function: &str, kind: BudgetKind, key: &str) {
 #[pg_extern(volatile)]
 fn set_query_budget(kind: &str, per_hour: i32) -> i32 {
     const F: &str = "set_query_budget";
-    let known = [
-        BudgetKind::IrisSearch,
-        BudgetKind::FaceIdentify,
-        BudgetKind::FaceVerify,
-    ];
-    if !known.iter().any(|k| k.name() == kind) {
+    if BudgetKind::parse(kind).is_none() {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!("{F}: unknown budget kind {kind:?}"),

@@ -21,6 +21,7 @@
 mod at_rest;
 mod budget;
 mod bundles;
+mod clients;
 mod datum;
 mod engine;
 mod errors;
@@ -53,6 +54,11 @@ pub extern "C-unwind" fn _PG_init() {
 // (identity, peers, consumed bundles, distributed transactions) first, then each modality's
 // types and tables.
 pgrx::extension_sql_file!("../../sql/common.sql", name = "privmatch_common", bootstrap);
+pgrx::extension_sql_file!(
+    "../../sql/clients.sql",
+    name = "privmatch_clients",
+    requires = ["privmatch_common"]
+);
 pgrx::extension_sql_file!(
     "../../sql/iris.sql",
     name = "privmatch_iris",

@@ -165,7 +165,7 @@ seal() {
       "$PM" "${cfg[@]}" iris seal --for enroll --input "$input" --out "$out" 2>/dev/null ;;
     iris-identify | iris-uniqueness)
       lines iris-base.ndjson "$n" >"$input"
-      "$PM" "${cfg[@]}" iris seal --for "${kind#iris-}" --input "$input" --out "$out" 2>/dev/null ;;
+      "$PM" "${cfg[@]}" iris seal --for "${kind#iris-}" --front-door 0 --input "$input" --out "$out" 2>/dev/null ;;
     face-enroll)
       "$PM" face synth --subjects "$n" --dim 128 --seed $((1000 + level)) --prefix "load-$level-" \
         --out "$input" >/dev/null

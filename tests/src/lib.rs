@@ -520,6 +520,8 @@ impl Cluster {
                 party_identities: Vec::new(),
                 party_signing_keys: Vec::new(),
                 paillier_service: None,
+                client_id: None,
+                client_key: None,
             },
             operators: Vec::new(),
             coordinator_logins: Vec::new(),

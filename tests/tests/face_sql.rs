@@ -33,23 +33,25 @@ fn client_reply() -> PartySecretKey {
     PartySecretKey::from_bytes([0x5a; 32])
 }
 
-/// The client's step: opens P0's and P1's sealed outputs of `session` and adds them.
+/// The client's step: opens P0's and P1's sealed outputs of `session` and adds them: per
+/// compared subject (a verification: the `claimed` one; an identification: those listed
+/// inside the outputs) its bit.
 fn open_bits(
     keys: &[PartyPublicKey; 3],
     session: &[u8; 16],
     o0: &[u8],
     o1: &[u8],
-    subjects: &[String],
-) -> Vec<bool> {
-    let names: Vec<&str> = subjects.iter().map(String::as_str).collect();
-    open_face_result(
+    claimed: Option<&str>,
+) -> Vec<(String, bool)> {
+    let result = open_face_result(
         [&keys[0], &keys[1]],
         &client_reply(),
         session,
         [o0, o1],
-        &names,
+        claimed,
     )
-    .expect("the client opens the sealed outputs")
+    .expect("the client opens the sealed outputs");
+    result.subjects.into_iter().zip(result.bits).collect()
 }
 
 /// A random L2-normalised embedding.
@@ -192,7 +194,8 @@ async fn available(client: &Client) -> i64 {
 /// The sessions's state after `open` at both evaluators.
 struct Opened {
     session: [u8; 16],
-    subjects: Vec<String>,
+    comparisons: i32,
+    claimed: Option<String>,
     keys: [PartyPublicKey; 3],
 }
 
@@ -220,8 +223,10 @@ async fn open(
         )
         .await
         .map_err(|e| failure(0, &e))?;
+    let comparisons: i32 = row.get(0);
     let claims: Vec<u8> = row.get(1);
-    let subjects: Vec<String> = row.get(2);
+    // Since 0.12.0 no open names a subject: they reach the client inside the sealed outputs.
+    assert!(row.get::<_, Vec<String>>(2).is_empty());
     let digest: Vec<u8> = row.get(3);
     let row1 = clients[1]
         .query_one(
@@ -230,10 +235,12 @@ async fn open(
         )
         .await
         .map_err(|e| failure(1, &e))?;
-    assert_eq!(row1.get::<_, Vec<String>>(1), subjects);
+    assert_eq!(row1.get::<_, i32>(0), comparisons);
+    assert!(row1.get::<_, Vec<String>>(1).is_empty());
     Ok(Opened {
         session,
-        subjects,
+        comparisons,
+        claimed: subject.map(str::to_owned),
         keys: *keys,
     })
 }
@@ -258,7 +265,7 @@ async fn round(
 /// Rounds 1–3 at P0 and P1 and the client's opening of the sealed outputs.
 async fn finish(clients: &[Client], opened: &Opened) -> Result<Vec<(String, bool)>, Failure> {
     let s = opened.session.as_slice();
-    if opened.subjects.is_empty() {
+    if opened.comparisons == 0 {
         return Ok(Vec::new());
     }
     let (a, b) = tokio::join!(
@@ -276,8 +283,13 @@ async fn finish(clients: &[Client], opened: &Opened) -> Result<Vec<(String, bool
         round(&clients[1], 1, s, 3, Some(&z0))
     );
     let (o0, o1) = (a?, b?);
-    let bits = open_bits(&opened.keys, &opened.session, &o0, &o1, &opened.subjects);
-    Ok(opened.subjects.iter().cloned().zip(bits).collect())
+    Ok(open_bits(
+        &opened.keys,
+        &opened.session,
+        &o0,
+        &o1,
+        opened.claimed.as_deref(),
+    ))
 }
 
 async fn compare(
@@ -696,7 +708,12 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             (0, Some("P0002")),
             "{err:?}"
         );
-        assert!(err.message.contains("mallory"), "{err:?}");
+        // The subject is not named: the message reaches the coordinator, which must not learn
+        // whom a verification was for.
+        assert!(
+            !err.message.contains("mallory") && err.message.contains("verified subject"),
+            "{err:?}"
+        );
         // Enrolling a template of another dimension.
         let requests = [FaceEnrollRequest {
             subject: "bob",
@@ -815,7 +832,36 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             .await
             .expect_err("misrouted");
         assert_eq!(err.code().map(|c| c.code()), Some("22P03"), "{err:?}");
-        // A verification probe cannot be run as an identification (it would reveal who).
+        // A verification probe cannot be run as an identification (it would reveal who) nor
+        // against another subject: the probe itself says what it is for (format 3). Called
+        // without the subject, it opens as the verification it was sealed for, and names
+        // nobody; called with another subject, it is refused.
+        let session: [u8; 16] = rng.gen();
+        let sealed = seal_face_probe(
+            &alice,
+            session,
+            Some("alice"),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
+        let row = clients[0]
+            .query_one(
+                "SELECT comparisons, subjects FROM privmatch.face_session_open($1, $2)",
+                &[&session.as_slice(), &sealed[0]],
+            )
+            .await
+            .expect("opens as the verification it was sealed for");
+        assert_eq!(row.get::<_, i32>(0), 1);
+        assert!(row.get::<_, Vec<String>>(1).is_empty());
+        clients[0]
+            .execute(
+                "SELECT privmatch.face_session_abort($1)",
+                &[&session.as_slice()],
+            )
+            .await
+            .expect("abort");
         let session: [u8; 16] = rng.gen();
         let sealed = seal_face_probe(
             &alice,
@@ -828,7 +874,7 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
         .expect("seal");
         let err = clients[0]
             .query(
-                "SELECT * FROM privmatch.face_session_open($1, $2)",
+                "SELECT * FROM privmatch.face_session_open($1, $2, 'bob')",
                 &[&session.as_slice(), &sealed[0]],
             )
             .await
@@ -998,6 +1044,9 @@ async fn dealt_halves_for(
     let function = match keys_for {
         KeysFor::Session(_) => "face_dealer_identify",
         KeysFor::Stock(_) => "face_dealer_stock",
+        KeysFor::Verification(_) => {
+            panic!("a verification is dealt by face_dealer_verify, from the evaluators' sealed requests")
+        }
     };
     let rows = p2
         .query(
@@ -1278,13 +1327,14 @@ async fn sealed_seeds(p2: &Client, b: i32, ids: &[Vec<u8>]) -> Vec<u8> {
 }
 
 /// A masked session opened at P0 and P1 (identification against every opened template):
-/// its id and the compared subjects in the evaluators' order.
+/// the compared bundle ids in the evaluators' order (the subjects are named nowhere but
+/// inside the sealed outputs).
 async fn masked_open(
     clients: &[Client],
     keys: &[PartyPublicKey; 3],
     session: [u8; 16],
     probe: &[i32],
-) -> Result<(Vec<u8>, Vec<String>), Failure> {
+) -> Result<Vec<u8>, Failure> {
     let mut rng = ChaCha20Rng::from_entropy();
     let sealed = seal_face_probe(
         probe,
@@ -1297,26 +1347,22 @@ async fn masked_open(
     .expect("seal probe");
     let row = clients[0]
         .query_one(
-            "SELECT bundle_ids, subjects FROM privmatch.face_masked_open($1, $2)",
+            "SELECT bundle_ids, dealer_request FROM privmatch.face_masked_open($1, $2)",
             &[&session.as_slice(), &sealed[0]],
         )
         .await
         .map_err(|e| failure(0, &e))?;
     let ids: Vec<u8> = row.get(0);
-    let subjects: Vec<String> = row.get(1);
+    assert_eq!(row.get::<_, Option<Vec<u8>>>(1), None, "no request for P2");
     let row = clients[1]
         .query_one(
-            "SELECT subjects FROM privmatch.face_masked_open($1, $2, NULL, $3)",
+            "SELECT bundle_ids FROM privmatch.face_masked_open($1, $2, $3)",
             &[&session.as_slice(), &sealed[1], &ids],
         )
         .await
         .map_err(|e| failure(1, &e))?;
-    assert_eq!(
-        row.get::<_, Vec<String>>(0),
-        subjects,
-        "the evaluators' lists"
-    );
-    Ok((ids, subjects))
+    assert_eq!(row.get::<_, Vec<u8>>(0), ids, "the evaluators' lists");
+    Ok(ids)
 }
 
 async fn masked_keys(
@@ -1450,9 +1496,9 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
         // half, a tampered round message are 08P01 and end the session at that party.
         let session_a: [u8; 16] = rng.gen();
         let session_b: [u8; 16] = rng.gen();
-        let (list_a, subjects) = masked_open(&clients, &keys, session_a, &probe).await.expect("open a");
-        assert_eq!(subjects.len(), TEMPLATES);
-        let (list_b, _) = masked_open(&clients, &keys, session_b, &probe).await.expect("open b");
+        let list_a = masked_open(&clients, &keys, session_a, &probe).await.expect("open a");
+        assert_eq!(list_a.len(), 16 * TEMPLATES);
+        let list_b = masked_open(&clients, &keys, session_b, &probe).await.expect("open b");
         let reuse = seal_face_probe(&probe, session_a, None, &client_reply().public_key(), &keys, &mut rng).expect("seal");
         let (code, message) = refused_with(
             clients[0]
@@ -1493,7 +1539,7 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
 
         // A third session, honest from end to end: the plaintext answers.
         let session_c: [u8; 16] = rng.gen();
-        let (list_c, subjects) = masked_open(&clients, &keys, session_c, &probe).await.expect("open c");
+        let list_c = masked_open(&clients, &keys, session_c, &probe).await.expect("open c");
         let halves = dealt_halves(&clients[2], &session_c, &id_list(&list_c)).await.expect("deal c");
         let x0 = masked_keys(&clients[0], &session_c, &halves[0]).await.expect("keys P0");
         let x1c = masked_keys(&clients[1], &session_c, &halves[1]).await.expect("keys P1");
@@ -1502,9 +1548,10 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
         let z1 = masked_round(&clients[1], &session_c, 2, &x0).await.expect("z1");
         let o0 = masked_round(&clients[0], &session_c, 3, &z1).await.expect("o0");
         let o1 = masked_round(&clients[1], &session_c, 3, &z0).await.expect("o1");
-        let bits = open_bits(&keys, &session_c, &o0, &o1, &subjects);
+        let bits = open_bits(&keys, &session_c, &o0, &o1, None);
+        assert_eq!(bits.len(), TEMPLATES);
         let mut matched = 0;
-        for (bit, subject) in bits.iter().zip(&subjects) {
+        for (subject, bit) in &bits {
             let template = &records.iter().find(|r| &r.0 == subject).expect("subject").1;
             let expected = plaintext_match(Metric::Cosine, &probe, template, theta_q);
             assert_eq!(*bit, expected, "{subject}");
@@ -1521,14 +1568,20 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
     });
 }
 
-/// Everything the coordinator receives from the parties in one masked session, as its role
-/// drives it the way `coordinator/src/face/driver.rs` does (open at P0, open at P1 with P0's
-/// list, P2's dealing, keys, rounds 2 and 3): every byte string and text of every answer, and
-/// P0's and P1's round-3 outputs.
+/// Everything the coordinator sends and receives in one masked session, as its role drives
+/// it the way `coordinator/src/face/driver.rs` does (an identification: open at P0, open at
+/// P1 with P0's list, P2's dealing for the list; a verification: opens at P0 and P1 at once,
+/// P2's dealing from their sealed requests; then keys, rounds 2 and 3), together with the
+/// client's HTTP request body and the coordinator's answer to it: every parameter of every
+/// call to P0, P1 and P2, and every byte string of every answer. Also P0's and P1's round-3
+/// outputs and the verification requests (for the relay attacks).
 struct Captured {
+    /// What the coordinator sends: the client's answer, every SQL argument to every party.
+    sent: Vec<Vec<u8>>,
+    /// What the coordinator receives: the client's request, every answer of every party.
     received: Vec<Vec<u8>>,
-    subjects: Vec<String>,
     outputs: [Vec<u8>; 2],
+    requests: Option<[Vec<u8>; 2]>,
 }
 
 async fn captured_session(
@@ -1538,7 +1591,11 @@ async fn captured_session(
     subject: Option<&str>,
     probe: &[i32],
 ) -> Captured {
-    let mut received: Vec<Vec<u8>> = Vec::new();
+    use privmatch_coordinator::face::api::{
+        FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody, FaceVerifyResponse,
+    };
+    use privmatch_coordinator::wire::to_base64;
+    let (mut sent, mut received): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
     let mut rng = ChaCha20Rng::from_entropy();
     let sealed = seal_face_probe(
         probe,
@@ -1549,39 +1606,73 @@ async fn captured_session(
         &mut rng,
     )
     .expect("seal probe");
+    // The client's request, as the client library sends it.
+    let probes = [to_base64(&sealed[0]), to_base64(&sealed[1])];
+    let body = match subject {
+        Some(_) => serde_json::to_vec(&FaceVerifyBody {
+            session: hex::encode(session),
+            probes,
+            subject: None,
+        }),
+        None => serde_json::to_vec(&FaceIdentifyBody {
+            session: hex::encode(session),
+            probes,
+        }),
+    }
+    .expect("json");
+    received.push(body);
+    let open = "SELECT comparisons, bundle_ids, digest, dealer_request \
+                FROM privmatch.face_masked_open($1, $2, $3)";
+    let answer = |row: &tokio_postgres::Row, received: &mut Vec<Vec<u8>>| {
+        received.push(row.get::<_, i32>(0).to_le_bytes().to_vec());
+        received.push(row.get(1));
+        received.push(row.get(2));
+        received.extend(row.get::<_, Option<Vec<u8>>>(3));
+        (row.get::<_, Vec<u8>>(1), row.get::<_, Option<Vec<u8>>>(3))
+    };
+    let none: Option<Vec<u8>> = None;
+    sent.extend([session.to_vec(), sealed[0].clone()]);
     let row = clients[0]
-        .query_one(
-            "SELECT comparisons, bundle_ids, subjects, digest FROM privmatch.face_masked_open($1, $2, $3)",
-            &[&session.as_slice(), &sealed[0], &subject],
-        )
+        .query_one(open, &[&session.as_slice(), &sealed[0], &none])
         .await
         .expect("open at P0");
-    let ids: Vec<u8> = row.get(1);
-    let subjects: Vec<String> = row.get(2);
-    received.push(row.get::<_, i32>(0).to_le_bytes().to_vec());
-    received.extend([ids.clone(), row.get(3)]);
-    received.extend(subjects.iter().map(|s| s.as_bytes().to_vec()));
+    let (ids, r0) = answer(&row, &mut received);
+    let expect = subject.is_none().then(|| ids.clone());
+    sent.extend([session.to_vec(), sealed[1].clone()]);
+    sent.extend(expect.clone());
     let row = clients[1]
-        .query_one(
-            "SELECT comparisons, bundle_ids, subjects, digest FROM privmatch.face_masked_open($1, $2, $3, $4)",
-            &[&session.as_slice(), &sealed[1], &subject, &ids],
-        )
+        .query_one(open, &[&session.as_slice(), &sealed[1], &expect])
         .await
         .expect("open at P1");
-    received.extend([row.get::<_, Vec<u8>>(1), row.get(3)]);
-    received.extend(
-        row.get::<_, Vec<String>>(2)
-            .iter()
-            .map(|s| s.as_bytes().to_vec()),
-    );
-    let list: Vec<[u8; 16]> = ids
-        .chunks_exact(16)
-        .map(|c| c.try_into().expect("16"))
-        .collect();
-    let halves = dealt_halves(&clients[2], &session, &list)
-        .await
-        .expect("deal");
+    let (_, r1) = answer(&row, &mut received);
+    let (halves, requests) = match (r0, r1) {
+        (Some(r0), Some(r1)) => {
+            sent.extend([session.to_vec(), r0.clone(), r1.clone()]);
+            let rows = clients[2]
+                .query(
+                    "SELECT envelope_p0, envelope_p1 FROM privmatch.face_dealer_verify($1, $2, $3) ORDER BY chunk",
+                    &[&session.as_slice(), &r0, &r1],
+                )
+                .await
+                .expect("deal verification");
+            let halves = [0, 1].map(|b| rows.iter().map(|r| r.get::<_, Vec<u8>>(b)).collect());
+            (halves, Some([r0, r1]))
+        }
+        _ => {
+            let list: Vec<[u8; 16]> = ids
+                .chunks_exact(16)
+                .map(|c| c.try_into().expect("16"))
+                .collect();
+            sent.push(session.to_vec());
+            sent.extend(list.iter().map(|id| id.to_vec()));
+            let halves = dealt_halves(&clients[2], &session, &list)
+                .await
+                .expect("deal");
+            (halves, None)
+        }
+    };
     received.extend(halves.iter().flatten().cloned());
+    sent.extend(halves.iter().flatten().cloned());
     let x0 = masked_keys(&clients[0], &session, &halves[0])
         .await
         .expect("keys P0");
@@ -1600,12 +1691,69 @@ async fn captured_session(
     let o1 = masked_round(&clients[1], &session, 3, &z0)
         .await
         .expect("o1");
-    received.extend([x0, x1, z0, z1, o0.clone(), o1.clone()]);
-    Captured {
-        received,
-        subjects,
-        outputs: [o0, o1],
+    received.extend([
+        x0.clone(),
+        x1.clone(),
+        z0.clone(),
+        z1.clone(),
+        o0.clone(),
+        o1.clone(),
+    ]);
+    sent.extend([x0, x1, z0, z1]);
+    sent.extend([2i32, 3].map(|r| r.to_le_bytes().to_vec()));
+    // The coordinator's answer to the client.
+    let outputs = vec![to_base64(&o0), to_base64(&o1)];
+    let answer = match subject {
+        Some(_) => serde_json::to_vec(&FaceVerifyResponse {
+            comparisons: 1,
+            outputs,
+        }),
+        None => serde_json::to_vec(&FaceIdentifyResponse {
+            comparisons: (ids.len() / 16) as i64,
+            outputs,
+            bytes_sent: [0, 0],
+            key_bytes: [0, 0],
+            stocked: false,
+        }),
     }
+    .expect("json");
+    sent.push(answer);
+    Captured {
+        sent,
+        received,
+        outputs: [o0, o1],
+        requests,
+    }
+}
+
+/// Whether `name` (a subject id) appears in `captured` in the clear: as UTF-8, as hex (either
+/// case), or as base64 (at each of the three alignments, so also inside a longer base64 text).
+fn names_in_the_clear(captured: &[Vec<u8>], name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let mut forms: Vec<Vec<u8>> = vec![
+        bytes.to_vec(),
+        hex::encode(bytes).into_bytes(),
+        hex::encode_upper(bytes).into_bytes(),
+    ];
+    for shift in 0..3 {
+        // Base64 of the name preceded by `shift` bytes: the characters that depend on the
+        // name only (drop those mixing in neighbours at either end).
+        let mut padded = vec![0u8; shift];
+        padded.extend_from_slice(bytes);
+        let text = privmatch_coordinator::wire::to_base64(&padded);
+        let skip = if shift == 0 {
+            0
+        } else {
+            (shift * 8).div_ceil(6)
+        };
+        let keep = (padded.len() * 8 / 6).saturating_sub(skip);
+        if keep >= 4 {
+            forms.push(text.as_bytes()[skip..skip + keep].to_vec());
+        }
+    }
+    captured
+        .iter()
+        .any(|m| forms.iter().any(|f| privmatch_e2e::contains(m, f)))
 }
 
 /// Whether `bits` can be read off the capture in the clear: as 0/1 bytes or 0/1
@@ -1641,13 +1789,20 @@ fn bits_in_the_clear(received: &[Vec<u8>], bits: &[bool]) -> bool {
     })
 }
 
-/// Issue 34, "the coordinator learns no result" (docs/protocols/face.md §13.9): everything
-/// the coordinator's role receives from the parties in a face verification and an
-/// identification holds no comparison bit in the clear — the round-3 outputs are sealed to
-/// the client's reply key, only as long as the count requires, and do not add up to the bits
-/// — while the client opens them to exactly the plaintext answers. Before 0.11.0 the round-3
-/// answers were the output shares themselves, whose word-wise sum is the bit vector: this
-/// test's `bits_in_the_clear` finds them there.
+/// Issue 34, "a capture of everything the coordinator sends and receives during face sessions
+/// contains no subject id, match bit or score in the clear" (docs/protocols/face.md §13.9,
+/// §13.10): the coordinator's role drives an identification and two verifications the way the
+/// driver does, recording every request and answer in both directions (the client's request
+/// and the answer it gets, every argument to P0, P1 and the dealer P2 and every answer of
+/// theirs). No enrolled subject id is in it (as text, hex or base64), no comparison bit (the
+/// round-3 outputs are sealed to the client's reply key and do not add up to the bits) and no
+/// score (the quantised inner products, as words or text) — while the client opens the
+/// outputs to exactly the plaintext answers, with the compared subjects read from inside
+/// them. Before 0.12.0 the verified subject was a request parameter and every open answered
+/// the compared subjects (`names_in_the_clear` finds them); before 0.11.0 the round-3 answers
+/// were the output shares themselves, whose word-wise sum is the bit vector
+/// (`bits_in_the_clear` finds them). A relay that rewrites, swaps or replays what it relays is
+/// refused, naming the party.
 #[test]
 fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
     const DIM: usize = 128;
@@ -1710,11 +1865,85 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
         for (subject, tag) in cases {
             let session = [tag; 16];
             let c = captured_session(&clients, &keys, session, subject, &probe).await;
-            let bits_expected: Vec<bool> = c.subjects.iter().map(|s| expected(s)).collect();
+            let all: Vec<Vec<u8>> = c.sent.iter().chain(&c.received).cloned().collect();
+            // No enrolled subject id, in either direction, in any form.
+            for (name, _) in &records {
+                assert!(
+                    !names_in_the_clear(&all, name),
+                    "{subject:?}: subject {name} is in what the coordinator sends or receives"
+                );
+            }
+            // The search can fail: a capture that holds a name is caught.
+            let mut leaky = all.clone();
+            leaky.push(format!("{{\"subject\":\"{}\"}}", records[3].0).into_bytes());
+            assert!(names_in_the_clear(&leaky, &records[3].0));
+            leaky.push(
+                privmatch_coordinator::wire::to_base64(format!("xy{}", records[9].0).as_bytes())
+                    .into_bytes(),
+            );
+            assert!(names_in_the_clear(&leaky, &records[9].0));
+            // No score: the quantised inner product of the probe with any template (the value
+            // the sign gate compares with θ), as a little-endian word in an answer of the
+            // evaluators or the relayed outputs, nor as a JSON number (text after ':', ',' or
+            // '[', which base64 and hex never hold; scores of five digits or more, so that
+            // ciphertext does not spell one by chance).
+            let scores: Vec<i64> = records.iter().map(|(_, t)| dot(&probe, t)).collect();
+            let answers: Vec<Vec<u8>> = c.received[1..]
+                .iter()
+                .filter(|m| m.len() < 4096)
+                .cloned()
+                .collect();
+            for score in &scores {
+                let word = (*score as i32).to_le_bytes();
+                assert!(
+                    !answers.iter().any(|m| privmatch_e2e::contains(m, &word)),
+                    "{subject:?}: score {score} as a word"
+                );
+                if score.abs() >= 10_000 {
+                    for lead in [":", ",", "["] {
+                        let text = format!("{lead}{score}");
+                        assert!(
+                            !all.iter()
+                                .any(|m| privmatch_e2e::contains(m, text.as_bytes())),
+                            "{subject:?}: score {score} as text"
+                        );
+                    }
+                }
+            }
+            // A verification: the coordinator learns that one happened and nothing that names
+            // or identifies whom: no bundle id, no digest, a request of fixed length.
+            if let Some(requests) = &c.requests {
+                for r in requests {
+                    assert_eq!(r.len(), c.requests.as_ref().map_or(0, |q| q[0].len()));
+                }
+            }
+            let result = open_face_result(
+                [&keys[0], &keys[1]],
+                &client_reply(),
+                &session,
+                [&c.outputs[0], &c.outputs[1]],
+                subject,
+            )
+            .expect("the client opens the sealed outputs");
+            let bits_expected: Vec<bool> = result.subjects.iter().map(|s| expected(s)).collect();
+            match subject {
+                Some(s) => assert_eq!(result.subjects, [s]),
+                None => {
+                    let mut names = result.subjects.clone();
+                    names.sort();
+                    let mut enrolled: Vec<String> =
+                        records.iter().map(|(n, _)| n.clone()).collect();
+                    enrolled.sort();
+                    assert_eq!(names, enrolled, "the identification lists every subject");
+                }
+            }
+            assert_eq!(result.bits, bits_expected, "{subject:?}");
             matched += bits_expected.iter().filter(|b| **b).count();
-            // The outputs are sealed: their length depends on the count only.
-            for o in &c.outputs {
-                assert_eq!(o.len(), sealed_output_len(c.subjects.len()), "{subject:?}");
+            // A verification's output has one length whatever the subject.
+            if subject.is_some() {
+                for o in &c.outputs {
+                    assert_eq!(o.len(), sealed_output_len(1), "{subject:?}");
+                }
             }
             // No bit in the clear anywhere in the capture (a verification's bit as well: the
             // capture is checked for the exact vector, of length 1 there).
@@ -1750,29 +1979,130 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
                     "{subject:?}: {party}'s output opens without the client's key"
                 );
             }
-            // The client opens them to the plaintext answers.
-            let bits = open_bits(&keys, &session, &c.outputs[0], &c.outputs[1], &c.subjects);
-            assert_eq!(bits, bits_expected, "{subject:?}");
-            // A sealed output altered in transit is refused by the client, naming the party.
+            // A relay that rewrites an output, swaps the two, or claims another subject's
+            // verification is refused by the client, naming the party.
+            let open = |o0: &[u8], o1: &[u8], claimed: Option<&str>| {
+                open_face_result(
+                    [&keys[0], &keys[1]],
+                    &client_reply(),
+                    &session,
+                    [o0, o1],
+                    claimed,
+                )
+            };
             let mut altered = c.outputs[1].clone();
             altered[40] ^= 1;
-            let names: Vec<&str> = c.subjects.iter().map(String::as_str).collect();
-            let err = open_face_result(
-                [&keys[0], &keys[1]],
-                &client_reply(),
-                &session,
-                [&c.outputs[0], &altered],
-                &names,
-            )
-            .expect_err("altered output");
+            let err = open(&c.outputs[0], &altered, subject).expect_err("altered output");
             assert!(
                 matches!(err, FaceError::SealedOutput { party: 1, .. }),
                 "{err}"
             );
+            assert!(err.to_string().contains("P1"), "{err}");
+            let err = open(&c.outputs[1], &c.outputs[0], subject).expect_err("swapped outputs");
+            assert!(
+                matches!(err, FaceError::SealedOutput { party: 0, .. }),
+                "{err}"
+            );
+            if subject.is_some() {
+                assert_eq!(
+                    open(&c.outputs[0], &c.outputs[1], Some(&records[11].0)),
+                    Err(FaceError::WrongTarget),
+                    "the outputs bind the subject sealed in the probe"
+                );
+            }
         }
         assert!(
             matched >= 2,
             "the recapture matches its subject in both sessions"
         );
+
+        // The relay rewrites a verification's requests to P2: swapped, replayed into another
+        // session, or an identification's dealing handed to a verification. Each is refused.
+        let session = [9u8; 16];
+        let c = captured_session(&clients, &keys, session, Some(&records[3].0), &probe).await;
+        let [r0, r1] = c.requests.expect("a verification's requests");
+        let deal = |s: [u8; 16], a: Vec<u8>, b: Vec<u8>| {
+            let p2 = &clients[2];
+            async move {
+                p2.query(
+                    "SELECT * FROM privmatch.face_dealer_verify($1, $2, $3)",
+                    &[&s.as_slice(), &a, &b],
+                )
+                .await
+            }
+        };
+        let (code, message) = refused_with(
+            deal(session, r1.clone(), r0.clone()).await,
+            "swapped requests",
+        );
+        assert_eq!(code, "08P01", "{message}");
+        let (code, message) = refused_with(
+            deal([10u8; 16], r0.clone(), r1.clone()).await,
+            "replayed requests",
+        );
+        assert_eq!(code, "08P01", "{message}");
+        let (code, message) = refused_with(
+            deal(session, r0.clone(), tampered(&r1)).await,
+            "tampered request",
+        );
+        assert_eq!(code, "08P01", "{message}");
+        // A verification session takes no identification keys: a coordinator that guesses the
+        // template (it knows every bundle id from the identifications) and deals for it with
+        // face_dealer_identify is refused, so it cannot test which template is verified.
+        let guess = [11u8; 16];
+        let sealed = seal_face_probe(
+            &probe,
+            guess,
+            Some(&records[3].0),
+            &client_reply().public_key(),
+            &keys,
+            &mut rng,
+        )
+        .expect("seal");
+        let none: Option<Vec<u8>> = None;
+        let row = clients[0]
+            .query_one(
+                "SELECT bundle_ids, digest FROM privmatch.face_masked_open($1, $2, $3)",
+                &[&guess.as_slice(), &sealed[0], &none],
+            )
+            .await
+            .expect("open");
+        assert!(row.get::<_, Vec<u8>>(0).is_empty() && row.get::<_, Vec<u8>>(1).is_empty());
+        // The right guess: the verified subject's own template (read here as P0's owner).
+        let owner = cluster.connect(0).await;
+        let right: Vec<u8> = owner
+            .query_one(
+                "SELECT bundle_id FROM privmatch.face_templates WHERE subject = $1",
+                &[&records[3].0],
+            )
+            .await
+            .expect("bundle id")
+            .get(0);
+        let right: [u8; 16] = right.try_into().expect("16");
+        let halves = dealt_halves(&clients[2], &guess, &[right])
+            .await
+            .expect("deal");
+        let (code, message) = refused_with(
+            masked_keys(&clients[0], &guess, &halves[0]).await,
+            "guessed keys",
+        );
+        assert_eq!(code, "08P01", "{message}");
+        // Every bundle id is known to the coordinator from identifications (not who it is).
+        assert!(captured_ids(&clients, &keys, &probe).await.contains(&right));
     });
+}
+
+/// The bundle ids an identification compares (P0's open of a fresh identification session).
+async fn captured_ids(
+    clients: &[Client],
+    keys: &[PartyPublicKey; 3],
+    probe: &[i32],
+) -> Vec<[u8; 16]> {
+    let session: [u8; 16] = ChaCha20Rng::from_entropy().gen();
+    masked_open(clients, keys, session, probe)
+        .await
+        .expect("open")
+        .chunks_exact(16)
+        .map(|c| c.try_into().expect("16"))
+        .collect()
 }

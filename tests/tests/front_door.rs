@@ -155,8 +155,20 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
             .map(|t| json!({"eye": "left", "iris_codes": t.code.to_base64(), "mask_codes": t.mask.to_base64()}).to_string())
             .collect::<Vec<_>>(),
     );
-    let identify = seal(&cluster, "iris", "identify", &iris_probe_file, &[]);
-    let uniqueness = seal(&cluster, "iris", "uniqueness", &iris_probe_file, &[]);
+    let identify = seal(
+        &cluster,
+        "iris",
+        "identify",
+        &iris_probe_file,
+        &["--front-door", "1"],
+    );
+    let uniqueness = seal(
+        &cluster,
+        "iris",
+        "uniqueness",
+        &iris_probe_file,
+        &["--front-door", "1"],
+    );
     let mut matched = 0;
     for (i, probe) in probes.iter().enumerate() {
         let expected: Vec<Vec<String>> = templates
@@ -396,13 +408,27 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         &[corrupt],
     );
     assert_eq!(code, "22023", "{message}");
+    // A probe sealed for another subject than the argument: the subject is sealed inside the
+    // probe (the coordinator is not told it), so the front door finds out from P0's and P1's
+    // sealed outputs, which bind it (a fresh probe: the session of verify[1] was used).
+    let fresh = seal(
+        &cluster,
+        "face",
+        "verify",
+        &probe_file,
+        &["--front-door", "1"],
+    );
     let (code, message) = refused(
         &cluster,
         &app,
         "SELECT privmatch.face_verify($1, $2)",
-        &["face-009", &verify[1].1],
+        &["face-009", &fresh[1].1],
     );
     assert_eq!(code, "22023", "{message}");
+    assert!(
+        message.contains("not sealed for the subject given as argument subject"),
+        "{message}"
+    );
     assert_eq!((cluster.record_counts(), face_counts(&cluster)), before);
 
     // --- the application role can call the front door and nothing else --------------------
@@ -418,7 +444,13 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
     }
 
     // --- cancellation: statement_timeout ends the wait with 57014 ------------------------
-    let fresh = seal(&cluster, "iris", "identify", &iris_probe_file, &[]);
+    let fresh = seal(
+        &cluster,
+        "iris",
+        "identify",
+        &iris_probe_file,
+        &["--front-door", "1"],
+    );
     let started = std::time::Instant::now();
     let timed_out = cluster.block_on(async {
         let client = privmatch_coordinator::parties::open(&app)

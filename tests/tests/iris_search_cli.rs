@@ -604,12 +604,12 @@ fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
 enum Tamper {
     /// Passes them through.
     Nothing,
-    /// Drops the first match of the first eye from its signed output and from `matches`.
-    DropMatch,
-    /// Adds a match "mallory" to the combined `matches` only.
+    /// Flips one bit of P1's sealed output of the first eye.
+    AlterP1,
+    /// Swaps P0's and P2's sealed outputs of the first eye.
+    SwapP0P2,
+    /// Adds a combined `matches` (and `unique`) of its own, which the coordinator never sends.
     AddCombined,
-    /// Flips the first eye's signed uniqueness bit and `unique`.
-    FlipUnique,
 }
 
 /// A TLS proxy in front of the coordinator holding the coordinator's own certificate (what
@@ -667,29 +667,28 @@ fn rewrite_head(head: &str, extra: &[String]) -> String {
 }
 
 fn tamper_answer(tamper: Tamper, body: &[u8]) -> Vec<u8> {
+    use privmatch_coordinator::wire::{from_base64, to_base64};
     let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
         return body.to_vec();
     };
     match tamper {
         Tamper::Nothing => return body.to_vec(),
-        Tamper::DropMatch => {
-            let dropped = v["eyes"][0]["output"]["subjects"]
-                .as_array_mut()
-                .and_then(|s| (!s.is_empty()).then(|| s.remove(0)));
-            if let (Some(dropped), Some(matches)) = (dropped, v["matches"].as_array_mut()) {
-                matches.retain(|m| m["subject"] != dropped);
+        Tamper::AlterP1 => {
+            let output = &mut v["eyes"][0]["sealed_outputs"][1];
+            if let Some(mut bytes) = output.as_str().and_then(|s| from_base64(s, "o").ok()) {
+                let at = bytes.len() / 2;
+                bytes[at] ^= 1;
+                *output = Value::String(to_base64(&bytes));
+            }
+        }
+        Tamper::SwapP0P2 => {
+            if let Some(outputs) = v["eyes"][0]["sealed_outputs"].as_array_mut() {
+                outputs.swap(0, 2);
             }
         }
         Tamper::AddCombined => {
-            if let Some(matches) = v["matches"].as_array_mut() {
-                matches.push(serde_json::json!({"subject": "mallory", "eye": "left"}));
-            }
-        }
-        Tamper::FlipUnique => {
-            if let Some(u) = v["eyes"][0]["output"]["unique"].as_bool() {
-                v["eyes"][0]["output"]["unique"] = Value::Bool(!u);
-                v["unique"] = Value::Bool(!u);
-            }
+            v["matches"] = serde_json::json!([{"subject": "mallory", "eye": "left"}]);
+            v["unique"] = Value::Bool(true);
         }
     }
     serde_json::to_vec(&v).unwrap_or_default()
@@ -764,15 +763,16 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
     TamperProxy { port, tamper }
 }
 
-/// Items 2 and 4 of issue 34 through the product's interfaces. (a) The iris threshold is the
-/// operators' policy: the CLI has no `--threshold`, `privmatch iris policy set` changes it at
-/// one party with that party's operator key, and the front door refuses a probe sealed with
-/// another threshold (22023). (b) Every party signs its output: with the parties' signing keys
-/// pinned, the CLI refuses an answer a proxy holding the coordinator's certificate rewrote
-/// (a match dropped from an eye's signed output, or a match added to the combined list),
-/// naming the party; the front door at P0 refuses a result P0 did not sign (28000) and
-/// computes its rows from the signed per-eye results only. Against f21d1f1 the threshold was
-/// the caller's and both clients took whatever JSON the coordinator sent.
+/// Items 2, 3 and 4 of issue 34 through the product's interfaces. (a) The iris threshold is
+/// the operators' policy: the CLI has no `--threshold`, `privmatch iris policy set` changes it
+/// at one party with that party's operator key, and the front door refuses a probe sealed with
+/// another threshold (22023). (b) Every party signs its output and seals it to the client: the
+/// coordinator's answer carries sealed outputs only (no subject, no bit), and a proxy holding
+/// the coordinator's certificate that alters one (P1's) or swaps two (P0's and P2's) is
+/// refused by the CLI and by the front door at P0 (28000), naming the party; a combined answer
+/// the proxy adds is ignored (the client combines what it opened). Against f21d1f1 the
+/// threshold was the caller's and both clients took whatever JSON the coordinator sent; in
+/// 0.11.0 the results were signed but travelled in the clear.
 #[test]
 fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
     use privmatch_coordinator::config::{Config, CONFIG_FILE};
@@ -843,6 +843,8 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
                 &out.display().to_string(),
                 "--threshold",
                 threshold,
+                "--front-door",
+                "0",
             ])
             .expect_success();
         let text = std::fs::read_to_string(&out).expect("sealed");
@@ -908,25 +910,30 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
         args.extend_from_slice(extra);
         cluster.cli(&args)
     };
-    // Passed through untouched: accepted.
+    // Passed through untouched: accepted. What the coordinator answered holds no subject and
+    // no combined result (the proxy sees what the coordinator sends).
     let ok = search(&["--json"]).expect_success();
     assert_eq!(
         matches_of(&serde_json::from_str(ok.stdout.trim()).expect("json")),
         vec![(subject.clone(), eye.clone())]
     );
-    proxy.set(Tamper::DropMatch);
+    proxy.set(Tamper::AlterP1);
     search(&[]).expect_failure().assert_stderr_contains(&[
-        "P0's signature does not cover this result of the left eye's search",
-        "refusing",
+        "P1's sealed output of the left eye's search is refused",
+        "does not open",
     ]);
-    proxy.set(Tamper::AddCombined);
-    search(&[]).expect_failure().assert_stderr_contains(&[
-        "combined answer is not what the parties' signed per-eye results give",
-    ]);
-    proxy.set(Tamper::FlipUnique);
+    proxy.set(Tamper::SwapP0P2);
     search(&["--uniqueness"])
         .expect_failure()
-        .assert_stderr_contains(&["P0's signature does not cover"]);
+        .assert_stderr_contains(&["P0's sealed output of the left eye's search is refused"]);
+    proxy.set(Tamper::AddCombined);
+    let added = search(&["--json"]).expect_success();
+    assert_eq!(
+        matches_of(&serde_json::from_str(added.stdout.trim()).expect("json")),
+        vec![(subject.clone(), eye.clone())]
+    );
+    let unique = search(&["--uniqueness", "--json"]).expect_success();
+    assert!(unique.stdout.contains("\"unique\":false"), "{unique}");
 
     // The front door at P0, through the same proxy.
     cluster.query(
@@ -939,31 +946,33 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
     );
     cluster.query(0, "SELECT pg_reload_conf()", &[]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    proxy.set(Tamper::DropMatch);
-    let err = identify(&seal("0.3", "identify")).expect_err("a dropped match");
+    proxy.set(Tamper::AlterP1);
+    let err = identify(&seal("0.3", "identify")).expect_err("an altered output");
     assert_eq!(err.0, "28000", "{err:?}");
     assert!(
-        err.1.contains("P0's signature does not cover this result"),
+        err.1
+            .contains("P1's sealed output of the left eye's search is refused"),
         "{err:?}"
     );
-    // A match added to the combined list only: the rows come from the signed results.
+    // A combined list added by the proxy: the rows come from the opened outputs.
     proxy.set(Tamper::AddCombined);
-    let rows = identify(&seal("0.3", "identify")).expect("the signed rows");
+    let rows = identify(&seal("0.3", "identify")).expect("the opened rows");
     assert_eq!(
         rows.iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
             .collect::<Vec<_>>(),
         vec![(subject.clone(), eye.clone())]
     );
-    proxy.set(Tamper::FlipUnique);
+    proxy.set(Tamper::SwapP0P2);
     let err = cluster
         .query_login(
             &app,
             "SELECT privmatch.iris_is_unique($1)",
             &[&seal("0.3", "uniqueness")],
         )
-        .expect_err("a flipped bit");
+        .expect_err("swapped outputs");
     assert_eq!(err.0, "28000", "{err:?}");
+    assert!(err.1.contains("P0's sealed output"), "{err:?}");
     proxy.set(Tamper::Nothing);
     let unique: bool = cluster
         .query_login(

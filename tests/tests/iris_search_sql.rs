@@ -6,11 +6,14 @@
 //! scan backend `engine_status()` reports (`privmatch.gpu = auto`, the default, and `on` where
 //! no GPU can be used: the engine starts anyway and scans on the CPU).
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
+use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo};
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
 use privmatch_e2e::{by_key, privmatch, read_ndjson, wait_until, Cluster, RecordKey};
@@ -24,6 +27,20 @@ use tokio_postgres::Client;
 enum Outcome {
     Subjects(Vec<String>),
     Unique(bool),
+}
+
+/// The reply key of this test's client: the parties seal their outputs to it, and [`drive`]
+/// opens them as the CLI does.
+fn client_reply() -> PartySecretKey {
+    PartySecretKey::generate(&mut ChaCha20Rng::seed_from_u64(0x1415))
+}
+
+/// What the client expects of a session's outputs, and the pinned keys it opens them with.
+type Sealed = (ExpectedSearch, [PartyPublicKey; 3]);
+
+thread_local! {
+    /// Per session sealed by [`seal_at`].
+    static SEALED: RefCell<HashMap<[u8; 16], Sealed>> = RefCell::new(HashMap::new());
 }
 
 /// Seals `probe` for `session` with the parameters `start` calls the parties with (`mode`,
@@ -63,7 +80,20 @@ fn seal_at(
         params: SearchParams::new(mode, max_rotation, threshold).expect("params"),
         sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
     };
-    seal_iris_probe(probe, &context, &cluster.party_keys(), rng).expect("seal")
+    let expected = ExpectedSearch {
+        session,
+        params: context.params,
+        eye,
+    };
+    SEALED.with(|m| {
+        m.borrow_mut()
+            .insert(session, (expected, cluster.party_keys()))
+    });
+    let reply = ReplyTo {
+        key: client_reply().public_key(),
+        disclosure: Disclosure::SealedOnly,
+    };
+    seal_iris_probe_to(probe, &context, &reply, &cluster.party_keys(), rng).expect("seal")
 }
 
 async fn start(
@@ -99,16 +129,20 @@ async fn start_at(
     Ok(out)
 }
 
+/// One round at one party: the next message, whether it finished, its sealed output and the
+/// disclosed uniqueness bit.
+type RoundRow = (Option<Vec<u8>>, bool, Option<Vec<u8>>, Option<bool>);
+
 async fn round(
     client: &Client,
     party: usize,
     session: &[u8],
     k: i32,
     message: &[u8],
-) -> Result<(Option<Vec<u8>>, bool, Option<bool>, Option<Vec<String>>), Failure> {
+) -> Result<RoundRow, Failure> {
     let row = client
         .query_one(
-            "SELECT message, finished, is_unique, subjects FROM privmatch.iris_search_round($1, $2, $3)",
+            "SELECT message, finished, sealed_output, disclosed_unique FROM privmatch.iris_search_round($1, $2, $3)",
             &[&session, &k, &message],
         )
         .await
@@ -116,7 +150,8 @@ async fn round(
     Ok((row.get(0), row.get(1), row.get(2), row.get(3)))
 }
 
-/// Runs the rounds from the start messages to the output; all three parties must agree.
+/// Runs the rounds from the start messages to the output, which the client opens (the three
+/// sealed outputs, checked and in agreement; nothing disclosed in the clear).
 async fn drive(
     clients: &[Client],
     session: &[u8],
@@ -129,16 +164,27 @@ async fn drive(
             replies.push(round(c, i, session, k, &messages[(i + 2) % 3]).await?);
         }
         if replies.iter().all(|r| r.1) {
-            let outcomes: Vec<Outcome> = replies
+            assert!(replies.iter().all(|r| r.3.is_none()), "a bit in the clear");
+            let sealed: Vec<Vec<u8>> = replies
                 .into_iter()
-                .map(|(_, _, unique, subjects)| match (unique, subjects) {
-                    (Some(u), _) => Outcome::Unique(u),
-                    (None, Some(s)) => Outcome::Subjects(s),
-                    _ => panic!("finished without output"),
-                })
+                .map(|r| r.2.expect("a sealed output"))
                 .collect();
-            assert!(outcomes.windows(2).all(|w| w[0] == w[1]), "{outcomes:?}");
-            return Ok(outcomes.into_iter().next().expect("three outcomes"));
+            let session: [u8; 16] = session.try_into().expect("16 bytes");
+            let (expected, keys) = SEALED
+                .with(|m| m.borrow().get(&session).copied())
+                .expect("a session sealed by seal_at");
+            let opened = open_outputs(
+                &expected,
+                &keys,
+                &[None, None, None],
+                &client_reply(),
+                [&sealed[0], &sealed[1], &sealed[2]],
+            )
+            .expect("the outputs open");
+            return Ok(match opened.result {
+                IrisResult::Identified(s) => Outcome::Subjects(s),
+                IrisResult::Unique(u) => Outcome::Unique(u),
+            });
         }
         assert!(
             replies.iter().all(|r| !r.1),

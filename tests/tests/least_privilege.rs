@@ -389,7 +389,7 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
         .query_as_coordinator(
             0,
             &format!(
-                "SELECT * FROM privmatch.face_masked_open('\\x{}'::bytea, '\\x{}'::bytea, 'face-0000001')",
+                "SELECT * FROM privmatch.face_masked_open('\\x{}'::bytea, '\\x{}'::bytea)",
                 hex::encode(session),
                 hex::encode(&sealed[0])
             ),

@@ -22,13 +22,17 @@ use privmatch_coordinator::paillier::api::{DeviceMessage, Reply, SessionState, S
 use privmatch_coordinator::paillier::client::{
     serve, unix_now, Device as DeviceRef, PaillierClient, Responder,
 };
-use privmatch_coordinator::paillier::device::{load_key, load_record, record_path};
+use privmatch_coordinator::paillier::device::{load_key, load_record, record_path, Answered};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::malicious::Pi2Round3;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
+use privmatch_core::paillier::sealed::{
+    DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
+};
 use privmatch_core::paillier::semi_honest::Pi1Round2;
 use privmatch_core::paillier::signed_round2::SignedRound2;
+use privmatch_core::paillier::signed_round2::SignedRound4;
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::party::PartyIndex;
 use privmatch_e2e::{write_lines, Background, Cluster, CmdOutput};
@@ -557,6 +561,7 @@ fn tampering_is_refused(
         session,
         device_id: d.id.clone(),
         threshold: theta,
+        reply_key: ReplySecret::generate(rng).public_key(),
         w: w.clone(),
     };
     let mut sealed = input.seal(PartyIndex::ALL[0], &keys[0], rng).expect("seal");
@@ -635,7 +640,10 @@ fn tampering_is_refused(
                 other => panic!("a misaddressed reply was accepted: {other:?}"),
             }
         }
-        match client
+        // Π1's Round 3 is sealed to the terminal (the coordinator cannot read it, so it
+        // cannot refuse a malformed one): relayed as it is, and the terminal believes nothing
+        // of it.
+        client
             .reply(
                 &d.id,
                 &mine,
@@ -644,15 +652,26 @@ fn tampering_is_refused(
                 Reply::Message(vec![1, 0x13, 7]),
             )
             .await
-        {
-            Err(CallError::Api { status, .. }) => assert_eq!(status, 400),
-            other => panic!("a malformed Round 3 was accepted: {other:?}"),
-        }
+            .expect("relayed");
         let view = client
             .outcome(&opened, Duration::from_secs(5))
             .await
             .expect("outcome");
-        assert_eq!(view.state, SessionState::Failed, "{view:?}");
+        assert_eq!(view.state, SessionState::Done, "{view:?}");
+        let key = load_record(
+            &record_path(&d.key, &d.id),
+            &d.id,
+            &load_key(&d.key).expect("key"),
+            client.service_key(),
+            unix_now(),
+        )
+        .expect("record")
+        .record
+        .public_key;
+        let err = client
+            .check_verdict(&opened, &d.id, Protocol::Pi1, &key, &view)
+            .expect_err("a malformed Round 3 believed");
+        assert!(format!("{err:#}").contains("not trusted"), "{err:#}");
     });
     // A record tampered at rest (its expiry changed): the SP, the device and the terminal
     // refuse it.
@@ -758,9 +777,16 @@ fn relay_rewritten_round2_gets_no_verdict(
                     ..taken[0].clone()
                 },
             };
-            let err = serve(&client, &device, &responder, &forged, rng)
-                .await
-                .expect_err(forge);
+            let err = serve(
+                &client,
+                &device,
+                &responder,
+                &forged,
+                &mut Answered::in_memory(),
+                rng,
+            )
+            .await
+            .expect_err(forge);
             assert!(
                 format!("{err:#}").contains("Round 2 refused"),
                 "{forge}: {err:#}"
@@ -856,38 +882,73 @@ fn pi1_outcome_is_the_devices_signed_bit(
         )
         .expect("the SP's signed Round 2");
         let (round3, outcome) = device.round3_signed(&round2).expect("round 3");
+        // The device's bit with its signature, sealed to the terminal's reply key the SP
+        // signed into Round 2 (what `serve` posts).
+        let signature = signer
+            .sign(&Statement::reply_message(&d.id, &session, 3, &round3))
+            .expect("sign");
+        let honest = TerminalVerdict {
+            protocol: Protocol::Pi1,
+            session,
+            outcome: if outcome.matched {
+                Outcome::Match
+            } else {
+                Outcome::NoMatch
+            },
+            signature,
+        };
+        let sealed = honest
+            .seal(round2.reply_key(), &mut rand::thread_rng())
+            .expect("seal");
         client
-            .reply(&d.id, signer, &taken[0].session, 3, Reply::Message(round3))
+            .reply(&d.id, signer, &taken[0].session, 3, Reply::Message(sealed))
             .await
             .expect("relayed");
         let view = client
             .outcome(&session, Duration::from_secs(5))
             .await
             .expect("outcome");
+        // The coordinator knows only that the session is over.
+        assert_eq!(view.state, SessionState::Done, "{view:?}");
         assert_eq!(
-            view.state,
-            SessionState::of_bit(outcome.matched),
-            "{view:?}"
+            client
+                .check_verdict(&session, &d.id, Protocol::Pi1, &key, &view)
+                .expect("the device's signed bit"),
+            SessionState::of_bit(outcome.matched)
         );
-        client
-            .check_verdict(&session, &d.id, Protocol::Pi1, &key, &view)
-            .expect("the device's signed bit");
-        let flipped = SessionState::of_bit(!outcome.matched);
         let lie = |edit: &dyn Fn(&mut SessionView)| {
             let mut v = view.clone();
             edit(&mut v);
             v
         };
+        // The reply key is public (it is in the signed Round 2), so the relay can seal what it
+        // likes to it: the flipped bit beside the device's signature of the real one.
+        let flipped = TerminalVerdict {
+            outcome: if outcome.matched {
+                Outcome::NoMatch
+            } else {
+                Outcome::Match
+            },
+            ..honest.clone()
+        }
+        .seal(round2.reply_key(), &mut rand::thread_rng())
+        .expect("seal");
         let other_session = [0x5a; 16];
         for (what, forged, device, session) in [
             (
-                "flipped",
-                lie(&|v| v.state = flipped),
+                "flipped and resealed",
+                lie(&|v| v.verdict = Some(privmatch_coordinator::wire::to_base64(&flipped))),
                 d.id.as_str(),
                 &session,
             ),
             (
-                "refused",
+                "an outcome in the clear",
+                lie(&|v| v.state = SessionState::of_bit(outcome.matched)),
+                d.id.as_str(),
+                &session,
+            ),
+            (
+                "refused in the clear",
                 lie(&|v| v.state = SessionState::Refused),
                 d.id.as_str(),
                 &session,
@@ -979,27 +1040,50 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         let honest = device.session().round3_signed(&round2).expect("round 3");
         let mut cheat = Pi2Round3::from_bytes(&p, &honest).expect("decodes");
         cheat.x += 1u32;
+        let reply_secret = ReplySecret::generate(&mut rand::thread_rng());
+        let posted = DeviceReply {
+            reply_key: reply_secret.public_key(),
+            message: cheat.to_bytes(),
+        }
+        .to_bytes();
         let answer = client
             .reply(
                 &d.id,
                 &signer,
                 &taken[0].session,
                 3,
-                Reply::Message(cheat.to_bytes()),
+                Reply::Message(posted.clone()),
             )
             .await
             .expect("relayed");
-        assert!(answer.closed && answer.next.is_none(), "{answer:?}");
-        // The SP signed the refusal for this session and device; a coordinator that reports
-        // another outcome, drops the signature or moves it to another device is not believed.
+        // Round 4 comes whatever the outcome (the coordinator cannot tell a refusal), signed
+        // for this session and Round 3 and sealed to the device: it says "refused".
+        assert!(answer.closed, "{answer:?}");
+        let round4 = answer.next.expect("a Round 4");
+        let sealed = SignedRound4::open(
+            &privmatch_coordinator::wire::from_base64(&round4.message, "round 4").expect("b64"),
+            client.service_key(),
+            &d.id,
+            Protocol::Pi2,
+            &session,
+            &posted,
+        )
+        .expect("the SP's signed Round 4");
+        let told = DeviceOutcome::from_bytes(
+            &reply_secret
+                .open(Purpose::DeviceRound4, &session, &sealed)
+                .expect("sealed to the device"),
+        )
+        .expect("decodes");
+        assert_eq!(told, DeviceOutcome(Outcome::Refused));
+        // The SP signed the refusal for this session and device, sealed to the terminal; a
+        // coordinator that reports an outcome in the clear, drops the verdict or moves it to
+        // another device or protocol is not believed.
         let view = client
             .outcome(&session, Duration::from_secs(5))
             .await
             .expect("outcome");
-        assert_eq!(view.state, SessionState::Refused, "{view:?}");
-        client
-            .check_verdict(&session, &d.id, Protocol::Pi2, &key, &view)
-            .expect("the SP's signed verdict");
+        assert_eq!(view.state, SessionState::Done, "{view:?}");
         let lie = |edit: &dyn Fn(&mut SessionView)| {
             let mut v = view.clone();
             edit(&mut v);

@@ -9,6 +9,9 @@
 //! `paillier_sessions` between the calls) against the plaintext comparison, cheating devices
 //! (valid = false, the session consumed), replayed, unknown, expired and misdirected sessions.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use ed25519_dalek::VerifyingKey;
 use privmatch_core::crypto::garble::Label;
 use privmatch_core::crypto::seal::PartyPublicKey;
@@ -16,12 +19,15 @@ use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
-use privmatch_core::paillier::malicious::{Pi2Device, Pi2Round3};
+use privmatch_core::paillier::malicious::{Pi2Device, Pi2Round3, Pi2Round4};
 use privmatch_core::paillier::no_leakage::{Pi3Device, Pi3Round5};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::record::SignedTemplate;
+use privmatch_core::paillier::sealed::{
+    DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
+};
 use privmatch_core::paillier::semi_honest::Pi1Device;
-use privmatch_core::paillier::signed_round2::{SignedRound2, VerifiedRound2};
+use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4, VerifiedRound2};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
@@ -391,6 +397,7 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
             session: [9; 16],
             device_id: "phone-p1".into(),
             threshold: 0,
+            reply_key: ReplySecret::generate(&mut rng).public_key(),
             w: u.clone(),
         };
         let to_p1 = input
@@ -426,37 +433,154 @@ fn devices_enrol_match_and_are_deleted_at_the_service_provider() {
 /// The coordinator's calls of Π1, Π2 and Π3 at the SP.
 const PI1_ROUND2: &str = "SELECT privmatch.paillier_pi1_round2($1, $2)";
 const PI2_ROUND2: &str = "SELECT privmatch.paillier_pi2_round2($1, $2)";
-const PI2_ROUND4: &str =
-    "SELECT message, matched, valid, verdict FROM privmatch.paillier_pi2_round4($1, $2)";
+const PI2_ROUND4: &str = "SELECT message, verdict FROM privmatch.paillier_pi2_round4($1, $2, $3)";
 const PI3_ROUND2: &str = "SELECT privmatch.paillier_pi3_round2($1, $2)";
-const PI3_ROUND4: &str = "SELECT privmatch.paillier_pi3_round4($1, $2)";
-const PI3_FINISH: &str =
-    "SELECT matched, valid, verdict FROM privmatch.paillier_pi3_finish($1, $2)";
+const PI3_ROUND4: &str = "SELECT privmatch.paillier_pi3_round4($1, $2, $3)";
+const PI3_FINISH: &str = "SELECT privmatch.paillier_pi3_finish($1, $2, $3)";
 
-/// Π2 Round 4 at the SP: (message, matched, valid, the SP's signature of the verdict), or
-/// (SQLSTATE, message).
+thread_local! {
+    /// The terminal's side of each session this test opened ([`sealed_input`]): the device,
+    /// and the reply key the verdict is sealed to.
+    static TERMINALS: RefCell<HashMap<[u8; 16], (String, ReplySecret)>> =
+        RefCell::new(HashMap::new());
+}
+
+/// The device of a session this test opened ("unknown" for one it made up).
+fn device_of(session: &[u8; 16]) -> String {
+    TERMINALS.with(|t| {
+        t.borrow()
+            .get(session)
+            .map_or_else(|| "unknown".to_owned(), |(d, _)| d.clone())
+    })
+}
+
+/// `session` as 16 bytes (zeros for a malformed one, which the SP refuses first).
+fn session16(session: &[u8]) -> [u8; 16] {
+    session.try_into().unwrap_or([0u8; 16])
+}
+
+/// The device's signature (key `secret`) of its `message` of `round` in `session`.
+fn device_signature(secret: &SecretKey, session: &[u8; 16], round: u8, message: &[u8]) -> Vec<u8> {
+    DeviceSigner::new(secret)
+        .expect("signer")
+        .sign(&Statement::reply_message(
+            &device_of(session),
+            session,
+            round,
+            message,
+        ))
+        .expect("sign")
+}
+
+/// The terminal opens a sealed verdict of `protocol` for `session` and believes it only
+/// signed (core's `TerminalVerdict`): (matched, valid, the signature inside).
+fn open_verdict(
+    vk: &VerifyingKey,
+    secret: &SecretKey,
+    protocol: Protocol,
+    session: &[u8; 16],
+    sealed: &[u8],
+) -> (bool, bool, Vec<u8>) {
+    let device = device_of(session);
+    let verdict = TERMINALS.with(|t| {
+        let t = t.borrow();
+        let (_, reply) = t.get(session).expect("a session this test opened");
+        TerminalVerdict::open(reply, sealed, session).expect("sealed to the terminal")
+    });
+    let outcome = verdict
+        .check(protocol, &device, vk, secret.public_key())
+        .expect("signed");
+    (
+        outcome == Outcome::Match,
+        outcome != Outcome::Refused,
+        verdict.signature,
+    )
+}
+
+/// Π2 Round 4 at the SP as the coordinator relays it: the device's `round3` posted with a
+/// fresh reply key (core's `DeviceReply`) and its signature (key `secret`); the Round 4 and
+/// the verdict opened as the device and the terminal do. (The bit for the device as
+/// `Pi2Round4` bytes, None when refused; matched; valid; the SP's signature of the verdict),
+/// or (SQLSTATE, message).
 async fn pi2_round4(
     sp: &Client,
+    secret: &SecretKey,
+    vk: &VerifyingKey,
     session: &[u8],
     round3: &[u8],
 ) -> Result<(Option<Vec<u8>>, bool, bool, Vec<u8>), (String, String)> {
-    sp.query_one(PI2_ROUND4, &[&session, &round3])
+    let id = session16(session);
+    let reply = ReplySecret::generate(&mut rand::thread_rng());
+    let posted = DeviceReply {
+        reply_key: reply.public_key(),
+        message: round3.to_vec(),
+    }
+    .to_bytes();
+    let signature = device_signature(secret, &id, 3, &posted);
+    let (message, verdict): (Vec<u8>, Vec<u8>) = sp
+        .query_one(PI2_ROUND4, &[&session, &posted, &signature])
         .await
-        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
-        .map_err(|e| sqlstate_and_message(&e))
+        .map(|row| (row.get(0), row.get(1)))
+        .map_err(|e| sqlstate_and_message(&e))?;
+    let sealed = SignedRound4::open(&message, vk, &device_of(&id), Protocol::Pi2, &id, &posted)
+        .expect("the SP's signed Round 4");
+    let told = DeviceOutcome::from_bytes(
+        &reply
+            .open(Purpose::DeviceRound4, &id, &sealed)
+            .expect("sealed to the device"),
+    )
+    .expect("decodes");
+    let (matched, valid, signature) = open_verdict(vk, secret, Protocol::Pi2, &id, &verdict);
+    assert_eq!(told, DeviceOutcome(Outcome::of(matched, valid)));
+    let bit = valid.then(|| Pi2Round4 { matched }.to_bytes());
+    Ok((bit, matched, valid, signature))
 }
 
-/// Π3's output at the SP: (matched, valid, the SP's signature of the verdict), or
-/// (SQLSTATE, message).
+/// Π3 Round 4 at the SP as the coordinator relays it (as [`pi2_round4`]): the opened
+/// `Pi3Round4` for the device, or (SQLSTATE, message).
+async fn pi3_round4(
+    sp: &Client,
+    secret: &SecretKey,
+    vk: &VerifyingKey,
+    session: &[u8],
+    round3: &[u8],
+) -> Result<Option<Vec<u8>>, (String, String)> {
+    let id = session16(session);
+    let reply = ReplySecret::generate(&mut rand::thread_rng());
+    let posted = DeviceReply {
+        reply_key: reply.public_key(),
+        message: round3.to_vec(),
+    }
+    .to_bytes();
+    let signature = device_signature(secret, &id, 3, &posted);
+    let message: Vec<u8> = call(sp, PI3_ROUND4, &[&session, &posted, &signature])
+        .await?
+        .expect("bytes");
+    let sealed = SignedRound4::open(&message, vk, &device_of(&id), Protocol::Pi3, &id, &posted)
+        .expect("the SP's signed Round 4");
+    Ok(Some(
+        reply
+            .open(Purpose::DeviceRound4, &id, &sealed)
+            .expect("sealed to the device")
+            .to_vec(),
+    ))
+}
+
+/// Π3's output at the SP: the device's signed `round5`; the verdict opened as the terminal
+/// does: (matched, valid, the SP's signature of the verdict), or (SQLSTATE, message).
 async fn pi3_finish(
     sp: &Client,
+    secret: &SecretKey,
+    vk: &VerifyingKey,
     session: &[u8],
     round5: &[u8],
 ) -> Result<(bool, bool, Vec<u8>), (String, String)> {
-    sp.query_one(PI3_FINISH, &[&session, &round5])
-        .await
-        .map(|row| (row.get(0), row.get(1), row.get(2)))
-        .map_err(|e| sqlstate_and_message(&e))
+    let id = session16(session);
+    let signature = device_signature(secret, &id, 5, round5);
+    let verdict = call(sp, PI3_FINISH, &[&session, &round5, &signature])
+        .await?
+        .expect("bytes");
+    Ok(open_verdict(vk, secret, Protocol::Pi3, &id, &verdict))
 }
 
 /// Checks the SP's signature of a session's verdict (what the terminal checks): it verifies
@@ -499,13 +623,16 @@ fn sealed_input(
     rng: &mut ChaCha20Rng,
 ) -> ([u8; 16], Vec<u8>) {
     let session: [u8; 16] = rng.gen();
+    let reply = ReplySecret::generate(rng);
     let input = TerminalInput {
         protocol,
         session,
         device_id: device.into(),
         threshold,
+        reply_key: reply.public_key(),
         w: w.to_vec(),
     };
+    TERMINALS.with(|t| t.borrow_mut().insert(session, (device.to_owned(), reply)));
     let sealed = input.seal(PartyIndex::ALL[0], &keys[0], rng).expect("seal");
     (session, sealed)
 }
@@ -618,7 +745,9 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
                 let mut s = device.session();
                 let round3 = s.round3_signed(&round2).expect("round 3");
                 let (message, matched, valid, verdict) =
-                    pi2_round4(sp, &session, &round3).await.expect("Π2 round 4");
+                    pi2_round4(sp, &secret, &vk, &session, &round3)
+                        .await
+                        .expect("Π2 round 4");
                 assert!(valid);
                 assert_signed(&vk, Protocol::Pi2, &session, id, (matched, valid), &verdict);
                 assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
@@ -639,14 +768,15 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
                 let round2 = verified(&envelope, &vk, id, Protocol::Pi3, &session);
                 let mut s = device.session();
                 let round3 = s.round3_signed(&round2, &mut rng).expect("round 3");
-                let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+                let round4 = pi3_round4(sp, &secret, &vk, &session, &round3)
                     .await
                     .expect("Π3 round 4")
                     .expect("bytes");
                 assert_eq!(sessions().await, 1);
                 let (round5, device_bit) = s.round5(&round4).expect("round 5");
-                let (matched, valid, verdict) =
-                    pi3_finish(sp, &session, &round5).await.expect("Π3 output");
+                let (matched, valid, verdict) = pi3_finish(sp, &secret, &vk, &session, &round5)
+                    .await
+                    .expect("Π3 output");
                 assert!(valid);
                 assert_signed(&vk, Protocol::Pi3, &session, id, (matched, valid), &verdict);
                 assert_eq!(matched, ip >= threshold, "IP {ip}, threshold {threshold}");
@@ -675,14 +805,16 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         );
         let round3 = device2.session().round3_signed(&round2).expect("round 3");
         expect_code(
-            pi2_round4(sp, &session, &round3[..round3.len() - 1]).await,
+            pi2_round4(sp, &secret, &vk, &session, &round3[..round3.len() - 1]).await,
             "22P03",
             "truncated Round 3",
         );
         assert_eq!(sessions().await, 1, "a malformed Round 3 changes nothing");
         let x = Pi2Round3::from_bytes(&p2, &round3).expect("X").x;
         let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
-        let refused = pi2_round4(sp, &session, &shifted).await.expect("answered");
+        let refused = pi2_round4(sp, &secret, &vk, &session, &shifted)
+            .await
+            .expect("answered");
         assert_eq!(
             (refused.0.clone(), refused.1, refused.2),
             (None, false, false)
@@ -697,7 +829,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         );
         assert_eq!(sessions().await, 0, "a refused X consumes the session");
         expect_code(
-            pi2_round4(sp, &session, &round3).await,
+            pi2_round4(sp, &secret, &vk, &session, &round3).await,
             "P0002",
             "the honest X after a refused one",
         );
@@ -737,20 +869,22 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         };
         assert!(!state_in_wal().await, "Π2 session secrets in the WAL");
         let round3 = device2.session().round3_signed(&round2).expect("round 3");
-        let (_, matched, valid, _) = pi2_round4(sp, &session, &round3).await.expect("round 4");
+        let (_, matched, valid, _) = pi2_round4(sp, &secret, &vk, &session, &round3)
+            .await
+            .expect("round 4");
         assert!(valid && matched);
         expect_code(
-            pi2_round4(sp, &session, &round3).await,
+            pi2_round4(sp, &secret, &vk, &session, &round3).await,
             "P0002",
             "replayed Round 3",
         );
         expect_code(
-            pi2_round4(sp, &[7u8; 16], &round3).await,
+            pi2_round4(sp, &secret, &vk, &[7u8; 16], &round3).await,
             "P0002",
             "unknown session",
         );
         expect_code(
-            pi2_round4(sp, &[7u8; 15], &round3).await,
+            pi2_round4(sp, &secret, &vk, &[7u8; 15], &round3).await,
             "22023",
             "a session id of 15 bytes",
         );
@@ -770,40 +904,35 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         let mut s = device3.session();
         let round3 = s.round3_signed(&round2, &mut rng).expect("round 3");
         expect_code(
-            pi3_finish(sp, &session, &[1, 0x38]).await,
+            pi3_finish(sp, &secret, &vk, &session, &[1, 0x38]).await,
             "P0002",
             "output before Round 4",
         );
         expect_code(
-            call(
-                sp,
-                PI3_ROUND4,
-                &[&session.as_slice(), &round3[..40].to_vec()],
-            )
-            .await,
+            pi3_round4(sp, &secret, &vk, &session, &round3[..40]).await,
             "22P03",
             "truncated Round 3",
         );
-        let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+        let round4 = pi3_round4(sp, &secret, &vk, &session, &round3)
             .await
             .expect("round 4")
             .expect("bytes");
         expect_code(
-            call(sp, PI3_ROUND4, &[&session.as_slice(), &round3]).await,
+            pi3_round4(sp, &secret, &vk, &session, &round3).await,
             "P0002",
             "Round 4 again",
         );
         assert!(!state_in_wal().await, "Π3 output labels in the WAL");
         let (round5, _) = s.round5(&round4).expect("round 5");
         expect_code(
-            pi3_finish(sp, &session, &round5[..round5.len() - 1]).await,
+            pi3_finish(sp, &secret, &vk, &session, &round5[..round5.len() - 1]).await,
             "22P03",
             "truncated Round 5",
         );
         assert_eq!(sessions().await, 1, "a malformed Round 5 changes nothing");
         let mut forged = Pi3Round5::from_bytes(&round5).expect("labels");
         forged.labels[1] = Label::from_bytes([0x5a; 16]);
-        let refused = pi3_finish(sp, &session, &forged.to_bytes())
+        let refused = pi3_finish(sp, &secret, &vk, &session, &forged.to_bytes())
             .await
             .expect("answered");
         assert_eq!((refused.0, refused.1), (false, false));
@@ -817,12 +946,12 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         );
         assert_eq!(sessions().await, 0, "a refused label consumes the session");
         expect_code(
-            pi3_finish(sp, &session, &round5).await,
+            pi3_finish(sp, &secret, &vk, &session, &round5).await,
             "P0002",
             "the honest labels after a refused one",
         );
         expect_code(
-            pi2_round4(sp, &session, &round3).await,
+            pi2_round4(sp, &secret, &vk, &session, &round3).await,
             "P0002",
             "a Π3 session id at Π2",
         );
@@ -869,7 +998,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             .expect("age the session");
         let round3 = device2.session().round3_signed(&round2).expect("round 3");
         expect_code(
-            pi2_round4(sp, &session, &round3).await,
+            pi2_round4(sp, &secret, &vk, &session, &round3).await,
             "P0002",
             "expired session",
         );
@@ -989,6 +1118,7 @@ fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() 
             device_id: "phone-a".into(),
             threshold: -1,
             expires_at: now() + 600,
+            reply_key: [1u8; 32],
             payload: own,
         }
         .sign(&relay_key)
@@ -1046,7 +1176,7 @@ fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() 
             open(&forged, "phone-b", Protocol::Pi2, &session),
             "Π2 raised, bare",
         );
-        let mut swapped = envelope[..2 + 1 + 16 + 1 + "phone-b".len() + 16].to_vec();
+        let mut swapped = envelope[..2 + 1 + 16 + 1 + "phone-b".len() + 16 + 32].to_vec();
         swapped.extend_from_slice(&(forged.len() as u32).to_be_bytes());
         swapped.extend_from_slice(&forged);
         swapped.extend_from_slice(&envelope[envelope.len() - 64..]);
@@ -1061,7 +1191,9 @@ fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() 
         ));
         let honest = open(&envelope, "phone-b", Protocol::Pi2, &session).expect("SP's");
         let round3 = pi2.session().round3_signed(&honest).expect("round 3");
-        let (_, matched, valid, _) = pi2_round4(sp, &session, &round3).await.expect("round 4");
+        let (_, matched, valid, _) = pi2_round4(sp, &secret, &vk, &session, &round3)
+            .await
+            .expect("round 4");
         assert!(valid && matched, "the genuine capture matches");
 
         // ---- Π3: the SP's ciphertexts with the threshold lowered; a Round 2 of Π2. ----
@@ -1111,12 +1243,14 @@ fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() 
         let honest = open(&envelope, "phone-c", Protocol::Pi3, &session).expect("SP's");
         let mut s = pi3.session();
         let round3 = s.round3_signed(&honest, &mut rng).expect("round 3");
-        let round4 = call(sp, PI3_ROUND4, &[&session.as_slice(), &round3])
+        let round4 = pi3_round4(sp, &secret, &vk, &session, &round3)
             .await
             .expect("round 4")
             .expect("bytes");
         let (round5, bit) = s.round5(&round4).expect("round 5");
-        let (matched, valid, _) = pi3_finish(sp, &session, &round5).await.expect("output");
+        let (matched, valid, _) = pi3_finish(sp, &secret, &vk, &session, &round5)
+            .await
+            .expect("output");
         assert!(valid && !matched && !bit, "the impostor does not match");
 
         // ---- A Round 2 only for a session opened, and charged, in an earlier transaction. ----

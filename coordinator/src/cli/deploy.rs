@@ -205,6 +205,8 @@ fn write_client_config(home: &Path, out: &Path, url: &str, token: &str) -> Resul
         party_identities: Vec::new(),
         party_signing_keys: Vec::new(),
         paillier_service: None,
+        client_id: None,
+        client_key: None,
     };
     config.save(out)?;
     Config::load(out)?;

@@ -6,12 +6,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
+use crate::cli::client_auth::{wrap_for_party, ClientCredential};
 use crate::config::Config;
 use crate::identity::IdentityBundle;
 
@@ -97,15 +99,45 @@ pub struct Sealer {
     pub keys: [PartyPublicKey; 3],
     /// The CSPRNG shares are drawn from.
     pub rng: ChaCha20Rng,
+    /// The registered client that signs the sealed probes, when the configuration (or the
+    /// environment) names one.
+    pub client: Option<ClientCredential>,
 }
 
 impl Sealer {
-    /// The pinned keys of `config` and a fresh CSPRNG.
+    /// The pinned keys of `config`, a fresh CSPRNG and the client credential of `config`
+    /// (`client_id`, `client_key`) or of the environment (`PRIVMATCH_CLIENT_ID`,
+    /// `PRIVMATCH_CLIENT_KEY`, which take precedence).
     pub fn new(config: &Config) -> Result<Self> {
         Ok(Sealer {
             keys: config.pinned_keys()?,
             rng: sharing_rng()?,
+            client: client_credential(config)?,
         })
+    }
+
+    /// `sealed` (an input sealed to `party` for `purpose`) signed by the client, when there is
+    /// one; unchanged otherwise.
+    pub fn sign_for(&self, party: PartyIndex, purpose: &str, sealed: Vec<u8>) -> Vec<u8> {
+        wrap_for_party(self.client.as_ref(), party, purpose, sealed)
+    }
+}
+
+/// The client credential the environment or `config` names (both halves from one place).
+fn client_credential(config: &Config) -> Result<Option<ClientCredential>> {
+    let env_id = std::env::var("PRIVMATCH_CLIENT_ID").ok();
+    let env_key = std::env::var_os("PRIVMATCH_CLIENT_KEY").map(PathBuf::from);
+    let (id, key) = match (env_id, env_key) {
+        (Some(id), Some(key)) => (Some(id), Some(key)),
+        (None, None) => (config.client_id.clone(), config.client_key.clone()),
+        _ => bail!("set both PRIVMATCH_CLIENT_ID and PRIVMATCH_CLIENT_KEY, or neither"),
+    };
+    match (id, key) {
+        (Some(id), Some(key)) => ClientCredential::load(&key, &id)
+            .map(Some)
+            .with_context(|| format!("the client credential {id:?} ({})", key.display())),
+        (None, None) => Ok(None),
+        _ => bail!("the configuration must name both client_id and client_key, or neither"),
     }
 }
 

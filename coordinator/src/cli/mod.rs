@@ -4,11 +4,13 @@
 //! batches ([`batch`]), progress bars ([`progress`]), NDJSON input and output ([`ndjson`]), an
 //! operator's signing key ([`operator_key`]), the operator's own commands at its party
 //! ([`operator`]), the configuration of a deployment's coordinator ([`deploy`]) and the modality-neutral `privmatch recover`
-//! ([`recover`]) and the sealed inputs of the SQL front door ([`sealed`]). The modalities'
+//! ([`recover`]), the sealed inputs of the SQL front door ([`sealed`]) and registered clients'
+//! keys, signed inputs and the operators' commands that manage them ([`client_auth`]). The modalities'
 //! subcommands are in
 //! their `cli.rs`; the command tree in `main.rs`.
 
 pub mod batch;
+pub mod client_auth;
 pub mod deploy;
 pub mod embedding;
 pub mod http;

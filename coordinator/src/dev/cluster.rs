@@ -861,6 +861,8 @@ async fn up(
             .ok()
             .and_then(|text| toml::from_str::<Config>(&text).ok())
             .and_then(|c| c.paillier_service),
+        client_id: None,
+        client_key: None,
     });
     config.coordinator_url = coordinator_url;
     config.ca_cert = Some(ca.cert_path());

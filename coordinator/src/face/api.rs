@@ -10,15 +10,17 @@
 //! | `POST /v1/face/refill` | [`FaceRefillBody`] `{"target", "batch_size", "max_batches"}` | [`FaceRefillResponse`] levels before/after |
 //! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
-//! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"subject", "session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"subject", "comparisons", "outputs": [P0, P1]}` |
-//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"subjects": [subject…], "comparisons", "outputs": [P0, P1], "bytes_sent", "key_bytes", "stocked"}` |
+//! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"comparisons", "outputs": [P0, P1]}` |
+//! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"comparisons", "outputs": [P0, P1], "bytes_sent", "key_bytes", "stocked"}` |
 //! | `GET /v1/face/stock` | — | [`crate::face::stock::StockStatus`] `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
 //!
-//! The answers of verify and identify carry no result: `outputs` are P0's and P1's output
-//! shares sealed to the reply key inside the client's probe (core's `face::reply`,
-//! docs/protocols/face.md §13.9), which only the client (or the party whose front door was
-//! called) opens; `subjects` are the compared subjects in comparison order, which the sealed
-//! outputs are bound to.
+//! The requests and answers of verify and identify name no subject and carry no result
+//! (docs/protocols/face.md §13.10): a verification's subject is sealed inside the probes
+//! (probe format 3; a body that still names a `subject` is refused), and `outputs` are P0's
+//! and P1's output shares sealed to the reply key inside the client's probe (core's
+//! `face::reply`, docs/protocols/face.md §13.9), which only the client (or the party whose
+//! front door was called) opens — an identification's compared subjects are listed inside
+//! them.
 //!
 //! Configuring starts a new dealer generation; the coordinator then retires the keys of
 //! earlier generations at P0 and P1, so no comparison runs under the old threshold (the pool
@@ -261,39 +263,42 @@ pub struct FaceRequest {
     pub session: SessionId,
     /// The sealed probe of P0 and of P1.
     pub probes: [Vec<u8>; 2],
-    /// Verify against this subject (1:1), or identify over every enrolled one (None).
-    pub subject: Option<String>,
+    /// A 1:1 verification (the subject is sealed inside the probes, unknown here), or a 1:N
+    /// identification over every enrolled template.
+    pub verification: bool,
 }
 
-/// The body of `POST /v1/face/verify`.
+/// The body of `POST /v1/face/verify`: no subject (it is sealed inside the probes).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FaceVerifyBody {
-    /// The subject claimed.
-    pub subject: String,
     /// The session id the probes were sealed for (hex).
     pub session: String,
-    /// The sealed probe for P0 and P1 (`seal_face_probe`), base64.
+    /// The sealed probe for P0 and P1 (`seal_face_probe`, with the claimed subject sealed
+    /// inside), base64.
     pub probes: [String; 2],
+    /// Refused when present: clients before 0.12.0 sent the claimed subject here, in the
+    /// clear to the coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<serde_json::Value>,
 }
 
 impl FaceVerifyBody {
     /// Checks and decodes the request.
     pub fn plan(&self) -> Result<FaceRequest, String> {
-        privmatch_core::wire::envelope::validate_subject(&self.subject)
-            .map_err(|e| format!("subject: {e}"))?;
+        if self.subject.is_some() {
+            return Err("subject must not be sent: since 0.12.0 the claimed subject is sealed inside the probes (face probe format 3), so the coordinator never learns it; seal the probe again with privmatch 0.12 or later".into());
+        }
         Ok(FaceRequest {
             session: session_from_hex(&self.session, "session")?,
             probes: from_base64_each(&self.probes, "probes")?,
-            subject: Some(self.subject.clone()),
+            verification: true,
         })
     }
 }
 
-/// The answer to `POST /v1/face/verify`: no result, only the sealed outputs.
+/// The answer to `POST /v1/face/verify`: no result and no subject, only the sealed outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaceVerifyResponse {
-    /// The subject claimed.
-    pub subject: String,
     /// Templates compared (the subject's: 1).
     #[serde(default)]
     pub comparisons: i64,
@@ -316,17 +321,15 @@ impl FaceIdentifyBody {
         Ok(FaceRequest {
             session: session_from_hex(&self.session, "session")?,
             probes: from_base64_each(&self.probes, "probes")?,
-            subject: None,
+            verification: false,
         })
     }
 }
 
-/// The answer to `POST /v1/face/identify`: no result, only the sealed outputs and the
-/// compared subjects they are bound to.
+/// The answer to `POST /v1/face/identify`: no result and no subject, only the sealed
+/// outputs (which list the compared subjects inside).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaceIdentifyResponse {
-    /// Every compared subject, in comparison order (one output share per subject).
-    pub subjects: Vec<String>,
     /// Templates compared (every enrolled one).
     #[serde(default)]
     pub comparisons: i64,
@@ -373,12 +376,16 @@ mod tests {
     #[test]
     fn bodies_decode_and_refuse_with_the_field() {
         let verify = FaceVerifyBody {
-            subject: "alice".into(),
             session: hex::encode([4u8; 16]),
             probes: [to_base64(b"p0"), to_base64(b"p1")],
+            subject: None,
         };
         let request = verify.plan().expect("valid");
-        assert_eq!(request.subject.as_deref(), Some("alice"));
+        assert!(request.verification);
+        // The body names no subject; a client that still sends one is refused.
+        assert!(!serde_json::to_string(&verify)
+            .unwrap_or_default()
+            .contains("subject"));
         assert_eq!(request.probes[1], b"p1");
         let mut bad = verify.clone();
         bad.probes[1] = "***".into();
@@ -388,8 +395,12 @@ mod tests {
             .unwrap_or_default()
             .contains("probes[1] (for P1)"));
         let mut bad = verify.clone();
-        bad.subject = String::new();
-        assert!(bad.plan().err().unwrap_or_default().contains("subject"));
+        bad.subject = Some("alice".into());
+        assert!(bad
+            .plan()
+            .err()
+            .unwrap_or_default()
+            .contains("subject must not be sent"));
         let mut bad = verify;
         bad.session = "00".into();
         assert!(bad.plan().err().unwrap_or_default().contains("session"));
@@ -399,7 +410,7 @@ mod tests {
             hex::encode([1u8; 16])
         );
         let identify: FaceIdentifyBody = serde_json::from_str(&json).expect("parses");
-        assert_eq!(identify.plan().expect("valid").subject, None);
+        assert!(!identify.plan().expect("valid").verification);
 
         let enroll: FaceEnrollBody =
             serde_json::from_str("{\"envelopes\": [\"cDA=\", \"cDE=\"]}").expect("parses");
@@ -448,13 +459,12 @@ mod tests {
     #[test]
     fn verify_answers_carry_sealed_outputs_and_no_match_key() {
         let answer = FaceVerifyResponse {
-            subject: "a".into(),
             comparisons: 1,
             outputs: vec!["cDA=".into(), "cDE=".into()],
         };
         assert_eq!(
             serde_json::to_string(&answer).ok().as_deref(),
-            Some(r#"{"subject":"a","comparisons":1,"outputs":["cDA=","cDE="]}"#)
+            Some(r#"{"comparisons":1,"outputs":["cDA=","cDE="]}"#)
         );
     }
 }

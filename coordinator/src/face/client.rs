@@ -5,7 +5,10 @@
 //! reply key (an X25519 key pair drawn per request); P0 and P1 seal their output shares to
 //! it, and the client opens them with its secret and the parties' keys pinned in its own
 //! configuration (core's `face::reply`, docs/protocols/face.md §13.9), so the coordinator
-//! learns no result and an output it altered is refused, naming the party. Each verification or
+//! learns no result and an output it altered is refused, naming the party. No request names a
+//! subject (docs/protocols/face.md §13.10): a verification's claimed subject is sealed inside
+//! the probe, and an identification's compared subjects are read from inside the opened
+//! outputs. Each verification or
 //! identification is one session with a fresh id; when the parties answer a transient error
 //! (template sets differ for a moment, a key claim conflict) the probe is re-sealed for a new
 //! session and retried with back-off.
@@ -21,9 +24,9 @@ use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
-use privmatch_core::face::probe::seal_face_probe;
+use privmatch_core::face::probe::{seal_face_probe, FACE_PROBE_PURPOSE};
 use privmatch_core::face::quantize::Quantizer;
-use privmatch_core::face::reply::open_face_result;
+use privmatch_core::face::reply::{open_face_result, FaceResult};
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
@@ -71,16 +74,17 @@ pub struct FaceIdentified {
 
 /// Opens P0's and P1's sealed outputs (`outputs`, base64, as the coordinator relayed them) of
 /// `session` with the reply key's secret and the parties' keys pinned in the client's own
-/// configuration, checks them against the compared `subjects` and adds them: one bit per
-/// subject. An output that does not open (altered or forged in transit) is refused, naming the
-/// party.
+/// configuration and adds them: one bit per compared subject — the `claimed` subject of a
+/// verification, or the subjects both evaluators list inside their outputs (`None`: an
+/// identification). An output that does not open (altered or forged in transit) or does not
+/// fit is refused, naming the party.
 pub fn open_outputs(
     sealer: &Sealer,
     reply: &PartySecretKey,
     session: &SessionId,
     outputs: &[String],
-    subjects: &[&str],
-) -> Result<Vec<bool>> {
+    claimed: Option<&str>,
+) -> Result<FaceResult> {
     let outputs: [String; 2] = outputs.to_vec().try_into().map_err(|o: Vec<String>| {
         anyhow!(
             "the coordinator relayed {} sealed outputs, not P0's and P1's",
@@ -93,7 +97,7 @@ pub fn open_outputs(
         reply,
         session,
         [&o0, &o1],
-        subjects,
+        claimed,
     )
     .map_err(|e| {
         anyhow!("{e}: the result was changed in transit (by the coordinator?) and is refused")
@@ -353,9 +357,14 @@ impl FaceClient {
             )
             .map_err(|e| CallError::Local(format!("sealing the probe: {e}")))?;
             last = Some((session, reply));
+            let [p0, p1] = sealed;
+            let signed = [
+                sealer.sign_for(PartyIndex::ALL[0], FACE_PROBE_PURPOSE, p0),
+                sealer.sign_for(PartyIndex::ALL[1], FACE_PROBE_PURPOSE, p1),
+            ];
             Ok(body(
                 session_to_hex(&session),
-                sealed.map(|p| to_base64(&p)),
+                signed.map(|p| to_base64(&p)),
             ))
         };
         let (result, attempts) = self.coordinator.post_retrying(path, seal).await;
@@ -367,22 +376,26 @@ impl FaceClient {
     /// 1:1: does the quantised `embedding` match `subject`'s template? Opens P0's and P1's
     /// sealed outputs; one the coordinator altered is refused, naming the party.
     pub async fn verify_quantized(&mut self, subject: &str, embedding: &[i32]) -> Result<bool> {
+        // The subject is sealed inside the probe only: the body names none.
         let body = |session, probes| FaceVerifyBody {
-            subject: subject.to_owned(),
             session,
             probes,
+            subject: None,
         };
+        // The parties' errors name no subject (the coordinator relays them): the client,
+        // which knows it, names it here.
         let (answer, session, reply): (FaceVerifyResponse, _, _) = self
             .post_probe("/v1/face/verify", embedding, Some(subject), body)
-            .await?;
-        if answer.subject != subject {
-            bail!(
-                "the coordinator answered for subject {:?}, not {subject:?}",
-                answer.subject
-            );
-        }
-        let bits = open_outputs(&self.sealer, &reply, &session, &answer.outputs, &[subject])?;
-        Ok(bits.first().copied().unwrap_or(false))
+            .await
+            .with_context(|| format!("verifying subject {subject:?}"))?;
+        let result = open_outputs(
+            &self.sealer,
+            &reply,
+            &session,
+            &answer.outputs,
+            Some(subject),
+        )?;
+        Ok(result.bits.first().copied().unwrap_or(false))
     }
 
     /// 1:N: which enrolled subjects does the quantised `embedding` match (sorted)? Also
@@ -399,24 +412,29 @@ impl FaceClient {
         let (answer, session, reply): (FaceIdentifyResponse, _, _) = self
             .post_probe("/v1/face/identify", embedding, None, body)
             .await?;
-        let subjects: Vec<&str> = answer.subjects.iter().map(String::as_str).collect();
-        if subjects.len() as i64 != answer.comparisons {
+        // Nothing enrolled: nothing compared, nothing sealed. Otherwise the compared subjects
+        // come from inside the opened outputs, never from the coordinator.
+        let result = if answer.comparisons == 0 {
+            FaceResult {
+                subjects: Vec::new(),
+                bits: Vec::new(),
+            }
+        } else {
+            open_outputs(&self.sealer, &reply, &session, &answer.outputs, None)?
+        };
+        if result.subjects.len() as i64 != answer.comparisons {
             bail!(
-                "the coordinator relayed {} subjects for {} comparisons",
-                subjects.len(),
+                "P0 and P1 sealed {} compared subjects, the coordinator reported {} comparisons",
+                result.subjects.len(),
                 answer.comparisons
             );
         }
-        let bits = if subjects.is_empty() {
-            Vec::new()
-        } else {
-            open_outputs(&self.sealer, &reply, &session, &answer.outputs, &subjects)?
-        };
-        let mut matches: Vec<String> = subjects
-            .iter()
-            .zip(bits)
+        let mut matches: Vec<String> = result
+            .subjects
+            .into_iter()
+            .zip(result.bits)
             .filter(|(_, m)| *m)
-            .map(|(s, _)| (*s).to_owned())
+            .map(|(s, _)| s)
             .collect();
         matches.sort();
         Ok(FaceIdentified {

@@ -13,21 +13,23 @@
 //!    then asked again with the same probe):
 //!    `face_masked_pending` at P0 and P1, `face_dealer_template_seeds` at P2 per evaluator,
 //!    `face_masked_prepare` and `face_masked_accept` at P0 and P1 (each gets the other's Y_b).
-//! 1. `face_masked_open(session, probe, subject, NULL)` at P0: P0 opens its sealed probe share
-//!    and fixes the compared templates (one subject, or every opened one) in its engine. It
-//!    answers the number of comparisons, their bundle ids, subjects and digest.
-//! 2. `face_masked_open(session, probe, subject, P0's ids)` at P1: P1 compares exactly P0's
-//!    list or refuses (SQLSTATE 40001: the evaluators differ for a moment; retry).
+//! 1. `face_masked_open(session, probe)` at P0: P0 opens its sealed probe share and fixes the
+//!    compared templates in its engine: every opened one for an identification (it answers
+//!    the number of comparisons, their bundle ids and digest), or, for a verification, the
+//!    template of the subject sealed inside the probe (probe format 3): then it answers only
+//!    the count and its list sealed to P2 (`dealer_request`). No answer names a subject.
+//! 2. An identification: `face_masked_open(session, probe, P0's ids)` at P1: P1 compares
+//!    exactly P0's list or refuses (SQLSTATE 40001: the evaluators differ for a moment;
+//!    retry). A verification opens at P0 and P1 at once, each finding the template itself.
 //!    An identification for which a dealing was made ahead of time ([`crate::face::stock`],
 //!    docs/protocols/face.md §13.7) opens at P0 and P1 at once with
 //!    `face_masked_open_stocked(session, probe, stock)`; when both claim the stocked dealing,
 //!    step 3 is skipped and step 4 takes no chunks.
-//! 3. `face_dealer_identify(session, ids)` at P2: each evaluator's key half, in chunks. A
-//!    verification whose subject's bundle ids the coordinator saw in an earlier session
-//!    ([`SubjectIds`]) asks P2 at the same time as steps 1–2 and keeps that dealing if the
-//!    opens list the same ids (otherwise it asks again with the opened ids): one sequential
-//!    SQL call fewer. The ids are what every open answers anyway; dealing is a function of
-//!    (session, ids), so a discarded dealing reveals nothing and is never delivered.
+//! 3. `face_dealer_identify(session, ids)` at P2 (identification) or
+//!    `face_dealer_verify(session, P0's request, P1's request)` (verification: P2 opens both
+//!    requests and deals only when they name the same list, else 40001): each evaluator's key
+//!    half, in chunks. The coordinator never learns which template a verification compares
+//!    (docs/protocols/face.md §13.10).
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors.
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
@@ -42,8 +44,6 @@
 //! dropped from the engines. The session id is bound into the sealed probes, so a retry
 //! needs freshly sealed probes: [`FaceErrorKind::is_retryable`] tells the caller when.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use privmatch_core::face::masked::template_digest;
@@ -81,13 +81,13 @@ pub struct FaceStats {
     pub micros: u64,
 }
 
-/// A finished session: the compared subjects, in the order of P0's open, and P0's and P1's
-/// outputs sealed to the client (the coordinator cannot open them).
+/// A finished session: P0's and P1's outputs sealed to the client (the coordinator cannot
+/// open them; an identification's list its compared subjects inside), and for an
+/// identification the compared templates' bundle ids.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaceOutcome {
-    /// The compared subjects.
-    pub subjects: Vec<String>,
-    /// Their templates' bundle ids (16 bytes each, in the same order).
+    /// An identification's compared templates' bundle ids (16 bytes each, in comparison
+    /// order); empty for a verification (the coordinator never learns its template).
     pub ids: Vec<u8>,
     /// P0's and P1's sealed outputs (core's `face::reply`); empty with no comparison.
     pub outputs: [Vec<u8>; 2],
@@ -167,41 +167,42 @@ impl FaceSessionError {
     }
 }
 
-/// What a party answered to `face_session_open`.
+/// What an evaluator answered to `face_masked_open` (or `face_masked_open_stocked`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpenReply {
     /// Number of comparisons (templates compared).
     pub comparisons: i32,
-    /// The compared templates' bundle ids, 16 bytes each, in comparison order (P1 must
-    /// compare exactly P0's).
+    /// An identification's compared templates' bundle ids, 16 bytes each, in comparison
+    /// order (P1 must compare exactly P0's); empty for a verification.
     pub ids: Vec<u8>,
-    /// The compared subjects, in comparison order.
-    pub subjects: Vec<String>,
-    /// Digest of the session (compared templates, claim, parameters).
+    /// Digest of the compared list (an identification's; empty for a verification).
     pub digest: Vec<u8>,
+    /// A verification's list sealed by the evaluator to P2 (`face_dealer_verify`).
+    pub request: Option<Vec<u8>>,
 }
 
-/// Checks P0's open: the count matches the subjects, and a verification compares exactly the
-/// requested subject.
-pub fn check_first_open(reply: &OpenReply, subject: Option<&str>) -> Result<(), String> {
-    if reply.comparisons < 0 || reply.subjects.len() != reply.comparisons as usize {
-        return Err(format!(
-            "P0 opened {} comparisons but listed {} subjects",
-            reply.comparisons,
-            reply.subjects.len()
-        ));
+/// Checks an evaluator's open (`party` names it): an identification lists one bundle id per
+/// comparison; a verification compares one template and answers a sealed request for P2 and
+/// nothing else.
+pub fn check_open(party: &str, reply: &OpenReply, verification: bool) -> Result<(), String> {
+    if reply.comparisons < 0 {
+        return Err(format!("{party} opened {} comparisons", reply.comparisons));
     }
-    if let Some(subject) = subject {
-        if reply.comparisons > 1 || reply.subjects.iter().any(|s| s != subject) {
+    if verification {
+        if reply.comparisons != 1
+            || !reply.ids.is_empty()
+            || reply.request.as_ref().is_none_or(Vec::is_empty)
+        {
             return Err(format!(
-                "P0 opened a verification of {subject:?} comparing {:?}",
-                reply.subjects.iter().take(3).collect::<Vec<_>>()
+                "{party} opened a verification with {} comparisons and no sealed request for P2",
+                reply.comparisons
             ));
         }
+        return Ok(());
     }
     if reply.ids.len() != 16 * reply.comparisons as usize {
         return Err(format!(
-            "P0 opened {} comparisons but listed {} bytes of bundle ids",
+            "{party} opened {} comparisons but listed {} bytes of bundle ids",
             reply.comparisons,
             reply.ids.len()
         ));
@@ -209,16 +210,18 @@ pub fn check_first_open(reply: &OpenReply, subject: Option<&str>) -> Result<(), 
     Ok(())
 }
 
-/// Checks that P1 opened the same session as P0 (same comparisons, subjects and digest).
+/// Checks P0's open of an identification (see [`check_open`]).
+pub fn check_first_open(reply: &OpenReply) -> Result<(), String> {
+    check_open("P0", reply, false)
+}
+
+/// Checks that P1 opened the same identification as P0 (same comparisons, list and digest).
 pub fn check_second_open(p0: &OpenReply, p1: &OpenReply) -> Result<(), String> {
     if p1.comparisons != p0.comparisons {
         return Err(format!(
             "P0 opened {} comparisons, P1 {}",
             p0.comparisons, p1.comparisons
         ));
-    }
-    if !p1.subjects.is_empty() && p1.subjects != p0.subjects {
-        return Err("P0 and P1 compare different subjects".into());
     }
     if p1.ids != p0.ids {
         return Err("P0 and P1 compare different templates".into());
@@ -229,41 +232,61 @@ pub fn check_second_open(p0: &OpenReply, p1: &OpenReply) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks the opens of P0 and P1 made at once (each listed its templates itself): the same
-/// list, or 40001 (an enrolment or deletion is in flight: retry with a new session).
+/// Checks the opens of P0 and P1 made at once (each found its templates itself). A
+/// verification: each answered one comparison and a sealed request (P2 compares the lists).
+/// An identification: the same list, or 40001 (an enrolment or deletion is in flight: retry
+/// with a new session).
 fn check_parallel_opens(
     p0: &OpenReply,
     p1: &OpenReply,
-    subject: Option<&str>,
+    verification: bool,
 ) -> Result<(), FaceSessionError> {
-    check_first_open(p0, subject).map_err(FaceSessionError::Protocol)?;
+    check_open("P0", p0, verification).map_err(FaceSessionError::Protocol)?;
+    check_open("P1", p1, verification).map_err(FaceSessionError::Protocol)?;
+    if verification {
+        return Ok(());
+    }
     if p1.ids != p0.ids {
-        let what = if subject.is_some() {
-            "hold different templates for the subject"
-        } else {
-            "compare different face template sets"
-        };
         return Err(FaceSessionError::Party(PartyError {
             party: EVALUATORS[1],
             sqlstate: Some("40001".into()),
-            message: format!("P0 and P1 {what} (an enrolment or deletion is in flight): retry with a new session"),
+            message: "P0 and P1 compare different face template sets (an enrolment or deletion is in flight): retry with a new session".into(),
         }));
     }
     check_second_open(p0, p1).map_err(FaceSessionError::Protocol)
 }
 
 /// Checks the shape of the two sealed outputs of round 3 (what the coordinator can check
-/// without opening them: present, and the same length, which depends on the comparison
-/// count only).
-pub fn check_sealed_outputs(comparisons: usize, o0: &[u8], o1: &[u8]) -> Result<(), String> {
+/// without opening them): present and of one length, which for a verification depends on
+/// the comparison count only, and for an identification also on the subjects listed inside
+/// (so it is at least that).
+pub fn check_sealed_outputs(
+    comparisons: usize,
+    verification: bool,
+    o0: &[u8],
+    o1: &[u8],
+) -> Result<(), String> {
     let expected = sealed_output_len(comparisons);
     for (party, output) in [("P0", o0), ("P1", o1)] {
-        if output.len() != expected {
+        let fits = if verification {
+            output.len() == expected
+        } else {
+            output.len() > expected
+        };
+        if !fits {
             return Err(format!(
-                "{party} returned a sealed output of {} bytes for {comparisons} comparisons (expected {expected})",
-                output.len()
+                "{party} returned a sealed output of {} bytes for {comparisons} comparisons (expected {}{expected})",
+                output.len(),
+                if verification { "" } else { "more than " }
             ));
         }
+    }
+    if o0.len() != o1.len() {
+        return Err(format!(
+            "P0 and P1 returned sealed outputs of different lengths ({} and {} bytes)",
+            o0.len(),
+            o1.len()
+        ));
     }
     Ok(())
 }
@@ -276,6 +299,9 @@ pub const DEAL_SESSION_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
 /// P2's dealing ahead of time under a stock id ([`crate::face::stock`]).
 pub const DEAL_STOCK_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
        FROM privmatch.face_dealer_stock($1, $2) ORDER BY chunk";
+/// P2's dealing for a verification, from P0's and P1's sealed requests.
+pub const DEAL_VERIFY_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
+       FROM privmatch.face_dealer_verify($1, $2, $3) ORDER BY chunk";
 
 /// P2's dealing `sql` ([`DEAL_SESSION_SQL`] or [`DEAL_STOCK_SQL`]) under `id` for the
 /// templates `ids` (16 bytes each): each evaluator's sealed key half, in chunks.
@@ -302,6 +328,12 @@ pub async fn deal_at(
         dealer.query_typed(sql, &[(&id, Type::BYTEA), (&ids, Type::BYTEA_ARRAY)]),
     )
     .await?;
+    dealt_halves(what, rows)
+}
+
+/// The key halves in P2's answer `rows` (of the call `what`), per evaluator in chunk order.
+fn dealt_halves(what: &str, rows: Vec<Row>) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
+    let p2 = PartyIndex::ALL[2];
     let mut halves = [Vec::new(), Vec::new()];
     for row in rows {
         for (b, half) in halves.iter_mut().enumerate() {
@@ -318,6 +350,36 @@ pub async fn deal_at(
     Ok(halves)
 }
 
+/// P2's dealing for verification `session` from P0's and P1's sealed requests (`requests`,
+/// their opens' `dealer_request`): each evaluator's key half, in chunks. P2 refuses requests
+/// not sealed by the evaluators for this session (08P01) and different lists (40001).
+pub async fn deal_verification(
+    dealer: &Client,
+    session: &[u8; 16],
+    requests: [&[u8]; 2],
+    timeout: Duration,
+) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
+    let p2 = PartyIndex::ALL[2];
+    let session: &[u8] = session;
+    let [r0, r1] = requests;
+    let rows = call_with_timeout::<_, FaceSessionError>(
+        p2,
+        dealer,
+        "face_dealer_verify",
+        timeout,
+        dealer.query_typed(
+            DEAL_VERIFY_SQL,
+            &[
+                (&session, Type::BYTEA),
+                (&r0, Type::BYTEA),
+                (&r1, Type::BYTEA),
+            ],
+        ),
+    )
+    .await?;
+    dealt_halves("face_dealer_verify", rows)
+}
+
 /// A dealing both evaluators hold, ready for the next identification over `ids`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stocked {
@@ -325,8 +387,6 @@ pub struct Stocked {
     pub id: [u8; 16],
     /// The bundle ids it was dealt for (16 bytes each, in comparison order).
     pub ids: Vec<u8>,
-    /// Their subjects, in the same order (as the open that listed them answered).
-    pub subjects: Vec<String>,
     /// [`template_digest`] of `ids`: the evaluators answer an open over this list without
     /// listing it again.
     pub list_digest: [u8; 32],
@@ -335,13 +395,12 @@ pub struct Stocked {
 }
 
 impl Stocked {
-    /// The dealing under stock id `id` for the list `ids` (16 bytes each) of `subjects`.
-    pub fn new(id: [u8; 16], ids: Vec<u8>, subjects: Vec<String>, generation: i64) -> Self {
+    /// The dealing under stock id `id` for the list `ids` (16 bytes each).
+    pub fn new(id: [u8; 16], ids: Vec<u8>, generation: i64) -> Self {
         let list_digest = template_digest(ids.chunks_exact(16).filter_map(|c| c.try_into().ok()));
         Stocked {
             id,
             ids,
-            subjects,
             list_digest,
             generation,
         }
@@ -352,7 +411,6 @@ impl Stocked {
     fn fill_in(&self, mut reply: OpenReply) -> OpenReply {
         if reply.comparisons > 0 && reply.ids.is_empty() && reply.digest == self.list_digest {
             reply.ids = self.ids.clone();
-            reply.subjects = self.subjects.clone();
         }
         reply
     }
@@ -475,70 +533,14 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
 struct FaceSession<'a> {
     request: &'a FaceRequest,
     parties: &'a Parties,
-    known: &'a SubjectIds,
     /// A dealing both evaluators were given ahead of time, for an identification.
     stocked: Option<Stocked>,
     timeout: Duration,
 }
 
-/// Bundle ids of subjects recently verified, as the evaluators' opens listed them: lets a
-/// verification ask P2 for its keys while P0 and P1 open (see step 3 of the module's
-/// protocol). Bounded (oldest forgotten first); a stale entry costs one extra dealing.
-pub struct SubjectIds {
-    capacity: usize,
-    inner: Mutex<Remembered>,
-}
-
-/// The ids per subject and the subjects in the order they were first remembered.
-#[derive(Default)]
-struct Remembered {
-    ids: HashMap<String, Vec<u8>>,
-    order: VecDeque<String>,
-}
-
-impl SubjectIds {
-    /// Subjects remembered by a coordinator process (16 bytes of ids and the name each).
-    pub const DEFAULT_CAPACITY: usize = 100_000;
-
-    /// An empty map keeping at most `capacity` subjects.
-    pub fn new(capacity: usize) -> Self {
-        SubjectIds {
-            capacity: capacity.max(1),
-            inner: Mutex::new(Remembered::default()),
-        }
-    }
-
-    /// The ids last seen for `subject`.
-    pub fn get(&self, subject: &str) -> Option<Vec<u8>> {
-        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        guard.ids.get(subject).cloned()
-    }
-
-    /// Remembers `ids` for `subject`, forgetting the oldest subject when full.
-    pub fn remember(&self, subject: &str, ids: &[u8]) {
-        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Remembered { ids: map, order } = &mut *guard;
-        if let Some(known) = map.get_mut(subject) {
-            if known.as_slice() != ids {
-                *known = ids.to_vec();
-            }
-            return;
-        }
-        while map.len() >= self.capacity {
-            match order.pop_front() {
-                Some(oldest) => {
-                    map.remove(&oldest);
-                }
-                None => break,
-            }
-        }
-        map.insert(subject.to_owned(), ids.to_vec());
-        order.push_back(subject.to_owned());
-    }
-}
-
 impl FaceSession<'_> {
-    /// `face_masked_open` at `party`; P1 gets P0's list of compared templates (`first`).
+    /// `face_masked_open` at `party`; P1 of an identification gets P0's list of compared
+    /// templates (`first`).
     async fn open_at(
         &self,
         party: PartyIndex,
@@ -548,10 +550,9 @@ impl FaceSession<'_> {
         let request = self.request;
         let session: &[u8] = &request.session;
         let probe: &[u8] = &request.probes[party.as_usize()];
-        let subject: Option<&str> = request.subject.as_deref();
         let expect: Option<&[u8]> = first.map(|r| r.ids.as_slice());
-        let sql = "SELECT comparisons, bundle_ids, subjects, digest \
-                   FROM privmatch.face_masked_open($1, $2, $3, $4)";
+        let sql = "SELECT comparisons, bundle_ids, digest, dealer_request \
+                   FROM privmatch.face_masked_open($1, $2, $3)";
         let row = call_with_timeout::<_, FaceSessionError>(
             party,
             client,
@@ -562,7 +563,6 @@ impl FaceSession<'_> {
                 &[
                     (&session, Type::BYTEA),
                     (&probe, Type::BYTEA),
-                    (&subject, Type::TEXT),
                     (&expect, Type::BYTEA),
                 ],
             ),
@@ -572,8 +572,8 @@ impl FaceSession<'_> {
             Ok(OpenReply {
                 comparisons: column(party, &row, 0)?.unwrap_or(-1),
                 ids: column(party, &row, 1)?.unwrap_or_default(),
-                subjects: column(party, &row, 2)?.unwrap_or_default(),
-                digest: column(party, &row, 3)?.unwrap_or_default(),
+                digest: column(party, &row, 2)?.unwrap_or_default(),
+                request: column(party, &row, 3)?,
             })
         };
         reply().map_err(FaceSessionError::Party)
@@ -614,7 +614,7 @@ impl FaceSession<'_> {
             "face_masked_open_stocked",
             self.timeout,
             client.query_typed_one(
-                "SELECT comparisons, bundle_ids, subjects, digest, claimed \
+                "SELECT comparisons, bundle_ids, digest, claimed \
                    FROM privmatch.face_masked_open_stocked($1, $2, $3, $4)",
                 &[
                     (&session, Type::BYTEA),
@@ -630,10 +630,10 @@ impl FaceSession<'_> {
                 stocked.fill_in(OpenReply {
                     comparisons: column(party, &row, 0)?.unwrap_or(-1),
                     ids: column(party, &row, 1)?.unwrap_or_default(),
-                    subjects: column(party, &row, 2)?.unwrap_or_default(),
-                    digest: column(party, &row, 3)?.unwrap_or_default(),
+                    digest: column(party, &row, 2)?.unwrap_or_default(),
+                    request: None,
                 }),
-                column::<bool>(party, &row, 4)?.unwrap_or(false),
+                column::<bool>(party, &row, 3)?.unwrap_or(false),
             ))
         };
         reply().map_err(FaceSessionError::Party)
@@ -677,7 +677,7 @@ impl FaceSession<'_> {
         let ((first, claimed0), (second, claimed1)) = (a?, b?);
         // Dealt under another configuration of P2 (a new threshold or metric): not used.
         let current = generation? == stock.generation;
-        check_parallel_opens(&first, &second, None)?;
+        check_parallel_opens(&first, &second, false)?;
         if first.comparisons > 0 && claimed0 && claimed1 && current {
             return Ok((first, [Vec::new(), Vec::new()], true));
         }
@@ -736,9 +736,9 @@ impl FaceSession<'_> {
         }
     }
 
-    /// A verification's opens at P0 and P1 (at once: each looks the subject's template up)
-    /// and its dealing: at the same time as the opens when the subject's ids are known from
-    /// an earlier session and still what the opens list, after them otherwise.
+    /// A verification's opens at P0 and P1 (at once: each reads the subject from its sealed
+    /// probe and looks its template up) and its dealing from their sealed requests: the
+    /// coordinator learns that a verification happened, not of whom.
     async fn verification_opened_and_dealt(
         &self,
         three: [&Client; 3],
@@ -746,29 +746,13 @@ impl FaceSession<'_> {
     ) -> Result<(OpenReply, Result<[Vec<Vec<u8>>; 2], FaceSessionError>), FaceSessionError> {
         let [c0, c1, _] = three;
         let [p0, p1] = EVALUATORS;
-        let subject = self.request.subject.as_deref().unwrap_or_default();
-        let known = self.known.get(subject);
-        let early_deal = async {
-            match &known {
-                Some(ids) => Some(self.deal(dealer, ids).await),
-                None => None,
-            }
-        };
-        let (first, second, early) = futures::join!(
-            self.open_at(p0, c0, None),
-            self.open_at(p1, c1, None),
-            early_deal
-        );
+        let (first, second) =
+            futures::join!(self.open_at(p0, c0, None), self.open_at(p1, c1, None));
         let first = self.opened_or_retry(p0, None, first, three).await?;
         let second = self.opened_or_retry(p1, None, second, three).await?;
-        check_parallel_opens(&first, &second, Some(subject))?;
-        let dealt = match early {
-            Some(Ok(halves)) if known.as_deref() == Some(first.ids.as_slice()) => Ok(halves),
-            _ => self.deal(dealer, &first.ids).await,
-        };
-        if dealt.is_ok() {
-            self.known.remember(subject, &first.ids);
-        }
+        check_parallel_opens(&first, &second, true)?;
+        let requests = [&first, &second].map(|o| o.request.as_deref().unwrap_or_default());
+        let dealt = deal_verification(dealer, &self.request.session, requests, self.timeout).await;
         Ok((first, dealt))
     }
 }
@@ -792,14 +776,14 @@ impl Session<2> for FaceSession<'_> {
             .await
             .map_err(FaceSessionError::Party)?;
         let t0 = std::time::Instant::now();
-        let subject = self.request.subject.as_deref();
+        let verification = self.request.verification;
         let three = [c0, c1, &dealer];
         // An identification compares every enrolled template: open the new ones first, then
         // P0 fixes the list, and P1 opens with it while P2 deals for it. A verification opens
         // at P0 and P1 at once (each looks its subject's template up) and the lists are
         // compared; a template not opened yet (40001) is opened and the open tried again.
         let mut stocked = false;
-        let (first, dealt) = if let (None, Some(stock)) = (subject, &self.stocked) {
+        let (first, dealt) = if let (false, Some(stock)) = (verification, &self.stocked) {
             let (first, halves, used) = self.stocked_opened_and_dealt(stock, three).await?;
             if first.comparisons == 0 {
                 self.parties.all()[2].give_back(dealer).await;
@@ -807,10 +791,10 @@ impl Session<2> for FaceSession<'_> {
             }
             stocked = used;
             (first, Ok(halves))
-        } else if subject.is_none() {
+        } else if !verification {
             let first = self.open_at(p0, c0, None).await;
             let first = self.opened_or_retry(p0, None, first, three).await?;
-            check_first_open(&first, subject).map_err(FaceSessionError::Protocol)?;
+            check_first_open(&first).map_err(FaceSessionError::Protocol)?;
             if first.comparisons == 0 {
                 // Nothing enrolled: nothing to evaluate.
                 self.parties.all()[2].give_back(dealer).await;
@@ -852,10 +836,9 @@ impl Session<2> for FaceSession<'_> {
         traffic.count(&outputs);
         stats.bytes_sent = traffic.bytes_sent;
         let [o0, o1] = &outputs;
-        check_sealed_outputs(first.comparisons as usize, o0, o1)
+        check_sealed_outputs(first.comparisons as usize, verification, o0, o1)
             .map_err(FaceSessionError::Protocol)?;
         Ok(FaceOutcome {
-            subjects: first.subjects,
             ids: first.ids,
             outputs,
             stats,
@@ -906,10 +889,6 @@ impl Rounds<2> for FaceSession<'_> {
 
 /// Checks a request before anything is sent.
 fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
-    if let Some(subject) = &request.subject {
-        privmatch_core::wire::envelope::validate_subject(subject)
-            .map_err(|e| FaceSessionError::Invalid(format!("subject: {e}")))?;
-    }
     if request.probes.iter().any(Vec::is_empty) {
         return Err(FaceSessionError::Invalid("empty sealed probe".into()));
     }
@@ -922,7 +901,6 @@ fn validate(request: &FaceRequest) -> Result<(), FaceSessionError> {
 /// back to the pools only after a success.
 pub async fn run_face_session(
     parties: &Parties,
-    known: &SubjectIds,
     stocked: Option<Stocked>,
     request: &FaceRequest,
     timeout: Duration,
@@ -931,7 +909,6 @@ pub async fn run_face_session(
     let session = FaceSession {
         request,
         parties,
-        known,
         stocked,
         timeout,
     };
@@ -944,38 +921,13 @@ pub async fn run_face_session(
 mod tests {
     use super::*;
 
-    fn open(n: i32, subjects: &[&str], digest: u8) -> OpenReply {
+    fn open(n: i32, digest: u8) -> OpenReply {
         OpenReply {
             comparisons: n,
             ids: (0..n.max(0) as u8).flat_map(|i| [i; 16]).collect(),
-            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
             digest: vec![digest; 32],
+            request: None,
         }
-    }
-
-    #[test]
-    fn subject_ids_remember_update_and_forget_the_oldest() {
-        let known = SubjectIds::new(2);
-        assert_eq!(known.get("a"), None);
-        known.remember("a", &[1; 16]);
-        known.remember("b", &[2; 16]);
-        known.remember("a", &[3; 16]);
-        assert_eq!(
-            known.get("a"),
-            Some(vec![3; 16]),
-            "re-enrolment replaces the ids"
-        );
-        known.remember("c", &[4; 16]);
-        assert_eq!(
-            known.get("a"),
-            None,
-            "the oldest subject is forgotten when full"
-        );
-        assert_eq!(known.get("b"), Some(vec![2; 16]));
-        assert_eq!(known.get("c"), Some(vec![4; 16]));
-        let zero = SubjectIds::new(0);
-        zero.remember("a", &[1; 16]);
-        assert_eq!(zero.get("a"), Some(vec![1; 16]), "capacity is at least one");
     }
 
     #[test]
@@ -1009,39 +961,54 @@ mod tests {
 
     #[test]
     fn opens_are_checked() {
-        assert!(check_first_open(&open(2, &["a", "b"], 1), None).is_ok());
-        assert!(check_first_open(&open(2, &["a"], 1), None).is_err());
-        assert!(check_first_open(&open(1, &["a"], 1), Some("a")).is_ok());
-        assert!(check_first_open(&open(1, &["b"], 1), Some("a")).is_err());
-        assert!(check_first_open(&open(2, &["a", "a"], 1), Some("a")).is_err());
-        assert!(check_first_open(&open(0, &[], 1), None).is_ok());
-        let mut unlisted = open(1, &["a"], 1);
+        assert!(check_first_open(&open(2, 1)).is_ok());
+        assert!(check_first_open(&open(0, 1)).is_ok());
+        let mut unlisted = open(1, 1);
         unlisted.ids.clear();
-        assert!(check_first_open(&unlisted, None).is_err());
+        assert!(check_first_open(&unlisted).is_err());
+        // A verification answers one comparison and a sealed request, and no id.
+        let verification = OpenReply {
+            comparisons: 1,
+            request: Some(vec![1; 64]),
+            ..OpenReply::default()
+        };
+        assert!(check_open("P1", &verification, true).is_ok());
+        assert!(check_open("P1", &open(1, 1), true).is_err());
+        let mut listed = verification.clone();
+        listed.ids = vec![0; 16];
+        assert!(check_open("P1", &listed, true).is_err());
+        let mut two = verification.clone();
+        two.comparisons = 2;
+        assert!(check_open("P1", &two, true).is_err());
+        assert!(check_parallel_opens(&verification, &verification, true).is_ok());
 
-        let p0 = open(2, &["a", "b"], 1);
-        assert!(check_second_open(&p0, &open(2, &["a", "b"], 1)).is_ok());
-        assert!(check_second_open(&p0, &open(1, &["a"], 1)).is_err());
-        assert!(check_second_open(&p0, &open(2, &["a", "c"], 1)).is_err());
-        assert!(check_second_open(&p0, &open(2, &["a", "b"], 2)).is_err());
-        let mut reordered = open(2, &["a", "b"], 1);
+        let p0 = open(2, 1);
+        assert!(check_second_open(&p0, &open(2, 1)).is_ok());
+        assert!(check_second_open(&p0, &open(1, 1)).is_err());
+        assert!(check_second_open(&p0, &open(2, 2)).is_err());
+        let mut reordered = open(2, 1);
         reordered.ids.reverse();
         assert!(check_second_open(&p0, &reordered).is_err());
     }
 
     #[test]
     fn sealed_outputs_are_checked_for_their_length_only() {
-        let ok = vec![0u8; sealed_output_len(3)];
-        assert_eq!(check_sealed_outputs(3, &ok, &ok), Ok(()));
-        let err = check_sealed_outputs(3, &ok, &ok[..20])
+        let ok = vec![0u8; sealed_output_len(1)];
+        assert_eq!(check_sealed_outputs(1, true, &ok, &ok), Ok(()));
+        let err = check_sealed_outputs(1, true, &ok, &ok[..20])
             .err()
             .unwrap_or_default();
         assert!(
             err.contains("P1 returned a sealed output of 20 bytes"),
             "{err}"
         );
+        // An identification's lists its subjects inside: longer, and the same at both.
+        let listed = vec![0u8; sealed_output_len(3) + 30];
+        assert_eq!(check_sealed_outputs(3, false, &listed, &listed), Ok(()));
+        assert!(check_sealed_outputs(3, false, &listed, &listed[..listed.len() - 1]).is_err());
+        assert!(check_sealed_outputs(3, false, &listed[..sealed_output_len(3)], &listed).is_err());
         // The length of 4-byte shares in the clear (the old answer) is refused.
         let clear = vec![0u8; 12];
-        assert!(check_sealed_outputs(3, &clear, &ok).is_err());
+        assert!(check_sealed_outputs(3, false, &clear, &listed).is_err());
     }
 }

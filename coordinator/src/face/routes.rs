@@ -2,8 +2,10 @@
 //! pools and refill ([`crate::face::admin`]), enrolment and deletion (two-phase commit at P0
 //! and P1, P2 with its marker row only, [`crate::face::work`]), verification and
 //! identification (the round driver of [`crate::face::driver`]).
-//! The coordinator relays sealed envelopes and probes and learns one bit per comparison; it
-//! never sees a share, a key or the threshold.
+//! The coordinator relays sealed envelopes, probes and outputs: it never sees a share, a key,
+//! the threshold, a comparison bit, nor (since 0.12.0) a subject of a verification or
+//! identification — a verification's subject is sealed in the probe, an identification's
+//! compared subjects are listed inside the sealed outputs (docs/protocols/face.md §13.10).
 
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use crate::face::api::{
     FaceRefillResponse, FaceRequest, FaceVerifyBody, FaceVerifyResponse,
 };
 use crate::face::driver::{
-    run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, Stocked, SubjectIds,
+    run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, Stocked,
 };
 use crate::face::stock::{FaceStock, StockStatus};
 use crate::face::work::{Delete, Enroll};
@@ -35,11 +37,9 @@ use crate::server::state::{AppState, SharedState};
 use crate::txn::work::TxnError;
 use crate::wire::{codes, from_base64, to_base64};
 
-/// The face routes, merged into the coordinator's router. They share the bundle ids of
-/// recently verified subjects ([`SubjectIds`]) and the dealing made ahead of time for the
-/// next identification ([`FaceStock`]).
+/// The face routes, merged into the coordinator's router. They share the dealing made ahead
+/// of time for the next identification ([`FaceStock`]).
 pub fn routes() -> Router<SharedState> {
-    let known = Arc::new(SubjectIds::new(SubjectIds::DEFAULT_CAPACITY));
     let stock = Arc::new(FaceStock::default());
     Router::new()
         .route("/v1/face/configure", post(configure))
@@ -50,7 +50,6 @@ pub fn routes() -> Router<SharedState> {
         .route("/v1/face/verify", post(verify))
         .route("/v1/face/identify", post(identify))
         .route("/v1/face/stock", get(stock_status))
-        .layer(Extension(known))
         .layer(Extension(stock))
 }
 
@@ -264,20 +263,13 @@ async fn delete(
 /// claiming its session id.
 async fn compare(
     state: &AppState,
-    known: &SubjectIds,
     stocked: Option<Stocked>,
     plan: FaceRequest,
     what: &str,
 ) -> Result<FaceOutcome, ApiError> {
     state.claim_sessions(&[plan.session]).await?;
-    let outcome = run_face_session(
-        &state.parties,
-        known,
-        stocked,
-        &plan,
-        state.options.search_timeout,
-    )
-    .await?;
+    let outcome =
+        run_face_session(&state.parties, stocked, &plan, state.options.search_timeout).await?;
     tracing::info!(
         comparisons = outcome.stats.comparisons,
         seconds = outcome.stats.micros as f64 / 1e6,
@@ -288,14 +280,12 @@ async fn compare(
 
 async fn verify(
     State(state): State<SharedState>,
-    Extension(known): Extension<Arc<SubjectIds>>,
     body: Bytes,
 ) -> Result<Json<FaceVerifyResponse>, ApiError> {
     let request: FaceVerifyBody = parse_json(&body)?;
     let plan = request.plan().map_err(bad_request)?;
-    let outcome = compare(&state, &known, None, plan, "verification").await?;
+    let outcome = compare(&state, None, plan, "verification").await?;
     Ok(Json(FaceVerifyResponse {
-        subject: request.subject,
         comparisons: outcome.stats.comparisons,
         outputs: relayed_outputs(&outcome.outputs),
     }))
@@ -306,29 +296,25 @@ async fn verify(
 /// ([`FaceStock`]), so P2's dealing is off the path of the next identification.
 async fn identify(
     State(state): State<SharedState>,
-    Extension(known): Extension<Arc<SubjectIds>>,
     Extension(stock): Extension<Arc<FaceStock>>,
     body: Bytes,
 ) -> Result<Json<FaceIdentifyResponse>, ApiError> {
     let request: FaceIdentifyBody = parse_json(&body)?;
     let plan = request.plan().map_err(bad_request)?;
     let stocked = stock.take(state.options.search_timeout).await;
-    let outcome = compare(&state, &known, stocked, plan, "identification").await?;
+    let outcome = compare(&state, stocked, plan, "identification").await?;
     let stats = outcome.stats;
-    let outputs = if outcome.subjects.is_empty() {
+    let outputs = if stats.comparisons == 0 {
         Vec::new()
     } else {
         relayed_outputs(&outcome.outputs)
     };
-    let subjects = outcome.subjects.clone();
     stock.spawn_refill(
         Arc::clone(&state.parties),
         outcome.ids,
-        outcome.subjects,
         state.options.search_timeout,
     );
     Ok(Json(FaceIdentifyResponse {
-        subjects,
         comparisons: stats.comparisons,
         outputs,
         bytes_sent: stats.bytes_sent,

@@ -14,7 +14,8 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
-use privmatch_core::face::probe::seal_face_probe;
+use privmatch_core::face::probe::{seal_face_probe, FACE_PROBE_PURPOSE};
+use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::SealedKind;
 use privmatch_core::wire::session::new_session_id;
 
@@ -88,10 +89,12 @@ pub fn run(config: &Config, args: &FaceSealArgs) -> Result<()> {
                     Some(&record.subject),
                     &reply_key,
                 )?;
+                // The subject is sealed inside the probes; the body (which the coordinator
+                // receives) names none. The output line keeps it for the application.
                 let body = FaceVerifyBody {
-                    subject: record.subject.clone(),
                     session,
                     probes,
+                    subject: None,
                 };
                 out.write_json(&record.subject, SealedKind::FaceVerify, &body)
             })?;
@@ -148,5 +151,10 @@ fn seal_probe(
         &mut sealer.rng,
     )
     .map_err(|e| anyhow!("sealing the probe: {e}"))?;
-    Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
+    let [p0, p1] = sealed;
+    let signed = [
+        sealer.sign_for(PartyIndex::ALL[0], FACE_PROBE_PURPOSE, p0),
+        sealer.sign_for(PartyIndex::ALL[1], FACE_PROBE_PURPOSE, p1),
+    ];
+    Ok((session_to_hex(&session), signed.map(|p| to_base64(&p))))
 }

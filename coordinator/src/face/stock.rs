@@ -116,15 +116,9 @@ impl FaceStock {
         }
     }
 
-    /// Starts a refill for the list `ids` of `subjects` in the background unless one runs
-    /// already.
-    pub fn spawn_refill(
-        self: &Arc<Self>,
-        parties: Arc<Parties>,
-        ids: Vec<u8>,
-        subjects: Vec<String>,
-        timeout: Duration,
-    ) {
+    /// Starts a refill for the list `ids` (bundle ids, 16 bytes each) in the background unless
+    /// one runs already.
+    pub fn spawn_refill(self: &Arc<Self>, parties: Arc<Parties>, ids: Vec<u8>, timeout: Duration) {
         {
             let mut state = self.state();
             if state.refilling || ids.is_empty() {
@@ -141,7 +135,7 @@ impl FaceStock {
             state.last_refill_ms = Some(started.elapsed().as_secs_f64() * 1e3);
             match result {
                 Ok((id, generation, key_bytes)) => {
-                    state.ready = Some(Stocked::new(id, ids, subjects, generation));
+                    state.ready = Some(Stocked::new(id, ids, generation));
                     state.last_key_bytes = key_bytes;
                     state.last_error = None;
                 }
@@ -227,12 +221,7 @@ mod tests {
         let stock = FaceStock::default();
         assert_eq!(stock.take(Duration::from_secs(1)).await, None);
         assert_eq!(stock.status(), StockStatus::default());
-        stock.state().ready = Some(Stocked::new(
-            [1; 16],
-            vec![2; 48],
-            vec!["a".into(), "b".into(), "c".into()],
-            1,
-        ));
+        stock.state().ready = Some(Stocked::new([1; 16], vec![2; 48], 1));
         let status = stock.status();
         assert!(status.ready && !status.refilling);
         assert_eq!(status.comparisons, 3);
@@ -258,7 +247,7 @@ mod tests {
         {
             let mut state = stock.state();
             state.refilling = false;
-            state.ready = Some(Stocked::new([3; 16], vec![4; 16], vec!["d".into()], 2));
+            state.ready = Some(Stocked::new([3; 16], vec![4; 16], 2));
         }
         stock.changed.notify_waiters();
         let status = waiting.await.unwrap_or_default();

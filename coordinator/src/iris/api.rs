@@ -16,18 +16,21 @@
 //!  "eyes": [{"eye": "left", "session": "<32 hex>", "probes": ["<b64 P0>", "<b64 P1>", "<b64 P2>"]}]}
 //! ```
 //!
-//! answers `{"mode", "policy", "matches": [{"subject", "eye"}…]}` (identify) or
-//! `{"mode", "policy", "unique": bool}` (uniqueness), plus `"eyes"`: per eye the figures of its
-//! search (entries, rounds, bytes sent per party, seconds) and `"output"` ([`SignedEyeOutput`]):
-//! its result as each party signed it, which the client verifies
-//! ([`crate::iris::client::verify_response`]) before it believes `matches` or `unique`.
+//! answers `{"mode", "policy", "eyes": [...]}`: per eye the figures of its search (entries,
+//! rounds, bytes sent per party, seconds) and `"sealed_outputs"`: the three parties' outputs,
+//! each signed and sealed to the reply key inside the client's probes (base64; core's
+//! `iris::output`). The coordinator cannot read them: it answers no `matches` and no `unique`.
+//! The client opens and verifies them and applies the two-eye policy
+//! ([`crate::iris::client::open_response`]), which fills in `matches` (identify) or `unique`
+//! (uniqueness) of the answer it reports.
 //!
 //! `GET /v1/iris/search` answers the parties' threshold policy ([`crate::iris::policy`]). The parameters are `privmatch_core::iris::params`'s:
 //! `max_rotation` in 0..=15, `threshold` in (0, 0.5] with at most four decimals.
 //!
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
 //! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64],
-//! "threshold"}`; answers `{"subject", "eye", "outcome": "enrolled"|"duplicate",
+//! "threshold"}` (the probes sealed with the disclosure of the uniqueness bit to the
+//! coordinator, which must know whether to enrol); answers `{"subject", "eye", "outcome": "enrolled"|"duplicate",
 //! "pending_recovery": […]}`, or HTTP 409 with `"code": "not_unique"`.
 //!
 //! Errors: [`crate::wire::ErrorBody`].
@@ -207,28 +210,7 @@ impl SearchBody {
     }
 }
 
-/// One eye's result as each party signed it (core's `iris::output`): the client checks the
-/// three signatures against its pinned party signing keys with its own session id,
-/// parameters and eye, and refuses a result the coordinator changed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SignedEyeOutput {
-    /// The session id (hex), as the client drew it.
-    pub session: String,
-    /// The digest of the set the parties searched (hex).
-    pub set_digest: String,
-    /// Entries searched.
-    pub entries: i64,
-    /// Identification: the matching subjects of this eye, sorted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subjects: Option<Vec<String>>,
-    /// Uniqueness: whether this eye matched nobody.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unique: Option<bool>,
-    /// P0's, P1's and P2's Ed25519 signatures over their outputs (hex).
-    pub signatures: [String; 3],
-}
-
-/// The figures of one eye's search, and its signed output.
+/// The figures of one eye's search, and the parties' sealed outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EyeReport {
     /// `"left"` or `"right"`.
@@ -236,9 +218,9 @@ pub struct EyeReport {
     /// Rounds, bytes, time.
     #[serde(flatten)]
     pub stats: SearchStats,
-    /// The eye's result as the three parties signed it.
+    /// P0's, P1's and P2's outputs, signed and sealed to the client's reply key (base64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output: Option<SignedEyeOutput>,
+    pub sealed_outputs: Option<[String; 3]>,
 }
 
 /// The answer to `POST /v1/iris/search`.
@@ -248,10 +230,12 @@ pub struct SearchResponse {
     pub mode: SearchMode,
     /// The eye policy applied.
     pub policy: EyePolicy,
-    /// Identify: the matches after the policy, sorted by subject then eye.
+    /// Identify: the matches after the policy, sorted by subject then eye. Never sent by the
+    /// coordinator (it cannot read the outputs): filled in by the client once it opened them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matches: Option<Vec<Match>>,
-    /// Uniqueness: whether no enrolled template matched (after the policy).
+    /// Uniqueness: whether no enrolled template matched (after the policy). Filled in by the
+    /// client, like `matches`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<bool>,
     /// Per eye: the figures of its search.

@@ -386,7 +386,7 @@ mod tests {
             eyes: vec![EyeReport {
                 eye: "left".into(),
                 stats: SearchStats::default(),
-                output: None,
+                sealed_outputs: None,
             }],
         }
     }

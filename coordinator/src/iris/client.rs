@@ -7,20 +7,26 @@
 //! * [`IrisClient`]: searches and enroll-if-unique, one session per eye with a fresh id per
 //!   attempt. When the parties hold different template sets for a moment (an enrolment is
 //!   being committed) the request is re-sealed for a new session and retried with back-off.
+//!   Every search request carries a fresh reply key inside its sealed probes; the parties seal
+//!   their signed outputs to it, and the client opens, verifies and combines them
+//!   ([`open_response`]): the coordinator relays ciphertext and learns no result.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::crypto::party_sign::PartyVerifyingKey;
-use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::enroll::{
     seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye,
 };
-use privmatch_core::iris::output::{verify_outputs, IrisResult};
+use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
+use privmatch_core::iris::probe::{
+    seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo, IRIS_PROBE_PURPOSE,
+};
 use privmatch_core::iris::template::IrisTemplate;
+use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::envelope::encode_enroll_batch;
 use privmatch_core::wire::session::new_session_id;
 use rand_chacha::ChaCha20Rng;
@@ -37,10 +43,7 @@ use crate::iris::api::{
 };
 use crate::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
-use crate::wire::{codes, session_from_hex, session_to_hex, to_base64};
-
-/// Whether the warning that outputs are not verified was printed (once per process).
-static WARNED_UNVERIFIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+use crate::wire::{codes, from_base64_each, session_from_hex, session_to_hex, to_base64};
 
 /// Where recovery finishes an iris batch left in doubt.
 const RECOVERY_SCOPE: &str = "at all three parties or at none";
@@ -179,8 +182,8 @@ pub async fn enroll_file(
 pub struct IrisClient {
     coordinator: Coordinator,
     sealer: Sealer,
-    /// The parties' pinned signing keys (`party_signing_keys`), when pinned.
-    signing_keys: Option<[PartyVerifyingKey; 3]>,
+    /// The parties' pinned signing keys (`party_signing_keys`), where pinned.
+    signing_keys: [Option<PartyVerifyingKey>; 3],
 }
 
 /// The parties' signing keys pinned in `config` (`party_signing_keys`): None when none is
@@ -203,87 +206,68 @@ pub fn pinned_signing_keys(config: &Config) -> Result<Option<[PartyVerifyingKey;
     Ok(Some([key(0)?, key(1)?, key(2)?]))
 }
 
-/// Checks a search answer against what the client sent (`body`: its own session ids,
-/// parameters and eyes): every eye's result must be what each party signed (core's
-/// `iris::output`, verified with the pinned `keys`), and the combined `matches` / `unique` the
-/// coordinator answered must be what the signed per-eye results give under the eye policy.
-/// Refuses, naming the party, a result the coordinator changed.
-pub fn verify_response(
+/// Opens a search answer (core's `iris::output`): for every eye the client sent (`body`: its
+/// own session ids, parameters and eyes), the three sealed outputs the coordinator relayed are
+/// opened with the request's reply key `reply` and the parties' pinned keys `party_keys`,
+/// each checked to be for that session, parameters and eye, signed (with `signing_keys`,
+/// where pinned; the sealing alone already authenticates each party) and the three in
+/// agreement; the two-eye policy then gives `matches` or `unique`, which are set in `response`
+/// (anything the coordinator put there is replaced). Refuses, naming the party, an output that
+/// does not open or verify.
+pub fn open_response(
     body: &SearchBody,
-    response: &SearchResponse,
-    keys: &[PartyVerifyingKey; 3],
+    response: &mut SearchResponse,
+    party_keys: &[PartyPublicKey; 3],
+    signing_keys: &[Option<PartyVerifyingKey>; 3],
+    reply: &PartySecretKey,
 ) -> Result<(), String> {
     let params = body.params()?;
-    let keys = keys.map(Some);
     let mut matched: Vec<(Eye, Vec<String>)> = Vec::new();
     let mut unique: Vec<(Eye, bool)> = Vec::new();
     for sent in &body.eyes {
         let eye = Eye::parse(&sent.eye).map_err(|e| e.to_string())?;
-        let refuse = |why: &str| {
-            format!(
-                "the coordinator's answer for the {} eye {why}: refusing it",
-                eye.as_str()
-            )
-        };
-        let output = response
+        let sealed = response
             .eyes
             .iter()
             .find(|r| r.eye == sent.eye)
-            .and_then(|r| r.output.as_ref())
-            .ok_or_else(|| refuse("carries no signed output"))?;
-        let session = session_from_hex(&sent.session, "session")?;
-        if output.session != sent.session {
-            return Err(refuse("is for another session"));
-        }
-        let digest: [u8; 32] = hex::decode(&output.set_digest)
-            .ok()
-            .and_then(|d| d.try_into().ok())
-            .ok_or_else(|| refuse("has a malformed set digest"))?;
-        let signatures: [Vec<u8>; 3] = {
-            let decoded: Vec<Vec<u8>> = output
-                .signatures
-                .iter()
-                .map(|s| hex::decode(s).unwrap_or_default())
-                .collect();
-            [decoded[0].clone(), decoded[1].clone(), decoded[2].clone()]
-        };
-        let result = match (params.mode(), &output.subjects, output.unique) {
-            (SearchMode::Identify, Some(subjects), None) => {
-                IrisResult::Identified(subjects.clone())
-            }
-            (SearchMode::Uniqueness, None, Some(u)) => IrisResult::Unique(u),
-            _ => return Err(refuse("is not a result of the mode it asked for")),
-        };
-        let entries = u64::try_from(output.entries).map_err(|_| refuse("has a negative count"))?;
-        verify_outputs(
-            &keys,
-            session,
+            .and_then(|r| r.sealed_outputs.as_ref())
+            .ok_or_else(|| {
+                format!(
+                    "the coordinator's answer for the {} eye carries no sealed outputs: refusing it",
+                    eye.as_str()
+                )
+            })?;
+        let sealed = from_base64_each(
+            sealed,
+            &format!("the {} eye's sealed_outputs", eye.as_str()),
+        )?;
+        let expected = ExpectedSearch {
+            session: session_from_hex(&sent.session, "session")?,
             params,
             eye,
-            digest,
-            entries,
-            &result,
-            &signatures,
+        };
+        let opened = open_outputs(
+            &expected,
+            party_keys,
+            signing_keys,
+            reply,
+            [&sealed[0], &sealed[1], &sealed[2]],
         )
         .map_err(|e| e.to_string())?;
-        match result {
+        match opened.result {
             IrisResult::Identified(subjects) => matched.push((eye, subjects)),
             IrisResult::Unique(u) => unique.push((eye, u)),
         }
     }
-    let combined_ok = match params.mode() {
+    match params.mode() {
         SearchMode::Identify => {
-            response.matches.as_ref() == Some(&combine_matches(&matched, body.policy))
+            response.matches = Some(combine_matches(&matched, body.policy));
+            response.unique = None;
         }
         SearchMode::Uniqueness => {
-            response.unique == Some(combine_uniqueness(&unique, body.policy)?)
+            response.unique = Some(combine_uniqueness(&unique, body.policy)?);
+            response.matches = None;
         }
-    };
-    if !combined_ok {
-        return Err(
-            "the coordinator's combined answer is not what the parties' signed per-eye results give: the coordinator changed it; refusing it"
-                .into(),
-        );
     }
     Ok(())
 }
@@ -295,6 +279,7 @@ fn seal_probe(
     template: &IrisTemplate,
     eye: Eye,
     params: SearchParams,
+    reply: &ReplyTo,
 ) -> Result<(String, [String; 3]), CallError> {
     let context = ProbeContext {
         session: new_session_id(&mut rand::rngs::OsRng),
@@ -303,21 +288,33 @@ fn seal_probe(
         sealed_at: sealing_time(),
     };
     let session = context.session;
-    let sealed = seal_iris_probe(template, &context, &sealer.keys, &mut sealer.rng)
+    let sealed = seal_iris_probe_to(template, &context, reply, &sealer.keys, &mut sealer.rng)
         .map_err(|e| CallError::Local(format!("sealing the {} eye probe: {e}", eye.as_str())))?;
-    Ok((session_to_hex(&session), sealed.map(|p| to_base64(&p))))
+    let mut parties = PartyIndex::ALL.iter();
+    let signed = sealed.map(|p| match parties.next() {
+        Some(&party) => to_base64(&sealer.sign_for(party, IRIS_PROBE_PURPOSE, p)),
+        None => to_base64(&p),
+    });
+    Ok((session_to_hex(&session), signed))
 }
 
-/// The body of a search for `probe`: each eye shared and sealed for a fresh session.
+/// The body of a search for `probe`: each eye shared and sealed for a fresh session, with
+/// `reply_key` (a fresh key of the client, or the static key of the party whose SQL front
+/// door will be called) as the key the parties seal their outputs to.
 pub fn search_body(
     sealer: &mut Sealer,
     probe: &ProbeRecord,
     params: SearchParams,
     policy: EyePolicy,
+    reply_key: &PartyPublicKey,
 ) -> Result<SearchBody, CallError> {
+    let reply = ReplyTo {
+        key: *reply_key,
+        disclosure: Disclosure::SealedOnly,
+    };
     let mut eyes = Vec::with_capacity(probe.eyes.len());
     for (eye, template) in &probe.eyes {
-        let (session, probes) = seal_probe(sealer, template, *eye, params)?;
+        let (session, probes) = seal_probe(sealer, template, *eye, params, &reply)?;
         eyes.push(EyeProbeBody {
             eye: eye.as_str().to_owned(),
             session,
@@ -348,7 +345,7 @@ impl IrisClient {
         Ok(IrisClient {
             coordinator: Coordinator::new(config),
             sealer: Sealer::new(config)?,
-            signing_keys: pinned_signing_keys(config)?,
+            signing_keys: pinned_signing_keys(config)?.map_or([None, None, None], |k| k.map(Some)),
         })
     }
 
@@ -358,8 +355,9 @@ impl IrisClient {
         Ok(crate::iris::policy::fetch_policy(&self.coordinator).await?)
     }
 
-    /// Searches one probe (one session per eye), re-sealing and retrying while the parties'
-    /// template sets differ.
+    /// Searches one probe (one session per eye, one fresh reply key per attempt), re-sealing
+    /// and retrying while the parties' template sets differ, and opens the answer
+    /// ([`open_response`]): its `matches` or `unique` are what the parties' sealed outputs give.
     pub async fn search(
         &mut self,
         probe: &ProbeRecord,
@@ -367,29 +365,29 @@ impl IrisClient {
         policy: EyePolicy,
     ) -> Result<SearchResponse> {
         let sealer = &mut self.sealer;
-        // The body of the attempt that answered: its session ids are what the parties signed.
-        let mut sent: Option<SearchBody> = None;
+        // The body and reply key of the attempt that answered: its session ids are what the
+        // parties signed, its reply key what they sealed to.
+        let mut sent: Option<(SearchBody, PartySecretKey)> = None;
         let body = || {
-            let body = search_body(sealer, probe, params, policy)?;
-            sent = Some(body.clone());
+            let reply = PartySecretKey::generate(&mut rand::rngs::OsRng);
+            let body = search_body(sealer, probe, params, policy, &reply.public_key())?;
+            sent = Some((body.clone(), reply));
             Ok(body)
         };
         let (result, attempts) = self
             .coordinator
             .post_retrying::<_, SearchResponse>("/v1/iris/search", body)
             .await;
-        let response = result.map_err(|e| e.after_attempts(attempts))?;
-        match (&self.signing_keys, &sent) {
-            (Some(keys), Some(body)) => {
-                verify_response(body, &response, keys).map_err(|e| anyhow!(e))?
-            }
-            (None, _) => {
-                if !WARNED_UNVERIFIED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    eprintln!("warning: the parties' signed search outputs are not verified: no party_signing_keys are pinned in the configuration");
-                }
-            }
-            (Some(_), None) => bail!("no search was sent"),
-        }
+        let mut response = result.map_err(|e| e.after_attempts(attempts))?;
+        let (body, reply) = sent.ok_or_else(|| anyhow!("no search was sent"))?;
+        open_response(
+            &body,
+            &mut response,
+            &self.sealer.keys,
+            &self.signing_keys,
+            &reply,
+        )
+        .map_err(|e| anyhow!(e))?;
         Ok(response)
     }
 
@@ -411,8 +409,16 @@ impl IrisClient {
         )
         .map_err(|e| (CallError::Local(format!("sealing the enrolment: {e}")), 0))?;
         let envelopes = envelopes.map(|e| to_base64(&e));
+        // The coordinator must learn whether the record is unique (it enrols it or not, and
+        // that shows): the probe allows the parties to disclose that one bit to it. The sealed
+        // outputs go to a reply key nobody keeps.
+        let reply = ReplyTo {
+            key: PartySecretKey::generate(&mut rand::rngs::OsRng).public_key(),
+            disclosure: Disclosure::UniqueBitToCoordinator,
+        };
         let body = || {
-            let (session, probes) = seal_probe(sealer, &record.template, record.eye, params)?;
+            let (session, probes) =
+                seal_probe(sealer, &record.template, record.eye, params, &reply)?;
             Ok(EnrollIfUniqueBody {
                 subject: record.subject.clone(),
                 eye: record.eye.as_str().to_owned(),

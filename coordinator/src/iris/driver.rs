@@ -13,8 +13,12 @@
 //!    fresh session id ([`retry_on_set_mismatch`]).
 //! 2. Round k = 0, 1, 2, …: `iris_search_round(session, k, message)` at the three parties in
 //!    parallel. Party i receives what party i−1 sent ([`route`]) and answers its next message
-//!    (to party i+1) or `finished` with the result. All three finish in the same round and
-//!    must report the same result ([`classify_round`]).
+//!    (to party i+1) or `finished` with its output, signed and **sealed to the client's reply
+//!    key** (core's `iris::output`): the coordinator relays the three sealed outputs to the
+//!    client, which opens, verifies and combines them; it learns no subject and no bit. All
+//!    three finish in the same round ([`classify_round`]). Only the uniqueness search of
+//!    enroll-if-unique, whose probe the client sealed with that disclosure, also answers the
+//!    bit in the clear (`disclosed_unique`): the coordinator must know whether to enrol.
 //! 3. On any error or timeout: `iris_search_abort(session)` at all three (best effort) and a
 //!    [`SearchError`] naming the party (and SQLSTATE).
 //!
@@ -28,7 +32,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use privmatch_core::iris::params::SearchMode;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use tokio_postgres::{Client, Row};
@@ -48,35 +51,28 @@ const MAX_ROUNDS: i32 = 256;
 /// Length of the template-set digest a party reports at start.
 const SET_DIGEST_LEN: usize = 32;
 
-/// The result the three parties agreed on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SearchResult {
-    /// The matching subjects of the probe's eye, sorted.
-    Identify(Vec<String>),
-    /// True when no enrolled template matched.
-    Unique(bool),
-}
-
 /// A finished search.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SearchOutcome {
-    /// What the parties answered.
-    pub result: SearchResult,
     /// Rounds, bytes, time.
     pub stats: SearchStats,
     /// The set digest the three parties searched (they agreed on it).
     pub set_digest: Vec<u8>,
-    /// Each party's signature over its output (core's `iris::output`), relayed to the client.
-    pub signatures: [Vec<u8>; 3],
+    /// Each party's output, signed and sealed to the client's reply key (core's
+    /// `iris::output`), indexed by party; the coordinator relays them unread.
+    pub sealed_outputs: [Vec<u8>; 3],
+    /// The uniqueness bit, when the client's probe disclosed it (enroll-if-unique); the three
+    /// parties agreed on it.
+    pub disclosed_unique: Option<bool>,
 }
 
-/// The result the parties agreed on, with each party's signature over its output.
+/// What the three parties answered in their last round.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SignedResult {
-    /// The result.
-    pub result: SearchResult,
-    /// Party i's signature (empty where a party sent none).
-    pub signatures: [Vec<u8>; 3],
+pub struct SealedResult {
+    /// Party i's sealed output.
+    pub sealed_outputs: [Vec<u8>; 3],
+    /// The disclosed uniqueness bit, if any.
+    pub disclosed_unique: Option<bool>,
 }
 
 /// The parties started a search over different template sets. The set digest commits to each
@@ -154,12 +150,10 @@ pub struct RoundReply {
     pub message: Option<Vec<u8>>,
     /// True in the last round.
     pub finished: bool,
-    /// The uniqueness result, when finished in uniqueness mode.
-    pub is_unique: Option<bool>,
-    /// The matching subjects, when finished in identify mode.
-    pub subjects: Option<Vec<String>>,
-    /// The party's signature over its output, when finished.
-    pub signature: Option<Vec<u8>>,
+    /// The party's output, signed and sealed to the client's reply key, when finished.
+    pub sealed_output: Option<Vec<u8>>,
+    /// The uniqueness bit, when finished and the client's probe disclosed it.
+    pub disclosed_unique: Option<bool>,
 }
 
 /// Routes the messages of a round (indexed by sender): party i receives party i−1's.
@@ -194,12 +188,11 @@ fn check_same_set(starts: &[StartReply; 3]) -> Result<(), SearchError> {
     }))
 }
 
-/// Interprets the three answers of round `round`: the messages to relay, or the result.
+/// Interprets the three answers of round `round`: the messages to relay, or the outputs.
 pub fn classify_round(
-    mode: SearchMode,
     round: i32,
     replies: [RoundReply; 3],
-) -> Result<Step<3, SignedResult>, SearchError> {
+) -> Result<Step<3, SealedResult>, SearchError> {
     let finished: Vec<PartyIndex> = PartyIndex::ALL
         .iter()
         .zip(&replies)
@@ -208,7 +201,7 @@ pub fn classify_round(
         .collect();
     match finished.len() {
         0 => continue_round(round, replies),
-        3 => finish_round(mode, round, replies).map(Step::Finished),
+        3 => finish_round(round, replies).map(Step::Finished),
         _ => Err(SearchError::Protocol(format!(
             "only {} finished in round {round}",
             finished
@@ -223,7 +216,7 @@ pub fn classify_round(
 fn continue_round(
     round: i32,
     replies: [RoundReply; 3],
-) -> Result<Step<3, SignedResult>, SearchError> {
+) -> Result<Step<3, SealedResult>, SearchError> {
     let [r0, r1, r2] = replies;
     let take = |party: usize, reply: RoundReply| {
         reply.message.ok_or_else(|| {
@@ -236,44 +229,25 @@ fn continue_round(
     Ok(Step::Relay([take(0, r0)?, take(1, r1)?, take(2, r2)?]))
 }
 
-fn finish_round(
-    mode: SearchMode,
-    round: i32,
-    replies: [RoundReply; 3],
-) -> Result<SignedResult, SearchError> {
-    let missing = |party: PartyIndex, what: &str| {
-        SearchError::Protocol(format!("{party} finished in round {round} without {what}"))
-    };
-    let mut results = Vec::with_capacity(3);
-    let mut signatures: [Vec<u8>; 3] = Default::default();
-    for ((&party, reply), signature) in PartyIndex::ALL.iter().zip(replies).zip(&mut signatures) {
-        *signature = reply
-            .signature
-            .clone()
-            .ok_or_else(|| missing(party, "its signature"))?;
-        results.push(match mode {
-            SearchMode::Identify => {
-                let mut subjects = reply
-                    .subjects
-                    .ok_or_else(|| missing(party, "the matching subjects"))?;
-                subjects.sort();
-                SearchResult::Identify(subjects)
-            }
-            SearchMode::Uniqueness => SearchResult::Unique(
-                reply
-                    .is_unique
-                    .ok_or_else(|| missing(party, "the uniqueness result"))?,
-            ),
-        });
+fn finish_round(round: i32, replies: [RoundReply; 3]) -> Result<SealedResult, SearchError> {
+    let mut sealed_outputs: [Vec<u8>; 3] = Default::default();
+    let mut disclosed = Vec::with_capacity(3);
+    for ((&party, reply), sealed) in PartyIndex::ALL.iter().zip(replies).zip(&mut sealed_outputs) {
+        *sealed = reply.sealed_output.ok_or_else(|| {
+            SearchError::Protocol(format!(
+                "{party} finished in round {round} without its sealed output"
+            ))
+        })?;
+        disclosed.push(reply.disclosed_unique);
     }
-    if results.windows(2).any(|w| w[0] != w[1]) {
+    if disclosed.windows(2).any(|w| w[0] != w[1]) {
         return Err(SearchError::Protocol(
-            "the parties report different results".into(),
+            "the parties disclose different uniqueness bits".into(),
         ));
     }
-    Ok(SignedResult {
-        result: results.swap_remove(0),
-        signatures,
+    Ok(SealedResult {
+        sealed_outputs,
+        disclosed_unique: disclosed[0],
     })
 }
 
@@ -330,7 +304,7 @@ impl Search<'_> {
 }
 
 impl Session<3> for Search<'_> {
-    type Output = (SignedResult, SearchStats, Vec<u8>);
+    type Output = (SealedResult, SearchStats, Vec<u8>);
     type Error = SearchError;
     const ABORT_SQL: &'static str = "SELECT privmatch.iris_search_abort($1)";
 
@@ -364,7 +338,7 @@ impl Session<3> for Search<'_> {
 
 impl Rounds<3> for Search<'_> {
     type Reply = RoundReply;
-    type Last = SignedResult;
+    type Last = SealedResult;
 
     /// Called in the select list, not in `FROM`: a set-returning function in `FROM` is a
     /// function scan, which copies its rows into a tuplestore that spills to a temporary
@@ -373,7 +347,7 @@ impl Rounds<3> for Search<'_> {
     /// writing and reading back those files. `OFFSET 0` keeps the call in the subquery, so
     /// it runs once per round rather than once per selected column.
     const ROUND_SQL: &'static str =
-        "SELECT (r).message, (r).finished, (r).is_unique, (r).subjects, (r).signature \
+        "SELECT (r).message, (r).finished, (r).sealed_output, (r).disclosed_unique \
          FROM (SELECT privmatch.iris_search_round($1, $2, $3) AS r OFFSET 0) AS s";
     const ROUND_FUNCTION: &'static str = "iris_search_round";
 
@@ -386,9 +360,8 @@ impl Rounds<3> for Search<'_> {
             Ok(RoundReply {
                 message: column(party, row, 0)?,
                 finished: column(party, row, 1)?.unwrap_or(false),
-                is_unique: column(party, row, 2)?,
-                subjects: column(party, row, 3)?,
-                signature: column(party, row, 4)?,
+                sealed_output: column(party, row, 2)?,
+                disclosed_unique: column(party, row, 3)?,
             })
         };
         reply().map_err(SearchError::Party)
@@ -398,8 +371,8 @@ impl Rounds<3> for Search<'_> {
         &self,
         round: i32,
         replies: [RoundReply; 3],
-    ) -> Result<Step<3, SignedResult>, SearchError> {
-        classify_round(self.request.params.mode(), round, replies)
+    ) -> Result<Step<3, SealedResult>, SearchError> {
+        classify_round(round, replies)
     }
 
     fn route(&self, outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
@@ -452,19 +425,19 @@ pub async fn run_search(
 }
 
 fn outcome(
-    signed: SignedResult,
+    sealed: SealedResult,
     stats: SearchStats,
     set_digest: Vec<u8>,
     elapsed: Duration,
 ) -> SearchOutcome {
     SearchOutcome {
-        result: signed.result,
         stats: SearchStats {
             micros: elapsed.as_micros() as u64,
             ..stats
         },
         set_digest,
-        signatures: signed.signatures,
+        sealed_outputs: sealed.sealed_outputs,
+        disclosed_unique: sealed.disclosed_unique,
     }
 }
 
@@ -501,20 +474,13 @@ mod tests {
         }
     }
 
-    fn finished_identify(subjects: &[&str]) -> RoundReply {
+    fn finished(sealed: u8, disclosed: Option<bool>) -> RoundReply {
         RoundReply {
             finished: true,
-            subjects: Some(subjects.iter().map(|s| (*s).to_owned()).collect()),
-            signature: Some(vec![1; 64]),
+            sealed_output: Some(vec![sealed; 1100]),
+            disclosed_unique: disclosed,
             ..RoundReply::default()
         }
-    }
-
-    fn signed(result: SearchResult) -> Step<3, SignedResult> {
-        Step::Finished(SignedResult {
-            result,
-            signatures: [vec![1; 64], vec![1; 64], vec![1; 64]],
-        })
     }
 
     #[test]
@@ -528,7 +494,6 @@ mod tests {
     #[test]
     fn rounds_continue_finish_or_fail() {
         let step = classify_round(
-            SearchMode::Identify,
             0,
             [
                 reply(Some(b"a"), false),
@@ -538,7 +503,6 @@ mod tests {
         );
         assert!(matches!(step, Ok(Step::Relay(m)) if m[2] == b"c"));
         let missing = classify_round(
-            SearchMode::Identify,
             4,
             [
                 reply(Some(b"a"), false),
@@ -550,85 +514,77 @@ mod tests {
             matches!(missing, Err(SearchError::Protocol(m)) if m.contains("P1") && m.contains("round 4"))
         );
         let partial = classify_round(
-            SearchMode::Identify,
             21,
             [
-                finished_identify(&[]),
+                finished(0, None),
                 reply(Some(b"b"), false),
-                finished_identify(&[]),
+                finished(2, None),
             ],
         );
         assert!(matches!(partial, Err(SearchError::Protocol(m)) if m.contains("P0 and P2")));
     }
 
     #[test]
-    fn finished_results_must_agree() {
+    fn finished_rounds_relay_the_sealed_outputs_unread() {
         let done = classify_round(
-            SearchMode::Identify,
             21,
-            [
-                finished_identify(&["b", "a"]),
-                finished_identify(&["a", "b"]),
-                finished_identify(&["a", "b"]),
-            ],
+            [finished(0, None), finished(1, None), finished(2, None)],
         );
         assert_eq!(
             done.ok(),
-            Some(signed(SearchResult::Identify(vec!["a".into(), "b".into()])))
+            Some(Step::Finished(SealedResult {
+                sealed_outputs: [vec![0; 1100], vec![1; 1100], vec![2; 1100]],
+                disclosed_unique: None,
+            }))
         );
-        let differ = classify_round(
-            SearchMode::Identify,
-            21,
-            [
-                finished_identify(&["a"]),
-                finished_identify(&["a", "b"]),
-                finished_identify(&["a"]),
-            ],
-        );
-        assert!(matches!(differ, Err(SearchError::Protocol(_))));
-        let unique = |u: Option<bool>| RoundReply {
-            finished: true,
-            is_unique: u,
-            signature: Some(vec![1; 64]),
-            ..RoundReply::default()
-        };
-        let ok = classify_round(
-            SearchMode::Uniqueness,
+        let unsealed = classify_round(
             38,
             [
-                unique(Some(false)),
-                unique(Some(false)),
-                unique(Some(false)),
-            ],
-        );
-        assert_eq!(ok.ok(), Some(signed(SearchResult::Unique(false))));
-        let unsigned = classify_round(
-            SearchMode::Uniqueness,
-            38,
-            [
-                unique(Some(false)),
+                finished(0, None),
                 RoundReply {
-                    signature: None,
-                    ..unique(Some(false))
+                    sealed_output: None,
+                    ..finished(1, None)
                 },
-                unique(Some(false)),
+                finished(2, None),
             ],
         );
         assert!(
-            matches!(unsigned, Err(SearchError::Protocol(m)) if m.contains("P1") && m.contains("signature"))
+            matches!(unsealed, Err(SearchError::Protocol(m)) if m.contains("P1") && m.contains("sealed output"))
         );
-        let split = classify_round(
-            SearchMode::Uniqueness,
+        // enroll-if-unique: the disclosed bits must agree.
+        let disclosed = classify_round(
             38,
-            [unique(Some(true)), unique(Some(false)), unique(Some(true))],
+            [
+                finished(0, Some(false)),
+                finished(1, Some(false)),
+                finished(2, Some(false)),
+            ],
+        );
+        assert!(matches!(
+            disclosed,
+            Ok(Step::Finished(SealedResult {
+                disclosed_unique: Some(false),
+                ..
+            }))
+        ));
+        let split = classify_round(
+            38,
+            [
+                finished(0, Some(true)),
+                finished(1, Some(false)),
+                finished(2, Some(true)),
+            ],
         );
         assert!(matches!(split, Err(SearchError::Protocol(_))));
-        let null = classify_round(
-            SearchMode::Uniqueness,
+        let half = classify_round(
             38,
-            [unique(Some(true)), unique(None), unique(Some(true))],
+            [
+                finished(0, Some(true)),
+                finished(1, None),
+                finished(2, Some(true)),
+            ],
         );
-        assert!(matches!(null, Err(SearchError::Protocol(m)) if m.contains("P1")));
+        assert!(matches!(half, Err(SearchError::Protocol(_))));
     }
 
     fn start(entries: i64, digest: u8) -> StartReply {

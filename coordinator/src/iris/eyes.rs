@@ -1,7 +1,10 @@
 //! How the two eyes of one probe combine: a search runs one session per eye, and the eye
-//! policy ([`EyePolicy`]) turns the per-eye results into the answer the caller learns.
+//! policy ([`EyePolicy`]) turns the per-eye results into the answer the caller learns. The
+//! client applies it to the outputs it opened (the coordinator sees sealed outputs only);
+//! the combination itself is core's `iris::eyes`, shared with the SQL front door.
 
 use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::eyes;
 use serde::{Deserialize, Serialize};
 
 /// How the results of the two eyes of one probe combine.
@@ -34,41 +37,35 @@ pub struct Match {
     pub eye: String,
 }
 
-/// Combines per-eye identification results into the sorted list of matches (by subject, then
-/// eye). With one eye the policy does not matter; with two, `or` is the union and `and` keeps
-/// only subjects matched on both eyes (listed with both).
-pub fn combine_matches(per_eye: &[(Eye, Vec<String>)], policy: EyePolicy) -> Vec<Match> {
-    let matched_on_all = |subject: &String| per_eye.iter().all(|(_, list)| list.contains(subject));
-    let mut out: Vec<Match> = per_eye
-        .iter()
-        .flat_map(|(eye, subjects)| {
-            subjects
-                .iter()
-                .filter(|s| policy == EyePolicy::Or || matched_on_all(s))
-                .map(move |s| Match {
-                    subject: s.clone(),
-                    eye: eye.as_str().to_owned(),
-                })
-        })
-        .collect();
-    out.sort();
-    out.dedup();
-    out
+impl EyePolicy {
+    /// Whether a match must hold on both eyes (`and`), as core's `iris::eyes` takes it.
+    pub fn both(self) -> bool {
+        self == EyePolicy::And
+    }
 }
 
-/// Combines per-eye uniqueness results: with policy `or` (a match on either eye makes the
-/// probe not unique) the probe is unique iff every eye is. Policy `and` over two eyes is
-/// refused: it needs per-subject matching inside the MPC, which the uniqueness output (one
-/// bit per eye) cannot give.
+/// Combines per-eye identification results into the sorted list of matches (by subject, then
+/// eye): core's `iris::eyes::combine_matches`, the one implementation the CLI and the front
+/// door share. With one eye the policy does not matter; with two, `or` is the union and `and`
+/// keeps only subjects matched on both eyes (listed with both).
+pub fn combine_matches(per_eye: &[(Eye, Vec<String>)], policy: EyePolicy) -> Vec<Match> {
+    eyes::combine_matches(per_eye, policy.both())
+        .into_iter()
+        .map(|(subject, eye)| Match {
+            subject,
+            eye: eye.as_str().to_owned(),
+        })
+        .collect()
+}
+
+/// Combines per-eye uniqueness results (core's `iris::eyes::combine_uniqueness`): with
+/// policy `or` the probe is unique iff every eye is; `and` over two eyes is refused.
 pub fn combine_uniqueness(per_eye: &[(Eye, bool)], policy: EyePolicy) -> Result<bool, String> {
-    if policy == EyePolicy::And && per_eye.len() > 1 {
-        return Err(UNIQUENESS_AND_UNSUPPORTED.into());
-    }
-    Ok(per_eye.iter().all(|(_, unique)| *unique))
+    eyes::combine_uniqueness(per_eye, policy.both()).map_err(str::to_owned)
 }
 
 /// Why uniqueness with policy `and` over both eyes is refused.
-pub const UNIQUENESS_AND_UNSUPPORTED: &str = "uniqueness with eye policy \"and\" over both eyes is not supported: it needs per-subject matching inside the MPC (the uniqueness search reveals one bit per eye); use policy \"or\" (unique only if neither eye matches) or identify mode";
+pub use eyes::UNIQUENESS_AND_UNSUPPORTED;
 
 #[cfg(test)]
 mod tests {

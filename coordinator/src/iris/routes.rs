@@ -16,17 +16,16 @@ use serde::Deserialize;
 
 use crate::iris::api::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
-    EnrollResponse, EyeReport, SearchBody, SearchResponse, SignedEyeOutput,
+    EnrollResponse, EyeReport, SearchBody, SearchResponse,
 };
-use crate::iris::driver::{run_search, SearchError, SearchOutcome, SearchResult};
-use crate::iris::eyes::{combine_matches, combine_uniqueness};
+use crate::iris::driver::{run_search, SearchError, SearchOutcome};
 use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
     ApiError,
 };
 use crate::server::state::SharedState;
-use crate::wire::{check_on_duplicate, codes, default_on_duplicate};
+use crate::wire::{check_on_duplicate, codes, default_on_duplicate, to_base64};
 
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
 pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
@@ -123,52 +122,23 @@ async fn delete(
     }))
 }
 
-/// Shapes the answer of a search from the per-eye outcomes.
-fn search_response(
-    request: &SearchBody,
-    per_eye: Vec<(Eye, SearchOutcome)>,
-) -> Result<SearchResponse, ApiError> {
-    let mut matched = Vec::new();
-    let mut unique = Vec::new();
-    for (eye, outcome) in &per_eye {
-        match &outcome.result {
-            SearchResult::Identify(subjects) => matched.push((*eye, subjects.clone())),
-            SearchResult::Unique(u) => unique.push((*eye, *u)),
-        }
-    }
-    let unique = if unique.is_empty() {
-        None
-    } else {
-        Some(combine_uniqueness(&unique, request.policy).map_err(bad_request)?)
-    };
-    Ok(SearchResponse {
+/// Shapes the answer of a search from the per-eye outcomes: figures and sealed outputs only
+/// (the coordinator cannot read a result; the client opens them and applies the policy).
+fn search_response(request: &SearchBody, per_eye: Vec<(Eye, SearchOutcome)>) -> SearchResponse {
+    SearchResponse {
         mode: request.mode,
         policy: request.policy,
-        matches: (!matched.is_empty()).then(|| combine_matches(&matched, request.policy)),
-        unique,
+        matches: None,
+        unique: None,
         eyes: per_eye
             .into_iter()
-            .zip(&request.eyes)
-            .map(|((eye, outcome), body)| {
-                let (subjects, unique) = match &outcome.result {
-                    SearchResult::Identify(s) => (Some(s.clone()), None),
-                    SearchResult::Unique(u) => (None, Some(*u)),
-                };
-                EyeReport {
-                    eye: eye.as_str().to_owned(),
-                    output: Some(SignedEyeOutput {
-                        session: body.session.clone(),
-                        set_digest: hex::encode(&outcome.set_digest),
-                        entries: outcome.stats.entries,
-                        subjects,
-                        unique,
-                        signatures: outcome.signatures.clone().map(hex::encode),
-                    }),
-                    stats: outcome.stats,
-                }
+            .map(|(eye, outcome)| EyeReport {
+                eye: eye.as_str().to_owned(),
+                sealed_outputs: Some(outcome.sealed_outputs.map(|o| to_base64(&o))),
+                stats: outcome.stats,
             })
             .collect(),
-    })
+    }
 }
 
 async fn search(
@@ -198,7 +168,7 @@ async fn search(
         );
         per_eye.push((*eye, outcome));
     }
-    Ok(Json(search_response(&request, per_eye)?))
+    Ok(Json(search_response(&request, per_eye)))
 }
 
 async fn enroll_if_unique(

@@ -2,10 +2,15 @@
 //! keys, and written as sealed inputs for the SQL front door (`privmatch.iris_enroll`,
 //! `privmatch.iris_identify`, `privmatch.iris_is_unique`) instead of being sent. Nothing is
 //! contacted: sealing needs only the configuration's pinned keys.
+//!
+//! A probe's reply key (docs/protocols/iris.md §13.2) is the static public key of the party
+//! whose front door will be called (`--front-door`, pinned in this configuration): the three
+//! parties seal their signed outputs to it, and that party opens them with its key file. The
+//! coordinator relays them unread.
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use privmatch_core::iris::params::SearchMode;
 use privmatch_core::wire::sealed_input::SealedKind;
@@ -43,11 +48,25 @@ pub struct SealArgs {
     /// Two-eye probes: `or` or `and` (see `privmatch iris search --policy`).
     #[arg(long, default_value = "or", value_parser = ["or", "and"])]
     pub policy: String,
+    /// Identify and uniqueness: the party (0, 1 or 2) whose SQL front door the application
+    /// will call. The parties seal their outputs to that party's pinned key; only it can open
+    /// them.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub front_door: Option<u8>,
 }
 
 /// Runs `privmatch iris seal`.
 pub fn run(config: &Config, args: &SealArgs) -> Result<()> {
     let mut sealer = Sealer::new(config)?;
+    match (args.purpose.as_str(), args.front_door) {
+        ("enroll", Some(_)) => {
+            bail!("--front-door is for probes (--for identify or uniqueness)")
+        }
+        ("enroll", None) | (_, Some(_)) => {}
+        (purpose, None) => bail!(
+            "--front-door is required with --for {purpose}: the party (0, 1 or 2) whose SQL front door will be called, which opens the result"
+        ),
+    }
     let (kind, written) = match args.purpose.as_str() {
         "enroll" => (SealedKind::IrisEnroll, seal_enrolments(&mut sealer, args)?),
         "identify" => (
@@ -86,13 +105,15 @@ fn seal_probes(sealer: &mut Sealer, args: &SealArgs, mode: SearchMode) -> Result
         SearchMode::Identify => SealedKind::IrisIdentify,
         SearchMode::Uniqueness => SealedKind::IrisUniqueness,
     };
+    let front_door = usize::from(args.front_door.unwrap_or_default());
+    let reply_key = sealer.keys[front_door];
     let probes = read_probe_file(&args.input)?;
     let mut out = SealedWriter::create(args.out.as_deref())?;
     for probe in &probes {
         if mode == SearchMode::Uniqueness && policy == EyePolicy::And && probe.eyes.len() > 1 {
             return Err(anyhow!("line {}: {UNIQUENESS_AND_UNSUPPORTED}", probe.line));
         }
-        let body = search_body(sealer, probe, params, policy)
+        let body = search_body(sealer, probe, params, policy, &reply_key)
             .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
         out.write_json("", kind, &body)?;
     }

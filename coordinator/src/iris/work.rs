@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 
 use crate::iris::api::EnrollResult;
 use crate::iris::api::SearchRequest;
-use crate::iris::driver::{run_search_on, SearchError, SearchResult};
+use crate::iris::driver::{run_search_on, SearchError};
 use crate::parties::PartyError;
 use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
 
@@ -241,12 +241,15 @@ impl Work for EnrollIfUnique {
         let outcome = run_search_on(txn.clients(), txn.parties(), &self.search, self.timeout)
             .await
             .map_err(TxnError::Work)?;
-        match outcome.result {
-            SearchResult::Unique(true) => {}
-            SearchResult::Unique(false) => return Ok(Decision::Abandon(IfUnique::NotUnique)),
-            SearchResult::Identify(_) => {
+        // The one result the coordinator learns: the client sealed this probe allowing the
+        // parties to disclose its uniqueness bit, since whether the record is enrolled shows
+        // it anyway (docs/protocols/iris.md §13.2).
+        match outcome.disclosed_unique {
+            Some(true) => {}
+            Some(false) => return Ok(Decision::Abandon(IfUnique::NotUnique)),
+            None => {
                 return Err(TxnError::Disagreement(
-                    "the uniqueness search answered an identification".into(),
+                    "the uniqueness search disclosed no bit: its probe was not sealed for enroll-if-unique".into(),
                 ))
             }
         }

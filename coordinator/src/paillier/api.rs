@@ -12,15 +12,17 @@
 //! | `POST /v1/paillier/enroll-finish` | enroll | [`EnrollFinishBody`] `{"device", "response": b64 \| null}` | [`RecordResponse`] `{"device", "record"}` |
 //! | `POST /v1/paillier/device` | search | [`DeviceBody`] `{"device"}` | [`RecordResponse`] `{"device", "record", "threshold"}` |
 //! | `GET /v1/paillier/devices` | admin | — | [`DevicesResponse`] |
-//! | `POST /v1/paillier/delete` | delete | [`DeleteBody`] `{"device", "signature"}` | [`DeleteResponse`] `{"device", "deleted"}` |
+//! | `POST /v1/paillier/delete` | delete | [`DeleteBody`] `{"device", "signature"}` or `{"device", "command"}` | [`DeleteResponse`] `{"device", "deleted"}` |
 //! | `POST /v1/paillier/verify` | search | [`VerifyBody`] `{"device", "protocol", "session", "terminal_input"}` | [`SessionView`] (state `waiting`) |
 //! | `POST /v1/paillier/outcome` | search | [`WaitBody`] `{"session", "wait_ms"}` | [`SessionView`] |
 //! | `POST /v1/paillier/mailbox` | device | [`MailboxBody`] `{"device", "wait_ms", "max", "time_ms", "signature"}` | [`MailboxResponse`] `{"messages": [DeviceMessage]}` |
 //! | `POST /v1/paillier/reply` | device | [`ReplyBody`] `{"device", "session", "round", "message" \| "error", "signature"}` | [`ReplyResponse`] `{"session", "next", "closed"}` |
 //!
-//! A session's `state` ([`SessionState`]): `waiting` (for the device), `match`, `no_match`,
-//! `refused` (the service provider found the device's answer inconsistent: a cheating device,
-//! Π2/Π3), `failed` (with `error`), `expired`. Errors are [`crate::wire::ErrorBody`] with the
+//! A session's `state` ([`SessionState`]) as the coordinator reports it: `waiting` (for the
+//! device), `done` (over: the outcome is in `verdict`, sealed to the terminal's reply key, so
+//! the coordinator does not know it), `failed` (with `error`), `expired`. `match`, `no_match`
+//! and `refused` are what the terminal reads in the verdict (and the device learns); a
+//! coordinator that reports one of them in the clear is not believed. Errors are [`crate::wire::ErrorBody`] with the
 //! codes of [`crate::wire::codes`]: `unknown_device` (404), `unknown_session` (404),
 //! `wrong_step` (409), `not_configured` (503: no service provider, or it enrols no device
 //! under the protocol), `rejected_by_party` (422: a malformed message, a refused proof or
@@ -193,21 +195,43 @@ pub struct DevicesResponse {
     pub devices: Vec<DeviceEntry>,
 }
 
-/// The body of `POST /v1/paillier/delete`: the device asks for its record's deletion.
+/// The body of `POST /v1/paillier/delete`: the device asks for its record's deletion with
+/// its signature, or (a lost device) the SP's operator with a signed command.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeleteBody {
     /// The device id.
     pub device: String,
     /// The device's signature (core's `paillier::device_signature`, `Statement::delete` of the
     /// device id and its stored record) with its enrolled Paillier key, base64.
-    pub signature: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// The SP operator's signed command (core's `crypto::sign`, action `paillier-delete`,
+    /// payload the device id), base64: for a device whose key is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+/// Who authorises a deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteAuthority {
+    /// The device's signature.
+    Device(Vec<u8>),
+    /// The SP operator's signed command.
+    Operator(Vec<u8>),
 }
 
 impl DeleteBody {
-    /// Checks and decodes the signature.
-    pub fn signature_bytes(&self) -> Result<Vec<u8>, String> {
+    /// Checks and decodes the authorisation: exactly one of `signature` and `command`.
+    pub fn authority(&self) -> Result<DeleteAuthority, String> {
         check_device(&self.device)?;
-        bytes_of(&self.signature, "signature")
+        match (&self.signature, &self.command) {
+            (Some(s), None) => Ok(DeleteAuthority::Device(bytes_of(s, "signature")?)),
+            (None, Some(c)) => Ok(DeleteAuthority::Operator(bytes_of(c, "command")?)),
+            _ => Err(
+                "a deletion carries either the device's \"signature\" or the operator's signed \"command\""
+                    .into(),
+            ),
+        }
     }
 }
 
@@ -289,6 +313,8 @@ pub enum SessionState {
     Failed,
     /// Nobody finished it in time.
     Expired,
+    /// Over, as the coordinator sees it: the outcome is sealed to the terminal (`verdict`).
+    Done,
 }
 
 impl SessionState {
@@ -321,11 +347,11 @@ pub struct SessionView {
     /// Why it failed (`failed`, `expired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Π2, Π3: the service provider's Ed25519 signature (base64) of the decision (protocol,
-    /// session, device, matched, valid; core's `paillier::verdict`), which the terminal checks
-    /// with its pinned key before it believes `match`, `no_match` or `refused`. Π1: the
-    /// device's signature of its Round 3 (the bit; core's `paillier::device_signature`), which
-    /// the terminal checks with the key of the device's record.
+    /// `done`: the outcome sealed to the terminal's reply key (core's
+    /// `paillier::sealed::TerminalVerdict`, base64) with, inside, the service provider's
+    /// Ed25519 signature of the decision (Π2, Π3; core's `paillier::verdict`) or the device's
+    /// signature of its Round 3 bit (Π1; core's `paillier::device_signature`), which the
+    /// terminal checks before it believes `match`, `no_match` or `refused`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<String>,
 }

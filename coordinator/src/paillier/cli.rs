@@ -31,7 +31,7 @@ use crate::paillier::api::{
 };
 use crate::paillier::client::{serve, unix_now, Device, PaillierClient, Responder};
 use crate::paillier::device::{
-    fingerprint, generate, load_key, load_record, record_path, save_record,
+    answered_path, fingerprint, generate, load_key, load_record, record_path, save_record, Answered,
 };
 use crate::paillier::input::{quantize, read_embedding};
 use privmatch_core::paillier::device_signature::DeviceSigner;
@@ -41,6 +41,9 @@ const MAX_POLL_FAILURES: u32 = 30;
 
 /// Exit status of `terminal verify` when the capture does not match.
 pub const EXIT_NO_MATCH: i32 = 2;
+/// The action of the SP operator's signed deletion of a lost device (`paillier_delete_signed`).
+pub const DELETE_ACTION: &str = "paillier-delete";
+
 /// Exit status of `terminal verify` when the service provider refused the device's answer.
 pub const EXIT_REFUSED: i32 = 3;
 
@@ -75,12 +78,21 @@ pub enum DeviceAction {
     Respond(RespondArgs),
     /// The devices enrolled at the service provider (JSON).
     List,
-    /// Delete the device's record at the service provider (signed with the device's key; a
-    /// lost device's record is deleted by the SP's operator with a signed command).
+    /// Delete the device's record at the service provider: signed with the device's key
+    /// (`--key`), or, for a lost device, with the SP operator's key (`--operator-key`: a
+    /// signed `paillier-delete` command the SP checks; the coordinator relays it).
     Delete {
         /// The device's key file (`privmatch device keygen`).
+        #[arg(
+            long,
+            required_unless_present = "operator_key",
+            conflicts_with = "operator_key"
+        )]
+        key: Option<PathBuf>,
+        /// The SP operator's signing key file (`HOME/operators/p<SP>.signing.key` in a local
+        /// cluster), for a device whose key is lost.
         #[arg(long)]
-        key: PathBuf,
+        operator_key: Option<PathBuf>,
         /// The device id.
         #[arg(long)]
         device: String,
@@ -226,7 +238,45 @@ pub async fn run_device(
             );
             Ok(())
         }
-        DeviceAction::Delete { key, device } => {
+        DeviceAction::Delete {
+            key: None,
+            operator_key: Some(operator_key),
+            device,
+        } => {
+            let client = PaillierClient::new(&config()?)?;
+            let operator = crate::cli::operator_key::load(operator_key)?;
+            let sp = privmatch_core::party::PartyIndex::ALL
+                .get(usize::from(client.service_party()))
+                .copied()
+                .context("the pinned service provider's party index")?;
+            let command = operator.sign(
+                sp,
+                crate::cli::operator_key::fresh_counter(),
+                DELETE_ACTION,
+                device.as_bytes(),
+            );
+            let deleted = client.delete_by_operator(device, &command).await?;
+            println!(
+                "{}",
+                serde_json::json!({"device": device, "deleted": deleted, "by": "operator"})
+            );
+            Ok(())
+        }
+        DeviceAction::Delete {
+            key: None,
+            operator_key: None,
+            ..
+        }
+        | DeviceAction::Delete {
+            key: Some(_),
+            operator_key: Some(_),
+            ..
+        } => bail!("device delete: give exactly one of --key and --operator-key"),
+        DeviceAction::Delete {
+            key: Some(key),
+            device,
+            ..
+        } => {
             let client = PaillierClient::new(&config()?)?;
             let secret = load_key(key)?;
             let signer = DeviceSigner::new(&secret).ok_or_else(|| {
@@ -302,6 +352,9 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
         signer: &signer,
     };
     let responder = Responder::new(secret, &signed)?;
+    // The sessions this device answered, kept beside its key: a replayed Round 2 is refused
+    // even after a restart.
+    let mut answered = Answered::load(&answered_path(&args.key, &args.device))?;
     let mut rng = sharing_rng()?;
     let (mut served, mut failed, mut unreachable) = (0u64, 0u64, 0u32);
     while limit.is_none_or(|l| served < l) {
@@ -330,7 +383,16 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
         };
         for message in &messages {
             served += 1;
-            match serve(&client, &device, &responder, message, &mut rng).await {
+            match serve(
+                &client,
+                &device,
+                &responder,
+                message,
+                &mut answered,
+                &mut rng,
+            )
+            .await
+            {
                 Ok(done) => {
                     let line = json_line(&ServedLine {
                         device: &args.device,
@@ -401,7 +463,7 @@ pub async fn run_terminal(
         SessionState::Match => 0,
         SessionState::NoMatch => EXIT_NO_MATCH,
         SessionState::Refused => EXIT_REFUSED,
-        SessionState::Waiting => bail!(
+        SessionState::Waiting | SessionState::Done => bail!(
             "session {}: device {:?} did not answer within {} s",
             view.session,
             args.device,

@@ -10,24 +10,35 @@
 //! before a terminal uses one, is checked against it). The device's key stays in its key
 //! file; what it posts are protocol messages and, when it gives up, a fixed reason without
 //! any decrypted value.
+//!
+//! Nothing the coordinator relays carries an outcome in the clear (0.12.0, issue 34 item 10):
+//! the terminal puts a fresh reply key in its sealed input and opens the verdict sealed to it
+//! (core's `sealed::TerminalVerdict`, believed only with the SP's or, in Π1, the device's
+//! signature inside); the device sends a fresh reply key with its Round 3 and opens the Round 4
+//! sealed to it, in the SP's envelope signed for this session, device and Round 3 (core's
+//! `SignedRound4`). A device answers each session once ([`Answered`]).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ed25519_dalek::VerifyingKey;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::paillier::cipher::{PublicKey, SecretKey};
-use privmatch_core::paillier::device_signature::{self, DeviceSigner, Statement};
+use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
 use privmatch_core::paillier::malicious::Pi2Device;
 use privmatch_core::paillier::no_leakage::Pi3Device;
 use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::SignedTemplate;
-use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Round3};
-use privmatch_core::paillier::signed_round2::SignedRound2;
+use privmatch_core::paillier::sealed::{
+    DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
+};
+use privmatch_core::paillier::semi_honest::Pi1Device;
+use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4};
 use privmatch_core::paillier::terminal::TerminalInput;
-use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
 use rand_chacha::ChaCha20Rng;
@@ -41,6 +52,7 @@ use crate::paillier::api::{
     MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
     SessionState, SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
+use crate::paillier::device::Answered;
 use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
 
 /// The time now, in Unix seconds (record expiry).
@@ -61,7 +73,13 @@ pub struct PaillierClient {
     service_key: VerifyingKey,
     seal_key: PartyPublicKey,
     rng: ChaCha20Rng,
+    /// The reply keys of the sessions this terminal opened, by session id (one per session,
+    /// taken when its verdict is opened).
+    replies: Mutex<HashMap<SessionId, ReplySecret>>,
 }
+
+/// The most reply keys a terminal keeps for sessions whose verdict it has not opened yet.
+const MAX_OPEN_SESSIONS: usize = 10_000;
 
 impl PaillierClient {
     /// A client for the coordinator of `config`; refused unless it pins the service provider.
@@ -77,6 +95,7 @@ impl PaillierClient {
             service_key,
             seal_key,
             rng: sharing_rng()?,
+            replies: Mutex::new(HashMap::new()),
         })
     }
 
@@ -203,7 +222,9 @@ impl PaillierClient {
     }
 
     /// Opens a matching session as the terminal ([ABMR20] Round 2 at the service provider):
-    /// `w` and `threshold` sealed to the pinned service provider with a fresh session id.
+    /// `w`, `threshold` and a fresh reply key sealed to the pinned service provider with a
+    /// fresh session id. The reply key's secret stays in this client until the verdict is
+    /// opened ([`Self::check_verdict`]).
     pub async fn open(
         &mut self,
         device: &str,
@@ -211,19 +232,42 @@ impl PaillierClient {
         w: Vec<i32>,
         threshold: i64,
     ) -> Result<SessionId> {
+        let (session, sealed) = self.seal_input(device, protocol, w, threshold)?;
+        self.open_sealed(device, protocol, &session, &sealed)
+            .await?;
+        Ok(session)
+    }
+
+    /// The terminal's input of [`Self::open`] sealed to the pinned service provider, with a
+    /// fresh session id and reply key (kept here for [`Self::check_verdict`]): (session id,
+    /// sealed input), for [`Self::open_sealed`].
+    pub fn seal_input(
+        &mut self,
+        device: &str,
+        protocol: Protocol,
+        w: Vec<i32>,
+        threshold: i64,
+    ) -> Result<(SessionId, Vec<u8>)> {
         let session = new_session_id(&mut self.rng);
+        let reply = ReplySecret::generate(&mut self.rng);
         let input = TerminalInput {
             protocol,
             session,
             device_id: device.to_owned(),
             threshold,
+            reply_key: reply.public_key(),
             w,
         };
+        {
+            let mut replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+            if replies.len() >= MAX_OPEN_SESSIONS {
+                replies.clear();
+            }
+            replies.insert(session, reply);
+        }
         let party = PartyIndex::ALL[usize::from(self.pin.party)];
         let sealed = input.seal(party, &self.seal_key, &mut self.rng)?;
-        self.open_sealed(device, protocol, &session, &sealed)
-            .await?;
-        Ok(session)
+        Ok((session, sealed))
     }
 
     /// Opens a session with an input sealed elsewhere (`sealed`, for `session`).
@@ -271,13 +315,9 @@ impl PaillierClient {
     }
 
     /// [`Self::outcome`] for a session this terminal opened for `device` under `protocol`,
-    /// believed only as far as it is signed: for Π2 and Π3 a final `match`, `no_match` or
-    /// `refused` must carry the SP's signature of exactly that decision for this session and
-    /// device (core's `paillier::verdict`), checked with the pinned key; for Π1 (where the
-    /// device reports the bit, [ABMR20] Fig. 3 Round 3) the device's signature of its Round 3
-    /// with `device_key`, the key in the record the terminal checked against the pinned SP
-    /// key (core's `paillier::device_signature`). Otherwise it is an error, whatever the
-    /// coordinator reports.
+    /// with the outcome opened and believed only as far as it is signed
+    /// ([`Self::check_verdict`]): the view's `state` is then `match`, `no_match` or `refused`
+    /// as the verdict says, or the coordinator's `waiting`, `failed` or `expired`.
     pub async fn verified_outcome(
         &self,
         session: &SessionId,
@@ -286,12 +326,20 @@ impl PaillierClient {
         device_key: &PublicKey,
         timeout: Duration,
     ) -> Result<SessionView> {
-        let view = self.outcome(session, timeout).await?;
-        self.check_verdict(session, device, protocol, device_key, &view)?;
+        let mut view = self.outcome(session, timeout).await?;
+        view.state = self.check_verdict(session, device, protocol, device_key, &view)?;
         Ok(view)
     }
 
-    /// The check of [`Self::verified_outcome`] on a view the coordinator returned.
+    /// The terminal's reading of a view the coordinator returned: a session that is `done`
+    /// carries the verdict sealed to this session's reply key (core's `TerminalVerdict`),
+    /// which is opened and believed only with its signature — for Π2 and Π3 the pinned SP
+    /// key's over exactly that decision for this session and device (core's
+    /// `paillier::verdict`), for Π1 the device's over its Round 3 bit with `device_key`, the
+    /// key in the record the terminal checked against the pinned SP key ([ABMR20] Fig. 3
+    /// Round 3). An outcome the coordinator states in the clear, a verdict missing, changed,
+    /// moved from another session or device, or one this client has no reply key for is an
+    /// error ("not trusted"). Other states are returned as they are.
     pub fn check_verdict(
         &self,
         session: &SessionId,
@@ -299,54 +347,48 @@ impl PaillierClient {
         protocol: Protocol,
         device_key: &PublicKey,
         view: &SessionView,
-    ) -> Result<()> {
-        let (matched, valid) = match view.state {
-            SessionState::Match => (true, true),
-            SessionState::NoMatch => (false, true),
-            SessionState::Refused => (false, false),
-            _ => return Ok(()),
-        };
-        let signer = if protocol == Protocol::Pi1 {
-            "device's signed Round 3"
-        } else {
-            "service provider's signed verdict"
-        };
-        let signature = view.verdict.as_deref().with_context(|| {
-            format!(
-                "session {}: the coordinator reports {:?} without the {signer}: not trusted",
-                session_to_hex(session),
+    ) -> Result<SessionState> {
+        let name = session_to_hex(session);
+        match view.state {
+            SessionState::Done => {}
+            SessionState::Match | SessionState::NoMatch | SessionState::Refused => bail!(
+                "session {name}: the coordinator reports {:?} in the clear; outcomes come only \
+                 sealed to the terminal: not trusted",
                 view.state
-            )
+            ),
+            other => return Ok(other),
+        }
+        let sealed = view.verdict.as_deref().with_context(|| {
+            format!("session {name}: the coordinator reports it done without the sealed verdict: not trusted")
         })?;
-        let signature = decode(signature, "verdict")?;
-        if protocol == Protocol::Pi1 {
-            if !valid {
-                bail!(
-                    "session {}: the coordinator reports a Π1 session refused; Π1 has no refusal: not trusted",
-                    session_to_hex(session)
-                );
-            }
-            let round3 = Pi1Round3 { matched }.to_bytes();
-            let statement = Statement::reply_message(device, session, 3, &round3);
-            device_signature::verify(device_key, &statement, &signature).with_context(|| {
-                format!(
-                    "session {}: the coordinator reports {:?}, which device {device:?} did not sign: not trusted",
-                    session_to_hex(session),
-                    view.state
-                )
-            })?;
-            return Ok(());
-        }
-        Verdict {
+        let sealed = decode(sealed, "verdict")?;
+        let replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let reply = replies.get(session).with_context(|| {
+            format!("session {name}: this terminal did not open it (no reply key): not trusted")
+        })?;
+        let outcome = TerminalVerdict::open_and_check(
+            reply,
+            &sealed,
+            session,
             protocol,
-            session: *session,
-            device_id: device,
-            matched,
-            valid,
-        }
-        .verify(&self.service_key, &signature)
-        .with_context(|| format!("session {}", session_to_hex(session)))?;
-        Ok(())
+            device,
+            &self.service_key,
+            device_key,
+        )
+        .map_err(|e| anyhow!("session {name}: {e}: not trusted"))?;
+        Ok(match outcome {
+            Outcome::Match => SessionState::Match,
+            Outcome::NoMatch => SessionState::NoMatch,
+            Outcome::Refused => SessionState::Refused,
+        })
+    }
+
+    /// Forgets the reply key of `session` (after its verdict was read).
+    pub fn close(&self, session: &SessionId) {
+        self.replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
     }
 
     /// Round 2 of the sessions waiting for `device` (waits up to `wait_ms`; at most `max`),
@@ -427,11 +469,36 @@ impl PaillierClient {
                 "/v1/paillier/delete",
                 &DeleteBody {
                     device: device.to_owned(),
-                    signature: to_base64(&signature),
+                    signature: Some(to_base64(&signature)),
+                    command: None,
                 },
             )
             .await?;
         Ok(answer.deleted)
+    }
+
+    /// Deletes the record of a lost device at the service provider with its operator's
+    /// signed command (core's `crypto::sign`, action `paillier-delete`, payload the device id),
+    /// which the SP checks (`paillier_delete_signed`); the coordinator relays it and can neither
+    /// forge nor replay it.
+    pub async fn delete_by_operator(&self, device: &str, command: &[u8]) -> Result<bool> {
+        let answer: DeleteResponse = self
+            .coordinator
+            .post(
+                "/v1/paillier/delete",
+                &DeleteBody {
+                    device: device.to_owned(),
+                    signature: None,
+                    command: Some(to_base64(command)),
+                },
+            )
+            .await?;
+        Ok(answer.deleted)
+    }
+
+    /// The service provider's party index, as pinned.
+    pub fn service_party(&self) -> u8 {
+        self.pin.party
     }
 
     /// The enrolled devices.
@@ -534,13 +601,18 @@ pub struct Device<'a> {
 /// Answers one session whose Round 2 is `message` ([ABMR20]: Π1 Round 3; Π2 Rounds 3 and the
 /// bit of Round 4; Π3 Rounds 3 and 5), posting the device's signed messages through `client`.
 /// The Round 2 must carry the pinned service provider's signature for this device, protocol
-/// and session, and decrypt into the honest range (Π2, Π3); otherwise the device gives the
-/// session up with a fixed reason and answers nothing.
+/// and session, must not be one the device answered before (`answered`: a replayed Round 2),
+/// and must decrypt into the honest range (Π2, Π3); otherwise the device gives the session up
+/// with a fixed reason and answers nothing. Π1's Round 3 (the bit with the device's signature
+/// of it) is sealed to the terminal's reply key the SP signed into Round 2; Π2's and Π3's
+/// Round 3 carry a fresh reply key of the device, and Round 4 is accepted only in the SP's
+/// envelope signed for this session, device and Round 3, sealed to that key.
 pub async fn serve(
     client: &PaillierClient,
     device: &Device<'_>,
     responder: &Responder,
     message: &DeviceMessage,
+    answered: &mut Answered,
     rng: &mut ChaCha20Rng,
 ) -> Result<Served> {
     let session = message.session.as_str();
@@ -557,16 +629,19 @@ pub async fn serve(
     let envelope = decode(&message.message, "message")?;
     // Nothing is decrypted unless the pinned service provider signed this Round 2 for this
     // device, its protocol and this session (core's `signed_round2`): a Round 2 the relay wrote
-    // or changed gets no answer, so no verdict.
+    // or changed gets no answer, so no verdict. A session answered before is refused too.
     let id = session_from_hex(session, "session").map_err(anyhow::Error::msg)?;
+    let now = unix_now();
     let round2 = match SignedRound2::open(
         &envelope,
         client.service_key(),
         device.id,
         responder.protocol(),
         &id,
-        unix_now(),
-    ) {
+        now,
+    )
+    .and_then(|verified| answered.admit(&verified, now).map(|()| verified))
+    {
         Ok(verified) => verified,
         Err(e) => return give_up(client, device, session, 3, e).await,
     };
@@ -581,10 +656,25 @@ pub async fn serve(
                 Ok(out) => out,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
-            // The device's own output is the bit it sends (its inner product stays here).
+            // The device's own output is the bit (its inner product stays here); the terminal
+            // gets the bit with the device's signature of it, sealed to its reply key.
             let matched = outcome.matched;
+            let signature = device
+                .signer
+                .sign(&Statement::reply_message(device.id, &id, 3, &round3))?;
+            let sealed = TerminalVerdict {
+                protocol,
+                session: id,
+                outcome: if matched {
+                    Outcome::Match
+                } else {
+                    Outcome::NoMatch
+                },
+                signature,
+            }
+            .seal(round2.reply_key(), rng)?;
             client
-                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
+                .reply(device.id, device.signer, session, 3, Reply::Message(sealed))
                 .await?;
             Ok(served(SessionState::of_bit(matched)))
         }
@@ -594,14 +684,40 @@ pub async fn serve(
                 Ok(m) => m,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
+            let reply = ReplySecret::generate(rng);
+            let posted = DeviceReply {
+                reply_key: reply.public_key(),
+                message: round3,
+            }
+            .to_bytes();
             let answer = client
-                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
+                .reply(
+                    device.id,
+                    device.signer,
+                    session,
+                    3,
+                    Reply::Message(posted.clone()),
+                )
                 .await?;
-            let Some(next) = answer.next else {
-                return Ok(served(SessionState::Refused));
+            let Some(next) = answer.next.filter(|n| n.round == 4) else {
+                bail!("session {session}: the coordinator sent no Round 4");
             };
-            let matched = s.finish(&decode(&next.message, "Round 4")?)?;
-            Ok(served(SessionState::of_bit(matched)))
+            let sealed = SignedRound4::open(
+                &decode(&next.message, "Round 4")?,
+                client.service_key(),
+                device.id,
+                Protocol::Pi2,
+                &id,
+                &posted,
+            )
+            .with_context(|| format!("session {session}"))?;
+            let outcome =
+                DeviceOutcome::from_bytes(&reply.open(Purpose::DeviceRound4, &id, &sealed)?)?;
+            Ok(served(match outcome.0 {
+                Outcome::Match => SessionState::Match,
+                Outcome::NoMatch => SessionState::NoMatch,
+                Outcome::Refused => SessionState::Refused,
+            }))
         }
         Responder::Pi3(d) => {
             let mut s = d.session();
@@ -609,13 +725,38 @@ pub async fn serve(
                 Ok(m) => m,
                 Err(e) => return give_up(client, device, session, 3, e).await,
             };
+            let reply = ReplySecret::generate(rng);
+            let posted = DeviceReply {
+                reply_key: reply.public_key(),
+                message: round3,
+            }
+            .to_bytes();
             let answer = client
-                .reply(device.id, device.signer, session, 3, Reply::Message(round3))
+                .reply(
+                    device.id,
+                    device.signer,
+                    session,
+                    3,
+                    Reply::Message(posted.clone()),
+                )
                 .await?;
             let Some(next) = answer.next.filter(|n| n.round == 4) else {
                 bail!("session {session}: the coordinator sent no Round 4");
             };
-            let (round5, matched) = match s.round5(&decode(&next.message, "Round 4")?) {
+            let round4 = SignedRound4::open(
+                &decode(&next.message, "Round 4")?,
+                client.service_key(),
+                device.id,
+                Protocol::Pi3,
+                &id,
+                &posted,
+            )
+            .and_then(|sealed| reply.open(Purpose::DeviceRound4, &id, &sealed));
+            let round4 = match round4 {
+                Ok(r) => r,
+                Err(e) => return give_up(client, device, session, 5, e).await,
+            };
+            let (round5, matched) = match s.round5(&round4) {
                 Ok(out) => out,
                 Err(e) => return give_up(client, device, session, 5, e).await,
             };

@@ -10,16 +10,23 @@
 //!   `privmatch-paillier-record-v1 <hex>` (the record's canonical bytes), mode 0600. It is
 //!   public in the paper's sense (ciphertexts under the device's key, signed), and checked
 //!   against the pinned service provider key whenever it is read.
+//! * **Answered sessions** (0.12.0): `<key file>.<device id>.answered`, mode 0600, written
+//!   atomically: the sessions whose Round 2 the device accepted, each until that Round 2
+//!   expires (core's `paillier::replay`), so a signed Round 2 replayed by the coordinator is
+//!   refused even after the device restarts. Written before the device sends its answer.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use ed25519_dalek::VerifyingKey;
 use privmatch_core::paillier::cipher::{PublicKey, SecretKey};
+use privmatch_core::paillier::messages::MatchError;
 use privmatch_core::paillier::record::SignedTemplate;
+use privmatch_core::paillier::replay::AnsweredSessions;
+use privmatch_core::paillier::signed_round2::VerifiedRound2;
 use sha2::{Digest, Sha256};
 
-use crate::files::{create_tagged, read_tagged, write_tagged};
+use crate::files::{create_tagged, read_tagged, write_private, write_tagged};
 
 const KEY_MAGIC: &str = "privmatch-paillier-device-key-v1";
 const RECORD_MAGIC: &str = "privmatch-paillier-record-v1";
@@ -60,6 +67,69 @@ pub fn record_path(key: &Path, device: &str) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     key.with_file_name(format!("{name}.{device}.record"))
+}
+
+/// Where the answered sessions of `device` enrolled with the key at `key` are kept.
+pub fn answered_path(key: &Path, device: &str) -> PathBuf {
+    let name = key
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    key.with_file_name(format!("{name}.{device}.answered"))
+}
+
+/// The sessions a device answered (core's `AnsweredSessions`), kept in a file when it has one.
+#[derive(Debug, Default)]
+pub struct Answered {
+    memory: AnsweredSessions,
+    path: Option<PathBuf>,
+}
+
+impl Answered {
+    /// A memory that lives as long as the process (the library's devices that keep no file).
+    pub fn in_memory() -> Self {
+        Self::default()
+    }
+
+    /// The memory kept at `path` (empty if the file does not exist yet).
+    pub fn load(path: &Path) -> Result<Self> {
+        let memory = match std::fs::read_to_string(path) {
+            Ok(text) => AnsweredSessions::from_text(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => AnsweredSessions::new(),
+            Err(e) => bail!("{}: {e}", path.display()),
+        };
+        Ok(Self {
+            memory,
+            path: Some(path.to_owned()),
+        })
+    }
+
+    /// The device's check before it answers `round2` at `now`: refused if the session was
+    /// answered already (a replayed Round 2); otherwise remembered, and the file written
+    /// before anything is sent.
+    pub fn admit(&mut self, round2: &VerifiedRound2, now: i64) -> Result<(), MatchError> {
+        self.memory.admit(round2, now)?;
+        if let Some(path) = &self.path {
+            write_private(path, &self.memory.to_text()).map_err(|e| {
+                MatchError::Unsigned(format!(
+                    "the answered sessions could not be kept in {}: {e:#}",
+                    path.display()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// How many sessions are remembered.
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
 }
 
 /// Writes a signed record to `path` (0600, atomically).

@@ -14,9 +14,11 @@
 //!    posts Round 5, the SP checks the labels and the session ends;
 //! 3. the terminal waits for the outcome (`outcome`, a long poll, [`Relay::wait_outcome`]).
 //!
-//! The relay holds no secret: Round 2 is encrypted under the device's key, the terminal's
-//! inputs and secrets stay at the SP (sealed to it, then in its own session table), and the
-//! relay keeps the outcome it is given. Round 2 waits in the mailbox until the device takes
+//! The relay holds no secret and learns no outcome: Round 2 is encrypted under the device's
+//! key, the terminal's inputs and secrets stay at the SP (sealed to it, then in its own session
+//! table), Round 4 is sealed to the device's reply key and the verdict to the terminal's
+//! (core's `paillier::sealed`); the relay keeps the sealed verdict until the terminal takes
+//! it. Round 2 waits in the mailbox until the device takes
 //! it, once. Sessions expire [`SESSION_TTL`] after they open (a device that never answers);
 //! an ended session's outcome is kept [`OUTCOME_TTL`] for the terminal, then forgotten.
 //! Session ids are claimed at the coordinator (`AppState::claim_sessions`): never reused.
@@ -150,8 +152,8 @@ pub struct Status {
     pub state: SessionState,
     /// Why it failed.
     pub error: Option<String>,
-    /// The SP's signature of the decision (Π2, Π3; core's `Verdict`), which the terminal
-    /// checks: the relay passes it on and cannot make one.
+    /// The verdict sealed to the terminal (core's `sealed::TerminalVerdict`): the relay passes
+    /// it on and can neither read nor make one.
     pub verdict: Option<Vec<u8>>,
 }
 
@@ -314,8 +316,8 @@ impl Relay {
         self.end(session, state, error, None);
     }
 
-    /// Ends a Π2/Π3 session with the SP's decision and its signature of it (the terminal
-    /// checks the signature); otherwise as [`Self::finish`].
+    /// Ends a session with the verdict sealed to the terminal (the relay cannot read it; the
+    /// terminal checks the signature inside); otherwise as [`Self::finish`].
     pub fn finish_signed(&self, session: &SessionId, state: SessionState, verdict: Vec<u8>) {
         self.end(session, state, None, Some(verdict));
     }

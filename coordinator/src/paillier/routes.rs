@@ -18,18 +18,18 @@ use privmatch_core::paillier::cipher::PublicKey;
 use privmatch_core::paillier::device_signature::{self, DeviceSignatureError, Statement};
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::record::SignedTemplate;
-use privmatch_core::paillier::semi_honest::Pi1Round3;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 
 use crate::paillier::api::{
-    check_device, protocol_name, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody,
-    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
-    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
-    SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
+    check_device, protocol_name, unix_now_ms, DeleteAuthority, DeleteBody, DeleteResponse,
+    DeviceBody, DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse,
+    EnrollFinishBody, MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody,
+    ReplyResponse, ServiceInfo, SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS,
+    MAX_MESSAGES, MAX_WAIT_MS,
 };
 use crate::paillier::driver::{Relay, RelayError, Status};
-use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError, Verdict};
+use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError};
 use crate::parties::PartyError;
 use crate::server::auth::Credential;
 use crate::server::error::{
@@ -214,8 +214,12 @@ async fn delete(
     body: Bytes,
 ) -> Result<Json<DeleteResponse>, ApiError> {
     let request: DeleteBody = parse_json(&body)?;
-    let signature = request.signature_bytes().map_err(bad_request)?;
-    let deleted = s.sp.delete(&request.device, &signature).await?;
+    let deleted = match request.authority().map_err(bad_request)? {
+        DeleteAuthority::Device(signature) => s.sp.delete(&request.device, &signature).await?,
+        // A lost device: the SP's operator signed the command (the SP checks it names this
+        // device; the coordinator can neither forge nor replay one).
+        DeleteAuthority::Operator(command) => s.sp.delete_signed(&command).await?,
+    };
     Ok(Json(DeleteResponse {
         device: request.device,
         deleted,
@@ -375,14 +379,9 @@ async fn verify_off_runtime(
         .unwrap_or(Err(DeviceSignatureError::Forged))
 }
 
-/// The outcome of a Π2/Π3 check at the SP.
-fn verdict_state(verdict: &Verdict) -> SessionState {
-    if verdict.valid {
-        SessionState::of_bit(verdict.matched)
-    } else {
-        SessionState::Refused
-    }
-}
+/// The largest sealed Π1 verdict a device may post (a 4096-bit device signature and the
+/// seal's overhead fit well within).
+const MAX_SEALED_VERDICT: usize = 4096;
 
 async fn relay_reply(
     s: &PaillierState,
@@ -404,25 +403,31 @@ async fn relay_reply(
         message: to_base64(message),
     };
     match (protocol, round) {
-        // Π1 Round 3 ([ABMR20] Fig. 3): the device's bit is the outcome, and the device's
-        // signature of it is what the terminal checks.
+        // Π1 Round 3 ([ABMR20] Fig. 3): the device's bit with its signature of it, sealed to
+        // the terminal's reply key (core's `sealed::TerminalVerdict`): the relay passes it on
+        // as the session's verdict without learning the bit.
         (Protocol::Pi1, 3) => {
-            let bit = Pi1Round3::from_bytes(message)
-                .map_err(|e| bad_request(format!("Π1 Round 3: {e}")))?;
+            if message.len() > MAX_SEALED_VERDICT {
+                return Err(bad_request(format!(
+                    "Π1 Round 3: {} bytes, at most {MAX_SEALED_VERDICT}",
+                    message.len()
+                )));
+            }
             s.relay
-                .finish_signed(session, SessionState::of_bit(bit.matched), signature);
+                .finish_signed(session, SessionState::Done, message.to_vec());
             Ok(closed(None))
         }
-        // Π2 Round 4 (§6.1): the SP checks X; the bit goes back to the device.
+        // Π2 Round 4 (§6.1): the SP checks X (and the device's signature of it); Round 4 goes
+        // back to the device sealed to it, the verdict waits for the terminal sealed to it.
         (Protocol::Pi2, 3) => {
-            let verdict = s.sp.pi2_round4(session, message).await?;
-            s.relay
-                .finish_signed(session, verdict_state(&verdict), verdict.signature.clone());
-            Ok(closed(verdict.message.as_deref().map(|m| for_device(4, m))))
+            let (round4, verdict) = s.sp.pi2_round4(session, message, &signature).await?;
+            s.relay.finish_signed(session, SessionState::Done, verdict);
+            Ok(closed(Some(for_device(4, &round4))))
         }
-        // Π3 Round 4 (Fig. 5): the garbled circuit for the device; Round 5 is due.
+        // Π3 Round 4 (Fig. 5): the garbled circuit for the device (sealed to it); Round 5 is
+        // due.
         (Protocol::Pi3, 3) => {
-            let round4 = s.sp.pi3_round4(session, message).await?;
+            let round4 = s.sp.pi3_round4(session, message, &signature).await?;
             s.relay.expect(session, 5);
             Ok(ReplyResponse {
                 session: session_to_hex(session),
@@ -432,9 +437,8 @@ async fn relay_reply(
         }
         // Π3's output (Fig. 5 Round 5): the SP checks the output labels.
         (Protocol::Pi3, 5) => {
-            let verdict = s.sp.pi3_finish(session, message).await?;
-            s.relay
-                .finish_signed(session, verdict_state(&verdict), verdict.signature.clone());
+            let verdict = s.sp.pi3_finish(session, message, &signature).await?;
+            s.relay.finish_signed(session, SessionState::Done, verdict);
             Ok(closed(None))
         }
         (protocol, round) => Err(error_with(
@@ -495,14 +499,5 @@ mod tests {
         assert_eq!(api.body.code.as_deref(), Some(codes::UNKNOWN_SESSION));
         let api = ApiError::from(RelayError::Full("x".into()));
         assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(
-            verdict_state(&Verdict {
-                message: None,
-                matched: true,
-                valid: false,
-                signature: Vec::new(),
-            }),
-            SessionState::Refused
-        );
     }
 }

@@ -66,20 +66,6 @@ pub struct ServiceProvider {
     found: Mutex<Option<PartyIndex>>,
 }
 
-/// What the SP's last step of a Π2/Π3 session returns: Round 4 for the device (Π2), the bit,
-/// and whether the device's answer was consistent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    /// Π2's Round 4 for the device (None when refused).
-    pub message: Option<Vec<u8>>,
-    /// [⟨u, w⟩ ≥ threshold].
-    pub matched: bool,
-    /// False when the device cheated ([ABMR20] §6.1 Round 4 / Fig. 5: output ⊥).
-    pub valid: bool,
-    /// The SP's signature of (protocol, session, device, matched, valid) for the terminal.
-    pub signature: Vec<u8>,
-}
-
 impl ServiceProvider {
     /// The SP among `parties`, calls bounded by `timeout`.
     pub fn new(parties: Arc<Parties>, timeout: Duration) -> Self {
@@ -285,6 +271,15 @@ impl ServiceProvider {
         Self::required(party, &row, 0, "deleted")
     }
 
+    /// `paillier_delete_signed` with the SP operator's signed `command` (a lost device):
+    /// whether a record was removed.
+    pub async fn delete_signed(&self, command: &[u8]) -> Result<bool, SpError> {
+        let (party, row) = self
+            .row("SELECT privmatch.paillier_delete_signed($1)", &[&command])
+            .await?;
+        Self::required(party, &row, 0, "deleted")
+    }
+
     /// The threshold of the SP's policy for `protocol` (`paillier_policies()`), if one is set.
     pub async fn policy_threshold(&self, protocol: Protocol) -> Result<Option<i64>, SpError> {
         let name = protocol_name(protocol);
@@ -326,50 +321,62 @@ impl ServiceProvider {
         Self::required(party, &row, 0, "round 2")
     }
 
-    /// Π2 Round 4 at the SP (`paillier_pi2_round4`): the device's X checked.
-    pub async fn pi2_round4(&self, session: &SessionId, round3: &[u8]) -> Result<Verdict, SpError> {
+    /// Π2 Round 4 at the SP (`paillier_pi2_round4`): the device's X checked, with the
+    /// device's `signature` of its Round 3 for this session. Returns (Round 4 for the device,
+    /// sealed to it in the SP's signed envelope; the verdict sealed to the terminal).
+    pub async fn pi2_round4(
+        &self,
+        session: &SessionId,
+        round3: &[u8],
+        signature: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), SpError> {
         let session = session.as_slice();
         let (party, row) = self
             .row(
-                "SELECT message, matched, valid, verdict FROM privmatch.paillier_pi2_round4($1, $2)",
-                &[&session, &round3],
+                "SELECT message, verdict FROM privmatch.paillier_pi2_round4($1, $2, $3)",
+                &[&session, &round3, &signature],
             )
             .await?;
-        Ok(Verdict {
-            message: Self::get(party, &row, 0)?,
-            matched: Self::required(party, &row, 1, "matched")?,
-            valid: Self::required(party, &row, 2, "valid")?,
-            signature: Self::required(party, &row, 3, "verdict")?,
-        })
+        Ok((
+            Self::required(party, &row, 0, "message")?,
+            Self::required(party, &row, 1, "verdict")?,
+        ))
     }
 
-    /// Π3 Round 4 at the SP (`paillier_pi3_round4`): the garbled circuit for the device.
-    pub async fn pi3_round4(&self, session: &SessionId, round3: &[u8]) -> Result<Vec<u8>, SpError> {
+    /// Π3 Round 4 at the SP (`paillier_pi3_round4`): the garbled circuit for the device,
+    /// sealed to it in the SP's signed envelope; `signature` the device's of its Round 3.
+    pub async fn pi3_round4(
+        &self,
+        session: &SessionId,
+        round3: &[u8],
+        signature: &[u8],
+    ) -> Result<Vec<u8>, SpError> {
         let session = session.as_slice();
         let (party, row) = self
             .row(
-                "SELECT privmatch.paillier_pi3_round4($1, $2)",
-                &[&session, &round3],
+                "SELECT privmatch.paillier_pi3_round4($1, $2, $3)",
+                &[&session, &round3, &signature],
             )
             .await?;
         Self::required(party, &row, 0, "round 4")
     }
 
-    /// Π3's output at the SP (`paillier_pi3_finish`): the device's output labels checked.
-    pub async fn pi3_finish(&self, session: &SessionId, round5: &[u8]) -> Result<Verdict, SpError> {
+    /// Π3's output at the SP (`paillier_pi3_finish`): the device's output labels checked
+    /// (`signature` the device's of its Round 5); the verdict sealed to the terminal.
+    pub async fn pi3_finish(
+        &self,
+        session: &SessionId,
+        round5: &[u8],
+        signature: &[u8],
+    ) -> Result<Vec<u8>, SpError> {
         let session = session.as_slice();
         let (party, row) = self
             .row(
-                "SELECT matched, valid, verdict FROM privmatch.paillier_pi3_finish($1, $2)",
-                &[&session, &round5],
+                "SELECT privmatch.paillier_pi3_finish($1, $2, $3)",
+                &[&session, &round5, &signature],
             )
             .await?;
-        Ok(Verdict {
-            message: None,
-            matched: Self::required(party, &row, 0, "matched")?,
-            valid: Self::required(party, &row, 1, "valid")?,
-            signature: Self::required(party, &row, 2, "verdict")?,
-        })
+        Self::required(party, &row, 0, "verdict")
     }
 }
 

@@ -19,6 +19,7 @@ pub fn app(state: SharedState, guard: Arc<Guard>) -> Router {
         .merge(crate::iris::routes::routes())
         .merge(crate::face::routes::routes())
         .merge(crate::paillier::routes::routes(state.clone()))
+        .merge(crate::cli::client_auth::routes())
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(guard, auth::guard))
         .with_state(state)

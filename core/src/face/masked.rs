@@ -68,6 +68,8 @@ const IDENTIFICATION_MAGIC: &[u8; 4] = b"PMFI";
 const MASK_INFO: &[u8] = b"privmatch face template mask v1";
 const DEALING_INFO: &[u8] = b"privmatch face identification dealing v1";
 const STOCK_DEALING_INFO: &[u8] = b"privmatch face stocked identification dealing v1";
+/// HKDF label of a verification's dealing ([`KeysFor::Verification`]).
+const VERIFICATION_DEALING_INFO: &[u8] = b"privmatch face verification dealing v1";
 /// Expansion domain of template masks, so a template seed never yields the stream of a
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
@@ -83,13 +85,17 @@ pub enum KeysFor {
     /// Dealt ahead of time under this stock id for a known template list; an evaluator claims
     /// it for one session, once (`privmatch.face_stock_used`).
     Stock([u8; 16]),
+    /// Dealt on the path of the 1:1 verification session with this id, for the list both
+    /// evaluators requested from P2 (docs/protocols/face.md §13.10); never opens in an
+    /// identification session, nor identification keys in a verification session.
+    Verification([u8; 16]),
 }
 
 impl KeysFor {
     /// The session or stock id.
     pub fn id(&self) -> &[u8; 16] {
         match self {
-            KeysFor::Session(id) | KeysFor::Stock(id) => id,
+            KeysFor::Session(id) | KeysFor::Stock(id) | KeysFor::Verification(id) => id,
         }
     }
 }
@@ -158,6 +164,7 @@ impl TemplateMaskMaster {
         let label = match keys_for {
             KeysFor::Session(_) => DEALING_INFO,
             KeysFor::Stock(_) => STOCK_DEALING_INFO,
+            KeysFor::Verification(_) => VERIFICATION_DEALING_INFO,
         };
         let hk = Hkdf::<Sha256>::new(Some(label), &self.key);
         let mut seed = [0u8; 32];

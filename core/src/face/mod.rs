@@ -162,8 +162,9 @@ pub enum FaceError {
     #[error("face probe was sealed for another comparison (another subject, or a verification rather than an identification)")]
     WrongTarget,
     /// A face probe in a layout this version no longer accepts (version 1 carried no reply
-    /// key, so its result could only be revealed to the coordinator).
-    #[error("face probe format version {0} is no longer accepted: since extension 0.11.0 a probe (version 2) carries the requesting client's reply key, to which P0 and P1 seal their outputs; seal it again with privmatch 0.11 or later")]
+    /// key, so its result could only be revealed to the coordinator; version 2 left the
+    /// verified subject to the coordinator).
+    #[error("face probe format version {0} is no longer accepted: since extension 0.12.0 a probe (version 3) carries the requesting client's reply key, to which P0 and P1 seal their outputs, and a verification's verified subject inside the sealed probe (version 1 had no reply key, version 2 sent the subject beside the probe, in the clear at the coordinator); seal it again with privmatch 0.12 or later")]
     UnsupportedProbeVersion(u8),
     /// An evaluator's sealed output does not open for the client or does not fit what was
     /// relayed beside it (docs/protocols/face.md §13.9).
@@ -174,6 +175,11 @@ pub enum FaceError {
         /// Why.
         why: &'static str,
     },
+    /// P0 and P1 asked the dealer for different template lists in one verification (an
+    /// enrolment or deletion of the subject is in flight at one of them: retry with a new
+    /// session).
+    #[error("P0 and P1 found different templates for the verified subject (an enrolment or deletion is in flight): retry with a new session")]
+    EvaluatorsDisagree,
     /// Only P0 and P1 hold face shares and keys.
     #[error("party {0} does not evaluate face comparisons (only P0 and P1 do)")]
     NotAnEvaluator(u8),

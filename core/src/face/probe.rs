@@ -1,15 +1,20 @@
 //! Face probes: one evaluator's share of a live embedding, sealed to P0 or P1 for one session
-//! (purpose [`FACE_PROBE_PURPOSE`]) together with its target, and the id the P0–P1 channel of
-//! a session runs under.
+//! (purpose [`FACE_PROBE_PURPOSE`]) together with what it is for, and the id the P0–P1 channel
+//! of a session runs under.
 //!
-//! Layout: `PMFP`, version 2, party, session id (16), reply key (32), target length (u16) and
-//! target (the subject of a 1:1 verification, UTF-8; empty for a 1:N identification), then the
-//! [`EmbeddingShare`]. The target is sealed with the probe, so a probe given for a
-//! verification cannot be run as an identification (which would reveal who the person is) or
-//! against another subject. The reply key (an X25519 public key whose secret only the
-//! requesting client holds) is where the evaluators seal their outputs
+//! Layout (version 3, extension 0.12.0): `PMFP`, version 3, party, session id (16), reply key
+//! (32), kind (1 = 1:1 verification, 2 = 1:N identification), subject length (u16), the
+//! subject (UTF-8) zero-padded to [`MAX_SUBJECT_LEN`] bytes (empty for an identification),
+//! then the [`EmbeddingShare`]. The verified subject travels **inside** the sealed plaintext
+//! and every probe of a dimension has the same length, so the coordinator that relays a
+//! verification learns neither the subject nor its length (docs/protocols/face.md §13.10); the
+//! evaluators read it after opening and look the template up themselves. The kind is sealed
+//! with the probe, so a probe given for a verification cannot be run as an identification
+//! (which would reveal who the person is). The reply key (an X25519 public key whose secret
+//! only the requesting client holds) is where the evaluators seal their outputs
 //! ([`crate::face::reply`]); inside the sealed plaintext, the coordinator cannot swap it.
-//! Version 1 (no reply key) is refused ([`FaceError::UnsupportedProbeVersion`]).
+//! Versions 1 (no reply key) and 2 (the subject beside the probe, in the clear at the
+//! coordinator) are refused ([`FaceError::UnsupportedProbeVersion`]).
 
 use rand_core::{CryptoRng, RngCore};
 
@@ -18,15 +23,17 @@ use super::quantize::check_dim;
 use super::{FaceError, Metric};
 use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
 use crate::party::PartyIndex;
-use crate::wire::envelope::validate_subject;
+use crate::wire::envelope::{validate_subject, MAX_SUBJECT_LEN};
 use crate::wire::session::SESSION_ID_LEN;
 
 /// Sealing purpose of face search probes.
 pub const FACE_PROBE_PURPOSE: &str = "face-probe";
 
 const PROBE_MAGIC: &[u8; 4] = b"PMFP";
-/// Probe layout version: 2 carries the reply key.
-const PROBE_VERSION: u8 = 2;
+/// Probe layout version: 3 carries the reply key and the verified subject, padded.
+const PROBE_VERSION: u8 = 3;
+const KIND_VERIFY: u8 = 1;
+const KIND_IDENTIFY: u8 = 2;
 
 /// What an evaluator opens from its sealed probe.
 #[derive(Debug, PartialEq, Eq)]
@@ -35,13 +42,16 @@ pub struct OpenedProbe {
     pub share: EmbeddingShare,
     /// The key the evaluator seals its output to ([`crate::face::reply`]).
     pub reply_key: PartyPublicKey,
+    /// The verified subject of a 1:1 verification; `None` for a 1:N identification.
+    pub target: Option<String>,
 }
 
 /// Client side: shares a quantised probe and seals the two shares to P0 and P1 for search
 /// session `session` (so a coordinator cannot replay it into another session) and its
-/// target: `Some(subject)` for a 1:1 verification, `None` for a 1:N identification. The
-/// evaluators seal their outputs to `reply_key` (a fresh key of the client per request, or
-/// the static key of the party whose SQL front door will be called).
+/// target: `Some(subject)` for a 1:1 verification (the subject is sealed inside, padded, and
+/// sent nowhere else), `None` for a 1:N identification. The evaluators seal their outputs to
+/// `reply_key` (a fresh key of the client per request, or the static key of the party whose
+/// SQL front door will be called).
 pub fn seal_face_probe<R: RngCore + CryptoRng>(
     embedding: &[i32],
     session: [u8; SESSION_ID_LEN],
@@ -54,17 +64,25 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
     if let Some(subject) = target {
         validate_subject(subject)?;
     }
-    let target = target.unwrap_or_default().as_bytes();
+    let kind = if target.is_some() {
+        KIND_VERIFY
+    } else {
+        KIND_IDENTIFY
+    };
+    let subject = target.unwrap_or_default().as_bytes();
+    let mut padded = [0u8; MAX_SUBJECT_LEN];
+    padded[..subject.len()].copy_from_slice(subject);
     let shares = share_embedding(embedding, rng);
     Ok(std::array::from_fn(|p| {
-        let mut plain = Vec::with_capacity(56 + target.len() + shares[p].encoded_len());
+        let mut plain = Vec::with_capacity(60 + MAX_SUBJECT_LEN + shares[p].encoded_len());
         plain.extend_from_slice(PROBE_MAGIC);
         plain.push(PROBE_VERSION);
         plain.push(p as u8);
         plain.extend_from_slice(&session);
         plain.extend_from_slice(reply_key.as_bytes());
-        plain.extend_from_slice(&(target.len() as u16).to_le_bytes());
-        plain.extend_from_slice(target);
+        plain.push(kind);
+        plain.extend_from_slice(&(subject.len() as u16).to_le_bytes());
+        plain.extend_from_slice(&padded);
         shares[p].encode_into(&mut plain);
         seal_to_party(
             PartyIndex::ALL[p],
@@ -76,15 +94,15 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
     }))
 }
 
-/// Party side: opens a sealed probe as evaluator `me` for session `session` and checks that
-/// it was sealed for `target` (the verified subject, or `None` for an identification);
-/// returns its share and the reply key. A version-1 probe is refused
-/// ([`FaceError::UnsupportedProbeVersion`]).
+/// Party side: opens a sealed probe as evaluator `me` for session `session`; returns its
+/// share, the reply key and the target sealed with it (the verified subject, or `None` for an
+/// identification). Probes of format version 1 or 2 are refused
+/// ([`FaceError::UnsupportedProbeVersion`]). This is the one place an evaluator opens a
+/// client's sealed probe.
 pub fn open_face_probe(
     me: PartyIndex,
     secret: &PartySecretKey,
     session: &[u8; SESSION_ID_LEN],
-    target: Option<&str>,
     sealed: &[u8],
 ) -> Result<OpenedProbe, FaceError> {
     let mine = evaluator(me)? as u8;
@@ -108,13 +126,26 @@ pub fn open_face_probe(
         return Err(FaceError::WrongSession);
     }
     let reply_key = PartyPublicKey::from_bytes(r.array()?);
+    let kind = r.u8()?;
     let len = usize::from(r.u16()?);
-    if r.take(len)? != target.unwrap_or_default().as_bytes() {
-        return Err(FaceError::WrongTarget);
+    let padded = r.take(MAX_SUBJECT_LEN)?;
+    if len > MAX_SUBJECT_LEN || padded[len..].iter().any(|&b| b != 0) {
+        return Err(FaceError::Malformed("face probe subject padding"));
     }
+    let target = match kind {
+        KIND_VERIFY => {
+            let subject = std::str::from_utf8(&padded[..len])
+                .map_err(|_| FaceError::Malformed("face probe subject is not UTF-8"))?;
+            validate_subject(subject)?;
+            Some(subject.to_owned())
+        }
+        KIND_IDENTIFY if len == 0 => None,
+        _ => return Err(FaceError::Malformed("face probe kind")),
+    };
     Ok(OpenedProbe {
         share: EmbeddingShare::decode(r.rest())?,
         reply_key,
+        target,
     })
 }
 
@@ -159,61 +190,78 @@ mod tests {
         let reply = PartySecretKey::generate(&mut rng).public_key();
         let sealed =
             seal_face_probe(&q, session, Some("alice"), &reply, &publics, &mut rng).unwrap();
-        let open = |p: usize, s: &[u8; 16], t: Option<&str>, m: &[u8]| {
-            open_face_probe(PartyIndex::ALL[p], &secrets[p], s, t, m)
+        let open = |p: usize, s: &[u8; 16], m: &[u8]| {
+            open_face_probe(PartyIndex::ALL[p], &secrets[p], s, m)
         };
-        let s0 = open(0, &session, Some("alice"), &sealed[0]).unwrap();
-        let s1 = open(1, &session, Some("alice"), &sealed[1]).unwrap();
+        let s0 = open(0, &session, &sealed[0]).unwrap();
+        let s1 = open(1, &session, &sealed[1]).unwrap();
         assert_eq!(reconstruct_embedding(&s0.share, &s1.share).0, q);
-        // Both evaluators read the client's reply key from inside the sealed probe.
+        // Both evaluators read the client's reply key and the verified subject from inside
+        // the sealed probe.
         assert_eq!((s0.reply_key, s1.reply_key), (reply, reply));
+        assert_eq!(s0.target.as_deref(), Some("alice"));
+        assert_eq!(s1.target.as_deref(), Some("alice"));
         assert_eq!(
-            open(0, &[6u8; 16], Some("alice"), &sealed[0]),
+            open(0, &[6u8; 16], &sealed[0]),
             Err(FaceError::WrongSession)
         );
-        // A verification probe cannot be run as an identification or against someone else.
-        assert_eq!(
-            open(0, &session, None, &sealed[0]),
-            Err(FaceError::WrongTarget)
-        );
-        assert_eq!(
-            open(0, &session, Some("bob"), &sealed[0]),
-            Err(FaceError::WrongTarget)
-        );
-        assert!(open(1, &session, Some("alice"), &sealed[0]).is_err());
+        assert!(open(1, &session, &sealed[0]).is_err());
         assert!(seal_face_probe(&q[..100], session, None, &reply, &publics, &mut rng).is_err());
         let identify = seal_face_probe(&q, session, None, &reply, &publics, &mut rng).unwrap();
-        assert!(open(0, &session, None, &identify[0]).is_ok());
-        assert_eq!(
-            open(0, &session, Some("alice"), &identify[0]),
-            Err(FaceError::WrongTarget)
-        );
+        assert_eq!(open(0, &session, &identify[0]).unwrap().target, None);
+        // The subject is not in the sealed bytes, and neither its length: every probe of a
+        // dimension is as long as every other, verification or identification.
+        let long = "x".repeat(MAX_SUBJECT_LEN);
+        let other = seal_face_probe(&q, session, Some(&long), &reply, &publics, &mut rng).unwrap();
+        for p in 0..2 {
+            assert_eq!(sealed[p].len(), identify[p].len());
+            assert_eq!(sealed[p].len(), other[p].len());
+            assert!(!sealed[p].windows(5).any(|w| w == b"alice"));
+        }
+        assert_eq!(open(1, &session, &other[1]).unwrap().target, Some(long));
+        assert!(seal_face_probe(&q, session, Some(""), &reply, &publics, &mut rng).is_err());
     }
 
-    #[test]
-    fn version_1_probes_without_a_reply_key_are_refused_clearly() {
-        let (mut rng, secrets, publics) = seeded_keys(4);
+    /// A probe plaintext of version `version` for P0 (versions 1 and 2: the layouts of 0.10.0
+    /// and 0.11.0), sealed.
+    fn old_probe(version: u8, session: [u8; 16], publics: &[PartyPublicKey; 3]) -> Vec<u8> {
+        let (mut rng, _, _) = seeded_keys(5);
         let q = embedding(&mut rng, 128);
-        let session = [9u8; 16];
         let shares = share_embedding(&q, &mut rng);
-        // The layout of 0.10.0: version 1, no reply key.
         let mut plain = Vec::new();
         plain.extend_from_slice(PROBE_MAGIC);
-        plain.push(1);
+        plain.push(version);
         plain.push(0);
         plain.extend_from_slice(&session);
-        plain.extend_from_slice(&0u16.to_le_bytes());
+        if version == 2 {
+            plain.extend_from_slice(&[7u8; 32]);
+        }
+        plain.extend_from_slice(&5u16.to_le_bytes());
+        plain.extend_from_slice(b"alice");
         shares[0].encode_into(&mut plain);
-        let sealed = seal_to_party(
+        seal_to_party(
             PartyIndex::ALL[0],
             &publics[0],
             FACE_PROBE_PURPOSE,
             &plain,
             &mut rng,
-        );
-        let err =
-            open_face_probe(PartyIndex::ALL[0], &secrets[0], &session, None, &sealed).unwrap_err();
-        assert_eq!(err, FaceError::UnsupportedProbeVersion(1));
-        assert!(err.to_string().contains("reply key"), "{err}");
+        )
+    }
+
+    #[test]
+    fn version_1_and_2_probes_are_refused_clearly() {
+        let (_, secrets, publics) = seeded_keys(4);
+        let session = [9u8; 16];
+        for version in [1u8, 2] {
+            let sealed = old_probe(version, session, &publics);
+            let err =
+                open_face_probe(PartyIndex::ALL[0], &secrets[0], &session, &sealed).unwrap_err();
+            assert_eq!(err, FaceError::UnsupportedProbeVersion(version));
+            let text = err.to_string();
+            assert!(
+                text.contains("reply key") && text.contains("verified subject"),
+                "{text}"
+            );
+        }
     }
 }

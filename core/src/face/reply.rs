@@ -12,7 +12,8 @@
 //!                   info = LABEL ‖ session (16) ‖ b (1) ‖ S_b (32) ‖ R (32))
 //! ```
 //!
-//! with XChaCha20-Poly1305 (random 24-byte nonce). The client computes the same key as
+//! with XChaCha20-Poly1305 (random 24-byte nonce; the key derivation and the AEAD are
+//! [`crate::crypto::reply`]'s, shared with the iris outputs). The client computes the same key as
 //! X25519(r, S_b) with S_b from its own pinned configuration, never from the coordinator.
 //! Only P_b and the holder of r can compute k_b, so the coordinator can neither read, alter nor
 //! forge a sealed output, and a reply that opens is authenticated as P_b's for this session.
@@ -22,43 +23,51 @@
 //! Layout (little-endian):
 //!
 //! ```text
-//! "PMFR" | version 1 | party (1) | nonce (24) | AEAD(k_b, nonce, aad = header ‖ session,
-//!     plaintext = comparisons (u32) | list digest (32) | subjects digest (32) | o_b (4·N))
+//! "PMFR" | version 2 | party (1) | nonce (24) | AEAD(k_b, nonce, aad = header ‖ session,
+//!     plaintext = comparisons (u32) | list digest (32) | subjects digest (32) | o_b (4·N)
+//!                 | listed (u8) | if listed: per subject, length (u16) ‖ UTF-8)
 //! ```
 //!
 //! The list digest is the digest of the compared template list the party evaluated (both
 //! evaluators must agree); the subjects digest ([`subjects_digest`]) binds the shares to the
-//! subjects in comparison order, so a coordinator that reorders or renames the subjects it
-//! relays beside the sealed outputs is caught by the client.
+//! subjects in comparison order. Since version 2 (extension 0.12.0) no subject travels beside
+//! the sealed outputs: a 1:N identification **lists** the compared subjects inside the sealed
+//! plaintext (the client learns them only from what it opens, and checks that P0 and P1 list
+//! the same ones), and a 1:1 verification lists none — the client checks the digest against
+//! the subject it claimed, which the evaluators read from the sealed probe, so a verification's
+//! output has one length whatever the subject (docs/protocols/face.md §13.10). Version 1
+//! (subjects relayed in the clear by the coordinator) is refused.
 
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
-use chacha20poly1305::XChaCha20Poly1305;
-use hkdf::Hkdf;
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
-use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::Zeroize;
 
 use super::encoding::evaluator;
 use super::funshade::reconstruct;
 use super::FaceError;
+use crate::crypto::reply::{self, open_reply, ReplyError, ReplyFormat};
 use crate::crypto::seal::{PartyPublicKey, PartySecretKey};
 use crate::party::PartyIndex;
 use crate::wire::session::SESSION_ID_LEN;
 
 /// Length of a reply key (an X25519 public key).
-pub const REPLY_KEY_LEN: usize = 32;
+pub const REPLY_KEY_LEN: usize = reply::REPLY_KEY_LEN;
 
-const REPLY_MAGIC: &[u8; 4] = b"PMFR";
-const REPLY_VERSION: u8 = 1;
-const NONCE_LEN: usize = 24;
-const HEADER_LEN: usize = 4 + 1 + 1 + NONCE_LEN;
-const LABEL: &[u8] = b"privmatch face sealed output v1";
+/// The face sealed-output format ([`crate::crypto::reply`], which derives the key and seals):
+/// magic `PMFR`, version 2 (module docs), the HKDF label of 0.11.0.
+const FORMAT: ReplyFormat = ReplyFormat {
+    magic: b"PMFR",
+    version: 2,
+    label: b"privmatch face sealed output v1",
+};
+#[cfg(test)]
+const HEADER_LEN: usize = reply::HEADER_LEN;
 
-/// Length of a sealed output of `comparisons` comparisons: it depends on the count only
-/// (header, nonce, count, two digests, 4 bytes per comparison, AEAD tag).
+/// Length of a sealed output of `comparisons` comparisons that lists no subject (a
+/// verification): it depends on the count only (header, nonce, count, two digests, 4 bytes
+/// per comparison, the listing flag, AEAD tag). An identification's is longer by its listing.
 pub const fn sealed_output_len(comparisons: usize) -> usize {
-    HEADER_LEN + 4 + 32 + 32 + 4 * comparisons + 16
+    FORMAT.sealed_len(4 + 32 + 32 + 4 * comparisons + 1)
 }
 
 /// What one evaluator computed in a face session, as it seals it to the client.
@@ -72,6 +81,18 @@ pub struct FaceReply {
     pub subjects_digest: [u8; 32],
     /// The evaluator's output shares o_b, one per comparison.
     pub shares: Vec<u32>,
+    /// The compared subjects in comparison order, listed inside the sealed output by an
+    /// identification; `None` for a verification (the client knows its claimed subject).
+    pub subjects: Option<Vec<String>>,
+}
+
+/// What the client opened from P0's and P1's sealed outputs: one bit per compared subject.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaceResult {
+    /// The compared subjects, in comparison order (a verification: the claimed subject).
+    pub subjects: Vec<String>,
+    /// One bit per subject: whether the probe matches its template.
+    pub bits: Vec<bool>,
 }
 
 /// The digest that binds a sealed output to the compared subjects, in comparison order:
@@ -86,55 +107,15 @@ pub fn subjects_digest<'a>(subjects: impl IntoIterator<Item = &'a str>) -> [u8; 
     hash.finalize().into()
 }
 
-/// The AEAD key of party `party`'s output in `session`: HKDF-SHA256 over the X25519 secret
-/// the party and the reply key's holder share (module docs).
-fn reply_cipher(
-    shared: &[u8; 32],
-    session: &[u8; SESSION_ID_LEN],
-    party: PartyIndex,
-    party_key: &PartyPublicKey,
-    reply_key: &PartyPublicKey,
-) -> XChaCha20Poly1305 {
-    let hk = Hkdf::<Sha256>::new(None, shared);
-    let mut info = Vec::with_capacity(LABEL.len() + SESSION_ID_LEN + 1 + 64);
-    info.extend_from_slice(LABEL);
-    info.extend_from_slice(session);
-    info.push(party.as_u8());
-    info.extend_from_slice(party_key.as_bytes());
-    info.extend_from_slice(reply_key.as_bytes());
-    let mut key = [0u8; 32];
-    // 32 bytes is always a valid HKDF-SHA256 output length.
-    hk.expand(&info, &mut key)
-        .expect("HKDF-SHA256 can expand 32 bytes");
-    let cipher = XChaCha20Poly1305::new(&key.into());
-    key.zeroize();
-    cipher
-}
-
-fn x25519(secret: &PartySecretKey, public: &PartyPublicKey) -> [u8; 32] {
-    let mut bytes = secret.to_bytes();
-    let shared = StaticSecret::from(bytes)
-        .diffie_hellman(&PublicKey::from(*public.as_bytes()))
-        .to_bytes();
-    bytes.zeroize();
-    shared
-}
-
-fn aad(header: &[u8], session: &[u8; SESSION_ID_LEN]) -> Vec<u8> {
-    [header, session.as_slice()].concat()
-}
-
 /// The sealing of one evaluator's output to one reply key in one session, with its key
 /// derived once (at the session's open, when the party's secret is at hand).
 pub struct ReplySealer {
-    party: PartyIndex,
-    session: [u8; SESSION_ID_LEN],
-    cipher: XChaCha20Poly1305,
+    inner: reply::ReplySealer,
 }
 
 impl std::fmt::Debug for ReplySealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ReplySealer({}, <redacted>)", self.party)
+        write!(f, "ReplySealer({}, <redacted>)", self.inner.party())
     }
 }
 
@@ -148,51 +129,33 @@ impl ReplySealer {
         session: &[u8; SESSION_ID_LEN],
     ) -> Result<Self, FaceError> {
         evaluator(me)?;
-        let mut shared = x25519(secret, reply_key);
-        let cipher = reply_cipher(&shared, session, me, &secret.public_key(), reply_key);
-        shared.zeroize();
         Ok(ReplySealer {
-            party: me,
-            session: *session,
-            cipher,
+            inner: reply::ReplySealer::new(FORMAT, me, secret, reply_key, session),
         })
     }
 
-    /// Seals the output `shares` of the compared list (`list_digest`, `subjects_digest`).
+    /// Seals the output `shares` of the compared list (`list_digest`, `subjects_digest`),
+    /// listing the compared subjects inside (`listed`: an identification's, in comparison
+    /// order; `None` for a verification).
     pub fn seal<R: RngCore + CryptoRng>(
         &self,
         list_digest: &[u8; 32],
         subjects_digest: &[u8; 32],
         shares: &[u32],
+        listed: Option<&[&str]>,
         rng: &mut R,
     ) -> Vec<u8> {
-        let mut header = Vec::with_capacity(HEADER_LEN + 84 + 4 * shares.len());
-        header.extend_from_slice(REPLY_MAGIC);
-        header.push(REPLY_VERSION);
-        header.push(self.party.as_u8());
-        let mut nonce = [0u8; NONCE_LEN];
-        rng.fill_bytes(&mut nonce);
-        header.extend_from_slice(&nonce);
-        let mut plain = Vec::with_capacity(68 + 4 * shares.len());
+        let mut plain = Vec::with_capacity(69 + 4 * shares.len());
         plain.extend_from_slice(&(shares.len() as u32).to_le_bytes());
         plain.extend_from_slice(list_digest);
         plain.extend_from_slice(subjects_digest);
         for w in shares {
             plain.extend_from_slice(&w.to_le_bytes());
         }
-        let ciphertext = self
-            .cipher
-            .encrypt(
-                &nonce.into(),
-                Payload {
-                    msg: &plain,
-                    aad: &aad(&header, &self.session),
-                },
-            )
-            .expect("XChaCha20-Poly1305 encryption of an in-memory buffer cannot fail");
+        put_listed(&mut plain, listed);
+        let sealed = self.inner.seal(&plain, rng);
         plain.zeroize();
-        header.extend_from_slice(&ciphertext);
-        header
+        sealed
     }
 }
 
@@ -209,70 +172,90 @@ pub fn open_face_reply(
 ) -> Result<FaceReply, FaceError> {
     let b = evaluator(party)? as u8;
     let refused = |why: &'static str| FaceError::SealedOutput { party: b, why };
-    if sealed.len() < HEADER_LEN || &sealed[..4] != REPLY_MAGIC || sealed[4] != REPLY_VERSION {
-        return Err(refused("it is not a sealed face output"));
-    }
-    if sealed[5] != b {
-        return Err(refused("it was sealed by another party"));
-    }
-    let (header, ciphertext) = sealed.split_at(HEADER_LEN);
-    let mut nonce = [0u8; NONCE_LEN];
-    nonce.copy_from_slice(&header[6..]);
-    let mut shared = x25519(reply_secret, party_key);
-    let cipher = reply_cipher(
-        &shared,
-        session,
-        party,
-        party_key,
-        &reply_secret.public_key(),
-    );
-    shared.zeroize();
-    let plain = cipher
-        .decrypt(
-            &nonce.into(),
-            Payload {
-                msg: ciphertext,
-                aad: &aad(header, session),
-            },
-        )
-        .map_err(|_| {
-            refused("it does not open: altered in transit, or not sealed by this party for this session and reply key")
-        })?;
+    let plain = open_reply(&FORMAT, party, party_key, reply_secret, session, sealed).map_err(
+        |e| match e {
+            ReplyError::NotThisKind => refused("it is not a sealed face output"),
+            other => refused(other.why()),
+        },
+    )?;
     let malformed = || refused("it opened but is malformed");
     if plain.len() < 68 {
         return Err(malformed());
     }
     let count = u32::from_le_bytes([plain[0], plain[1], plain[2], plain[3]]) as usize;
-    let body = &plain[68..];
-    if body.len() != count.checked_mul(4).ok_or_else(malformed)? {
-        return Err(malformed());
-    }
+    let end = count
+        .checked_mul(4)
+        .and_then(|n| n.checked_add(68))
+        .ok_or_else(malformed)?;
+    let body = plain.get(68..end).ok_or_else(malformed)?;
+    let subjects = take_listed(&plain[end..], count).ok_or_else(malformed)?;
     let mut list_digest = [0u8; 32];
     list_digest.copy_from_slice(&plain[4..36]);
-    let mut subjects = [0u8; 32];
-    subjects.copy_from_slice(&plain[36..68]);
+    let mut subjects_digest = [0u8; 32];
+    subjects_digest.copy_from_slice(&plain[36..68]);
     Ok(FaceReply {
         party,
         list_digest,
-        subjects_digest: subjects,
+        subjects_digest,
         shares: body
             .chunks_exact(4)
             .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
             .collect(),
+        subjects,
     })
 }
 
+/// Appends the listing of the compared subjects: a flag, then each as length (u16) ‖ UTF-8.
+fn put_listed(plain: &mut Vec<u8>, listed: Option<&[&str]>) {
+    match listed {
+        None => plain.push(0),
+        Some(subjects) => {
+            plain.push(1);
+            for s in subjects {
+                // Subject ids are at most 256 bytes (`validate_subject`); longer ones are cut
+                // at the u16 limit, which the client's digest check then refuses.
+                let bytes = &s.as_bytes()[..s.len().min(usize::from(u16::MAX))];
+                plain.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                plain.extend_from_slice(bytes);
+            }
+        }
+    }
+}
+
+/// Parses the listing after the shares: `count` subjects, or none (`Some(None)`); `None` when
+/// malformed.
+fn take_listed(rest: &[u8], count: usize) -> Option<Option<Vec<String>>> {
+    let (&flag, mut rest) = rest.split_first()?;
+    match flag {
+        0 if rest.is_empty() => Some(None),
+        1 => {
+            let mut subjects = Vec::with_capacity(count.min(rest.len() / 2));
+            for _ in 0..count {
+                let len = usize::from(u16::from_le_bytes([*rest.first()?, *rest.get(1)?]));
+                let text = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+                subjects.push(text.to_owned());
+                rest = &rest[2 + len..];
+            }
+            rest.is_empty().then_some(Some(subjects))
+        }
+        _ => None,
+    }
+}
+
 /// Client side: opens both evaluators' sealed outputs of `session` (`sealed[b]` from P_b,
-/// whose pinned keys are `party_keys[b]`), checks that they evaluated the same list, for the
-/// `subjects` the client was told in comparison order, and adds the shares: one bit per
-/// comparison (Funshade's `res`). Errors name the party whose output is refused.
+/// whose pinned keys are `party_keys[b]`), checks that they evaluated the same list and
+/// compared the same subjects — for a verification (`claimed`: the subject the client sealed
+/// in its probe) that subject, for an identification (`None`) the subjects both list inside
+/// their outputs — and adds the shares: one bit per comparison (Funshade's `res`). Errors name
+/// the party whose output is refused; an output computed for another subject than `claimed`
+/// (a probe sealed for another subject) is [`FaceError::WrongTarget`].
 pub fn open_face_result(
     party_keys: [&PartyPublicKey; 2],
     reply_secret: &PartySecretKey,
     session: &[u8; SESSION_ID_LEN],
     sealed: [&[u8]; 2],
-    subjects: &[&str],
-) -> Result<Vec<bool>, FaceError> {
+    claimed: Option<&str>,
+) -> Result<FaceResult, FaceError> {
     let r0 = open_face_reply(
         PartyIndex::ALL[0],
         party_keys[0],
@@ -287,23 +270,47 @@ pub fn open_face_result(
         session,
         sealed[1],
     )?;
-    let expected = subjects_digest(subjects.iter().copied());
-    for r in [&r0, &r1] {
-        let b = r.party.as_u8();
-        if r.shares.len() != subjects.len() || r.subjects_digest != expected {
-            return Err(FaceError::SealedOutput {
-                party: b,
-                why: "it was computed for other subjects than the coordinator relayed",
-            });
+    let refused = |b: u8, why: &'static str| FaceError::SealedOutput { party: b, why };
+    let subjects: Vec<String> = match claimed {
+        Some(subject) => {
+            let expected = subjects_digest([subject]);
+            for r in [&r0, &r1] {
+                let b = r.party.as_u8();
+                if r.subjects.is_some() || r.shares.len() != 1 {
+                    return Err(refused(b, "it is not the output of a verification"));
+                }
+                if r.subjects_digest != expected {
+                    return Err(FaceError::WrongTarget);
+                }
+            }
+            vec![subject.to_owned()]
         }
-    }
+        None => {
+            for r in [&r0, &r1] {
+                let b = r.party.as_u8();
+                let Some(listed) = &r.subjects else {
+                    return Err(refused(
+                        b,
+                        "it lists no compared subjects (not an identification)",
+                    ));
+                };
+                if listed.len() != r.shares.len()
+                    || subjects_digest(listed.iter().map(String::as_str)) != r.subjects_digest
+                {
+                    return Err(refused(b, "its listed subjects do not fit its digest"));
+                }
+            }
+            if r0.subjects != r1.subjects {
+                return Err(refused(1, "P0 and P1 compared different subjects"));
+            }
+            r0.subjects.clone().unwrap_or_default()
+        }
+    };
     if r0.list_digest != r1.list_digest {
-        return Err(FaceError::SealedOutput {
-            party: 1,
-            why: "P0 and P1 evaluated different template lists",
-        });
+        return Err(refused(1, "P0 and P1 evaluated different template lists"));
     }
-    reconstruct(&r0.shares, &r1.shares)
+    let bits = reconstruct(&r0.shares, &r1.shares)?;
+    Ok(FaceResult { subjects, bits })
 }
 
 #[cfg(test)]
@@ -333,14 +340,19 @@ mod tests {
         let o0 = [5u32, 77, u32::MAX];
         let o1 = [u32::MAX - 3, 77u32.wrapping_neg(), 2];
         let [s0, s1] = sealers(&secrets, &client.public_key(), &session);
-        let m0 = s0.seal(&list, &digest, &o0, &mut rng);
-        let m1 = s1.seal(&list, &digest, &o1, &mut rng);
-        assert_eq!(m0.len(), sealed_output_len(3));
-        // Ciphertext: the shares are not in it.
+        let m0 = s0.seal(&list, &digest, &o0, Some(&subjects), &mut rng);
+        let m1 = s1.seal(&list, &digest, &o1, Some(&subjects), &mut rng);
+        assert_eq!(
+            m0.len(),
+            sealed_output_len(3) + subjects.iter().map(|s| 2 + s.len()).sum::<usize>()
+        );
+        // Ciphertext: neither the shares nor the subjects are in it.
         assert!(!m0.windows(4).any(|w| w == 77u32.to_le_bytes()));
+        assert!(!m0.windows(5).any(|w| w == b"alice"));
         let keys = [&publics[0], &publics[1]];
-        let bits = open_face_result(keys, &client, &session, [&m0, &m1], &subjects).unwrap();
-        assert_eq!(bits, vec![true, false, true]);
+        let result = open_face_result(keys, &client, &session, [&m0, &m1], None).unwrap();
+        assert_eq!(result.bits, vec![true, false, true]);
+        assert_eq!(result.subjects, ["alice", "bob", "carol"]);
         let reply = open_face_reply(PartyIndex::ALL[1], &publics[1], &client, &session, &m1);
         assert_eq!(reply.unwrap().shares, o1.to_vec());
 
@@ -348,8 +360,7 @@ mod tests {
         for at in [0, 5, 7, HEADER_LEN + 1, m1.len() - 1] {
             let mut bad = m1.clone();
             bad[at] ^= 1;
-            let err =
-                open_face_result(keys, &client, &session, [&m0, &bad], &subjects).unwrap_err();
+            let err = open_face_result(keys, &client, &session, [&m0, &bad], None).unwrap_err();
             assert!(
                 matches!(err, FaceError::SealedOutput { party: 1, .. }),
                 "{at}: {err}"
@@ -357,28 +368,65 @@ mod tests {
             assert!(err.to_string().contains("P1"), "{err}");
         }
         // Truncated, swapped between the parties, or empty: refused.
-        assert!(open_face_result(keys, &client, &session, [&m0, &m1[..40]], &subjects).is_err());
+        assert!(open_face_result(keys, &client, &session, [&m0, &m1[..40]], None).is_err());
         assert!(matches!(
-            open_face_result(keys, &client, &session, [&m1, &m0], &subjects),
+            open_face_result(keys, &client, &session, [&m1, &m0], None),
             Err(FaceError::SealedOutput { party: 0, .. })
         ));
-        assert!(open_face_result(keys, &client, &session, [&[], &m1], &subjects).is_err());
+        assert!(open_face_result(keys, &client, &session, [&[], &m1], None).is_err());
         // Another session, another reply key, another party key: refused.
-        assert!(open_face_result(keys, &client, &[4u8; 16], [&m0, &m1], &subjects).is_err());
+        assert!(open_face_result(keys, &client, &[4u8; 16], [&m0, &m1], None).is_err());
         let other = PartySecretKey::generate(&mut rng);
-        assert!(open_face_result(keys, &other, &session, [&m0, &m1], &subjects).is_err());
+        assert!(open_face_result(keys, &other, &session, [&m0, &m1], None).is_err());
         let swapped = [&publics[1], &publics[0]];
-        assert!(open_face_result(swapped, &client, &session, [&m0, &m1], &subjects).is_err());
-        // Other subjects, or reordered ones, than the parties compared: refused.
+        assert!(open_face_result(swapped, &client, &session, [&m0, &m1], None).is_err());
+        // The evaluators listed other subjects, or in another order: refused naming P1.
         let reordered = ["bob", "alice", "carol"];
+        let m1_reordered = s1.seal(
+            &list,
+            &subjects_digest(reordered),
+            &o1,
+            Some(&reordered),
+            &mut rng,
+        );
         assert!(matches!(
-            open_face_result(keys, &client, &session, [&m0, &m1], &reordered),
-            Err(FaceError::SealedOutput { party: 0, .. })
+            open_face_result(keys, &client, &session, [&m0, &m1_reordered], None),
+            Err(FaceError::SealedOutput { party: 1, .. })
         ));
-        assert!(open_face_result(keys, &client, &session, [&m0, &m1], &subjects[..2]).is_err());
+        // A listing that does not fit the digest sealed with it: refused.
+        let m1_bad = s1.seal(&list, &digest, &o1, Some(&reordered), &mut rng);
+        assert!(open_face_result(keys, &client, &session, [&m0, &m1_bad], None).is_err());
+        // An identification's outputs are not a verification's, nor the other way round.
+        assert!(open_face_result(keys, &client, &session, [&m0, &m1], Some("alice")).is_err());
         // The parties evaluated different lists: refused.
-        let m1_other = s1.seal(&[8u8; 32], &digest, &o1, &mut rng);
-        assert!(open_face_result(keys, &client, &session, [&m0, &m1_other], &subjects).is_err());
+        let m1_other = s1.seal(&[8u8; 32], &digest, &o1, Some(&subjects), &mut rng);
+        assert!(open_face_result(keys, &client, &session, [&m0, &m1_other], None).is_err());
+    }
+
+    #[test]
+    fn verification_outputs_name_no_subject_and_check_the_claimed_one() {
+        let (mut rng, secrets, publics) = seeded_keys(9);
+        let client = PartySecretKey::generate(&mut rng);
+        let session = [2u8; 16];
+        let digest = subjects_digest(["alice"]);
+        let [s0, s1] = sealers(&secrets, &client.public_key(), &session);
+        let m0 = s0.seal(&[1; 32], &digest, &[3], None, &mut rng);
+        let m1 = s1.seal(&[1; 32], &digest, &[u32::MAX - 1], None, &mut rng);
+        // One length whatever the subject.
+        assert_eq!(m0.len(), sealed_output_len(1));
+        let keys = [&publics[0], &publics[1]];
+        let result = open_face_result(keys, &client, &session, [&m0, &m1], Some("alice")).unwrap();
+        assert_eq!(
+            (result.subjects, result.bits),
+            (vec!["alice".into()], vec![true])
+        );
+        // The client claimed another subject than the probe was sealed for: WrongTarget.
+        assert_eq!(
+            open_face_result(keys, &client, &session, [&m0, &m1], Some("bob")),
+            Err(FaceError::WrongTarget)
+        );
+        // A verification's outputs are no identification's.
+        assert!(open_face_result(keys, &client, &session, [&m0, &m1], None).is_err());
     }
 
     #[test]
@@ -386,8 +434,7 @@ mod tests {
         let (mut rng, secrets, publics) = seeded_keys(8);
         let client = PartySecretKey::generate(&mut rng);
         let session = [1u8; 16];
-        let subjects = ["alice"];
-        let digest = subjects_digest(subjects);
+        let digest = subjects_digest(["alice"]);
         // The coordinator knows every public key but no secret: sealing with its own key in
         // P1's place does not open as P1's.
         let coordinator = PartySecretKey::generate(&mut rng);
@@ -398,7 +445,7 @@ mod tests {
             &session,
         )
         .unwrap()
-        .seal(&[0; 32], &digest, &[1], &mut rng);
+        .seal(&[0; 32], &digest, &[1], None, &mut rng);
         let genuine = ReplySealer::new(
             PartyIndex::ALL[0],
             &secrets[0],
@@ -406,27 +453,27 @@ mod tests {
             &session,
         )
         .unwrap()
-        .seal(&[0; 32], &digest, &[0], &mut rng);
+        .seal(&[0; 32], &digest, &[0], None, &mut rng);
         let keys = [&publics[0], &publics[1]];
         assert!(matches!(
-            open_face_result(keys, &client, &session, [&genuine, &forged], &subjects),
+            open_face_result(keys, &client, &session, [&genuine, &forged], Some("alice")),
             Err(FaceError::SealedOutput { party: 1, .. })
         ));
         // The front door: the reply key is the called party's own static key (P2 here).
         let sealed = std::array::from_fn::<_, 2, _>(|b| {
             ReplySealer::new(PartyIndex::ALL[b], &secrets[b], &publics[2], &session)
                 .unwrap()
-                .seal(&[0; 32], &digest, &[b as u32], &mut rng)
+                .seal(&[0; 32], &digest, &[b as u32], None, &mut rng)
         });
-        let bits = open_face_result(
+        let result = open_face_result(
             keys,
             &secrets[2],
             &session,
             [&sealed[0], &sealed[1]],
-            &subjects,
+            Some("alice"),
         )
         .unwrap();
-        assert_eq!(bits, vec![true]);
+        assert_eq!(result.bits, vec![true]);
         // P2 is no evaluator: it cannot seal an output.
         assert!(ReplySealer::new(PartyIndex::ALL[2], &secrets[2], &publics[2], &session).is_err());
     }

@@ -109,6 +109,10 @@ pub enum BundleError {
         /// The party that opened it.
         me: PartyIndex,
     },
+    /// A search probe of a layout this party no longer opens (version 2 and older carry no
+    /// reply key: their outputs would go to the coordinator in the clear).
+    #[error("iris probe layout version {0} is not supported: this party opens version 3 (with the client's reply key, privmatch 0.12.0); seal the probe again with a current client")]
+    UnsupportedProbeVersion(u8),
     /// Sealing or opening failed.
     #[error(transparent)]
     Seal(#[from] SealError),

@@ -9,6 +9,7 @@ pub mod binding;
 pub mod dot;
 pub mod encoding;
 pub mod enroll;
+pub mod eyes;
 pub mod journal;
 pub mod matcher;
 pub mod output;

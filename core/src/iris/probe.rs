@@ -9,24 +9,33 @@
 //! another kind of search (a uniqueness probe as an identification, or at other thresholds
 //! to bisect a distance): the party compares them with the parameters it is called with; and
 //! the time it was sealed, so a party refuses a probe older than [`PROBE_LIFETIME_SECS`] and
-//! need remember used session ids only that long.
+//! need remember used session ids only that long; and (since layout version 3, privmatch
+//! 0.12.0) the client's **reply key**, to which each party seals its signed output
+//! ([`crate::iris::output`]), and the **disclosure** the client allows: none (the result is
+//! sealed to the reply key only), or, for enroll-if-unique, the uniqueness bit also in the
+//! clear to the coordinator, which must know whether to enrol ([`Disclosure`]). Inside the
+//! sealed plaintext, the coordinator can change neither. A probe of an older layout is refused
+//! ([`BundleError::UnsupportedProbeVersion`]).
 //!
 //! Plaintext layout (all integers little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `PMPR` |
-//! | 4 | 1 | layout version (2) |
+//! | 4 | 1 | layout version (3) |
 //! | 5 | 1 | party index the share belongs to |
 //! | 6 | 16 | search session id |
 //! | 22 | 1 | eye: 0 left, 1 right |
 //! | 23 | 4 | search parameters ([`SearchParams::to_bytes`]) |
 //! | 27 | 8 | sealed at, seconds since the Unix epoch |
-//! | 35 | 2·12,800 | code share coefficients (u16) |
+//! | 35 | 32 | reply key (X25519 public key) |
+//! | 67 | 1 | disclosure: 0 sealed only, 1 the uniqueness bit also to the coordinator |
+//! | 68 | 2·12,800 | code share coefficients (u16) |
 //! | … | 2·6,400 | mask share coefficients (u16) |
 
 use rand_core::{CryptoRng, RngCore};
 
+use crate::crypto::reply::REPLY_KEY_LEN;
 use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{BundleError, Eye};
@@ -48,9 +57,48 @@ pub const PROBE_LIFETIME_SECS: u64 = 600;
 pub const CLOCK_SKEW_SECS: u64 = 60;
 
 const MAGIC: &[u8; 4] = b"PMPR";
-const VERSION: u8 = 2;
-const HEADER_LEN: usize = 4 + 1 + 1 + SESSION_ID_LEN + 1 + PARAMS_LEN + 8;
+const VERSION: u8 = 3;
+const HEADER_LEN: usize = 4 + 1 + 1 + SESSION_ID_LEN + 1 + PARAMS_LEN + 8 + REPLY_KEY_LEN + 1;
 const PLAINTEXT_LEN: usize = HEADER_LEN + 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
+
+/// What the client allows the parties to disclose besides the output sealed to its reply key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disclosure {
+    /// Nothing: the result is sealed to the reply key only (searches).
+    SealedOnly,
+    /// The uniqueness bit also in the clear to the coordinator (`privmatch iris enroll
+    /// --if-unique`: the coordinator must know whether to enrol, and sees whether it does).
+    /// Only with uniqueness searches.
+    UniqueBitToCoordinator,
+}
+
+impl Disclosure {
+    fn to_byte(self) -> u8 {
+        match self {
+            Disclosure::SealedOnly => 0,
+            Disclosure::UniqueBitToCoordinator => 1,
+        }
+    }
+
+    fn from_byte(b: u8) -> Result<Self, BundleError> {
+        match b {
+            0 => Ok(Disclosure::SealedOnly),
+            1 => Ok(Disclosure::UniqueBitToCoordinator),
+            _ => Err(BundleError::Malformed("probe: unknown disclosure")),
+        }
+    }
+}
+
+/// Where the parties send a search's output: the client's reply key, and what else the
+/// client allows them to disclose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyTo {
+    /// The X25519 public key the parties seal their outputs to (a fresh key of the client per
+    /// request, or the static key of the party whose SQL front door will be called).
+    pub key: PartyPublicKey,
+    /// What may be disclosed besides.
+    pub disclosure: Disclosure,
+}
 
 /// One party's opened probe.
 #[derive(Clone, PartialEq, Eq)]
@@ -63,6 +111,8 @@ pub struct IrisProbe {
     pub params: SearchParams,
     /// When the client sealed it (seconds since the Unix epoch).
     pub sealed_at: u64,
+    /// Where the output goes.
+    pub reply: ReplyTo,
     /// The party's share of the probe (query layout, see [`share_query_template`]).
     pub share: IrisShare,
 }
@@ -71,11 +121,12 @@ impl std::fmt::Debug for IrisProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "IrisProbe {{ session: {}, eye: {}, params: {:?}, sealed_at: {}, party: {}, share: <redacted> }}",
+            "IrisProbe {{ session: {}, eye: {}, params: {:?}, sealed_at: {}, reply: {:?}, party: {}, share: <redacted> }}",
             hex::encode(self.session),
             self.eye.as_str(),
             self.params,
             self.sealed_at,
+            self.reply,
             self.share.party
         )
     }
@@ -91,19 +142,24 @@ impl IrisProbe {
         out.push(self.eye.to_byte());
         out.extend_from_slice(&self.params.to_bytes());
         out.extend_from_slice(&self.sealed_at.to_le_bytes());
+        out.extend_from_slice(self.reply.key.as_bytes());
+        out.push(self.reply.disclosure.to_byte());
         push_coefs_le(&mut out, &self.share.code);
         push_coefs_le(&mut out, &self.share.mask);
         out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BundleError> {
-        if bytes.len() != PLAINTEXT_LEN || &bytes[..4] != MAGIC {
-            return Err(BundleError::Malformed(
-                "probe: bad magic or length does not match the layout",
-            ));
+        if bytes.len() < 5 || &bytes[..4] != MAGIC {
+            return Err(BundleError::Malformed("probe: bad magic"));
         }
         if bytes[4] != VERSION {
-            return Err(BundleError::Malformed("probe: unsupported layout version"));
+            return Err(BundleError::UnsupportedProbeVersion(bytes[4]));
+        }
+        if bytes.len() != PLAINTEXT_LEN {
+            return Err(BundleError::Malformed(
+                "probe: the length does not match the layout",
+            ));
         }
         let party = PartyIndex::new(i64::from(bytes[5]))
             .map_err(|_| BundleError::Malformed("probe: party index out of range"))?;
@@ -115,13 +171,28 @@ impl IrisProbe {
         let params = SearchParams::from_bytes(params)
             .map_err(|_| BundleError::Malformed("probe: invalid sealed search parameters"))?;
         let mut sealed_at = [0u8; 8];
-        sealed_at.copy_from_slice(&bytes[23 + PARAMS_LEN..HEADER_LEN]);
+        let at = 23 + PARAMS_LEN;
+        sealed_at.copy_from_slice(&bytes[at..at + 8]);
+        let mut key = [0u8; REPLY_KEY_LEN];
+        key.copy_from_slice(&bytes[at + 8..at + 8 + REPLY_KEY_LEN]);
+        let disclosure = Disclosure::from_byte(bytes[HEADER_LEN - 1])?;
+        if disclosure == Disclosure::UniqueBitToCoordinator
+            && params.mode() != crate::iris::params::SearchMode::Uniqueness
+        {
+            return Err(BundleError::Malformed(
+                "probe: a disclosed bit is only for uniqueness searches",
+            ));
+        }
         let code_end = HEADER_LEN + 2 * CODE_SHARE_COEFS;
         Ok(IrisProbe {
             session,
             eye,
             params,
             sealed_at: u64::from_le_bytes(sealed_at),
+            reply: ReplyTo {
+                key: PartyPublicKey::from_bytes(key),
+                disclosure,
+            },
             share: IrisShare {
                 party,
                 code: coefs_from_le_bytes(&bytes[HEADER_LEN..code_end]),
@@ -146,14 +217,23 @@ pub struct ProbeContext {
 }
 
 /// Client side: shares `template` as a probe and seals party i's share to `party_keys[i]`
-/// with `context`. Returns the three sealed probes, indexed by party. Fails if the template
-/// cannot be encoded (e.g. a mask that is not doubled).
-pub fn seal_iris_probe<R: RngCore + CryptoRng>(
+/// with `context` and `reply` (the parties seal their outputs to `reply.key`). Returns the
+/// three sealed probes, indexed by party. Fails if the template cannot be encoded (e.g. a
+/// mask that is not doubled), or when `reply` discloses a bit of an identification.
+pub fn seal_iris_probe_to<R: RngCore + CryptoRng>(
     template: &IrisTemplate,
     context: &ProbeContext,
+    reply: &ReplyTo,
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<[Vec<u8>; 3], BundleError> {
+    if reply.disclosure == Disclosure::UniqueBitToCoordinator
+        && context.params.mode() != crate::iris::params::SearchMode::Uniqueness
+    {
+        return Err(BundleError::Malformed(
+            "probe: a disclosed bit is only for uniqueness searches",
+        ));
+    }
     let shares = share_query_template(template, rng)?;
     let mut sealed: [Vec<u8>; 3] = Default::default();
     for share in shares {
@@ -163,6 +243,7 @@ pub fn seal_iris_probe<R: RngCore + CryptoRng>(
             eye: context.eye,
             params: context.params,
             sealed_at: context.sealed_at,
+            reply: *reply,
             share,
         };
         sealed[p.as_usize()] = seal_to_party(
@@ -174,6 +255,22 @@ pub fn seal_iris_probe<R: RngCore + CryptoRng>(
         );
     }
     Ok(sealed)
+}
+
+/// Client side, for searches whose output nobody opens (benchmarks of the scan, tests that
+/// read a party's own view of the result): [`seal_iris_probe_to`] with a fresh reply key
+/// whose secret is dropped, disclosing nothing.
+pub fn seal_iris_probe<R: RngCore + CryptoRng>(
+    template: &IrisTemplate,
+    context: &ProbeContext,
+    party_keys: &[PartyPublicKey; 3],
+    rng: &mut R,
+) -> Result<[Vec<u8>; 3], BundleError> {
+    let reply = ReplyTo {
+        key: PartySecretKey::generate(rng).public_key(),
+        disclosure: Disclosure::SealedOnly,
+    };
+    seal_iris_probe_to(template, context, &reply, party_keys, rng)
 }
 
 /// Party side: opens a sealed probe as party `me` for search session `session`. Refuses a
@@ -319,6 +416,38 @@ mod tests {
         );
         let early = now - CLOCK_SKEW_SECS - 1;
         assert!(check_probe(&probe, &ctx.params, early).is_err());
+    }
+
+    #[test]
+    fn the_reply_key_and_disclosure_travel_sealed_and_version_2_is_refused() {
+        let mut rng = ChaCha20Rng::seed_from_u64(10);
+        let (secrets, publics) = keys(&mut rng);
+        let t = random_template(&mut rng);
+        let ctx = context([4u8; 16], Eye::Left);
+        let reply = ReplyTo {
+            key: PartySecretKey::generate(&mut rng).public_key(),
+            disclosure: Disclosure::UniqueBitToCoordinator,
+        };
+        let sealed = seal_iris_probe_to(&t, &ctx, &reply, &publics, &mut rng).unwrap();
+        let p2 = PartyIndex::ALL[2];
+        let probe = open_iris_probe(p2, &secrets[2], &ctx.session, &sealed[2]).unwrap();
+        assert_eq!(probe.reply, reply);
+        // A bit may be disclosed for a uniqueness search only.
+        let identify = ProbeContext {
+            params: SearchParams::new(SearchMode::Identify, 15, 0.345).expect("params"),
+            ..ctx
+        };
+        assert!(seal_iris_probe_to(&t, &identify, &reply, &publics, &mut rng).is_err());
+        // The layout of 0.11.0 (version 2: no reply key, no disclosure) is refused, naming
+        // the version.
+        let mut plain = probe.encode();
+        plain[4] = 2;
+        plain.drain(HEADER_LEN - 1 - REPLY_KEY_LEN..HEADER_LEN);
+        let old = seal_to_party(p2, &publics[2], IRIS_PROBE_PURPOSE, &plain, &mut rng);
+        let err = open_iris_probe(p2, &secrets[2], &ctx.session, &old).unwrap_err();
+        assert_eq!(err, BundleError::UnsupportedProbeVersion(2));
+        assert!(err.to_string().contains("version 2"), "{err}");
+        assert!(err.to_string().contains("reply key"), "{err}");
     }
 
     #[test]

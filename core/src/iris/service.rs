@@ -40,13 +40,14 @@ use std::time::{Duration, Instant};
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
 
-use crate::crypto::party_sign::{PartySigningKey, SIGNATURE_LEN};
+use crate::crypto::party_sign::PartySigningKey;
+use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
-use crate::iris::output::{IrisOutput, IrisResult};
+use crate::iris::output::{output_sealer, seal_output, IrisOutput, IrisResult};
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
-use crate::iris::probe::{check_probe, open_iris_probe, ProbeRefusal};
+use crate::iris::probe::{check_probe, open_iris_probe, Disclosure, ProbeRefusal};
 use crate::iris::query::PreparedQuery;
 use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
@@ -178,6 +179,37 @@ impl fmt::Debug for RoundReply {
     }
 }
 
+/// A party's output of a finished search as the coordinator relays it: signed and sealed to
+/// the client's reply key ([`crate::iris::output`]), and the uniqueness bit in the clear only
+/// when the client's probe allowed it ([`Disclosure::UniqueBitToCoordinator`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SealedOutput {
+    /// The signed output, sealed to the reply key.
+    pub sealed: Vec<u8>,
+    /// The uniqueness bit, when disclosed.
+    pub disclosed_unique: Option<bool>,
+}
+
+impl fmt::Debug for SealedOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SealedOutput {{ sealed: {} bytes, disclosed_unique: {:?} }}",
+            self.sealed.len(),
+            self.disclosed_unique
+        )
+    }
+}
+
+/// What `round` returns to the coordinator ([`SearchService::round_sealed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SealedRound {
+    /// The next message, for party i+1 (sealed).
+    Continue(Vec<u8>),
+    /// The output.
+    Finished(SealedOutput),
+}
+
 enum State {
     Running(Box<IrisMatchSession>),
     /// No entry of the probe's eye: round 0 ends the search.
@@ -188,6 +220,10 @@ struct ActiveSearch {
     me: PartyIndex,
     /// What the party signs its output with (derived from its key at start).
     signer: Arc<PartySigningKey>,
+    /// Where its output is sealed to (the reply key inside the client's probe).
+    reply: ReplySealer,
+    /// What the client allows to be disclosed besides.
+    disclosure: Disclosure,
     /// The session id, parameters and eye of the search, for the signed output.
     session: SessionId,
     params: SearchParams,
@@ -402,6 +438,8 @@ impl SearchService {
             ActiveSearch {
                 me,
                 signer: Arc::new(PartySigningKey::derive(&keys.secret)),
+                reply: output_sealer(me, &keys.secret, &probe.reply.key, &id),
+                disclosure: probe.reply.disclosure,
                 session: id,
                 params,
                 eye: probe.eye,
@@ -421,8 +459,8 @@ impl SearchService {
     }
 
     /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure
-    /// aborts the search. (The output without this party's signature: see
-    /// [`SearchService::round_signed`].)
+    /// aborts the search. Returns this party's own view of the output (for tests and
+    /// benchmarks; what leaves the party is [`SearchService::round_sealed`]'s).
     pub fn round(
         &self,
         id: SessionId,
@@ -430,20 +468,38 @@ impl SearchService {
         message: &[u8],
         now: Instant,
     ) -> Result<RoundReply, SearchError> {
-        self.round_signed(id, round, message, now)
-            .map(|(reply, _)| reply)
+        self.step(id, round, message, now).map(|(reply, _)| reply)
     }
 
-    /// [`SearchService::round`], and with the output (the last round) this party's signature
-    /// over it ([`crate::iris::output`]: session, parameters, eye, set digest, entries and
-    /// result), which the coordinator relays to the client.
-    pub fn round_signed(
+    /// [`SearchService::round`] as the coordinator receives it: the next message, or this
+    /// party's output signed ([`crate::iris::output`]: session, parameters, eye, set digest,
+    /// entries and result) and sealed to the client's reply key, with the uniqueness bit in
+    /// the clear only if the client's probe allows it.
+    pub fn round_sealed(
         &self,
         id: SessionId,
         round: u32,
         message: &[u8],
         now: Instant,
-    ) -> Result<(RoundReply, Option<[u8; SIGNATURE_LEN]>), SearchError> {
+    ) -> Result<SealedRound, SearchError> {
+        match self.step(id, round, message, now)? {
+            (RoundReply::Continue(m), _) => Ok(SealedRound::Continue(m)),
+            (_, Some(output)) => Ok(SealedRound::Finished(output)),
+            (_, None) => Err(SearchError::Protocol {
+                session: session_hex(&id),
+                source: MatchError::InvalidInput("an output was not sealed"),
+            }),
+        }
+    }
+
+    /// One round: the party's view of the output and, with the output, what it relays.
+    fn step(
+        &self,
+        id: SessionId,
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<(RoundReply, Option<SealedOutput>), SearchError> {
         let (mut active, _in_round) = {
             let mut table = self.table();
             let Some(active) = table.sessions.remove(&id) else {
@@ -476,11 +532,15 @@ impl SearchService {
             source,
         };
         // Captures the fields it reads only (not the state the match below moves out).
-        let signed = |reply: RoundReply| {
+        let sealed = |reply: RoundReply| {
             let result = match &reply {
                 RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
                 RoundReply::Unique(u) => IrisResult::Unique(*u),
                 RoundReply::Continue(_) => return (reply, None),
+            };
+            let disclosed_unique = match (&result, active.disclosure) {
+                (IrisResult::Unique(u), Disclosure::UniqueBitToCoordinator) => Some(*u),
+                _ => None,
             };
             let output = IrisOutput {
                 party: active.me,
@@ -491,8 +551,14 @@ impl SearchService {
                 entries: active.order.subjects.len() as u64,
                 result,
             };
-            let signature = output.sign(&active.signer);
-            (reply, Some(signature))
+            let sealed = seal_output(&active.reply, &output, &active.signer, &mut OsRng);
+            (
+                reply,
+                Some(SealedOutput {
+                    sealed,
+                    disclosed_unique,
+                }),
+            )
         };
         let step = match active.state {
             State::Empty(mode) => {
@@ -505,20 +571,20 @@ impl SearchService {
                     SearchMode::Identify => RoundReply::Identified(Vec::new()),
                     SearchMode::Uniqueness => RoundReply::Unique(true),
                 };
-                return Ok(signed(reply));
+                return Ok(sealed(reply));
             }
             State::Running(s) => s.receive(from, &payload).map_err(protocol)?,
         };
         match step {
             Step::Send(next, out) => {
-                let sealed = active.to_next.seal(round + 1, &out.payload, &mut OsRng);
+                let sealed_message = active.to_next.seal(round + 1, &out.payload, &mut OsRng);
                 active.state = State::Running(Box::new(next));
                 active.next_round = round + 1;
                 active.last_used = now;
                 self.table().sessions.insert(id, active);
-                Ok((RoundReply::Continue(sealed), None))
+                Ok((RoundReply::Continue(sealed_message), None))
             }
-            Step::Done(output) => Ok(signed(match output {
+            Step::Done(output) => Ok(sealed(match output {
                 MatchOutput::Identify(entries) => RoundReply::Identified(
                     entries
                         .into_iter()

@@ -76,6 +76,10 @@ pub enum MessageKind {
     Pi3TerminalAfterRound4 = 0x3b,
     /// The service provider's signed envelope around any Round 2 (`signed_round2.rs`).
     SignedRound2 = 0x50,
+    /// The service provider's signed envelope around a Π2/Π3 Round 4 (`signed_round2.rs`).
+    SignedRound4 = 0x51,
+    /// What a device posts for Round 3 of Π2/Π3: its reply key and the Round 3 (`sealed.rs`).
+    DeviceReply = 0x52,
 }
 
 /// Everything that can go wrong in a matching session (input, wire, or protocol).
@@ -112,6 +116,10 @@ pub enum MatchError {
     /// and session (or has expired): the device decrypts nothing and answers nothing.
     #[error("Round 2 refused: {0}")]
     Unsigned(String),
+    /// A Round 4 that is not one the pinned service provider signed for this device, protocol,
+    /// session and the device's own Round 3: the device uses nothing of it.
+    #[error("Round 4 refused: {0}")]
+    UnsignedRound4(String),
     /// A decrypted value outside what an honest Round 2 can produce (the device refuses to
     /// answer; names the value, never its content).
     #[error("Round 2 refused: the decrypted {0} is outside the range an honest service provider produces")]

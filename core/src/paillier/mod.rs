@@ -23,6 +23,8 @@
 //! | [`device_signature`] | the device's signatures with its Paillier key (RSA-FDH, e = N): mailbox polls and replies through the coordinator, Π1's bit for the terminal |
 //! | [`signed_round2`] | the service provider's Ed25519 signature on every Round 2 (session, device, protocol, policy threshold, expiry, payload hash), which the device checks against its pinned key before it decrypts |
 //! | [`verdict`] | the service provider's signed decision of a Π2/Π3 session, which the terminal checks (the coordinator relays it) |
+//! | [`sealed`] | reply keys: the terminal's verdict and the device's Round 4 sealed to the one that must learn them, so the coordinator relays no bit in the clear; the device's Round 3 with its reply key |
+//! | [`replay`] | the device's memory of the sessions it answered (each at most once) |
 //! | [`quantize`] | float face embeddings → templates u and measurements w: M from the layout (m-bit elements, ‖u‖² ≤ ζ² for every unit vector), the threshold, the plaintext reference |
 //!
 //! See `docs/protocols/paillier.md` for the roles, what each learns and the deviations from
@@ -41,6 +43,8 @@ pub mod precomputed;
 pub mod proofs;
 pub mod quantize;
 pub mod record;
+pub mod replay;
+pub mod sealed;
 pub mod semi_honest;
 pub mod signed_round2;
 pub mod terminal;

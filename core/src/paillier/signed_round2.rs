@@ -19,15 +19,26 @@
 //! ```text
 //! version (1) | kind (1) = 0x50 | protocol code (1) | session (16)
 //!   | device id length (1) | device id | threshold (8, signed) | expires at (8, Unix s)
-//!   | payload length (4) | payload (the protocol's Round 2 message) | Ed25519 signature (64)
+//!   | terminal reply key (32) | payload length (4) | payload (the protocol's Round 2 message)
+//!   | Ed25519 signature (64)
 //! ```
 //!
 //! and the signature covers
 //!
 //! ```text
-//! "privmatch/paillier/signed-round2/v1" | protocol code (1) | session (16)
-//!   | len(device id) (u16) | device id | threshold (8) | expires at (8) | SHA-256(payload)
+//! "privmatch/paillier/signed-round2/v2" | protocol code (1) | session (16)
+//!   | len(device id) (u16) | device id | threshold (8) | expires at (8) | reply key (32)
+//!   | SHA-256(payload)
 //! ```
+//!
+//! The terminal's reply key (since 0.12.0; domain v2) is the X25519 key the terminal put in its
+//! input sealed to the SP (`terminal.rs`): a Π1 device seals its Round 3 to it (`sealed.rs`), so
+//! the coordinator, which cannot swap a key the SP signed, never sees the bit.
+//!
+//! **Round 4** (Π2 and Π3, since 0.12.0) comes in an envelope of its own, [`SignedRound4`]
+//! (kind 0x51), signed over the session, device, protocol, SHA-256 of the device's own Round 3
+//! as the SP received it and SHA-256 of the payload: a Round 4 the relay wrote, or took from
+//! another session, or made for another Round 3, is refused before the device uses it.
 //!
 //! The session id is the one the terminal drew and sealed to the SP in its input (only the SP
 //! can open it), and the device signs its own reply for that same id: a session the relay makes
@@ -45,7 +56,9 @@ use super::params::Protocol;
 use super::record::check_device_id;
 
 /// Domain separation of the signed bytes.
-const DOMAIN: &[u8] = b"privmatch/paillier/signed-round2/v1";
+const DOMAIN: &[u8] = b"privmatch/paillier/signed-round2/v2";
+/// Domain separation of the bytes the SP signs for a Round 4.
+const DOMAIN4: &[u8] = b"privmatch/paillier/signed-round4/v1";
 /// Bytes of the SP's signature (Ed25519).
 pub const SIGNATURE_BYTES: usize = 64;
 /// The largest Round 2 payload accepted (Π3 at 4096-bit N is two ciphertexts of 1 KiB).
@@ -67,6 +80,9 @@ pub struct SignedRound2 {
     pub threshold: i64,
     /// Until when the device may answer (Unix seconds).
     pub expires_at: i64,
+    /// The terminal's reply key (X25519, from its sealed input): where a Π1 device seals its
+    /// Round 3 (`sealed.rs`).
+    pub reply_key: [u8; 32],
     /// The protocol's Round 2 message (`Pi1Round2`, `Pi2Round2`, `Pi3Round2` bytes).
     pub payload: Vec<u8>,
 }
@@ -84,6 +100,7 @@ impl SignedRound2 {
         out.extend_from_slice(id);
         out.extend_from_slice(&self.threshold.to_be_bytes());
         out.extend_from_slice(&self.expires_at.to_be_bytes());
+        out.extend_from_slice(&self.reply_key);
         out.extend_from_slice(&Sha256::digest(&self.payload));
         out
     }
@@ -104,13 +121,14 @@ impl SignedRound2 {
         let signature = key.sign(&self.signing_bytes()).to_bytes();
         let id = self.device_id.as_bytes();
         let mut out = header(MessageKind::SignedRound2);
-        out.reserve(40 + id.len() + self.payload.len() + SIGNATURE_BYTES);
+        out.reserve(72 + id.len() + self.payload.len() + SIGNATURE_BYTES);
         out.push(self.protocol.code());
         out.extend_from_slice(&self.session);
         out.push(id.len() as u8);
         out.extend_from_slice(id);
         out.extend_from_slice(&self.threshold.to_be_bytes());
         out.extend_from_slice(&self.expires_at.to_be_bytes());
+        out.extend_from_slice(&self.reply_key);
         out.extend_from_slice(&(self.payload.len() as u32).to_be_bytes());
         out.extend_from_slice(&self.payload);
         out.extend_from_slice(&signature);
@@ -131,6 +149,8 @@ impl SignedRound2 {
         check_device_id(&device_id).map_err(|e| r.error(e.to_string()))?;
         let threshold = i64::from_be_bytes(eight(r.take(8, "threshold")?));
         let expires_at = i64::from_be_bytes(eight(r.take(8, "expires at")?));
+        let mut reply_key = [0u8; 32];
+        reply_key.copy_from_slice(r.take(32, "reply key")?);
         let len = r.u32("payload length")? as usize;
         if len > MAX_PAYLOAD {
             return Err(r.error(format!("payload of {len} bytes, at most {MAX_PAYLOAD}")));
@@ -146,6 +166,7 @@ impl SignedRound2 {
                 device_id,
                 threshold,
                 expires_at,
+                reply_key,
                 payload,
             },
             signature,
@@ -243,6 +264,11 @@ impl VerifiedRound2 {
         &self.0.session
     }
 
+    /// The terminal's reply key the SP signed.
+    pub fn reply_key(&self) -> &[u8; 32] {
+        &self.0.reply_key
+    }
+
     /// Requires the threshold inside the payload to be the signed one (Π1, Π3).
     pub fn require_threshold(&self, in_payload: i64) -> Result<(), MatchError> {
         if in_payload != self.0.threshold {
@@ -252,6 +278,140 @@ impl VerifiedRound2 {
             )));
         }
         Ok(())
+    }
+}
+
+/// SHA-256 of a device's Round 3 as posted: what [`SignedRound4`] binds.
+pub fn round3_digest(round3: &[u8]) -> [u8; 32] {
+    Sha256::digest(round3).into()
+}
+
+/// The SP's Round 4 of Π2 or Π3 (§6.1 Round 4; Fig. 5 Round 4) as it signed it (module
+/// documentation): the envelope is
+///
+/// ```text
+/// version (1) | kind (1) = 0x51 | protocol code (1) | session (16) | device id length (1)
+///   | device id | SHA-256(Round 3) (32) | payload length (4) | payload | Ed25519 signature (64)
+/// ```
+///
+/// signed over `"privmatch/paillier/signed-round4/v1" | protocol | session | len(device id)
+/// (u16) | device id | SHA-256(Round 3) | SHA-256(payload)`. The payload is sealed to the
+/// device's reply key (`sealed.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignedRound4 {
+    /// Π2 or Π3.
+    pub protocol: Protocol,
+    /// The terminal's session id.
+    pub session: [u8; 16],
+    /// The device.
+    pub device_id: String,
+    /// SHA-256 of the device's Round 3 as the SP received it (the bytes the device posted).
+    pub round3_digest: [u8; 32],
+    /// The Round 4 for the device (sealed to its reply key).
+    pub payload: Vec<u8>,
+}
+
+impl SignedRound4 {
+    fn signing_bytes(&self) -> Vec<u8> {
+        let id = self.device_id.as_bytes();
+        let mut out = Vec::with_capacity(DOMAIN4.len() + 83 + id.len());
+        out.extend_from_slice(DOMAIN4);
+        out.push(self.protocol.code());
+        out.extend_from_slice(&self.session);
+        out.extend_from_slice(&(id.len() as u16).to_be_bytes());
+        out.extend_from_slice(id);
+        out.extend_from_slice(&self.round3_digest);
+        out.extend_from_slice(&Sha256::digest(&self.payload));
+        out
+    }
+
+    /// The SP's side: the envelope signed with `key`.
+    pub fn sign(&self, key: &SigningKey) -> Result<Vec<u8>, MatchError> {
+        check_device_id(&self.device_id).map_err(|e| MatchError::Argument {
+            argument: "device_id",
+            reason: e.to_string(),
+        })?;
+        let len = u32::try_from(self.payload.len()).map_err(|_| MatchError::Argument {
+            argument: "payload",
+            reason: "too long".into(),
+        })?;
+        let signature = key.sign(&self.signing_bytes()).to_bytes();
+        let id = self.device_id.as_bytes();
+        let mut out = header(MessageKind::SignedRound4);
+        out.reserve(60 + id.len() + self.payload.len() + SIGNATURE_BYTES);
+        out.push(self.protocol.code());
+        out.extend_from_slice(&self.session);
+        out.push(id.len() as u8);
+        out.extend_from_slice(id);
+        out.extend_from_slice(&self.round3_digest);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&self.payload);
+        out.extend_from_slice(&signature);
+        Ok(out)
+    }
+
+    /// The device's check: `bytes` must be a Round 4 the pinned SP key `service` signed for
+    /// this device, `protocol`, `session` and the device's own `round3` (the bytes it posted);
+    /// returns the payload. Anything else is [`MatchError::UnsignedRound4`], and the device
+    /// uses nothing of it.
+    pub fn open(
+        bytes: &[u8],
+        service: &VerifyingKey,
+        device_id: &str,
+        protocol: Protocol,
+        session: &[u8; 16],
+        round3: &[u8],
+    ) -> Result<Vec<u8>, MatchError> {
+        let refused = |reason: String| MatchError::UnsignedRound4(reason);
+        let mut r = Reader::new("signed Round 4", bytes, MessageKind::SignedRound4)
+            .map_err(|e| refused(e.to_string()))?;
+        let decoded = (|| {
+            let protocol = Protocol::from_code(r.u8("protocol")?)?;
+            let mut session = [0u8; 16];
+            session.copy_from_slice(r.take(16, "session")?);
+            let id_len = usize::from(r.u8("device id length")?);
+            let device_id = String::from_utf8_lossy(r.take(id_len, "device id")?).into_owned();
+            let mut round3_digest = [0u8; 32];
+            round3_digest.copy_from_slice(r.take(32, "Round 3 digest")?);
+            let len = r.u32("payload length")? as usize;
+            let payload = r.take(len, "payload")?.to_vec();
+            let mut signature = [0u8; SIGNATURE_BYTES];
+            signature.copy_from_slice(r.take(SIGNATURE_BYTES, "signature")?);
+            Ok::<_, MatchError>((
+                Self {
+                    protocol,
+                    session,
+                    device_id,
+                    round3_digest,
+                    payload,
+                },
+                signature,
+            ))
+        })();
+        let (round4, signature) = decoded.map_err(|e| refused(e.to_string()))?;
+        r.finish().map_err(|e| refused(e.to_string()))?;
+        service
+            .verify_strict(&round4.signing_bytes(), &Signature::from_bytes(&signature))
+            .map_err(|_| {
+                refused(
+                    "the signature is not the pinned service provider's over this Round 4".into(),
+                )
+            })?;
+        if round4.device_id != device_id
+            || round4.protocol != protocol
+            || &round4.session != session
+        {
+            return Err(refused(
+                "signed for another device, protocol or session (spliced from another session)"
+                    .into(),
+            ));
+        }
+        if round4.round3_digest != round3_digest(round3) {
+            return Err(refused(
+                "signed in answer to another Round 3 than this device's".into(),
+            ));
+        }
+        Ok(round4.payload)
     }
 }
 
@@ -266,6 +426,7 @@ mod tests {
             device_id: "phone-1".into(),
             threshold: 1234,
             expires_at: 1_000_000,
+            reply_key: [8u8; 32],
             payload: vec![1, 0x12, 9, 9, 9],
         }
     }
@@ -317,6 +478,75 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(SignedRound2::open(&long, &vk, "phone-1", Protocol::Pi1, &[3; 16], 0).is_err());
+    }
+
+    /// Item 2 of the capture brief: a Round 4 is bound to its session, device, protocol and
+    /// the device's Round 3; the relay cannot splice one across sessions or write its own.
+    #[test]
+    fn a_signed_round4_opens_only_for_its_session_and_round3() {
+        let sp = SigningKey::from_bytes(&[1u8; 32]);
+        let other = SigningKey::from_bytes(&[2u8; 32]);
+        let vk = sp.verifying_key();
+        let round3 = b"the device's round 3".to_vec();
+        let r4 = SignedRound4 {
+            protocol: Protocol::Pi2,
+            session: [3u8; 16],
+            device_id: "phone-1".into(),
+            round3_digest: Sha256::digest(&round3).into(),
+            payload: vec![9, 9, 9],
+        };
+        let bytes = r4.sign(&sp).unwrap();
+        let open = |bytes: &[u8], device: &str, protocol, session: [u8; 16], round3: &[u8]| {
+            SignedRound4::open(bytes, &vk, device, protocol, &session, round3)
+        };
+        assert_eq!(
+            open(&bytes, "phone-1", Protocol::Pi2, [3; 16], &round3),
+            Ok(vec![9, 9, 9])
+        );
+        let refused = |got: Result<Vec<u8>, MatchError>, what: &str| {
+            assert!(
+                matches!(got, Err(MatchError::UnsignedRound4(_))),
+                "{what}: {got:?}"
+            );
+        };
+        refused(
+            open(&bytes, "phone-1", Protocol::Pi2, [4; 16], &round3),
+            "spliced session",
+        );
+        refused(
+            open(&bytes, "phone-2", Protocol::Pi2, [3; 16], &round3),
+            "other device",
+        );
+        refused(
+            open(&bytes, "phone-1", Protocol::Pi3, [3; 16], &round3),
+            "other protocol",
+        );
+        refused(
+            open(&bytes, "phone-1", Protocol::Pi2, [3; 16], b"x"),
+            "other Round 3",
+        );
+        refused(
+            open(
+                &r4.sign(&other).unwrap(),
+                "phone-1",
+                Protocol::Pi2,
+                [3; 16],
+                &round3,
+            ),
+            "relay-signed",
+        );
+        refused(
+            open(&[1, 0x24, 1], "phone-1", Protocol::Pi2, [3; 16], &round3),
+            "bare bit",
+        );
+        for i in 2..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            refused(
+                open(&bad, "phone-1", Protocol::Pi2, [3; 16], &round3),
+                "flipped",
+            );
+        }
     }
 
     /// The attacks of issue 34 point 10 on the protocol level: a relay between the service
@@ -373,6 +603,7 @@ mod tests {
                 device_id: DEVICE.into(),
                 threshold,
                 expires_at: NOW + 600,
+                reply_key: [5u8; 32],
                 payload,
             }
             .sign(key)
@@ -403,7 +634,7 @@ mod tests {
 
         /// Where the payload starts inside an envelope for [`DEVICE`].
         fn payload_at() -> usize {
-            2 + 1 + 16 + 1 + DEVICE.len() + 8 + 8 + 4
+            2 + 1 + 16 + 1 + DEVICE.len() + 8 + 8 + 32 + 4
         }
 
         /// ⟦u_c*⟧ raised to 2^(k·p_i): the template's values of ciphertext c shifted so that

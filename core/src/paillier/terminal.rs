@@ -10,10 +10,16 @@
 //! Plaintext of the box (all integers big endian, strict decoding):
 //!
 //! ```text
-//! "PMTI" | version (1) | protocol code (1) | session (16)
+//! "PMTI" | version (1) = 2 | protocol code (1) | session (16)
 //!        | device id length (1) | device id | threshold (8, signed)
-//!        | count (2) | w (count × 4, signed)
+//!        | reply key (32) | count (2) | w (count × 4, signed)
 //! ```
+//!
+//! The reply key (version 2, 0.12.0) is an X25519 public key the terminal draws for the
+//! session: the session's outcome comes back sealed to it (`sealed.rs`), from the SP in Π2 and
+//! Π3 and from the device in Π1 (the SP signs the key into Round 2), so the coordinator relays
+//! ciphertext only. Inside this box the coordinator can neither read nor swap it. A version 1
+//! input (no reply key) is refused.
 //!
 //! The box's purpose label is [`TERMINAL_INPUT_PURPOSE`]; the device id and protocol inside
 //! are checked by the SP against the record it uses, so a box made for one device or protocol
@@ -30,7 +36,7 @@ use crate::party::PartyIndex;
 /// The sealed-box purpose label of a terminal input.
 pub const TERMINAL_INPUT_PURPOSE: &str = "paillier-terminal-input";
 const MAGIC: &[u8; 4] = b"PMTI";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const MESSAGE: &str = "terminal input";
 
 /// What T hands the SP for Round 2 of [ABMR20] (Fig. 3 for Π1, §6.1 for Π2, Fig. 5 for Π3):
@@ -45,6 +51,8 @@ pub struct TerminalInput {
     pub device_id: String,
     /// T's acceptance threshold on ⟨u, w⟩.
     pub threshold: i64,
+    /// T's reply key for this session (X25519 public key; `sealed.rs`).
+    pub reply_key: [u8; 32],
     /// T's quantised live capture w.
     pub w: Vec<i32>,
 }
@@ -77,7 +85,7 @@ impl TerminalInput {
             argument: "w",
             reason: format!("{} elements; at most 65535", self.w.len()),
         })?;
-        let mut out = Vec::with_capacity(40 + self.device_id.len() + 4 * self.w.len());
+        let mut out = Vec::with_capacity(72 + self.device_id.len() + 4 * self.w.len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(self.protocol.code());
@@ -85,6 +93,7 @@ impl TerminalInput {
         out.push(self.device_id.len() as u8);
         out.extend_from_slice(self.device_id.as_bytes());
         out.extend_from_slice(&self.threshold.to_be_bytes());
+        out.extend_from_slice(&self.reply_key);
         out.extend_from_slice(&count.to_be_bytes());
         for x in &self.w {
             out.extend_from_slice(&x.to_be_bytes());
@@ -121,6 +130,8 @@ impl TerminalInput {
         check_device_id(&device_id).map_err(|e| wire(e.to_string()))?;
         let mut threshold = [0u8; 8];
         threshold.copy_from_slice(take(8, "threshold")?);
+        let mut reply_key = [0u8; 32];
+        reply_key.copy_from_slice(take(32, "reply key")?);
         let count = take(2, "count")?;
         let count = usize::from(u16::from_be_bytes([count[0], count[1]]));
         let raw = take(4 * count, "w")?;
@@ -136,6 +147,7 @@ impl TerminalInput {
             session,
             device_id,
             threshold: i64::from_be_bytes(threshold),
+            reply_key,
             w,
         })
     }
@@ -182,6 +194,7 @@ mod tests {
             session: [7u8; 16],
             device_id: "phone-1".into(),
             threshold: -12,
+            reply_key: [6u8; 32],
             w: vec![1, -2, 3, i32::MIN, i32::MAX],
         }
     }

@@ -141,8 +141,11 @@ pub struct OpenRequest {
     /// A stocked dealing to claim for the session if it was dealt for the compared list.
     pub stock: Option<[u8; 16]>,
     /// The digest of a list the caller knows already: when the compared list has it, the
-    /// answer omits the ids and subjects.
+    /// answer omits the ids.
     pub known: Option<[u8; 32]>,
+    /// A 1:1 verification (its keys are dealt as [`KeysFor::Verification`], its output lists
+    /// no subject); else an identification.
+    pub verification: bool,
 }
 
 /// The request of an open.
@@ -171,6 +174,7 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
             None => list.push(0),
         }
     }
+    list.push(u8::from(req.verification));
     Request::Face {
         op: op::OPEN,
         head,
@@ -197,6 +201,7 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         0 => None,
         _ => Some(p.array()?),
     };
+    let verification = p.take(1)?[0] != 0;
     p.end()?;
     Ok(OpenRequest {
         session,
@@ -205,18 +210,17 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         wanted,
         stock,
         known,
+        verification,
     })
 }
 
-/// What an open answers: the number of comparisons, the compared list, its subjects and its
-/// digest.
+/// What an open answers: the number of comparisons, the compared list and its digest (never
+/// the subjects: they reach the client only inside the sealed output).
 pub struct Opened {
     /// Templates compared.
     pub comparisons: u32,
     /// Bundle ids compared, in order (empty when the caller knew the list: [`OpenRequest::known`]).
     pub ids: Vec<BundleId>,
-    /// Their subjects, in the same order (empty with `ids`).
-    pub subjects: Vec<String>,
     /// [`template_digest`] of `ids`.
     pub digest: [u8; 32],
     /// Whether the session claimed the stocked dealing it was asked to (it has its keys).
@@ -224,15 +228,11 @@ pub struct Opened {
 }
 
 fn encode_opened(opened: &Opened) -> Vec<u8> {
-    let mut out = Vec::with_capacity(41 + opened.ids.len() * 40);
+    let mut out = Vec::with_capacity(41 + opened.ids.len() * 16);
     out.extend_from_slice(&opened.digest);
     out.push(u8::from(opened.claimed));
     out.extend_from_slice(&opened.comparisons.to_le_bytes());
     put_ids(&mut out, &opened.ids);
-    for s in &opened.subjects {
-        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
     out
 }
 
@@ -246,17 +246,10 @@ pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
     if !ids.is_empty() && ids.len() != comparisons as usize {
         return Err(malformed());
     }
-    let mut subjects = Vec::with_capacity(ids.len());
-    for _ in 0..ids.len() {
-        let n = c.u32()? as usize;
-        let s = std::str::from_utf8(c.take(n)?).map_err(|_| malformed())?;
-        subjects.push(s.to_owned());
-    }
     c.end()?;
     Ok(Opened {
         comparisons,
         ids,
-        subjects,
         digest,
         claimed,
     })
@@ -504,6 +497,11 @@ struct Session {
     reply: ReplySealer,
     /// [`subjects_digest`] of the compared subjects, sealed with the output.
     subjects_digest: [u8; 32],
+    /// An identification's compared subjects, listed inside the sealed output (the client
+    /// learns them from there only); `None` for a verification.
+    listed: Option<Vec<String>>,
+    /// What the dealer's key half must have been dealt for.
+    keys_for: KeysFor,
     /// Set at the open when a stocked dealing was claimed, else by the keys step.
     keys: Option<IdentificationKeys>,
     own_x: Vec<u32>,
@@ -852,12 +850,12 @@ impl FaceService {
         };
         let reply = ReplySealer::new(keys.me, &keys.secret, &req.reply_key, &req.session)
             .map_err(|e| EngineError::new(ErrorKind::NotReady, e.to_string()))?;
-        let (ids, positions, subjects, generation, digest, named) = match guard.as_ref() {
+        let (ids, positions, subjects_listed, generation, digest, named) = match guard.as_ref() {
             None if req.wanted.as_ref().is_some_and(|w| !w.is_empty()) => return Err(not_opened()),
             None => (
                 Vec::new(),
                 Vec::new(),
-                Vec::new(),
+                (!req.verification).then(Vec::new),
                 0,
                 template_digest(std::iter::empty()),
                 subjects_digest(std::iter::empty()),
@@ -886,17 +884,22 @@ impl FaceService {
                     }
                     None => (store.set.ids().to_vec(), (0..store.set.len()).collect()),
                 };
-                // The subjects only when the caller does not know the list already; their
-                // digest always, as the client checks the subjects it is told against it.
+                // The subjects go inside the sealed output only: an identification lists
+                // them there, a verification seals only their digest (the client knows its
+                // claimed subject); nothing the coordinator receives names them.
                 let digest = template_digest(&ids);
                 let subject_of = |id: &BundleId| store.subjects.get(id).map_or("", String::as_str);
                 let named = subjects_digest(ids.iter().map(subject_of));
-                let subjects = if req.known == Some(digest) {
-                    Vec::new()
-                } else {
-                    ids.iter().map(|id| subject_of(id).to_owned()).collect()
-                };
-                (ids, positions, subjects, store.generation, digest, named)
+                let subjects_listed = (!req.verification)
+                    .then(|| ids.iter().map(|id| subject_of(id).to_owned()).collect());
+                (
+                    ids,
+                    positions,
+                    subjects_listed,
+                    store.generation,
+                    digest,
+                    named,
+                )
             }
         };
         drop(guard);
@@ -912,6 +915,12 @@ impl FaceService {
             from_dealer,
             reply,
             subjects_digest: named,
+            listed: subjects_listed,
+            keys_for: if req.verification {
+                KeysFor::Verification(req.session)
+            } else {
+                KeysFor::Session(req.session)
+            },
             ids,
             digest,
             positions,
@@ -929,7 +938,6 @@ impl FaceService {
             } else {
                 Vec::new()
             },
-            subjects,
             digest,
             claimed,
         };
@@ -1004,13 +1012,8 @@ impl FaceService {
                     ),
                 ))
             }
-            (false, _) => open_identification_key_chunks(
-                s.me,
-                &s.from_dealer,
-                KeysFor::Session(session),
-                chunks,
-            )
-            .map_err(|e| refused("the dealer's key half", e))?,
+            (false, _) => open_identification_key_chunks(s.me, &s.from_dealer, s.keys_for, chunks)
+                .map_err(|e| refused("the dealer's key half", e))?,
         };
         if dealt.len() != s.ids.len() || dealt.digest() != &s.digest {
             return Err(refused(
@@ -1113,7 +1116,17 @@ impl FaceService {
             .map_err(|e| refused("the peer's distance shares", e))?;
         // Sealed to the client's reply key: the coordinator relays it and cannot add the two.
         let mut rng = ChaCha20Rng::from_entropy();
-        let sealed = s.reply.seal(&s.digest, &s.subjects_digest, &o, &mut rng);
+        let listed: Option<Vec<&str>> = s
+            .listed
+            .as_ref()
+            .map(|l| l.iter().map(String::as_str).collect());
+        let sealed = s.reply.seal(
+            &s.digest,
+            &s.subjects_digest,
+            &o,
+            listed.as_deref(),
+            &mut rng,
+        );
         o.zeroize();
         // The session ends here: it was taken out of the table and is dropped.
         Ok(Response::Continue(sealed))
@@ -1136,6 +1149,7 @@ mod tests {
             wanted: Some(vec![[1; 16], [2; 16]]),
             stock: Some([8; 16]),
             known: Some([9; 32]),
+            verification: true,
         };
         let Request::Face { op, head, payload } = encode_open(&req) else {
             panic!("not a face request");
@@ -1149,11 +1163,13 @@ mod tests {
         assert_eq!(back.wanted, req.wanted);
         assert_eq!(back.stock, req.stock);
         assert_eq!(back.known, req.known);
+        assert!(back.verification);
         assert!(decode_open(&head, &payload[..payload.len() - 1]).is_err());
         let unstocked = OpenRequest {
             wanted: None,
             stock: None,
             known: None,
+            verification: false,
             ..req
         };
         let Request::Face { head, payload, .. } = encode_open(&unstocked) else {
@@ -1161,43 +1177,32 @@ mod tests {
         };
         let back = decode_open(&head, &payload).unwrap();
         assert_eq!((back.wanted, back.stock, back.known), (None, None, None));
+        assert!(!back.verification);
 
         let opened = Opened {
             comparisons: 1,
             ids: vec![[3; 16]],
-            subjects: vec!["ÅSA".into()],
             digest: [4; 32],
             claimed: true,
         };
         let back = decode_opened(&encode_opened(&opened)).unwrap();
         assert_eq!(
-            (
-                back.comparisons,
-                back.ids,
-                back.subjects,
-                back.digest,
-                back.claimed
-            ),
-            (1, opened.ids, opened.subjects, opened.digest, true)
+            (back.comparisons, back.ids, back.digest, back.claimed),
+            (1, opened.ids, opened.digest, true)
         );
-        // A known list: the count without the ids and subjects.
+        // A known list: the count without the ids.
         let unlisted = Opened {
             comparisons: 5,
             ids: Vec::new(),
-            subjects: Vec::new(),
             digest: [4; 32],
             claimed: false,
         };
         let back = decode_opened(&encode_opened(&unlisted)).unwrap();
-        assert_eq!(
-            (back.comparisons, back.ids.len(), back.subjects.len()),
-            (5, 0, 0)
-        );
+        assert_eq!((back.comparisons, back.ids.len()), (5, 0));
         // Ids that do not match the count are malformed.
         let wrong = Opened {
             comparisons: 2,
             ids: vec![[3; 16]],
-            subjects: vec!["ÅSA".into()],
             digest: [4; 32],
             claimed: false,
         };

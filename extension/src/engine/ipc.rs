@@ -165,10 +165,14 @@ pub enum Response {
     },
     /// The next message.
     Continue(Vec<u8>),
-    /// Identification output, and the party's signature over it (core's `iris::output`).
-    Identified(Vec<String>, [u8; 64]),
-    /// Uniqueness output, and the party's signature over it.
-    Unique(bool, [u8; 64]),
+    /// A search's output: signed and sealed to the client's reply key (core's
+    /// `iris::output`), and the uniqueness bit when the client's probe disclosed it.
+    Finished {
+        /// The sealed output.
+        sealed: Vec<u8>,
+        /// The disclosed uniqueness bit (enroll-if-unique only).
+        disclosed_unique: Option<bool>,
+    },
     /// Reply to [`Request::Abort`]: whether the session was running.
     Aborted(bool),
     /// Reply to [`Request::Status`].
@@ -377,19 +381,19 @@ impl Response {
                 message,
             ),
             Response::Continue(m) => (Writer::default().u8(2).u32(m.len() as u32).0, m),
-            Response::Identified(subjects, signature) => (
-                subjects
-                    .iter()
-                    .fold(
-                        Writer::default().u8(3).u32(subjects.len() as u32),
-                        |w, s| w.bytes(s.as_bytes()),
-                    )
-                    .fixed(signature)
+            Response::Finished {
+                sealed,
+                disclosed_unique,
+            } => (
+                Writer::default()
+                    .u8(3)
+                    .u8(match disclosed_unique {
+                        None => 0,
+                        Some(false) => 1,
+                        Some(true) => 2,
+                    })
+                    .bytes(sealed)
                     .0,
-                &[],
-            ),
-            Response::Unique(u, signature) => (
-                Writer::default().u8(4).u8(u8::from(*u)).fixed(signature).0,
                 &[],
             ),
             Response::Aborted(a) => (Writer::default().u8(5).u8(u8::from(*a)).0, &[]),
@@ -440,16 +444,16 @@ impl Response {
                 return Ok(Response::Continue(payload));
             }
             3 => {
-                let n = r.u32()? as usize;
-                let mut subjects = Vec::with_capacity(n.min(head.len()));
-                for _ in 0..n {
-                    subjects.push(r.text()?);
+                let disclosed_unique = match r.u8()? {
+                    0 => None,
+                    1 => Some(false),
+                    2 => Some(true),
+                    _ => return Err(malformed()),
+                };
+                Response::Finished {
+                    sealed: r.bytes()?,
+                    disclosed_unique,
                 }
-                Response::Identified(subjects, r.array()?)
-            }
-            4 => {
-                let unique = r.u8()? != 0;
-                Response::Unique(unique, r.array()?)
             }
             5 => Response::Aborted(r.u8()? != 0),
             6 => Response::Status(EngineStatus {
@@ -569,8 +573,14 @@ mod tests {
             },
             Response::Continue(vec![1, 2]),
             Response::Continue(Vec::new()),
-            Response::Identified(vec!["a".into(), "bé".into()], [3; 64]),
-            Response::Unique(true, [4; 64]),
+            Response::Finished {
+                sealed: vec![3; 1100],
+                disclosed_unique: None,
+            },
+            Response::Finished {
+                sealed: vec![4; 1100],
+                disclosed_unique: Some(true),
+            },
             Response::Error(EngineError::new(ErrorKind::Protocol, "no")),
         ];
         for resp in &responses {

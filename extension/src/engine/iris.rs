@@ -15,24 +15,26 @@
 //! (enrolments and searches interleave; searches of an unchanged set never wait for each
 //! other).
 //!
-//! Imports: [`super::ipc`], [`crate::identity`] and core's `iris`; this is where the engine
+//! Imports: [`super::ipc`], [`crate::identity`], [`crate::budget`] and core's `iris`; this is where the engine
 //! depends on the iris modality (of core, not `crate::iris`).
 
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use privmatch_core::iris::binding::EnrolmentId;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
 use privmatch_core::iris::params::SearchParams;
 use privmatch_core::iris::scan::{Interrupt, ScanBackend};
-use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchError, SearchService};
+use privmatch_core::iris::service::{PartyKeys, SealedRound, SearchError, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
 
 use super::ipc::{EngineError, ErrorKind, Response};
+use crate::budget::BudgetKind;
 use crate::identity::{read_identity, read_peers};
 
 /// Rows loaded per SPI query.
@@ -61,6 +63,31 @@ fn search_error(err: SearchError) -> EngineError {
 
 fn spi_error(e: pgrx::spi::Error) -> EngineError {
     EngineError::internal(format!("reading the template table: {e}"))
+}
+
+/// Charges one iris search to this party's `iris-search` budget (`crate::budget`) in the
+/// current transaction, which is the engine's own: the worker commits it before the start is
+/// answered, so a caller that runs start and rounds in one transaction and rolls it back keeps
+/// the answer but not an uncharged search (docs/trust-model.md §5). A spent budget is refused
+/// with 53400 ([`ErrorKind::Busy`]), before the probe is opened.
+pub(super) fn charge_search() -> Result<(), EngineError> {
+    PgTryBuilder::new(|| {
+        crate::budget::charge("iris_search_start", BudgetKind::IrisSearch, "");
+        Ok(())
+    })
+    .catch_when(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        |caught| {
+            let message = match &caught {
+                CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => {
+                    r.message().to_owned()
+                }
+                CaughtError::RustPanic { ereport, .. } => ereport.message().to_owned(),
+            };
+            Err(EngineError::new(ErrorKind::Busy, message))
+        },
+    )
+    .execute()
 }
 
 /// The keys of this party and its pinned peers, read in the current transaction.
@@ -334,15 +361,14 @@ impl IrisSearch {
         now: Instant,
     ) -> Result<Response, EngineError> {
         self.service
-            .round_signed(session, round, message, now)
+            .round_sealed(session, round, message, now)
             .map_err(search_error)
-            .and_then(|reply| match reply {
-                (RoundReply::Continue(m), _) => Ok(Response::Continue(m)),
-                (RoundReply::Identified(s), Some(signature)) => {
-                    Ok(Response::Identified(s, signature))
-                }
-                (RoundReply::Unique(u), Some(signature)) => Ok(Response::Unique(u, signature)),
-                (_, None) => Err(EngineError::internal("an output without its signature")),
+            .map(|reply| match reply {
+                SealedRound::Continue(m) => Response::Continue(m),
+                SealedRound::Finished(output) => Response::Finished {
+                    sealed: output.sealed,
+                    disclosed_unique: output.disclosed_unique,
+                },
             })
     }
 

@@ -49,7 +49,7 @@ use super::heap::{keep_freed_memory, release_free_memory};
 use super::ipc::{
     read_frame, write_frame, EngineError, EngineStatus, ErrorKind, Request, Response, SOCKET_NAME,
 };
-use super::iris::{read_keys, IrisSearch};
+use super::iris::{charge_search, read_keys, IrisSearch};
 use crate::signals::without_signals;
 
 /// `privmatch.database`: the database whose templates the engine serves (read when the
@@ -456,6 +456,25 @@ impl Engine {
         result
     }
 
+    /// [`Engine::refresh`] before an iris search start, charging the search to this party's
+    /// budget in the same transaction of the engine's own, committed before the start is
+    /// answered (`super::iris::charge_search`): whatever the caller's transaction does
+    /// afterwards, the charge stays. A spent budget does not make the engine "not ready".
+    fn refresh_for_start(&mut self) -> Result<PartyKeys, EngineError> {
+        let iris = &self.iris;
+        let result = in_transaction(|| {
+            let keys = iris.refresh()?;
+            charge_search()?;
+            Ok(keys)
+        });
+        match &result {
+            Ok(_) => self.state = "ready".into(),
+            Err(e) if e.kind != ErrorKind::Busy => self.state = format!("not ready: {}", e.message),
+            Err(_) => {}
+        }
+        result
+    }
+
     /// Whether nothing runs: no search between rounds and no request thread.
     fn idle(&self) -> bool {
         self.iris.service.active() == 0
@@ -531,7 +550,7 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
             probe,
             params,
         } => {
-            let keys = match engine.refresh() {
+            let keys = match engine.refresh_for_start() {
                 Ok(keys) => keys,
                 Err(e) => return answer(&mut stream, &Response::Error(e), &engine.log_tx),
             };

@@ -9,7 +9,8 @@ use privmatch_core::face::dealer::{
 };
 use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
 use privmatch_core::face::mask_dealer::{
-    seal_identification_key_chunks, seal_template_seeds, KEY_CHUNK_BYTES,
+    open_verification_requests, seal_identification_key_chunks, seal_template_seeds,
+    KEY_CHUNK_BYTES,
 };
 use privmatch_core::face::masked::{
     deal_identification_on, template_digest, KeysFor, TemplateMaskMaster, BUNDLE_ID_LEN,
@@ -415,7 +416,49 @@ fn face_dealer_identify(
 > {
     const F: &str = "face_dealer_identify";
     let session = parse_session_id(F, "session", session);
-    TableIterator::new(deal_rows(F, KeysFor::Session(session), bundle_ids))
+    let ids = parse_bundle_ids(F, bundle_ids);
+    TableIterator::new(deal_rows(F, KeysFor::Session(session), &ids))
+}
+
+/// Deals the keys of 1:1 verification session `session` (16 bytes; docs/protocols/face.md
+/// §13.10): `request_p0` and `request_p1` are P0's and P1's answers to `face_masked_open`
+/// (`dealer_request`), each evaluator's compared list sealed to this dealer on the channel
+/// P_b → P2 for this session — the coordinator that relays them learns neither the subject
+/// nor its template. P2 opens both, deals only when they name the same list, and deals as
+/// `face_dealer_identify` for it, under the verification label (core's
+/// `KeysFor::Verification`: such keys never open in an identification session, nor
+/// identification keys in a verification). Errors: 08P01 a request not sealed by its
+/// evaluator for this session (forged, altered, swapped or replayed), 40001 the evaluators
+/// asked for different lists (an enrolment or deletion in flight: retry with a new
+/// session), 22023 bad arguments, 55000 not configured or not P2.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile)]
+fn face_dealer_verify(
+    session: &[u8],
+    request_p0: &[u8],
+    request_p1: &[u8],
+) -> TableIterator<
+    'static,
+    (
+        name!(chunk, i32),
+        name!(envelope_p0, Vec<u8>),
+        name!(envelope_p1, Vec<u8>),
+    ),
+> {
+    const F: &str = "face_dealer_verify";
+    let session = parse_session_id(F, "session", session);
+    let me = dealer_identity(F);
+    let from = [channel_to(F, &me, 0), channel_to(F, &me, 1)];
+    let ids = open_verification_requests([&from[0], &from[1]], &session, [request_p0, request_p1])
+        .unwrap_or_else(|e| raise_face(F, e));
+    if ids.is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{F}: the evaluators requested no template"),
+            None,
+        );
+    }
+    TableIterator::new(deal_rows(F, KeysFor::Verification(session), &ids))
 }
 
 /// Deals, ahead of any session, the keys of one identification against the templates
@@ -440,7 +483,8 @@ fn face_dealer_stock(
 > {
     const F: &str = "face_dealer_stock";
     let stock = parse_session_id(F, "stock", stock);
-    TableIterator::new(deal_rows(F, KeysFor::Stock(stock), bundle_ids))
+    let ids = parse_bundle_ids(F, bundle_ids);
+    TableIterator::new(deal_rows(F, KeysFor::Stock(stock), &ids))
 }
 
 /// The dealing for `keys_for` against `bundle_ids`, sealed to P0 and P1: one row per chunk
@@ -448,13 +492,12 @@ fn face_dealer_stock(
 fn deal_rows(
     function: &str,
     keys_for: KeysFor,
-    bundle_ids: Array<'_, &[u8]>,
+    ids: &[[u8; BUNDLE_ID_LEN]],
 ) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
-    let ids = parse_bundle_ids(function, bundle_ids);
     let me = dealer_identity(function);
     let params = load_params(function, &me);
     let master = load_template_master(function, &me);
-    let mut dealing = master.dealing_rng(keys_for, &template_digest(&ids));
+    let mut dealing = master.dealing_rng(keys_for, &template_digest(ids));
     // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
     // and start with every signal blocked.
     let threads = match crate::engine::worker::ENGINE_THREADS.get() {
@@ -462,7 +505,7 @@ fn deal_rows(
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut halves = crate::signals::without_signals(|| {
-        deal_identification_on(&params, &master, &ids, &mut dealing, threads)
+        deal_identification_on(&params, &master, ids, &mut dealing, threads)
     })
     .unwrap_or_else(|e| raise_face(function, e));
     let mut rng = ChaCha20Rng::from_entropy();

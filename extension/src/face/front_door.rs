@@ -8,7 +8,10 @@
 //! and P1 seal their output shares to this party: the coordinator relays them unread, and this
 //! function opens them with the party's key file and P0's and P1's keys pinned here (never
 //! the coordinator's word; docs/protocols/face.md §13.9). An output the coordinator altered
-//! or forged is refused (28000) naming the party.
+//! or forged is refused (28000) naming the party. Since 0.12.0 the coordinator is told no
+//! subject (docs/protocols/face.md §13.10): a verification's subject is sealed inside the probe
+//! (so the sealed input's body names none), and an identification's compared subjects come
+//! from inside the sealed outputs.
 //!
 //! Imports: `crate::front_door`, `crate::identity` and core's `face::reply` and
 //! `wire::sealed_input`; never `crate::iris`.
@@ -16,7 +19,8 @@
 use base64::Engine as _;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::face::reply::open_face_result;
+use privmatch_core::face::reply::{open_face_result, FaceResult};
+use privmatch_core::face::FaceError;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
@@ -40,16 +44,18 @@ fn sealed_session(function: &str, input: &SealedInput) -> [u8; 16] {
         })
 }
 
-/// Opens P0's and P1's sealed outputs in the coordinator's `answer` for `session`, checks
-/// them against the compared `subjects` and adds them: one bit per comparison. A sealed
-/// output that does not open (altered or forged by the coordinator, or sealed to another
+/// Opens P0's and P1's sealed outputs in the coordinator's `answer` for `session` and adds
+/// them: one bit per compared subject — for a verification, of the `claimed` subject, which
+/// the outputs must have been computed for (22023 otherwise: the probe was sealed for another
+/// subject); for an identification (`None`), of the subjects both list inside their outputs. A
+/// sealed output that does not open (altered or forged by the coordinator, or sealed to another
 /// party's key) is refused with 28000 naming the party.
 fn open_outputs(
     function: &str,
     answer: &serde_json::Value,
     session: &[u8; 16],
-    subjects: &[&str],
-) -> Vec<bool> {
+    claimed: Option<&str>,
+) -> FaceResult {
     let me = load_identity();
     let outputs: Vec<Vec<u8>> = field(answer, "outputs", function)
         .as_array()
@@ -77,9 +83,16 @@ fn open_outputs(
         &me.secret,
         session,
         [&outputs[0], &outputs[1]],
-        subjects,
+        claimed,
     )
     .unwrap_or_else(|e| {
+        if e == FaceError::WrongTarget {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("privmatch.{function}: argument sealed was not sealed for the subject given as argument subject"),
+                Some("seal the probe for this subject: `privmatch face seal --for verify` takes the subject from each input line"),
+            );
+        }
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
             format!("privmatch.{function}: {e}"),
@@ -102,25 +115,25 @@ fn face_enroll(sealed: &str) -> bool {
 }
 
 /// 1:1: whether the probe matches `subject`'s enrolled template. The probe was sealed for
-/// that subject (`privmatch face seal --for verify`); another subject is refused (22023).
+/// that subject (`privmatch face seal --for verify`), inside the probe: the coordinator is
+/// not told it. Another subject than the probe's is refused (22023) once P0's and P1's sealed
+/// outputs are opened here (they bind the subject the evaluators read from the probe).
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_verify(subject: &str, sealed: &str) -> bool {
     let function = "face_verify";
-    let input = parse_sealed(sealed, SealedKind::FaceVerify, "sealed");
-    let claimed = serde_json::from_slice::<serde_json::Value>(&input.body)
-        .ok()
-        .and_then(|b| b.get("subject").and_then(|s| s.as_str()).map(str::to_owned));
-    if claimed.as_deref() != Some(subject) {
+    if let Err(e) = privmatch_core::wire::envelope::validate_subject(subject) {
         crate::errors::raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("privmatch.face_verify: argument sealed was not sealed for the subject given as argument subject ({subject:?})"),
-            Some("seal the probe for this subject: `privmatch face seal --for verify` takes the subject from each input line"),
+            format!("privmatch.face_verify: argument subject is invalid: {e}"),
+            None,
         );
     }
+    let input = parse_sealed(sealed, SealedKind::FaceVerify, "sealed");
     let session = sealed_session(function, &input);
     let answer = call(input, false);
-    // A verification compares the claimed subject's template: the first bit is the answer.
-    open_outputs(function, &answer, &session, &[subject])
+    // A verification compares the claimed subject's template: the one bit is the answer.
+    open_outputs(function, &answer, &session, Some(subject))
+        .bits
         .first()
         .copied()
         .unwrap_or_else(|| malformed(function, "outputs"))
@@ -134,26 +147,28 @@ fn face_identify(sealed: &str) -> TableIterator<'static, (name!(subject, String)
     let input = parse_sealed(sealed, SealedKind::FaceIdentify, "sealed");
     let session = sealed_session(function, &input);
     let answer = call(input, false);
-    let subjects: Vec<&str> = field(&answer, "subjects", function)
-        .as_array()
-        .unwrap_or_else(|| malformed(function, "subjects"))
-        .iter()
-        .map(|s| {
-            s.as_str()
-                .unwrap_or_else(|| malformed(function, "subjects[]"))
-        })
-        .collect();
-    // Nothing enrolled: nothing compared, no outputs.
-    let bits = if subjects.is_empty() {
-        Vec::new()
+    let comparisons = field(&answer, "comparisons", function)
+        .as_i64()
+        .unwrap_or_else(|| malformed(function, "comparisons"));
+    // Nothing enrolled: nothing compared, no outputs. Otherwise the compared subjects come
+    // from inside the sealed outputs, never from the coordinator.
+    let result = if comparisons == 0 {
+        FaceResult {
+            subjects: Vec::new(),
+            bits: Vec::new(),
+        }
     } else {
-        open_outputs(function, &answer, &session, &subjects)
+        open_outputs(function, &answer, &session, None)
     };
-    let mut rows: Vec<(String,)> = subjects
-        .iter()
-        .zip(bits)
+    if result.subjects.len() as i64 != comparisons {
+        malformed(function, "comparisons");
+    }
+    let mut rows: Vec<(String,)> = result
+        .subjects
+        .into_iter()
+        .zip(result.bits)
         .filter(|(_, m)| *m)
-        .map(|(s, _)| ((*s).to_owned(),))
+        .map(|(s, _)| (s,))
         .collect();
     rows.sort();
     TableIterator::new(rows)

@@ -4,11 +4,18 @@
 //! `privmatch.face_sessions` (`masked = true`) and pass the messages through. The coordinator
 //! drives them:
 //!
-//! 1. `face_masked_open(session, probe, subject)` at P0: fixes the probe share and the
-//!    compared templates (the subject's, or every opened one) and answers their bundle ids,
-//!    subjects and digest; then at P1 with P0's bundle ids (`expect_ids`), which P1 must hold
-//!    (else 40001). Both commit before any round.
-//! 2. `face_dealer_identify(session, ids)` at P2: the two key halves, in chunks.
+//! 1. `face_masked_open(session, probe)` at P0: fixes the probe share and the compared
+//!    templates and answers them. An identification (every opened template) answers their
+//!    bundle ids and digest, then opens at P1 with P0's bundle ids (`expect_ids`), which P1
+//!    must hold (else 40001). A verification (probe format 3: the verified subject is sealed
+//!    inside the probe, and read only here, after opening) opens at P0 and P1 at once; each
+//!    looks the subject's template up itself and answers no id, no digest and no subject, only
+//!    `dealer_request`: its list sealed to P2 (core's `seal_verification_request`), so the
+//!    coordinator learns that a verification happened and nothing of whom
+//!    (docs/protocols/face.md §13.10). Both commit before any round.
+//! 2. `face_dealer_identify(session, ids)` at P2 (an identification), or
+//!    `face_dealer_verify(session, request_p0, request_p1)` (a verification: P2 deals only when
+//!    both evaluators asked for the same list): the two key halves, in chunks.
 //! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer.
 //! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
@@ -27,10 +34,15 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use privmatch_core::face::mask_dealer::seal_verification_request;
 use privmatch_core::face::masked::BUNDLE_ID_LEN;
 use privmatch_core::face::FaceError;
+use privmatch_core::party::PartyIndex;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 
 use super::enroll::enrolled_dim;
+use super::raise_face;
 use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call;
 use crate::engine::face::{
@@ -38,6 +50,7 @@ use crate::engine::face::{
 };
 use crate::engine::ipc::Response;
 use crate::errors::{get_one, parse_session_id, raise, run, select};
+use crate::identity::{load_identity, pinned_peer};
 
 const OPEN: &str = "face_masked_open";
 const OPEN_STOCKED: &str = "face_masked_open_stocked";
@@ -78,37 +91,62 @@ fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
     }
 }
 
-/// Opens masked face session `session` at this evaluator with its sealed `probe`:
-/// verification of `subject`, or identification against every opened template when
-/// `subject` is NULL. At P1, `expect_ids` is P0's list of compared bundle ids (16 bytes
-/// each, as P0's open answered them): P1 compares exactly that list or refuses (40001).
-/// Returns the number of comparisons, the compared bundle ids (concatenated), their subjects
-/// and the list's digest. Errors: 23505 session id used, P0002 unknown subject, 22023
-/// dimension, 22P03 probe cannot be opened, 40001 the evaluators' lists differ for a moment.
+/// Opens masked face session `session` at this evaluator with its sealed `probe` (format 3):
+/// a verification of the subject sealed inside it, or an identification against every
+/// opened template. An identification answers the number of comparisons, the compared
+/// bundle ids (concatenated) and the list's digest, and `dealer_request` NULL; at P1,
+/// `expect_ids` is P0's list (16 bytes per id, as P0's open answered it): P1 compares
+/// exactly that list or refuses (40001). A verification (no `expect_ids`: 22023) answers
+/// the count (1), no ids, an empty digest and `dealer_request`: the compared list sealed
+/// for P2 (`face_dealer_verify`) — nothing that names or identifies the subject. Errors:
+/// 23505 session id used, P0002 the verified subject is not enrolled (not named), 22023
+/// dimension, 22P03 probe cannot be opened (also a probe of format 1 or 2), 40001 a compared
+/// template is not opened here yet or the evaluators' lists differ for a moment.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_open(
     session: &[u8],
     probe: &[u8],
-    subject: default!(Option<&str>, "NULL"),
     expect_ids: default!(Option<&[u8]>, "NULL"),
 ) -> TableIterator<
     'static,
     (
         name!(comparisons, i32),
         name!(bundle_ids, Vec<u8>),
-        name!(subjects, Vec<String>),
         name!(digest, Vec<u8>),
+        name!(dealer_request, Option<Vec<u8>>),
     ),
 > {
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
-    let opened = open_session(OPEN, session, probe, subject, expected, None, None);
-    let ids: Vec<u8> = opened.ids.concat();
+    let (opened, verification) = open_session(OPEN, session, probe, expected, None, None);
+    if verification {
+        let me = load_identity();
+        let b = usize::from(me.index.as_u8());
+        let p2 = PartyIndex::ALL[2];
+        let to_dealer = crate::identity::CHANNELS
+            .derive(me.index, &me.secret, p2, &pinned_peer(OPEN, p2))
+            .unwrap_or_else(|e| raise_face(OPEN, FaceError::Seal(e)));
+        let id = parse_session_id(OPEN, "session", session);
+        let request = seal_verification_request(
+            b,
+            &id,
+            &opened.ids,
+            &to_dealer,
+            &mut ChaCha20Rng::from_entropy(),
+        )
+        .unwrap_or_else(|e| raise_face(OPEN, e));
+        return TableIterator::once((
+            opened.comparisons as i32,
+            Vec::new(),
+            Vec::new(),
+            Some(request),
+        ));
+    }
     TableIterator::once((
         opened.comparisons as i32,
-        ids,
-        opened.subjects,
+        opened.ids.concat(),
         opened.digest.to_vec(),
+        None,
     ))
 }
 
@@ -132,7 +170,6 @@ fn face_masked_open_stocked(
     (
         name!(comparisons, i32),
         name!(bundle_ids, Vec<u8>),
-        name!(subjects, Vec<String>),
         name!(digest, Vec<u8>),
         name!(claimed, bool),
     ),
@@ -142,9 +179,9 @@ fn face_masked_open_stocked(
 
 /// `face_masked_open_stocked` with `known_list` (an overload, STRICT): the digest of the list
 /// the caller knows already (the one the stock was dealt for; docs/protocols/face.md §13.8).
-/// When the compared list has it, `bundle_ids` and `subjects` are answered empty (nothing of
-/// O(N) crosses on the identification's path); another list is answered in full. Errors as
-/// the three-argument form, and 22023 when `known_list` is not 32 bytes.
+/// When the compared list has it, `bundle_ids` is answered empty (nothing of O(N) crosses on
+/// the identification's path); another list is answered in full. Errors as the
+/// three-argument form, and 22023 when `known_list` is not 32 bytes.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, name = "face_masked_open_stocked")]
 fn face_masked_open_stocked_known(
@@ -157,7 +194,6 @@ fn face_masked_open_stocked_known(
     (
         name!(comparisons, i32),
         name!(bundle_ids, Vec<u8>),
-        name!(subjects, Vec<String>),
         name!(digest, Vec<u8>),
         name!(claimed, bool),
     ),
@@ -175,8 +211,8 @@ fn face_masked_open_stocked_known(
     TableIterator::once(open_stocked(session, probe, stock, Some(known)))
 }
 
-/// One row of `face_masked_open_stocked`: comparisons, bundle ids, subjects, digest, claimed.
-type OpenedStocked = (i32, Vec<u8>, Vec<String>, Vec<u8>, bool);
+/// One row of `face_masked_open_stocked`: comparisons, bundle ids, digest, claimed.
+type OpenedStocked = (i32, Vec<u8>, Vec<u8>, bool);
 
 /// The body of both `face_masked_open_stocked` forms.
 fn open_stocked(
@@ -186,7 +222,7 @@ fn open_stocked(
     known: Option<[u8; 32]>,
 ) -> OpenedStocked {
     let stock = parse_session_id(OPEN_STOCKED, "stock", stock);
-    let opened = open_session(OPEN_STOCKED, session, probe, None, None, Some(stock), known);
+    let (opened, _) = open_session(OPEN_STOCKED, session, probe, None, Some(stock), known);
     if opened.claimed {
         run(
             OPEN_STOCKED,
@@ -197,7 +233,6 @@ fn open_stocked(
     (
         opened.comparisons as i32,
         opened.ids.concat(),
-        opened.subjects,
         opened.digest.to_vec(),
         opened.claimed,
     )
@@ -271,18 +306,26 @@ fn parse_chunks<'d>(
 
 /// The open of a masked session (`face_masked_open`, `face_masked_open_stocked`): checks the
 /// probe, fixes the compared list in the engine (claiming `stock` there if it fits), records
-/// the single-use session id, and answers what the engine opened.
+/// the single-use session id, and answers what the engine opened and whether the probe is a
+/// verification's (its subject was sealed in it: the coordinator never names it).
 fn open_session(
     function: &str,
     session: &[u8],
     probe: &[u8],
-    subject: Option<&str>,
     expected: Option<Vec<[u8; BUNDLE_ID_LEN]>>,
     stock: Option<[u8; 16]>,
     known: Option<[u8; 32]>,
-) -> Opened {
-    let (id, opened) = fresh_session_probe(function, session, subject, probe);
-    let (share, reply_key) = (opened.share, opened.reply_key);
+) -> (Opened, bool) {
+    let (id, opened) = fresh_session_probe(function, session, None, probe);
+    let (share, reply_key, subject) = (opened.share, opened.reply_key, opened.target);
+    let subject = subject.as_deref();
+    if subject.is_some() && (expected.is_some() || stock.is_some()) {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{function}: the probe was sealed for a verification, which takes no expect_ids and no stocked dealing"),
+            Some("a verification opens at P0 and P1 with face_masked_open(session, probe) each; P2 deals with face_dealer_verify"),
+        );
+    }
     let dim = share.elements.len();
     if let Some(enrolled) = enrolled_dim(function) {
         if enrolled != dim {
@@ -307,17 +350,11 @@ fn open_session(
             .filter_map(|b| b.try_into().ok())
             .collect();
             if ids.is_empty() {
+                // The subject is not named: this message reaches the coordinator.
                 raise(
                     PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
-                    format!("{function}: subject {s:?} has no enrolled face template"),
+                    format!("{function}: the verified subject has no enrolled face template"),
                     None,
-                );
-            }
-            if expected.as_ref().is_some_and(|e| *e != ids) {
-                raise(
-                    PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                    format!("{function}: subject {s:?} has another template here than at the other evaluator"),
-                    Some("an enrolment or deletion is in flight: retry with a new session"),
                 );
             }
             Some(ids)
@@ -331,6 +368,7 @@ fn open_session(
         wanted,
         stock,
         known,
+        verification: subject.is_some(),
     });
     let opened = decode_opened(&engine_bytes(function, call(&request)))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
@@ -349,7 +387,7 @@ fn open_session(
             subject.into(),
         ],
     );
-    opened
+    (opened, subject.is_some())
 }
 
 /// Checks masked session `session` before one of its steps (1 keys, 2 and 3 rounds): it must have

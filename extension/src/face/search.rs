@@ -24,7 +24,9 @@ use privmatch_core::face::funshade::{
     bytes_to_words, distance_shares, masked_inputs, open_masked, sign_shares, words_to_bytes,
     KeySlice, COMPARISON_KEY_LEN,
 };
-use privmatch_core::face::probe::{channel_session, open_face_probe, OpenedProbe};
+use privmatch_core::face::probe::{
+    channel_session, open_face_probe, OpenedProbe, FACE_PROBE_PURPOSE,
+};
 use privmatch_core::face::reply::{subjects_digest, ReplySealer};
 use privmatch_core::face::{FaceError, Metric};
 use privmatch_core::party::PartyIndex;
@@ -38,6 +40,7 @@ use super::pool::{
 };
 use super::raise_face;
 use crate::budget::{self, BudgetKind};
+use crate::clients;
 use crate::errors::{
     get_one, modify, parse_session_id, raise, raise_share_layout, run, select, Row,
 };
@@ -125,10 +128,14 @@ fn face_template_set() -> TableIterator<'static, (name!(templates, i64), name!(d
 
 /// The first checks of a face session's open at an evaluator, shared by both kinds of
 /// session: the session id parses and was never used here (23505), this party is P0 or P1
-/// (55000), its sealed `probe` opens for this session and `subject` (22P03 / 22023; a probe of
-/// format version 1, without a reply key, is refused: 22P03), and the party's query budget
-/// allows one more verification of `subject` or identification (53400). Returns the session
-/// id, the probe share and the reply key the outputs are sealed to.
+/// (55000), its sealed `probe` opens for this session (22P03 / 22023; a probe of format
+/// version 1 or 2 is refused: 22P03) — and, when the caller names a `subject` (the retired
+/// key-pool path's argument), was sealed for that subject (22P03) — and the party's query
+/// budget allows one more verification of the subject sealed in the probe, or
+/// identification (53400). Returns the session id and the opened probe: its share, the reply
+/// key the outputs are sealed to and its target (the verified subject, read here, after
+/// opening: the coordinator never sees it). The one place an evaluator opens a client's
+/// sealed probe at a session's open (core's `open_face_probe`).
 pub(super) fn fresh_session_probe(
     function: &str,
     session: &[u8],
@@ -154,22 +161,38 @@ pub(super) fn fresh_session_probe(
             None,
         );
     }
-    let share = open_face_probe(me.index, &me.secret, &id, subject, probe)
+    // A registered client's signature, nonce and expiry are checked before anything is
+    // opened; its budget is charged once the probe says what it is.
+    let admitted = clients::admit(function, "probe", FACE_PROBE_PURPOSE, me.index, probe, None);
+    let opened = open_face_probe(me.index, &me.secret, &id, admitted.inner)
         .unwrap_or_else(|e| raise_probe_from(function, e));
-    // Charged with the session's open, which commits before any later step may run.
-    match subject {
-        Some(s) => budget::charge(function, BudgetKind::FaceVerify, s),
-        None => budget::charge(function, BudgetKind::FaceIdentify, ""),
+    if subject.is_some() && subject != opened.target.as_deref() {
+        raise_probe_from(function, FaceError::WrongTarget);
     }
-    (id, share)
+    // Charged with the session's open, which commits before any later step may run.
+    let kind = match opened.target.as_deref() {
+        Some(s) => {
+            budget::charge(function, BudgetKind::FaceVerify, s);
+            BudgetKind::FaceVerify
+        }
+        None => {
+            budget::charge(function, BudgetKind::FaceIdentify, "");
+            BudgetKind::FaceIdentify
+        }
+    };
+    admitted.charge(function, kind);
+    (id, opened)
 }
 
 /// Opens face comparison session `session` at this party (P0 or P1) with its sealed `probe`:
-/// verification against `subject`'s template, or identification against every enrolled
-/// template when `subject` is NULL (in subject order, byte-wise). Without `claims` this party
+/// verification against the template of the subject sealed in the probe (probe format 3),
+/// or identification against every enrolled template for an identification probe (in
+/// subject order, byte-wise). `subject`, when given, must be the one sealed in the probe
+/// (22P03 otherwise); it is not needed. Without `claims` this party
 /// claims fresh keys from its pool (P0); with `claims` (P0's, passed on by the coordinator)
 /// it claims exactly those keys, after checking that its template set digest equals
-/// `expect_digest`. Returns the number of comparisons, the claims, the compared subjects and
+/// `expect_digest`. Returns the number of comparisons, the claims, `subjects` (always empty
+/// since 0.12.0: the compared subjects reach the client inside the sealed output only) and
 /// the set digest. Errors: 53000 pool exhausted, P0002 unknown subject, 22023 dimension
 /// mismatch, 22P03 probe cannot be opened, 40001 template sets differ, 23P01 keys already
 /// used, 23505 session id already used.
@@ -191,6 +214,11 @@ fn face_session_open(
     ),
 > {
     let (_, opened) = fresh_session_probe(OPEN, session, subject, probe);
+    // The session keeps the sealed probe the party opens again in later rounds: the client's
+    // signature around it was checked above and is not kept.
+    let probe =
+        privmatch_core::crypto::client_auth::unwrap(probe).map_or(probe, |(_, inner)| inner);
+    let subject = opened.target.as_deref();
     let share = opened.share;
     let dim = share.elements.len();
     let Some((metric, key_dim, generation)) = pool_parameters(OPEN) else {
@@ -215,10 +243,11 @@ fn face_session_open(
         }
     }
     let templates = compared_templates(subject);
-    if let (Some(s), true) = (subject, templates.is_empty()) {
+    if subject.is_some() && templates.is_empty() {
+        // Not named: the message reaches the coordinator, which must not learn the subject.
         raise(
             PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
-            format!("{OPEN}: subject {s:?} has no enrolled face template"),
+            format!("{OPEN}: the verified subject has no enrolled face template"),
             None,
         );
     }
@@ -294,7 +323,7 @@ fn face_session_open(
     TableIterator::once((
         subjects.len() as i32,
         claim_bytes,
-        subjects,
+        Vec::new(),
         digest.to_vec(),
     ))
 }
@@ -550,10 +579,9 @@ fn face_session_round(
     let mut rng = ChaCha20Rng::from_entropy();
     let output = match round {
         1 => {
-            let probe =
-                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
-                    .unwrap_or_else(|e| raise_face(ROUND, e))
-                    .share;
+            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
+                .unwrap_or_else(|e| raise_face(ROUND, e))
+                .share;
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let words =
@@ -567,10 +595,9 @@ fn face_session_round(
                 .open(1, message)
                 .unwrap_or_else(|e| refused(round, e));
             let peer = bytes_to_words(&plain).unwrap_or_else(|e| refused(round, e));
-            let probe =
-                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
-                    .unwrap_or_else(|e| raise_face(ROUND, e))
-                    .share;
+            let probe = open_face_probe(me.index, &me.secret, &id, &row.probe)
+                .unwrap_or_else(|e| raise_face(ROUND, e))
+                .share;
             let templates = load_templates(&row.template_ids, row.dim);
             let refs: Vec<&EmbeddingShare> = templates.iter().collect();
             let z = distance_shares(b, row.metric, &keys, &probe, &refs, &peer)
@@ -591,17 +618,22 @@ fn face_session_round(
             let o = sign_shares(b, &keys, &z).unwrap_or_else(|e| raise_face(ROUND, e));
             // Sealed to the client's reply key (inside its sealed probe, kept until now), bound
             // to the compared subjects: the coordinator relays it and cannot add the two.
-            let reply_key =
-                open_face_probe(me.index, &me.secret, &id, row.target.as_deref(), &row.probe)
-                    .unwrap_or_else(|e| raise_face(ROUND, e))
-                    .reply_key;
+            let reply_key = open_face_probe(me.index, &me.secret, &id, &row.probe)
+                .unwrap_or_else(|e| raise_face(ROUND, e))
+                .reply_key;
             let sealer = ReplySealer::new(me.index, &me.secret, &reply_key, &id)
                 .unwrap_or_else(|e| raise_face(ROUND, e));
             let digest: [u8; 32] = row.digest.as_slice().try_into().unwrap_or([0; 32]);
             let subjects = compared_subjects(&row.template_ids);
             let named = subjects_digest(subjects.iter().map(String::as_str));
+            // An identification lists its subjects inside the sealed output; a verification
+            // seals their digest only (the client knows the subject it claimed).
+            let listed: Option<Vec<&str>> = row
+                .target
+                .is_none()
+                .then(|| subjects.iter().map(String::as_str).collect());
             save_round(session, 3, None);
-            sealer.seal(&digest, &named, &o, &mut rng)
+            sealer.seal(&digest, &named, &o, listed.as_deref(), &mut rng)
         }
     };
     pg_sys::check_for_interrupts!();

@@ -3,26 +3,33 @@
 //! application role `privmatch_application` may call these and nothing else of the iris
 //! modality.
 //!
-//! Searches are verified before they are answered ([`verified_search`]): each eye's result
-//! must carry this party's signature over it (core's `iris::output`: session, parameters, eye,
-//! set digest, result; the key is derived from this party's key file, so nothing needs to be
-//! pinned), and the rows returned are computed from the signed per-eye results, never taken
-//! from the coordinator's combination. A result the coordinator changed is refused (28000),
-//! naming this party.
+//! Searches are opened here, not at the coordinator ([`verified_search`]): the sealed input
+//! was made by `privmatch iris seal --front-door <this party>`, whose probes carry this
+//! party's static public key as the reply key, so each party seals its signed output to this
+//! party (core's `iris::output`) and the coordinator relays three ciphertexts per eye. This
+//! party opens them with its key file and the pinned keys of its peers, checks that each is
+//! for the session, parameters and eye the client sealed, checks its own signature (its
+//! signing key is derived from its key file), checks that the three agree, and computes the
+//! rows with the two-eye policy the client sealed (core's `iris::eyes`). An output that does
+//! not open or verify (altered, swapped, or sealed for another party's front door) is refused
+//! with 28000, naming the party.
 //!
 //! Imports: `crate::front_door`, `crate::identity` and core's `wire::sealed_input`,
-//! `iris::output`, `crypto::party_sign`; never `crate::face`.
+//! `iris::output`, `iris::eyes`, `crypto::party_sign`; never `crate::face`.
 
+use base64::Engine as _;
 use pgrx::prelude::*;
 use privmatch_core::crypto::party_sign::PartySigningKey;
 use privmatch_core::iris::enroll::Eye;
-use privmatch_core::iris::output::{verify_outputs, IrisResult};
+use privmatch_core::iris::eyes::{combine_matches, combine_uniqueness};
+use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
 use crate::errors::raise;
 use crate::front_door::{call, enrolled, field, malformed, parse_sealed};
-use crate::identity::load_identity;
+use crate::identity::{load_identity, pinned_peer};
 
 /// One eye of a sealed search as the client sealed it: the eye and its session.
 struct SentEye {
@@ -89,82 +96,61 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
     Sent { params, and, eyes }
 }
 
-/// The per-eye results of `answer`, each verified against this party's signature with the
-/// session, parameters and eye the client sealed (module docs). Raises 28000 naming this party
-/// when a result is not what it signed.
+/// The per-eye results of `answer`: each eye's three sealed outputs opened with this party's
+/// key (module docs). Raises 28000 naming the party whose output does not open or verify.
 fn verified_results(
     function: &str,
     sent: &Sent,
     answer: &serde_json::Value,
 ) -> Vec<(Eye, IrisResult)> {
     let me = load_identity();
-    let mut keys = [None, None, None];
-    keys[me.index.as_usize()] = Some(PartySigningKey::derive(&me.secret).verifying_key());
+    let party_keys = PartyIndex::ALL.map(|p| {
+        if p == me.index {
+            me.secret.public_key()
+        } else {
+            pinned_peer(&format!("privmatch.{function}"), p)
+        }
+    });
+    let mut signing = [None, None, None];
+    signing[me.index.as_usize()] = Some(PartySigningKey::derive(&me.secret).verifying_key());
     let reports = field(answer, "eyes", function)
         .as_array()
         .unwrap_or_else(|| malformed(function, "eyes"));
     let mut out = Vec::with_capacity(sent.eyes.len());
     for eye in &sent.eyes {
-        let output = reports
+        let outputs = reports
             .iter()
             .find(|r| r.get("eye").and_then(|e| e.as_str()) == Some(eye.eye.as_str()))
-            .and_then(|r| r.get("output"))
-            .unwrap_or_else(|| malformed(function, "eyes[].output"));
-        let text = |key: &str| output.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-        let digest: [u8; 32] = hex::decode(text("set_digest"))
-            .ok()
-            .and_then(|d| d.try_into().ok())
-            .unwrap_or_else(|| malformed(function, "eyes[].output.set_digest"));
-        let entries = output
-            .get("entries")
-            .and_then(|v| v.as_u64())
-            .unwrap_or_else(|| malformed(function, "eyes[].output.entries"));
-        let signatures: [Vec<u8>; 3] = std::array::from_fn(|i| {
-            output
-                .get("signatures")
-                .and_then(|s| s.get(i))
-                .and_then(|s| s.as_str())
-                .and_then(|s| hex::decode(s).ok())
-                .unwrap_or_default()
+            .and_then(|r| r.get("sealed_outputs"))
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 3)
+            .unwrap_or_else(|| malformed(function, "eyes[].sealed_outputs"));
+        let sealed: [Vec<u8>; 3] = std::array::from_fn(|i| {
+            outputs[i]
+                .as_str()
+                .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+                .unwrap_or_else(|| malformed(function, "eyes[].sealed_outputs"))
         });
-        let result = match sent.params.mode() {
-            SearchMode::Identify => IrisResult::Identified(
-                output
-                    .get("subjects")
-                    .and_then(|s| s.as_array())
-                    .unwrap_or_else(|| malformed(function, "eyes[].output.subjects"))
-                    .iter()
-                    .map(|s| {
-                        s.as_str()
-                            .map(str::to_owned)
-                            .unwrap_or_else(|| malformed(function, "eyes[].output.subjects"))
-                    })
-                    .collect(),
-            ),
-            SearchMode::Uniqueness => IrisResult::Unique(
-                output
-                    .get("unique")
-                    .and_then(|u| u.as_bool())
-                    .unwrap_or_else(|| malformed(function, "eyes[].output.unique")),
-            ),
+        let expected = ExpectedSearch {
+            session: eye.session,
+            params: sent.params,
+            eye: eye.eye,
         };
-        if let Err(e) = verify_outputs(
-            &keys,
-            eye.session,
-            sent.params,
-            eye.eye,
-            digest,
-            entries,
-            &result,
-            &signatures,
-        ) {
+        let opened = open_outputs(
+            &expected,
+            &party_keys,
+            &signing,
+            &me.secret,
+            [&sealed[0], &sealed[1], &sealed[2]],
+        )
+        .unwrap_or_else(|e| {
             raise(
                 PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
                 format!("privmatch.{function}: {e}"),
-                Some("the coordinator relayed a result this party did not compute; nothing is returned"),
-            );
-        }
-        out.push((eye.eye, result));
+                Some("the coordinator relayed an output this party cannot open or verify (or the input was sealed for another party's front door: privmatch iris seal --front-door); nothing is returned"),
+            )
+        });
+        out.push((eye.eye, opened.result));
     }
     out
 }
@@ -179,28 +165,20 @@ fn verified_search(function: &str, input: SealedInput) -> (Sent, Vec<(Eye, IrisR
 }
 
 /// The rows of an identification from verified per-eye results under the two-eye policy
-/// (`coordinator/src/iris/eyes.rs`, `combine_matches`): `or` every match, `and` only subjects
-/// matched on every eye (listed with each), sorted.
+/// the client sealed (core's `iris::eyes`, the combination the CLI applies too): `or` every
+/// match, `and` only subjects matched on every eye (listed with each), sorted.
 fn combine(per_eye: &[(Eye, IrisResult)], and: bool) -> Vec<(String, String)> {
-    let lists: Vec<(Eye, &[String])> = per_eye
+    let lists: Vec<(Eye, Vec<String>)> = per_eye
         .iter()
         .filter_map(|(eye, r)| match r {
-            IrisResult::Identified(s) => Some((*eye, s.as_slice())),
+            IrisResult::Identified(s) => Some((*eye, s.clone())),
             IrisResult::Unique(_) => None,
         })
         .collect();
-    let mut rows: Vec<(String, String)> = lists
-        .iter()
-        .flat_map(|(eye, subjects)| {
-            subjects
-                .iter()
-                .filter(|s| !and || lists.iter().all(|(_, l)| l.contains(s)))
-                .map(move |s| (s.clone(), eye.as_str().to_owned()))
-        })
-        .collect();
-    rows.sort();
-    rows.dedup();
-    rows
+    combine_matches(&lists, and)
+        .into_iter()
+        .map(|(subject, eye)| (subject, eye.as_str().to_owned()))
+        .collect()
 }
 
 /// Enrols one iris template at the three parties (one distributed transaction, committed
@@ -221,8 +199,7 @@ fn iris_identify(
 ) -> TableIterator<'static, (name!(subject, String), name!(eye, String))> {
     let function = "iris_identify";
     let input = parse_sealed(sealed, SealedKind::IrisIdentify, "sealed");
-    // The rows come from the per-eye results this party signed, not from the coordinator's
-    // combined list.
+    // The rows come from the per-eye outputs this party opened; the coordinator sees none.
     let (sent, results) = verified_search(function, input);
     TableIterator::new(combine(&results, sent.and))
 }
@@ -233,8 +210,16 @@ fn iris_is_unique(sealed: &str) -> bool {
     let function = "iris_is_unique";
     let input = parse_sealed(sealed, SealedKind::IrisUniqueness, "sealed");
     // Unique only if every eye is (policy `or`; `and` over two eyes is refused when sealed).
-    let (_, results) = verified_search(function, input);
-    results
+    let (sent, results) = verified_search(function, input);
+    let per_eye: Vec<(Eye, bool)> = results
         .iter()
-        .all(|(_, r)| matches!(r, IrisResult::Unique(true)))
+        .map(|(eye, r)| (*eye, matches!(r, IrisResult::Unique(true))))
+        .collect();
+    combine_uniqueness(&per_eye, sent.and).unwrap_or_else(|why| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("privmatch.{function}: {why}"),
+            None,
+        )
+    })
 }

@@ -7,17 +7,24 @@
 //! A search: `iris_search_start` at the three parties (same session id, parameters, each
 //! with its own sealed probe) → `(entries, set_digest, message)`; then round k = 0, 1, … at
 //! every party with the message party i−1 returned → the next message for party i+1, until
-//! `finished`. `iris_search_abort` ends a search early.
+//! `finished`, with this party's output signed and sealed to the client's reply key
+//! (`sealed_output`; core's `iris::output`). `iris_search_abort` ends a search early.
+//!
+//! The search is charged to this party's `iris-search` budget by the engine worker, in a
+//! transaction of its own committed before the start is answered (`crate::engine::iris`,
+//! `charge_search`): rolling back the caller's transaction does not undo it.
 
 use pgrx::prelude::*;
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::PROBE_LIFETIME_SECS;
+use privmatch_core::iris::probe::{IRIS_PROBE_PURPOSE, PROBE_LIFETIME_SECS};
 use privmatch_core::iris::service::SearchError;
 
-use crate::budget::{self, BudgetKind};
+use crate::budget::BudgetKind;
+use crate::clients;
 use crate::engine::client::{call, release_round_buffers};
 use crate::engine::ipc::{Request, Response};
 use crate::errors::{get_one, parse_session_id, raise, run};
+use crate::identity::load_identity;
 use crate::iris::policy::check_threshold;
 
 /// The search parameters of `iris_search_start`: 22023 with core's message (`iris search:
@@ -97,13 +104,23 @@ fn iris_search_start(
     // The threshold is deployment policy (attack: a caller bisecting a distance with searches
     // at thresholds of its choice); checked here, whoever calls, before anything is opened.
     check_threshold(F, "threshold", params.threshold());
-    // The per-party query budget is charged here, after the arguments are checked and before
-    // the probe is opened (a search past it is refused with 53400, whoever calls).
-    budget::charge(F, BudgetKind::IrisSearch, "");
+    // The per-party query budget is charged by the engine, after the arguments are checked
+    // and before the probe is opened, in a transaction of its own that it commits first (a
+    // search past it is refused with 53400, whoever calls; a rollback here keeps the charge).
+    // A registered client's signature, nonce and expiry are checked before the engine opens
+    // anything, and the client's own budget is charged (the party-wide one is the engine's).
+    let admitted = clients::admit(
+        F,
+        "probe",
+        IRIS_PROBE_PURPOSE,
+        load_identity().index,
+        probe,
+        Some(BudgetKind::IrisSearch),
+    );
     record_session(&session);
     let request = Request::Start {
         session,
-        probe: probe.to_vec(),
+        probe: admitted.inner.to_vec(),
         params,
     };
     match call(&request) {
@@ -118,11 +135,14 @@ fn iris_search_start(
 
 /// Runs round `round` of search `session_id` with the message party i−1 returned. Returns
 /// the next message (for party i+1) with `finished = false`, or the output with
-/// `finished = true`: `subjects` (identification: the matching subjects of the probe's eye,
-/// sorted) or `is_unique` (uniqueness), and `signature`, this party's Ed25519 signature over
-/// the output bound to the session, parameters, eye and set digest (core's `iris::output`;
-/// the key is derived from the party key file, its public half is `party_info()`'s
-/// `signing_key`). Any refused message aborts the search.
+/// `finished = true`: `sealed_output`, this party's output (the matching subjects of the
+/// probe's eye, or the uniqueness bit, bound to the session, parameters, eye and set digest)
+/// signed with its Ed25519 key (derived from the party key file; the public half is
+/// `party_info()`'s `signing_key`) and sealed to the reply key inside the client's probe
+/// (core's `iris::output`): the caller relays it to the client and cannot read it.
+/// `disclosed_unique` is the uniqueness bit in the clear, only when the client's probe allowed
+/// it (enroll-if-unique, whose coordinator must know whether to enrol); NULL otherwise. Any
+/// refused message aborts the search.
 // The row type must be spelled out inline for pgrx's SQL generation.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
@@ -135,9 +155,8 @@ fn iris_search_round(
     (
         name!(message, Option<Vec<u8>>),
         name!(finished, bool),
-        name!(is_unique, Option<bool>),
-        name!(subjects, Option<Vec<String>>),
-        name!(signature, Option<Vec<u8>>),
+        name!(sealed_output, Option<Vec<u8>>),
+        name!(disclosed_unique, Option<bool>),
     ),
 > {
     let round = u32::try_from(round).unwrap_or_else(|_| {
@@ -153,11 +172,11 @@ fn iris_search_round(
         message: std::borrow::Cow::Borrowed(message),
     };
     let row = match call(&request) {
-        Response::Continue(m) => (Some(m), false, None, None, None),
-        Response::Identified(subjects, signature) => {
-            (None, true, None, Some(subjects), Some(signature.to_vec()))
-        }
-        Response::Unique(u, signature) => (None, true, Some(u), None, Some(signature.to_vec())),
+        Response::Continue(m) => (Some(m), false, None, None),
+        Response::Finished {
+            sealed,
+            disclosed_unique,
+        } => (None, true, Some(sealed), disclosed_unique),
         other => unexpected("iris_search_round", &other),
     };
     if row.1 {

@@ -25,7 +25,7 @@ use super::{raise_match, require_sp};
 
 /// The SP's signature on a Round 2 it computed ([`SignedRound2`]: protocol, the terminal's
 /// session id, the device, the policy `threshold`, an expiry [`ROUND2_TTL_SECS`] from `now`,
-/// SHA-256 of `payload`): the envelope the device checks against its pinned key before it
+/// the terminal's reply key from its sealed input, SHA-256 of `payload`): the envelope the device checks against its pinned key before it
 /// decrypts anything.
 pub(super) fn sign_round2(
     function: &str,
@@ -41,6 +41,7 @@ pub(super) fn sign_round2(
         device_id: input.device_id.clone(),
         threshold,
         expires_at: now.saturating_add(ROUND2_TTL_SECS),
+        reply_key: input.reply_key,
         payload,
     }
     .sign(&key)

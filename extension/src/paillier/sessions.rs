@@ -13,16 +13,30 @@
 //! output label must not allow a second try (it would be another guess at a). A message that
 //! does not decode (22P03) changes nothing: it reveals nothing and guesses nothing.
 //!
-//! What leaves the SP: the messages for the device (ciphertexts under its key, the garbled
-//! circuit and OT answer) and, to the coordinator, T's decision and whether the device's
-//! answer was valid. ⟨u, w⟩, which T learns in Π2, never leaves the SP.
+//! What leaves the SP (0.12.0, issue 34 item 10): the messages for the device (ciphertexts
+//! under its key; Round 4 sealed to the device's reply key inside the SP's signed envelope,
+//! core's `SignedRound4`) and T's decision sealed to the terminal's reply key with the SP's
+//! signature inside (core's `sealed::TerminalVerdict`). The coordinator, which relays them,
+//! learns no decision, no validity bit and no output decoding. ⟨u, w⟩, which T learns in Π2,
+//! never leaves the SP. Every device message (Round 3, Π3's Round 5) must carry the device's
+//! signature for this session and round under the key of its record (28000 otherwise, the
+//! session unchanged): the relay cannot splice a device's message into another session.
+//!
+//! The stored state is the terminal's reply key in front of core's suspended state: `"PMSR" |
+//! version 1 | reply key (32) | state`.
 
 use pgrx::prelude::*;
+use privmatch_core::paillier::cipher::PublicKey;
+use privmatch_core::paillier::device_signature::{self, Statement};
 use privmatch_core::paillier::malicious::{Pi2Round1, Pi2Terminal};
 use privmatch_core::paillier::messages::MatchError;
 use privmatch_core::paillier::no_leakage::Pi3Terminal;
 use privmatch_core::paillier::params::{Params, Protocol};
 use privmatch_core::paillier::record::verify_round1_signature;
+use privmatch_core::paillier::sealed::{
+    self, DeviceOutcome, DeviceReply, Outcome, Purpose, TerminalVerdict,
+};
+use privmatch_core::paillier::signed_round2::{round3_digest, SignedRound4};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use zeroize::Zeroizing;
@@ -44,6 +58,31 @@ const AFTER_ROUND4: i16 = 4;
 
 /// What T's Round 2 returns: the message for the device and T's suspended state.
 type Round2 = Result<(Vec<u8>, Zeroizing<Vec<u8>>), MatchError>;
+
+/// The stored state's prefix: the terminal's reply key in front of core's suspended state.
+const STATE_MAGIC: &[u8; 4] = b"PMSR";
+const STATE_VERSION: u8 = 1;
+
+/// The stored form of a session: the terminal's reply key, then `state`.
+fn wrap_state(reply_key: &[u8; 32], state: &[u8]) -> Zeroizing<Vec<u8>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(37 + state.len()));
+    out.extend_from_slice(STATE_MAGIC);
+    out.push(STATE_VERSION);
+    out.extend_from_slice(reply_key);
+    out.extend_from_slice(state);
+    out
+}
+
+/// [`wrap_state`] undone: (reply key, core's state); None for anything else (a state stored
+/// by an earlier version).
+fn unwrap_state(stored: &[u8]) -> Option<([u8; 32], &[u8])> {
+    if stored.len() < 37 || &stored[..4] != STATE_MAGIC || stored[4] != STATE_VERSION {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&stored[5..37]);
+    Some((key, &stored[37..]))
+}
 
 /// T's Round 2 of Π2 or Π3 at the SP: the sealed input opened and checked (it names
 /// `protocol` and `device_id`; 08P01, 22023), the record's σ and expiry checked, the session
@@ -102,6 +141,7 @@ fn round2_with_session(
     };
     let (message, state) = respond(params, input.clone(), &round1, &verify)
         .unwrap_or_else(|e| raise_match(function, e));
+    let state = wrap_state(&input.reply_key, &state);
     let stored = modify(
         function,
         "INSERT INTO privmatch.paillier_sessions (session, device_id, protocol, stage, state) \
@@ -157,12 +197,21 @@ fn open_session(function: &str, session: &[u8], protocol: Protocol, stage: i16) 
             Some("the terminal starts a new session with a fresh session id"),
         )
     };
-    let params = stored_template(function, &device_id).record.params;
+    let record = stored_template(function, &device_id).record;
+    let Some((reply_key, core_state)) = unwrap_state(&state) else {
+        corrupted_state(
+            function,
+            MatchError::State("a state stored by an earlier version (no reply key)".into()),
+        )
+    };
+    let core_state = Zeroizing::new(core_state.to_vec());
     OpenSession {
         id,
         device_id,
-        params,
-        state,
+        params: record.params,
+        device_key: record.public_key,
+        reply_key,
+        state: core_state,
     }
 }
 
@@ -171,10 +220,89 @@ struct OpenSession {
     id: [u8; 16],
     device_id: String,
     params: Params,
+    /// The Paillier key of the device's record: it signs the device's messages.
+    device_key: PublicKey,
+    /// The terminal's reply key (from its sealed input).
+    reply_key: [u8; 32],
     state: Zeroizing<Vec<u8>>,
 }
 
 impl OpenSession {
+    /// Requires the device's signature of its `message` of `round` in this session
+    /// (`Statement::reply_message`, the statement the device signs for the coordinator too)
+    /// under the key of its record: 28000 from `function` otherwise, nothing changed. So a
+    /// message spliced from another session or written by the relay is refused before it is
+    /// used (issue 34 item 10, Round 3–5 bound to session, device and round).
+    fn require_device_signature(
+        &self,
+        function: &str,
+        round: u8,
+        message: &[u8],
+        signature: &[u8],
+    ) {
+        let statement = Statement::reply_message(&self.device_id, &self.id, round, message);
+        if device_signature::verify(&self.device_key, &statement, signature).is_err() {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+                format!(
+                    "{function}: the Round {round} given is not signed by device {:?} for session {}                      (another session's message, or not the device's)",
+                    self.device_id,
+                    hex::encode(self.id)
+                ),
+                Some("the device signs each message with its enrolled key; nothing was changed"),
+            );
+        }
+    }
+
+    /// The SP's Round 4 for the device: `payload` sealed to the device's `reply_key`, in the
+    /// SP's signed envelope bound to this session, the device and the device's `round3`.
+    fn round4_for_device(
+        &self,
+        function: &str,
+        protocol: Protocol,
+        round3: &[u8],
+        reply_key: &[u8; 32],
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let sealed = sealed::seal(
+            reply_key,
+            Purpose::DeviceRound4,
+            &self.id,
+            payload,
+            &mut rand::rngs::OsRng,
+        )
+        .unwrap_or_else(|e| raise_match(function, e));
+        let key = signing_key(function, &load_service(function));
+        SignedRound4 {
+            protocol,
+            session: self.id,
+            device_id: self.device_id.clone(),
+            round3_digest: round3_digest(round3),
+            payload: sealed,
+        }
+        .sign(&key)
+        .unwrap_or_else(|e| raise_match(function, e))
+    }
+
+    /// The decision for the terminal: the outcome with the SP's signature of it, sealed to
+    /// the terminal's reply key (core's `TerminalVerdict`).
+    fn sealed_verdict(
+        &self,
+        function: &str,
+        protocol: Protocol,
+        matched: bool,
+        valid: bool,
+    ) -> Vec<u8> {
+        TerminalVerdict {
+            protocol,
+            session: self.id,
+            outcome: Outcome::of(matched, valid),
+            signature: self.sign_verdict(function, protocol, matched, valid),
+        }
+        .seal(&self.reply_key, &mut rand::rngs::OsRng)
+        .unwrap_or_else(|e| raise_match(function, e))
+    }
+
     /// The SP's Ed25519 signature of the session's decision ([`Verdict`]), which the terminal
     /// checks against its pinned key: the coordinator relays it and cannot change it.
     fn sign_verdict(
@@ -251,43 +379,42 @@ fn paillier_pi2_round2(device_id: &str, terminal_input: &[u8]) -> Vec<u8> {
     )
 }
 
-/// Π2 Round 4 ([ABMR20] §6.1 Round 4) at the SP for the terminal: the device's X
-/// (`Pi2Round3`) checked against the session's a and b (a | (X − b), |IP′| ≤ ζ²), then T's
-/// decision [IP′ ≥ threshold]. One row: `message` the encoded bit for the device (`Pi2Round4`),
-/// `matched` the decision, `valid` true; for a device that cheated (T outputs ⊥) `valid` is
-/// false, `matched` false and `message` NULL (there is no bit to send; the coordinator tells the
-/// device it was refused); `verdict` the SP's Ed25519 signature of (Π2, session, device,
-/// matched, valid) (core's `Verdict`), which the terminal checks with its pinned key. The session is consumed either way, so a refused X cannot be
+/// Π2 Round 4 ([ABMR20] §6.1 Round 4) at the SP for the terminal. `round3` is what the
+/// device posted (core's `DeviceReply`: its reply key and `Pi2Round3`), `signature` the
+/// device's signature of it for this session and Round 3 (28000 otherwise, the session
+/// unchanged). X is checked against the session's a and b (a | (X − b), |IP′| ≤ ζ²), then T
+/// decides [IP′ ≥ threshold] (⊥ for a device that cheated). One row: `message` the Round 4 for
+/// the device — the outcome (match, no match or refused) sealed to the device's reply key, in
+/// the SP's envelope signed over the session, device and SHA-256 of `round3` (core's
+/// `SignedRound4`), present whatever the outcome so that the relay cannot tell one from
+/// another; `verdict` the outcome with the SP's Ed25519 signature of (Π2, session, device,
+/// matched, valid) sealed to the terminal's reply key (core's `TerminalVerdict`). The
+/// coordinator learns neither. The session is consumed either way, so a refused X cannot be
 /// retried. A Round 3 that does not decode: 22P03, the session unchanged. No such session
 /// (unknown, finished, expired): P0002. IP′ stays at the SP.
-// The named columns must stay in the signature: pgrx generates the SQL from them.
-#[allow(clippy::type_complexity)]
 #[pg_extern(volatile)]
 fn paillier_pi2_round4(
     session: &[u8],
     round3: &[u8],
-) -> TableIterator<
-    'static,
-    (
-        name!(message, Option<Vec<u8>>),
-        name!(matched, bool),
-        name!(valid, bool),
-        name!(verdict, Vec<u8>),
-    ),
-> {
+    signature: &[u8],
+) -> TableIterator<'static, (name!(message, Vec<u8>), name!(verdict, Vec<u8>))> {
     const F: &str = "paillier_pi2_round4";
     require_sp(F);
     let open = open_session(F, session, Protocol::Pi2, AFTER_ROUND2);
+    open.require_device_signature(F, 3, round3, signature);
+    let reply = DeviceReply::from_bytes(round3).unwrap_or_else(|e| raise_match(F, e));
     let mut terminal = Pi2Terminal::resume(open.params.clone(), &open.state)
         .unwrap_or_else(|e| corrupted_state(F, e));
-    let (message, matched, valid) = match terminal.round4(round3) {
-        Ok((message, outcome)) => (Some(message), outcome.matched, true),
-        Err(MatchError::Cheating(_)) => (None, false, false),
+    let (matched, valid) = match terminal.round4(&reply.message) {
+        Ok((_, outcome)) => (outcome.matched, true),
+        Err(MatchError::Cheating(_)) => (false, false),
         Err(e) => raise_match(F, e),
     };
-    let verdict = open.sign_verdict(F, Protocol::Pi2, matched, valid);
+    let for_device = DeviceOutcome(Outcome::of(matched, valid)).to_bytes();
+    let message = open.round4_for_device(F, Protocol::Pi2, round3, &reply.reply_key, &for_device);
+    let verdict = open.sealed_verdict(F, Protocol::Pi2, matched, valid);
     consume_session(F, session);
-    TableIterator::once((message, matched, valid, verdict))
+    TableIterator::once((message, verdict))
 }
 
 /// Π3 Round 2 ([ABMR20] Fig. 5 Round 2) at the SP for the terminal: opens the terminal's
@@ -312,23 +439,31 @@ fn paillier_pi3_round2(device_id: &str, terminal_input: &[u8]) -> Vec<u8> {
     )
 }
 
-/// Π3 Round 4 ([ABMR20] Fig. 5 Round 4) at the SP for the terminal: for the device's OT
-/// request (`Pi3Round3`), garbles the circuit of Fig. 6 and returns it with the labels of pad,
-/// a, b, the OT answer carrying the labels of X and Y, and the output decoding (`Pi3Round4`).
-/// The session then keeps only the two labels of each output wire, for
+/// Π3 Round 4 ([ABMR20] Fig. 5 Round 4) at the SP for the terminal. `round3` is what the
+/// device posted (core's `DeviceReply`: its reply key and the OT request `Pi3Round3`),
+/// `signature` the device's signature of it for this session and Round 3 (28000 otherwise, the
+/// session unchanged). Garbles the circuit of Fig. 6 and returns, in the SP's envelope signed
+/// over the session, device and SHA-256 of `round3` (core's `SignedRound4`), the circuit with
+/// the labels of pad, a, b, the OT answer and the output decoding (`Pi3Round4`) sealed to the
+/// device's reply key: the relay, which also carries the output labels of Round 5, never sees
+/// the decoding. The session then keeps only the two labels of each output wire, for
 /// [`paillier_pi3_finish`]; this round cannot be repeated (a second call: P0002). A Round 3
 /// that does not decode or whose OT request is not valid: 22P03, the session unchanged.
 #[pg_extern(volatile)]
-fn paillier_pi3_round4(session: &[u8], round3: &[u8]) -> Vec<u8> {
+fn paillier_pi3_round4(session: &[u8], round3: &[u8], signature: &[u8]) -> Vec<u8> {
     const F: &str = "paillier_pi3_round4";
     require_sp(F);
     let open = open_session(F, session, Protocol::Pi3, AFTER_ROUND2);
-    let mut terminal =
-        Pi3Terminal::resume(open.params, &open.state).unwrap_or_else(|e| corrupted_state(F, e));
-    let message = terminal
-        .round4(round3, &mut rand::rngs::OsRng)
+    open.require_device_signature(F, 3, round3, signature);
+    let reply = DeviceReply::from_bytes(round3).unwrap_or_else(|e| raise_match(F, e));
+    let mut terminal = Pi3Terminal::resume(open.params.clone(), &open.state)
+        .unwrap_or_else(|e| corrupted_state(F, e));
+    let round4 = terminal
+        .round4(&reply.message, &mut rand::rngs::OsRng)
         .unwrap_or_else(|e| raise_pi3(F, e));
+    let message = open.round4_for_device(F, Protocol::Pi3, round3, &reply.reply_key, &round4);
     let state = terminal.suspend().unwrap_or_else(|e| raise_match(F, e));
+    let state = wrap_state(&open.reply_key, &state);
     run(
         F,
         "UPDATE privmatch.paillier_sessions SET stage = $2, state = $3 WHERE session = $1",
@@ -341,27 +476,21 @@ fn paillier_pi3_round4(session: &[u8], round3: &[u8]) -> Vec<u8> {
     message
 }
 
-/// Π3 output ([ABMR20] Fig. 5 "Output Computation") at the SP for the terminal: decodes the
-/// device's output labels (`Pi3Round5`) with the session's output-wire labels. One row:
-/// `matched` T's decision and `valid` true, or `valid` false (and `matched` false) when a label
-/// is not one of the two made for its wire or the circuit's validity bit is 0 (a cheating
-/// device); `verdict` the SP's signature of (Π3, session, device, matched, valid). The session is consumed either way. A Round 5 that does not decode: 22P03, the
-/// session unchanged. No such session (unknown, finished, expired, or before Round 4): P0002.
+/// Π3 output ([ABMR20] Fig. 5 "Output Computation") at the SP for the terminal: `round5` the
+/// device's output labels (`Pi3Round5`), `signature` the device's signature of them for this
+/// session and Round 5 (28000 otherwise, the session unchanged). The labels are decoded with
+/// the session's output-wire labels: T's decision, or ⊥ when a label is not one of the two
+/// made for its wire or the circuit's validity bit is 0 (a cheating device). Returns the
+/// outcome with the SP's signature of (Π3, session, device, matched, valid) sealed to the
+/// terminal's reply key (core's `TerminalVerdict`); the coordinator learns nothing of it. The
+/// session is consumed either way. A Round 5 that does not decode: 22P03, the session
+/// unchanged. No such session (unknown, finished, expired, or before Round 4): P0002.
 #[pg_extern(volatile)]
-fn paillier_pi3_finish(
-    session: &[u8],
-    round5: &[u8],
-) -> TableIterator<
-    'static,
-    (
-        name!(matched, bool),
-        name!(valid, bool),
-        name!(verdict, Vec<u8>),
-    ),
-> {
+fn paillier_pi3_finish(session: &[u8], round5: &[u8], signature: &[u8]) -> Vec<u8> {
     const F: &str = "paillier_pi3_finish";
     require_sp(F);
     let open = open_session(F, session, Protocol::Pi3, AFTER_ROUND4);
+    open.require_device_signature(F, 5, round5, signature);
     let mut terminal = Pi3Terminal::resume(open.params.clone(), &open.state)
         .unwrap_or_else(|e| corrupted_state(F, e));
     let (matched, valid) = match terminal.finish(round5) {
@@ -369,7 +498,7 @@ fn paillier_pi3_finish(
         Err(MatchError::Cheating(_)) => (false, false),
         Err(e) => raise_pi3(F, e),
     };
-    let verdict = open.sign_verdict(F, Protocol::Pi3, matched, valid);
+    let verdict = open.sealed_verdict(F, Protocol::Pi3, matched, valid);
     consume_session(F, session);
-    TableIterator::once((matched, valid, verdict))
+    verdict
 }

@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use privmatch_core::crypto::seal::PartyPublicKey;
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::matcher::expected_rounds;
+use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
+use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo};
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
 use privmatch_core::mpc::compare::Threshold;
@@ -38,7 +39,7 @@ use crate::dev::bench::stats::median;
 use crate::dev::LocalConfigs;
 use crate::iris::api::{SearchRequest, SearchStats, DEFAULT_THRESHOLD};
 use crate::iris::client::{enroll_file, BatchOptions};
-use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError, SearchResult};
+use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 use crate::parties::Parties;
 use crate::session::retry::RetryPolicy;
@@ -196,7 +197,8 @@ fn plaintext_matches(
 }
 
 /// One search of `probe` through the round driver, with a fresh session (and retries while the
-/// parties' template sets differ).
+/// parties' template sets differ); the bench is the client, so it opens the parties' sealed
+/// outputs with its own reply key (the time reported is the driver's, opening excluded).
 async fn search_once(
     parties: &Parties,
     probe: &IrisTemplate,
@@ -205,6 +207,12 @@ async fn search_once(
     rng: &mut ChaCha20Rng,
     timeout: Duration,
 ) -> Result<(Vec<String>, SearchStats)> {
+    let client = PartySecretKey::generate(&mut rand::rngs::OsRng);
+    let reply = ReplyTo {
+        key: client.public_key(),
+        disclosure: Disclosure::SealedOnly,
+    };
+    let mut last_session = None;
     let outcome = retry_on_set_mismatch(&RetryPolicy::default(), || {
         let context = ProbeContext {
             session: new_session_id(&mut rand::rngs::OsRng),
@@ -213,7 +221,8 @@ async fn search_once(
             sealed_at: sealing_time(),
         };
         let session = context.session;
-        let sealed = seal_iris_probe(probe, &context, keys, rng);
+        last_session = Some(session);
+        let sealed = seal_iris_probe_to(probe, &context, &reply, keys, rng);
         async move {
             let probes = sealed.map_err(|e| SearchError::Invalid(e.to_string()))?;
             let request = SearchRequest {
@@ -225,9 +234,18 @@ async fn search_once(
         }
     })
     .await?;
-    match outcome.result {
-        SearchResult::Identify(subjects) => Ok((subjects, outcome.stats)),
-        SearchResult::Unique(_) => bail!("an identify search answered a uniqueness bit"),
+    let session = last_session.ok_or_else(|| anyhow!("no search was sent"))?;
+    let expected = ExpectedSearch {
+        session,
+        params,
+        eye: Eye::Left,
+    };
+    let [o0, o1, o2] = &outcome.sealed_outputs;
+    let opened = open_outputs(&expected, keys, &[None, None, None], &client, [o0, o1, o2])
+        .map_err(|e| anyhow!("{e}"))?;
+    match opened.result {
+        IrisResult::Identified(subjects) => Ok((subjects, outcome.stats)),
+        IrisResult::Unique(_) => bail!("an identify search answered a uniqueness bit"),
     }
 }
 

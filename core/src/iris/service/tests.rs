@@ -599,70 +599,102 @@ fn admission_counts_searches_that_are_starting() {
 }
 
 #[test]
-fn every_party_signs_its_output_bound_to_session_parameters_eye_and_set() {
+fn every_party_signs_its_output_and_seals_it_to_the_clients_reply_key() {
     use crate::crypto::party_sign::PartySigningKey;
-    use crate::iris::output::{verify_outputs, IrisResult, OutputRefused};
+    use crate::iris::output::{open_outputs, ExpectedSearch, IrisResult, OutputRefused};
+    use crate::iris::probe::{seal_iris_probe_to, Disclosure, ReplyTo};
     let mut w = world(23);
     let t = random_template(&mut w.rng);
     let other = random_template(&mut w.rng);
     w.enroll("alice", Eye::Left, &t);
     w.enroll("bob", Eye::Left, &other);
-    let keys =
+    let signing =
         [0, 1, 2].map(|i| Some(PartySigningKey::derive(&w.parties[i].keys.secret).verifying_key()));
-    for mode in ["identify", "uniqueness"] {
+    let client = PartySecretKey::generate(&mut w.rng);
+    for (mode, disclosure) in [
+        ("identify", Disclosure::SealedOnly),
+        ("uniqueness", Disclosure::SealedOnly),
+        ("uniqueness", Disclosure::UniqueBitToCoordinator),
+    ] {
         let p = params(mode, 15);
         let id = w.session();
         let probe = near_duplicate(&t, 0.05, 3, &mut w.rng);
-        let starts = w.start(id, &probe, Eye::Left, p);
-        let digest = starts[0].digest;
+        let reply = ReplyTo {
+            key: client.public_key(),
+            disclosure,
+        };
+        let sealed = seal_iris_probe_to(
+            &probe,
+            &context(id, Eye::Left, p),
+            &reply,
+            &w.publics,
+            &mut w.rng,
+        )
+        .unwrap();
+        let starts = start_all(&w.parties, id, &sealed, p);
         let mut messages: Vec<Vec<u8>> = starts.into_iter().map(|s| s.message).collect();
         let mut round = 0;
-        let (result, signatures) = loop {
-            let replies: Vec<(RoundReply, Option<[u8; 64]>)> = (0..3)
+        let outputs: Vec<SealedOutput> = loop {
+            let replies: Vec<SealedRound> = (0..3)
                 .map(|i| {
                     w.parties[i]
                         .service
-                        .round_signed(id, round, &messages[(i + 2) % 3], Instant::now())
+                        .round_sealed(id, round, &messages[(i + 2) % 3], Instant::now())
                         .unwrap()
                 })
                 .collect();
-            if let (RoundReply::Continue(_), None) = &replies[0] {
+            if let SealedRound::Continue(_) = &replies[0] {
                 messages = replies
                     .into_iter()
-                    .map(|r| match r.0 {
-                        RoundReply::Continue(m) => m,
+                    .map(|r| match r {
+                        SealedRound::Continue(m) => m,
                         other => panic!("out of step: {other:?}"),
                     })
                     .collect();
                 round += 1;
                 continue;
             }
-            let result = match &replies[0].0 {
-                RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
-                RoundReply::Unique(u) => IrisResult::Unique(*u),
-                RoundReply::Continue(_) => unreachable!(),
-            };
-            let signatures: [Vec<u8>; 3] =
-                std::array::from_fn(|i| replies[i].1.expect("signed").to_vec());
-            break (result, signatures);
+            break replies
+                .into_iter()
+                .map(|r| match r {
+                    SealedRound::Finished(o) => o,
+                    other => panic!("out of step: {other:?}"),
+                })
+                .collect();
         };
-        let expected = match mode {
+        // What the coordinator relays: ciphertext, and the bit only where the client allowed it.
+        for o in &outputs {
+            assert!(!o.sealed.windows(5).any(|x| x == b"alice"));
+            let disclosed = (disclosure == Disclosure::UniqueBitToCoordinator).then_some(false);
+            assert_eq!(o.disclosed_unique, disclosed);
+        }
+        let expected = ExpectedSearch {
+            session: id,
+            params: p,
+            eye: Eye::Left,
+        };
+        let sealed: [&[u8]; 3] = std::array::from_fn(|i| outputs[i].sealed.as_slice());
+        let opened = open_outputs(&expected, &w.publics, &signing, &client, sealed).unwrap();
+        let result = match mode {
             "identify" => IrisResult::Identified(vec!["alice".into()]),
             _ => IrisResult::Unique(false),
         };
-        assert_eq!(result, expected);
-        let verify = |result: &IrisResult, eye: Eye| {
-            verify_outputs(&keys, id, p, eye, digest, 2, result, &signatures)
-        };
-        assert_eq!(verify(&result, Eye::Left), Ok(()));
-        let flipped = match &result {
-            IrisResult::Identified(_) => IrisResult::Identified(vec![]),
-            IrisResult::Unique(u) => IrisResult::Unique(!u),
+        assert_eq!(opened.result, result);
+        assert_eq!(opened.entries, 2);
+        // The client asked about another eye: refused, naming P0.
+        let right = ExpectedSearch {
+            eye: Eye::Right,
+            ..expected
         };
         assert!(matches!(
-            verify(&flipped, Eye::Left),
-            Err(OutputRefused::BadSignature { .. })
+            open_outputs(&right, &w.publics, &signing, &client, sealed),
+            Err(OutputRefused::OtherSearch { .. })
         ));
-        assert!(verify(&result, Eye::Right).is_err());
+        // Another client cannot open them.
+        let stranger = PartySecretKey::generate(&mut w.rng);
+        assert!(matches!(
+            open_outputs(&expected, &w.publics, &signing, &stranger, sealed),
+            Err(OutputRefused::Sealed { .. })
+        ));
     }
 }
