@@ -13,7 +13,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use privmatch_coordinator::cli::client_auth::load_key;
+use privmatch_coordinator::cli::client_key::load_key;
 use privmatch_coordinator::cli::operator_key::{fresh_counter, load};
 use privmatch_coordinator::config::PartyConfig;
 use privmatch_core::crypto::client_auth::{

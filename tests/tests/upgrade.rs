@@ -10,9 +10,8 @@
 //! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
 //! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
 //! catalog of a fresh install, and so must parties created at 0.3.0, 0.4.0, 0.5.0, 0.6.0,
-//! 0.7.0, 0.8.0, 0.9.0, 0.10.0 and 0.11.0 (the released 0.11.0 script, kept verbatim). The 0.10.0 party (made from the released 0.9.0 script and
-//! the 0.9.0 → 0.10.0 upgrade, which the test above proves equal to a fresh 0.10.0) is a face
-//! dealer with θ and its template master key K in the clear: after the upgrade both are sealed
+//! 0.7.0, 0.8.0, 0.9.0, 0.10.0 and 0.11.0 (the released scripts of each, kept verbatim). The
+//! 0.10.0 party is a face dealer with θ and its template master key K in the clear: after the upgrade both are sealed
 //! under its key file and open to the values it held.
 //!
 //! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
@@ -37,7 +36,7 @@ use rand_chacha::ChaCha20Rng;
 
 const PORT: u16 = 16990;
 /// The released install scripts kept in `tests/upgrade/`.
-const OLD_SCRIPTS: [&str; 10] = [
+const OLD_SCRIPTS: [&str; 11] = [
     "privmatch--0.1.0.sql",
     "privmatch--0.2.0.sql",
     "privmatch--0.3.0.sql",
@@ -47,6 +46,7 @@ const OLD_SCRIPTS: [&str; 10] = [
     "privmatch--0.7.0.sql",
     "privmatch--0.8.0.sql",
     "privmatch--0.9.0.sql",
+    "privmatch--0.10.0.sql",
     "privmatch--0.11.0.sql",
 ];
 

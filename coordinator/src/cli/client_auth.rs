@@ -14,9 +14,10 @@
 //!   Run each for every party the client talks to.
 //! * `privmatch client budgets --operator-config F` and `privmatch client-auth policy show`:
 //!   what a party holds.
-//! * [`ClientSignArgs`] (`--client-key F --client-id NAME`, or `PRIVMATCH_CLIENT_KEY` and
-//!   `PRIVMATCH_CLIENT_ID`) and [`ClientCredential::wrap_for_party`]: how the commands that
-//!   seal inputs sign each sealed blob for its party and purpose.
+//! * [`ClientCredential::wrap_for_party`]: how the commands that seal probes sign each sealed
+//!   blob for its party and purpose (the credential comes from the configuration's
+//!   `client_id` / `client_key` or `PRIVMATCH_CLIENT_ID` / `PRIVMATCH_CLIENT_KEY`:
+//!   `cli/keys.rs`, `Sealer`).
 //!
 //! The coordinator's side of the relay is [`routes`]: `GET /v1/clients/configure` (each
 //! party's policy) and `POST /v1/clients/configure` [`ClientCommandBody`].
@@ -31,164 +32,24 @@ use axum::{Json, Router};
 use clap::{Args, Subcommand};
 use futures::future::join_all;
 use privmatch_core::crypto::client_auth::{
-    ClientAuthPolicy, ClientId, ClientRegistration, ClientRevocation, ClientSigningKey,
-    ClientVerifyingKey, CLIENT_AUTH_POLICY_ACTION, CLIENT_REGISTER_ACTION, CLIENT_REVOKE_ACTION,
+    ClientAuthPolicy, ClientId, ClientRegistration, ClientRevocation, CLIENT_AUTH_POLICY_ACTION,
+    CLIENT_REGISTER_ACTION, CLIENT_REVOKE_ACTION,
 };
 use privmatch_core::party::PartyIndex;
 use serde::{Deserialize, Serialize};
-use zeroize::Zeroizing;
 
+use crate::cli::client_key::{create_key, parse_public_key, public_key_path};
 use crate::cli::http::Coordinator;
 use crate::cli::keys::ClientAction;
 use crate::cli::operator_key::{self, fresh_counter};
 use crate::config::{Config, OperatorConfig};
-use crate::files::{create_tagged, read_tagged, write_atomic};
 use crate::parties::column;
 use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
 use crate::server::state::SharedState;
 use crate::wire::{from_base64, to_base64};
 
-const KEY_MAGIC: &str = "privmatch-client-key-v1";
 /// Requests per hour per budget kind that `privmatch client register` allows by default.
 pub const DEFAULT_PER_HOUR: u32 = 1000;
-
-// --- the client's key and signed inputs ------------------------------------------------------
-
-/// Reads a client's signing key file (`privmatch-client-key-v1 <64 hex digits>`, 0600; a file
-/// others may read is refused).
-pub fn load_key(path: &Path) -> Result<ClientSigningKey> {
-    let bytes = read_tagged(path, KEY_MAGIC, "client signing key", "pass --client-key")?;
-    let seed: Zeroizing<[u8; 32]> =
-        Zeroizing::new(bytes.as_slice().try_into().ok().with_context(|| {
-            format!("{} is not a privmatch client signing key", path.display())
-        })?);
-    Ok(ClientSigningKey::from_bytes(&seed))
-}
-
-/// The file beside a key file `path` that holds its public key (`F.pub`).
-pub fn public_key_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".pub");
-    PathBuf::from(name)
-}
-
-/// Creates a fresh client key at `path` (0600; an existing file is never overwritten) and its
-/// public key at `path.pub` (0644); returns the public key.
-pub fn create_key(path: &Path) -> Result<ClientVerifyingKey> {
-    let key = ClientSigningKey::generate(&mut rand::rngs::OsRng);
-    create_tagged(path, KEY_MAGIC, key.to_bytes().as_slice())?;
-    let public = key.verifying_key();
-    write_atomic(
-        &public_key_path(path),
-        &format!("{}\n", public.to_hex()),
-        0o644,
-    )?;
-    Ok(public)
-}
-
-/// A public key given as 64 hex digits or as a file holding them (`privmatch client keygen`'s
-/// `F.pub`).
-pub fn parse_public_key(text: &str) -> Result<ClientVerifyingKey> {
-    if let Ok(key) = ClientVerifyingKey::from_hex(text) {
-        return Ok(key);
-    }
-    let path = Path::new(text);
-    let contents = std::fs::read_to_string(path).with_context(|| {
-        format!("--public-key {text:?} is neither 64 hex digits nor a readable file")
-    })?;
-    ClientVerifyingKey::from_hex(&contents).with_context(|| {
-        format!(
-            "{} does not hold a client public key (64 hex digits)",
-            path.display()
-        )
-    })
-}
-
-/// A registered client's identity as a sealing command holds it: its id and signing key.
-#[derive(Debug)]
-pub struct ClientCredential {
-    id: ClientId,
-    key: ClientSigningKey,
-}
-
-impl ClientCredential {
-    /// The client `id` with the signing key in the file `key`.
-    pub fn load(key: &Path, id: &str) -> Result<Self> {
-        let id = ClientId::new(id).context("--client-id")?;
-        Ok(ClientCredential {
-            id,
-            key: load_key(key)?,
-        })
-    }
-
-    /// A credential from a key already in memory.
-    pub fn new(id: ClientId, key: ClientSigningKey) -> Self {
-        ClientCredential { id, key }
-    }
-
-    /// The client's id.
-    pub fn id(&self) -> &ClientId {
-        &self.id
-    }
-
-    /// Signs `sealed`, a blob sealed to party `party` for `purpose` (the sealing purpose
-    /// label, e.g. core's `IRIS_PROBE_PURPOSE`), as this client's input to that party: a fresh
-    /// nonce, valid for five minutes from now (core's `client_auth` module docs). The party
-    /// checks it with `privmatch.client_auth_check` or inside the protocol function.
-    pub fn wrap_for_party(&self, party: PartyIndex, purpose: &str, sealed: &[u8]) -> Vec<u8> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.key.wrap(
-            &self.id,
-            party,
-            purpose,
-            sealed,
-            now,
-            &mut rand::rngs::OsRng,
-        )
-    }
-}
-
-/// Signs `sealed` for `party` and `purpose` with `credential` ([`ClientCredential::wrap_for_party`]),
-/// or returns it unchanged without one (an unsigned input, which a party accepts only under
-/// the policy `optional`).
-pub fn wrap_for_party(
-    credential: Option<&ClientCredential>,
-    party: PartyIndex,
-    purpose: &str,
-    sealed: Vec<u8>,
-) -> Vec<u8> {
-    match credential {
-        Some(c) => c.wrap_for_party(party, purpose, &sealed),
-        None => sealed,
-    }
-}
-
-/// The options of every command that seals inputs for the parties (flatten them into its
-/// arguments): sign each sealed input as this registered client.
-#[derive(Args, Clone, Debug, Default)]
-pub struct ClientSignArgs {
-    /// The client's signing key file (`privmatch client keygen`): every sealed input is
-    /// signed with it for its party (needed where the parties' client-auth policy is
-    /// `required`).
-    #[arg(long, env = "PRIVMATCH_CLIENT_KEY", requires = "client_id")]
-    pub client_key: Option<PathBuf>,
-    /// The client id the parties' operators registered the key under.
-    #[arg(long, env = "PRIVMATCH_CLIENT_ID", requires = "client_key")]
-    pub client_id: Option<String>,
-}
-
-impl ClientSignArgs {
-    /// The credential the options name (`None` without them).
-    pub fn credential(&self) -> Result<Option<ClientCredential>> {
-        match (&self.client_key, &self.client_id) {
-            (Some(key), Some(id)) => ClientCredential::load(key, id).map(Some),
-            (None, None) => Ok(None),
-            _ => bail!("--client-key and --client-id go together"),
-        }
-    }
-}
 
 // --- the operator's commands -------------------------------------------------------------
 

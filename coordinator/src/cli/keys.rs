@@ -13,7 +13,7 @@ use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-use crate::cli::client_auth::{wrap_for_party, ClientCredential};
+use crate::cli::client_key::{wrap_for_party, ClientCredential};
 use crate::config::Config;
 use crate::identity::IdentityBundle;
 

@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod client_auth;
+pub mod client_key;
 pub mod deploy;
 pub mod embedding;
 pub mod http;
