@@ -505,6 +505,8 @@ async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::client_key::{load_key, wrap_for_party, ClientCredential};
+    use privmatch_core::crypto::client_auth::ClientSigningKey;
 
     #[test]
     fn keys_are_created_once_and_public_keys_parse_from_hex_or_file() {
