@@ -35,8 +35,6 @@ pub mod codes {
     pub const SETS_DIFFER: &str = "template_sets_differ";
     /// The parties broke the protocol or disagree.
     pub const PROTOCOL: &str = "protocol_error";
-    /// Enroll-if-unique: the probe matches an enrolled template.
-    pub const NOT_UNIQUE: &str = "not_unique";
     /// A distributed transaction's outcome is left to recovery.
     pub const IN_DOUBT: &str = "in_doubt";
     /// Face: a key pool is exhausted (run `privmatch face refill`).

@@ -263,6 +263,56 @@ pub fn admit<'a>(
     blob: &'a [u8],
     budget: Option<BudgetKind>,
 ) -> Admitted<'a> {
+    admit_checked(function, argument, purpose, me, blob, budget, Nonce::Record)
+}
+
+/// Admits a sealed **enrolment envelope** (`iris_enroll_sealed`, `face_enroll_sealed`) as
+/// [`admit`] does — registered, unrevoked client, valid signature for this party and
+/// `purpose`, unexpired; an unsigned envelope refused under the policy `required` — but
+/// records no nonce and charges no budget. An enrolment envelope is single use by itself:
+/// every bundle inside carries a random bundle id that this party consumes when it opens it
+/// (`crate::bundles`, `privmatch.consumed_bundles`), in the caller's transaction, so a
+/// replayed envelope, signed or not, is refused as before (23505 "already consumed", which
+/// the front door documents as "it committed earlier"); a second, nonce-level refusal would
+/// only change that answer, and would add a nonce row per envelope (one per record with
+/// `--if-unique`). An enrolment is no query, so no budget applies.
+pub fn admit_enrolment<'a>(
+    function: &str,
+    argument: &str,
+    purpose: &str,
+    me: PartyIndex,
+    blob: &'a [u8],
+) -> Admitted<'a> {
+    admit_checked(
+        function,
+        argument,
+        purpose,
+        me,
+        blob,
+        None,
+        Nonce::SingleUseInside,
+    )
+}
+
+/// Whether [`admit_checked`] records the input's nonce.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Nonce {
+    /// Recorded (28000 when seen before): probes and every input without an id of its own.
+    Record,
+    /// Not recorded: the input's contents are consumed as single use where it is opened.
+    SingleUseInside,
+}
+
+/// [`admit`] and [`admit_enrolment`].
+fn admit_checked<'a>(
+    function: &str,
+    argument: &str,
+    purpose: &str,
+    me: PartyIndex,
+    blob: &'a [u8],
+    budget: Option<BudgetKind>,
+    nonce: Nonce,
+) -> Admitted<'a> {
     let (auth, inner) =
         client_auth::unwrap(blob).unwrap_or_else(|e| raise_input(function, argument, e));
     let Some(auth) = auth else {
@@ -284,7 +334,9 @@ pub fn admit<'a>(
     let client = registered(function, argument, me, &auth.client);
     auth.verify(&client.key, me, purpose, inner, now_secs())
         .unwrap_or_else(|e| raise_input(function, argument, e));
-    record_nonce(function, argument, &auth);
+    if nonce == Nonce::Record {
+        record_nonce(function, argument, &auth);
+    }
     if let Some(kind) = budget {
         charge_client(function, &auth.client, client.per_hour, kind);
     }

@@ -475,13 +475,31 @@ pub struct Cluster {
     /// A coordinator this test started itself (with a fault injected).
     own_coordinator: Option<Child>,
     started: Instant,
+    /// The client-auth policy `cluster up` sets (`--client-auth`): see [`Cluster::start`].
+    client_auth: &'static str,
 }
 
 impl Cluster {
     /// Starts a fresh deployment in `/tmp/pm-e2e-<name>` on ports `16000 + 10·slot` (parties)
     /// and `16000 + 10·slot + 9` (coordinator). Each test must use its own `name` and `slot`.
     /// A leftover deployment of an earlier, interrupted run of the same test is purged first.
+    ///
+    /// The parties' client-auth policy is `optional` (`cluster up --client-auth optional`):
+    /// the CLI still signs every sealed input as the local client `cluster up` registers, but
+    /// the tests that call the protocol functions in SQL with inputs they seal themselves (as
+    /// the coordinator's role would) are not refused for lack of a signature.
+    /// [`Cluster::start_required`] keeps `cluster up`'s default, `required`.
     pub fn start(name: &str, slot: u16) -> Cluster {
+        Self::start_with(name, slot, "optional")
+    }
+
+    /// [`Cluster::start`] with the client-auth policy `cluster up` sets by default:
+    /// `required`, every sealed input must be signed by a registered client.
+    pub fn start_required(name: &str, slot: u16) -> Cluster {
+        Self::start_with(name, slot, "required")
+    }
+
+    fn start_with(name: &str, slot: u16, client_auth: &'static str) -> Cluster {
         assert!(
             slot < 100,
             "slot {slot}: the tests may only use ports 16000-16999"
@@ -528,6 +546,7 @@ impl Cluster {
             rt,
             own_coordinator: None,
             started: Instant::now(),
+            client_auth,
         };
         // From here on, Drop cleans up whatever `up` managed to create.
         let started = Instant::now();
@@ -595,7 +614,8 @@ impl Cluster {
         Background::spawn(self.command(args))
     }
 
-    /// `privmatch cluster up` with this test's ports (starts whatever is not running).
+    /// `privmatch cluster up` with this test's ports and client-auth policy (starts whatever
+    /// is not running).
     pub fn cluster_up(&self) -> CmdOutput {
         self.cli(&[
             "cluster",
@@ -604,8 +624,24 @@ impl Cluster {
             &self.base_port.to_string(),
             "--coordinator-port",
             &self.coordinator_port.to_string(),
+            "--client-auth",
+            self.client_auth,
         ])
         .expect_success()
+    }
+
+    /// A copy of the client configuration without the client credential `cluster up` wrote
+    /// (`client_id`, `client_key`), in the home directory: with `--config` it, the CLI seals
+    /// unsigned inputs, as a client nobody registered would.
+    pub fn unsigned_config(&self) -> PathBuf {
+        let mut config = self.config.clone();
+        config.client_id = None;
+        config.client_key = None;
+        let path = self.path("unsigned-client.toml");
+        config
+            .save(&path)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        path
     }
 
     /// A path inside the home directory (for test files; removed with the cluster).

@@ -534,14 +534,19 @@ fn iris_searches_carry_the_registered_clients_signature() {
             .expect_success();
     }
 
-    // Unsigned: refused at the parties, nothing answered.
+    // Unsigned (a configuration without the local client `cluster up` registered): refused
+    // at the parties, nothing answered.
+    let unsigned = cluster.unsigned_config().display().to_string();
     let out = cluster
-        .cli(&["iris", "search", "--input", &enrol, "--json"])
+        .cli(&[
+            "--config", &unsigned, "iris", "search", "--input", &enrol, "--json",
+        ])
         .expect_failure();
     out.assert_stderr_contains(&["registered client"]);
     assert!(out.stdout.trim().is_empty(), "{out}");
 
-    // Signed by alice: every template finds itself.
+    // Signed by alice (the environment takes precedence over the configuration's client):
+    // every template finds itself.
     let mut signed = cluster.command(&["iris", "search", "--input", &enrol, "--json"]);
     signed
         .env("PRIVMATCH_CLIENT_ID", "alice")
@@ -562,4 +567,390 @@ fn iris_searches_carry_the_registered_clients_signature() {
         assert_eq!(rows.len(), 1, "P{p}");
         assert_eq!(rows[0].get::<_, i32>(0), 3, "P{p}");
     }
+}
+
+// --- enrolment envelopes, and `cluster up` -----------------------------------------------
+
+/// Iris templates at each party, by subject prefix.
+fn iris_rows(cluster: &Cluster, prefix: &str) -> [i64; 3] {
+    [0, 1, 2].map(|p| {
+        cluster.query(
+            p,
+            "SELECT count(*) FROM privmatch.iris_templates WHERE subject LIKE $1 || '%'",
+            &[&prefix],
+        )[0]
+        .get(0)
+    })
+}
+
+/// Face templates at each party, by subject prefix.
+fn face_rows(cluster: &Cluster, prefix: &str) -> [i64; 3] {
+    [0, 1, 2].map(|p| {
+        cluster.query(
+            p,
+            "SELECT count(*) FROM privmatch.face_templates WHERE subject LIKE $1 || '%'",
+            &[&prefix],
+        )[0]
+        .get(0)
+    })
+}
+
+/// `privmatch.iris_enroll_sealed` at `party` as the coordinator's login, with the envelope
+/// hashes of `all` (the three envelopes of the record, as relayed): the rows, or the SQLSTATE
+/// and message.
+fn iris_enroll_at(
+    cluster: &Cluster,
+    party: usize,
+    all: &[Vec<u8>; 3],
+) -> Result<usize, (String, String)> {
+    let hashes = privmatch_core::iris::binding::envelope_hashes([&all[0], &all[1], &all[2]]);
+    cluster
+        .query_login(
+            &cluster.coordinator_logins[party],
+            "SELECT * FROM privmatch.iris_enroll_sealed($1, $2)",
+            &[&vec![all[party].clone()], &vec![hashes.to_vec()]],
+        )
+        .map(|rows| rows.len())
+}
+
+/// `privmatch.face_enroll_sealed` at `party` (P0 or P1) as the coordinator's login.
+fn face_enroll_at(
+    cluster: &Cluster,
+    party: usize,
+    envelope: &[u8],
+) -> Result<usize, (String, String)> {
+    cluster
+        .query_login(
+            &cluster.coordinator_logins[party],
+            "SELECT * FROM privmatch.face_enroll_sealed($1)",
+            &[&vec![envelope.to_vec()]],
+        )
+        .map(|rows| rows.len())
+}
+
+/// The SQLSTATE of a refusal, and that its message has every phrase.
+fn refused_with<T: std::fmt::Debug>(
+    got: Result<T, (String, String)>,
+    code: &str,
+    phrases: &[&str],
+) {
+    let (got_code, message) = got.expect_err("refused");
+    assert_eq!(got_code, code, "{message}");
+    for phrase in phrases {
+        assert!(message.contains(phrase), "{phrase:?} not in {message:?}");
+    }
+}
+
+/// Issue 34 item 4, for enrolments: `privmatch cluster up` (its default, run again on a
+/// cluster the harness started with `--client-auth optional`) registers the CLI as client
+/// `local-cli` at the three parties and sets the policy `required`; iris and face enrolment
+/// envelopes are then admitted like probes at every party. Unsigned envelopes (through the
+/// CLI without a credential, or in SQL as the coordinator's login), envelopes whose signature
+/// a relay rewrote, envelopes for another party or purpose, and replayed envelopes are refused
+/// with 28000, a replayed one with 23505 (its bundle ids are consumed), and nothing is enrolled
+/// anywhere; enrolments keep no nonce; the CLI's signed enrolments and searches work end to
+/// end; an unsigned probe is refused; expired nonces are swept as probes are admitted.
+#[test]
+fn enrolment_envelopes_are_signed_and_cluster_up_requires_signatures() {
+    use privmatch_core::face::enroll::{
+        seal_face_enrollment, FaceEnrollRequest, FACE_ENROLL_PURPOSE,
+    };
+    use privmatch_core::face::quantize::Quantizer;
+    use privmatch_core::iris::enroll::{seal_iris_enrollment, Eye, IRIS_ENROLL_PURPOSE};
+    use privmatch_core::iris::synth::random_template;
+
+    let cluster = Cluster::start("client-auth-enrol", 7);
+    let mut rng = ChaCha20Rng::seed_from_u64(7);
+    for p in 0..3 {
+        let rows = cluster.query(p, "SELECT privmatch.client_auth_policy()", &[]);
+        assert_eq!(rows[0].get::<_, String>(0), "optional", "P{p} (harness)");
+    }
+    // `cluster up` as a user runs it: the policy becomes 'required' at every party, the
+    // CLI's key is registered there and named in its configuration.
+    cluster
+        .cli(&[
+            "cluster",
+            "up",
+            "--base-port",
+            &cluster.base_port.to_string(),
+            "--coordinator-port",
+            &cluster.coordinator_port.to_string(),
+        ])
+        .expect_success();
+    let key_path = cluster.home.join("client.key");
+    let mode = std::fs::metadata(&key_path)
+        .expect("client.key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the client key is private");
+    let local = load_key(&key_path).expect("client key");
+    let config = privmatch_coordinator::config::Config::load(&cluster.home.join("privmatch.toml"))
+        .expect("client configuration");
+    assert_eq!(config.client_id.as_deref(), Some("local-cli"));
+    assert_eq!(config.client_key.as_deref(), Some(key_path.as_path()));
+    for p in 0..3 {
+        let rows = cluster.query(p, "SELECT privmatch.client_auth_policy()", &[]);
+        assert_eq!(rows[0].get::<_, String>(0), "required", "P{p}");
+        let rows = cluster.query(
+            p,
+            "SELECT DISTINCT public_key FROM privmatch.client_budgets() WHERE client_id = 'local-cli' AND NOT revoked",
+            &[],
+        );
+        assert_eq!(rows.len(), 1, "P{p}");
+        assert_eq!(
+            rows[0].get::<_, String>(0),
+            local.verifying_key().to_hex(),
+            "P{p}"
+        );
+        // An unsigned sealed probe is refused (as every protocol function admits it).
+        let inner = sealed(&mut rng);
+        refused_with(
+            cluster.query_login(
+                &cluster.coordinator_logins[p],
+                "SELECT privmatch.client_auth_check($1, $2)",
+                &[&PURPOSE, &inner],
+            ),
+            "28000",
+            &["registered client must sign"],
+        );
+    }
+
+    // Through the CLI without a credential: iris (batch and --if-unique) and face
+    // enrolments refused at the parties, nothing enrolled anywhere.
+    let unsigned = cluster.unsigned_config().display().to_string();
+    let iris_file = cluster.path("unsigned-iris.ndjson");
+    let synth = cluster
+        .cli(&["iris", "synth", "2", "--seed", "71", "--prefix", "nosig"])
+        .expect_success();
+    std::fs::write(&iris_file, &synth.stdout).expect("write");
+    let iris_arg = iris_file.display().to_string();
+    for extra in [&[][..], &["--if-unique"][..]] {
+        let mut args = vec![
+            "--config", &unsigned, "iris", "enroll", "--input", &iris_arg,
+        ];
+        args.extend_from_slice(extra);
+        args.push("--no-progress");
+        cluster
+            .cli(&args)
+            .expect_failure()
+            .assert_stderr_contains(&["registered client"]);
+        assert_eq!(iris_rows(&cluster, "nosig"), [0, 0, 0], "{extra:?}");
+    }
+    const DIM: usize = 128;
+    let embedding = |rng: &mut ChaCha20Rng| -> Vec<f64> {
+        let raw: Vec<f64> = (0..DIM).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        privmatch_core::embedding::normalize(&raw).expect("non-zero")
+    };
+    let face_file = cluster.path("faces.ndjson");
+    let faces: Vec<String> = (0..3)
+        .map(|i| {
+            serde_json::json!({"subject": format!("face-{i}"), "embedding": embedding(&mut rng)})
+                .to_string()
+        })
+        .collect();
+    privmatch_e2e::write_lines(&face_file, &faces);
+    let face_arg = face_file.display().to_string();
+    cluster
+        .cli(&[
+            "--config", &unsigned, "face", "enroll", "--input", &face_arg,
+        ])
+        .expect_failure()
+        .assert_stderr_contains(&["registered client"]);
+    assert_eq!(face_rows(&cluster, "face-"), [0, 0, 0]);
+
+    // In SQL as the coordinator's login (a relay that drops the signature, or forges its own
+    // envelope): refused at each party, naming the function.
+    let keys = cluster.party_keys();
+    let template = random_template(&mut rng);
+    let (plain, _) =
+        seal_iris_enrollment(&template, "sql-iris", Eye::Left, &keys, &mut rng).expect("seal");
+    for p in 0..3 {
+        refused_with(
+            iris_enroll_at(&cluster, p, &plain),
+            "28000",
+            &["iris_enroll_sealed", "registered client must sign"],
+        );
+    }
+    let quantizer = Quantizer::new(DIM).expect("dim");
+    let face_embedding = quantizer.quantize(&embedding(&mut rng)).expect("quantise");
+    let request = FaceEnrollRequest {
+        subject: "sql-face",
+        embedding: &face_embedding,
+    };
+    let (face_plain, _) = seal_face_enrollment(&[request], &keys, &mut rng).expect("seal");
+    for (p, envelope) in face_plain.iter().enumerate() {
+        refused_with(
+            face_enroll_at(&cluster, p, envelope),
+            "28000",
+            &["face_enroll_sealed", "registered client must sign"],
+        );
+    }
+
+    // Signed by the registered client, then rewritten by a relay (signature, nonce, the
+    // sealed envelope), redirected to another party, or signed for another purpose: refused.
+    let client = id("local-cli");
+    let sign = |party: usize, purpose: &str, blob: &[u8], rng: &mut ChaCha20Rng| {
+        local.wrap(&client, P[party], purpose, blob, now(), rng)
+    };
+    let signed: [Vec<u8>; 3] =
+        std::array::from_fn(|p| sign(p, IRIS_ENROLL_PURPOSE, &plain[p], &mut rng));
+    let header = 4 + 1 + 1 + 1 + IRIS_ENROLL_PURPOSE.len() + 1 + "local-cli".len();
+    for p in 0..3 {
+        for (what, at) in [
+            ("nonce", header + 2),
+            ("signature", header + 24 + 5),
+            ("sealed envelope", signed[p].len() - 1),
+        ] {
+            let mut relayed = signed.clone();
+            relayed[p][at] ^= 0x01;
+            let (code, message) = iris_enroll_at(&cluster, p, &relayed).expect_err(what);
+            assert_eq!(code, "28000", "P{p} {what}: {message}");
+            assert!(
+                message.contains("iris_enroll_sealed") && message.contains("local-cli"),
+                "P{p} {what}: {message}"
+            );
+        }
+        let mut redirected = signed.clone();
+        redirected[p] = signed[(p + 1) % 3].clone();
+        refused_with(
+            iris_enroll_at(&cluster, p, &redirected),
+            "28000",
+            &["local-cli", "signed for"],
+        );
+        let mut as_probe = signed.clone();
+        as_probe[p] = sign(p, "iris-probe", &plain[p], &mut rng);
+        refused_with(
+            iris_enroll_at(&cluster, p, &as_probe),
+            "28000",
+            &["local-cli", "iris-probe"],
+        );
+    }
+    let face_signed: [Vec<u8>; 2] =
+        std::array::from_fn(|p| sign(p, FACE_ENROLL_PURPOSE, &face_plain[p], &mut rng));
+    for (p, envelope) in face_signed.iter().enumerate() {
+        let mut rewritten = envelope.clone();
+        rewritten[header] ^= 0x01; // the nonce (the purpose label has the same length)
+        refused_with(
+            face_enroll_at(&cluster, p, &rewritten),
+            "28000",
+            &["face_enroll_sealed", "local-cli"],
+        );
+    }
+    assert_eq!(iris_rows(&cluster, "sql-"), [0, 0, 0]);
+    assert_eq!(face_rows(&cluster, "sql-"), [0, 0, 0]);
+
+    let nonces = |cluster: &Cluster| -> [i64; 3] {
+        [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.client_nonces"))
+    };
+    let nonces_before = nonces(&cluster);
+    // The signed envelopes, as an honest coordinator relays them: enrolled at every party
+    // (the same enrolment id at the three), then replayed: refused, nothing more enrolled.
+    for p in 0..3 {
+        assert_eq!(
+            iris_enroll_at(&cluster, p, &signed).expect("signed"),
+            1,
+            "P{p}"
+        );
+    }
+    for (p, envelope) in face_signed.iter().enumerate() {
+        assert_eq!(
+            face_enroll_at(&cluster, p, envelope).expect("signed"),
+            1,
+            "P{p}"
+        );
+    }
+    // Enrolments keep no nonce (their bundle ids are single use): a 100,000-record enrolment
+    // adds nothing to privmatch.client_nonces.
+    assert_eq!(nonces(&cluster), nonces_before);
+    let ids: Vec<Vec<u8>> = (0..3)
+        .map(|p| {
+            cluster.query(
+                p,
+                "SELECT enrolment_id FROM privmatch.iris_templates WHERE subject = 'sql-iris'",
+                &[],
+            )[0]
+            .get(0)
+        })
+        .collect();
+    assert!(
+        ids.iter().all(|i| *i == ids[0]),
+        "one enrolment id at the three"
+    );
+    // A replayed enrolment is refused by its consumed bundle ids (23505 "already consumed":
+    // the front door's "it committed earlier"), signed or not.
+    for p in 0..3 {
+        refused_with(
+            iris_enroll_at(&cluster, p, &signed),
+            "23505",
+            &["already consumed"],
+        );
+    }
+    for (p, envelope) in face_signed.iter().enumerate() {
+        refused_with(
+            face_enroll_at(&cluster, p, envelope),
+            "23505",
+            &["already consumed"],
+        );
+    }
+    assert_eq!(iris_rows(&cluster, "sql-"), [1, 1, 1]);
+    assert_eq!(face_rows(&cluster, "sql-"), [1, 1, 0]);
+
+    // The CLI signs through its configuration: batch and --if-unique iris enrolments, a face
+    // enrolment, and searches, end to end under 'required'.
+    let enrol_file = cluster.path("signed-iris.ndjson");
+    let synth = cluster
+        .cli(&["iris", "synth", "3", "--seed", "72", "--prefix", "signed"])
+        .expect_success();
+    std::fs::write(&enrol_file, &synth.stdout).expect("write");
+    let enrol_arg = enrol_file.display().to_string();
+    cluster.enroll(&enrol_file, &[]).expect_success();
+    assert_eq!(iris_rows(&cluster, "signed"), [3, 3, 3]);
+    let unique_file = cluster.path("unique-iris.ndjson");
+    let synth = cluster
+        .cli(&["iris", "synth", "1", "--seed", "73", "--prefix", "unique"])
+        .expect_success();
+    std::fs::write(&unique_file, &synth.stdout).expect("write");
+    cluster
+        .enroll(&unique_file, &["--if-unique"])
+        .expect_success();
+    assert_eq!(iris_rows(&cluster, "unique"), [1, 1, 1]);
+    cluster
+        .cli(&["face", "enroll", "--input", &face_arg])
+        .expect_success();
+    assert_eq!(face_rows(&cluster, "face-"), [3, 3, 0]);
+    let out = cluster
+        .cli(&["iris", "search", "--input", &enrol_arg, "--json"])
+        .expect_success();
+    for i in 0..3 {
+        let subject = format!("signed-{i:07}");
+        assert!(out.stdout.contains(&subject), "{subject} not found: {out}");
+    }
+    // An expired nonce left in the table is swept when the next probe is admitted.
+    cluster.query(
+        0,
+        "INSERT INTO privmatch.client_nonces (client_id, nonce, keep_until) \
+         VALUES ('local-cli', '\\x00000000000000000000000000000000', now() - interval '1 hour')",
+        &[],
+    );
+    // The template enrolled in SQL with signed envelopes is found too.
+    let probe_file = cluster.path("sql-probe.ndjson");
+    privmatch_e2e::write_lines(
+        &probe_file,
+        &[serde_json::json!({"eye": "left", "iris_codes": template.code.to_base64(), "mask_codes": template.mask.to_base64()}).to_string()],
+    );
+    let out = cluster
+        .cli(&[
+            "iris",
+            "search",
+            "--input",
+            &probe_file.display().to_string(),
+            "--json",
+        ])
+        .expect_success();
+    assert!(out.stdout.contains("sql-iris"), "{out}");
+    let expired_left = cluster.scalar(
+        0,
+        "SELECT count(*) FROM privmatch.client_nonces WHERE keep_until < now()",
+    );
+    assert_eq!(expired_left, 0, "expired nonces are swept");
 }

@@ -598,8 +598,25 @@ fn a_search_with_a_party_down_fails_clearly_and_leaves_nothing_behind() {
     assert_eq!(matches_of(&got[0]), vec![(new_subject, new_eye)]);
 }
 
+/// The client configuration at `path` with the parties' signing keys pinned (as
+/// `party_info()` shows them; their operators hand them out with their identity bundles).
+fn config_pinning_signing_keys(
+    cluster: &Cluster,
+    path: &std::path::Path,
+) -> privmatch_coordinator::config::Config {
+    let mut config =
+        privmatch_coordinator::config::Config::load(path).expect("client configuration");
+    config.party_signing_keys = (0..3)
+        .map(|p| {
+            cluster.query(p, "SELECT signing_key FROM privmatch.party_info()", &[])[0]
+                .get::<_, String>(0)
+        })
+        .collect();
+    config
+}
+
 /// How the proxy of [`start_proxy`] changes the coordinator's answers to `POST
-/// /v1/iris/search`.
+/// /v1/iris/search` (and, for the last two, to `POST /v1/iris/enroll-if-unique`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tamper {
     /// Passes them through.
@@ -610,6 +627,10 @@ enum Tamper {
     SwapP0P2,
     /// Adds a combined `matches` (and `unique`) of its own, which the coordinator never sends.
     AddCombined,
+    /// Turns an enroll-if-unique `outcome` of `not_unique` into `enrolled` and back.
+    FlipOutcome,
+    /// Removes the sealed outputs from an enroll-if-unique answer.
+    DropOutcomeOutputs,
 }
 
 /// A TLS proxy in front of the coordinator holding the coordinator's own certificate (what
@@ -690,8 +711,42 @@ fn tamper_answer(tamper: Tamper, body: &[u8]) -> Vec<u8> {
             v["matches"] = serde_json::json!([{"subject": "mallory", "eye": "left"}]);
             v["unique"] = Value::Bool(true);
         }
+        Tamper::FlipOutcome => {
+            let flipped = match v["outcome"].as_str() {
+                Some("not_unique") => "enrolled",
+                Some("enrolled") => "not_unique",
+                _ => return body.to_vec(),
+            };
+            v["outcome"] = Value::String(flipped.into());
+        }
+        Tamper::DropOutcomeOutputs => {
+            if let Some(answer) = v.as_object_mut() {
+                answer.remove("sealed_outputs");
+            }
+        }
     }
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// With [`Tamper::FlipOutcome`], the answer of a coordinator whose API refused a non-unique
+/// record with HTTP 409 (`not_unique`, privmatch 0.12.0 and earlier) rewritten as a 200
+/// `enrolled` for the request's subject and eye; None for any other answer.
+fn forge_enrolled(tamper: Tamper, head: &str, body: &[u8], request: &[u8]) -> Option<Vec<u8>> {
+    if tamper != Tamper::FlipOutcome || !head.starts_with("HTTP/1.1 409") {
+        return None;
+    }
+    let error: Value = serde_json::from_slice(body).ok()?;
+    if error["code"] != "not_unique" {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(request).ok()?;
+    serde_json::to_vec(&serde_json::json!({
+        "subject": request["subject"],
+        "eye": request["eye"],
+        "outcome": "enrolled",
+        "pending_recovery": [],
+    }))
+    .ok()
 }
 
 fn start_proxy(cluster: &Cluster) -> TamperProxy {
@@ -744,10 +799,14 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
                     up.write_all(head_up.as_bytes())?;
                     up.write_all(&body)?;
                     up.flush()?;
-                    let (rhead, rbody) = read_http(&mut up)?;
-                    let is_search = head.starts_with("POST /v1/iris/search ");
+                    let (mut rhead, rbody) = read_http(&mut up)?;
+                    let is_search = head.starts_with("POST /v1/iris/search ")
+                        || head.starts_with("POST /v1/iris/enroll-if-unique ");
                     let mode = *tamper.lock().map_err(|_| std::io::Error::other("lock"))?;
-                    let rbody = if is_search {
+                    let rbody = if let Some(forged) = forge_enrolled(mode, &rhead, &rbody, &body) {
+                        rhead = rhead.replacen("409 Conflict", "200 OK", 1);
+                        forged
+                    } else if is_search {
                         tamper_answer(mode, &rbody)
                     } else {
                         rbody
@@ -775,7 +834,7 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
 /// 0.11.0 the results were signed but travelled in the clear.
 #[test]
 fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
-    use privmatch_coordinator::config::{Config, CONFIG_FILE};
+    use privmatch_coordinator::config::CONFIG_FILE;
     let cluster = Cluster::start("search-signed", 88);
     let mut rng = ChaCha20Rng::seed_from_u64(88);
     let enrolled = enroll(&cluster, &mut rng, 24, "db");
@@ -875,13 +934,7 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
     // (b) Signed outputs. The client pins the parties' signing keys (as party_info() shows
     // them; their operators hand them out with their identity bundles).
     let config_path = cluster.home.join(CONFIG_FILE);
-    let mut config = Config::load(&config_path).expect("client configuration");
-    config.party_signing_keys = (0..3)
-        .map(|p| {
-            cluster.query(p, "SELECT signing_key FROM privmatch.party_info()", &[])[0]
-                .get::<_, String>(0)
-        })
-        .collect();
+    let config = config_pinning_signing_keys(&cluster, &config_path);
     config.save(&config_path).expect("save");
     let direct = cluster
         .cli(&["iris", "search", "--input", &probe_path, "--json"])
@@ -983,4 +1036,86 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
         .expect("untouched")[0]
         .get(0);
     assert!(!unique);
+}
+
+/// Enroll-if-unique's outcome is checked by the client: the coordinator's answer carries the
+/// three parties' signed outputs of the uniqueness search, sealed to the reply key in the
+/// client's probe, and the CLI refuses an outcome they contradict. A proxy holding the
+/// coordinator's certificate that turns `not_unique` into `enrolled` (a duplicate reported as
+/// a fresh identity) or `enrolled` into `not_unique`, or drops the outputs, is refused; the
+/// untouched answers are accepted. Against 0.12.0 (6fd0073) the client discarded the reply key
+/// and believed the `outcome` field: the flipped answers were accepted (run on 2026-11-29).
+#[test]
+fn an_enroll_if_unique_outcome_changed_in_transit_is_refused() {
+    use privmatch_coordinator::config::CONFIG_FILE;
+    let cluster = Cluster::start("if-unique-signed", 48);
+    let mut rng = ChaCha20Rng::seed_from_u64(48);
+    let base = enroll(&cluster, &mut rng, 20, "base");
+    let mut config = config_pinning_signing_keys(&cluster, &cluster.home.join(CONFIG_FILE));
+    let proxy = start_proxy(&cluster);
+    config.coordinator_url = format!("https://127.0.0.1:{}", proxy.port);
+    config.ca_cert = Some(cluster.home.join("tls/ca.pem"));
+    let proxied_path = cluster.path("proxied.toml");
+    config.save(&proxied_path).expect("save");
+    let proxied = proxied_path.display().to_string();
+    let (dup_of, t) = base
+        .iter()
+        .find(|((_, eye), _)| eye == "left")
+        .map(|(k, t)| (k.clone(), *t))
+        .expect("a left eye");
+    let one = |name: &str, template: &IrisTemplate| {
+        let file = cluster.path(&format!("{name}.ndjson"));
+        write_lines(&file, &[enrollment_line(name, "left", template)]);
+        let file = file.display().to_string();
+        cluster.cli(&[
+            "--config",
+            &proxied,
+            "iris",
+            "enroll",
+            "--input",
+            &file,
+            "--if-unique",
+            "--no-progress",
+        ])
+    };
+    // A near-duplicate reported as enrolled: refused, and nothing was enrolled.
+    proxy.set(Tamper::FlipOutcome);
+    let dup = near_duplicate(&t, 0.2, 5, &mut rng);
+    one("flip-dup", &dup)
+        .expect_failure()
+        .assert_stderr_contains(&[
+            "the coordinator reported enrolled",
+            "say the template is not unique",
+        ]);
+    assert_eq!(cluster.subject_count(0, "flip-dup"), 0, "{dup_of:?}");
+    // A fresh template reported as not unique: refused (it was enrolled; the user is told).
+    let fresh = random_template(&mut rng);
+    one("flip-fresh", &fresh)
+        .expect_failure()
+        .assert_stderr_contains(&[
+            "the coordinator reported not unique",
+            "say the template is unique",
+        ]);
+    // Outputs dropped: refused.
+    proxy.set(Tamper::DropOutcomeOutputs);
+    let other = random_template(&mut rng);
+    one("dropped", &other)
+        .expect_failure()
+        .assert_stderr_contains(&["carries no sealed outputs"]);
+    // Untouched: a duplicate refused as not unique, a fresh one enrolled.
+    proxy.set(Tamper::Nothing);
+    let out = one("plain-dup", &near_duplicate(&t, 0.2, -3, &mut rng)).expect_success();
+    assert!(
+        out.stdout
+            .contains("enrolled 0, skipped (duplicates) 0, refused (not unique) 1"),
+        "{out}"
+    );
+    let out = one("plain-fresh", &random_template(&mut rng)).expect_success();
+    assert!(
+        out.stdout
+            .contains("enrolled 1, skipped (duplicates) 0, refused (not unique) 0"),
+        "{out}"
+    );
+    assert_eq!(cluster.subject_count(2, "plain-fresh"), 1);
+    assert_eq!(cluster.subject_count(1, "plain-dup"), 0);
 }

@@ -138,17 +138,8 @@ async fn send(
             .operator_key
             .as_ref()
             .unwrap_or(&operator.signing_key);
-        let signer = operator_key::load(key_path)?;
-        let party = PartyIndex::new(i64::from(index)).context("the configuration's party")?;
-        let command = signer.sign(party, fresh_counter(), kind.action(), payload);
-        let client = crate::parties::open(&operator.party)
-            .await
-            .with_context(|| format!("connecting to P{index} as its operator"))?;
-        let row = client
-            .query_one(kind.sql(), &[&command])
-            .await
-            .map_err(|e| anyhow::anyhow!("P{index}: {}", pg_message(&e)))?;
-        return Ok((index, row.get(0)));
+        let answer = send_direct(&operator, key_path, kind, payload).await?;
+        return Ok((index, answer));
     }
     let Some(index) = target.party else {
         bail!("name the party: --operator-config F (straight to it) or --party N (through the coordinator)");
@@ -168,6 +159,59 @@ async fn send(
         .post("/v1/clients/configure", &body)
         .await?;
     Ok((answer.party, answer.result))
+}
+
+/// Signs `payload` as command `kind` with the operator key in `key_path` and sends it
+/// straight to `operator`'s party with the operator's login; the party's answer.
+async fn send_direct(
+    operator: &OperatorConfig,
+    key_path: &Path,
+    kind: CommandKind,
+    payload: &[u8],
+) -> Result<String> {
+    let index = operator.party.index;
+    let signer = operator_key::load(key_path)?;
+    let party = PartyIndex::new(i64::from(index)).context("the configuration's party")?;
+    let command = signer.sign(party, fresh_counter(), kind.action(), payload);
+    let client = crate::parties::open(&operator.party)
+        .await
+        .with_context(|| format!("connecting to P{index} as its operator"))?;
+    let row = client
+        .query_one(kind.sql(), &[&command])
+        .await
+        .map_err(|e| anyhow::anyhow!("P{index}: {}", pg_message(&e)))?;
+    Ok(row.get(0))
+}
+
+/// As `operator`'s party's operator (its configuration's signing key), registers a client
+/// at that party: what `privmatch client register --operator-config F` does. Returns the
+/// client id the party registered.
+pub async fn register_as_operator(
+    operator: &OperatorConfig,
+    registration: &ClientRegistration,
+) -> Result<String> {
+    send_direct(
+        operator,
+        &operator.signing_key,
+        CommandKind::Register,
+        &registration.encode(),
+    )
+    .await
+}
+
+/// As `operator`'s party's operator, sets that party's client-auth policy: what `privmatch
+/// client-auth policy set P --operator-config F` does. Returns the policy now.
+pub async fn set_policy_as_operator(
+    operator: &OperatorConfig,
+    policy: ClientAuthPolicy,
+) -> Result<String> {
+    send_direct(
+        operator,
+        &operator.signing_key,
+        CommandKind::Policy,
+        &policy.encode(),
+    )
+    .await
 }
 
 /// A party's error with its SQLSTATE, or the connection error.

@@ -121,10 +121,34 @@ impl Sealer {
     pub fn sign_for(&self, party: PartyIndex, purpose: &str, sealed: Vec<u8>) -> Vec<u8> {
         wrap_for_party(self.client.as_ref(), party, purpose, sealed)
     }
+
+    /// The first `N` parties' sealed inputs (`sealed[p]` sealed to party `p` for `purpose`:
+    /// an enrolment's envelopes, three for iris, two for faces) each signed for its party
+    /// ([`Sealer::sign_for`]).
+    pub fn sign_each<const N: usize>(&self, purpose: &str, sealed: [Vec<u8>; N]) -> [Vec<u8>; N] {
+        sign_each(self.client.as_ref(), purpose, sealed)
+    }
 }
 
-/// The client credential the environment or `config` names (both halves from one place).
-fn client_credential(config: &Config) -> Result<Option<ClientCredential>> {
+/// [`Sealer::sign_each`] with the credential `client` (unchanged without one), for sealing
+/// threads that hold the credential without a whole [`Sealer`].
+pub fn sign_each<const N: usize>(
+    client: Option<&ClientCredential>,
+    purpose: &str,
+    sealed: [Vec<u8>; N],
+) -> [Vec<u8>; N] {
+    const { assert!(N <= 3, "privmatch has three parties") };
+    let mut party = PartyIndex::ALL.into_iter();
+    sealed.map(|blob| match party.next() {
+        Some(p) => wrap_for_party(client, p, purpose, blob),
+        None => blob,
+    })
+}
+
+/// The client credential the environment or `config` names (both halves from one place):
+/// `PRIVMATCH_CLIENT_ID` and `PRIVMATCH_CLIENT_KEY`, or the configuration's `client_id` and
+/// `client_key`; `None` when neither names one.
+pub fn client_credential(config: &Config) -> Result<Option<ClientCredential>> {
     let env_id = std::env::var("PRIVMATCH_CLIENT_ID").ok();
     let env_key = std::env::var_os("PRIVMATCH_CLIENT_KEY").map(PathBuf::from);
     let (id, key) = match (env_id, env_key) {
@@ -147,4 +171,48 @@ pub fn sealing_time() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use privmatch_core::crypto::client_auth::{unwrap, ClientId, ClientSigningKey};
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn each_envelope_is_signed_for_its_own_party_or_left_alone() {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let key = ClientSigningKey::generate(&mut rng);
+        let public = key.verifying_key();
+        let id = ClientId::new("kiosk").expect("id");
+        let credential = ClientCredential::new(id.clone(), key);
+        let sealed = [b"p0".to_vec(), b"p1".to_vec(), b"p2".to_vec()];
+        let signed = sign_each(Some(&credential), "iris-enrol", sealed.clone());
+        for (p, blob) in signed.iter().enumerate() {
+            let (auth, inner) = unwrap(blob).expect("parses");
+            let auth = auth.expect("signed");
+            assert_eq!(inner, sealed[p].as_slice());
+            assert_eq!(auth.client, id);
+            let now = auth.expires_at - 1;
+            auth.verify(&public, PartyIndex::ALL[p], "iris-enrol", inner, now)
+                .expect("valid for its own party and purpose");
+            let other = PartyIndex::ALL[(p + 1) % 3];
+            assert!(auth
+                .verify(&public, other, "iris-enrol", inner, now)
+                .is_err());
+        }
+        // Two evaluators (faces): the first two parties.
+        let [e0, e1] = sign_each(
+            Some(&credential),
+            "face-enrol",
+            [b"a".to_vec(), b"b".to_vec()],
+        );
+        for (p, blob) in [e0, e1].iter().enumerate() {
+            let (auth, _) = unwrap(blob).expect("parses");
+            assert_eq!(auth.expect("signed").party, PartyIndex::ALL[p]);
+        }
+        // No credential: unchanged.
+        assert_eq!(sign_each(None, "iris-enrol", sealed.clone()), sealed);
+    }
 }

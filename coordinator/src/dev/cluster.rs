@@ -15,12 +15,20 @@
 //! client configuration pins it with the fingerprint the export printed; the coordinator's
 //! configuration is never read for them.
 //!
+//! The client is a registered client, as in a deployment (docs/deployment.md, "Registered
+//! clients"): `up` makes its signing key (`client.key`, 0600, and `client.key.pub`), each
+//! party's operator registers it as [`LOCAL_CLIENT_ID`] with a signed command (the path of
+//! `privmatch client register --operator-config`), and sets the party's client-auth policy
+//! `required` (`--client-auth optional` leaves unsigned inputs accepted). The client
+//! configuration names the key, so every sealed probe and enrolment envelope the CLI sends is
+//! signed for its party; an unsigned one is refused at every party.
+//!
 //! Layout of the home directory: `p0/`, `p1/`, `p2/` (each: `data/`, `run/` socket directory,
 //! `party.key`, `postgres.log`, `tls/`); the configurations, one per role (`crate::config`):
 //! `privmatch.toml` (the client's), `coordinator.toml` (the coordinator's),
 //! `operators/p<i>.toml` (each operator's, with its signing key and identity bundle);
-//! `tls/` (the local CA and the coordinator's certificate); `coordinator.log`,
-//! `coordinator.pid`.
+//! `client.key` (the client's signing key) and `client.key.pub`; `tls/` (the local CA and the
+//! coordinator's certificate); `coordinator.log`, `coordinator.pid`.
 //!
 //! Nothing secret is ever readable by another local user, not even while `up` runs: the home
 //! is 0700 (0710 with the cluster user's group when run as root, so the servers and the
@@ -36,7 +44,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use privmatch_core::crypto::client_auth::{ClientAuthPolicy, ClientId, ClientRegistration};
 
+use crate::cli::client_auth::{register_as_operator, set_policy_as_operator};
+use crate::cli::client_key::{create_key, load_key, public_key_path};
 use crate::cli::deploy::API_KEYS_FILE;
 use crate::cli::http::Coordinator;
 use crate::cli::operator::{self, provision, set_operator_key, COORDINATOR_ROLE};
@@ -67,6 +78,11 @@ pub enum ClusterAction {
         /// Directory of initdb/pg_ctl (default: `pg_config --bindir`).
         #[arg(long)]
         pg_bin: Option<PathBuf>,
+        /// The parties' client-auth policy: `required` (every sealed input must be signed by a
+        /// registered client; the CLI signs as the local client) or `optional` (unsigned
+        /// inputs accepted too, e.g. to try the protocol functions by hand in SQL).
+        #[arg(long, default_value = "required", value_parser = ["required", "optional"])]
+        client_auth: String,
     },
     /// Stop the coordinator and the parties.
     Down {
@@ -755,12 +771,72 @@ async fn export_identities(
     Ok(out)
 }
 
+/// The id under which `up` registers the local CLI at the three parties.
+pub const LOCAL_CLIENT_ID: &str = "local-cli";
+
+/// The requests per hour of each budget kind the local client may make at each party: as many
+/// as the party-wide iris budget at install, so benchmarks are held by the parties' own
+/// budgets only.
+const LOCAL_CLIENT_PER_HOUR: u32 = 100_000;
+
+/// The local client's signing key file in the home directory (0600; its public key beside it
+/// in `client.key.pub`).
+fn client_key_file(home: &Path) -> PathBuf {
+    home.join("client.key")
+}
+
+/// The local client's key: the one in `home` (made on the first `up`; a key file others may
+/// read is refused), its public half returned.
+fn local_client_key(
+    home: &Path,
+) -> Result<privmatch_core::crypto::client_auth::ClientVerifyingKey> {
+    let path = client_key_file(home);
+    if path.exists() {
+        return Ok(load_key(&path)?.verifying_key());
+    }
+    // A public key left without its key (an interrupted `up`) is replaced.
+    let public_path = public_key_path(&path);
+    std::fs::remove_file(&public_path).ok();
+    let public = create_key(&path)?;
+    // Nothing in the home is for other users, not even the public half.
+    chmod(&public_path, 0o600)?;
+    Ok(public)
+}
+
+/// As each party's operator: registers the local client (its key in `home`) and sets the
+/// party's client-auth policy to `policy`, with the operator's signed commands sent straight
+/// to the party (the path of `privmatch client register --operator-config`). Registering
+/// again with the same key changes nothing; a new key (the old file deleted) replaces it.
+async fn register_local_client(
+    home: &Path,
+    operators: &[OperatorConfig],
+    policy: ClientAuthPolicy,
+) -> Result<()> {
+    let registration = ClientRegistration {
+        client: ClientId::new(LOCAL_CLIENT_ID).context("the local client id")?,
+        key: local_client_key(home)?,
+        per_hour: LOCAL_CLIENT_PER_HOUR,
+        replace: true,
+    };
+    for operator in operators {
+        let index = operator.party.index;
+        register_as_operator(operator, &registration)
+            .await
+            .with_context(|| format!("registering the local client at P{index}"))?;
+        set_policy_as_operator(operator, policy)
+            .await
+            .with_context(|| format!("setting P{index}'s client-auth policy"))?;
+    }
+    Ok(())
+}
+
 async fn up(
     home: &Path,
     config_path: &Path,
     base_port: u16,
     coordinator_port: u16,
     runner: &Runner,
+    client_auth: ClientAuthPolicy,
 ) -> Result<()> {
     // Private from the start; an older version's 0755 home is tightened.
     runner.shared_dir(home)?;
@@ -814,6 +890,7 @@ async fn up(
         config.save(&operator_config_file(home, operator.index))?;
         operator_configs.push(config);
     }
+    register_local_client(home, &operator_configs, client_auth).await?;
     let identities = export_identities(home, &operator_configs, &ca).await?;
     let api_keys = home.join(API_KEYS_FILE);
     let api_token = api_credentials(home, config_path, &api_keys)?;
@@ -867,6 +944,8 @@ async fn up(
     config.coordinator_url = coordinator_url;
     config.ca_cert = Some(ca.cert_path());
     config.api_token = Some(api_token);
+    config.client_id = Some(LOCAL_CLIENT_ID.to_owned());
+    config.client_key = Some(client_key_file(home));
     for (bundle, fingerprint) in &identities {
         config.pin_identity(bundle, fingerprint, false)?;
     }
@@ -896,6 +975,11 @@ async fn up(
         );
     }
     println!("  coordinator  {}", config.coordinator_url());
+    println!(
+        "  client  {LOCAL_CLIENT_ID} (key {}), client-auth policy {} at every party",
+        client_key_file(home).display(),
+        client_auth.name()
+    );
     println!(
         "  configurations: client {}, coordinator {}, operators {}",
         config_path.display(),
@@ -939,7 +1023,7 @@ async fn status(home: &Path, config_path: &Path, runner: &Runner) -> Result<()> 
 
 /// Deletes everything `up` made in `home`: the parties (data, keys, certificates, logs), the
 /// operators' keys and bundles, the CA and the coordinator's key (`tls/`: the next `up` makes
-/// a new CA), the credentials, passwords, configurations and logs.
+/// a new CA), the client's signing key, the credentials, passwords, configurations and logs.
 fn purge_home(home: &Path) -> Result<()> {
     for dir in [
         party_dir(home, 0),
@@ -962,6 +1046,8 @@ fn purge_home(home: &Path) -> Result<()> {
         home.join(format!("{CONFIG_FILE}.tmp")),
         home.join(COORDINATOR_CONFIG_FILE),
         home.join(format!("{COORDINATOR_CONFIG_FILE}.tmp")),
+        client_key_file(home),
+        public_key_path(&client_key_file(home)),
     ];
     for index in 0..3 {
         files.push(home.join(password_file(index, OPERATOR_ROLE)));
@@ -986,9 +1072,20 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
             coordinator_port,
             run_as,
             pg_bin,
+            client_auth,
         } => {
+            let policy =
+                ClientAuthPolicy::parse(client_auth).map_err(|e| anyhow::anyhow!("{e}"))?;
             let runner = Runner::new(pg_bin.clone(), run_as)?;
-            up(home, config_path, *base_port, *coordinator_port, &runner).await
+            up(
+                home,
+                config_path,
+                *base_port,
+                *coordinator_port,
+                &runner,
+                policy,
+            )
+            .await
         }
         ClusterAction::Down { purge } => {
             stop_coordinator(home);

@@ -23,7 +23,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
-use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest, FACE_ENROLL_PURPOSE};
 use privmatch_core::face::probe::{seal_face_probe, FACE_PROBE_PURPOSE};
 use privmatch_core::face::quantize::Quantizer;
 use privmatch_core::face::reply::{open_face_result, FaceResult};
@@ -298,9 +298,11 @@ impl FaceClient {
                     embedding: &r.embedding,
                 })
                 .collect();
-            let ([e0, e1], _) =
+            let (sealed, _) =
                 seal_face_enrollment(&requests, &self.sealer.keys, &mut self.sealer.rng)
                     .map_err(|e| anyhow!("sealing lines {}..={}: {e}", lines.first, lines.last))?;
+            // Each evaluator's envelope signed for it by the configured client, if any.
+            let [e0, e1] = self.sealer.sign_each(FACE_ENROLL_PURPOSE, sealed);
             let body = FaceEnrollBody {
                 on_duplicate: on_duplicate.to_owned(),
                 envelopes: [to_base64(&e0), to_base64(&e1)],

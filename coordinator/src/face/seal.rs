@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use privmatch_core::crypto::seal::PartyPublicKey;
-use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest};
+use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest, FACE_ENROLL_PURPOSE};
 use privmatch_core::face::probe::{seal_face_probe, FACE_PROBE_PURPOSE};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::SealedKind;
@@ -118,14 +118,16 @@ pub fn run(config: &Config, args: &FaceSealArgs) -> Result<()> {
     Ok(())
 }
 
-/// One record's enrolment body (`on_duplicate` skip: a retried call reports it enrolled).
+/// One record's enrolment body (`on_duplicate` skip: a retried call reports it enrolled), its
+/// envelopes signed for P0 and P1 by the configured client, if any.
 fn enroll_body(sealer: &mut Sealer, record: &FaceEnrollRecord) -> Result<FaceEnrollBody> {
     let request = FaceEnrollRequest {
         subject: &record.subject,
         embedding: &record.embedding,
     };
-    let ([e0, e1], _) = seal_face_enrollment(&[request], &sealer.keys, &mut sealer.rng)
+    let (sealed, _) = seal_face_enrollment(&[request], &sealer.keys, &mut sealer.rng)
         .map_err(|e| anyhow!("line {}: sealing: {e}", record.line))?;
+    let [e0, e1] = sealer.sign_each(FACE_ENROLL_PURPOSE, sealed);
     Ok(FaceEnrollBody {
         on_duplicate: "skip".into(),
         envelopes: [to_base64(&e0), to_base64(&e1)],

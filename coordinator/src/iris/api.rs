@@ -30,8 +30,11 @@
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
 //! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64],
 //! "threshold"}` (the probes sealed with the disclosure of the uniqueness bit to the
-//! coordinator, which must know whether to enrol); answers `{"subject", "eye", "outcome": "enrolled"|"duplicate",
-//! "pending_recovery": […]}`, or HTTP 409 with `"code": "not_unique"`.
+//! coordinator, which must know whether to enrol); answers `{"subject", "eye", "outcome":
+//! "enrolled"|"duplicate"|"not_unique", "sealed_outputs": [3 × b64] | null, "pending_recovery":
+//! […]}`. `sealed_outputs` are the three parties' outputs of the uniqueness search, signed and
+//! sealed to the reply key inside the client's probe (absent only for `duplicate`, decided
+//! before the search): the client opens them and refuses an outcome they contradict.
 //!
 //! Errors: [`crate::wire::ErrorBody`].
 //!
@@ -306,7 +309,7 @@ pub enum EnrollIfUniqueOutcome {
     Enrolled,
     /// The subject+eye was already enrolled; nothing written.
     Duplicate,
-    /// The template matches an enrolled one; nothing written (HTTP 409).
+    /// The template matches an enrolled one; nothing written.
     NotUnique,
 }
 
@@ -319,6 +322,11 @@ pub struct EnrollIfUniqueResponse {
     pub eye: String,
     /// What happened.
     pub outcome: EnrollIfUniqueOutcome,
+    /// The three parties' outputs of the uniqueness search (base64), signed and sealed to the
+    /// reply key in the client's probe: the client checks `outcome` against them. None only
+    /// for `duplicate` (decided before any search).
+    #[serde(default)]
+    pub sealed_outputs: Option<[String; 3]>,
     /// Parties whose commit recovery still has to complete (the record is decided).
     #[serde(default)]
     pub pending_recovery: Vec<String>,

@@ -11,12 +11,11 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cli::http::CallError;
 use crate::cli::ndjson::json_line;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
 use crate::iris::api::{if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse};
-use crate::iris::client::{enroll_file, BatchOptions, IrisClient};
+use crate::iris::client::{enroll_file, BatchOptions, IfUniqueFailure, IrisClient};
 use crate::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{
     for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord,
@@ -303,11 +302,19 @@ fn spawn_reader(input: PathBuf, tx: mpsc::Sender<Result<EnrollRecord>>) {
 /// The error of a record that failed: what is known about it, and where to resume.
 fn record_failure(
     record: &EnrollRecord,
-    error: CallError,
-    attempts: u32,
+    failure: IfUniqueFailure,
     done: &IfUniqueTotals,
 ) -> anyhow::Error {
     let finished = done.enrolled + done.duplicates + done.refused;
+    let (error, attempts) = match failure {
+        IfUniqueFailure::Call(error, attempts) => (error, attempts),
+        IfUniqueFailure::Refused(why) => {
+            return anyhow!(
+                "line {} ({:?}, {} eye): {why}; {finished} records before it are done; whether it is enrolled is not known from this answer (`privmatch iris search` of its template tells)",
+                record.line, record.subject, record.eye.as_str()
+            )
+        }
+    };
     let unknown = error.outcome_unknown();
     let cause = error.after_attempts(attempts);
     if unknown {
@@ -341,7 +348,7 @@ async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
         let outcome = client
             .enroll_if_unique(&record, params)
             .await
-            .map_err(|(e, attempts)| record_failure(&record, e, attempts, &totals))?;
+            .map_err(|failure| record_failure(&record, failure, &totals))?;
         if outcome == EnrollIfUniqueOutcome::NotUnique {
             bar.suspend(|| {
                 println!(

@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::crypto::party_sign::PartyVerifyingKey;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::enroll::{
-    seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye,
+    seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye, IRIS_ENROLL_PURPOSE,
 };
 use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
@@ -33,8 +33,9 @@ use rand_chacha::ChaCha20Rng;
 use tokio::sync::mpsc;
 
 use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
+use crate::cli::client_key::ClientCredential;
 use crate::cli::http::{CallError, Coordinator};
-use crate::cli::keys::{sealing_time, sharing_rng, Sealer};
+use crate::cli::keys::{sealing_time, sharing_rng, sign_each, Sealer};
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
 use crate::iris::api::{
@@ -43,7 +44,7 @@ use crate::iris::api::{
 };
 use crate::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
-use crate::wire::{codes, from_base64_each, session_from_hex, session_to_hex, to_base64};
+use crate::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
 
 /// Where recovery finishes an iris batch left in doubt.
 const RECOVERY_SCOPE: &str = "at all three parties or at none";
@@ -66,10 +67,12 @@ struct SealedBatch {
     body: Vec<u8>,
 }
 
-/// Shares and seals one batch: one envelope per party, framed for the coordinator.
+/// Shares and seals one batch: one envelope per party, each signed for its party by the
+/// client `client` when there is one (purpose `iris-enrol`), framed for the coordinator.
 fn seal_batch(
     pending: &[EnrollRecord],
     keys: &[PartyPublicKey; 3],
+    client: Option<&ClientCredential>,
     rng: &mut ChaCha20Rng,
 ) -> Result<SealedBatch> {
     let requests: Vec<EnrollRequest<'_>> = pending
@@ -83,16 +86,19 @@ fn seal_batch(
     let lines = BatchLines::of(pending.iter().map(|r| r.line));
     let (envelopes, _) = seal_iris_enrollment_batch(&requests, keys, rng)
         .with_context(|| format!("sealing lines {}..={}", lines.first, lines.last))?;
+    let envelopes = sign_each(client, IRIS_ENROLL_PURPOSE, envelopes);
     Ok(SealedBatch {
         lines,
         body: encode_enroll_batch(&[envelopes]),
     })
 }
 
-/// Reads, shares and seals the file on a blocking thread, one batch at a time.
+/// Reads, shares, seals (and signs, with `client`) the file on a blocking thread, one batch at
+/// a time.
 fn spawn_sealer(
     input: PathBuf,
     keys: [PartyPublicKey; 3],
+    client: Option<ClientCredential>,
     batch_size: usize,
     tx: mpsc::Sender<Result<SealedBatch>>,
 ) {
@@ -100,7 +106,7 @@ fn spawn_sealer(
         let outcome = sharing_rng().and_then(|mut rng| {
             let mut pending: Vec<EnrollRecord> = Vec::with_capacity(batch_size);
             let send = |pending: &mut Vec<EnrollRecord>, rng: &mut ChaCha20Rng| {
-                let batch = seal_batch(pending, &keys, rng)?;
+                let batch = seal_batch(pending, &keys, client.as_ref(), rng)?;
                 pending.clear();
                 if tx.blocking_send(Ok(batch)).is_err() {
                     bail!("the sender stopped");
@@ -140,11 +146,11 @@ pub async fn enroll_file(
         bail!("--batch-size must be at least 1");
     }
     let total = validate_file(input)?;
-    let keys = config.pinned_keys()?;
+    let Sealer { keys, client, .. } = Sealer::new(config)?;
     let coordinator = Coordinator::new(config);
     let path = format!("/v1/iris/enroll?on_duplicate={}", options.on_duplicate);
     let (tx, mut rx) = mpsc::channel(2);
-    spawn_sealer(input.to_path_buf(), keys, options.batch_size, tx);
+    spawn_sealer(input.to_path_buf(), keys, client, options.batch_size, tx);
     let bar = progress_bar(total, !options.progress, "enrolling");
     let mut totals = EnrollTotals::default();
     type Answer = Result<EnrollResponse, CallError>;
@@ -272,6 +278,62 @@ pub fn open_response(
     Ok(())
 }
 
+/// Why enroll-if-unique gave no outcome for a record.
+#[derive(Debug)]
+pub enum IfUniqueFailure {
+    /// The call failed (after this many attempts).
+    Call(CallError, u32),
+    /// The coordinator answered, but its answer contradicts (or lacks) the parties' signed
+    /// outputs of the uniqueness search: refused. What it did with the record is not known
+    /// from that answer.
+    Refused(String),
+}
+
+/// Checks an enroll-if-unique answer (core's `iris::output`, as [`open_response`] does for a
+/// search): the three parties' outputs of the uniqueness search are opened with the attempt's
+/// reply key `reply`, each checked to be for `expected` (session, parameters, eye), signed
+/// (with `signing_keys`, where pinned) and in agreement, and the bit they give must be the one
+/// the reported outcome implies: `enrolled` needs unique, `not_unique` needs not unique. A
+/// `duplicate` (the subject+eye already enrolled) is decided before any search and carries no
+/// outputs. Refuses, naming what disagrees, an answer the coordinator changed.
+pub fn check_if_unique_answer(
+    response: &EnrollIfUniqueResponse,
+    expected: &ExpectedSearch,
+    party_keys: &[PartyPublicKey; 3],
+    signing_keys: &[Option<PartyVerifyingKey>; 3],
+    reply: &PartySecretKey,
+) -> Result<(), String> {
+    let reported = match response.outcome {
+        EnrollIfUniqueOutcome::Duplicate => return Ok(()),
+        EnrollIfUniqueOutcome::Enrolled => "enrolled",
+        EnrollIfUniqueOutcome::NotUnique => "not unique",
+    };
+    let sealed = response.sealed_outputs.as_ref().ok_or_else(|| {
+        format!(
+            "the coordinator reported {reported}, but its answer carries no sealed outputs of the uniqueness search: refusing it"
+        )
+    })?;
+    let sealed = from_base64_each(sealed, "sealed_outputs")?;
+    let opened = open_outputs(
+        expected,
+        party_keys,
+        signing_keys,
+        reply,
+        [&sealed[0], &sealed[1], &sealed[2]],
+    )
+    .map_err(|e| e.to_string())?;
+    let IrisResult::Unique(unique) = opened.result else {
+        return Err("the parties' outputs of the uniqueness search are not a uniqueness result: refusing the answer".into());
+    };
+    if unique != (response.outcome == EnrollIfUniqueOutcome::Enrolled) {
+        return Err(format!(
+            "the coordinator reported {reported}, but the parties' signed outputs of its uniqueness search say the template is {}: refusing its answer",
+            if unique { "unique" } else { "not unique" }
+        ));
+    }
+    Ok(())
+}
+
 /// Shares `template` as a probe and seals it to the three parties for a fresh session, with
 /// the search parameters and the time: the parties refuse to run it with other parameters.
 fn seal_probe(
@@ -330,13 +392,16 @@ pub fn search_body(
     })
 }
 
-/// The framed body of `POST /v1/iris/enroll` for `records`: one envelope per party.
-pub fn enroll_body(
-    records: &[EnrollRecord],
-    keys: &[PartyPublicKey; 3],
-    rng: &mut ChaCha20Rng,
-) -> Result<Vec<u8>> {
-    Ok(seal_batch(records, keys, rng)?.body)
+/// The framed body of `POST /v1/iris/enroll` for `records`: one envelope per party, signed by
+/// `sealer`'s client when it has one.
+pub fn enroll_body(records: &[EnrollRecord], sealer: &mut Sealer) -> Result<Vec<u8>> {
+    Ok(seal_batch(
+        records,
+        &sealer.keys,
+        sealer.client.as_ref(),
+        &mut sealer.rng,
+    )?
+    .body)
 }
 
 impl IrisClient {
@@ -392,13 +457,15 @@ impl IrisClient {
     }
 
     /// Enrolls one record if unique (`params`: the uniqueness search's): the bundles are
-    /// sealed once; the probe is re-sealed for a fresh session on every attempt. On failure,
-    /// the error and the attempts made.
+    /// sealed once; the probe is re-sealed for a fresh session (with a fresh reply key), and
+    /// the envelopes signed afresh (new nonces, a new expiry), on every attempt. The answer's
+    /// outcome is checked against the parties' signed outputs of the uniqueness search
+    /// ([`check_if_unique_answer`]).
     pub async fn enroll_if_unique(
         &mut self,
         record: &EnrollRecord,
         params: SearchParams,
-    ) -> Result<EnrollIfUniqueOutcome, (CallError, u32)> {
+    ) -> Result<EnrollIfUniqueOutcome, IfUniqueFailure> {
         let sealer = &mut self.sealer;
         let (envelopes, _) = seal_iris_enrollment(
             &record.template,
@@ -407,24 +474,30 @@ impl IrisClient {
             &sealer.keys,
             &mut sealer.rng,
         )
-        .map_err(|e| (CallError::Local(format!("sealing the enrolment: {e}")), 0))?;
-        let envelopes = envelopes.map(|e| to_base64(&e));
+        .map_err(|e| {
+            IfUniqueFailure::Call(CallError::Local(format!("sealing the enrolment: {e}")), 0)
+        })?;
         // The coordinator must learn whether the record is unique (it enrols it or not, and
-        // that shows): the probe allows the parties to disclose that one bit to it. The sealed
-        // outputs go to a reply key nobody keeps.
-        let reply = ReplyTo {
-            key: PartySecretKey::generate(&mut rand::rngs::OsRng).public_key(),
-            disclosure: Disclosure::UniqueBitToCoordinator,
-        };
+        // that shows): the probe allows the parties to disclose that one bit to it. Their
+        // signed outputs are sealed to the attempt's reply key, which the client keeps to
+        // check the outcome the coordinator reports.
+        let mut sent: Option<(String, PartySecretKey)> = None;
         let body = || {
+            let reply_secret = PartySecretKey::generate(&mut rand::rngs::OsRng);
+            let reply = ReplyTo {
+                key: reply_secret.public_key(),
+                disclosure: Disclosure::UniqueBitToCoordinator,
+            };
             let (session, probes) =
                 seal_probe(sealer, &record.template, record.eye, params, &reply)?;
+            sent = Some((session.clone(), reply_secret));
+            let signed = sealer.sign_each(IRIS_ENROLL_PURPOSE, envelopes.clone());
             Ok(EnrollIfUniqueBody {
                 subject: record.subject.clone(),
                 eye: record.eye.as_str().to_owned(),
                 session,
                 probes,
-                envelopes: envelopes.clone(),
+                envelopes: signed.map(|e| to_base64(&e)),
                 threshold: params.threshold_ratio(),
             })
         };
@@ -432,19 +505,29 @@ impl IrisClient {
             .coordinator
             .post_retrying::<_, EnrollIfUniqueResponse>("/v1/iris/enroll-if-unique", body)
             .await;
-        match result {
-            Ok(response) => {
-                for pending in &response.pending_recovery {
-                    eprintln!(
-                        "warning: line {} committed; recovery will complete it at {pending}",
-                        record.line
-                    );
-                }
-                Ok(response.outcome)
-            }
-            Err(e) if e.code() == Some(codes::NOT_UNIQUE) => Ok(EnrollIfUniqueOutcome::NotUnique),
-            Err(e) => Err((e, attempts)),
+        let response = result.map_err(|e| IfUniqueFailure::Call(e, attempts))?;
+        for pending in &response.pending_recovery {
+            eprintln!(
+                "warning: line {} committed; recovery will complete it at {pending}",
+                record.line
+            );
         }
+        let (session, reply) =
+            sent.ok_or_else(|| IfUniqueFailure::Refused("no request was sent".into()))?;
+        let expected = ExpectedSearch {
+            session: session_from_hex(&session, "session").map_err(IfUniqueFailure::Refused)?,
+            params,
+            eye: record.eye,
+        };
+        check_if_unique_answer(
+            &response,
+            &expected,
+            &self.sealer.keys,
+            &self.signing_keys,
+            &reply,
+        )
+        .map_err(IfUniqueFailure::Refused)?;
+        Ok(response.outcome)
     }
 
     /// Deletes a subject's templates (one eye, or both) at the three parties, atomically.

@@ -187,21 +187,20 @@ async fn enroll_if_unique(
     };
     let outcome = state.txns.run(&work).await?;
     let pending_recovery = outcome.pending_recovery();
-    let outcome = match outcome.result {
-        IfUnique::Enrolled(_) => EnrollIfUniqueOutcome::Enrolled,
-        IfUnique::AlreadyEnrolled => EnrollIfUniqueOutcome::Duplicate,
-        IfUnique::NotUnique => {
-            return Err(error_with(
-                StatusCode::CONFLICT,
-                codes::NOT_UNIQUE,
-                "not enrolled: matches an enrolled template".into(),
-            ))
+    let (outcome, sealed_outputs) = match outcome.result {
+        IfUnique::Enrolled { sealed_outputs, .. } => {
+            (EnrollIfUniqueOutcome::Enrolled, Some(sealed_outputs))
+        }
+        IfUnique::AlreadyEnrolled => (EnrollIfUniqueOutcome::Duplicate, None),
+        IfUnique::NotUnique { sealed_outputs } => {
+            (EnrollIfUniqueOutcome::NotUnique, Some(sealed_outputs))
         }
     };
     Ok(Json(EnrollIfUniqueResponse {
         subject: plan.subject,
         eye: plan.eye.as_str().to_owned(),
         outcome,
+        sealed_outputs: sealed_outputs.map(|s| s.map(|o| to_base64(&o))),
         pending_recovery,
     }))
 }

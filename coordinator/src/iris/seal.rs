@@ -87,7 +87,7 @@ fn seal_enrolments(sealer: &mut Sealer, args: &SealArgs) -> Result<usize> {
     validate_file(&args.input)?;
     let mut out = SealedWriter::create(args.out.as_deref())?;
     for_each_record(&args.input, |record| {
-        let body = enroll_body(std::slice::from_ref(&record), &sealer.keys, &mut sealer.rng)?;
+        let body = enroll_body(std::slice::from_ref(&record), sealer)?;
         out.write(&record.subject, SealedKind::IrisEnroll, body)
     })?;
     out.finish()

@@ -180,12 +180,22 @@ pub struct EnrollIfUnique {
 /// What enroll-if-unique did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IfUnique {
-    /// Enrolled: the record's result at every party.
-    Enrolled(Vec<EnrollResult>),
+    /// Enrolled: the record's result at every party, and each party's output of the
+    /// uniqueness search, signed and sealed to the client (who checks that it says unique).
+    Enrolled {
+        /// The record's result at every party.
+        rows: Vec<EnrollResult>,
+        /// Party i's sealed output of the uniqueness search (empty in a party's own answer).
+        sealed_outputs: [Vec<u8>; 3],
+    },
     /// The subject+eye is already enrolled; rolled back, nothing written.
     AlreadyEnrolled,
     /// The template matches an enrolled one; rolled back, nothing written.
-    NotUnique,
+    NotUnique {
+        /// Party i's sealed output of the uniqueness search, which the client opens to check
+        /// the claim.
+        sealed_outputs: [Vec<u8>; 3],
+    },
 }
 
 impl EnrollIfUnique {
@@ -230,7 +240,10 @@ impl Work for EnrollIfUnique {
                     .to_vec(),
             ];
         let rows = enroll_at(party, client, envelope, &hashes, "error").await?;
-        Ok(Some(IfUnique::Enrolled(rows)))
+        Ok(Some(IfUnique::Enrolled {
+            rows,
+            sealed_outputs: Default::default(),
+        }))
     }
 
     /// Duplicate check, uniqueness search, enrolment.
@@ -246,7 +259,11 @@ impl Work for EnrollIfUnique {
         // it anyway (docs/protocols/iris.md §13.2).
         match outcome.disclosed_unique {
             Some(true) => {}
-            Some(false) => return Ok(Decision::Abandon(IfUnique::NotUnique)),
+            Some(false) => {
+                return Ok(Decision::Abandon(IfUnique::NotUnique {
+                    sealed_outputs: outcome.sealed_outputs,
+                }))
+            }
             None => {
                 return Err(TxnError::Disagreement(
                     "the uniqueness search disclosed no bit: its probe was not sealed for enroll-if-unique".into(),
@@ -254,11 +271,15 @@ impl Work for EnrollIfUnique {
             }
         }
         let result = txn.run_each(self).await?;
-        let expected = IfUnique::Enrolled(vec![EnrollResult {
+        let rows = vec![EnrollResult {
             subject: self.subject.clone(),
             eye: self.eye.as_str().to_owned(),
             enrolled: true,
-        }]);
+        }];
+        let expected = IfUnique::Enrolled {
+            rows: rows.clone(),
+            sealed_outputs: Default::default(),
+        };
         if result != expected {
             return Err(TxnError::Disagreement(format!(
                 "the envelopes do not hold exactly the announced record {:?} ({} eye)",
@@ -266,6 +287,9 @@ impl Work for EnrollIfUnique {
                 self.eye.as_str()
             )));
         }
-        Ok(Decision::Commit(result))
+        Ok(Decision::Commit(IfUnique::Enrolled {
+            rows,
+            sealed_outputs: outcome.sealed_outputs,
+        }))
     }
 }

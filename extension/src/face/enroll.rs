@@ -7,13 +7,14 @@ use std::collections::HashSet;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::face::encoding::evaluator;
-use privmatch_core::face::enroll::open_face_enrollment;
+use privmatch_core::face::enroll::{open_face_enrollment, FACE_ENROLL_PURPOSE};
 use privmatch_core::face::FaceError;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::encode_face_share;
 
 use super::raise_face;
 use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::clients;
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{raise, raise_spi};
 use crate::identity::load_identity;
@@ -32,7 +33,12 @@ pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
 }
 
 /// Opens each sealed face enrolment envelope with this party's key and stores the shares
-/// inside. Refuses (and so aborts the caller's transaction) an envelope not sealed to this
+/// inside. Each envelope is first admitted as a sealed input (`clients::admit_enrolment`,
+/// purpose `face-enrol`): a registered client's signature, party, purpose and expiry are
+/// checked (28000 for a bad or expired one), and an unsigned envelope is refused (28000) when
+/// this party's client-auth policy is `required`; no nonce is recorded and no budget charged
+/// (a replayed envelope is refused by its consumed bundle ids, 23505, as before).
+/// Refuses (and so aborts the caller's transaction) an envelope not sealed to this
 /// party, tampered or malformed, a replayed bundle, and a template whose dimension differs
 /// from the templates already enrolled. An enrolled subject is skipped (`enrolled = false`)
 /// or, with `on_duplicate => 'error'`, aborts. One row per record, in order.
@@ -56,7 +62,10 @@ fn face_enroll_sealed(
                 None,
             );
         };
-        let opened = open_face_enrollment(me.index, &me.secret, sealed)
+        let argument = format!("envelopes #{position}");
+        let admitted =
+            clients::admit_enrolment(ENROLL, &argument, FACE_ENROLL_PURPOSE, me.index, sealed);
+        let opened = open_face_enrollment(me.index, &me.secret, admitted.inner)
             .unwrap_or_else(|e| raise_face(&format!("{ENROLL}: envelope #{position}"), e));
         bundles.extend(opened);
     }

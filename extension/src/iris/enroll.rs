@@ -7,11 +7,12 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::SealError;
 use privmatch_core::iris::binding::check_envelope_hashes;
-use privmatch_core::iris::enroll::{open_iris_enrollment, BundleError};
+use privmatch_core::iris::enroll::{open_iris_enrollment, BundleError, IRIS_ENROLL_PURPOSE};
 use privmatch_core::wire::envelope::EnvelopeError;
 use privmatch_core::wire::storage::{encode_share, ShareKind};
 
 use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
+use crate::clients;
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{get_one, raise, raise_internal, select};
 use crate::identity::load_identity;
@@ -42,8 +43,15 @@ fn raise_bundle(position: usize, err: BundleError) -> ! {
 }
 
 /// Opens each sealed enrolment envelope with this party's key and stores the shares of the
-/// bundles inside. `envelope_hashes[j]` is h0 ‖ h1 ‖ h2, the hashes of the three parties'
-/// envelopes of `envelopes[j]`'s batch (core's `iris::binding`): this party's own envelope must
+/// bundles inside. Each envelope is first admitted as a sealed input
+/// (`clients::admit_enrolment`, purpose `iris-enrol`): a registered client's signature,
+/// party, purpose and expiry are checked (28000 for a bad or expired one), and an unsigned
+/// envelope is refused (28000) when this party's client-auth policy is `required`; no nonce
+/// is recorded and no budget charged (a replayed envelope is refused by its consumed bundle
+/// ids, 23505, as before; an enrolment is no query). `envelope_hashes[j]` is h0 ‖ h1 ‖ h2, the hashes of the three parties'
+/// envelopes of `envelopes[j]`'s batch (core's `iris::binding`), each over the envelope as
+/// relayed — with its client signature, if signed, so the enrolment id also commits to who
+/// signed it: this party's own envelope must
 /// hash to its slot (22023 otherwise), and every record stores the enrolment id the three
 /// parties derive from them alike, which the set digest of every search commits to. Refuses
 /// (and so aborts the caller's transaction) any envelope that is not sealed to this party,
@@ -81,6 +89,23 @@ fn iris_enroll_sealed(
             None,
         );
     }
+    // Every envelope is admitted (client, signature, party, purpose, expiry, policy) before
+    // anything is opened.
+    let admitted: Vec<&[u8]> = envelopes
+        .iter()
+        .enumerate()
+        .map(|(position, sealed)| {
+            let Some(sealed) = sealed else {
+                raise(
+                    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                    format!("envelope #{position} is NULL"),
+                    None,
+                );
+            };
+            let argument = format!("envelopes #{position}");
+            clients::admit_enrolment(ENROLL, &argument, IRIS_ENROLL_PURPOSE, me.index, sealed).inner
+        })
+        .collect();
     let mut results = Vec::new();
     Spi::connect_mut(|client| {
         let guard = ReplayGuard::prepare(client).unwrap_or_else(|e| raise_internal(e));
@@ -109,7 +134,7 @@ fn iris_enroll_sealed(
                     None,
                 );
             };
-            let bundles = open_iris_enrollment(me.index, &me.secret, sealed)
+            let bundles = open_iris_enrollment(me.index, &me.secret, admitted[position])
                 .unwrap_or_else(|e| raise_bundle(position, e));
             let hashes = envelope_hashes[position].unwrap_or_else(|| {
                 raise(
@@ -120,7 +145,8 @@ fn iris_enroll_sealed(
             });
             // A coordinator that stores an envelope of its own at this party only must give
             // it other hashes than the other parties got, so the record's enrolment id here
-            // differs from theirs (core's iris::binding).
+            // differs from theirs (core's iris::binding). The hash covers the envelope as
+            // relayed (signature included): what the coordinator hashed for all three.
             let enrolment = check_envelope_hashes(me.index, sealed, hashes).unwrap_or_else(|e| {
                 raise(
                     PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,

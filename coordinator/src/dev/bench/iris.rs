@@ -25,7 +25,9 @@ use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::matcher::expected_rounds;
 use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
-use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo};
+use privmatch_core::iris::probe::{
+    seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo, IRIS_PROBE_PURPOSE,
+};
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
 use privmatch_core::mpc::compare::Threshold;
@@ -33,7 +35,8 @@ use privmatch_core::wire::session::new_session_id;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-use crate::cli::keys::sealing_time;
+use crate::cli::client_key::ClientCredential;
+use crate::cli::keys::{client_credential, sealing_time, sign_each};
 use crate::config::Config;
 use crate::dev::bench::stats::median;
 use crate::dev::LocalConfigs;
@@ -198,12 +201,14 @@ fn plaintext_matches(
 
 /// One search of `probe` through the round driver, with a fresh session (and retries while the
 /// parties' template sets differ); the bench is the client, so it opens the parties' sealed
-/// outputs with its own reply key (the time reported is the driver's, opening excluded).
+/// outputs with its own reply key (the time reported is the driver's, opening excluded). The
+/// probes are signed by the configured client, if any (a `cluster up` cluster requires it).
 async fn search_once(
     parties: &Parties,
     probe: &IrisTemplate,
     params: SearchParams,
     keys: &[PartyPublicKey; 3],
+    signer: Option<&ClientCredential>,
     rng: &mut ChaCha20Rng,
     timeout: Duration,
 ) -> Result<(Vec<String>, SearchStats)> {
@@ -222,7 +227,8 @@ async fn search_once(
         };
         let session = context.session;
         last_session = Some(session);
-        let sealed = seal_iris_probe_to(probe, &context, &reply, keys, rng);
+        let sealed = seal_iris_probe_to(probe, &context, &reply, keys, rng)
+            .map(|probes| sign_each(signer, IRIS_PROBE_PURPOSE, probes));
         async move {
             let probes = sealed.map_err(|e| SearchError::Invalid(e.to_string()))?;
             let request = SearchRequest {
@@ -264,6 +270,8 @@ struct Figures {
 struct Setup<'a> {
     parties: &'a Parties,
     keys: [PartyPublicKey; 3],
+    /// The client that signs the probes, if the configuration names one.
+    client: Option<ClientCredential>,
     prefix: &'a str,
     templates: &'a [(String, IrisTemplate)],
     probe: IrisTemplate,
@@ -299,6 +307,7 @@ async fn run_configuration(
             &setup.probe,
             params,
             &setup.keys,
+            setup.client.as_ref(),
             rng,
             timeout,
         )
@@ -510,6 +519,7 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     let setup = Setup {
         parties: &parties,
         keys: configs.client.pinned_keys()?,
+        client: client_credential(&configs.client)?,
         prefix: &prefix,
         templates: &templates,
         probe,
@@ -520,9 +530,17 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     let timeout = Duration::from_secs_f64(args.timeout);
     let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_THRESHOLD)
         .map_err(|e| anyhow!("{e}"))?;
-    search_once(&parties, &probe, params, &setup.keys, &mut rng, timeout)
-        .await
-        .context("warm-up search")?;
+    search_once(
+        &parties,
+        &probe,
+        params,
+        &setup.keys,
+        setup.client.as_ref(),
+        &mut rng,
+        timeout,
+    )
+    .await
+    .context("warm-up search")?;
     let warm_up = warm_up.elapsed().as_secs_f64();
     let mut figures = Vec::new();
     for max_rotation in [0, MAX_ROTATION] {
