@@ -539,3 +539,89 @@ impl IrisClient {
         Ok(self.coordinator.post("/v1/iris/delete", &body).await?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use privmatch_core::crypto::party_sign::PartySigningKey;
+    use privmatch_core::iris::output::{output_sealer, seal_output, IrisOutput};
+    use rand::SeedableRng;
+
+    /// Three parties' outputs of one uniqueness search saying `unique`, sealed to `reply`.
+    fn sealed_answer(
+        secrets: &[PartySecretKey],
+        reply: &PartySecretKey,
+        expected: &ExpectedSearch,
+        unique: bool,
+        rng: &mut ChaCha20Rng,
+    ) -> [String; 3] {
+        std::array::from_fn(|i| {
+            let party = PartyIndex::ALL[i];
+            let output = IrisOutput {
+                party,
+                session: expected.session,
+                params: expected.params,
+                eye: expected.eye,
+                set_digest: [7; 32],
+                entries: 20,
+                result: IrisResult::Unique(unique),
+            };
+            let sealer = output_sealer(party, &secrets[i], &reply.public_key(), &expected.session);
+            let signer = PartySigningKey::derive(&secrets[i]);
+            to_base64(&seal_output(&sealer, &output, &signer, rng))
+        })
+    }
+
+    #[test]
+    fn an_if_unique_outcome_must_be_what_the_parties_signed() {
+        let mut rng = ChaCha20Rng::seed_from_u64(34);
+        let secrets: Vec<PartySecretKey> =
+            (0..3).map(|_| PartySecretKey::generate(&mut rng)).collect();
+        let publics: [PartyPublicKey; 3] = std::array::from_fn(|i| secrets[i].public_key());
+        let signing: [Option<PartyVerifyingKey>; 3] =
+            std::array::from_fn(|i| Some(PartySigningKey::derive(&secrets[i]).verifying_key()));
+        let reply = PartySecretKey::generate(&mut rng);
+        let expected = ExpectedSearch {
+            session: [3; 16],
+            params: SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params"),
+            eye: Eye::Left,
+        };
+        let answer = |outcome, sealed_outputs| EnrollIfUniqueResponse {
+            subject: "s".into(),
+            eye: "left".into(),
+            outcome,
+            sealed_outputs,
+            pending_recovery: Vec::new(),
+        };
+        let check = |response: &EnrollIfUniqueResponse| {
+            check_if_unique_answer(response, &expected, &publics, &signing, &reply)
+        };
+        let unique = sealed_answer(&secrets, &reply, &expected, true, &mut rng);
+        let matched = sealed_answer(&secrets, &reply, &expected, false, &mut rng);
+        use EnrollIfUniqueOutcome::{Duplicate, Enrolled, NotUnique};
+        assert_eq!(check(&answer(Enrolled, Some(unique.clone()))), Ok(()));
+        assert_eq!(check(&answer(NotUnique, Some(matched.clone()))), Ok(()));
+        assert_eq!(check(&answer(Duplicate, None)), Ok(()));
+        let flipped = check(&answer(Enrolled, Some(matched))).expect_err("flipped");
+        assert!(flipped.contains("reported enrolled"), "{flipped}");
+        assert!(
+            flipped.contains("say the template is not unique"),
+            "{flipped}"
+        );
+        let flipped = check(&answer(NotUnique, Some(unique.clone()))).expect_err("flipped");
+        assert!(flipped.contains("say the template is unique"), "{flipped}");
+        let dropped = check(&answer(Enrolled, None)).expect_err("dropped");
+        assert!(dropped.contains("carries no sealed outputs"), "{dropped}");
+        // Another reply key (an output of another request) does not open.
+        let other = PartySecretKey::generate(&mut rng);
+        let refused = check_if_unique_answer(
+            &answer(Enrolled, Some(unique)),
+            &expected,
+            &publics,
+            &signing,
+            &other,
+        )
+        .expect_err("another reply key");
+        assert!(refused.contains("P0"), "{refused}");
+    }
+}
