@@ -266,17 +266,19 @@ pub fn admit<'a>(
     admit_checked(function, argument, purpose, me, blob, budget, Nonce::Record)
 }
 
-/// Admits a sealed **enrolment envelope** (`iris_enroll_sealed`, `face_enroll_sealed`) as
-/// [`admit`] does — registered, unrevoked client, valid signature for this party and
-/// `purpose`, unexpired; an unsigned envelope refused under the policy `required` — but
-/// records no nonce and charges no budget. An enrolment envelope is single use by itself:
-/// every bundle inside carries a random bundle id that this party consumes when it opens it
-/// (`crate::bundles`, `privmatch.consumed_bundles`), in the caller's transaction, so a
-/// replayed envelope, signed or not, is refused as before (23505 "already consumed", which
-/// the front door documents as "it committed earlier"); a second, nonce-level refusal would
-/// only change that answer, and would add a nonce row per envelope (one per record with
-/// `--if-unique`). An enrolment is no query, so no budget applies.
-pub fn admit_enrolment<'a>(
+/// Admits a sealed input that is **single use by what it carries** as [`admit`] does —
+/// registered, unrevoked client, valid signature for this party and `purpose`, unexpired; an
+/// unsigned input refused under the policy `required` — but records no nonce and charges no
+/// budget. Two such inputs exist:
+/// * an enrolment envelope (`iris_enroll_sealed`, `face_enroll_sealed`): every bundle inside
+///   carries a random bundle id that this party consumes when it opens it (`crate::bundles`,
+///   `privmatch.consumed_bundles`), in the caller's transaction, so a replayed envelope,
+///   signed or not, is refused as before (23505 "already consumed", which the front door
+///   documents as "it committed earlier"); a nonce-level refusal would only change that
+///   answer and add a nonce row per envelope. An enrolment is no query: no budget applies.
+/// * a Paillier terminal input at Round 2: the session was opened with the same bytes (their
+///   nonce recorded by [`admit`] then) and allows one Round 2 (23505).
+pub fn admit_single_use<'a>(
     function: &str,
     argument: &str,
     purpose: &str,
@@ -303,7 +305,7 @@ enum Nonce {
     SingleUseInside,
 }
 
-/// [`admit`] and [`admit_enrolment`].
+/// [`admit`] and [`admit_single_use`].
 fn admit_checked<'a>(
     function: &str,
     argument: &str,

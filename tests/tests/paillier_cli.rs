@@ -11,10 +11,14 @@
 //! provider has today (enrolment for Π1–Π3, Π1's Round 2).
 //! `pi2_and_pi3_devices_match_and_a_cheating_device_is_refused` needs Π2's and Π3's rounds at
 //! the service provider (`paillier_pi2_round2/round4`, `paillier_pi3_round2/round4/finish`).
+//! `terminal_inputs_are_signed_by_a_registered_client` runs under the client-auth policy
+//! `required` (issue 34 item 4): the CLI terminal signs its sealed input, and the SP refuses an
+//! unsigned, re-signed, replayed or relay-forged one (28000) before any session exists.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use privmatch_coordinator::cli::client_key::load_key as load_client_key;
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
 use privmatch_coordinator::paillier::api::unix_now_ms;
@@ -23,6 +27,7 @@ use privmatch_coordinator::paillier::client::{
     serve, unix_now, Device as DeviceRef, PaillierClient, Responder,
 };
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path, Answered};
+use privmatch_core::crypto::client_auth::{unwrap as unwrap_signed, ClientId, ClientSigningKey};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::malicious::Pi2Round3;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
@@ -33,7 +38,7 @@ use privmatch_core::paillier::sealed::{
 use privmatch_core::paillier::semi_honest::Pi1Round2;
 use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::signed_round2::SignedRound4;
-use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};
 use privmatch_core::party::PartyIndex;
 use privmatch_e2e::{write_lines, Background, Cluster, CmdOutput};
 use rand::{Rng, SeedableRng};
@@ -1129,4 +1134,244 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
     assert_eq!(out.code, Some(3), "{out}");
     assert_eq!(lines(&out.stdout)[0]["outcome"], "refused", "{out}");
     assert_log_holds_no_secret(&cluster, &devices);
+}
+
+/// `sql` with `args` at the SP as the coordinator's login role, in a transaction of its own:
+/// the first column of the first row, or (SQLSTATE, message).
+fn at_sp(
+    cluster: &Cluster,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<u8>, (String, String)> {
+    cluster
+        .query_login(&cluster.coordinator_logins[0], sql, args)
+        .map(|rows| rows[0].get::<_, Vec<u8>>(0))
+}
+
+/// Asserts that `got` was refused with SQLSTATE 28000 and a message containing `phrase`.
+fn refused_28000<T: std::fmt::Debug>(got: Result<T, (String, String)>, phrase: &str, what: &str) {
+    match got {
+        Ok(v) => panic!("{what}: accepted ({v:?})"),
+        Err((code, message)) => {
+            assert_eq!(code, "28000", "{what}: {message}");
+            assert!(
+                message.contains(phrase),
+                "{what}: {phrase:?} not in {message:?}"
+            );
+        }
+    }
+}
+
+/// Sessions the SP's log holds for the session id `session`.
+fn sessions_logged(cluster: &Cluster, session: &[u8; 16]) -> i64 {
+    cluster.query(
+        0,
+        "SELECT count(*) FROM privmatch.paillier_session_log WHERE session = $1",
+        &[&session.to_vec()],
+    )[0]
+    .get(0)
+}
+
+#[test]
+fn terminal_inputs_are_signed_by_a_registered_client() {
+    let cluster = Cluster::start_required("paillier-cli-signed", 13);
+    let mut rng = ChaCha20Rng::seed_from_u64(13);
+    let config = set_up_service(&cluster);
+    let devices = make_devices(&cluster, &mut rng, "signed", 1, |_| Protocol::Pi1);
+    keygen_and_enrol(&cluster, &devices);
+    let d = &devices[0];
+
+    // The CLI terminal signs its input as the client `cluster up` registered: the sessions
+    // run and every outcome is the plaintext reference's.
+    match_all(&cluster, &devices);
+
+    let keys = cluster.party_keys();
+    let theta = Quantizer::new(&params(Protocol::Pi1))
+        .and_then(|q| q.quantize_threshold(THRESHOLD))
+        .expect("θ");
+    let w = d.probes[0].2.clone();
+    let seal = |rng: &mut ChaCha20Rng| -> ([u8; 16], Vec<u8>) {
+        let session: [u8; 16] = rng.gen();
+        let sealed = TerminalInput {
+            protocol: Protocol::Pi1,
+            session,
+            device_id: d.id.clone(),
+            threshold: theta,
+            reply_key: ReplySecret::generate(rng).public_key(),
+            w: w.clone(),
+        }
+        .seal(PartyIndex::ALL[0], &keys[0], rng)
+        .expect("seal");
+        (session, sealed)
+    };
+    let client_id = config
+        .client_id
+        .clone()
+        .expect("cluster up names its client");
+    let client = ClientId::new(&client_id).expect("client id");
+    let key = load_client_key(config.client_key.as_deref().expect("client key")).expect("key");
+    let now = u64::try_from(unix_now()).unwrap_or_default();
+    let sign = |party: PartyIndex, purpose: &str, sealed: &[u8], rng: &mut ChaCha20Rng| {
+        key.wrap(&client, party, purpose, sealed, now, rng)
+    };
+
+    // Unsigned, through the coordinator's API: refused at the SP (28000 → 403), no session
+    // opened, nothing for the device.
+    let (session, unsigned) = seal(&mut rng);
+    cluster.block_on(async {
+        let terminal = PaillierClient::new(&config).expect("client");
+        match terminal
+            .open_sealed(&d.id, Protocol::Pi1, &session, &unsigned)
+            .await
+        {
+            Err(CallError::Api { status, body }) => {
+                assert_eq!(status, 403, "{}", body.error);
+                assert_eq!(body.sqlstate.as_deref(), Some("28000"), "{}", body.error);
+                assert!(
+                    body.error.contains("not signed by a client"),
+                    "{}",
+                    body.error
+                );
+            }
+            other => panic!("an unsigned terminal input was accepted: {other:?}"),
+        }
+        let signer = DeviceSigner::new(&load_key(&d.key).expect("key")).expect("signer");
+        let queued = terminal
+            .mailbox(&d.id, &signer, 0, 16)
+            .await
+            .expect("mailbox");
+        assert!(queued.is_empty(), "{queued:?}");
+    });
+    assert_eq!(sessions_logged(&cluster, &session), 0);
+
+    // The CLI terminal without a client credential: refused the same way.
+    let mut unsigned_config = config.clone();
+    unsigned_config.client_id = None;
+    unsigned_config.client_key = None;
+    let unsigned_path = cluster.path("unsigned-terminal.toml");
+    unsigned_config.save(&unsigned_path).expect("save");
+    cluster
+        .cli(&[
+            "--config",
+            &path_arg(&unsigned_path),
+            "terminal",
+            "verify",
+            "--device",
+            &d.id,
+            "--protocol",
+            "pi1",
+            "--input",
+            &path_arg(&d.probes[0].0),
+            "--threshold",
+            &THRESHOLD.to_string(),
+            "--timeout",
+            "10",
+            "--json",
+        ])
+        .expect_failure()
+        .assert_stderr_contains(&["not signed by a client"]);
+
+    // What a relay could make of a signed input, at the SP as the coordinator's role: each
+    // refused (28000) and no session opened.
+    let open_sql = "SELECT privmatch.paillier_session_open($1, $2, 'relay')";
+    let (session, sealed) = seal(&mut rng);
+    let signed = sign(
+        PartyIndex::ALL[0],
+        TERMINAL_INPUT_PURPOSE,
+        &sealed,
+        &mut rng,
+    );
+    // A byte of the signature changed.
+    let mut rewritten = signed.clone();
+    let inner_len = unwrap_signed(&signed).expect("signed").1.len();
+    let last_signature_byte = rewritten.len() - inner_len - 1;
+    rewritten[last_signature_byte] ^= 1;
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &rewritten]),
+        "signature",
+        "a rewritten signature",
+    );
+    // Re-signed under the client's id with a key the relay holds.
+    let relay_key = ClientSigningKey::generate(&mut rng);
+    let resigned = relay_key.wrap(
+        &client,
+        PartyIndex::ALL[0],
+        TERMINAL_INPUT_PURPOSE,
+        &sealed,
+        now,
+        &mut rng,
+    );
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &resigned]),
+        "signature",
+        "re-signed by the relay",
+    );
+    // The client's signature for another party or another purpose.
+    let other_party = sign(
+        PartyIndex::ALL[1],
+        TERMINAL_INPUT_PURPOSE,
+        &sealed,
+        &mut rng,
+    );
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &other_party]),
+        &client_id,
+        "signed for P1",
+    );
+    let other_purpose = sign(PartyIndex::ALL[0], "face-probe", &sealed, &mut rng);
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &other_purpose]),
+        &client_id,
+        "signed for another purpose",
+    );
+    // The signature stripped.
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &sealed]),
+        "not signed by a client",
+        "the signature stripped",
+    );
+    assert_eq!(sessions_logged(&cluster, &session), 0);
+
+    // The genuine signed input opens its session once; replayed, it is refused (its nonce).
+    let opened = at_sp(&cluster, open_sql, &[&d.id, &signed]).expect("a signed input opens");
+    assert_eq!(opened, session.to_vec());
+    refused_28000(
+        at_sp(&cluster, open_sql, &[&d.id, &signed]),
+        "replayed",
+        "a replayed signed input",
+    );
+    // Round 2 of that session with an input the relay sealed itself for the same session id
+    // (it learnt the id from paillier_session_open): unsigned, refused; the session keeps its
+    // Round 2 for the terminal's own input.
+    let forged = TerminalInput {
+        protocol: Protocol::Pi1,
+        session,
+        device_id: d.id.clone(),
+        threshold: theta,
+        reply_key: ReplySecret::generate(&mut rng).public_key(),
+        w: vec![0; w.len()],
+    }
+    .seal(PartyIndex::ALL[0], &keys[0], &mut rng)
+    .expect("seal");
+    let round2_sql = "SELECT privmatch.paillier_pi1_round2($1, $2)";
+    refused_28000(
+        at_sp(&cluster, round2_sql, &[&d.id, &forged]),
+        "not signed by a client",
+        "a forged Round 2 input",
+    );
+    let round2 = at_sp(&cluster, round2_sql, &[&d.id, &signed]).expect("Round 2");
+    let service_key = PaillierClient::new(&config)
+        .expect("client")
+        .service_key()
+        .to_owned();
+    SignedRound2::open(
+        &round2,
+        &service_key,
+        &d.id,
+        Protocol::Pi1,
+        &session,
+        unix_now(),
+    )
+    .expect("the SP's signed Round 2 of the signed input");
+    assert_eq!(sessions_logged(&cluster, &session), 1);
 }

@@ -7,7 +7,9 @@
 //! Trust: the coordinator only relays. What the client relies on comes from its own
 //! configuration ([`ServicePin`]): the service provider's party (the terminal seals its input
 //! to that party's pinned X25519 key) and its signing key (every record, at enrolment and
-//! before a terminal uses one, is checked against it). The device's key stays in its key
+//! before a terminal uses one, is checked against it). The terminal signs its sealed input for
+//! the SP's party with the registered client credential of its configuration (issue 34 item 4;
+//! [`PaillierClient::seal_input`]). The device's key stays in its key
 //! file; what it posts are protocol messages and, when it gives up, a fixed reason without
 //! any decrypted value.
 //!
@@ -38,13 +40,14 @@ use privmatch_core::paillier::sealed::{
 };
 use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4};
-use privmatch_core::paillier::terminal::TerminalInput;
+use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
 use rand_chacha::ChaCha20Rng;
 
+use crate::cli::client_key::{wrap_for_party, ClientCredential};
 use crate::cli::http::{CallError, Coordinator};
-use crate::cli::keys::sharing_rng;
+use crate::cli::keys::{client_credential, sharing_rng};
 use crate::config::{Config, ServicePin};
 use crate::paillier::api::{
     parse_protocol, protocol_name, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody,
@@ -73,6 +76,9 @@ pub struct PaillierClient {
     service_key: VerifyingKey,
     seal_key: PartyPublicKey,
     rng: ChaCha20Rng,
+    /// The registered client that signs the terminal's sealed inputs, when the configuration
+    /// (or the environment) names one.
+    client: Option<ClientCredential>,
     /// The reply keys of the sessions this terminal opened, by session id (one per session,
     /// taken when its verdict is opened).
     replies: Mutex<HashMap<SessionId, ReplySecret>>,
@@ -82,7 +88,10 @@ pub struct PaillierClient {
 const MAX_OPEN_SESSIONS: usize = 10_000;
 
 impl PaillierClient {
-    /// A client for the coordinator of `config`; refused unless it pins the service provider.
+    /// A client for the coordinator of `config`, with the client credential of `config`
+    /// (`client_id`, `client_key`) or of the environment (`PRIVMATCH_CLIENT_ID`,
+    /// `PRIVMATCH_CLIENT_KEY`) that signs the terminal's inputs; refused unless it pins the
+    /// service provider, or when the credential it names does not load.
     pub fn new(config: &Config) -> Result<Self> {
         let pin = config.paillier_service.clone().context(
             "no Paillier service provider is pinned in the configuration: run `privmatch device pin-service --party <P> --signing-key <hex>` with the key its operator's paillier_init_service() returned",
@@ -95,6 +104,7 @@ impl PaillierClient {
             service_key,
             seal_key,
             rng: sharing_rng()?,
+            client: client_credential(config)?,
             replies: Mutex::new(HashMap::new()),
         })
     }
@@ -223,8 +233,8 @@ impl PaillierClient {
 
     /// Opens a matching session as the terminal ([ABMR20] Round 2 at the service provider):
     /// `w`, `threshold` and a fresh reply key sealed to the pinned service provider with a
-    /// fresh session id. The reply key's secret stays in this client until the verdict is
-    /// opened ([`Self::check_verdict`]).
+    /// fresh session id, signed by the configured client ([`Self::seal_input`]). The reply
+    /// key's secret stays in this client until the verdict is opened ([`Self::check_verdict`]).
     pub async fn open(
         &mut self,
         device: &str,
@@ -239,8 +249,11 @@ impl PaillierClient {
     }
 
     /// The terminal's input of [`Self::open`] sealed to the pinned service provider, with a
-    /// fresh session id and reply key (kept here for [`Self::check_verdict`]): (session id,
-    /// sealed input), for [`Self::open_sealed`].
+    /// fresh session id and reply key (kept here for [`Self::check_verdict`]), and signed for
+    /// the service provider's party and the purpose `paillier-terminal-input` by the
+    /// configured client (core's `client_auth`: a fresh nonce, five minutes' validity; unsigned
+    /// without a credential, which the SP accepts only under the client-auth policy
+    /// `optional`): (session id, sealed input), for [`Self::open_sealed`].
     pub fn seal_input(
         &mut self,
         device: &str,
@@ -267,7 +280,8 @@ impl PaillierClient {
         }
         let party = PartyIndex::ALL[usize::from(self.pin.party)];
         let sealed = input.seal(party, &self.seal_key, &mut self.rng)?;
-        Ok((session, sealed))
+        let signed = wrap_for_party(self.client.as_ref(), party, TERMINAL_INPUT_PURPOSE, sealed);
+        Ok((session, signed))
     }
 
     /// Opens a session with an input sealed elsewhere (`sealed`, for `session`).

@@ -33,7 +33,7 @@ pub(super) fn enrolled_dim(function: &str) -> Option<usize> {
 }
 
 /// Opens each sealed face enrolment envelope with this party's key and stores the shares
-/// inside. Each envelope is first admitted as a sealed input (`clients::admit_enrolment`,
+/// inside. Each envelope is first admitted as a sealed input (`clients::admit_single_use`,
 /// purpose `face-enrol`): a registered client's signature, party, purpose and expiry are
 /// checked (28000 for a bad or expired one), and an unsigned envelope is refused (28000) when
 /// this party's client-auth policy is `required`; no nonce is recorded and no budget charged
@@ -64,7 +64,7 @@ fn face_enroll_sealed(
         };
         let argument = format!("envelopes #{position}");
         let admitted =
-            clients::admit_enrolment(ENROLL, &argument, FACE_ENROLL_PURPOSE, me.index, sealed);
+            clients::admit_single_use(ENROLL, &argument, FACE_ENROLL_PURPOSE, me.index, sealed);
         let opened = open_face_enrollment(me.index, &me.secret, admitted.inner)
             .unwrap_or_else(|e| raise_face(&format!("{ENROLL}: envelope #{position}"), e));
         bundles.extend(opened);

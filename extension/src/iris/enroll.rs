@@ -44,7 +44,7 @@ fn raise_bundle(position: usize, err: BundleError) -> ! {
 
 /// Opens each sealed enrolment envelope with this party's key and stores the shares of the
 /// bundles inside. Each envelope is first admitted as a sealed input
-/// (`clients::admit_enrolment`, purpose `iris-enrol`): a registered client's signature,
+/// (`clients::admit_single_use`, purpose `iris-enrol`): a registered client's signature,
 /// party, purpose and expiry are checked (28000 for a bad or expired one), and an unsigned
 /// envelope is refused (28000) when this party's client-auth policy is `required`; no nonce
 /// is recorded and no budget charged (a replayed envelope is refused by its consumed bundle
@@ -103,7 +103,8 @@ fn iris_enroll_sealed(
                 );
             };
             let argument = format!("envelopes #{position}");
-            clients::admit_enrolment(ENROLL, &argument, IRIS_ENROLL_PURPOSE, me.index, sealed).inner
+            clients::admit_single_use(ENROLL, &argument, IRIS_ENROLL_PURPOSE, me.index, sealed)
+                .inner
         })
         .collect();
     let mut results = Vec::new();

@@ -225,7 +225,10 @@ fn charge(function: &str, kind: &str, key: &str, allowed: i32) {
 }
 
 /// Opens a matching session for the terminal input `terminal_input` (sealed to this party) on
-/// `device_id`: the input opened (08P01 if not sealed to this party or tampered with), for this
+/// `device_id`: the input admitted as a registered client's signed input (purpose
+/// `paillier-terminal-input`, its nonce recorded; 28000 for a bad, replayed or — under the
+/// client-auth policy `required` — missing signature), opened (08P01 if not sealed to this
+/// party or tampered with), for this
 /// device (22023) and the device's enrolled protocol (22023), the record's σ and expiry
 /// checked (55000), the threshold the policy's (22023), one session charged to the device's
 /// and the terminal's hourly budgets (53400), and the session id recorded (23505 if in use).
