@@ -324,7 +324,7 @@ async fn captured_session(
             if cheat {
                 let mut x = Pi2Round3::from_bytes(&params(Protocol::Pi2), &round3).expect("X");
                 x.x += 1u32;
-                round3 = x.to_bytes();
+                round3 = x.to_bytes(&params(Protocol::Pi2));
             }
             let reply = ReplySecret::generate(rng);
             let posted = DeviceReply {

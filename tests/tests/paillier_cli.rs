@@ -1048,7 +1048,7 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         let reply_secret = ReplySecret::generate(&mut rand::thread_rng());
         let posted = DeviceReply {
             reply_key: reply_secret.public_key(),
-            message: cheat.to_bytes(),
+            message: cheat.to_bytes(&p),
         }
         .to_bytes();
         let answer = client

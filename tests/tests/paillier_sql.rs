@@ -811,7 +811,7 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
         );
         assert_eq!(sessions().await, 1, "a malformed Round 3 changes nothing");
         let x = Pi2Round3::from_bytes(&p2, &round3).expect("X").x;
-        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
+        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes(&p2);
         let refused = pi2_round4(sp, &secret, &vk, &session, &shifted)
             .await
             .expect("answered");

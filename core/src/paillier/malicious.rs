@@ -337,18 +337,59 @@ pub struct Pi2Round3 {
     pub x: Integer,
 }
 
+/// The width of X's magnitude in a Π2 Round 3: the bytes of the largest X an honest device
+/// sends (2^B + A·ζ², [`pi2_x_range`]). X = a·IP + b is written at this fixed width so that the
+/// message has one length for every X: a minimal-length X would let the coordinator, which
+/// relays the device's reply, see whether X fell below a byte boundary.
+fn pi2_x_width(params: &Params) -> usize {
+    pi2_x_range(params.layout())
+        .1
+        .significant_bits()
+        .div_ceil(8) as usize
+}
+
 impl Pi2Round3 {
-    /// `version ‖ kind ‖ X` (sign byte, u16 length, big-endian magnitude, canonical).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// `version ‖ kind ‖ sign ‖ |X|` (big-endian, zero-padded to the fixed width of
+    /// [`pi2_x_width`] for `params`; an X beyond it, which no honest device sends, is written at
+    /// its own length and refused by [`Self::from_bytes`]).
+    pub fn to_bytes(&self, params: &Params) -> Vec<u8> {
         let mut out = header(MessageKind::Pi2Decoded);
-        put_signed(&mut out, &self.x);
+        out.push(u8::from(self.x < 0));
+        let magnitude = self.x.as_abs().to_digits::<u8>(rug::integer::Order::Msf);
+        let width = pi2_x_width(params).max(magnitude.len());
+        out.resize(out.len() + width - magnitude.len(), 0);
+        out.extend(magnitude);
         out
     }
 
-    /// Strict decoding; |X| may have at most as many bytes as N.
+    /// Strict decoding: a sign byte (0 or 1, no negative zero) and |X| at the fixed width of
+    /// [`pi2_x_width`] for `params`, or longer without a leading zero byte and at most as long
+    /// as N (an X no honest device sends: it decodes, and the terminal's check names the
+    /// cheat).
     pub fn from_bytes(params: &Params, bytes: &[u8]) -> Result<Self, MatchError> {
+        /// Version, kind and sign.
+        const BEFORE_MAGNITUDE: usize = 3;
         let mut r = Reader::new("Π2 round 3", bytes, MessageKind::Pi2Decoded)?;
-        let x = r.signed(params.modulus_bits().div_ceil(8) as usize, "X")?;
+        let sign = r.u8("X")?;
+        let width = pi2_x_width(params);
+        let len = bytes.len().saturating_sub(BEFORE_MAGNITUDE);
+        let longest = params.modulus_bits().div_ceil(8) as usize;
+        if len < width || len > width.max(longest) {
+            return Err(r.error(format!(
+                "X: {len} bytes, expected {width} (at most {longest})"
+            )));
+        }
+        let magnitude = r.take(len, "X")?;
+        if len > width && magnitude.first() == Some(&0) {
+            return Err(r.error("X: leading zero byte beyond the fixed width"));
+        }
+        let x = Integer::from_digits(magnitude, rug::integer::Order::Msf);
+        let x = match sign {
+            0 => x,
+            1 if x != 0 => -x,
+            1 => return Err(r.error("X: negative zero")),
+            other => return Err(r.error(format!("X: sign byte {other}"))),
+        };
         r.finish()?;
         Ok(Self { x })
     }
@@ -518,7 +559,7 @@ impl Pi2DeviceSession<'_> {
             return Err(MatchError::OutOfRange("X"));
         }
         self.state = DeviceState::AwaitingRound4;
-        Ok(Pi2Round3 { x }.to_bytes())
+        Ok(Pi2Round3 { x }.to_bytes(d.params()))
     }
 
     /// Round 3 on a Round 2 the pinned service provider signed for this device and session
@@ -1030,7 +1071,7 @@ mod tests {
                         assert_eq!(session.finish(&r4).unwrap(), ip >= threshold);
                         // A shifted X: both refuse it.
                         let x = Pi2Round3::from_bytes(&p, &r3).unwrap().x;
-                        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes();
+                        let shifted = Pi2Round3 { x: x + 1u32 }.to_bytes(&p);
                         let mut again = Pi2Terminal::resume(p.clone(), &state).unwrap();
                         assert!(matches!(
                             again.round4(&shifted),
@@ -1153,7 +1194,7 @@ mod tests {
             };
             (x, a, t)
         };
-        let send = |t: &mut Pi2Terminal, x: Integer| t.round4(&Pi2Round3 { x }.to_bytes());
+        let send = |t: &mut Pi2Terminal, x: Integer| t.round4(&Pi2Round3 { x }.to_bytes(&p));
         let wide = (ip_max.clone() * 2u32) + 1u32;
         let cheats: Vec<Cheat<'_>> = vec![
             Box::new(|x, _| x.clone() + 1u32),
@@ -1242,7 +1283,7 @@ mod tests {
         assert!(t.round2(&huge.to_bytes(&p), &verify, &mut rng).is_err());
         // Round 4 before round 2.
         assert!(t
-            .round4(&Pi2Round3 { x: Integer::new() }.to_bytes())
+            .round4(&Pi2Round3 { x: Integer::new() }.to_bytes(&p))
             .is_err());
         // Honest round 2 after the refusals.
         let r2 = t.round2(&r1, &verify, &mut rng).unwrap();
