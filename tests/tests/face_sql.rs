@@ -15,9 +15,11 @@ use privmatch_core::face::mask_dealer::{open_identification_key_chunks, open_tem
 use privmatch_core::face::masked::{
     distance_round, masked_template_share, probe_round, sign_round, KeysFor, MaskedTemplateSet,
 };
-use privmatch_core::face::probe::seal_face_probe;
+use privmatch_core::face::probe::{seal_face_probe, seal_face_probe_knowing};
 use privmatch_core::face::quantize::{plaintext_match, squared_distance, Quantizer};
-use privmatch_core::face::reply::{open_face_reply, open_face_result, sealed_output_len};
+use privmatch_core::face::reply::{
+    open_face_identification, open_face_reply, open_face_result, sealed_output_len, KnownSubjects,
+};
 use privmatch_core::face::{funshade, FaceError, Metric};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
@@ -1591,16 +1593,30 @@ async fn captured_session(
     subject: Option<&str>,
     probe: &[i32],
 ) -> Captured {
+    captured_session_knowing(clients, keys, session, subject, None, probe).await
+}
+
+/// [`captured_session`] with a probe that names the compared-subject list the client knows
+/// (`known`, its subjects digest).
+async fn captured_session_knowing(
+    clients: &[Client],
+    keys: &[PartyPublicKey; 3],
+    session: [u8; 16],
+    subject: Option<&str>,
+    known: Option<&[u8; 32]>,
+    probe: &[i32],
+) -> Captured {
     use privmatch_coordinator::face::api::{
         FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody, FaceVerifyResponse,
     };
     use privmatch_coordinator::wire::to_base64;
     let (mut sent, mut received): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
     let mut rng = ChaCha20Rng::from_entropy();
-    let sealed = seal_face_probe(
+    let sealed = seal_face_probe_knowing(
         probe,
         session,
         subject,
+        known,
         &client_reply().public_key(),
         keys,
         &mut rng,
@@ -2015,6 +2031,45 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
             matched >= 2,
             "the recapture matches its subject in both sessions"
         );
+
+        // An identification by a client that knows the compared list (from the first one):
+        // the evaluators seal the shares and the list's digest only, the client maps the bits
+        // onto its own copy. A probe naming another list's digest gets the listing again.
+        let mut known = KnownSubjects::default();
+        let first = captured_session(&clients, &keys, [12u8; 16], None, &probe).await;
+        let open_knowing = |c: &Captured, session: [u8; 16], known: &mut KnownSubjects| {
+            open_face_identification(
+                [&keys[0], &keys[1]],
+                &client_reply(),
+                &session,
+                [&c.outputs[0], &c.outputs[1]],
+                known,
+            )
+        };
+        let bits = open_knowing(&first, [12u8; 16], &mut known).expect("listed");
+        assert!(first.outputs[0].len() > sealed_output_len(TEMPLATES));
+        let digest = known.digest.expect("the client keeps the list's digest");
+        let again =
+            captured_session_knowing(&clients, &keys, [13u8; 16], None, Some(&digest), &probe)
+                .await;
+        for o in &again.outputs {
+            assert_eq!(o.len(), sealed_output_len(TEMPLATES), "no listing");
+        }
+        assert_eq!(
+            open_knowing(&again, [13u8; 16], &mut known),
+            Ok(bits.clone())
+        );
+        let bits_expected: Vec<bool> = known.subjects.iter().map(|s| expected(s)).collect();
+        assert_eq!(bits, bits_expected);
+        let stale = [0x5au8; 32];
+        let relisted =
+            captured_session_knowing(&clients, &keys, [14u8; 16], None, Some(&stale), &probe).await;
+        assert_eq!(relisted.outputs[0].len(), first.outputs[0].len());
+        // Without the list, an unlisted answer does not open: the subjects come from the
+        // parties only.
+        let err = open_knowing(&again, [13u8; 16], &mut KnownSubjects::default())
+            .expect_err("no list to map the bits onto");
+        assert!(matches!(err, FaceError::SealedOutput { .. }), "{err}");
 
         // The relay rewrites a verification's requests to P2: swapped, replayed into another
         // session, or an identification's dealing handed to a verification. Each is refused.

@@ -24,9 +24,11 @@ use privmatch_core::crypto::seal::PartySecretKey;
 use privmatch_core::crypto::sign::OperatorSigningKey;
 use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest, FACE_ENROLL_PURPOSE};
-use privmatch_core::face::probe::{seal_face_probe, FACE_PROBE_PURPOSE};
+use privmatch_core::face::probe::{seal_face_probe_knowing, FACE_PROBE_PURPOSE};
 use privmatch_core::face::quantize::Quantizer;
-use privmatch_core::face::reply::{open_face_result, FaceResult};
+use privmatch_core::face::reply::{
+    open_face_identification, open_face_result, FaceResult, KnownSubjects,
+};
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
@@ -55,6 +57,10 @@ const RECOVERY_SCOPE: &str = "at P0 and P1 or at neither";
 pub struct FaceClient {
     coordinator: Coordinator,
     sealer: Sealer,
+    /// The compared-subject list of this client's last identification: its digest goes into
+    /// the next identification probe, so the evaluators need not list it again while the
+    /// enrolled set stays the same (core's `face::reply` docs).
+    known: KnownSubjects,
 }
 
 /// What a 1:N identification answered, once the client opened the sealed outputs.
@@ -85,13 +91,7 @@ pub fn open_outputs(
     outputs: &[String],
     claimed: Option<&str>,
 ) -> Result<FaceResult> {
-    let outputs: [String; 2] = outputs.to_vec().try_into().map_err(|o: Vec<String>| {
-        anyhow!(
-            "the coordinator relayed {} sealed outputs, not P0's and P1's",
-            o.len()
-        )
-    })?;
-    let [o0, o1] = from_base64_each(&outputs, "outputs").map_err(|e| anyhow!("{e}"))?;
+    let [o0, o1] = relayed_pair(outputs)?;
     open_face_result(
         [&sealer.keys[0], &sealer.keys[1]],
         reply,
@@ -99,9 +99,44 @@ pub fn open_outputs(
         [&o0, &o1],
         claimed,
     )
-    .map_err(|e| {
-        anyhow!("{e}: the result was changed in transit (by the coordinator?) and is refused")
-    })
+    .map_err(changed_in_transit)
+}
+
+/// Opens P0's and P1's sealed outputs of an identification (`outputs`, base64, as the
+/// coordinator relayed them) with the reply key `reply` of `session`, against the subject
+/// list the client knows (`known`, replaced when the evaluators list a new one): one bit per
+/// subject. An output the coordinator altered is refused, naming the party.
+fn open_identification(
+    sealer: &Sealer,
+    reply: &PartySecretKey,
+    session: &SessionId,
+    outputs: &[String],
+    known: &mut KnownSubjects,
+) -> Result<Vec<bool>> {
+    let [o0, o1] = relayed_pair(outputs)?;
+    open_face_identification(
+        [&sealer.keys[0], &sealer.keys[1]],
+        reply,
+        session,
+        [&o0, &o1],
+        known,
+    )
+    .map_err(changed_in_transit)
+}
+
+/// P0's and P1's sealed outputs, decoded from the base64 the coordinator relayed.
+fn relayed_pair(outputs: &[String]) -> Result<[Vec<u8>; 2]> {
+    let outputs: [String; 2] = outputs.to_vec().try_into().map_err(|o: Vec<String>| {
+        anyhow!(
+            "the coordinator relayed {} sealed outputs, not P0's and P1's",
+            o.len()
+        )
+    })?;
+    from_base64_each(&outputs, "outputs").map_err(|e| anyhow!("{e}"))
+}
+
+fn changed_in_transit(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!("{e}: the result was changed in transit (by the coordinator?) and is refused")
 }
 
 /// What a refill did.
@@ -126,6 +161,7 @@ impl FaceClient {
         Ok(FaceClient {
             coordinator: Coordinator::new(config),
             sealer: Sealer::new(config)?,
+            known: KnownSubjects::default(),
         })
     }
 
@@ -345,14 +381,17 @@ impl FaceClient {
         body: impl Fn(String, [String; 2]) -> B,
     ) -> Result<(T, SessionId, PartySecretKey)> {
         let sealer = &mut self.sealer;
+        // An identification tells the evaluators which subject list it knows already.
+        let known = target.is_none().then_some(self.known.digest).flatten();
         let mut last: Option<(SessionId, PartySecretKey)> = None;
         let seal = || {
             let session = new_session_id(&mut rand::rngs::OsRng);
             let reply = PartySecretKey::generate(&mut rand::rngs::OsRng);
-            let sealed = seal_face_probe(
+            let sealed = seal_face_probe_knowing(
                 embedding,
                 session,
                 target,
+                known.as_ref(),
                 &reply.public_key(),
                 &sealer.keys,
                 &mut sealer.rng,
@@ -415,28 +454,32 @@ impl FaceClient {
             .post_probe("/v1/face/identify", embedding, None, body)
             .await?;
         // Nothing enrolled: nothing compared, nothing sealed. Otherwise the compared subjects
-        // come from inside the opened outputs, never from the coordinator.
-        let result = if answer.comparisons == 0 {
-            FaceResult {
-                subjects: Vec::new(),
-                bits: Vec::new(),
-            }
+        // come from inside the opened outputs (listed now, or in an earlier identification
+        // whose list the parties sealed the digest of again), never from the coordinator.
+        let (subjects, bits): (&[String], Vec<bool>) = if answer.comparisons == 0 {
+            (&[], Vec::new())
         } else {
-            open_outputs(&self.sealer, &reply, &session, &answer.outputs, None)?
+            let bits = open_identification(
+                &self.sealer,
+                &reply,
+                &session,
+                &answer.outputs,
+                &mut self.known,
+            )?;
+            (&self.known.subjects, bits)
         };
-        if result.subjects.len() as i64 != answer.comparisons {
+        if subjects.len() as i64 != answer.comparisons {
             bail!(
                 "P0 and P1 sealed {} compared subjects, the coordinator reported {} comparisons",
-                result.subjects.len(),
+                subjects.len(),
                 answer.comparisons
             );
         }
-        let mut matches: Vec<String> = result
-            .subjects
-            .into_iter()
-            .zip(result.bits)
+        let mut matches: Vec<String> = subjects
+            .iter()
+            .zip(bits)
             .filter(|(_, m)| *m)
-            .map(|(s, _)| s)
+            .map(|(s, _)| s.clone())
             .collect();
         matches.sort();
         Ok(FaceIdentified {

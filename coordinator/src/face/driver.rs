@@ -259,7 +259,7 @@ fn check_parallel_opens(
 /// Checks the shape of the two sealed outputs of round 3 (what the coordinator can check
 /// without opening them): present and of one length, which for a verification depends on
 /// the comparison count only, and for an identification also on the subjects listed inside
-/// (so it is at least that).
+/// (so it is at least that: exactly that when the client's probe named the list it knows).
 pub fn check_sealed_outputs(
     comparisons: usize,
     verification: bool,
@@ -271,13 +271,13 @@ pub fn check_sealed_outputs(
         let fits = if verification {
             output.len() == expected
         } else {
-            output.len() > expected
+            output.len() >= expected
         };
         if !fits {
             return Err(format!(
                 "{party} returned a sealed output of {} bytes for {comparisons} comparisons (expected {}{expected})",
                 output.len(),
-                if verification { "" } else { "more than " }
+                if verification { "" } else { "at least " }
             ));
         }
     }
@@ -1007,6 +1007,10 @@ mod tests {
         assert_eq!(check_sealed_outputs(3, false, &listed, &listed), Ok(()));
         assert!(check_sealed_outputs(3, false, &listed, &listed[..listed.len() - 1]).is_err());
         assert!(check_sealed_outputs(3, false, &listed[..sealed_output_len(3)], &listed).is_err());
+        // Against a list the client knows: the shares only, as long as a verification's.
+        let known = &listed[..sealed_output_len(3)];
+        assert_eq!(check_sealed_outputs(3, false, known, known), Ok(()));
+        assert!(check_sealed_outputs(3, false, &known[1..], &known[1..]).is_err());
         // The length of 4-byte shares in the clear (the old answer) is refused.
         let clear = vec![0u8; 12];
         assert!(check_sealed_outputs(3, false, &clear, &listed).is_err());

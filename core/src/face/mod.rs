@@ -164,7 +164,7 @@ pub enum FaceError {
     /// A face probe in a layout this version no longer accepts (version 1 carried no reply
     /// key, so its result could only be revealed to the coordinator; version 2 left the
     /// verified subject to the coordinator).
-    #[error("face probe format version {0} is no longer accepted: since extension 0.12.0 a probe (version 3) carries the requesting client's reply key, to which P0 and P1 seal their outputs, and a verification's verified subject inside the sealed probe (version 1 had no reply key, version 2 sent the subject beside the probe, in the clear at the coordinator); seal it again with privmatch 0.12 or later")]
+    #[error("face probe format version {0} is no longer accepted: since extension 0.12.0 a probe (version 3 or later) carries the requesting client's reply key, to which P0 and P1 seal their outputs, and a verification's verified subject inside the sealed probe (version 1 had no reply key, version 2 sent the subject beside the probe, in the clear at the coordinator); seal it again with privmatch 0.12 or later")]
     UnsupportedProbeVersion(u8),
     /// An evaluator's sealed output does not open for the client or does not fit what was
     /// relayed beside it (docs/protocols/face.md §13.9).

@@ -2,10 +2,12 @@
 //! (purpose [`FACE_PROBE_PURPOSE`]) together with what it is for, and the id the P0–P1 channel
 //! of a session runs under.
 //!
-//! Layout (version 3, extension 0.12.0): `PMFP`, version 3, party, session id (16), reply key
-//! (32), kind (1 = 1:1 verification, 2 = 1:N identification), subject length (u16), the
-//! subject (UTF-8) zero-padded to [`MAX_SUBJECT_LEN`] bytes (empty for an identification),
-//! then the [`EmbeddingShare`]. The verified subject travels **inside** the sealed plaintext
+//! Layout (version 4): `PMFP`, version 4, party, session id (16), reply key (32), kind (1 =
+//! 1:1 verification, 2 = 1:N identification), subject length (u16), the subject (UTF-8)
+//! zero-padded to [`MAX_SUBJECT_LEN`] bytes (empty for an identification), the known-subjects
+//! flag (1) and digest (32, zero when the flag is 0), then the [`EmbeddingShare`]. Version 3
+//! (extension 0.12.0 before the known-subjects digest) is the same without flag and digest
+//! and is still opened, as knowing no list. The verified subject travels **inside** the sealed plaintext
 //! and every probe of a dimension has the same length, so the coordinator that relays a
 //! verification learns neither the subject nor its length (docs/protocols/face.md §13.10); the
 //! evaluators read it after opening and look the template up themselves. The kind is sealed
@@ -15,6 +17,15 @@
 //! ([`crate::face::reply`]); inside the sealed plaintext, the coordinator cannot swap it.
 //! Versions 1 (no reply key) and 2 (the subject beside the probe, in the clear at the
 //! coordinator) are refused ([`FaceError::UnsupportedProbeVersion`]).
+//!
+//! The **known-subjects digest** is an identification's: the [`crate::face::reply::subjects_digest`]
+//! of the compared-subject list the client opened from an earlier identification. When the
+//! list compared now has that digest, the evaluators seal only the digest, not the list, into
+//! their outputs ([`crate::face::reply`]): an identification over N templates then carries
+//! 4·N bytes of shares to the client instead of shares and N subject names, while the client
+//! still learns the subjects only from the parties (its list was theirs, and the digest it
+//! opens binds the shares to it). It is sealed with the probe, so the coordinator can neither
+//! read nor set it.
 
 use rand_core::{CryptoRng, RngCore};
 
@@ -30,8 +41,11 @@ use crate::wire::session::SESSION_ID_LEN;
 pub const FACE_PROBE_PURPOSE: &str = "face-probe";
 
 const PROBE_MAGIC: &[u8; 4] = b"PMFP";
-/// Probe layout version: 3 carries the reply key and the verified subject, padded.
-const PROBE_VERSION: u8 = 3;
+/// Probe layout version: 4 carries the reply key, the verified subject (padded) and the
+/// known-subjects digest.
+const PROBE_VERSION: u8 = 4;
+/// The previous layout (no known-subjects digest), still opened.
+const PROBE_VERSION_3: u8 = 3;
 const KIND_VERIFY: u8 = 1;
 const KIND_IDENTIFY: u8 = 2;
 
@@ -44,6 +58,9 @@ pub struct OpenedProbe {
     pub reply_key: PartyPublicKey,
     /// The verified subject of a 1:1 verification; `None` for a 1:N identification.
     pub target: Option<String>,
+    /// The digest of the compared-subject list the client knows already (an
+    /// identification's; `None` when it knows none): the outputs need not list it again.
+    pub known_subjects: Option<[u8; 32]>,
 }
 
 /// Client side: shares a quantised probe and seals the two shares to P0 and P1 for search
@@ -56,6 +73,21 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
     embedding: &[i32],
     session: [u8; SESSION_ID_LEN],
     target: Option<&str>,
+    reply_key: &PartyPublicKey,
+    party_keys: &[PartyPublicKey; 3],
+    rng: &mut R,
+) -> Result<[Vec<u8>; 2], FaceError> {
+    seal_face_probe_knowing(embedding, session, target, None, reply_key, party_keys, rng)
+}
+
+/// [`seal_face_probe`] for a client that knows the compared-subject list of an earlier
+/// identification: `known_subjects` is its [`crate::face::reply::subjects_digest`] (module
+/// docs). Ignored by the evaluators for a verification.
+pub fn seal_face_probe_knowing<R: RngCore + CryptoRng>(
+    embedding: &[i32],
+    session: [u8; SESSION_ID_LEN],
+    target: Option<&str>,
+    known_subjects: Option<&[u8; 32]>,
     reply_key: &PartyPublicKey,
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
@@ -74,7 +106,7 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
     padded[..subject.len()].copy_from_slice(subject);
     let shares = share_embedding(embedding, rng);
     Ok(std::array::from_fn(|p| {
-        let mut plain = Vec::with_capacity(60 + MAX_SUBJECT_LEN + shares[p].encoded_len());
+        let mut plain = Vec::with_capacity(93 + MAX_SUBJECT_LEN + shares[p].encoded_len());
         plain.extend_from_slice(PROBE_MAGIC);
         plain.push(PROBE_VERSION);
         plain.push(p as u8);
@@ -83,6 +115,8 @@ pub fn seal_face_probe<R: RngCore + CryptoRng>(
         plain.push(kind);
         plain.extend_from_slice(&(subject.len() as u16).to_le_bytes());
         plain.extend_from_slice(&padded);
+        plain.push(u8::from(known_subjects.is_some()));
+        plain.extend_from_slice(known_subjects.unwrap_or(&[0u8; 32]));
         shares[p].encode_into(&mut plain);
         seal_to_party(
             PartyIndex::ALL[p],
@@ -111,9 +145,9 @@ pub fn open_face_probe(
     if r.take(4)? != PROBE_MAGIC {
         return Err(FaceError::Malformed("not a face probe"));
     }
-    match r.u8()? {
-        PROBE_VERSION => {}
-        other => return Err(FaceError::UnsupportedProbeVersion(other)),
+    let version = r.u8()?;
+    if version != PROBE_VERSION && version != PROBE_VERSION_3 {
+        return Err(FaceError::UnsupportedProbeVersion(version));
     }
     let party = r.u8()?;
     if party != mine {
@@ -142,10 +176,22 @@ pub fn open_face_probe(
         KIND_IDENTIFY if len == 0 => None,
         _ => return Err(FaceError::Malformed("face probe kind")),
     };
+    let known_subjects = if version == PROBE_VERSION {
+        let flag = r.u8()?;
+        let digest = r.array::<32>()?;
+        match flag {
+            0 if digest == [0u8; 32] => None,
+            1 => Some(digest),
+            _ => return Err(FaceError::Malformed("face probe known-subjects digest")),
+        }
+    } else {
+        None
+    };
     Ok(OpenedProbe {
         share: EmbeddingShare::decode(r.rest())?,
         reply_key,
         target,
+        known_subjects,
     })
 }
 
@@ -246,6 +292,61 @@ mod tests {
             &plain,
             &mut rng,
         )
+    }
+
+    #[test]
+    fn the_known_subjects_digest_is_sealed_with_an_identification_probe() {
+        let (mut rng, secrets, publics) = seeded_keys(6);
+        let q = embedding(&mut rng, 128);
+        let session = [3u8; 16];
+        let reply = PartySecretKey::generate(&mut rng).public_key();
+        let known = [0xabu8; 32];
+        let sealed =
+            seal_face_probe_knowing(&q, session, None, Some(&known), &reply, &publics, &mut rng)
+                .unwrap();
+        let plain = seal_face_probe(&q, session, None, &reply, &publics, &mut rng).unwrap();
+        for p in 0..2 {
+            let opened =
+                open_face_probe(PartyIndex::ALL[p], &secrets[p], &session, &sealed[p]).unwrap();
+            assert_eq!(opened.known_subjects, Some(known));
+            assert_eq!(opened.target, None);
+            let none =
+                open_face_probe(PartyIndex::ALL[p], &secrets[p], &session, &plain[p]).unwrap();
+            assert_eq!(none.known_subjects, None);
+            // Knowing a list or not does not show in the length.
+            assert_eq!(sealed[p].len(), plain[p].len());
+            assert!(!sealed[p].windows(32).any(|w| w == known));
+        }
+    }
+
+    #[test]
+    fn a_version_3_probe_opens_as_knowing_no_list() {
+        let (mut rng, secrets, publics) = seeded_keys(7);
+        let q = embedding(&mut rng, 128);
+        let shares = share_embedding(&q, &mut rng);
+        let session = [8u8; 16];
+        let reply = PartySecretKey::generate(&mut rng).public_key();
+        let mut plain = Vec::new();
+        plain.extend_from_slice(PROBE_MAGIC);
+        plain.push(PROBE_VERSION_3);
+        plain.push(0);
+        plain.extend_from_slice(&session);
+        plain.extend_from_slice(reply.as_bytes());
+        plain.push(KIND_IDENTIFY);
+        plain.extend_from_slice(&0u16.to_le_bytes());
+        plain.extend_from_slice(&[0u8; MAX_SUBJECT_LEN]);
+        shares[0].encode_into(&mut plain);
+        let sealed = seal_to_party(
+            PartyIndex::ALL[0],
+            &publics[0],
+            FACE_PROBE_PURPOSE,
+            &plain,
+            &mut rng,
+        );
+        let opened = open_face_probe(PartyIndex::ALL[0], &secrets[0], &session, &sealed).unwrap();
+        assert_eq!(opened.known_subjects, None);
+        assert_eq!(opened.target, None);
+        assert_eq!(opened.share, shares[0]);
     }
 
     #[test]

@@ -37,6 +37,13 @@
 //! the subject it claimed, which the evaluators read from the sealed probe, so a verification's
 //! output has one length whatever the subject (docs/protocols/face.md §13.10). Version 1
 //! (subjects relayed in the clear by the coordinator) is refused.
+//!
+//! An identification whose probe carries the digest of a compared-subject list the client
+//! already knows ([`crate::face::probe::seal_face_probe_knowing`], from an earlier
+//! identification's outputs) is answered without the listing (flag 0) when the list compared
+//! now has that digest: the client reads the subjects from its own copy
+//! ([`open_face_identification`], [`KnownSubjects`]), bound to the shares by the subjects
+//! digest each evaluator seals. When the list changed, the evaluators list it again.
 
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
@@ -242,6 +249,17 @@ fn take_listed(rest: &[u8], count: usize) -> Option<Option<Vec<String>>> {
     }
 }
 
+/// The compared-subject list of an earlier identification, as a client keeps it (module
+/// docs): what it seals the digest of into its next identification probe
+/// ([`crate::face::probe::seal_face_probe_knowing`]) so the evaluators need not list it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownSubjects {
+    /// The subjects in comparison order, as both evaluators listed them.
+    pub subjects: Vec<String>,
+    /// Their [`subjects_digest`]; `None` before the first identification.
+    pub digest: Option<[u8; 32]>,
+}
+
 /// Client side: opens both evaluators' sealed outputs of `session` (`sealed[b]` from P_b,
 /// whose pinned keys are `party_keys[b]`), checks that they evaluated the same list and
 /// compared the same subjects — for a verification (`claimed`: the subject the client sealed
@@ -256,22 +274,8 @@ pub fn open_face_result(
     sealed: [&[u8]; 2],
     claimed: Option<&str>,
 ) -> Result<FaceResult, FaceError> {
-    let r0 = open_face_reply(
-        PartyIndex::ALL[0],
-        party_keys[0],
-        reply_secret,
-        session,
-        sealed[0],
-    )?;
-    let r1 = open_face_reply(
-        PartyIndex::ALL[1],
-        party_keys[1],
-        reply_secret,
-        session,
-        sealed[1],
-    )?;
-    let refused = |b: u8, why: &'static str| FaceError::SealedOutput { party: b, why };
-    let subjects: Vec<String> = match claimed {
+    let [r0, r1] = open_both(party_keys, reply_secret, session, sealed)?;
+    let subjects = match claimed {
         Some(subject) => {
             let expected = subjects_digest([subject]);
             for r in [&r0, &r1] {
@@ -286,31 +290,105 @@ pub fn open_face_result(
             vec![subject.to_owned()]
         }
         None => {
-            for r in [&r0, &r1] {
-                let b = r.party.as_u8();
-                let Some(listed) = &r.subjects else {
-                    return Err(refused(
-                        b,
-                        "it lists no compared subjects (not an identification)",
-                    ));
-                };
+            let mut known = KnownSubjects::default();
+            let bits = identification_bits(r0, r1, &mut known)?;
+            return Ok(FaceResult {
+                subjects: known.subjects,
+                bits,
+            });
+        }
+    };
+    let bits = reconstruct(&r0.shares, &r1.shares)?;
+    Ok(FaceResult { subjects, bits })
+}
+
+/// Client side, an identification whose probe carried `known`'s digest
+/// ([`crate::face::probe::seal_face_probe_knowing`]): opens and checks both sealed outputs as
+/// [`open_face_result`] does and answers one bit per subject of `known.subjects`, which it
+/// replaces by the list the evaluators sealed when they listed one (the compared list changed,
+/// or the client knew none). An output that lists nothing is accepted only when its
+/// subjects digest is `known`'s.
+pub fn open_face_identification(
+    party_keys: [&PartyPublicKey; 2],
+    reply_secret: &PartySecretKey,
+    session: &[u8; SESSION_ID_LEN],
+    sealed: [&[u8]; 2],
+    known: &mut KnownSubjects,
+) -> Result<Vec<bool>, FaceError> {
+    let [r0, r1] = open_both(party_keys, reply_secret, session, sealed)?;
+    identification_bits(r0, r1, known)
+}
+
+fn refused(b: u8, why: &'static str) -> FaceError {
+    FaceError::SealedOutput { party: b, why }
+}
+
+/// Opens P0's and P1's sealed outputs and checks that they evaluated the same template list.
+fn open_both(
+    party_keys: [&PartyPublicKey; 2],
+    reply_secret: &PartySecretKey,
+    session: &[u8; SESSION_ID_LEN],
+    sealed: [&[u8]; 2],
+) -> Result<[FaceReply; 2], FaceError> {
+    let open = |b: usize| {
+        open_face_reply(
+            PartyIndex::ALL[b],
+            party_keys[b],
+            reply_secret,
+            session,
+            sealed[b],
+        )
+    };
+    let (r0, r1) = (open(0)?, open(1)?);
+    if r0.list_digest != r1.list_digest {
+        return Err(refused(1, "P0 and P1 evaluated different template lists"));
+    }
+    Ok([r0, r1])
+}
+
+/// An identification's bits from P0's and P1's opened outputs: each lists the compared
+/// subjects (checked against its digest; `known` becomes that list) or lists none (its digest
+/// must then be `known`'s); both must name the same subjects.
+fn identification_bits(
+    r0: FaceReply,
+    r1: FaceReply,
+    known: &mut KnownSubjects,
+) -> Result<Vec<bool>, FaceError> {
+    for r in [&r0, &r1] {
+        let b = r.party.as_u8();
+        match &r.subjects {
+            Some(listed) => {
                 if listed.len() != r.shares.len()
                     || subjects_digest(listed.iter().map(String::as_str)) != r.subjects_digest
                 {
                     return Err(refused(b, "its listed subjects do not fit its digest"));
                 }
             }
-            if r0.subjects != r1.subjects {
-                return Err(refused(1, "P0 and P1 compared different subjects"));
+            None if known.digest == Some(r.subjects_digest)
+                && known.subjects.len() == r.shares.len() => {}
+            None if known.digest.is_some() => {
+                return Err(refused(
+                    b,
+                    "it lists no compared subjects and its digest is not that of the list this client knows",
+                ))
             }
-            r0.subjects.clone().unwrap_or_default()
+            None => {
+                return Err(refused(
+                    b,
+                    "it lists no compared subjects (not an identification)",
+                ))
+            }
         }
-    };
-    if r0.list_digest != r1.list_digest {
-        return Err(refused(1, "P0 and P1 evaluated different template lists"));
+    }
+    if r0.subjects_digest != r1.subjects_digest {
+        return Err(refused(1, "P0 and P1 compared different subjects"));
     }
     let bits = reconstruct(&r0.shares, &r1.shares)?;
-    Ok(FaceResult { subjects, bits })
+    if let Some(listed) = r0.subjects.or(r1.subjects) {
+        known.subjects = listed;
+        known.digest = Some(r0.subjects_digest);
+    }
+    Ok(bits)
 }
 
 #[cfg(test)]
@@ -326,6 +404,57 @@ mod tests {
         std::array::from_fn(|b| {
             ReplySealer::new(PartyIndex::ALL[b], &secrets[b], reply, session).unwrap()
         })
+    }
+
+    #[test]
+    fn an_identification_against_a_known_list_carries_only_its_digest() {
+        let (mut rng, secrets, publics) = seeded_keys(8);
+        let client = PartySecretKey::generate(&mut rng);
+        let session = [6u8; 16];
+        let subjects = ["alice", "bob"];
+        let digest = subjects_digest(subjects);
+        let list = [4u8; 32];
+        let (o0, o1) = ([1u32, 9], [0u32, 9u32.wrapping_neg()]);
+        let [s0, s1] = sealers(&secrets, &client.public_key(), &session);
+        let keys = [&publics[0], &publics[1]];
+        // First identification: listed; the client keeps the list and its digest.
+        let mut known = KnownSubjects::default();
+        let m0 = s0.seal(&list, &digest, &o0, Some(&subjects), &mut rng);
+        let m1 = s1.seal(&list, &digest, &o1, Some(&subjects), &mut rng);
+        let bits = open_face_identification(keys, &client, &session, [&m0, &m1], &mut known);
+        assert_eq!(bits.unwrap(), vec![true, false]);
+        assert_eq!(known.subjects, ["alice", "bob"]);
+        assert_eq!(known.digest, Some(digest));
+        // Next: unlisted, shorter by the listing; the bits map onto the known list.
+        let u0 = s0.seal(&list, &digest, &o1, None, &mut rng);
+        let u1 = s1.seal(&list, &digest, &o0, None, &mut rng);
+        assert_eq!(u0.len(), sealed_output_len(2));
+        let bits = open_face_identification(keys, &client, &session, [&u0, &u1], &mut known);
+        assert_eq!(bits.unwrap(), vec![true, false]);
+        // Unlisted under another digest than the known one, or without a known list:
+        // refused, naming the party; nothing learnt.
+        let other = subjects_digest(["alice", "mallory"]);
+        let w1 = s1.seal(&list, &other, &o1, None, &mut rng);
+        let err =
+            open_face_identification(keys, &client, &session, [&u0, &w1], &mut known).unwrap_err();
+        assert!(
+            matches!(err, FaceError::SealedOutput { party: 1, .. }),
+            "{err}"
+        );
+        assert_eq!(known.digest, Some(digest));
+        assert!(open_face_result(keys, &client, &session, [&u0, &u1], None).is_err());
+        // One lists, the other does not, for the same digest: accepted (both bound to it).
+        let v1 = s1.seal(&list, &digest, &o1, None, &mut rng);
+        let bits = open_face_identification(keys, &client, &session, [&m0, &v1], &mut known);
+        assert_eq!(bits.unwrap(), vec![true, false]);
+        // The list changed: listed again, and the client's copy replaced.
+        let now = ["alice", "bob", "carol"];
+        let d = subjects_digest(now);
+        let n0 = s0.seal(&list, &d, &[1, 0, 0], Some(&now), &mut rng);
+        let n1 = s1.seal(&list, &d, &[0, 0, 1], Some(&now), &mut rng);
+        let bits = open_face_identification(keys, &client, &session, [&n0, &n1], &mut known);
+        assert_eq!(bits.unwrap(), vec![true, false, true]);
+        assert_eq!((known.subjects.len(), known.digest), (3, Some(d)));
     }
 
     #[test]

@@ -30,7 +30,7 @@
 //! Imports: [`super::ipc`] and core's `face`; no module of `crate::face`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
@@ -146,6 +146,9 @@ pub struct OpenRequest {
     /// A 1:1 verification (its keys are dealt as [`KeysFor::Verification`], its output lists
     /// no subject); else an identification.
     pub verification: bool,
+    /// The digest of the compared-subject list the client knows (from its sealed probe): an
+    /// identification over a list with that digest seals the digest only, not the list.
+    pub known_subjects: Option<[u8; 32]>,
 }
 
 /// The request of an open.
@@ -165,6 +168,7 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
     for optional in [
         req.stock.as_ref().map(|s| &s[..]),
         req.known.as_ref().map(|k| &k[..]),
+        req.known_subjects.as_ref().map(|k| &k[..]),
     ] {
         match optional {
             Some(bytes) => {
@@ -201,6 +205,10 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         0 => None,
         _ => Some(p.array()?),
     };
+    let known_subjects = match p.take(1)?[0] {
+        0 => None,
+        _ => Some(p.array()?),
+    };
     let verification = p.take(1)?[0] != 0;
     p.end()?;
     Ok(OpenRequest {
@@ -211,6 +219,7 @@ fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> 
         stock,
         known,
         verification,
+        known_subjects,
     })
 }
 
@@ -320,6 +329,30 @@ struct Store {
     subjects: HashMap<BundleId, String>,
     /// Bumped on every change, so a session knows whether its positions still hold.
     generation: u64,
+    /// The template and subjects digests of the whole held set, in held order, computed by
+    /// the first identification after a change ([`Store::changed`] forgets them): an
+    /// identification over 10,000 templates need not hash 10,000 subject names each time.
+    whole_digests: OnceLock<([u8; 32], [u8; 32])>,
+}
+
+impl Store {
+    /// Records a change of the held set.
+    fn changed(&mut self) {
+        self.generation += 1;
+        self.whole_digests = OnceLock::new();
+    }
+
+    fn subject_of(&self, id: &BundleId) -> &str {
+        self.subjects.get(id).map_or("", String::as_str)
+    }
+
+    /// The template digest and subjects digest of `ids` (in order).
+    fn digests_of(&self, ids: &[BundleId]) -> ([u8; 32], [u8; 32]) {
+        (
+            template_digest(ids),
+            subjects_digest(ids.iter().map(|id| self.subject_of(id))),
+        )
+    }
 }
 
 fn spi_error(e: pgrx::spi::Error) -> EngineError {
@@ -455,6 +488,7 @@ fn load_into(
                     set,
                     subjects: HashMap::new(),
                     generation: 0,
+                    whole_digests: OnceLock::new(),
                 });
             }
             let Some(store) = guard.as_mut() else {
@@ -465,7 +499,7 @@ fn load_into(
                 .push_opened(row.id, &row.opened, &row.seed, row.norm)
                 .map_err(|e| EngineError::internal(format!("face template: {e}")))?;
             store.subjects.insert(row.id, row.subject);
-            store.generation += 1;
+            store.changed();
         }
     }
     if verbose {
@@ -701,7 +735,7 @@ impl FaceService {
             if !gone.is_empty() {
                 store.set.retain(|id| !gone.contains(id));
                 store.subjects.retain(|id, _| !gone.contains(id));
-                store.generation += 1;
+                store.changed();
             }
         }
         let missing: Vec<BundleId> = present
@@ -772,7 +806,7 @@ impl FaceService {
             let dropped = store.set.retain(|id| current.contains(id));
             if dropped > 0 {
                 store.subjects.retain(|id, _| current.contains(id));
-                store.generation += 1;
+                store.changed();
             }
         }
         let missing: Vec<BundleId> = match guard.as_ref() {
@@ -789,7 +823,7 @@ impl FaceService {
         // then compares the same list at P0 and P1.
         if let Some(store) = guard.as_mut() {
             if store.set.sort_by_id() {
-                store.generation += 1;
+                store.changed();
             }
         }
         Ok(())
@@ -887,11 +921,18 @@ impl FaceService {
                 // The subjects go inside the sealed output only: an identification lists
                 // them there, a verification seals only their digest (the client knows its
                 // claimed subject); nothing the coordinator receives names them.
-                let digest = template_digest(&ids);
-                let subject_of = |id: &BundleId| store.subjects.get(id).map_or("", String::as_str);
-                let named = subjects_digest(ids.iter().map(subject_of));
-                let subjects_listed = (!req.verification)
-                    .then(|| ids.iter().map(|id| subject_of(id).to_owned()).collect());
+                let (digest, named) = if whole {
+                    *store.whole_digests.get_or_init(|| store.digests_of(&ids))
+                } else {
+                    store.digests_of(&ids)
+                };
+                // Not listed when the client's probe says it knows this very list.
+                let subjects_listed = (!req.verification && req.known_subjects != Some(named))
+                    .then(|| {
+                        ids.iter()
+                            .map(|id| store.subject_of(id).to_owned())
+                            .collect()
+                    });
                 (
                     ids,
                     positions,
@@ -1150,6 +1191,7 @@ mod tests {
             stock: Some([8; 16]),
             known: Some([9; 32]),
             verification: true,
+            known_subjects: Some([6; 32]),
         };
         let Request::Face { op, head, payload } = encode_open(&req) else {
             panic!("not a face request");
@@ -1163,6 +1205,7 @@ mod tests {
         assert_eq!(back.wanted, req.wanted);
         assert_eq!(back.stock, req.stock);
         assert_eq!(back.known, req.known);
+        assert_eq!(back.known_subjects, req.known_subjects);
         assert!(back.verification);
         assert!(decode_open(&head, &payload[..payload.len() - 1]).is_err());
         let unstocked = OpenRequest {
@@ -1170,6 +1213,7 @@ mod tests {
             stock: None,
             known: None,
             verification: false,
+            known_subjects: None,
             ..req
         };
         let Request::Face { head, payload, .. } = encode_open(&unstocked) else {
@@ -1177,6 +1221,7 @@ mod tests {
         };
         let back = decode_open(&head, &payload).unwrap();
         assert_eq!((back.wanted, back.stock, back.known), (None, None, None));
+        assert_eq!(back.known_subjects, None);
         assert!(!back.verification);
 
         let opened = Opened {

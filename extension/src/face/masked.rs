@@ -317,7 +317,12 @@ fn open_session(
     known: Option<[u8; 32]>,
 ) -> (Opened, bool) {
     let (id, opened) = fresh_session_probe(function, session, None, probe);
-    let (share, reply_key, subject) = (opened.share, opened.reply_key, opened.target);
+    let (share, reply_key, subject, known_subjects) = (
+        opened.share,
+        opened.reply_key,
+        opened.target,
+        opened.known_subjects,
+    );
     let subject = subject.as_deref();
     if subject.is_some() && (expected.is_some() || stock.is_some()) {
         raise(
@@ -369,6 +374,7 @@ fn open_session(
         stock,
         known,
         verification: subject.is_some(),
+        known_subjects,
     });
     let opened = decode_opened(&engine_bytes(function, call(&request)))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
