@@ -26,9 +26,7 @@ use privmatch_core::face::dealer::{seal_dealer_config, DealerConfig, DEALER_CONF
 use privmatch_core::face::enroll::{seal_face_enrollment, FaceEnrollRequest, FACE_ENROLL_PURPOSE};
 use privmatch_core::face::probe::{seal_face_probe_knowing, FACE_PROBE_PURPOSE};
 use privmatch_core::face::quantize::Quantizer;
-use privmatch_core::face::reply::{
-    open_face_identification, open_face_result, FaceResult, KnownSubjects,
-};
+use privmatch_core::face::reply::{FaceOpeners, FaceResult, KnownSubjects};
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
@@ -78,50 +76,36 @@ pub struct FaceIdentified {
     pub stocked: bool,
 }
 
-/// Opens P0's and P1's sealed outputs (`outputs`, base64, as the coordinator relayed them) of
-/// `session` with the reply key's secret and the parties' keys pinned in the client's own
-/// configuration and adds them: one bit per compared subject — the `claimed` subject of a
-/// verification, or the subjects both evaluators list inside their outputs (`None`: an
-/// identification). An output that does not open (altered or forged in transit) or does not
-/// fit is refused, naming the party.
+/// Opens P0's and P1's sealed outputs (`outputs`, base64, as the coordinator relayed them)
+/// with the openers of the request's session and reply key (derived from the parties' keys
+/// pinned in the client's own configuration) and adds them: one bit per compared subject —
+/// the `claimed` subject of a verification, or the subjects both evaluators list inside their
+/// outputs (`None`: an identification). An output that does not open (altered or forged in
+/// transit) or does not fit is refused, naming the party.
 pub fn open_outputs(
-    sealer: &Sealer,
-    reply: &PartySecretKey,
-    session: &SessionId,
+    openers: &FaceOpeners,
     outputs: &[String],
     claimed: Option<&str>,
 ) -> Result<FaceResult> {
     let [o0, o1] = relayed_pair(outputs)?;
-    open_face_result(
-        [&sealer.keys[0], &sealer.keys[1]],
-        reply,
-        session,
-        [&o0, &o1],
-        claimed,
-    )
-    .map_err(changed_in_transit)
+    openers
+        .result([&o0, &o1], claimed)
+        .map_err(changed_in_transit)
 }
 
 /// Opens P0's and P1's sealed outputs of an identification (`outputs`, base64, as the
-/// coordinator relayed them) with the reply key `reply` of `session`, against the subject
-/// list the client knows (`known`, replaced when the evaluators list a new one): one bit per
-/// subject. An output the coordinator altered is refused, naming the party.
+/// coordinator relayed them) against the subject list the client knows (`known`, replaced
+/// when the evaluators list a new one): one bit per subject. An output the coordinator
+/// altered is refused, naming the party.
 fn open_identification(
-    sealer: &Sealer,
-    reply: &PartySecretKey,
-    session: &SessionId,
+    openers: &FaceOpeners,
     outputs: &[String],
     known: &mut KnownSubjects,
 ) -> Result<Vec<bool>> {
     let [o0, o1] = relayed_pair(outputs)?;
-    open_face_identification(
-        [&sealer.keys[0], &sealer.keys[1]],
-        reply,
-        session,
-        [&o0, &o1],
-        known,
-    )
-    .map_err(changed_in_transit)
+    openers
+        .identification([&o0, &o1], known)
+        .map_err(changed_in_transit)
 }
 
 /// P0's and P1's sealed outputs, decoded from the base64 the coordinator relayed.
@@ -371,15 +355,15 @@ impl FaceClient {
 
     /// POSTs a probe body, sealed afresh for every attempt with a fresh session id and a fresh
     /// reply key (`body` gets the session id and the sealed probes of P0 and P1), retrying
-    /// transient failures. Returns the answer with the session id and reply key's secret of
-    /// the attempt it answers (the last one).
+    /// transient failures. Returns the answer with the openers of the sealed outputs of the
+    /// attempt it answers (the last one).
     async fn post_probe<B: serde::Serialize, T: DeserializeOwned>(
         &mut self,
         path: &str,
         embedding: &[i32],
         target: Option<&str>,
         body: impl Fn(String, [String; 2]) -> B,
-    ) -> Result<(T, SessionId, PartySecretKey)> {
+    ) -> Result<(T, FaceOpeners)> {
         let sealer = &mut self.sealer;
         // An identification tells the evaluators which subject list it knows already.
         let known = target.is_none().then_some(self.known.digest).flatten();
@@ -411,7 +395,11 @@ impl FaceClient {
         let (result, attempts) = self.coordinator.post_retrying(path, seal).await;
         let answer = result.map_err(|e| e.after_attempts(attempts))?;
         let (session, reply) = last.ok_or_else(|| anyhow!("no probe was sealed"))?;
-        Ok((answer, session, reply))
+        let keys = &self.sealer.keys;
+        Ok((
+            answer,
+            FaceOpeners::new([&keys[0], &keys[1]], &reply, &session),
+        ))
     }
 
     /// 1:1: does the quantised `embedding` match `subject`'s template? Opens P0's and P1's
@@ -425,17 +413,11 @@ impl FaceClient {
         };
         // The parties' errors name no subject (the coordinator relays them): the client,
         // which knows it, names it here.
-        let (answer, session, reply): (FaceVerifyResponse, _, _) = self
+        let (answer, openers): (FaceVerifyResponse, _) = self
             .post_probe("/v1/face/verify", embedding, Some(subject), body)
             .await
             .with_context(|| format!("verifying subject {subject:?}"))?;
-        let result = open_outputs(
-            &self.sealer,
-            &reply,
-            &session,
-            &answer.outputs,
-            Some(subject),
-        )?;
+        let result = open_outputs(&openers, &answer.outputs, Some(subject))?;
         Ok(result.bits.first().copied().unwrap_or(false))
     }
 
@@ -450,7 +432,7 @@ impl FaceClient {
     /// and P1's sealed outputs; one the coordinator altered is refused, naming the party.
     pub async fn identify_answer(&mut self, embedding: &[i32]) -> Result<FaceIdentified> {
         let body = |session, probes| FaceIdentifyBody { session, probes };
-        let (answer, session, reply): (FaceIdentifyResponse, _, _) = self
+        let (answer, openers): (FaceIdentifyResponse, _) = self
             .post_probe("/v1/face/identify", embedding, None, body)
             .await?;
         // Nothing enrolled: nothing compared, nothing sealed. Otherwise the compared subjects
@@ -459,13 +441,7 @@ impl FaceClient {
         let (subjects, bits): (&[String], Vec<bool>) = if answer.comparisons == 0 {
             (&[], Vec::new())
         } else {
-            let bits = open_identification(
-                &self.sealer,
-                &reply,
-                &session,
-                &answer.outputs,
-                &mut self.known,
-            )?;
+            let bits = open_identification(&openers, &answer.outputs, &mut self.known)?;
             (&self.known.subjects, bits)
         };
         if subjects.len() as i64 != answer.comparisons {

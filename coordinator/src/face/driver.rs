@@ -739,6 +739,12 @@ impl FaceSession<'_> {
     /// A verification's opens at P0 and P1 (at once: each reads the subject from its sealed
     /// probe and looks its template up) and its dealing from their sealed requests: the
     /// coordinator learns that a verification happened, not of whom.
+    ///
+    /// P2 can deal only once both opens have answered, so the opens run inside a transaction
+    /// that is committed while P2 deals ([`Self::open_uncommitted`]): the commit's WAL flush
+    /// at P0 and P1, which the open needs (its session id and the client's nonce are durable
+    /// before any later step), overlaps the dealing instead of preceding it. The keys step
+    /// runs after the commit, on the same connection.
     async fn verification_opened_and_dealt(
         &self,
         three: [&Client; 3],
@@ -747,13 +753,74 @@ impl FaceSession<'_> {
         let [c0, c1, _] = three;
         let [p0, p1] = EVALUATORS;
         let (first, second) =
-            futures::join!(self.open_at(p0, c0, None), self.open_at(p1, c1, None));
+            futures::join!(self.open_uncommitted(p0, c0), self.open_uncommitted(p1, c1));
+        // An open retried after the pending templates were opened runs in autocommit.
+        let in_transaction = [first.is_ok(), second.is_ok()];
         let first = self.opened_or_retry(p0, None, first, three).await?;
         let second = self.opened_or_retry(p1, None, second, three).await?;
         check_parallel_opens(&first, &second, true)?;
         let requests = [&first, &second].map(|o| o.request.as_deref().unwrap_or_default());
-        let dealt = deal_verification(dealer, &self.request.session, requests, self.timeout).await;
+        let (committed0, committed1, dealt) = futures::join!(
+            self.commit_open(p0, c0, in_transaction[0]),
+            self.commit_open(p1, c1, in_transaction[1]),
+            deal_verification(dealer, &self.request.session, requests, self.timeout)
+        );
+        committed0?;
+        committed1?;
         Ok((first, dealt))
+    }
+
+    /// `face_masked_open` at `party` inside a transaction that stays open (BEGIN is sent
+    /// with it, pipelined): the answer is back before the commit. On failure the transaction
+    /// is rolled back, so the connection can run the retry of [`Self::opened_or_retry`].
+    async fn open_uncommitted(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+    ) -> Result<OpenReply, FaceSessionError> {
+        let begin = call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "BEGIN",
+            self.timeout,
+            client.batch_execute("BEGIN"),
+        );
+        let (began, opened) = futures::join!(begin, self.open_at(party, client, None));
+        match (began, opened) {
+            (Ok(()), Ok(reply)) => Ok(reply),
+            (began, opened) => {
+                // Best effort: a connection that cannot roll back is not reused (run_pooled).
+                let _ = call_with_timeout::<_, FaceSessionError>(
+                    party,
+                    client,
+                    "ROLLBACK",
+                    self.timeout,
+                    client.batch_execute("ROLLBACK"),
+                )
+                .await;
+                began.and(opened)
+            }
+        }
+    }
+
+    /// Commits the open at `party` left in a transaction by [`Self::open_uncommitted`].
+    async fn commit_open(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+        in_transaction: bool,
+    ) -> Result<(), FaceSessionError> {
+        if !in_transaction {
+            return Ok(());
+        }
+        call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "COMMIT of face_masked_open",
+            self.timeout,
+            client.batch_execute("COMMIT"),
+        )
+        .await
     }
 }
 

@@ -216,38 +216,84 @@ pub fn open_reply(
     session: &[u8; SESSION_ID_LEN],
     sealed: &[u8],
 ) -> Result<Zeroizing<Vec<u8>>, ReplyError> {
-    if sealed.len() < HEADER_LEN + TAG_LEN
-        || &sealed[..4] != format.magic
-        || sealed[4] != format.version
-    {
-        return Err(ReplyError::NotThisKind);
+    ReplyOpener::new(*format, party, party_key, reply_secret, session).open(sealed)
+}
+
+/// Client side: the opening of party `party`'s sealed outputs of one session to one reply
+/// key, with the key derived once ([`open_reply`] in two steps): a client derives it while
+/// its request is in flight, so the key agreement is off the search's path.
+pub struct ReplyOpener {
+    format: ReplyFormat,
+    party: PartyIndex,
+    session: [u8; SESSION_ID_LEN],
+    cipher: XChaCha20Poly1305,
+}
+
+impl std::fmt::Debug for ReplyOpener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReplyOpener({}, <redacted>)", self.party)
     }
-    if sealed[5] != party.as_u8() {
-        return Err(ReplyError::OtherParty);
+}
+
+impl ReplyOpener {
+    /// Derives the key of `party`'s outputs of `session` (pinned key `party_key`) to the
+    /// reply key whose secret is `reply_secret`.
+    pub fn new(
+        format: ReplyFormat,
+        party: PartyIndex,
+        party_key: &PartyPublicKey,
+        reply_secret: &PartySecretKey,
+        session: &[u8; SESSION_ID_LEN],
+    ) -> Self {
+        let mut shared = x25519(reply_secret, party_key);
+        let cipher = reply_cipher(
+            &format,
+            &shared,
+            session,
+            party,
+            party_key,
+            &reply_secret.public_key(),
+        );
+        shared.zeroize();
+        ReplyOpener {
+            format,
+            party,
+            session: *session,
+            cipher,
+        }
     }
-    let (header, ciphertext) = sealed.split_at(HEADER_LEN);
-    let mut nonce = [0u8; NONCE_LEN];
-    nonce.copy_from_slice(&header[6..]);
-    let mut shared = x25519(reply_secret, party_key);
-    let cipher = reply_cipher(
-        format,
-        &shared,
-        session,
-        party,
-        party_key,
-        &reply_secret.public_key(),
-    );
-    shared.zeroize();
-    cipher
-        .decrypt(
-            &nonce.into(),
-            Payload {
-                msg: ciphertext,
-                aad: &aad(header, session),
-            },
-        )
-        .map(Zeroizing::new)
-        .map_err(|_| ReplyError::DoesNotOpen)
+
+    /// The party whose outputs this opens.
+    pub fn party(&self) -> PartyIndex {
+        self.party
+    }
+
+    /// Opens one sealed output (refused as [`open_reply`] refuses).
+    pub fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, ReplyError> {
+        let format = &self.format;
+        if sealed.len() < HEADER_LEN + TAG_LEN
+            || &sealed[..4] != format.magic
+            || sealed[4] != format.version
+        {
+            return Err(ReplyError::NotThisKind);
+        }
+        if sealed[5] != self.party.as_u8() {
+            return Err(ReplyError::OtherParty);
+        }
+        let (header, ciphertext) = sealed.split_at(HEADER_LEN);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&header[6..]);
+        self.cipher
+            .decrypt(
+                &nonce.into(),
+                Payload {
+                    msg: ciphertext,
+                    aad: &aad(header, &self.session),
+                },
+            )
+            .map(Zeroizing::new)
+            .map_err(|_| ReplyError::DoesNotOpen)
+    }
 }
 
 #[cfg(test)]

@@ -132,9 +132,16 @@ impl PartyPublicKey {
     }
 }
 
-/// A party's long-term X25519 secret key. Zeroised on drop; never printed.
+/// A party's long-term X25519 secret key (or a client's reply key), with its public key
+/// computed once: opening a sealed box or a sealed output names the recipient's public key in
+/// its key derivation, and a scalar multiplication per use would sit on every search's path.
+/// The secret is zeroised on drop; never printed.
 #[derive(Clone, Zeroize, ZeroizeOnDrop)]
-pub struct PartySecretKey([u8; 32]);
+pub struct PartySecretKey {
+    secret: [u8; 32],
+    #[zeroize(skip)]
+    public: PartyPublicKey,
+}
 
 impl std::fmt::Debug for PartySecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,26 +154,32 @@ impl PartySecretKey {
     pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> Self {
         let mut bytes = [0u8; 32];
         rng.fill_bytes(&mut bytes);
-        PartySecretKey(bytes)
+        let key = Self::from_bytes(bytes);
+        bytes.zeroize();
+        key
     }
 
     /// Restores a key from its 32 stored bytes.
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        PartySecretKey(bytes)
+        let public = PartyPublicKey(*PublicKey::from(&StaticSecret::from(bytes)).as_bytes());
+        PartySecretKey {
+            secret: bytes,
+            public,
+        }
     }
 
     /// The stored form of the key. Only the party's own storage may hold it.
     pub fn to_bytes(&self) -> [u8; 32] {
-        self.0
+        self.secret
     }
 
     /// The matching public key.
     pub fn public_key(&self) -> PartyPublicKey {
-        PartyPublicKey(*PublicKey::from(&StaticSecret::from(self.0)).as_bytes())
+        self.public
     }
 
     fn diffie_hellman(&self, peer: &PartyPublicKey) -> [u8; 32] {
-        StaticSecret::from(self.0)
+        StaticSecret::from(self.secret)
             .diffie_hellman(&PublicKey::from(peer.0))
             .to_bytes()
     }

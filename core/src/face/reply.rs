@@ -52,7 +52,7 @@ use zeroize::Zeroize;
 use super::encoding::evaluator;
 use super::funshade::reconstruct;
 use super::FaceError;
-use crate::crypto::reply::{self, open_reply, ReplyError, ReplyFormat};
+use crate::crypto::reply::{self, ReplyError, ReplyFormat, ReplyOpener};
 use crate::crypto::seal::{PartyPublicKey, PartySecretKey};
 use crate::party::PartyIndex;
 use crate::wire::session::SESSION_ID_LEN;
@@ -177,14 +177,22 @@ pub fn open_face_reply(
     session: &[u8; SESSION_ID_LEN],
     sealed: &[u8],
 ) -> Result<FaceReply, FaceError> {
-    let b = evaluator(party)? as u8;
+    evaluator(party)?;
+    open_with(
+        &ReplyOpener::new(FORMAT, party, party_key, reply_secret, session),
+        sealed,
+    )
+}
+
+/// [`open_face_reply`] with the key derived already.
+fn open_with(opener: &ReplyOpener, sealed: &[u8]) -> Result<FaceReply, FaceError> {
+    let party = opener.party();
+    let b = party.as_u8();
     let refused = |why: &'static str| FaceError::SealedOutput { party: b, why };
-    let plain = open_reply(&FORMAT, party, party_key, reply_secret, session, sealed).map_err(
-        |e| match e {
-            ReplyError::NotThisKind => refused("it is not a sealed face output"),
-            other => refused(other.why()),
-        },
-    )?;
+    let plain = opener.open(sealed).map_err(|e| match e {
+        ReplyError::NotThisKind => refused("it is not a sealed face output"),
+        other => refused(other.why()),
+    })?;
     let malformed = || refused("it opened but is malformed");
     if plain.len() < 68 {
         return Err(malformed());
@@ -274,32 +282,7 @@ pub fn open_face_result(
     sealed: [&[u8]; 2],
     claimed: Option<&str>,
 ) -> Result<FaceResult, FaceError> {
-    let [r0, r1] = open_both(party_keys, reply_secret, session, sealed)?;
-    let subjects = match claimed {
-        Some(subject) => {
-            let expected = subjects_digest([subject]);
-            for r in [&r0, &r1] {
-                let b = r.party.as_u8();
-                if r.subjects.is_some() || r.shares.len() != 1 {
-                    return Err(refused(b, "it is not the output of a verification"));
-                }
-                if r.subjects_digest != expected {
-                    return Err(FaceError::WrongTarget);
-                }
-            }
-            vec![subject.to_owned()]
-        }
-        None => {
-            let mut known = KnownSubjects::default();
-            let bits = identification_bits(r0, r1, &mut known)?;
-            return Ok(FaceResult {
-                subjects: known.subjects,
-                bits,
-            });
-        }
-    };
-    let bits = reconstruct(&r0.shares, &r1.shares)?;
-    Ok(FaceResult { subjects, bits })
+    FaceOpeners::new(party_keys, reply_secret, session).result(sealed, claimed)
 }
 
 /// Client side, an identification whose probe carried `known`'s digest
@@ -315,35 +298,90 @@ pub fn open_face_identification(
     sealed: [&[u8]; 2],
     known: &mut KnownSubjects,
 ) -> Result<Vec<bool>, FaceError> {
-    let [r0, r1] = open_both(party_keys, reply_secret, session, sealed)?;
-    identification_bits(r0, r1, known)
+    FaceOpeners::new(party_keys, reply_secret, session).identification(sealed, known)
+}
+
+/// Client side: the openers of P0's and P1's sealed outputs of one session, with their keys
+/// derived once ([`ReplyOpener`]): a client derives them while its request is in flight.
+#[derive(Debug)]
+pub struct FaceOpeners([ReplyOpener; 2]);
+
+impl FaceOpeners {
+    /// The openers of `session`'s outputs of P0 and P1 (pinned keys `party_keys`) to the reply
+    /// key whose secret is `reply_secret`.
+    pub fn new(
+        party_keys: [&PartyPublicKey; 2],
+        reply_secret: &PartySecretKey,
+        session: &[u8; SESSION_ID_LEN],
+    ) -> Self {
+        FaceOpeners(std::array::from_fn(|b| {
+            ReplyOpener::new(
+                FORMAT,
+                PartyIndex::ALL[b],
+                party_keys[b],
+                reply_secret,
+                session,
+            )
+        }))
+    }
+
+    /// [`open_face_result`] with these openers.
+    pub fn result(
+        &self,
+        sealed: [&[u8]; 2],
+        claimed: Option<&str>,
+    ) -> Result<FaceResult, FaceError> {
+        let [r0, r1] = self.open_both(sealed)?;
+        let Some(subject) = claimed else {
+            let mut known = KnownSubjects::default();
+            let bits = identification_bits(r0, r1, &mut known)?;
+            return Ok(FaceResult {
+                subjects: known.subjects,
+                bits,
+            });
+        };
+        let expected = subjects_digest([subject]);
+        for r in [&r0, &r1] {
+            let b = r.party.as_u8();
+            if r.subjects.is_some() || r.shares.len() != 1 {
+                return Err(refused(b, "it is not the output of a verification"));
+            }
+            if r.subjects_digest != expected {
+                return Err(FaceError::WrongTarget);
+            }
+        }
+        let bits = reconstruct(&r0.shares, &r1.shares)?;
+        Ok(FaceResult {
+            subjects: vec![subject.to_owned()],
+            bits,
+        })
+    }
+
+    /// [`open_face_identification`] with these openers.
+    pub fn identification(
+        &self,
+        sealed: [&[u8]; 2],
+        known: &mut KnownSubjects,
+    ) -> Result<Vec<bool>, FaceError> {
+        let [r0, r1] = self.open_both(sealed)?;
+        identification_bits(r0, r1, known)
+    }
+
+    /// Opens P0's and P1's sealed outputs and checks that they evaluated the same list.
+    fn open_both(&self, sealed: [&[u8]; 2]) -> Result<[FaceReply; 2], FaceError> {
+        let (r0, r1) = (
+            open_with(&self.0[0], sealed[0])?,
+            open_with(&self.0[1], sealed[1])?,
+        );
+        if r0.list_digest != r1.list_digest {
+            return Err(refused(1, "P0 and P1 evaluated different template lists"));
+        }
+        Ok([r0, r1])
+    }
 }
 
 fn refused(b: u8, why: &'static str) -> FaceError {
     FaceError::SealedOutput { party: b, why }
-}
-
-/// Opens P0's and P1's sealed outputs and checks that they evaluated the same template list.
-fn open_both(
-    party_keys: [&PartyPublicKey; 2],
-    reply_secret: &PartySecretKey,
-    session: &[u8; SESSION_ID_LEN],
-    sealed: [&[u8]; 2],
-) -> Result<[FaceReply; 2], FaceError> {
-    let open = |b: usize| {
-        open_face_reply(
-            PartyIndex::ALL[b],
-            party_keys[b],
-            reply_secret,
-            session,
-            sealed[b],
-        )
-    };
-    let (r0, r1) = (open(0)?, open(1)?);
-    if r0.list_digest != r1.list_digest {
-        return Err(refused(1, "P0 and P1 evaluated different template lists"));
-    }
-    Ok([r0, r1])
 }
 
 /// An identification's bits from P0's and P1's opened outputs: each lists the compared
