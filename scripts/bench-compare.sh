@@ -8,7 +8,7 @@
 # PostgreSQL 15 into which the matching extension is installed (initdb, pg_ctl, postgres, psql;
 # its pkglibdir and sharedir hold that build's privmatch.so and scripts). Two extension builds
 # cannot share one PostgreSQL install, so one of them is normally a relocated copy (see the
-# section "Issue 34 before/after" of BENCHMARKS.md for how it is made).
+# section "Issue 34 before/after" of docs/benchmarks/log.md for how it is made).
 #
 # For each round (default 3) and each bench it runs OLD then NEW (ABAB…), every run on a fresh
 # cluster of its own (`privmatch cluster up` in a new home, purged afterwards):

@@ -2,7 +2,7 @@
 //! typed arguments) are parsed, analysed and planned once per backend and kept, as PL/pgSQL
 //! keeps its statements' plans. Without them every call re-parsed and re-planned each of its
 //! statements: in a 1:1 face verification that was the largest CPU item of the parties'
-//! backends after the kernel (BENCHMARKS.md, "Face verification latency").
+//! backends after the kernel (docs/benchmarks/log.md, "Face verification latency").
 //!
 //! PostgreSQL's plan cache revalidates a saved plan after DDL on what it uses (an extension
 //! upgrade, for instance) and after a change of `search_path`; the extension's statements name

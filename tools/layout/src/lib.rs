@@ -8,11 +8,15 @@
 //! 3. **No import circle between files**: the graph of `use crate::…` / `super::…` edges
 //!    between the files of a crate has no cycle.
 //!
+//! 4. **Docs as built**: every repository path the Markdown cites exists ([`docs`]).
+//!
 //! Rules 1 and 2 hold for test modules too; rule 3 looks at production code only (the
 //! `#[cfg(test)]` modules at the end of a file are cut off: a test may import its parent's
 //! siblings). A rule broken fails with the file, the offending path and the rule.
 
 #![cfg(test)]
+
+mod docs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
