@@ -42,22 +42,21 @@
 //! so the client and the server share one reading of every field.
 
 use privmatch_core::iris::enroll::Eye;
-use privmatch_core::iris::params::{SearchMode, SearchParams, MAX_ROTATION_LIMIT};
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::template::MAX_ROTATION;
+use privmatch_core::mpc::compare::DEFAULT_TAU;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 
 use crate::iris::eyes::{combine_uniqueness, EyePolicy, Match};
 use crate::wire::{from_base64_each, session_from_hex};
 
-/// The default match threshold (fractional Hamming distance ratio).
-pub const DEFAULT_THRESHOLD: f64 = privmatch_core::mpc::compare::DEFAULT_TAU;
-
 fn default_max_rotation() -> i32 {
-    MAX_ROTATION_LIMIT
+    MAX_ROTATION
 }
 
 fn default_threshold() -> f64 {
-    DEFAULT_THRESHOLD
+    DEFAULT_TAU
 }
 
 /// The parameters of a search as the API and the CLI give them, checked by
@@ -278,7 +277,7 @@ pub struct EnrollIfUniquePlan {
 
 /// The parameters of the uniqueness search of enroll-if-unique: ±15 rotations, `threshold`.
 pub fn if_unique_params(threshold: f64) -> Result<SearchParams, String> {
-    search_params(SearchMode::Uniqueness, MAX_ROTATION_LIMIT, threshold)
+    search_params(SearchMode::Uniqueness, MAX_ROTATION, threshold)
 }
 
 impl EnrollIfUniqueBody {

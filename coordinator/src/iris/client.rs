@@ -583,7 +583,12 @@ mod tests {
         let reply = PartySecretKey::generate(&mut rng);
         let expected = ExpectedSearch {
             session: [3; 16],
-            params: SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params"),
+            params: SearchParams::new(
+                SearchMode::Uniqueness,
+                privmatch_core::iris::template::MAX_ROTATION,
+                privmatch_core::mpc::compare::DEFAULT_TAU,
+            )
+            .expect("params"),
             eye: Eye::Left,
         };
         let answer = |outcome, sealed_outputs| EnrollIfUniqueResponse {

@@ -18,10 +18,11 @@ use privmatch_core::wire::sealed_input::SealedKind;
 use crate::cli::keys::Sealer;
 use crate::cli::sealed::{report, SealedWriter};
 use crate::config::Config;
-use crate::iris::api::{search_params, DEFAULT_THRESHOLD};
+use crate::iris::api::search_params;
 use crate::iris::client::{enroll_body, search_body};
 use crate::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{for_each_record, read_probe_file, validate_file};
+use privmatch_core::mpc::compare::DEFAULT_TAU;
 
 /// Options of `privmatch iris seal`.
 #[derive(Args, Clone, Debug)]
@@ -43,7 +44,7 @@ pub struct SealArgs {
     /// Probes: the deployment's iris threshold policy (`privmatch iris policy show`; 0.345 at
     /// install). Sealing is offline, so it is given here; the parties refuse a probe sealed
     /// with any other threshold than their policy (22023), so it cannot be chosen per search.
-    #[arg(long, default_value_t = DEFAULT_THRESHOLD)]
+    #[arg(long, default_value_t = DEFAULT_TAU)]
     pub threshold: f64,
     /// Two-eye probes: `or` or `and` (see `privmatch iris search --policy`).
     #[arg(long, default_value = "or", value_parser = ["or", "and"])]

@@ -7,9 +7,6 @@
 use crate::iris::template::MAX_ROTATION;
 use crate::mpc::compare::Threshold;
 
-/// Largest accepted maximum rotation (the deployed ±15 columns, 31 rotations).
-pub const MAX_ROTATION_LIMIT: i32 = MAX_ROTATION;
-
 /// Largest accepted threshold ratio. At τ = 0.5 the comparison constant A = 2Q − 4P is 0,
 /// still exact; above it a search would match most random codes and is refused as a mistake.
 pub const MAX_THRESHOLD: f64 = 0.5;
@@ -88,9 +85,9 @@ impl SearchParams {
     /// decimals (a comparison matches when the minimum distance over the rotations is strictly
     /// below it).
     pub fn new(mode: SearchMode, max_rotation: i32, threshold: f64) -> Result<Self, ParamError> {
-        if !(0..=MAX_ROTATION_LIMIT).contains(&max_rotation) {
+        if !(0..=MAX_ROTATION).contains(&max_rotation) {
             return Err(ParamError(format!(
-                "max_rotation must be in 0..={MAX_ROTATION_LIMIT}, not {max_rotation}"
+                "max_rotation must be in 0..={MAX_ROTATION}, not {max_rotation}"
             )));
         }
         if !(threshold > 0.0 && threshold <= MAX_THRESHOLD) {

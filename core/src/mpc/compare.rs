@@ -64,11 +64,12 @@ use crate::sharing::replicated::ReplicatedShare;
 /// scale B of the code dot product in x = A·m − B·c (module docs).
 pub const Q: i64 = 10_000;
 
-/// The default match threshold ratio τ (docs/protocols/iris.md).
-pub const DEFAULT_TAU: f64 = 0.345;
-
-/// The numerator P of [`DEFAULT_TAU`] = P / [`Q`].
+/// The numerator P of the default match threshold ratio [`DEFAULT_TAU`] = P / [`Q`]: the one
+/// definition of the default (docs/protocols/iris.md).
 pub const DEFAULT_TAU_NUMERATOR: u32 = 3_450;
+
+/// The default match threshold ratio τ = 0.345, as a ratio.
+pub const DEFAULT_TAU: f64 = DEFAULT_TAU_NUMERATOR as f64 / Q as f64;
 
 /// The offset 2^15 that makes the signed code dot product unsigned for the lift (module docs).
 const CODE_OFFSET: u32 = 1 << 15;

@@ -550,7 +550,12 @@ mod tests {
             Request::Start {
                 session: [3; 16],
                 probe: vec![1, 2, 3],
-                params: SearchParams::new(SearchMode::Uniqueness, 15, 0.345).unwrap(),
+                params: SearchParams::new(
+                    SearchMode::Uniqueness,
+                    privmatch_core::iris::template::MAX_ROTATION,
+                    privmatch_core::mpc::compare::DEFAULT_TAU,
+                )
+                .unwrap(),
             },
             Request::Round {
                 session: [4; 16],

@@ -40,12 +40,13 @@ use crate::cli::keys::{client_credential, sealing_time, sign_each};
 use crate::config::Config;
 use crate::dev::bench::stats::median;
 use crate::dev::LocalConfigs;
-use crate::iris::api::{SearchRequest, SearchStats, DEFAULT_THRESHOLD};
+use crate::iris::api::{SearchRequest, SearchStats};
 use crate::iris::client::{enroll_file, BatchOptions};
 use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 use crate::parties::Parties;
 use crate::session::retry::RetryPolicy;
+use privmatch_core::mpc::compare::DEFAULT_TAU;
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.
 const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
@@ -284,7 +285,7 @@ async fn run_configuration(
     max_rotation: i32,
     rng: &mut ChaCha20Rng,
 ) -> Result<Figures> {
-    let params = SearchParams::new(SearchMode::Identify, max_rotation, DEFAULT_THRESHOLD)
+    let params = SearchParams::new(SearchMode::Identify, max_rotation, DEFAULT_TAU)
         .map_err(|e| anyhow!("{e}"))?;
     let numerator = params.threshold().numerator();
     // The plaintext baseline at its best: the fastest of three runs.
@@ -423,7 +424,7 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
         "x plaintext"
     );
     // The rounds the searches should take at the bench's threshold.
-    let threshold = Threshold::from_ratio(DEFAULT_THRESHOLD).unwrap_or_default();
+    let threshold = Threshold::from_ratio(DEFAULT_TAU).unwrap_or_default();
     for f in figures {
         let entries = f.stats.entries.max(0) as usize;
         let comparisons = (entries * f.rotations) as f64;
@@ -528,7 +529,7 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     };
     let warm_up = Instant::now();
     let timeout = Duration::from_secs_f64(args.timeout);
-    let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_THRESHOLD)
+    let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_TAU)
         .map_err(|e| anyhow!("{e}"))?;
     search_once(
         &parties,
@@ -550,7 +551,7 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     let scanned = entries * SHARE_BYTES_PER_TEMPLATE;
     let floor_seconds = scanned as f64 / bandwidth;
     println!(
-        "bench iris: {} entries searched ({} bench templates {prefix}-*), identify, τ = {DEFAULT_THRESHOLD}, median of {} search(es)",
+        "bench iris: {} entries searched ({} bench templates {prefix}-*), identify, τ = {DEFAULT_TAU}, median of {} search(es)",
         entries,
         args.n,
         args.repetitions.max(1)
