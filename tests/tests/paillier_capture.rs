@@ -67,11 +67,7 @@ fn params(protocol: Protocol) -> Params {
 }
 
 fn name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Pi1 => "pi1",
-        Protocol::Pi2 => "pi2",
-        Protocol::Pi3 => "pi3",
-    }
+    p.name()
 }
 
 fn path_arg(p: &Path) -> String {

@@ -67,11 +67,7 @@ fn params(protocol: Protocol) -> Params {
 }
 
 fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Pi1 => "pi1",
-        Protocol::Pi2 => "pi2",
-        Protocol::Pi3 => "pi3",
-    }
+    p.name()
 }
 
 /// A raw (unnormalised) embedding: the CLI normalises.

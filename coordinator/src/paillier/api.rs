@@ -43,26 +43,15 @@ pub const DEFAULT_WAIT_MS: u64 = 25_000;
 /// The most messages one mailbox answer carries.
 pub const MAX_MESSAGES: usize = 16;
 
-/// `pi1`, `pi2` or `pi3`.
-pub fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Pi1 => "pi1",
-        Protocol::Pi2 => "pi2",
-        Protocol::Pi3 => "pi3",
-    }
-}
-
 /// The protocol named `pi1`, `pi2` or `pi3`.
 pub fn parse_protocol(name: &str) -> Result<Protocol, String> {
-    match name {
-        "pi1" => Ok(Protocol::Pi1),
-        "pi2" => Ok(Protocol::Pi2),
-        "pi3" => Ok(Protocol::Pi3),
-        other => Err(format!(
-            "protocol {:?}: pi1, pi2 or pi3",
-            other.chars().take(16).collect::<String>()
-        )),
-    }
+    Protocol::from_name(name).ok_or_else(|| {
+        let [a, b, c] = Protocol::NAMES;
+        format!(
+            "protocol {:?}: {a}, {b} or {c}",
+            name.chars().take(16).collect::<String>()
+        )
+    })
 }
 
 /// Checks a device id (1 to 64 of `A-Z a-z 0-9 . _ : -`), naming the field.
@@ -571,7 +560,7 @@ mod tests {
     #[test]
     fn states_and_protocols_have_their_documented_names() {
         for p in [Protocol::Pi1, Protocol::Pi2, Protocol::Pi3] {
-            assert_eq!(parse_protocol(protocol_name(p)), Ok(p));
+            assert_eq!(parse_protocol(p.name()), Ok(p));
         }
         assert_eq!(
             serde_json::to_string(&SessionState::NoMatch)

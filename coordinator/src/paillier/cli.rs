@@ -26,9 +26,7 @@ use crate::cli::http::CallError;
 use crate::cli::keys::sharing_rng;
 use crate::cli::ndjson::{emit, json_line};
 use crate::config::{Config, ServicePin};
-use crate::paillier::api::{
-    parse_protocol, protocol_name, SessionState, DEFAULT_WAIT_MS, MAX_MESSAGES,
-};
+use crate::paillier::api::{parse_protocol, SessionState, DEFAULT_WAIT_MS, MAX_MESSAGES};
 use crate::paillier::client::{serve, unix_now, Device, PaillierClient, Responder};
 use crate::paillier::device::{
     answered_path, fingerprint, generate, load_key, load_record, record_path, save_record, Answered,
@@ -110,7 +108,7 @@ pub struct EnrollArgs {
     pub device: String,
     /// pi1 (semi-honest), pi2 (malicious device; the terminal learns the score) or pi3
     /// (malicious device, no leakage).
-    #[arg(long, value_parser = ["pi1", "pi2", "pi3"])]
+    #[arg(long, value_parser = privmatch_core::paillier::params::Protocol::NAMES)]
     pub protocol: String,
     /// NDJSON with one face embedding (the `privmatch face` input format).
     #[arg(long)]
@@ -158,7 +156,7 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub input: PathBuf,
     /// The device's protocol: pi1, pi2 or pi3.
-    #[arg(long, value_parser = ["pi1", "pi2", "pi3"])]
+    #[arg(long, value_parser = privmatch_core::paillier::params::Protocol::NAMES)]
     pub protocol: String,
     /// The cosine similarity the capture must reach (−1..1). The service provider's policy
     /// fixes the threshold: by default the terminal uses the policy's (relayed with the
@@ -397,7 +395,7 @@ async fn respond(config: &Config, args: &RespondArgs) -> Result<()> {
                     let line = json_line(&ServedLine {
                         device: &args.device,
                         session: &done.session,
-                        protocol: protocol_name(done.protocol),
+                        protocol: done.protocol.name(),
                         outcome: done.state,
                     });
                     if !emit(&line)? {
@@ -433,7 +431,7 @@ pub async fn run_terminal(
         bail!(
             "device {:?} is enrolled for {}, not {}",
             args.device,
-            protocol_name(params.protocol()),
+            params.protocol().name(),
             args.protocol
         );
     }

@@ -50,10 +50,10 @@ use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::{client_credential, sharing_rng};
 use crate::config::{Config, ServicePin};
 use crate::paillier::api::{
-    parse_protocol, protocol_name, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody,
-    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
-    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
-    SessionState, SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
+    parse_protocol, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody, DeviceMessage,
+    DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
+    MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
+    SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
 use crate::paillier::device::Answered;
 use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
@@ -138,7 +138,7 @@ impl PaillierClient {
         protocol: Protocol,
     ) -> Result<(Params, RingPedersenParams)> {
         let info = self.service_info().await?;
-        let name = protocol_name(protocol);
+        let name = protocol.name();
         let set = info
             .parameters
             .iter()
@@ -297,7 +297,7 @@ impl PaillierClient {
                 "/v1/paillier/verify",
                 &VerifyBody {
                     device: device.to_owned(),
-                    protocol: protocol_name(protocol).to_owned(),
+                    protocol: protocol.name().to_owned(),
                     session: session_to_hex(session),
                     terminal_input: to_base64(sealed),
                 },
@@ -636,7 +636,7 @@ pub async fn serve(
             "a {} Round {} message for a {} device",
             message.protocol,
             message.round,
-            protocol_name(responder.protocol())
+            responder.protocol().name()
         );
         return give_up(client, device, session, 3, err).await;
     }

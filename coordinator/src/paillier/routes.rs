@@ -22,11 +22,10 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 
 use crate::paillier::api::{
-    check_device, protocol_name, unix_now_ms, DeleteAuthority, DeleteBody, DeleteResponse,
-    DeviceBody, DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse,
-    EnrollFinishBody, MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody,
-    ReplyResponse, ServiceInfo, SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS,
-    MAX_MESSAGES, MAX_WAIT_MS,
+    check_device, unix_now_ms, DeleteAuthority, DeleteBody, DeleteResponse, DeviceBody,
+    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
+    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
+    SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
 };
 use crate::paillier::driver::{Relay, RelayError, Status};
 use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError};
@@ -141,7 +140,7 @@ fn view(session: &SessionId, status: Status) -> SessionView {
     SessionView {
         session: session_to_hex(session),
         device: status.device,
-        protocol: protocol_name(status.protocol).to_owned(),
+        protocol: status.protocol.name().to_owned(),
         state: status.state,
         error: status.error,
         verdict: status.verdict.as_deref().map(to_base64),
@@ -297,7 +296,7 @@ async fn mailbox(
             .into_iter()
             .map(|d| DeviceMessage {
                 session: session_to_hex(&d.session),
-                protocol: protocol_name(d.protocol).to_owned(),
+                protocol: d.protocol.name().to_owned(),
                 round: 2,
                 message: to_base64(&d.message),
             })
@@ -398,7 +397,7 @@ async fn relay_reply(
     };
     let for_device = |round: u8, message: &[u8]| DeviceMessage {
         session: session_to_hex(session),
-        protocol: protocol_name(protocol).to_owned(),
+        protocol: protocol.name().to_owned(),
         round,
         message: to_base64(message),
     };
@@ -444,10 +443,7 @@ async fn relay_reply(
         (protocol, round) => Err(error_with(
             StatusCode::CONFLICT,
             codes::WRONG_STEP,
-            format!(
-                "{} has no Round {round} from the device",
-                protocol_name(protocol)
-            ),
+            format!("{} has no Round {round} from the device", protocol.name()),
         )),
     }
 }

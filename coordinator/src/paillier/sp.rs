@@ -22,7 +22,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::paillier::api::{protocol_name, DeviceEntry, ParamSet, ServiceInfo};
+use crate::paillier::api::{DeviceEntry, ParamSet, ServiceInfo};
 use crate::parties::{column, Parties, Party, PartyError};
 use crate::wire::to_base64;
 
@@ -282,7 +282,7 @@ impl ServiceProvider {
 
     /// The threshold of the SP's policy for `protocol` (`paillier_policies()`), if one is set.
     pub async fn policy_threshold(&self, protocol: Protocol) -> Result<Option<i64>, SpError> {
-        let name = protocol_name(protocol);
+        let name = protocol.name();
         let rows = self
             .rows(
                 "SELECT threshold FROM privmatch.paillier_policies() WHERE protocol = $1",
@@ -315,7 +315,7 @@ impl ServiceProvider {
         .await?;
         let sql = format!(
             "SELECT privmatch.paillier_{}_round2($1, $2)",
-            protocol_name(protocol)
+            protocol.name()
         );
         let (party, row) = self.row(&sql, &[&device, &terminal_input]).await?;
         Self::required(party, &row, 0, "round 2")

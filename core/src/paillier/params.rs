@@ -75,6 +75,23 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// The protocols, in order.
+    pub const ALL: [Protocol; 3] = [Protocol::Pi1, Protocol::Pi2, Protocol::Pi3];
+
+    /// The protocols' names in the API, the CLI, SQL and the docs (the one spelling), in the
+    /// order of [`Self::ALL`].
+    pub const NAMES: [&'static str; 3] = ["pi1", "pi2", "pi3"];
+
+    /// The protocol's name: `pi1`, `pi2` or `pi3`.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[usize::from(self.code() - 1)]
+    }
+
+    /// The protocol named `name` (one of [`Self::NAMES`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
     /// The byte naming the protocol in [`Params::to_bytes`].
     pub fn code(self) -> u8 {
         match self {
@@ -713,6 +730,19 @@ pub fn is_ap_free(set: &[u32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_protocol_has_one_name_and_one_code() {
+        for (i, p) in Protocol::ALL.into_iter().enumerate() {
+            assert_eq!(p.name(), Protocol::NAMES[i]);
+            assert_eq!(Protocol::from_name(p.name()), Some(p));
+            assert_eq!(Protocol::from_code(p.code()), Ok(p));
+        }
+        assert_eq!(Protocol::NAMES, ["pi1", "pi2", "pi3"]);
+        for other in ["", "Pi1", "pi4", "semi-honest", "1"] {
+            assert_eq!(Protocol::from_name(other), None, "{other:?}");
+        }
+    }
 
     fn max_params(protocol: Protocol, dim: usize, m: u32, bits: u32) -> Params {
         Params::new_allowing_test_modulus(

@@ -16,7 +16,7 @@ use privmatch_core::paillier::enroll::{request_header, EnrolError, ServiceEnrolm
 use privmatch_core::paillier::params::Protocol;
 use privmatch_core::paillier::record::{check_device_id, SignedTemplate};
 
-use super::service::{configured_params, load_service, protocol_name, signing_key};
+use super::service::{configured_params, load_service, signing_key};
 use super::{raise_enrol, require_sp};
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{get_one, modify, raise, run, select};
@@ -385,7 +385,7 @@ fn paillier_devices() -> TableIterator<
                 .get::<i16>(2)
                 .and_then(|c| u8::try_from(c).ok())
                 .and_then(|c| Protocol::from_code(c).ok())
-                .map_or("?", protocol_name);
+                .map_or("?", Protocol::name);
             (
                 row.get::<String>(1).unwrap_or_default(),
                 name.to_owned(),

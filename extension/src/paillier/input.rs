@@ -24,7 +24,7 @@ use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};
 
 use super::enroll::stored_record;
-use super::service::{load_service, protocol_name};
+use super::service::load_service;
 use crate::clients;
 use crate::errors::{get_one, raise};
 use crate::identity::Identity;
@@ -104,8 +104,8 @@ pub(super) fn open_input(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!(
                 "{function}: the terminal input is for {}, this function runs {}",
-                protocol_name(input.protocol),
-                protocol_name(protocol)
+                input.protocol.name(),
+                protocol.name()
             ),
             None,
         );
@@ -137,8 +137,8 @@ pub(super) fn checked_record(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!(
                 "{function}: device {device_id:?} is enrolled for {}, the terminal asks for {}",
-                protocol_name(protocol),
-                protocol_name(input.protocol)
+                protocol.name(),
+                input.protocol.name()
             ),
             None,
         );

@@ -25,7 +25,7 @@ use privmatch_core::paillier::terminal::TerminalInput;
 
 use super::input::{checked_record, open_input_any};
 use super::require_sp;
-use super::service::{configured_params, protocol_name};
+use super::service::configured_params;
 use crate::errors::{get_one, modify, raise, run, select};
 
 /// How long a signed Round 2 may be answered, seconds (the SP's session lifetime).
@@ -47,16 +47,16 @@ pub(super) struct Policy {
 }
 
 fn parse_protocol(function: &str, name: &str) -> Protocol {
-    match name {
-        "pi1" => Protocol::Pi1,
-        "pi2" => Protocol::Pi2,
-        "pi3" => Protocol::Pi3,
-        other => raise(
+    Protocol::from_name(name).unwrap_or_else(|| {
+        raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{function}: protocol {other:?}: 'pi1', 'pi2' or 'pi3'"),
+            {
+                let [a, b, c] = Protocol::NAMES;
+                format!("{function}: protocol {name:?}: '{a}', '{b}' or '{c}'")
+            },
             None,
-        ),
-    }
+        )
+    })
 }
 
 /// Sets the policy of `protocol` ('pi1', 'pi2', 'pi3'): the `threshold` on ⟨u, w⟩ every
@@ -112,7 +112,7 @@ fn paillier_set_policy(
             terminal_sessions_per_hour.into(),
         ],
     );
-    protocol_name(p).to_owned()
+    p.name().to_owned()
 }
 
 /// The policies in force: per protocol, the threshold and the sessions allowed per device and
@@ -138,7 +138,7 @@ fn paillier_policies() -> TableIterator<
                 .get::<i16>(1)
                 .and_then(|c| u8::try_from(c).ok())
                 .and_then(|c| Protocol::from_code(c).ok())
-                .map_or("?", protocol_name);
+                .map_or("?", Protocol::name);
             (
                 name.to_owned(),
                 row.get::<i64>(2).unwrap_or_default(),
@@ -166,10 +166,7 @@ pub(super) fn policy_for(function: &str, protocol: Protocol) -> Policy {
     rows.into_iter().next().unwrap_or_else(|| {
         raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!(
-                "{function}: no session policy for {}",
-                protocol_name(protocol)
-            ),
+            format!("{function}: no session policy for {}", protocol.name()),
             Some("the SP's operator sets it with privmatch.paillier_set_policy()"),
         )
     })
@@ -184,7 +181,7 @@ pub(super) fn require_policy_threshold(function: &str, input: &TerminalInput, po
                 "{function}: the terminal asks for threshold {}, the {} policy is {}: a terminal \
                  cannot choose the threshold",
                 input.threshold,
-                protocol_name(input.protocol),
+                input.protocol.name(),
                 policy.threshold
             ),
             Some("the terminal uses the threshold of the service provider's policy"),

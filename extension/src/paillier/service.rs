@@ -181,15 +181,6 @@ fn paillier_service_info() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// The name of a protocol in SQL results.
-pub(super) fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Pi1 => "pi1",
-        Protocol::Pi2 => "pi2",
-        Protocol::Pi3 => "pi3",
-    }
-}
-
 /// Sets the parameters ([ABMR20] Fig. 1: ℓ, m, ζ², |N|, λ, protocol; the canonical encoding of
 /// `Params::to_bytes`) the SP enrols devices under for their protocol, replacing that
 /// protocol's earlier set (records enrolled under it stay valid until they expire), and the
@@ -224,7 +215,7 @@ fn paillier_set_params(params: &[u8], valid_days: default!(i32, 365)) -> String 
             valid_days.into(),
         ],
     );
-    protocol_name(parsed.protocol()).to_owned()
+    parsed.protocol().name().to_owned()
 }
 
 /// The parameter sets the SP enrols under (one per protocol; what a device enrols with).
@@ -246,7 +237,7 @@ fn paillier_parameters() -> TableIterator<
             let name = u8::try_from(code)
                 .ok()
                 .and_then(|c| Protocol::from_code(c).ok())
-                .map_or("?", protocol_name);
+                .map_or("?", Protocol::name);
             (
                 name.to_owned(),
                 row.get::<Vec<u8>>(2).unwrap_or_default(),
@@ -275,7 +266,7 @@ pub(super) fn configured_params(function: &str, protocol: Protocol) -> (Params, 
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!(
                 "{function}: the service provider enrols no device under {}",
-                protocol_name(protocol)
+                protocol.name()
             ),
             Some("its operator sets the parameters with privmatch.paillier_set_params()"),
         )

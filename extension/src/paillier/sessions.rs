@@ -44,7 +44,7 @@ use zeroize::Zeroizing;
 use super::input::{checked_record, open_input, stored_template, CheckedRecord};
 use super::matching::sign_round2;
 use super::policy::admit_round2;
-use super::service::{load_service, protocol_name, signing_key};
+use super::service::{load_service, signing_key};
 use super::{raise_match, require_sp};
 use crate::errors::{get_one, modify, parse_session_id, raise, run};
 
@@ -191,7 +191,7 @@ fn open_session(function: &str, session: &[u8], protocol: Protocol, stage: i16) 
             format!(
                 "{function}: no {} session {} awaiting this round (never begun, finished, \
                  refused, or older than {SESSION_TTL})",
-                protocol_name(protocol),
+                protocol.name(),
                 hex::encode(id)
             ),
             Some("the terminal starts a new session with a fresh session id"),

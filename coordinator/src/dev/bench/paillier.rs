@@ -153,11 +153,17 @@ fn table_figures(
 }
 
 fn protocol_of(name: &str) -> Result<Protocol> {
-    match name.trim().to_ascii_lowercase().as_str() {
-        "pi1" | "1" => Ok(Protocol::Pi1),
-        "pi2" | "2" => Ok(Protocol::Pi2),
-        "pi3" | "3" => Ok(Protocol::Pi3),
-        other => bail!("--protocols: unknown protocol {other:?} (pi1, pi2, pi3)"),
+    let name = name.trim().to_ascii_lowercase();
+    let by_number = name
+        .parse::<u8>()
+        .ok()
+        .and_then(|n| Protocol::from_code(n).ok());
+    match by_number.or_else(|| Protocol::from_name(&name)) {
+        Some(protocol) => Ok(protocol),
+        None => bail!(
+            "--protocols: unknown protocol {name:?} ({})",
+            Protocol::NAMES.join(", ")
+        ),
     }
 }
 
