@@ -233,6 +233,10 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    use privmatch_core::algebra::montgomery::{ifma_switch_says_off, switch_ifma_off, IFMA_SWITCH};
+    if std::env::var(IFMA_SWITCH).is_ok_and(|v| ifma_switch_says_off(&v)) {
+        switch_ifma_off();
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -44,6 +44,12 @@ use pgrx::prelude::*;
 /// `shared_preload_libraries`, registers the party engine worker.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // The core reads no environment: `PRIVMATCH_IFMA=off` in the server's environment turns
+    // the IFMA exponentiations off here (Paillier at the service provider).
+    use privmatch_core::algebra::montgomery::{ifma_switch_says_off, switch_ifma_off, IFMA_SWITCH};
+    if std::env::var(IFMA_SWITCH).is_ok_and(|v| ifma_switch_says_off(&v)) {
+        switch_ifma_off();
+    }
     identity::register_gucs();
     front_door::register_gucs();
     paillier::register_gucs();

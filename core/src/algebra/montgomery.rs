@@ -26,6 +26,7 @@
 //! [`amm_portable`] follows the vector code lane for lane, so the algorithm is tested on every
 //! machine and the vector code against it where the CPU allows.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use rug::integer::Order;
@@ -40,18 +41,29 @@ const LANES: usize = 8;
 /// 6,144 of N² at |N| = 3072).
 const MAX_VECTORS: usize = 16;
 
-/// The environment variable that turns the IFMA path off (`PRIVMATCH_IFMA=off`): GMP then does
-/// every exponentiation, e.g. to compare the two in one benchmark or to rule this code out.
+/// The environment variable by which the programs (the CLI, the extension) turn the IFMA path
+/// off (`PRIVMATCH_IFMA=off`): GMP then does every exponentiation, e.g. to compare the two in
+/// one benchmark or to rule this code out. The core reads no environment: a program reads it
+/// at its start ([`ifma_switch_says_off`]) and calls [`switch_ifma_off`].
 pub const IFMA_SWITCH: &str = "PRIVMATCH_IFMA";
 
-/// Whether exponentiations take the IFMA path: the CPU has `avx512f` and `avx512ifma` and
-/// [`IFMA_SWITCH`] is not `off` (read once per process).
+static IFMA_SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Whether `value`, the value of [`IFMA_SWITCH`], asks for the IFMA path to be off.
+pub fn ifma_switch_says_off(value: &str) -> bool {
+    value.eq_ignore_ascii_case("off")
+}
+
+/// Turns the IFMA path off for this process: every later exponentiation takes GMP's.
+pub fn switch_ifma_off() {
+    IFMA_SWITCHED_OFF.store(true, Ordering::Relaxed);
+}
+
+/// Whether exponentiations take the IFMA path: the CPU has `avx512f` and `avx512ifma` (detected
+/// once per process) and the program did not switch it off ([`switch_ifma_off`]).
 pub fn ifma_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let switched_off = std::env::var(IFMA_SWITCH).is_ok_and(|v| v.eq_ignore_ascii_case("off"));
-        cpu_has_ifma() && !switched_off
-    })
+    static CPU: OnceLock<bool> = OnceLock::new();
+    *CPU.get_or_init(cpu_has_ifma) && !IFMA_SWITCHED_OFF.load(Ordering::Relaxed)
 }
 
 /// Whether the CPU has the instructions of the IFMA path.
