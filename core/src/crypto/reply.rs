@@ -119,6 +119,23 @@ fn reply_cipher(
     cipher
 }
 
+/// The cipher of `party`'s outputs of `session` to `reply_key`, from the key agreement of
+/// one side: `mine` is (own secret, the other side's public key) — the party's secret and the
+/// reply key when sealing, the reply key's secret and the party's key when opening.
+fn agreed_cipher(
+    format: &ReplyFormat,
+    session: &[u8; SESSION_ID_LEN],
+    party: PartyIndex,
+    party_key: &PartyPublicKey,
+    reply_key: &PartyPublicKey,
+    mine: (&PartySecretKey, &PartyPublicKey),
+) -> XChaCha20Poly1305 {
+    let mut shared = x25519(mine.0, mine.1);
+    let cipher = reply_cipher(format, &shared, session, party, party_key, reply_key);
+    shared.zeroize();
+    cipher
+}
+
 fn x25519(secret: &PartySecretKey, public: &PartyPublicKey) -> [u8; 32] {
     let mut bytes = secret.to_bytes();
     let shared = StaticSecret::from(bytes)
@@ -157,16 +174,14 @@ impl ReplySealer {
         reply_key: &PartyPublicKey,
         session: &[u8; SESSION_ID_LEN],
     ) -> Self {
-        let mut shared = x25519(secret, reply_key);
-        let cipher = reply_cipher(
+        let cipher = agreed_cipher(
             &format,
-            &shared,
             session,
             me,
             &secret.public_key(),
             reply_key,
+            (secret, reply_key),
         );
-        shared.zeroize();
         ReplySealer {
             format,
             party: me,
@@ -220,8 +235,8 @@ pub fn open_reply(
 }
 
 /// Client side: the opening of party `party`'s sealed outputs of one session to one reply
-/// key, with the key derived once ([`open_reply`] in two steps): a client derives it while
-/// its request is in flight, so the key agreement is off the search's path.
+/// key, with the key derived once ([`open_reply`] in two steps): a client that opens several
+/// outputs of a session agrees on the key once.
 pub struct ReplyOpener {
     format: ReplyFormat,
     party: PartyIndex,
@@ -245,16 +260,15 @@ impl ReplyOpener {
         reply_secret: &PartySecretKey,
         session: &[u8; SESSION_ID_LEN],
     ) -> Self {
-        let mut shared = x25519(reply_secret, party_key);
-        let cipher = reply_cipher(
+        let reply_key = reply_secret.public_key();
+        let cipher = agreed_cipher(
             &format,
-            &shared,
             session,
             party,
             party_key,
-            &reply_secret.public_key(),
+            &reply_key,
+            (reply_secret, party_key),
         );
-        shared.zeroize();
         ReplyOpener {
             format,
             party,

@@ -302,7 +302,7 @@ pub fn open_face_identification(
 }
 
 /// Client side: the openers of P0's and P1's sealed outputs of one session, with their keys
-/// derived once ([`ReplyOpener`]): a client derives them while its request is in flight.
+/// derived once ([`ReplyOpener`]).
 #[derive(Debug)]
 pub struct FaceOpeners([ReplyOpener; 2]);
 
