@@ -145,7 +145,8 @@ GRANT EXECUTE ON FUNCTION privmatch.iris_search_round(bytea, integer, bytea) TO 
 -- refused), the evaluators read it after opening, and the sealed outputs (format 2) list an
 -- identification's compared subjects inside. So:
 --  * face_masked_open loses its subject argument and its subjects column, and gains
---    dealer_request (a verification's compared list, sealed by the evaluator to P2);
+--    dealer_request (a verification's compared list, sealed by the evaluator to P2) and
+--    masked_probe (a verification's masked probe vector, sealed for the other evaluator);
 --  * both face_masked_open_stocked forms lose their subjects column;
 --  * face_dealer_verify (new, P2): deals a verification's keys from P0's and P1's sealed
 --    requests, only when both name the same list (EXECUTE: privmatch_coordinator, in
@@ -167,7 +168,8 @@ CREATE  FUNCTION "face_masked_open"(
 	"comparisons" INT,  /* i32 */
 	"bundle_ids" bytea,  /* alloc::vec::Vec<u8> */
 	"digest" bytea,  /* alloc::vec::Vec<u8> */
-	"dealer_request" bytea  /* core::option::Option<alloc::vec::Vec<u8>> */
+	"dealer_request" bytea,  /* core::option::Option<alloc::vec::Vec<u8>> */
+	"masked_probe" bytea  /* core::option::Option<alloc::vec::Vec<u8>> */
 )
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */

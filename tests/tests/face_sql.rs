@@ -1637,14 +1637,19 @@ async fn captured_session_knowing(
     }
     .expect("json");
     received.push(body);
-    let open = "SELECT comparisons, bundle_ids, digest, dealer_request \
+    let open = "SELECT comparisons, bundle_ids, digest, dealer_request, masked_probe \
                 FROM privmatch.face_masked_open($1, $2, $3)";
     let answer = |row: &tokio_postgres::Row, received: &mut Vec<Vec<u8>>| {
         received.push(row.get::<_, i32>(0).to_le_bytes().to_vec());
         received.push(row.get(1));
         received.push(row.get(2));
         received.extend(row.get::<_, Option<Vec<u8>>>(3));
-        (row.get::<_, Vec<u8>>(1), row.get::<_, Option<Vec<u8>>>(3))
+        received.extend(row.get::<_, Option<Vec<u8>>>(4));
+        (
+            row.get::<_, Vec<u8>>(1),
+            row.get::<_, Option<Vec<u8>>>(3),
+            row.get::<_, Option<Vec<u8>>>(4),
+        )
     };
     let none: Option<Vec<u8>> = None;
     sent.extend([session.to_vec(), sealed[0].clone()]);
@@ -1652,7 +1657,7 @@ async fn captured_session_knowing(
         .query_one(open, &[&session.as_slice(), &sealed[0], &none])
         .await
         .expect("open at P0");
-    let (ids, r0) = answer(&row, &mut received);
+    let (ids, r0, opened_x0) = answer(&row, &mut received);
     let expect = subject.is_none().then(|| ids.clone());
     sent.extend([session.to_vec(), sealed[1].clone()]);
     sent.extend(expect.clone());
@@ -1660,7 +1665,7 @@ async fn captured_session_knowing(
         .query_one(open, &[&session.as_slice(), &sealed[1], &expect])
         .await
         .expect("open at P1");
-    let (_, r1) = answer(&row, &mut received);
+    let (_, r1, opened_x1) = answer(&row, &mut received);
     let (halves, requests) = match (r0, r1) {
         (Some(r0), Some(r1)) => {
             sent.extend([session.to_vec(), r0.clone(), r1.clone()]);
@@ -1695,6 +1700,18 @@ async fn captured_session_knowing(
     let x1 = masked_keys(&clients[1], &session, &halves[1])
         .await
         .expect("keys P1");
+    // A verification's masked probes went out with the opens; its keys answer nothing.
+    let (x0, x1) = match (opened_x0, opened_x1) {
+        (Some(x0_open), Some(x1_open)) => {
+            assert!(
+                x0.is_empty() && x1.is_empty(),
+                "a verification's keys step answers nothing"
+            );
+            (x0_open, x1_open)
+        }
+        (None, None) => (x0, x1),
+        _ => panic!("one evaluator answered a masked probe at the open, the other not"),
+    };
     let z0 = masked_round(&clients[0], &session, 2, &x1)
         .await
         .expect("z0");

@@ -30,7 +30,10 @@
 //!    requests and deals only when they name the same list, else 40001): each evaluator's key
 //!    half, in chunks. The coordinator never learns which template a verification compares
 //!    (docs/protocols/face.md §13.10).
-//! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors.
+//! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors. A
+//!    verification's evaluators answered theirs at the open (masked with a seed each shares
+//!    with P2 for the session, docs/protocols/face.md §13.10), so its keys step answers
+//!    nothing and is sent back to back with round 2 on each connection (one round trip).
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
 //!    round 3 takes the peer's distance shares and answers this party's output shares sealed
@@ -179,11 +182,14 @@ pub struct OpenReply {
     pub digest: Vec<u8>,
     /// A verification's list sealed by the evaluator to P2 (`face_dealer_verify`).
     pub request: Option<Vec<u8>>,
+    /// A verification's masked probe vector X_b sealed for the other evaluator (its round-2
+    /// message, sent from the open).
+    pub masked_probe: Option<Vec<u8>>,
 }
 
 /// Checks an evaluator's open (`party` names it): an identification lists one bundle id per
-/// comparison; a verification compares one template and answers a sealed request for P2 and
-/// nothing else.
+/// comparison and no masked probe; a verification compares one template and answers a sealed
+/// request for P2 and a sealed masked probe for the other evaluator, and nothing else.
 pub fn check_open(party: &str, reply: &OpenReply, verification: bool) -> Result<(), String> {
     if reply.comparisons < 0 {
         return Err(format!("{party} opened {} comparisons", reply.comparisons));
@@ -192,13 +198,19 @@ pub fn check_open(party: &str, reply: &OpenReply, verification: bool) -> Result<
         if reply.comparisons != 1
             || !reply.ids.is_empty()
             || reply.request.as_ref().is_none_or(Vec::is_empty)
+            || reply.masked_probe.as_ref().is_none_or(Vec::is_empty)
         {
             return Err(format!(
-                "{party} opened a verification with {} comparisons and no sealed request for P2",
+                "{party} opened a verification with {} comparisons and no sealed request for P2 or no sealed masked probe",
                 reply.comparisons
             ));
         }
         return Ok(());
+    }
+    if reply.masked_probe.is_some() {
+        return Err(format!(
+            "{party} answered an identification's open with a masked probe"
+        ));
     }
     if reply.ids.len() != 16 * reply.comparisons as usize {
         return Err(format!(
@@ -551,7 +563,7 @@ impl FaceSession<'_> {
         let session: &[u8] = &request.session;
         let probe: &[u8] = &request.probes[party.as_usize()];
         let expect: Option<&[u8]> = first.map(|r| r.ids.as_slice());
-        let sql = "SELECT comparisons, bundle_ids, digest, dealer_request \
+        let sql = "SELECT comparisons, bundle_ids, digest, dealer_request, masked_probe \
                    FROM privmatch.face_masked_open($1, $2, $3)";
         let row = call_with_timeout::<_, FaceSessionError>(
             party,
@@ -574,6 +586,7 @@ impl FaceSession<'_> {
                 ids: column(party, &row, 1)?.unwrap_or_default(),
                 digest: column(party, &row, 2)?.unwrap_or_default(),
                 request: column(party, &row, 3)?,
+                masked_probe: column(party, &row, 4)?,
             })
         };
         reply().map_err(FaceSessionError::Party)
@@ -632,6 +645,7 @@ impl FaceSession<'_> {
                     ids: column(party, &row, 1)?.unwrap_or_default(),
                     digest: column(party, &row, 2)?.unwrap_or_default(),
                     request: None,
+                    masked_probe: None,
                 }),
                 column::<bool>(party, &row, 3)?.unwrap_or(false),
             ))
@@ -749,7 +763,8 @@ impl FaceSession<'_> {
         &self,
         three: [&Client; 3],
         dealer: &Client,
-    ) -> Result<(OpenReply, Result<[Vec<Vec<u8>>; 2], FaceSessionError>), FaceSessionError> {
+    ) -> Result<([OpenReply; 2], Result<[Vec<Vec<u8>>; 2], FaceSessionError>), FaceSessionError>
+    {
         let [c0, c1, _] = three;
         let [p0, p1] = EVALUATORS;
         let (first, second) =
@@ -767,7 +782,36 @@ impl FaceSession<'_> {
         );
         committed0?;
         committed1?;
-        Ok((first, dealt))
+        Ok(([first, second], dealt))
+    }
+
+    /// A verification's keys step and rounds 2 and 3: the masked probes went out with the
+    /// opens (`masked_probes`, indexed by sender), so each evaluator's keys and its round 2
+    /// are sent back to back on its connection and answered in one round trip (the keys
+    /// query is queued first: `join!` polls in order and tokio-postgres queues a query at its
+    /// first poll; the party runs a connection's statements in order). A keys step that
+    /// failed is the error reported (the round after it fails because of it).
+    async fn keys_with_rounds(
+        &self,
+        clients: [&Client; 2],
+        halves: [&[Vec<u8>]; 2],
+        masked_probes: [Vec<u8>; 2],
+        traffic: &mut Traffic<2>,
+    ) -> Result<[Vec<u8>; 2], FaceSessionError> {
+        let [p0, p1] = EVALUATORS;
+        let (keyed0, keyed1, outputs) = futures::join!(
+            self.keys_at(p0, clients[0], halves[0]),
+            self.keys_at(p1, clients[1], halves[1]),
+            relay(self, clients, 2..4, Some(masked_probes), traffic)
+        );
+        for (party, keyed) in EVALUATORS.into_iter().zip([keyed0, keyed1]) {
+            if !keyed?.is_empty() {
+                return Err(FaceSessionError::Protocol(format!(
+                    "{party} answered a verification's keys with a masked probe (it sent one at the open)"
+                )));
+            }
+        }
+        outputs
     }
 
     /// `face_masked_open` at `party` inside a transaction that stays open (BEGIN is sent
@@ -850,6 +894,8 @@ impl Session<2> for FaceSession<'_> {
         // at P0 and P1 at once (each looks its subject's template up) and the lists are
         // compared; a template not opened yet (40001) is opened and the open tried again.
         let mut stocked = false;
+        // A verification's X_0 and X_1, sealed for the peers at the opens.
+        let mut masked_probes: [Option<Vec<u8>>; 2] = [None, None];
         let (first, dealt) = if let (false, Some(stock)) = (verification, &self.stocked) {
             let (first, halves, used) = self.stocked_opened_and_dealt(stock, three).await?;
             if first.comparisons == 0 {
@@ -877,7 +923,10 @@ impl Session<2> for FaceSession<'_> {
             check_second_open(&first, &second).map_err(FaceSessionError::Protocol)?;
             (first, dealt)
         } else {
-            self.verification_opened_and_dealt(three, &dealer).await?
+            let ([first, second], dealt) =
+                self.verification_opened_and_dealt(three, &dealer).await?;
+            masked_probes = [first.masked_probe.clone(), second.masked_probe];
+            (first, dealt)
         };
         let t_open0 = t0.elapsed();
         let mut stats = FaceStats {
@@ -889,13 +938,16 @@ impl Session<2> for FaceSession<'_> {
         let sealed_len = |half: &[Vec<u8>]| half.iter().map(|c| c.len() as u64).sum::<u64>();
         stats.key_bytes = [sealed_len(&k0), sealed_len(&k1)];
         self.parties.all()[2].give_back(dealer).await;
-        let (x0, x1) = futures::join!(self.keys_at(p0, c0, &k0), self.keys_at(p1, c1, &k1));
-        let t_keys = t0.elapsed();
         let mut traffic = Traffic::new();
-        let outputs = relay(self, clients, 2..4, Some([x0?, x1?]), &mut traffic).await?;
+        let outputs = if let [Some(x0), Some(x1)] = masked_probes {
+            self.keys_with_rounds(clients, [&k0, &k1], [x0, x1], &mut traffic)
+                .await?
+        } else {
+            let (x0, x1) = futures::join!(self.keys_at(p0, c0, &k0), self.keys_at(p1, c1, &k1));
+            relay(self, clients, 2..4, Some([x0?, x1?]), &mut traffic).await?
+        };
         tracing::debug!(
             opened_and_dealt_ms = t_open0.as_secs_f64() * 1e3,
-            keys_ms = t_keys.as_secs_f64() * 1e3,
             rounds_ms = t0.elapsed().as_secs_f64() * 1e3,
             "face session steps (cumulative)"
         );
@@ -994,6 +1046,7 @@ mod tests {
             ids: (0..n.max(0) as u8).flat_map(|i| [i; 16]).collect(),
             digest: vec![digest; 32],
             request: None,
+            masked_probe: None,
         }
     }
 
@@ -1033,13 +1086,21 @@ mod tests {
         let mut unlisted = open(1, 1);
         unlisted.ids.clear();
         assert!(check_first_open(&unlisted).is_err());
-        // A verification answers one comparison and a sealed request, and no id.
+        // A verification answers one comparison, a sealed request and a sealed masked probe,
+        // and no id; an identification no masked probe.
         let verification = OpenReply {
             comparisons: 1,
             request: Some(vec![1; 64]),
+            masked_probe: Some(vec![2; 64]),
             ..OpenReply::default()
         };
         assert!(check_open("P1", &verification, true).is_ok());
+        let mut unmasked = verification.clone();
+        unmasked.masked_probe = None;
+        assert!(check_open("P1", &unmasked, true).is_err());
+        let mut masked = open(1, 1);
+        masked.masked_probe = Some(vec![2; 64]);
+        assert!(check_open("P0", &masked, false).is_err());
         assert!(check_open("P1", &open(1, 1), true).is_err());
         let mut listed = verification.clone();
         listed.ids = vec![0; 16];

@@ -48,6 +48,7 @@ use super::quantize::check_dim;
 use super::{FaceError, Metric};
 use crate::crypto::fss::aes::{expand_u32, expand_u32_domain};
 use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
+use crate::crypto::seal::PairwiseSecrets;
 use crate::parallel::split_ranges;
 
 /// Bytes of the dealer's template-mask master key.
@@ -70,6 +71,8 @@ const DEALING_INFO: &[u8] = b"privmatch face identification dealing v1";
 const STOCK_DEALING_INFO: &[u8] = b"privmatch face stocked identification dealing v1";
 /// HKDF label of a verification's dealing ([`KeysFor::Verification`]).
 const VERIFICATION_DEALING_INFO: &[u8] = b"privmatch face verification dealing v1";
+/// PRF context label of a verification's probe mask seeds ([`verification_probe_seed`]).
+const VERIFICATION_PROBE_INFO: &[u8] = b"privmatch face verification probe mask v1";
 /// Expansion domain of template masks, so a template seed never yields the stream of a
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
@@ -553,15 +556,66 @@ pub fn deal_identification_on<R: RngCore + CryptoRng>(
     rng: &mut R,
     threads: usize,
 ) -> Result<[Vec<u8>; 2], FaceError> {
+    let mut probe_seeds = [[0u8; 16]; 2];
+    for seed in probe_seeds.iter_mut() {
+        rng.fill_bytes(seed);
+    }
+    let halves = deal_with_probe_seeds(params, master, ids, &probe_seeds, rng, threads);
+    probe_seeds.zeroize();
+    halves
+}
+
+/// The dealing of a 1:1 verification (docs/protocols/face.md §13.10): as
+/// [`deal_identification_on`], except that evaluator b's probe mask seed is not drawn but
+/// derived from the secrets P2 shares with P_b and the session id
+/// ([`verification_probe_seed`], `from[b]`: P2's pairwise secrets with P_b). Each evaluator
+/// derives its own seed at the open and sends its masked probe vector from there, so the
+/// keys no longer precede the first round on the session's path.
+pub fn deal_verification_on<R: RngCore + CryptoRng>(
+    params: &DealerParams,
+    master: &TemplateMaskMaster,
+    ids: &[[u8; BUNDLE_ID_LEN]],
+    session: &[u8; 16],
+    from: [&PairwiseSecrets; 2],
+    rng: &mut R,
+    threads: usize,
+) -> Result<[Vec<u8>; 2], FaceError> {
+    let mut probe_seeds = from.map(|pair| verification_probe_seed(pair, session));
+    let halves = deal_with_probe_seeds(params, master, ids, &probe_seeds, rng, threads);
+    probe_seeds.zeroize();
+    halves
+}
+
+/// Evaluator b's probe mask seed sx_b of verification session `session`: 16 bytes of the PRF
+/// that P_b and the dealer P2 share (`pair`, either side's [`PairwiseSecrets`]) on the
+/// context label ‖ session. Session ids are single use at the evaluators, so no mask serves
+/// two probes; the other evaluator and the coordinator do not know it, so X_b = x_b + δx_b
+/// hides x_b from them as a fresh dealer-drawn seed would.
+pub fn verification_probe_seed(pair: &PairwiseSecrets, session: &[u8; 16]) -> [u8; 16] {
+    let context = [VERIFICATION_PROBE_INFO, session.as_slice()].concat();
+    let mut seed = [0u8; 16];
+    pair.prf().stream(&context).fill_bytes(&mut seed);
+    seed
+}
+
+/// The dealing for the ordered list `ids` with the evaluators' probe mask seeds
+/// `probe_seeds`; per-template randomness from `rng` (pieces of [`DEAL_PIECE`], on
+/// `threads` threads).
+fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
+    params: &DealerParams,
+    master: &TemplateMaskMaster,
+    ids: &[[u8; BUNDLE_ID_LEN]],
+    probe_seeds: &[[u8; 16]; 2],
+    rng: &mut R,
+    threads: usize,
+) -> Result<[Vec<u8>; 2], FaceError> {
     let l = params.dim();
     let count = u32::try_from(ids.len())
         .map_err(|_| FaceError::Malformed("too many templates for one identification"))?;
     let digest = template_digest(ids);
-    let mut probe_seeds = [[0u8; 16]; 2];
     let mut delta_x = vec![0u32; l];
     let mut scratch = vec![0u32; l];
-    for seed in probe_seeds.iter_mut() {
-        rng.fill_bytes(seed);
+    for seed in probe_seeds {
         expand_u32(seed, &mut scratch);
         for (d, s) in delta_x.iter_mut().zip(&scratch) {
             *d = d.wrapping_add(*s);
@@ -633,7 +687,6 @@ pub fn deal_identification_on<R: RngCore + CryptoRng>(
             half.extend_from_slice(&piece.gates[b]);
         }
     }
-    probe_seeds.zeroize();
     Ok(halves)
 }
 
@@ -743,6 +796,14 @@ impl IdentificationKeys {
     pub fn metric(&self) -> Metric {
         self.metric
     }
+
+    /// Whether the keys were dealt for the probe mask seed `seed` (a verification's evaluator
+    /// masked its probe at the open with the seed it derived; keys for another mask would
+    /// give wrong distances). Both seeds are the evaluator's own, so the comparison need not
+    /// be constant-time.
+    pub fn masks_probe_with(&self, seed: &[u8; 16]) -> bool {
+        &self.probe_seed == seed
+    }
 }
 
 /// Online round 1 (Funshade `share`, probe only): X_b = x_b + δx_b, the one vector this
@@ -757,12 +818,19 @@ pub fn probe_round(
             got: probe.elements.len(),
         });
     }
-    let mut out = vec![0u32; keys.dim];
-    expand_u32(&keys.probe_seed, &mut out);
+    Ok(masked_probe(probe, &keys.probe_seed))
+}
+
+/// X_b = x_b + δx_b for the probe share `probe` and the probe mask seed `seed` (Funshade
+/// `share`, probe only): what [`probe_round`] sends, and what an evaluator of a verification
+/// sends from its open with the seed of [`verification_probe_seed`].
+pub fn masked_probe(probe: &EmbeddingShare, seed: &[u8; 16]) -> Vec<u32> {
+    let mut out = vec![0u32; probe.elements.len()];
+    expand_u32(seed, &mut out);
     for (o, x) in out.iter_mut().zip(&probe.elements) {
         *o = o.wrapping_add(*x);
     }
-    Ok(out)
+    out
 }
 
 /// One template's ⟨u, Δy⟩ − ⟨Δx, δy_b⟩.
@@ -1212,6 +1280,79 @@ mod tests {
                 distance_round_selected(&keys[0], &sets[0], &outside, &probe[0], &x0, &x1, 1)
                     .is_err()
             );
+        }
+    }
+
+    #[test]
+    fn a_verification_masks_its_probe_at_the_open_with_a_seed_shared_with_the_dealer() {
+        // Each evaluator masks its probe share before any key is dealt, with the seed it
+        // shares with P2 for the session; P2 deals for exactly those seeds, and the bits
+        // equal the plaintext. Keys of another session mask with another seed.
+        use crate::face::encoding::test_support::{pairwise, seeded_keys};
+        let (mut rng, secrets, publics) = seeded_keys(28);
+        let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
+        let dim = 128;
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let x = embedding(&mut rng, dim);
+        let ys: Vec<Vec<i32>> = (0..3).map(|_| embedding(&mut rng, dim)).collect();
+        let shared: Vec<_> = ys
+            .iter()
+            .map(|t| (id(&mut rng), share_embedding(t, &mut rng)))
+            .collect();
+        let sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        let probe = share_embedding(&x, &mut rng);
+        let session = [5u8; 16];
+        let dealer = [pair(2, 0), pair(2, 1)];
+        for (j, theta) in [(1, dot(&x, &ys[1])), (2, dot(&x, &ys[2]) + 1)] {
+            let params = DealerParams::for_tests(Metric::Cosine, dim, theta);
+            let list = [shared[j].0];
+            // At the opens, before any dealing: each evaluator's own seed.
+            let seeds = [0, 1].map(|b| verification_probe_seed(&pair(b, 2), &session));
+            assert_eq!(seeds[0], verification_probe_seed(&dealer[0], &session));
+            assert_ne!(seeds[0], seeds[1]);
+            let xs = [0, 1].map(|b| masked_probe(&probe[b], &seeds[b]));
+            let halves = deal_verification_on(
+                &params,
+                &master,
+                &list,
+                &session,
+                [&dealer[0], &dealer[1]],
+                &mut rng,
+                1,
+            )
+            .unwrap();
+            let keys = [0, 1].map(|b| IdentificationKeys::decode(b, &halves[b]).unwrap());
+            for b in 0..2 {
+                assert!(keys[b].masks_probe_with(&seeds[b]));
+                assert_eq!(probe_round(&keys[b], &probe[b]).unwrap(), xs[b]);
+            }
+            let at = |b: usize| vec![sets[b].position(&list[0]).unwrap()];
+            let z0 =
+                distance_round_selected(&keys[0], &sets[0], &at(0), &probe[0], &xs[0], &xs[1], 1)
+                    .unwrap();
+            let z1 =
+                distance_round_selected(&keys[1], &sets[1], &at(1), &probe[1], &xs[1], &xs[0], 1)
+                    .unwrap();
+            let o0 = sign_round(&keys[0], &z0, &z1, 1).unwrap();
+            let o1 = sign_round(&keys[1], &z1, &z0, 1).unwrap();
+            let bits = crate::face::funshade::reconstruct(&o0, &o1).unwrap();
+            assert_eq!(bits, vec![dot(&x, &ys[j]) >= theta], "template {j}");
+            // Another session's keys (or an identification's) mask with other seeds.
+            let other = deal_verification_on(
+                &params,
+                &master,
+                &list,
+                &[6u8; 16],
+                [&dealer[0], &dealer[1]],
+                &mut rng,
+                1,
+            )
+            .unwrap();
+            let identification = deal_identification(&params, &master, &list, &mut rng).unwrap();
+            for half in [&other[0], &identification[0]] {
+                let keys = IdentificationKeys::decode(0, half).unwrap();
+                assert!(!keys.masks_probe_with(&seeds[0]));
+            }
         }
     }
 

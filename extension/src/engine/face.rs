@@ -39,8 +39,8 @@ use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
 use privmatch_core::face::mask_dealer::open_identification_key_chunks;
 use privmatch_core::face::masked::{
-    distance_round_selected, probe_round, sign_round, template_digest, IdentificationKeys, KeysFor,
-    MaskedTemplateSet, BUNDLE_ID_LEN,
+    distance_round_selected, masked_probe, probe_round, sign_round, template_digest,
+    verification_probe_seed, IdentificationKeys, KeysFor, MaskedTemplateSet, BUNDLE_ID_LEN,
 };
 use privmatch_core::face::opening::session_channel;
 use privmatch_core::face::reply::{subjects_digest, ReplySealer};
@@ -234,14 +234,20 @@ pub struct Opened {
     pub digest: [u8; 32],
     /// Whether the session claimed the stocked dealing it was asked to (it has its keys).
     pub claimed: bool,
+    /// A verification's masked probe vector X_b, sealed for the other evaluator (round 2's
+    /// message, sent from the open: docs/protocols/face.md §13.10); empty for an
+    /// identification, whose X_b follows from the dealt keys.
+    pub masked_probe: Vec<u8>,
 }
 
 fn encode_opened(opened: &Opened) -> Vec<u8> {
-    let mut out = Vec::with_capacity(41 + opened.ids.len() * 16);
+    let mut out = Vec::with_capacity(45 + opened.ids.len() * 16 + opened.masked_probe.len());
     out.extend_from_slice(&opened.digest);
     out.push(u8::from(opened.claimed));
     out.extend_from_slice(&opened.comparisons.to_le_bytes());
     put_ids(&mut out, &opened.ids);
+    out.extend_from_slice(&(opened.masked_probe.len() as u32).to_le_bytes());
+    out.extend_from_slice(&opened.masked_probe);
     out
 }
 
@@ -255,12 +261,15 @@ pub fn decode_opened(body: &[u8]) -> Result<Opened, EngineError> {
     if !ids.is_empty() && ids.len() != comparisons as usize {
         return Err(malformed());
     }
+    let len = c.u32()? as usize;
+    let masked_probe = c.take(len)?.to_vec();
     c.end()?;
     Ok(Opened {
         comparisons,
         ids,
         digest,
         claimed,
+        masked_probe,
     })
 }
 
@@ -538,6 +547,9 @@ struct Session {
     keys_for: KeysFor,
     /// Set at the open when a stocked dealing was claimed, else by the keys step.
     keys: Option<IdentificationKeys>,
+    /// A verification's probe mask seed, derived at the open ([`verification_probe_seed`]):
+    /// its X_b went out from there, and the dealt keys must be for this seed.
+    probe_seed: Option<[u8; 16]>,
     own_x: Vec<u32>,
     own_z: Vec<u32>,
     /// Last completed step: 0 opened, 1 keys, 2 distance.
@@ -548,6 +560,7 @@ struct Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.probe.elements.zeroize();
+        self.probe_seed.zeroize();
         self.own_x.zeroize();
         self.own_z.zeroize();
     }
@@ -949,10 +962,23 @@ impl FaceService {
             .stock
             .and_then(|stock| self.claim_stock(&stock, &digest, ids.len(), whole));
         let claimed = stocked.is_some();
+        let mut channel = to_peer.channel(session_channel(&req.session, &digest));
+        // A verification masks its probe here, with a seed it shares with P2 for this session
+        // (docs/protocols/face.md §13.10): round 2 need not wait for a keys step.
+        let probe_seed = (req.verification && !ids.is_empty())
+            .then(|| verification_probe_seed(&from_dealer, &req.session));
+        let (own_x, masked_probe) = match &probe_seed {
+            Some(seed) => {
+                let x = masked_probe(&req.probe, seed);
+                let sealed = channel.seal(1, &words_to_bytes(&x), &mut ChaCha20Rng::from_entropy());
+                (x, sealed)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
         let session = Session {
             me: keys.me,
             probe: req.probe,
-            channel: to_peer.channel(session_channel(&req.session, &digest)),
+            channel,
             from_dealer,
             reply,
             subjects_digest: named,
@@ -967,7 +993,8 @@ impl FaceService {
             positions,
             generation,
             keys: stocked,
-            own_x: Vec::new(),
+            probe_seed,
+            own_x,
             own_z: Vec::new(),
             step: 0,
             touched: now,
@@ -981,6 +1008,7 @@ impl FaceService {
             },
             digest,
             claimed,
+            masked_probe,
         };
         let mut sessions = self.sessions();
         if sessions.contains_key(&req.session) {
@@ -1061,6 +1089,18 @@ impl FaceService {
                 "the dealer's key half",
                 "it was dealt for another template list",
             ));
+        }
+        if let Some(seed) = &s.probe_seed {
+            // A verification: X_b went out with the open; nothing more for the peer.
+            if !dealt.masks_probe_with(seed) {
+                return Err(refused(
+                    "the dealer's key half",
+                    "it was dealt for another probe mask",
+                ));
+            }
+            s.keys = Some(dealt);
+            self.put_back(session, s, 1, now);
+            return Ok(Response::Continue(Vec::new()));
         }
         let x = probe_round(&dealt, &s.probe).map_err(|e| refused("the dealer's key half", e))?;
         let mut rng = ChaCha20Rng::from_entropy();
@@ -1229,18 +1269,24 @@ mod tests {
             ids: vec![[3; 16]],
             digest: [4; 32],
             claimed: true,
+            masked_probe: vec![9; 70],
         };
-        let back = decode_opened(&encode_opened(&opened)).unwrap();
+        let mut cut = encode_opened(&opened);
+        let back = decode_opened(&cut).unwrap();
         assert_eq!(
             (back.comparisons, back.ids, back.digest, back.claimed),
             (1, opened.ids, opened.digest, true)
         );
+        assert_eq!(back.masked_probe, opened.masked_probe);
+        cut.pop();
+        assert!(decode_opened(&cut).is_err());
         // A known list: the count without the ids.
         let unlisted = Opened {
             comparisons: 5,
             ids: Vec::new(),
             digest: [4; 32],
             claimed: false,
+            masked_probe: Vec::new(),
         };
         let back = decode_opened(&encode_opened(&unlisted)).unwrap();
         assert_eq!((back.comparisons, back.ids.len()), (5, 0));
@@ -1250,6 +1296,7 @@ mod tests {
             ids: vec![[3; 16]],
             digest: [4; 32],
             claimed: false,
+            masked_probe: Vec::new(),
         };
         assert!(decode_opened(&encode_opened(&wrong)).is_err());
 

@@ -13,8 +13,8 @@ use privmatch_core::face::mask_dealer::{
     KEY_CHUNK_BYTES,
 };
 use privmatch_core::face::masked::{
-    deal_identification_on, template_digest, KeysFor, TemplateMaskMaster, BUNDLE_ID_LEN,
-    TEMPLATE_MASTER_LEN,
+    deal_identification_on, deal_verification_on, template_digest, KeysFor, TemplateMaskMaster,
+    BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
@@ -504,14 +504,25 @@ fn deal_rows(
         n if n > 0 => n as usize,
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let mut halves = crate::signals::without_signals(|| {
-        deal_identification_on(&params, &master, ids, &mut dealing, threads)
+    let pairs = [0, 1].map(|b| channel_to(function, &me, b));
+    let mut halves = crate::signals::without_signals(|| match keys_for {
+        // The evaluators masked their probes at the open with seeds derived from what each
+        // shares with P2 (docs/protocols/face.md §13.10).
+        KeysFor::Verification(session) => deal_verification_on(
+            &params,
+            &master,
+            ids,
+            &session,
+            [&pairs[0], &pairs[1]],
+            &mut dealing,
+            threads,
+        ),
+        _ => deal_identification_on(&params, &master, ids, &mut dealing, threads),
     })
     .unwrap_or_else(|e| raise_face(function, e));
     let mut rng = ChaCha20Rng::from_entropy();
     let [p0, p1]: [Vec<Vec<u8>>; 2] = [0, 1].map(|b| {
-        let pair = channel_to(function, &me, b);
-        seal_identification_key_chunks(&halves[b], keys_for, &pair, KEY_CHUNK_BYTES, &mut rng)
+        seal_identification_key_chunks(&halves[b], keys_for, &pairs[b], KEY_CHUNK_BYTES, &mut rng)
     });
     for half in halves.iter_mut() {
         zeroize::Zeroize::zeroize(half);

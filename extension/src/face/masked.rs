@@ -12,11 +12,14 @@
 //!    looks the subject's template up itself and answers no id, no digest and no subject, only
 //!    `dealer_request`: its list sealed to P2 (core's `seal_verification_request`), so the
 //!    coordinator learns that a verification happened and nothing of whom
-//!    (docs/protocols/face.md §13.10). Both commit before any round.
+//!    (docs/protocols/face.md §13.10), and `masked_probe`: X_b, masked with a seed this
+//!    party shares with P2 for the session, sealed for the peer. Both commit before any round.
 //! 2. `face_dealer_identify(session, ids)` at P2 (an identification), or
 //!    `face_dealer_verify(session, request_p0, request_p1)` (a verification: P2 deals only when
 //!    both evaluators asked for the same list): the two key halves, in chunks.
-//! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer.
+//! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer
+//!    (a verification's answer is empty: its X_b went out with the open, and the coordinator
+//!    sends this step and round 2 back to back on one connection).
 //! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
 //!    comparison) sealed to the reply key of the client's probe (core's `face::reply`,
@@ -97,8 +100,11 @@ fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
 /// bundle ids (concatenated) and the list's digest, and `dealer_request` NULL; at P1,
 /// `expect_ids` is P0's list (16 bytes per id, as P0's open answered it): P1 compares
 /// exactly that list or refuses (40001). A verification (no `expect_ids`: 22023) answers
-/// the count (1), no ids, an empty digest and `dealer_request`: the compared list sealed
-/// for P2 (`face_dealer_verify`) — nothing that names or identifies the subject. Errors:
+/// the count (1), no ids, an empty digest, `dealer_request`: the compared list sealed
+/// for P2 (`face_dealer_verify`) — nothing that names or identifies the subject — and
+/// `masked_probe`: this evaluator's masked probe vector X_b sealed for the other evaluator
+/// (its round-2 message; the mask is derived from what this party shares with P2 for the
+/// session, docs/protocols/face.md §13.10). An identification answers both NULL. Errors:
 /// 23505 session id used, P0002 the verified subject is not enrolled (not named), 22023
 /// dimension, 22P03 probe cannot be opened (also a probe of format 1 or 2), 40001 a compared
 /// template is not opened here yet or the evaluators' lists differ for a moment.
@@ -115,6 +121,7 @@ fn face_masked_open(
         name!(bundle_ids, Vec<u8>),
         name!(digest, Vec<u8>),
         name!(dealer_request, Option<Vec<u8>>),
+        name!(masked_probe, Option<Vec<u8>>),
     ),
 > {
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
@@ -140,12 +147,14 @@ fn face_masked_open(
             Vec::new(),
             Vec::new(),
             Some(request),
+            Some(opened.masked_probe),
         ));
     }
     TableIterator::once((
         opened.comparisons as i32,
         opened.ids.concat(),
         opened.digest.to_vec(),
+        None,
         None,
     ))
 }
@@ -472,7 +481,8 @@ fn save_finished(function: &str, session: &[u8]) {
 /// Gives masked session `session` its key half from the dealer P2 (`chunks`: this party's
 /// envelopes of `face_dealer_identify`, in chunk order; an empty array: the stocked dealing
 /// `face_masked_open_stocked` claimed) and returns the sealed masked probe vector X_b for the
-/// other evaluator. Errors: 42704 not running, 55000 out of order, 08P01
+/// other evaluator — an empty bytea for a verification, whose X_b went out with its open
+/// (the keys must be dealt for the probe mask it used, else 08P01). Errors: 42704 not running, 55000 out of order, 08P01
 /// the half was refused (another session or list, not sealed by P2).
 #[pg_extern(volatile, parallel_unsafe)]
 fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
