@@ -673,7 +673,6 @@ mod tests {
     use aes::cipher::{BlockEncrypt, KeyInit};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
-    use std::time::Instant;
 
     /// A random circuit: g + e inputs, `gates` random gates over earlier wires (a third
     /// AND), `outputs` random wires (biased to late ones).
@@ -1016,37 +1015,5 @@ mod tests {
             Err(GarbleError::BadDecodingByte { index: 2 })
         );
         assert!(s.output_decoding().decode(&labels[..2]).is_err());
-    }
-
-    #[test]
-    fn match_check_timing() {
-        let mut rng = ChaCha20Rng::seed_from_u64(8);
-        let (c, xg, xe) = match_setup();
-        let reps = 20;
-        let (mut tg, mut te) = (0.0, 0.0);
-        for _ in 0..reps {
-            let t0 = Instant::now();
-            let (gc, s) = garble(&c, &mut rng);
-            let t1 = Instant::now();
-            let out = evaluate(
-                &c,
-                &gc,
-                &s.garbler_input_labels(&xg).unwrap(),
-                &s.evaluator_input_labels(&xe).unwrap(),
-            )
-            .unwrap();
-            let t2 = Instant::now();
-            assert_eq!(s.decode_output(&out).unwrap(), vec![true, true]);
-            tg += (t1 - t0).as_secs_f64();
-            te += (t2 - t1).as_secs_f64();
-        }
-        println!(
-            "match-check circuit ({} AND gates, {} bytes of tables, AES backend {}): garble {:.3} ms, evaluate {:.3} ms (mean of {reps})",
-            c.and_count(),
-            GarbledCircuit::byte_len(&c),
-            crate::crypto::fss::aes::backend().name(),
-            tg * 1e3 / f64::from(reps),
-            te * 1e3 / f64::from(reps)
-        );
     }
 }
