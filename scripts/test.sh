@@ -12,6 +12,7 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy -p privmatch-coordinator --features fault-injection --quiet -- -D warnings
 
 echo "==> unit and property tests (core, coordinator, the layout rules, the extension's pure-Rust parts)"
 cargo test --release -p privmatch-core -p privmatch-gpu -p privmatch-coordinator -p privmatch-layout
@@ -31,7 +32,13 @@ echo "==> SQL regression tests (extension)"
 bash scripts/regress.sh
 
 echo "==> end-to-end tests (three local parties + coordinator)"
-PRIVMATCH_BIN="$(pwd)/target/release/privmatch" cargo test --release -p privmatch-e2e
+# The tests inject faults (PRIVMATCH_FAULT), which only a build with this feature reads; the
+# CLI of setup.sh and of a release has none. The test build is copied aside, and the plain
+# build (cached, so only copied back) stays target/release/privmatch.
+cargo build --release -p privmatch-coordinator --features fault-injection --quiet
+cp target/release/privmatch target/release/privmatch-fault-injection
+cargo build --release -p privmatch-coordinator --quiet
+PRIVMATCH_BIN="$(pwd)/target/release/privmatch-fault-injection" cargo test --release -p privmatch-e2e
 
 # The docker compose deployment end to end (deploy/smoke.sh: SKIP where Docker is absent):
 # images, key ceremony, enrolment and matching through the coordinator and through SQL, the

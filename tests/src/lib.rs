@@ -1019,11 +1019,13 @@ impl Cluster {
             self.own_coordinator.is_none(),
             "a coordinator is already running"
         );
+        let log_path = self.home.join("coordinator-e2e.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.home.join("coordinator-e2e.log"))
+            .open(&log_path)
             .expect("coordinator log");
+        let logged_before = log.metadata().map_or(0, |m| m.len() as usize);
         let mut cmd = Command::new(privmatch_bin());
         cmd.args(["coordinator", "serve", "--coordinator-config"])
             .arg(self.home.join(COORDINATOR_CONFIG_FILE))
@@ -1052,6 +1054,18 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         self.own_coordinator = Some(child);
+        if fault.is_some() {
+            // A CLI built without the feature ignores PRIVMATCH_FAULT: the test would then
+            // run without its fault and prove nothing.
+            let logged = std::fs::read(&log_path).unwrap_or_default();
+            let started = String::from_utf8_lossy(logged.get(logged_before..).unwrap_or_default());
+            assert!(
+                started.contains("fault injection enabled"),
+                "[{}] the coordinator did not enable fault injection: build the CLI with `cargo build --release -p privmatch-coordinator --features fault-injection` (scripts/test.sh does); see {}",
+                self.name,
+                log_path.display()
+            );
+        }
     }
 
     /// Waits for the coordinator this test started to exit (an injected crash) and returns

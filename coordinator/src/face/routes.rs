@@ -34,6 +34,7 @@ use crate::server::error::{
     ApiError,
 };
 use crate::server::state::{AppState, SharedState};
+use crate::txn::fault::altered_face_output;
 use crate::txn::work::TxnError;
 use crate::wire::{codes, from_base64, to_base64};
 
@@ -325,13 +326,10 @@ async fn identify(
 
 /// P0's and P1's sealed outputs as relayed to the client (base64), unread: the coordinator
 /// holds no key that opens them. The end-to-end tests model a coordinator that alters one in
-/// transit with `PRIVMATCH_FAULT=face-alter-output=<0|1>` (never set in production): the
-/// client must refuse it, naming the party.
+/// transit ([`altered_face_output`], test builds only): the client must refuse it, naming
+/// the party.
 fn relayed_outputs(outputs: &[Vec<u8>; 2]) -> Vec<String> {
-    let altered = std::env::var("PRIVMATCH_FAULT")
-        .ok()
-        .and_then(|f| f.strip_prefix("face-alter-output=").map(str::to_owned))
-        .and_then(|p| p.parse::<usize>().ok());
+    let altered = altered_face_output();
     outputs
         .iter()
         .enumerate()
