@@ -815,18 +815,12 @@ impl Pi2Terminal {
 #[cfg(test)]
 mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
-    use super::super::cipher::NoncePool;
-    use super::super::encoding::{
-        homomorphic_inner_product, homomorphic_inner_product_folded, masked_affine_inner_product,
-    };
-    use super::super::messages::test_support::key_3072;
     use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
     use super::*;
     use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
-    use std::time::Instant;
 
     fn params(dim: usize, m: u32, bits: u32, norm: Integer) -> Params {
         Params::new_allowing_test_modulus(Protocol::Pi2, dim, m, bits, DEFAULT_STAT_BITS, norm)
@@ -1340,116 +1334,5 @@ mod tests {
         let a = random_prime_multiplier(p.layout(), &mut rng).unwrap();
         assert_eq!(a.significant_bits(), p.layout().multiplier_bits());
         assert_ne!(a.is_probably_prime(30), IsPrime::No);
-    }
-
-    /// Single-core timings at ℓ = 256, m = 16, |N| = 3072 ([ABMR20] §9 reports 49 ms for the
-    /// Π2 matching phase on a laptop), and the two ways of applying a. Printed, not asserted;
-    /// run alone, in release: `cargo test --release -p privmatch-core
-    /// paillier::malicious::tests::timings -- --nocapture --test-threads=1`.
-    #[test]
-    fn timings() {
-        let mut rng = ChaCha20Rng::seed_from_u64(206);
-        let sk = key_3072();
-        let sp = Sp::new();
-        let p = Params::new(
-            Protocol::Pi2,
-            256,
-            16,
-            3072,
-            DEFAULT_STAT_BITS,
-            Params::max_norm_bound(256, 16),
-        )
-        .unwrap();
-        let l = p.layout();
-        let u = random_vector(256, 16, &mut rng);
-        let w = random_vector(256, 16, &mut rng);
-        // D's per-element encryption, timed on 16 elements (the enrolment is not the point).
-        let start = Instant::now();
-        for &x in &u[..16] {
-            let m = sk.public_key().reduce_signed(&Integer::from(x)).unwrap();
-            sk.encrypt(&m, &mut rng).unwrap();
-        }
-        let enc_per_element = start.elapsed().as_secs_f64() / 16.0;
-        // Element ciphertexts with the trivial nonce 1: what SP packs costs the same.
-        let elements: Vec<Ciphertext> = u
-            .iter()
-            .map(|&x| {
-                let m = sk.public_key().reduce_signed(&Integer::from(x)).unwrap();
-                sk.public_key()
-                    .encrypt_with_nonce_power(&m, &Integer::from(1))
-                    .unwrap()
-            })
-            .collect();
-        let start = Instant::now();
-        let (packed, sig) = sp.enrol(&p, sk.public_key(), &elements);
-        let pack = start.elapsed();
-        let device = Pi2Device::new(p.clone(), clone_key(sk), packed.clone(), sig).unwrap();
-        let r1 = device.round1();
-        let verify = sp.verifier();
-        let runs = 5;
-        let mut pool = NoncePool::new(device.public_key().clone());
-        pool.fill_public(runs, &mut rng);
-        let (mut t2, mut t2_fresh, mut t3, mut t4) = (0.0, 0.0, 0.0, 0.0);
-        for _ in 0..runs {
-            let mut terminal = Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
-            let start = Instant::now();
-            let r_to_n = pool.take(&mut rng);
-            let r2 = terminal
-                .round2_with_nonce_power(&r1, &verify, &r_to_n, &mut rng)
-                .unwrap();
-            t2 += start.elapsed().as_secs_f64();
-            let mut fresh = Pi2Terminal::new(p.clone(), w.clone(), 0).unwrap();
-            let start = Instant::now();
-            fresh.round2(&r1, &verify, &mut rng).unwrap();
-            t2_fresh += start.elapsed().as_secs_f64();
-            let mut session = device.session();
-            let start = Instant::now();
-            let r3 = session.round3(&r2).unwrap();
-            t3 += start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            let (_, outcome) = terminal.round4(&r3).unwrap();
-            t4 += start.elapsed().as_secs_f64();
-            assert_eq!(outcome.inner_product, dot(&u, &w));
-        }
-        // a applied once to the product vs folded into the exponents.
-        let pk = device.public_key();
-        let a = random_prime_multiplier(l, &mut rng).unwrap();
-        let (mut once, mut folded) = (0.0, 0.0);
-        for _ in 0..runs {
-            let start = Instant::now();
-            let z = homomorphic_inner_product(pk, l, &packed, &w).unwrap();
-            let za = z.as_integer().clone().secure_pow_mod(&a, pk.n_squared());
-            once += start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            let zf = homomorphic_inner_product_folded(pk, l, &packed, &w, &a).unwrap();
-            folded += start.elapsed().as_secs_f64();
-            assert_eq!(&za, zf.as_integer());
-        }
-        let ms = |x: f64| x * 1000.0 / runs as f64;
-        println!(
-            "Π2 ℓ = 256, m = 16, |N| = 3072 (n = {}, k = {}, t = {}, κ = {}): enrolment: D encrypts \
-             ℓ elements ≈ {:.0} ms (CRT, {:.1} ms each), SP packs {:.1} ms; round 2 (T) {:.2} ms with a pooled r^N, {:.2} ms \
-             with a fresh r^N; round 3 (D) {:.2} ms; round 4 (T) {:.3} ms; product then ^a {:.2} ms vs \
-             a folded into the exponents {:.2} ms; round 1 {} bytes",
-            l.values_per_ciphertext(),
-            l.slot_bits(),
-            l.ciphertexts(),
-            l.multiplier_bits(),
-            enc_per_element * 256.0 * 1000.0,
-            enc_per_element * 1000.0,
-            pack.as_secs_f64() * 1000.0,
-            ms(t2),
-            ms(t2_fresh),
-            ms(t3),
-            ms(t4),
-            ms(once),
-            ms(folded),
-            r1.len(),
-        );
-        // The one-shot helper agrees with the state machine's composition.
-        let b = random_addend(l, &mut rng);
-        let ct = masked_affine_inner_product(pk, l, &packed, &w, &a, &b, &mut rng).unwrap();
-        let x = decode_sum(sk, l, &ct).unwrap();
-        assert_eq!(recover_inner_product(l, &a, &b, &x).unwrap(), dot(&u, &w));
     }
 }

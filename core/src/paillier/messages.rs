@@ -506,17 +506,7 @@ pub fn to_i64(argument: &'static str, x: &Integer) -> Result<i64, MatchError> {
 pub(crate) mod test_support {
     use super::super::cipher::SecretKey;
     use rand_chacha::ChaCha20Rng;
-    use rand_core::{RngCore, SeedableRng};
-    use std::sync::OnceLock;
-
-    /// A 3072-bit key generated once per test process from a fixed seed (timings).
-    pub(crate) fn key_3072() -> &'static SecretKey {
-        static KEY: OnceLock<SecretKey> = OnceLock::new();
-        KEY.get_or_init(|| {
-            let mut rng = ChaCha20Rng::seed_from_u64(0x3072);
-            SecretKey::generate(3072, &mut rng).expect("keygen")
-        })
-    }
+    use rand_core::RngCore;
 
     /// A copy of a test key (SecretKey is deliberately not Clone).
     pub(crate) fn clone_key(sk: &SecretKey) -> SecretKey {

@@ -798,7 +798,6 @@ mod tests {
     use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
-    use std::time::Instant;
 
     fn params(dim: usize, m: u32, bits: u32) -> Params {
         Params::new_allowing_test_modulus(
@@ -1185,46 +1184,5 @@ mod tests {
         )
         .unwrap();
         assert!(Pi3Terminal::new(p2, w, 0).is_err());
-    }
-
-    /// Single-core costs at ℓ = 256, m = 16, 3072-bit N (printed, not asserted).
-    #[test]
-    fn timings() {
-        let sk = super::super::messages::test_support::key_3072();
-        let mut rng = ChaCha20Rng::seed_from_u64(304);
-        let p = params(256, 16, 3072);
-        let u = random_vector(256, 16, &mut rng);
-        let device = enrol(&p, sk, &u, &mut rng);
-        let w = random_vector(256, 16, &mut rng);
-        let mut t = Pi3Terminal::new(p.clone(), w.clone(), 0).unwrap();
-        let clock = Instant::now();
-        let r2 = t
-            .round2(&device.round1(), &verifier(&sp_key()), &mut rng)
-            .unwrap();
-        let t2 = clock.elapsed();
-        let mut s = device.session();
-        let clock = Instant::now();
-        let r3 = s.round3(&r2, &mut rng).unwrap();
-        let t3 = clock.elapsed();
-        let clock = Instant::now();
-        let r4 = t.round4(&r3, &mut rng).unwrap();
-        let t4 = clock.elapsed();
-        let clock = Instant::now();
-        let (r5, _) = s.round5(&r4).unwrap();
-        let t5 = clock.elapsed();
-        let clock = Instant::now();
-        assert_eq!(t.finish(&r5).unwrap(), dot(&u, &w) >= 0);
-        let tf = clock.elapsed();
-        println!(
-            "Π3 ℓ = 256, m = 16, |N| = 3072: round 2 (T) {t2:?}, round 3 (D) {t3:?}, round 4 (T) \
-             {t4:?}, round 5 (D) {t5:?}, output (T) {tf:?}; bytes: round 1 {}, 2 {}, 3 {}, 4 {}, 5 {}; \
-             AND gates {}",
-            device.round1().len(),
-            r2.len(),
-            r3.len(),
-            r4.len(),
-            r5.len(),
-            circuit(&p, 0).unwrap().and_count()
-        );
     }
 }

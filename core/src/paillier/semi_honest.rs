@@ -393,14 +393,11 @@ impl Pi1Terminal {
 #[cfg(test)]
 mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
-    use super::super::cipher::NoncePool;
-    use super::super::messages::test_support::key_3072;
     use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
-    use std::time::Instant;
 
     fn params(dim: usize, m: u32, bits: u32, norm: Integer) -> Params {
         Params::new_allowing_test_modulus(Protocol::Pi1, dim, m, bits, DEFAULT_STAT_BITS, norm)
@@ -638,72 +635,5 @@ mod tests {
             Params::new_allowing_test_modulus(Protocol::Pi2, 4, 8, 1024, 40, Integer::from(500))
                 .unwrap();
         assert!(Pi1Terminal::new(pi2, vec![1, 1, 1, 1], 0).is_err());
-    }
-
-    /// Single-core timings at ℓ = 256, m = 16, |N| = 3072 ([ABMR20] §9 reports 24 ms for the
-    /// whole Π1 matching phase on a laptop). Printed, not asserted; run alone, in release:
-    /// `cargo test --release -p privmatch-core paillier::semi_honest::tests::timings --
-    /// --nocapture --test-threads=1`.
-    #[test]
-    fn timings() {
-        let mut rng = ChaCha20Rng::seed_from_u64(104);
-        let sk = key_3072();
-        let p = Params::new(
-            Protocol::Pi1,
-            256,
-            16,
-            3072,
-            DEFAULT_STAT_BITS,
-            Params::max_norm_bound(256, 16),
-        )
-        .unwrap();
-        let u = random_vector(256, 16, &mut rng);
-        let w = random_vector(256, 16, &mut rng);
-        let start = Instant::now();
-        let device = Pi1Device::enrol(p.clone(), clone_key(sk), &u, &mut rng).unwrap();
-        let enrol = start.elapsed();
-        let r1 = device.round1();
-        let mut pool = NoncePool::new(device.public_key().clone());
-        let runs = 5;
-        pool.fill_public(runs, &mut rng);
-        let (mut t2, mut t2_fresh, mut t3, mut t_finish) = (0.0, 0.0, 0.0, 0.0);
-        for _ in 0..runs {
-            let mut terminal = Pi1Terminal::new(p.clone(), w.clone(), 0).unwrap();
-            let start = Instant::now();
-            let r_to_n = pool.take(&mut rng);
-            let r2 = terminal
-                .round2_with_nonce_power(&r1, &r_to_n, &mut rng)
-                .unwrap();
-            t2 += start.elapsed().as_secs_f64();
-            let mut fresh = Pi1Terminal::new(p.clone(), w.clone(), 0).unwrap();
-            let start = Instant::now();
-            fresh.round2(&r1, &mut rng).unwrap();
-            t2_fresh += start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            let (r3, outcome) = device.round3(&r2).unwrap();
-            t3 += start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            let bit = terminal.finish(&r3).unwrap();
-            t_finish += start.elapsed().as_secs_f64();
-            assert_eq!(outcome.inner_product, dot(&u, &w));
-            assert_eq!(bit, outcome.inner_product >= 0);
-        }
-        let ms = |x: f64| x * 1000.0 / runs as f64;
-        let l = p.layout();
-        println!(
-            "Π1 ℓ = 256, m = 16, |N| = 3072 (n = {}, k = {}, t = {}): enrolment (D, CRT) {:.1} ms; \
-             round 2 (T) {:.2} ms with a pooled r^N, {:.2} ms with a fresh r^N; round 3 (D) {:.2} ms; \
-             output (T) {:.3} ms; round 1 {} bytes, round 2 {} bytes",
-            l.values_per_ciphertext(),
-            l.slot_bits(),
-            l.ciphertexts(),
-            enrol.as_secs_f64() * 1000.0,
-            ms(t2),
-            ms(t2_fresh),
-            ms(t3),
-            ms(t_finish),
-            r1.len(),
-            2 + 8 + device.public_key().ciphertext_bytes(),
-        );
     }
 }
