@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use clap::{Args, Subcommand};
 use futures::future::join_all;
 use privmatch_core::crypto::client_auth::{
@@ -44,7 +44,9 @@ use crate::cli::keys::ClientAction;
 use crate::cli::operator_key::{self, fresh_counter};
 use crate::config::{Config, OperatorConfig};
 use crate::parties::column;
+use crate::server::auth::Scope;
 use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
+use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
 use crate::wire::{from_base64, to_base64};
 
@@ -475,8 +477,12 @@ pub struct PoliciesResponse {
 
 /// The coordinator's routes of registered clients (scope admin: the action `configure`);
 /// merged into the API by `crate::server::routes::app`.
-pub fn routes() -> Router<SharedState> {
-    Router::new().route("/v1/clients/configure", get(policies).post(relay))
+pub fn routes() -> ScopedRoutes<SharedState> {
+    ScopedRoutes::new().route(
+        "/v1/clients/configure",
+        Scope::Admin,
+        get(policies).post(relay),
+    )
 }
 
 /// `GET /v1/clients/configure`: each party's client-auth policy.

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 
 use crate::face::admin::{
     configure_dealer, pool_status, refill as refill_pools, retire_older_keys, RefillError,
@@ -29,29 +29,31 @@ use crate::face::driver::{
 use crate::face::stock::{FaceStock, StockStatus};
 use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
+use crate::server::auth::Scope;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
     ApiError,
 };
+use crate::server::scoped::ScopedRoutes;
 use crate::server::state::{AppState, SharedState};
 use crate::txn::fault::altered_face_output;
 use crate::txn::work::TxnError;
 use crate::wire::{codes, from_base64, to_base64};
 
-/// The face routes, merged into the coordinator's router. They share the dealing made ahead
-/// of time for the next identification ([`FaceStock`]).
-pub fn routes() -> Router<SharedState> {
+/// The face routes and the API scope each needs, merged into the coordinator's API. They
+/// share the dealing made ahead of time for the next identification ([`FaceStock`]).
+pub fn routes() -> ScopedRoutes<SharedState> {
     let stock = Arc::new(FaceStock::default());
-    Router::new()
-        .route("/v1/face/configure", post(configure))
-        .route("/v1/face/pool", get(pool))
-        .route("/v1/face/refill", post(refill))
-        .route("/v1/face/enroll", post(enroll))
-        .route("/v1/face/delete", post(delete))
-        .route("/v1/face/verify", post(verify))
-        .route("/v1/face/identify", post(identify))
-        .route("/v1/face/stock", get(stock_status))
-        .layer(Extension(stock))
+    ScopedRoutes::new()
+        .route("/v1/face/configure", Scope::Admin, post(configure))
+        .route("/v1/face/pool", Scope::Admin, get(pool))
+        .route("/v1/face/refill", Scope::Admin, post(refill))
+        .route("/v1/face/enroll", Scope::Enroll, post(enroll))
+        .route("/v1/face/delete", Scope::Delete, post(delete))
+        .route("/v1/face/verify", Scope::Search, post(verify))
+        .route("/v1/face/identify", Scope::Search, post(identify))
+        .route("/v1/face/stock", Scope::Admin, get(stock_status))
+        .map_router(|router| router.layer(Extension(stock)))
 }
 
 fn with_hint(message: String, hint: &str, marker: &str) -> String {

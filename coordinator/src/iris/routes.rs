@@ -7,7 +7,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use futures::future::join_all;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::wire::envelope::decode_enroll_batch;
@@ -20,28 +20,43 @@ use crate::iris::api::{
 };
 use crate::iris::driver::{run_search, SearchError, SearchOutcome};
 use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
+use crate::server::auth::Scope;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
     ApiError,
 };
+use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
 use crate::wire::{check_on_duplicate, codes, default_on_duplicate, to_base64};
 
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
 pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
 
-/// The iris routes, merged into the coordinator's router.
-pub fn routes() -> Router<SharedState> {
-    Router::new()
-        .route("/v1/iris/enroll", post(enroll))
-        .route("/v1/iris/delete", post(delete))
+/// The iris routes and the API scope each needs, merged into the coordinator's API.
+pub fn routes() -> ScopedRoutes<SharedState> {
+    ScopedRoutes::new()
+        .route("/v1/iris/enroll", Scope::Enroll, post(enroll))
+        .route("/v1/iris/delete", Scope::Delete, post(delete))
         .route(
             "/v1/iris/search",
+            Scope::Search,
             post(search).get(crate::iris::policy::get_policy),
         )
-        .route("/v1/iris/configure", post(crate::iris::policy::configure))
-        .route("/v1/iris/audit", post(crate::iris::audit::audit))
-        .route("/v1/iris/enroll-if-unique", post(enroll_if_unique))
+        .route(
+            "/v1/iris/configure",
+            Scope::Admin,
+            post(crate::iris::policy::configure),
+        )
+        .route(
+            "/v1/iris/audit",
+            Scope::Admin,
+            post(crate::iris::audit::audit),
+        )
+        .route(
+            "/v1/iris/enroll-if-unique",
+            Scope::Enroll,
+            post(enroll_if_unique),
+        )
 }
 
 impl From<SearchError> for ApiError {

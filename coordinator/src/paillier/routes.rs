@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use privmatch_core::paillier::cipher::PublicKey;
 use privmatch_core::paillier::device_signature::{self, DeviceSignatureError, Statement};
 use privmatch_core::paillier::params::Protocol;
@@ -31,10 +31,12 @@ use crate::paillier::driver::{Relay, RelayError, Status};
 use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError};
 use crate::parties::PartyError;
 use crate::server::auth::Credential;
+use crate::server::auth::Scope;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
     ApiError,
 };
+use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
 use crate::wire::{codes, session_from_hex, session_to_hex, to_base64};
 
@@ -48,8 +50,9 @@ pub struct PaillierState {
     keys: Arc<DeviceKeys>,
 }
 
-/// The Paillier routes, merged into the coordinator's router (they carry their own state).
-pub fn routes(app: SharedState) -> Router<SharedState> {
+/// The Paillier routes and the API scope each needs, merged into the coordinator's API (they
+/// carry their own state).
+pub fn routes(app: SharedState) -> ScopedRoutes<SharedState> {
     let state = PaillierState {
         sp: Arc::new(ServiceProvider::new(
             app.parties.clone(),
@@ -59,18 +62,35 @@ pub fn routes(app: SharedState) -> Router<SharedState> {
         keys: Arc::new(DeviceKeys::default()),
         app,
     };
-    Router::new()
-        .route("/v1/paillier/enroll-params", get(enroll_params))
-        .route("/v1/paillier/enroll-begin", post(enroll_begin))
-        .route("/v1/paillier/enroll-finish", post(enroll_finish))
-        .route("/v1/paillier/device", post(device))
-        .route("/v1/paillier/devices", get(devices))
-        .route("/v1/paillier/delete", post(delete))
-        .route("/v1/paillier/verify", post(verify))
-        .route("/v1/paillier/outcome", post(outcome))
-        .route("/v1/paillier/mailbox", post(mailbox))
-        .route("/v1/paillier/reply", post(reply))
-        .with_state(state)
+    scoped().map_router(|router| router.with_state(state))
+}
+
+/// The Paillier routes before their state: a terminal's session needs the search scope, a
+/// device's messages in it the device scope.
+pub(crate) fn scoped() -> ScopedRoutes<PaillierState> {
+    ScopedRoutes::new()
+        .route(
+            "/v1/paillier/enroll-params",
+            Scope::Enroll,
+            get(enroll_params),
+        )
+        .route(
+            "/v1/paillier/enroll-begin",
+            Scope::Enroll,
+            post(enroll_begin),
+        )
+        .route(
+            "/v1/paillier/enroll-finish",
+            Scope::Enroll,
+            post(enroll_finish),
+        )
+        .route("/v1/paillier/device", Scope::Search, post(device))
+        .route("/v1/paillier/devices", Scope::Admin, get(devices))
+        .route("/v1/paillier/delete", Scope::Delete, post(delete))
+        .route("/v1/paillier/verify", Scope::Search, post(verify))
+        .route("/v1/paillier/outcome", Scope::Search, post(outcome))
+        .route("/v1/paillier/mailbox", Scope::Device, post(mailbox))
+        .route("/v1/paillier/reply", Scope::Device, post(reply))
 }
 
 impl From<SpError> for ApiError {

@@ -8,22 +8,19 @@
 //! its secret part, in the keys file (`api-keys.toml`, mode 0600, written by `privmatch
 //! cluster up` or an operator), so reading that file gives no credential.
 //!
-//! Scopes follow the action a path names, whatever the modality (`/v1/<modality>/<action>`),
-//! so a new modality's routes need an entry here only for a new action: `enroll`,
-//! `enroll-if-unique`, `enroll-params`, `enroll-begin`, `enroll-finish` → enroll; `search`,
-//! `verify`, `identify`, `outcome`, `device` → search; `delete` → delete; `configure`,
-//! `refill`, `pool`, `pin`, `devices`, and `/v1/status`, `/v1/recover` → admin; `mailbox`,
-//! `reply` → device (what a user's device does in a matching session it takes part in).
-//! `/v1/health` is open (it reveals nothing). A path with any other action is refused (fail
-//! closed).
+//! Each route declares the scope it needs where it is defined, in its modality's
+//! `routes.rs` ([`crate::server::scoped::ScopedRoutes`]); the guard looks the request's path up
+//! in the merged table ([`crate::server::scoped::RouteScopes`]). `/v1/health` is open (it
+//! reveals nothing); a path nobody declared is refused before anything else (fail closed).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -93,33 +90,32 @@ pub enum Needs {
     Refused,
 }
 
-/// The scope `method` `path` needs.
-pub fn needs(method: &Method, path: &str) -> Needs {
-    match (method.as_str(), path) {
-        ("GET", "/v1/health") => return Needs::Nothing,
-        ("GET", "/v1/status") | ("POST", "/v1/recover") => return Needs::Scope(Scope::Admin),
-        _ => {}
+/// What each declared path needs.
+#[derive(Clone, Debug, Default)]
+pub struct RouteScopes(BTreeMap<&'static str, Needs>);
+
+impl RouteScopes {
+    /// What a request to `path` needs: [`Needs::Refused`] for a path nobody declared.
+    pub fn needs(&self, path: &str) -> Needs {
+        self.0.get(path).copied().unwrap_or(Needs::Refused)
     }
-    let mut parts = path.trim_start_matches('/').split('/');
-    let (Some("v1"), Some(modality), Some(action), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Needs::Refused;
-    };
-    if modality.is_empty() || !modality.bytes().all(|b| b.is_ascii_lowercase()) {
-        return Needs::Refused;
+
+    /// The declared paths, sorted.
+    pub fn paths(&self) -> Vec<&'static str> {
+        self.0.keys().copied().collect()
     }
-    match action {
-        "enroll" | "enroll-if-unique" | "enroll-params" | "enroll-begin" | "enroll-finish" => {
-            Needs::Scope(Scope::Enroll)
+
+    pub(crate) fn declare(&mut self, path: &'static str, needs: Needs) {
+        // A path declared twice would be a programming error axum also refuses (it panics
+        // on an overlapping route), so the first declaration is the only one.
+        self.0.entry(path).or_insert(needs);
+    }
+
+    /// These scopes and `other`'s.
+    pub fn extend(&mut self, other: RouteScopes) {
+        for (path, needs) in other.0 {
+            self.declare(path, needs);
         }
-        "search" | "verify" | "identify" | "outcome" | "device" => Needs::Scope(Scope::Search),
-        "delete" => Needs::Scope(Scope::Delete),
-        "configure" | "refill" | "pool" | "stock" | "pin" | "devices" | "audit" => {
-            Needs::Scope(Scope::Admin)
-        }
-        "mailbox" | "reply" => Needs::Scope(Scope::Device),
-        _ => Needs::Refused,
     }
 }
 
@@ -245,6 +241,8 @@ impl ApiKeys {
 pub struct Guard {
     /// The accepted credentials.
     pub keys: ApiKeys,
+    /// What each path of the API needs, as its routes declare it.
+    pub scopes: RouteScopes,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// Requests served at once; more are refused with 429.
@@ -252,10 +250,16 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// A guard for `keys` with the given limits.
-    pub fn new(keys: ApiKeys, max_body_bytes: usize, max_in_flight: usize) -> Arc<Self> {
+    /// A guard for `keys` over the routes' `scopes`, with the given limits.
+    pub fn new(
+        keys: ApiKeys,
+        scopes: RouteScopes,
+        max_body_bytes: usize,
+        max_in_flight: usize,
+    ) -> Arc<Self> {
         Arc::new(Guard {
             keys,
+            scopes,
             max_body_bytes,
             in_flight: Semaphore::new(max_in_flight.max(1)),
         })
@@ -306,7 +310,7 @@ async fn check_and_run(
     mut request: Request,
     next: Next,
 ) -> (Option<String>, Response) {
-    let needed = needs(request.method(), request.uri().path());
+    let needed = guard.scopes.needs(request.uri().path());
     let scope = match needed {
         Needs::Nothing => return (None, next.run(request).await),
         Needs::Refused => {
@@ -384,68 +388,6 @@ fn too_large(limit: usize) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_route_of_the_api_needs_the_scope_its_action_names() {
-        let post = Method::POST;
-        let get = Method::GET;
-        let table = [
-            (&get, "/v1/health", Needs::Nothing),
-            (&get, "/v1/status", Needs::Scope(Scope::Admin)),
-            (&post, "/v1/recover", Needs::Scope(Scope::Admin)),
-            (&post, "/v1/iris/enroll", Needs::Scope(Scope::Enroll)),
-            (
-                &post,
-                "/v1/iris/enroll-if-unique",
-                Needs::Scope(Scope::Enroll),
-            ),
-            (&post, "/v1/iris/search", Needs::Scope(Scope::Search)),
-            (&post, "/v1/iris/delete", Needs::Scope(Scope::Delete)),
-            (&post, "/v1/face/configure", Needs::Scope(Scope::Admin)),
-            (&get, "/v1/face/pool", Needs::Scope(Scope::Admin)),
-            (&get, "/v1/face/stock", Needs::Scope(Scope::Admin)),
-            (&post, "/v1/face/refill", Needs::Scope(Scope::Admin)),
-            (&post, "/v1/face/enroll", Needs::Scope(Scope::Enroll)),
-            (&post, "/v1/face/delete", Needs::Scope(Scope::Delete)),
-            (&post, "/v1/face/verify", Needs::Scope(Scope::Search)),
-            (&post, "/v1/face/identify", Needs::Scope(Scope::Search)),
-            (&post, "/v1/party/pin", Needs::Scope(Scope::Admin)),
-            (
-                &get,
-                "/v1/paillier/enroll-params",
-                Needs::Scope(Scope::Enroll),
-            ),
-            (
-                &post,
-                "/v1/paillier/enroll-begin",
-                Needs::Scope(Scope::Enroll),
-            ),
-            (
-                &post,
-                "/v1/paillier/enroll-finish",
-                Needs::Scope(Scope::Enroll),
-            ),
-            (&post, "/v1/paillier/device", Needs::Scope(Scope::Search)),
-            (&get, "/v1/paillier/devices", Needs::Scope(Scope::Admin)),
-            (&post, "/v1/paillier/delete", Needs::Scope(Scope::Delete)),
-            (&post, "/v1/paillier/verify", Needs::Scope(Scope::Search)),
-            (&post, "/v1/paillier/outcome", Needs::Scope(Scope::Search)),
-            (&post, "/v1/paillier/mailbox", Needs::Scope(Scope::Device)),
-            (&post, "/v1/paillier/reply", Needs::Scope(Scope::Device)),
-        ];
-        for (method, path, expected) in table {
-            assert_eq!(needs(method, path), expected, "{method} {path}");
-        }
-        for path in [
-            "/v1/iris/drop",
-            "/v2/iris/search",
-            "/v1/iris/search/x",
-            "/",
-            "/v1/IRIS/search",
-        ] {
-            assert_eq!(needs(&post, path), Needs::Refused, "{path}");
-        }
-    }
 
     #[test]
     fn only_the_right_token_matches_and_the_file_keeps_no_token() {

@@ -6,25 +6,28 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::json;
 
 use crate::parties::{Party, PartyError};
+use crate::server::auth::Scope;
 use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
+use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
 use crate::wire::{from_base64, PartyStatus, PinBody, PinResponse};
 
 /// The modality-neutral routes. `records_sql` is the SQL expression counting a party's
 /// enrolled records for `/v1/status` (the composition point supplies it).
-pub fn routes(records_sql: &'static str) -> Router<SharedState> {
-    Router::new()
-        .route("/v1/health", get(health))
+pub fn routes(records_sql: &'static str) -> ScopedRoutes<SharedState> {
+    ScopedRoutes::new()
+        .open("/v1/health", get(health))
         .route(
             "/v1/status",
+            Scope::Admin,
             get(move |state: State<SharedState>| status(state, records_sql)),
         )
-        .route("/v1/recover", post(recover))
-        .route("/v1/party/pin", post(pin))
+        .route("/v1/recover", Scope::Admin, post(recover))
+        .route("/v1/party/pin", Scope::Admin, post(pin))
 }
 
 /// Relays a signed peer pin to the party it is addressed to.

@@ -30,6 +30,7 @@ pub mod auth;
 pub mod common;
 pub mod error;
 pub mod routes;
+pub mod scoped;
 pub mod state;
 
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use anyhow::Context;
 use crate::config::CoordinatorConfig;
 use crate::guard;
 use crate::parties::Parties;
-use crate::server::auth::{ApiKeys, Guard};
+use crate::server::auth::ApiKeys;
 use crate::server::state::{AppState, ServeOptions};
 use crate::txn::fault::Fault;
 use crate::txn::twophase::TwoPhase;
@@ -94,8 +95,7 @@ pub async fn serve(config: CoordinatorConfig, options: ServeOptions) -> anyhow::
             "the coordinator serves only callers with API credentials: set api_keys in its configuration (privmatch cluster up writes api-keys.toml)"
         ),
     };
-    let guard = Guard::new(keys, options.max_body_bytes, options.max_in_flight);
-    let app = routes::app(state, guard);
+    let app = routes::app(state, keys, options.max_body_bytes, options.max_in_flight);
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
