@@ -163,8 +163,19 @@ impl PaillierClient {
         u: &[i32],
     ) -> Result<SignedTemplate> {
         let session = new_session_id(&mut self.rng);
-        let (state, request) =
-            DeviceEnrolment::start(secret, params, device, u, aux, &session, &mut self.rng)?;
+        // The device encrypts its ℓ + 4 coordinates and answers the norm challenge on every
+        // core it has (most of its enrolment time).
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (state, request) = DeviceEnrolment::start_parallel(
+            secret,
+            params,
+            device,
+            u,
+            aux,
+            &session,
+            threads,
+            &mut self.rng,
+        )?;
         let begin: EnrollBeginResponse = self
             .coordinator
             .post(

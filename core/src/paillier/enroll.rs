@@ -48,8 +48,8 @@ use super::key_proof::{KeyProof, RingPedersenParams};
 use super::malicious::pack_element_ciphertexts;
 use super::params::{Params, Protocol};
 use super::proofs::{
-    encrypt_template_with_nonces, template_with_slack, L2Challenge, L2Response, L2Verifier,
-    PlaintextKnowledgeProof, SLACK_COORDINATES,
+    encrypt_template_with_nonces_parallel, template_with_slack, L2Challenge, L2Response,
+    L2Verifier, PlaintextKnowledgeProof, SLACK_COORDINATES,
 };
 use super::record::{check_device_id, SignedTemplate, TemplateRecord};
 use super::semi_honest::encrypt_template;
@@ -380,11 +380,12 @@ fn malicious_request<R: RngCore + CryptoRng + ?Sized>(
     values: &[i64],
     sp_aux: &RingPedersenParams,
     session: &[u8],
+    threads: usize,
     rng: &mut R,
 ) -> Result<EnrolRequest, EnrolError> {
     let bound = bound_session(session, device_id, params);
     let (ciphertexts, mut nonces) =
-        encrypt_template_with_nonces(secret, values, rng).map_err(internal)?;
+        encrypt_template_with_nonces_parallel(secret, values, threads, rng).map_err(internal)?;
     let pok = PlaintextKnowledgeProof::prove(secret, &bound, &ciphertexts, values, &nonces, rng)
         .map_err(internal);
     for r in &mut nonces {
@@ -419,6 +420,8 @@ pub struct DeviceEnrolment {
     params: Params,
     device_id: String,
     template: Vec<i32>,
+    /// Threads for the encryption and the norm response.
+    threads: usize,
 }
 
 impl std::fmt::Debug for DeviceEnrolment {
@@ -458,6 +461,23 @@ impl DeviceEnrolment {
         session: &[u8],
         rng: &mut R,
     ) -> Result<(Self, Vec<u8>), EnrolError> {
+        Self::start_parallel(secret, params, device_id, template, sp_aux, session, 1, rng)
+    }
+
+    /// [`Self::start`] with the encryption of the ℓ + 4 coordinates (most of the device's
+    /// work) spread over `threads` threads, and the norm response of [`Self::respond`] too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_parallel<R: RngCore + CryptoRng + ?Sized>(
+        secret: &SecretKey,
+        params: &Params,
+        device_id: &str,
+        template: &[i32],
+        sp_aux: &RingPedersenParams,
+        session: &[u8],
+        threads: usize,
+        rng: &mut R,
+    ) -> Result<(Self, Vec<u8>), EnrolError> {
+        let threads = threads.max(1);
         check_device_id(device_id).map_err(|e| EnrolError::DeviceId(e.to_string()))?;
         let pk = secret.public_key();
         if pk.modulus_bits() != params.modulus_bits() {
@@ -477,7 +497,9 @@ impl DeviceEnrolment {
             let values: Vec<i64> = template.iter().map(|&x| i64::from(x)).collect();
             let values = template_with_slack(&values, bound, rng)
                 .map_err(|e| EnrolError::Template(e.to_string()))?;
-            malicious_request(secret, params, device_id, &values, sp_aux, session, rng)?
+            malicious_request(
+                secret, params, device_id, &values, sp_aux, session, threads, rng,
+            )?
         } else {
             let packed = encrypt_template(secret, params, template, rng)
                 .map_err(|e| EnrolError::Template(e.to_string()))?;
@@ -496,6 +518,7 @@ impl DeviceEnrolment {
             params: params.clone(),
             device_id: device_id.to_owned(),
             template: template.to_vec(),
+            threads,
         };
         Ok((state, bytes))
     }
@@ -511,7 +534,7 @@ impl DeviceEnrolment {
         let count = request_count(&self.params);
         let challenge = L2Challenge::from_bytes(pk, count, challenge)
             .map_err(|e| malformed(CHALLENGE, e.to_string()))?;
-        let response = L2Response::respond(&self.secret, &challenge)
+        let response = L2Response::respond_parallel(&self.secret, &challenge, self.threads)
             .map_err(|e| malformed(CHALLENGE, e.to_string()))?;
         Ok(response.to_bytes(pk))
     }
@@ -979,6 +1002,7 @@ mod tests {
             values,
             aux(),
             SESSION,
+            1,
             rng,
         )
         .unwrap()

@@ -1210,7 +1210,6 @@ mod tests {
     use super::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
-    use std::time::Instant;
 
     /// A template of `len` signed m-bit coordinates (|u_i| < 2^(m−1)).
     fn template(len: usize, m: u32, rng: &mut ChaCha20Rng) -> Vec<i64> {
@@ -1579,106 +1578,5 @@ mod tests {
             }
         }
         assert_eq!(two_squares_prime(7), None);
-    }
-
-    /// Timings at ℓ = 256 (+ 4 slack), m = 16, for |N| = 3072 (and 2048, the size [ABMR20]
-    /// §9's message sizes imply), with 1 and 2 threads; the keys are generated here. Run with
-    /// `cargo test --release -p privmatch-core paillier::proofs::tests::enrolment_timings -- --ignored
-    /// --nocapture`.
-    #[test]
-    #[ignore]
-    fn enrolment_timings() {
-        use super::super::key_proof::{KeyProof, RingPedersenParams};
-        let mut rng = ChaCha20Rng::seed_from_u64(3072);
-        let t = Instant::now();
-        let aux = RingPedersenParams::generate(2048, &mut rng).unwrap();
-        println!(
-            "SP's 2048-bit ring-Pedersen parameters (once): {:.2?}",
-            t.elapsed()
-        );
-        for bits in [3072u32, 2048] {
-            let t = Instant::now();
-            let sk = SecretKey::generate(bits, &mut rng).unwrap();
-            println!("=== |N| = {bits}: key generation {:.2?}", t.elapsed());
-            let pk = sk.public_key();
-            let values = template(256, 16, &mut rng);
-            let zeta2 = squared_norm(&values) + 1000;
-            let full = template_with_slack(&values, zeta2, &mut rng).unwrap();
-            let y = Integer::from(zeta2);
-
-            let t = Instant::now();
-            let key_proof = KeyProof::prove(&sk, b"t", &aux, &mut rng).unwrap();
-            let key_prove = t.elapsed();
-            let t = Instant::now();
-            key_proof.verify(pk, b"t", &aux).unwrap();
-            let key_verify = t.elapsed();
-            println!(
-                "key proofs (Π^mod + Π^fac): prove {key_prove:.2?}, verify {key_verify:.2?}, \
-                 {} bytes",
-                key_proof.to_bytes().len()
-            );
-
-            for threads in [1usize, 2] {
-                println!("--- threads = {threads}, ℓ + 4 = {} ---", full.len());
-                let t = Instant::now();
-                let (cts, nonces) =
-                    encrypt_template_with_nonces_parallel(&sk, &full, threads, &mut rng).unwrap();
-                println!("encryption of ℓ + 4 coordinates (CRT): {:.2?}", t.elapsed());
-                let t = Instant::now();
-                let proof =
-                    PlaintextKnowledgeProof::prove(&sk, b"t", &cts, &full, &nonces, &mut rng)
-                        .unwrap();
-                let pok_prove = t.elapsed();
-                let t = Instant::now();
-                proof.verify(pk, b"t", &cts).unwrap();
-                let pok_verify = t.elapsed();
-                println!("PoK prove {pok_prove:.2?}, verify {pok_verify:.2?}");
-                let t = Instant::now();
-                let (verifier, challenge) =
-                    L2Verifier::challenge_parallel(pk, &cts, &y, threads, &mut rng).unwrap();
-                let l2_message = t.elapsed();
-                // SP's variant with the N-th powers computed ahead (while D encrypts).
-                let t = Instant::now();
-                let mut pool = NoncePool::new(pk.clone());
-                pool.fill_public(full.len() + 2, &mut rng);
-                let pool_fill = t.elapsed();
-                let t = Instant::now();
-                let (pooled, _) =
-                    L2Verifier::challenge_with_pool(pk, &cts, &y, &mut pool, threads, &mut rng)
-                        .unwrap();
-                println!(
-                    "L2 verifier message with a pool: {:.2?} (pool filled ahead: {pool_fill:.2?})",
-                    t.elapsed()
-                );
-                drop(pooled);
-                let t = Instant::now();
-                let response = L2Response::respond_parallel(&sk, &challenge, threads).unwrap();
-                let l2_response = t.elapsed();
-                let t = Instant::now();
-                verifier.check(&response).unwrap();
-                let l2_check = t.elapsed();
-                println!(
-                    "L2 verifier message {l2_message:.2?}, prover response {l2_response:.2?}, \
-                     verifier check {l2_check:.2?}"
-                );
-                println!(
-                    "rest of the enrolment (key proofs + PoK + L2, both sides): {:.2?}",
-                    key_prove
-                        + key_verify
-                        + pok_prove
-                        + pok_verify
-                        + l2_message
-                        + l2_response
-                        + l2_check
-                );
-                println!(
-                    "bytes: ciphertexts {}, PoK {}, L2 challenge {}, L2 response {}",
-                    cts.len() * pk.ciphertext_bytes(),
-                    PlaintextKnowledgeProof::encoded_len(pk),
-                    L2Challenge::encoded_len(pk, cts.len()),
-                    L2Response::encoded_len(pk)
-                );
-            }
-        }
     }
 }
