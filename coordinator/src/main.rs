@@ -232,6 +232,9 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: the coordinator's log file and a captured standard
+        // error hold plain text (grep for a session id finds it whole).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     use privmatch_core::algebra::montgomery::{ifma_switch_says_off, switch_ifma_off, IFMA_SWITCH};
     if std::env::var(IFMA_SWITCH).is_ok_and(|v| ifma_switch_says_off(&v)) {

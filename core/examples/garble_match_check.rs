@@ -1,6 +1,7 @@
-//! Benchmark of the half-gates garbling of Π3's match-check circuit (Agrawal, Bhattacharya,
-//! Mishra, Rindal, "Secure Biometric Authentication on Device-Held Templates", ePrint
-//! 2020/1126, Π3; half-gates of Zahur, Rosulek, Evans, ePrint 2014/756).
+//! Benchmark of the two building blocks of Π3's comparison (Agrawal, Badrinarayanan,
+//! Mukherjee, Rindal, "Game-Set-MATCH", CCS 2020, ePrint 2020/1363, Π3): the half-gates
+//! garbling of its match-check circuit (Zahur, Rosulek, Evans, ePrint 2014/756) and the 256
+//! oblivious transfers of the evaluator's input labels (`crypto::ot`).
 //!
 //! `cargo run --release -p privmatch-core --example garble_match_check -- [reps]`
 //!
@@ -8,16 +9,22 @@
 //! (default 20), each next to the fixed-key AES floor measured in the same run: garbling
 //! hashes four blocks per AND gate and evaluation two, so the ratios say how far the
 //! garbler and the evaluator are from the cipher they are built on. Every run's output is
-//! decoded and checked (the inputs are consistent, so both checks must say "match").
+//! decoded and checked (the inputs are consistent, so both checks must say "match"). Then
+//! 256 OTs, each run's received labels checked against the choices, next to one Ristretto
+//! scalar multiplication measured in the same run (the unit an OT is built from).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use privmatch_core::crypto::circuit::{match_check_circuit, MatchCheckWidths};
 use privmatch_core::crypto::fss::aes;
-use privmatch_core::crypto::garble::{evaluate, garble, GarbledCircuit};
-use rand_chacha::rand_core::SeedableRng;
+use privmatch_core::crypto::garble::{evaluate, garble, GarbledCircuit, Label};
+use privmatch_core::crypto::ot::{OtReceiver, OtSender};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
+
+/// OTs per run: one per input bit of the evaluator at ℓ = 256.
+const OTS: usize = 256;
 
 /// Mean wall time in seconds of `reps` runs of `f`.
 fn mean<F: FnMut()>(reps: u32, mut f: F) -> f64 {
@@ -90,6 +97,58 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         evaluation * 1e3,
         evaluation / aes_evaluate,
         aes_evaluate * 1e3
+    );
+    oblivious_transfers(reps, &mut rng)
+}
+
+/// Times `reps` runs of [`OTS`] oblivious transfers and checks each.
+fn oblivious_transfers(reps: u32, rng: &mut ChaCha20Rng) -> Result<(), Box<dyn std::error::Error>> {
+    let label = |rng: &mut ChaCha20Rng| {
+        let mut bytes = [0u8; 16];
+        rng.fill_bytes(&mut bytes);
+        Label::from_bytes(bytes)
+    };
+    let mut scalar = [0u8; 64];
+    rng.fill_bytes(&mut scalar);
+    let s = curve25519_dalek::Scalar::from_bytes_mod_order_wide(&scalar);
+    let unit = mean(reps, || {
+        std::hint::black_box(curve25519_dalek::RistrettoPoint::mul_base(&s));
+    });
+    let (mut receive, mut send, mut finish) = (0.0, 0.0, 0.0);
+    let mut bytes = 0;
+    for _ in 0..reps {
+        let choices: Vec<bool> = (0..OTS).map(|_| rng.next_u32() & 1 == 1).collect();
+        let pairs: Vec<(Label, Label)> = (0..OTS).map(|_| (label(rng), label(rng))).collect();
+        let t0 = Instant::now();
+        let (receiver, request) = OtReceiver::new(b"bench", &choices, rng);
+        let t1 = Instant::now();
+        let reply = OtSender::respond(b"bench", &request, &pairs, rng)?;
+        let t2 = Instant::now();
+        let got = receiver.finish(&reply)?;
+        let t3 = Instant::now();
+        let right = got
+            .iter()
+            .zip(&pairs)
+            .zip(&choices)
+            .all(|((l, (l0, l1)), &c)| l == if c { l1 } else { l0 });
+        if !right {
+            return Err("an OT delivered the wrong label".into());
+        }
+        receive += (t1 - t0).as_secs_f64();
+        send += (t2 - t1).as_secs_f64();
+        finish += (t3 - t2).as_secs_f64();
+        bytes = request.to_bytes().len() + reply.to_bytes().len();
+    }
+    let per = |t: f64| t / f64::from(reps);
+    println!(
+        "{OTS} OTs: receiver message {:.2} ms, sender {:.2} ms, receiver finish {:.2} ms ({:.0}, {:.0}, {:.0} base multiplications of {:.1} µs); {bytes} bytes",
+        per(receive) * 1e3,
+        per(send) * 1e3,
+        per(finish) * 1e3,
+        per(receive) / unit,
+        per(send) / unit,
+        per(finish) / unit,
+        unit * 1e6
     );
     Ok(())
 }

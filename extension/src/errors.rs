@@ -58,6 +58,16 @@ pub fn raise_share_layout(err: ShareLayoutError) -> ! {
     raise(share_layout_code(&err), err.to_string(), None)
 }
 
+/// Logs `event` of session `session` from `function` at DEBUG1 (seen where the operator sets
+/// `log_min_messages = debug1`): the same hex session id the client sealed its inputs to and
+/// the coordinator's lines carry, so one search is found in every log by it. Never a value.
+pub fn log_session(function: &str, session: &[u8; 16], event: &str) {
+    pgrx::debug1!(
+        "privmatch: session {} {event} ({function})",
+        hex::encode(session)
+    );
+}
+
 /// Parses the 16-byte session id passed to `function` as its argument `argument` (22023
 /// otherwise, naming both).
 pub fn parse_session_id(function: &str, argument: &str, bytes: &[u8]) -> [u8; 16] {

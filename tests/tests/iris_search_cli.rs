@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_e2e::{enrollment_line, write_lines, Cluster};
+use privmatch_e2e::{enrollment_line, run, wait_until, write_lines, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::Value;
@@ -1118,4 +1118,69 @@ fn an_enroll_if_unique_outcome_changed_in_transit_is_refused() {
     );
     assert_eq!(cluster.subject_count(2, "plain-fresh"), 1);
     assert_eq!(cluster.subject_count(1, "plain-dup"), 0);
+}
+
+/// Issue 35's tracing: one search is found by its session id in all five logs — the client's
+/// (the id it sealed its probe to), the coordinator's (every line of the session carries it)
+/// and the three parties' (DEBUG1, where the operator sets `log_min_messages = debug1`).
+#[test]
+fn one_search_is_found_by_its_session_id_in_all_five_logs() {
+    let cluster = Cluster::start("search-trace", 39);
+    let mut rng = ChaCha20Rng::seed_from_u64(39);
+    let template = random_template(&mut rng);
+    let enrolment = cluster.path("enrol.ndjson");
+    write_lines(&enrolment, &[enrollment_line("T", "left", &template)]);
+    cluster.enroll(&enrolment, &[]).expect_success();
+    for party in 0..3 {
+        cluster.query(party, "ALTER SYSTEM SET log_min_messages = debug1", &[]);
+        cluster.query(party, "SELECT pg_reload_conf()", &[]);
+    }
+    let probes = cluster.path("probe.ndjson");
+    let probe = near_duplicate(&template, 0.1, 4, &mut rng);
+    write_lines(&probes, &[probe_line("left", &probe)]);
+    let input = probes.display().to_string();
+    let mut search = cluster.command(&["iris", "search", "--input", &input, "--json"]);
+    search.env(
+        "PRIVMATCH_LOG",
+        "warn,privmatch_coordinator::iris::client=debug",
+    );
+    let out = run(search, std::time::Duration::from_secs(120)).expect_success();
+    assert!(out.stdout.contains("\"T\""), "the probe matches T: {out}");
+    // The client's line names the session it sealed the probe to.
+    let sessions: Vec<String> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("sealed an iris probe"))
+        .filter_map(|l| l.split("session=").nth(1))
+        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
+        .collect();
+    assert_eq!(sessions.len(), 1, "one probe, one session: {}", out.stderr);
+    let session = &sessions[0];
+    assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
+    let lines_with = |log: &str| -> Vec<String> {
+        std::fs::read_to_string(cluster.path(log))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(session.as_str()))
+            .map(str::to_owned)
+            .collect()
+    };
+    wait_until(
+        std::time::Duration::from_secs(20),
+        "the session's lines in the coordinator's and the parties' logs",
+        || {
+            lines_with("coordinator.log")
+                .iter()
+                .any(|l| l.contains("session finished"))
+                && (0..3).all(|p| {
+                    let lines = lines_with(&format!("p{p}/postgres.log"));
+                    lines
+                        .iter()
+                        .any(|l| l.contains("started (iris_search_start)"))
+                        && lines
+                            .iter()
+                            .any(|l| l.contains("finished (iris_search_round)"))
+                })
+        },
+    );
 }

@@ -370,6 +370,8 @@ impl FaceClient {
         let mut last: Option<(SessionId, PartySecretKey)> = None;
         let seal = || {
             let session = new_session_id(&mut rand::rngs::OsRng);
+            // The id this session's lines carry in the coordinator's and the parties' logs.
+            tracing::debug!(session = %hex::encode(session), "sealed a face probe");
             let reply = PartySecretKey::generate(&mut rand::rngs::OsRng);
             let sealed = seal_face_probe_knowing(
                 embedding,

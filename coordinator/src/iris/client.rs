@@ -357,7 +357,10 @@ fn seal_probe(
         Some(&party) => to_base64(&sealer.sign_for(party, IRIS_PROBE_PURPOSE, p)),
         None => to_base64(&p),
     });
-    Ok((session_to_hex(&session), signed))
+    let session = session_to_hex(&session);
+    // The id this search's lines carry in the coordinator's and the parties' logs too.
+    tracing::debug!(session = %session, eye = eye.as_str(), "sealed an iris probe");
+    Ok((session, signed))
 }
 
 /// The body of a search for `probe`: each eye shared and sealed for a fresh session, with

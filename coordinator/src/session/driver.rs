@@ -35,6 +35,7 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
+use tracing::Instrument;
 
 use crate::parties::{Parties, PartyError};
 
@@ -210,14 +211,26 @@ pub async fn run_on<const N: usize, S: Session<N>>(
     parties: &Parties,
     session: &S,
 ) -> Result<(S::Output, Duration), S::Error> {
-    let started = Instant::now();
-    match session.drive(clients).await {
-        Ok(output) => Ok((output, started.elapsed())),
-        Err(err) => {
-            abort_everywhere::<N>(parties, S::ABORT_SQL, session.id()).await;
-            Err(err)
+    // Every line logged while the session runs carries its id, the one the client sealed its
+    // inputs to and the parties log (at DEBUG1): one search is found by it in all five logs.
+    let span = tracing::info_span!("session", id = %hex::encode(session.id()));
+    async {
+        let started = Instant::now();
+        match session.drive(clients).await {
+            Ok(output) => {
+                let elapsed = started.elapsed();
+                tracing::info!(ms = elapsed.as_secs_f64() * 1e3, "session finished");
+                Ok((output, elapsed))
+            }
+            Err(err) => {
+                tracing::warn!("session failed; aborting it at the parties");
+                abort_everywhere::<N>(parties, S::ABORT_SQL, session.id()).await;
+                Err(err)
+            }
         }
     }
+    .instrument(span)
+    .await
 }
 
 /// Runs `abort_sql` for `session` at the first `N` parties on fresh pooled connections,

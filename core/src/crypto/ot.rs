@@ -434,7 +434,6 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
-    use std::time::Instant;
 
     fn random_pairs(rng: &mut ChaCha20Rng, n: usize) -> Vec<(Label, Label)> {
         (0..n)
@@ -653,32 +652,5 @@ mod tests {
         assert_eq!((x[0], y[0]), (1, 2));
         cswap(true, &mut x, &mut y);
         assert_eq!((x, y), ([2u8; 32], [1u8; 32]));
-    }
-
-    #[test]
-    fn timing_256_ots() {
-        let mut rng = ChaCha20Rng::seed_from_u64(7);
-        let choices: Vec<bool> = (0..256).map(|_| rng.gen()).collect();
-        let pairs = random_pairs(&mut rng, 256);
-        let t0 = Instant::now();
-        let (receiver, request) = OtReceiver::new(b"timing", &choices, &mut rng);
-        let t1 = Instant::now();
-        let reply = OtSender::respond(b"timing", &request, &pairs, &mut rng).unwrap();
-        let t2 = Instant::now();
-        let got = receiver.finish(&reply).unwrap();
-        let t3 = Instant::now();
-        assert!(got
-            .iter()
-            .zip(&pairs)
-            .zip(&choices)
-            .all(|((l, (l0, l1)), &c)| l == if c { l1 } else { l0 }));
-        println!(
-            "256 OTs: receiver message {:.2} ms, sender {:.2} ms, receiver finish {:.2} ms; {} + {} bytes",
-            (t1 - t0).as_secs_f64() * 1e3,
-            (t2 - t1).as_secs_f64() * 1e3,
-            (t3 - t2).as_secs_f64() * 1e3,
-            request.to_bytes().len(),
-            reply.to_bytes().len()
-        );
     }
 }

@@ -52,7 +52,7 @@ use crate::engine::face::{
     decode_opened, encode_keys, encode_open, encode_round, encode_stock, OpenRequest, Opened,
 };
 use crate::engine::ipc::Response;
-use crate::errors::{get_one, parse_session_id, raise, run, select};
+use crate::errors::{get_one, log_session, parse_session_id, raise, run, select};
 use crate::identity::{load_identity, pinned_peer};
 
 const OPEN: &str = "face_masked_open";
@@ -387,6 +387,7 @@ fn open_session(
     });
     let opened = decode_opened(&engine_bytes(function, call(&request)))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
+    log_session(function, &id, "opened");
     let finished = opened.comparisons == 0;
     run(
         function,
@@ -516,6 +517,7 @@ fn face_masked_round(session: &[u8], round: i32, inbound: &[u8]) -> Vec<u8> {
     let reply = engine_bytes(ROUND, call(&encode_round(&id, round as u8, inbound)));
     if round == 3 {
         save_finished(ROUND, session);
+        log_session(ROUND, &id, "finished");
     }
     pg_sys::check_for_interrupts!();
     reply

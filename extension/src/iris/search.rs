@@ -23,7 +23,7 @@ use crate::budget::BudgetKind;
 use crate::clients;
 use crate::engine::client::{call, release_round_buffers};
 use crate::engine::ipc::{Request, Response};
-use crate::errors::{get_one, parse_session_id, raise, run};
+use crate::errors::{get_one, log_session, parse_session_id, raise, run};
 use crate::identity::load_identity;
 use crate::iris::policy::check_threshold;
 
@@ -118,6 +118,7 @@ fn iris_search_start(
         Some(BudgetKind::IrisSearch),
     );
     record_session(&session);
+    log_session(F, &session, "started");
     let request = Request::Start {
         session,
         probe: admitted.inner.to_vec(),
@@ -166,8 +167,9 @@ fn iris_search_round(
             None,
         )
     });
+    let session = parse_session_id("iris_search_round", "session_id", session_id);
     let request = Request::Round {
-        session: parse_session_id("iris_search_round", "session_id", session_id),
+        session,
         round,
         message: std::borrow::Cow::Borrowed(message),
     };
@@ -181,6 +183,7 @@ fn iris_search_round(
     };
     if row.1 {
         release_round_buffers();
+        log_session("iris_search_round", &session, "finished");
     }
     TableIterator::once(row)
 }
