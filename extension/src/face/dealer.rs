@@ -417,7 +417,8 @@ fn face_dealer_identify(
     const F: &str = "face_dealer_identify";
     let session = parse_session_id(F, "session", session);
     let ids = parse_bundle_ids(F, bundle_ids);
-    TableIterator::new(deal_rows(F, KeysFor::Session(session), &ids))
+    let (me, pairs) = dealer_channels(F);
+    TableIterator::new(deal_rows(F, &me, &pairs, KeysFor::Session(session), &ids))
 }
 
 /// Deals the keys of 1:1 verification session `session` (16 bytes; docs/protocols/face.md
@@ -447,8 +448,7 @@ fn face_dealer_verify(
 > {
     const F: &str = "face_dealer_verify";
     let session = parse_session_id(F, "session", session);
-    let me = dealer_identity(F);
-    let from = [channel_to(F, &me, 0), channel_to(F, &me, 1)];
+    let (me, from) = dealer_channels(F);
     let ids = open_verification_requests([&from[0], &from[1]], &session, [request_p0, request_p1])
         .unwrap_or_else(|e| raise_face(F, e));
     if ids.is_empty() {
@@ -458,7 +458,13 @@ fn face_dealer_verify(
             None,
         );
     }
-    TableIterator::new(deal_rows(F, KeysFor::Verification(session), &ids))
+    TableIterator::new(deal_rows(
+        F,
+        &me,
+        &from,
+        KeysFor::Verification(session),
+        &ids,
+    ))
 }
 
 /// Deals, ahead of any session, the keys of one identification against the templates
@@ -484,19 +490,29 @@ fn face_dealer_stock(
     const F: &str = "face_dealer_stock";
     let stock = parse_session_id(F, "stock", stock);
     let ids = parse_bundle_ids(F, bundle_ids);
-    TableIterator::new(deal_rows(F, KeysFor::Stock(stock), &ids))
+    let (me, pairs) = dealer_channels(F);
+    TableIterator::new(deal_rows(F, &me, &pairs, KeysFor::Stock(stock), &ids))
 }
 
-/// The dealing for `keys_for` against `bundle_ids`, sealed to P0 and P1: one row per chunk
-/// (chunk number, P0's envelope, P1's envelope).
+/// This dealer's identity and its pairwise secrets with P0 and P1 (loaded once per call).
+fn dealer_channels(function: &str) -> (Identity, [PairwiseSecrets; 2]) {
+    let me = dealer_identity(function);
+    let pairs = [0, 1].map(|b| channel_to(function, &me, b));
+    (me, pairs)
+}
+
+/// The dealing for `keys_for` against `bundle_ids`, sealed to P0 and P1 (`pairs`, this
+/// dealer's secrets with each, from [`dealer_channels`]): one row per chunk (chunk number,
+/// P0's envelope, P1's envelope).
 fn deal_rows(
     function: &str,
+    me: &Identity,
+    pairs: &[PairwiseSecrets; 2],
     keys_for: KeysFor,
     ids: &[[u8; BUNDLE_ID_LEN]],
 ) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
-    let me = dealer_identity(function);
-    let params = load_params(function, &me);
-    let master = load_template_master(function, &me);
+    let params = load_params(function, me);
+    let master = load_template_master(function, me);
     let mut dealing = master.dealing_rng(keys_for, &template_digest(ids));
     // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
     // and start with every signal blocked.
@@ -504,7 +520,6 @@ fn deal_rows(
         n if n > 0 => n as usize,
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let pairs = [0, 1].map(|b| channel_to(function, &me, b));
     let mut halves = crate::signals::without_signals(|| match keys_for {
         // The evaluators masked their probes at the open with seeds derived from what each
         // shares with P2 (docs/protocols/face.md §13.10).
