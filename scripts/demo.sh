@@ -52,8 +52,8 @@ echo "==> privmatch face verify --subject face-0000000 --input $FACE_PROBES   (6
 "$PM" face verify --subject face-0000000 --input "$FACE_PROBES"
 echo "==> privmatch face identify --input $FACE_PROBES   (1:N over the 1,000 enrolled: opens them once, then P2 deals one key per comparison)"
 "$PM" face identify --input "$FACE_PROBES"
-echo "==> privmatch face pool"
-"$PM" face pool
+echo "==> privmatch face dealer"
+"$PM" face dealer
 
 cat <<MSG
 

@@ -1,5 +1,5 @@
 -- privmatch: hand-written schema of one party, part 3 of 3: the face modality (share type,
--- enrolled templates, the dealer's configuration, the single-use key pool, comparison
+-- enrolled templates, the dealer's configuration, the opened templates, comparison
 -- sessions). Runs after sql/common.sql.
 
 -- ---------------------------------------------------------------------------------------------
@@ -66,7 +66,6 @@ CREATE TABLE privmatch.face_dealer (
     dim           integer NOT NULL CHECK (dim BETWEEN 128 AND 1024),
     threshold_sealed bytea NOT NULL,
     generation    bigint  NOT NULL CHECK (generation > 0),
-    next_batch    bigint  NOT NULL DEFAULT 1 CHECK (next_batch > 0),
     configured_at timestamptz NOT NULL DEFAULT now()
 );
 REVOKE ALL ON privmatch.face_dealer FROM PUBLIC;
@@ -85,61 +84,22 @@ CREATE TABLE privmatch.face_template_master (
 );
 REVOKE ALL ON privmatch.face_template_master FROM PUBLIC;
 
--- Single-use key material dealt by P2 (P0 and P1). A batch's keys are claimed in ranges;
--- keys below next_key are claimed (or retired) and are never handed out again. The claims
--- table's exclusion constraint makes a second claim of any key impossible, whatever the
--- code above it does. UNLOGGED: the keys are in no WAL record, physical backup or replica; a
--- crash empties the table (keys are single-use and refilled from P2; the claims stay, so no
--- claimed key is ever handed out again).
-CREATE UNLOGGED TABLE privmatch.face_key_batches (
-    batch       bigint  PRIMARY KEY CHECK (batch > 0 AND batch < 549755813888),
-    generation  bigint  NOT NULL,
-    metric      text    NOT NULL CHECK (metric IN ('cosine', 'euclidean')),
-    dim         integer NOT NULL CHECK (dim BETWEEN 128 AND 1024),
-    key_count   integer NOT NULL CHECK (key_count > 0 AND key_count < 16777216),
-    key_len     integer NOT NULL CHECK (key_len > 0),
-    next_key    integer NOT NULL DEFAULT 0,
-    keys        bytea   NOT NULL,
-    received_at timestamptz NOT NULL DEFAULT now(),
-    CHECK (next_key BETWEEN 0 AND key_count)
-);
-ALTER TABLE privmatch.face_key_batches ALTER COLUMN keys SET STORAGE EXTERNAL;
-REVOKE ALL ON privmatch.face_key_batches FROM PUBLIC;
-
-CREATE TABLE privmatch.face_key_claims (
-    batch      bigint  NOT NULL,
-    first_key  integer NOT NULL CHECK (first_key >= 0),
-    key_count  integer NOT NULL CHECK (key_count > 0 AND first_key + key_count <= 16777216),
-    session    bytea   NOT NULL,
-    claimed_at timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT face_key_claims_no_reuse EXCLUDE USING gist (
-        int8range(batch * 16777216 + first_key, batch * 16777216 + first_key + key_count) WITH &&)
-);
-CREATE INDEX face_key_claims_session ON privmatch.face_key_claims (session);
-
--- Face comparison sessions (P0 and P1). A session's keys are claimed when it opens and are
--- bound to it; the compared template ids and the sealed probe are fixed then too, so a round
--- re-run after a crash recomputes exactly the same values and nothing is ever evaluated
--- twice on different inputs with the same keys.
+-- Face comparison sessions (P0 and P1; docs/protocols/face.md §13). A session's row is committed
+-- when it opens, before anything derived from its keys leaves the party: its id is single-use
+-- (the primary key), whatever the coordinator replays. Its secrets (keys, probe share) live in
+-- the engine, which runs its steps in order; round is 3 once it finished. masked is false only
+-- for sessions of the face key pool retired in 0.13.0 (kept as history; none can run).
 CREATE TABLE privmatch.face_sessions (
     session      bytea   PRIMARY KEY CHECK (length(session) = 16),
-    -- The pool keys' metric (NULL in a dealer-masked session: the dealer's keys carry it).
-    metric       text,
     dim          integer NOT NULL,
-    template_ids bigint[] NOT NULL,
     set_digest   bytea   NOT NULL,
-    claims       bytea   NOT NULL,
-    probe        bytea,
     -- The verified subject (NULL: identification); the probe was sealed for it.
     target       text,
     round        integer NOT NULL DEFAULT 0 CHECK (round BETWEEN 0 AND 3),
-    z_share      bytea,
     aborted      boolean NOT NULL DEFAULT false,
     started_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
-    -- A session over dealer-masked templates (docs/protocols/face.md §13): its secrets live in
-    -- the engine, which runs its steps in order; round is 3 once it finished.
-    masked       boolean NOT NULL DEFAULT false
+    masked       boolean NOT NULL DEFAULT true
 );
 
 -- The evaluator's opened templates (P0 and P1; docs/protocols/face.md §13.2 step 1): per
@@ -160,7 +120,7 @@ REVOKE ALL ON privmatch.face_masked_templates FROM PUBLIC;
 -- §13.7). The dealing's keys live in the engine's memory until an identification over its
 -- list claims them; the claim is this row, committed with the session before anything derived
 -- from the keys leaves, so a stock id serves one session, ever (the primary key), whatever the
--- coordinator replays. Not dumped, like the sessions and pool claims.
+-- coordinator replays. Not dumped, like the sessions.
 CREATE TABLE privmatch.face_stock_used (
     stock      bytea PRIMARY KEY CHECK (length(stock) = 16),
     session    bytea NOT NULL,
@@ -208,10 +168,3 @@ CREATE TRIGGER face_masked_templates_set_changed
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON privmatch.face_masked_templates
     FOR EACH STATEMENT EXECUTE FUNCTION privmatch.face_set_changed();
 
--- The pool level as this party sees it.
-CREATE VIEW privmatch.face_key_pool AS
-    SELECT metric, dim, generation,
-           sum(key_count - next_key)::bigint AS available,
-           count(*) FILTER (WHERE next_key < key_count)::bigint AS batches
-      FROM privmatch.face_key_batches
-     GROUP BY metric, dim, generation;

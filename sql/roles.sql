@@ -170,7 +170,6 @@ AS $list$
         ('engine_status',             ARRAY['privmatch_operator', 'privmatch_coordinator']),
         ('iris_records',              ARRAY['privmatch_operator', 'privmatch_coordinator']),
         ('face_dealer_status',        ARRAY['privmatch_operator', 'privmatch_coordinator']),
-        ('face_pool_status',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
         ('paillier_service_info',     ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
         ('paillier_parameters',       ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
         ('paillier_devices',          ARRAY['privmatch_operator', 'privmatch_coordinator']),
@@ -198,18 +197,12 @@ AS $list$
         -- face protocol (the coordinator); the dealer configuration is signed by P2's
         -- operator and verified inside P2, so the coordinator can relay it but not forge it
         ('face_dealer_configure',     ARRAY['privmatch_coordinator']),
-        ('face_dealer_generate',      ARRAY['privmatch_coordinator']),
         ('face_dealer_template_seeds', ARRAY['privmatch_coordinator']),
         ('face_dealer_identify',      ARRAY['privmatch_coordinator']),
         ('face_dealer_verify',        ARRAY['privmatch_coordinator']),
         ('face_dealer_stock',         ARRAY['privmatch_coordinator']),
-        ('face_keys_store',           ARRAY['privmatch_coordinator']),
-        ('face_keys_retire_before',   ARRAY['privmatch_coordinator']),
         ('face_enroll_sealed',        ARRAY['privmatch_coordinator']),
         ('face_delete',               ARRAY['privmatch_coordinator']),
-        ('face_template_set',         ARRAY['privmatch_coordinator']),
-        ('face_session_open',         ARRAY['privmatch_coordinator']),
-        ('face_session_round',        ARRAY['privmatch_coordinator']),
         ('face_session_abort',        ARRAY['privmatch_coordinator']),
         ('face_masked_pending',       ARRAY['privmatch_coordinator']),
         ('face_masked_prepare',       ARRAY['privmatch_coordinator']),
@@ -287,10 +280,9 @@ REVOKE ALL ON FUNCTION privmatch.apply_function_roles() FROM PUBLIC;
 SELECT privmatch.apply_function_roles();
 
 -- Templates are data: pg_dump saves their rows (and the identity sequences' positions), so a
--- dump restored at a party (its key file copied by its operator) keeps it matching. The
--- single-use face keys and their claims are deliberately not dumped: a restored copy must not
--- hand out keys that were already used; the pool is refilled instead. Neither is the dealer's
--- threshold (reconfigure P2 after a restore) nor running sessions.
+-- dump restored at a party (its key file copied by its operator) keeps it matching. Face
+-- sessions and stocked-dealing claims are deliberately not dumped (a restored copy deals new
+-- keys per session), nor is the dealer's threshold (reconfigure P2 after a restore).
 SELECT pg_catalog.pg_extension_config_dump('privmatch.party_identity', '');
 -- The operator key and its last accepted counter: a party restored from a dump keeps refusing
 -- the commands it accepted before the dump (and every command expires, core's crypto::sign).

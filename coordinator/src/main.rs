@@ -6,7 +6,7 @@
 //! * `privmatch iris enroll|search|delete|synth` — client side: templates and probes are
 //!   secret-shared and sealed here, so the coordinator only ever relays ciphertext.
 //!   `iris enroll --if-unique` enrolls only templates that match no enrolled one.
-//! * `privmatch face configure|refill|pool|enroll|delete|verify|identify|synth` — face
+//! * `privmatch face configure|dealer|enroll|delete|verify|identify|seal|synth` — face
 //!   templates with Funshade: P0 and P1 evaluate, P2 deals single-use keys; embeddings are
 //!   quantised, shared and sealed here.
 //! * `privmatch device keygen|pin-service|enroll|respond|list|delete` and `privmatch terminal
@@ -68,7 +68,7 @@ enum Command {
         #[command(subcommand)]
         action: iris::cli::IrisAction,
     },
-    /// Face templates (Funshade): configure the dealer, refill keys, enrol, verify, identify.
+    /// Face templates (Funshade): configure the dealer, enrol, verify, identify.
     Face {
         #[command(subcommand)]
         action: face::cli::FaceAction,

@@ -37,12 +37,10 @@ pub mod codes {
     pub const PROTOCOL: &str = "protocol_error";
     /// A distributed transaction's outcome is left to recovery.
     pub const IN_DOUBT: &str = "in_doubt";
-    /// Face: a key pool is exhausted (run `privmatch face refill`).
-    pub const POOL_EXHAUSTED: &str = "key_pool_exhausted";
     /// Face: the subject is not enrolled.
     pub const UNKNOWN_SUBJECT: &str = "unknown_subject";
-    /// Face: a key claim conflicted with another session's (transient: retry with a new
-    /// session).
+    /// Face: a session id or a stocked dealing was claimed by another session already
+    /// (transient: retry with a new session).
     pub const KEY_CONFLICT: &str = "key_claim_conflict";
     /// Face: the dealer is not configured, or a party is not initialised.
     pub const NOT_CONFIGURED: &str = "not_configured";

@@ -397,7 +397,6 @@ fn error_code(status: u16, body: &ErrorBody) -> PgSqlErrorCode {
         }
         Some("in_doubt") => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
         Some("party_unavailable") | Some("timeout") => ERRCODE_CONNECTION_FAILURE,
-        Some("key_pool_exhausted") => ERRCODE_INSUFFICIENT_RESOURCES,
         Some("not_configured") => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         Some("unknown_subject") => ERRCODE_NO_DATA_FOUND,
         Some("protocol_error") => ERRCODE_PROTOCOL_VIOLATION,
@@ -413,7 +412,6 @@ fn hint_for(code: Option<&str>) -> Option<&'static str> {
             Some("an enrolment was being committed: seal the input again and retry")
         }
         "in_doubt" => Some("the coordinator's recovery completes it at every party or at none; calling again with the same sealed input fails with 23505 once it committed"),
-        "key_pool_exhausted" => Some("run `privmatch face refill`"),
         "unauthenticated" | "forbidden" => Some("check privmatch.coordinator_credential_file: the credential needs the scopes enroll and search"),
         _ => None,
     }

@@ -9,8 +9,8 @@
 //!   [`front_door`] (the coordinator's HTTPS client behind each modality's front-door
 //!   functions), query [`budget`]s, and secrets sealed [`at_rest`] in the party's tables;
 //! * [`iris`]: share types, enrolment and deletion, the SQL functions of a search's rounds;
-//! * [`face`]: share type, enrolment and deletion, comparison sessions, the dealer, the key
-//!   pool;
+//! * [`face`]: share type, enrolment and deletion, the opening of templates under the
+//!   dealer's masks, comparison sessions, the dealer;
 //! * [`paillier`]: the service provider of device-held Paillier templates (Game-Set-MATCH):
 //!   the record type, its keys and parameters, enrolment, records, the terminal's Round 2.
 //!

@@ -14,6 +14,7 @@ use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::encoding::share_template;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::policy::IrisPolicy;
 use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::scan::{CpuScan, Interrupt};
 use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchService};
@@ -69,7 +70,8 @@ fn search(
                     &p.keys,
                     id,
                     s,
-                    params,
+                    IrisPolicy::from_numerator(params.threshold().numerator() as u32)
+                        .expect("policy"),
                     now,
                     SEALED_AT,
                     Interrupt::never(),

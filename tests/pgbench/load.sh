@@ -205,16 +205,6 @@ for kind in ${scripts//,/ }; do
       level=$((level + 1))
       need=$(awk -v r="$rate" -v d="$duration" -v c="$c" 'BEGIN { print int(r * d * (c > 1 ? 1.6 : 1.3)) + 20 }')
       say "$kind, $c client(s): sealing $need inputs"
-      # One single-use Funshade key per comparison: a verification uses one, an identification
-      # one per enrolled face.
-      case $kind in
-        face-verify) keys=$need ;;
-        face-identify) keys=$((need * $(op_sql 0 -c "SELECT count(*) FROM privmatch.face_templates"))) ;;
-        *) keys=0 ;;
-      esac
-      if [ "$keys" -gt 0 ]; then
-        "$PM" "${cfg[@]}" face refill --target $((keys + 1000)) --batch-size 50000 >/dev/null
-      fi
       seal "$kind" "$level" "$need"
       say "$kind, $c client(s): pgbench for $duration s"
       faulted=""
@@ -287,12 +277,6 @@ check "no prepared transaction left at any party" "$r"
 read -r used outcomes <<<"$(app_sql -F ' ' -c "SELECT (SELECT count(*) FROM privmatch_bench.inputs WHERE used), (SELECT count(*) FROM privmatch_bench.outcomes)")"
 [ "$used" = "$outcomes" ] && r=ok || r="$used inputs taken, $outcomes outcomes"
 check "each sealed input taken once, with one outcome ($outcomes)" "$r"
-overlap_sql="SELECT count(*) FROM privmatch.face_key_claims a JOIN privmatch.face_key_claims b ON a.ctid < b.ctid AND a.batch = b.batch AND int4range(a.first_key, a.first_key + a.key_count) && int4range(b.first_key, b.first_key + b.key_count)"
-claims_sql="SELECT count(*) || ' claims, ' || coalesce(sum(key_count), 0) || ' keys, ' || md5(coalesce(string_agg(batch || ':' || first_key || '+' || key_count, ',' ORDER BY batch, first_key), '')) FROM privmatch.face_key_claims"
-o0=$(op_sql 0 -c "$overlap_sql") o1=$(op_sql 1 -c "$overlap_sql")
-c0=$(op_sql 0 -c "$claims_sql") c1=$(op_sql 1 -c "$claims_sql")
-[ "$o0 $o1" = "0 0" ] && [ "$c0" = "$c1" ] && r=ok || r="overlapping claims P0 $o0, P1 $o1; P0 $c0; P1 $c1"
-check "no Funshade key used twice; P0 and P1 claimed the same keys ($c0)" "$r"
 
 {
   echo "privmatch load test, $(date -u +%Y-%m-%dT%H:%MZ), target $target${fault:+, fault: $fault killed during the 4-client iris-enroll and iris-identify levels}, $duration s per level, base $iris_base iris templates (±15 rotations) and $face_base faces (dim 128)"

@@ -1,5 +1,5 @@
 //! End-to-end tests of the face modality through the product's own interfaces: `privmatch
-//! face configure | refill | enroll | verify | identify | delete` (CLI → coordinator HTTP API →
+//! face configure | dealer | enroll | verify | identify | delete` (CLI → coordinator HTTP API →
 //! the dealer P2 and the evaluators P0, P1), checked against the plaintext comparison on the
 //! quantised embeddings, and the errors a user gets for bad input.
 
@@ -106,9 +106,6 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
                 "--dim",
                 "128",
             ])
-            .expect_success();
-        cluster
-            .cli(&["face", "refill", "--target", "800"])
             .expect_success();
         let theta = q.quantize_threshold(metric, threshold).expect("θ");
         // 1:N identification.

@@ -220,9 +220,6 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
             "128",
         ])
         .expect_success();
-    cluster
-        .cli(&["face", "refill", "--target", "400"])
-        .expect_success();
     let face_file = cluster.path("faces.ndjson");
     write_lines(
         &face_file,

@@ -79,19 +79,13 @@ async fn captured_search(
     };
     let probes = seal_iris_probe_to(probe, &context, &to, keys, rng).expect("seal");
     let mut c = Capture::default();
-    let mode = params.mode().as_str();
-    let threshold = params.threshold_ratio();
     let mut messages = Vec::new();
     for (i, client) in clients.iter().enumerate() {
-        c.sent.extend([
-            session.to_vec(),
-            probes[i].clone(),
-            mode.as_bytes().to_vec(),
-        ]);
+        c.sent.extend([session.to_vec(), probes[i].clone()]);
         let row = client
             .query_one(
-                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, $5)",
-                &[&session.as_slice(), &probes[i], &mode, &params.max_rotation(), &threshold],
+                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2)",
+                &[&session.as_slice(), &probes[i]],
             )
             .await
             .unwrap_or_else(|e| panic!("start at P{i}: {e:?}"));

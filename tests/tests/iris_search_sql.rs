@@ -96,31 +96,19 @@ fn seal_at(
     seal_iris_probe_to(probe, &context, &reply, &cluster.party_keys(), rng).expect("seal")
 }
 
+/// `iris_search_start` at the three parties, in index order: each with its own sealed probe,
+/// which carries the search's mode, rotation range and threshold (they travel nowhere else).
 async fn start(
     clients: &[Client],
     session: &[u8],
     sealed: &[Vec<u8>; 3],
-    mode: &str,
-    max_rotation: i32,
-) -> Result<Vec<(i64, Vec<u8>, Vec<u8>)>, Failure> {
-    start_at(clients, session, sealed, mode, max_rotation, 0.345).await
-}
-
-/// `iris_search_start` at the three parties, in index order, with `threshold`.
-async fn start_at(
-    clients: &[Client],
-    session: &[u8],
-    sealed: &[Vec<u8>; 3],
-    mode: &str,
-    max_rotation: i32,
-    threshold: f64,
 ) -> Result<Vec<(i64, Vec<u8>, Vec<u8>)>, Failure> {
     let mut out = Vec::new();
     for (i, c) in clients.iter().enumerate() {
         let row = c
             .query_one(
-                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2, $3, $4, $5)",
-                &[&session, &sealed[i], &mode, &max_rotation, &threshold],
+                "SELECT entries, set_digest, message FROM privmatch.iris_search_start($1, $2)",
+                &[&session, &sealed[i]],
             )
             .await
             .map_err(|e| failure(i, &e))?;
@@ -206,7 +194,7 @@ async fn search(
 ) -> Result<Outcome, Failure> {
     let session: [u8; 16] = rng.gen();
     let sealed = seal(cluster, probe, eye, session, mode, max_rotation, rng);
-    let starts = start(clients, &session, &sealed, mode, max_rotation).await?;
+    let starts = start(clients, &session, &sealed).await?;
     assert!(starts
         .windows(2)
         .all(|w| w[0].0 == w[1].0 && w[0].1 == w[1].1));
@@ -417,9 +405,7 @@ fn refused_round_messages_abort_the_search() {
         // A tampered message: 08P01 at the receiver, which drops the search (42704 after).
         let session: [u8; 16] = rng.gen();
         let sealed = seal(&cluster, &t, eye, session, "identify", 15, &mut rng);
-        let starts = start(&clients, &session, &sealed, "identify", 15)
-            .await
-            .expect("start");
+        let starts = start(&clients, &session, &sealed).await.expect("start");
         let mut tampered = starts[2].2.clone();
         let last = tampered.len() - 1;
         tampered[last] ^= 0x40;
@@ -450,21 +436,13 @@ fn refused_round_messages_abort_the_search() {
             .expect_err("misrouted");
         assert_eq!(err.sqlstate.as_deref(), Some("08P01"), "{err:?}");
         // A reused session id and a probe sealed for another session are refused.
-        let err = start(&clients, &session, &sealed, "identify", 15)
-            .await
-            .expect_err("reuse");
+        let err = start(&clients, &session, &sealed).await.expect_err("reuse");
         assert_eq!(err.sqlstate.as_deref(), Some("42704"), "{err:?}");
         let fresh: [u8; 16] = rng.gen();
-        let err = start(&clients, &fresh, &sealed, "identify", 15)
+        let err = start(&clients, &fresh, &sealed)
             .await
             .expect_err("other session");
         assert_eq!(err.sqlstate.as_deref(), Some("22P03"), "{err:?}");
-        // Bad parameters name the argument.
-        let err = start(&clients, &rng.gen::<[u8; 16]>(), &sealed, "lookup", 15)
-            .await
-            .expect_err("mode");
-        assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
-        assert!(err.message.contains("mode"), "{err:?}");
         for c in &clients {
             let _ = c
                 .execute(
@@ -496,9 +474,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
     let sealed = seal(&cluster, &t, eye, session, "identify", 15, &mut rng);
     let starts = cluster.block_on(async {
         let clients = cluster.clients().await;
-        start(&clients, &session, &sealed, "identify", 15)
-            .await
-            .expect("start")
+        start(&clients, &session, &sealed).await.expect("start")
     });
     cluster.kill_party(1);
     cluster.start_party(1);
@@ -535,7 +511,7 @@ fn a_party_killed_mid_search_fails_it_cleanly_and_the_next_search_works() {
 }
 
 #[test]
-fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and_a_restart() {
+fn a_finished_probe_cannot_be_replayed_even_after_junk_and_a_restart() {
     let cluster = Cluster::start("search-replay", 27);
     let enrolled = enroll_synthetic(&cluster, 30);
     let (key, t) = enrolled
@@ -550,9 +526,7 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
     let sealed = seal(&cluster, &t, eye, session, "uniqueness", 15, &mut rng);
     let outcome = cluster.block_on(async {
         let clients = cluster.clients().await;
-        let starts = start(&clients, &session, &sealed, "uniqueness", 15)
-            .await
-            .expect("start");
+        let starts = start(&clients, &session, &sealed).await.expect("start");
         drive(
             &clients,
             &session,
@@ -561,29 +535,23 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
         .await
     });
     assert_eq!(outcome.expect("search"), Outcome::Unique(false));
-    // What a coordinator would try next: the same probes as an identification (which subjects
-    // match), or at another threshold (to bisect the distance). Refused by every party: the
-    // replayed session (42704), and another threshold than the policy before that (22023).
+    // What a coordinator would try next: the same probes again (as another search: the
+    // parameters are sealed in them, so it cannot even ask for another mode or threshold).
+    // Refused by every party: the replayed session (42704).
     let replay = |what: &str| {
         cluster.block_on(async {
             let clients = cluster.clients().await;
             for (i, c) in clients.iter().enumerate() {
-                for (mode, threshold, sqlstate, says) in [
-                    ("identify", 0.345, "42704", "already used"),
-                    ("uniqueness", 0.345, "42704", "already used"),
-                    ("uniqueness", 0.2, "22023", "threshold policy"),
-                ] {
-                    let err = c
-                        .query_one(
-                            "SELECT entries FROM privmatch.iris_search_start($1, $2, $3, 15, $4)",
-                            &[&session.as_slice(), &sealed[i], &mode, &threshold],
-                        )
-                        .await
-                        .expect_err("a replayed probe must be refused");
-                    let f = failure(i, &err);
-                    assert_eq!(f.sqlstate.as_deref(), Some(sqlstate), "{what}: {f:?}");
-                    assert!(f.message.contains(says), "{what}: {f:?}");
-                }
+                let err = c
+                    .query_one(
+                        "SELECT entries FROM privmatch.iris_search_start($1, $2)",
+                        &[&session.as_slice(), &sealed[i]],
+                    )
+                    .await
+                    .expect_err("a replayed probe must be refused");
+                let f = failure(i, &err);
+                assert_eq!(f.sqlstate.as_deref(), Some("42704"), "{what}: {f:?}");
+                assert!(f.message.contains("already used"), "{what}: {f:?}");
             }
         })
     };
@@ -604,18 +572,18 @@ fn a_finished_probe_cannot_be_replayed_with_other_parameters_even_after_junk_and
     cluster.kill_party(0);
     cluster.start_party(0);
     replay("after a restart of P0");
-    // The parameters are sealed: a fresh session run with other parameters than sealed is
-    // refused too (22023), before anything is scanned.
+    // A fresh session whose probe was sealed at a threshold other than the policy is refused
+    // too (22023), before anything is scanned.
     let fresh: [u8; 16] = rng.gen();
-    let sealed = seal(&cluster, &t, eye, fresh, "uniqueness", 15, &mut rng);
+    let sealed = seal_at(&cluster, &t, eye, fresh, ("uniqueness", 15, 0.2), &mut rng);
     let err = cluster.block_on(async {
         let clients = cluster.clients().await;
-        start(&clients, &fresh, &sealed, "identify", 15)
+        start(&clients, &fresh, &sealed)
             .await
-            .expect_err("other parameters than sealed")
+            .expect_err("a threshold other than the policy")
     });
     assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
-    assert!(err.message.contains("sealed with the probe"), "{err:?}");
+    assert!(err.message.contains("threshold policy"), "{err:?}");
 }
 
 #[test]
@@ -660,7 +628,7 @@ fn a_search_cancelled_mid_scan_stops_the_scan_and_the_next_search_works() {
             let began = std::time::Instant::now();
             let err = clients[0]
                 .query_one(
-                    "SELECT entries FROM privmatch.iris_search_start($1, $2, 'identify', 15, 0.345)",
+                    "SELECT entries FROM privmatch.iris_search_start($1, $2)",
                     &[&session.as_slice(), &sealed[0]],
                 )
                 .await
@@ -721,9 +689,9 @@ fn policy_command(cluster: &Cluster, party: usize, threshold: f64) -> Vec<u8> {
 
 /// Attack 3 of issue 34 (a caller bisects the distance between a probe and an enrolled
 /// template by searching at thresholds of its choice; 12 searches bracketed it to 1e-4): the
-/// threshold is each party's operator-signed policy, and `iris_search_start` refuses any
-/// other with 22023 naming the argument, also when the coordinator's role calls it directly
-/// with probes sealed at that threshold. Against f21d1f1 every one of these searches ran.
+/// threshold is each party's operator-signed policy, travels only sealed in the probe, and
+/// `iris_search_start` refuses a probe sealed at any other with 22023, also when the
+/// coordinator's role calls it directly with probes it sealed at that threshold. Against f21d1f1 every one of these searches ran.
 #[test]
 fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() {
     let cluster = Cluster::start("search-policy", 86);
@@ -763,24 +731,24 @@ fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() 
             for (i, c) in clients.iter().enumerate() {
                 let err = c
                     .query_one(
-                        "SELECT entries FROM privmatch.iris_search_start($1, $2, 'uniqueness', 15, $3)",
-                        &[&session.as_slice(), &sealed[i], &tau],
+                        "SELECT entries FROM privmatch.iris_search_start($1, $2)",
+                        &[&session.as_slice(), &sealed[i]],
                     )
                     .await
                     .expect_err("a threshold other than the policy");
                 let f = failure(i, &err);
                 assert_eq!(f.sqlstate.as_deref(), Some("22023"), "τ = {tau}: {f:?}");
-                assert!(
-                    f.message.contains("argument threshold") && f.message.contains("policy"),
-                    "τ = {tau}: {f:?}"
-                );
+                assert!(f.message.contains("threshold policy"), "τ = {tau}: {f:?}");
             }
         }
         // At the policy's threshold the search runs (and answers as the plaintext matcher).
         let got = search(&cluster, &clients, &mut rng, &probe, eye, "identify", 15)
             .await
             .expect("at the policy");
-        assert_eq!(got, Outcome::Subjects(plain_matches(&enrolled, &probe, eye, 15)));
+        assert_eq!(
+            got,
+            Outcome::Subjects(plain_matches(&enrolled, &probe, eye, 15))
+        );
 
         // Changing the policy takes each party's operator: the coordinator's role relays the
         // signed command. P0 first: while the parties differ, no threshold runs everywhere.
@@ -797,8 +765,15 @@ fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() 
         assert_eq!(set(0, to_030[0].clone()).await.expect("P0"), 0.3);
         for tau in [0.345, 0.3] {
             let session: [u8; 16] = rng.gen();
-            let sealed = seal_at(&cluster, &probe, eye, session, ("identify", 15, tau), &mut rng);
-            let err = start_at(&clients, &session, &sealed, "identify", 15, tau)
+            let sealed = seal_at(
+                &cluster,
+                &probe,
+                eye,
+                session,
+                ("identify", 15, tau),
+                &mut rng,
+            );
+            let err = start(&clients, &session, &sealed)
                 .await
                 .expect_err("the parties' policies differ");
             assert_eq!(err.sqlstate.as_deref(), Some("22023"), "τ = {tau}: {err:?}");
@@ -818,7 +793,9 @@ fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() 
         );
         let err = set(1, forged).await.expect_err("forged");
         assert_eq!(err.sqlstate.as_deref(), Some("28000"), "{err:?}");
-        let err = set(2, to_030[1].clone()).await.expect_err("P1's command at P2");
+        let err = set(2, to_030[1].clone())
+            .await
+            .expect_err("P1's command at P2");
         assert_eq!(err.sqlstate.as_deref(), Some("28000"), "{err:?}");
         assert_eq!(set(1, to_030[1].clone()).await.expect("P1"), 0.3);
         assert_eq!(set(2, to_030[2].clone()).await.expect("P2"), 0.3);
@@ -832,18 +809,29 @@ fn no_caller_chosen_threshold_is_accepted_and_only_a_signed_policy_changes_it() 
             ("identify", 15, 0.345),
             &mut rng,
         );
-        let err = start_at(&clients, &session, &sealed, "identify", 15, 0.345)
+        let err = start(&clients, &session, &sealed)
             .await
             .expect_err("the old default");
         assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
         let session: [u8; 16] = rng.gen();
-        let sealed = seal_at(&cluster, &probe, eye, session, ("identify", 15, 0.3), &mut rng);
-        let starts = start_at(&clients, &session, &sealed, "identify", 15, 0.3)
+        let sealed = seal_at(
+            &cluster,
+            &probe,
+            eye,
+            session,
+            ("identify", 15, 0.3),
+            &mut rng,
+        );
+        let starts = start(&clients, &session, &sealed)
             .await
             .expect("at the new policy");
-        let got = drive(&clients, &session, starts.into_iter().map(|s| s.2).collect())
-            .await
-            .expect("search at 0.3");
+        let got = drive(
+            &clients,
+            &session,
+            starts.into_iter().map(|s| s.2).collect(),
+        )
+        .await
+        .expect("search at 0.3");
         let expected = if plain_distance_below(&t, &probe, 3_000) {
             vec![key.0.clone()]
         } else {
@@ -944,9 +932,7 @@ fn a_share_replaced_or_deleted_at_one_party_is_named_at_the_next_search_and_quar
         // Same subjects and counts everywhere, but P2's digest differs from P0's and P1's.
         let session: [u8; 16] = rng.gen();
         let sealed = seal(&cluster, &victim_t, eye, session, "identify", 15, &mut rng);
-        let starts = start(&clients, &session, &sealed, "identify", 15)
-            .await
-            .expect("start");
+        let starts = start(&clients, &session, &sealed).await.expect("start");
         assert!(
             starts.iter().all(|s| s.0 == starts[0].0),
             "same entry counts"

@@ -179,17 +179,6 @@ fn signed_commands_expire_and_stay_refused_after_a_restore() {
     assert!(replayed.1.contains("replayed"), "{replayed:?}");
 }
 
-/// Every 32-byte slice of `secret` at offsets `step` apart (the whole secret when shorter).
-fn slices(secret: &[u8], step: usize) -> Vec<&[u8]> {
-    if secret.len() <= 32 {
-        return vec![secret];
-    }
-    (0..=secret.len() - 32)
-        .step_by(step)
-        .map(|at| &secret[at..at + 32])
-        .collect()
-}
-
 /// Every file of the deployment's logs (parties' server logs, the coordinator's).
 fn log_bytes(home: &Path) -> Vec<u8> {
     let mut all = Vec::new();
@@ -262,12 +251,10 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
         .cli(&["face", "enroll", "--input", &f])
         .expect_success();
     cluster
-        .cli(&["face", "refill", "--target", "200"])
-        .expect_success();
-    cluster
         .cli(&["face", "identify", "--input", &p])
         .expect_success();
-    // Where each secret lives: θ and K sealed at P2; the key batches UNLOGGED at P0 and P1.
+    // Where each secret lives: θ and K sealed at P2; each session's keys only in the engine's
+    // memory at P0 and P1 (no table holds them since the key pool was retired in 0.13.0).
     let persistence = |party: usize, table: &str| -> String {
         cluster.query(
             party,
@@ -276,9 +263,6 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
         )[0]
         .get(0)
     };
-    for party in [0, 1] {
-        assert_eq!(persistence(party, "face_key_batches"), "u", "P{party}");
-    }
     // The Paillier SP's pending enrolments (the norm challenge's seed) and sessions, at P0.
     for table in ["paillier_pending", "paillier_sessions"] {
         assert_eq!(persistence(0, table), "u", "{table}");
@@ -305,13 +289,6 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
     let master = AtRestKey::derive(&party_secret(&cluster, 2), P[2], "face-template-master")
         .open(&sealed_k)
         .expect("K opens under P2's key file");
-    let keys: Vec<u8> = cluster.query(
-        0,
-        "SELECT keys FROM privmatch.face_key_batches ORDER BY batch LIMIT 1",
-        &[],
-    )[0]
-    .get(0);
-    assert!(keys.len() > 4096, "a key batch at P0");
     let bits = theta.to_bits();
     let secrets: Vec<(&str, usize, Vec<Vec<u8>>)> = vec![
         (
@@ -320,14 +297,6 @@ fn face_secrets_are_in_no_wal_dump_or_log_and_verifications_have_a_budget() {
             vec![bits.to_le_bytes().to_vec(), bits.to_be_bytes().to_vec()],
         ),
         ("K", 2, vec![master.to_vec()]),
-        (
-            "a key batch",
-            0,
-            slices(&keys, keys.len() / 64)
-                .iter()
-                .map(|s| s.to_vec())
-                .collect(),
-        ),
     ];
     for (what, party, needles) in &secrets {
         cluster.query(*party, "CHECKPOINT", &[]);
@@ -445,7 +414,7 @@ fn iris_searches_past_a_party_budget_are_refused_there() {
     let direct = cluster
         .query_as_coordinator(
             1,
-            "SELECT * FROM privmatch.iris_search_start(decode(repeat('ab', 16), 'hex'), '\\x00', 'identify', 15, 0.345)",
+            "SELECT * FROM privmatch.iris_search_start(decode(repeat('ab', 16), 'hex'), '\\x00')",
         )
         .expect_err("past the budget");
     assert_eq!(direct.0, "53400", "{direct:?}");

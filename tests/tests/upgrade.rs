@@ -1,7 +1,8 @@
 //! The upgrade paths (`migrations/privmatch--0.1.0--0.2.0.sql`, then `--0.2.0--0.3.0.sql`, then
 //! `--0.3.0--0.4.0.sql`, then `--0.4.0--0.5.0.sql`, then `--0.5.0--0.6.0.sql`, then
 //! `--0.6.0--0.7.0.sql`, then `--0.7.0--0.8.0.sql`, then `--0.8.0--0.9.0.sql`, then
-//! `--0.9.0--0.10.0.sql`, then `--0.10.0--0.11.0.sql`, then `--0.11.0--0.12.0.sql`): a
+//! `--0.9.0--0.10.0.sql`, then `--0.10.0--0.11.0.sql`, then `--0.11.0--0.12.0.sql`, then
+//! `--0.12.0--0.13.0.sql`): a
 //! party created with the released 0.1.0 schema (the released install scripts are kept in
 //! `tests/upgrade/`), holding an identity (secret key in the 0.1.0 column), pinned peers and
 //! enrolled templates, is upgraded with `ALTER EXTENSION privmatch UPDATE` under the current
@@ -10,9 +11,11 @@
 //! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
 //! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
 //! catalog of a fresh install, and so must parties created at 0.3.0, 0.4.0, 0.5.0, 0.6.0,
-//! 0.7.0, 0.8.0, 0.9.0, 0.10.0 and 0.11.0 (the released scripts of each, kept verbatim). The
-//! 0.10.0 party is a face dealer with θ and its template master key K in the clear: after the upgrade both are sealed
-//! under its key file and open to the values it held.
+//! 0.7.0, 0.8.0, 0.9.0, 0.10.0, 0.11.0 and 0.12.0 (the released scripts of each, kept
+//! verbatim). The 0.10.0 party is a face dealer with θ and its template master key K in the
+//! clear: after the upgrade both are sealed under its key file and open to the values it held.
+//! The 0.12.0 party holds a session of the retired face key pool still running and a finished
+//! one over dealer-masked templates: after the upgrade the first is aborted and both rows stay.
 //!
 //! The 0.1.0 rows are written by SQL, as the 0.1.0 functions would have left them (the 0.1.0
 //! library is not built here; the rows are plain data of the 0.1.0 tables).
@@ -36,7 +39,7 @@ use rand_chacha::ChaCha20Rng;
 
 const PORT: u16 = 16990;
 /// The released install scripts kept in `tests/upgrade/`.
-const OLD_SCRIPTS: [&str; 11] = [
+const OLD_SCRIPTS: [&str; 12] = [
     "privmatch--0.1.0.sql",
     "privmatch--0.2.0.sql",
     "privmatch--0.3.0.sql",
@@ -48,6 +51,7 @@ const OLD_SCRIPTS: [&str; 11] = [
     "privmatch--0.9.0.sql",
     "privmatch--0.10.0.sql",
     "privmatch--0.11.0.sql",
+    "privmatch--0.12.0.sql",
 ];
 
 /// Everything the catalog says about the extension's objects, one line each, sorted.
@@ -285,6 +289,7 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     admin.execute("CREATE DATABASE at_0_9_0");
     admin.execute("CREATE DATABASE at_0_10_0");
     admin.execute("CREATE DATABASE at_0_11_0");
+    admin.execute("CREATE DATABASE at_0_12_0");
 
     // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
     // enrolled templates (its Shamir shares).
@@ -379,6 +384,41 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     at_0_11_0.execute("CREATE EXTENSION privmatch VERSION '0.11.0'");
     at_0_11_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.11.0", &catalog(&at_0_11_0), &expected);
+    // A 0.12.0 evaluator with a running session of the retired key pool and a finished session
+    // over dealer-masked templates: the pool's session is aborted (nothing can run it any
+    // more), both rows stay as history.
+    let at_0_12_0 = server.client("at_0_12_0");
+    at_0_12_0.execute("CREATE EXTENSION privmatch VERSION '0.12.0'");
+    at_0_12_0.query(
+        "INSERT INTO privmatch.face_sessions \
+         (session, metric, dim, template_ids, set_digest, claims, masked) \
+         VALUES ($1, 'cosine', 128, '{1}', '\\x00', '\\x00', false)",
+        &[&vec![1u8; 16]],
+    );
+    at_0_12_0.query(
+        "INSERT INTO privmatch.face_sessions \
+         (session, dim, template_ids, set_digest, claims, round, finished_at, masked) \
+         VALUES ($1, 128, '{}', '\\x00', '', 3, now(), true)",
+        &[&vec![2u8; 16]],
+    );
+    at_0_12_0.execute("ALTER EXTENSION privmatch UPDATE");
+    assert_same_catalog("0.12.0", &catalog(&at_0_12_0), &expected);
+    let sessions: Vec<(Vec<u8>, bool, bool, bool)> = at_0_12_0
+        .query(
+            "SELECT session, masked, aborted, finished_at IS NOT NULL \
+               FROM privmatch.face_sessions ORDER BY session",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        sessions,
+        vec![
+            (vec![1u8; 16], false, true, true),
+            (vec![2u8; 16], true, false, true)
+        ]
+    );
     // A 0.10.0 dealer with θ and K in the clear (the identity of the 0.1.0 party above, whose
     // key file its upgrade wrote): both come out sealed under the key file.
     let at_0_10_0 = server.client("at_0_10_0");

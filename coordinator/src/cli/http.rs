@@ -244,13 +244,13 @@ mod tests {
     fn transient_errors_are_retried_and_in_doubt_writes_unknown() {
         assert!(api(codes::SETS_DIFFER).is_transient());
         assert!(api(codes::KEY_CONFLICT).is_transient());
-        assert!(!api(codes::POOL_EXHAUSTED).is_transient());
+        assert!(!api(codes::NOT_CONFIGURED).is_transient());
         assert!(api(codes::IN_DOUBT).outcome_unknown());
         assert!(CallError::Broken("x".into()).outcome_unknown());
         assert!(!CallError::Unreachable("x".into()).outcome_unknown());
         let message = api(codes::SETS_DIFFER).after_attempts(7).to_string();
         assert_eq!(message, "e (HTTP 503; gave up after 7 attempts)");
-        let message = api(codes::POOL_EXHAUSTED).after_attempts(1).to_string();
+        let message = api(codes::NOT_CONFIGURED).after_attempts(1).to_string();
         assert_eq!(message, "e (HTTP 503)");
         let message = CallError::Unreachable("refused".into()).to_string();
         assert!(message.contains("privmatch cluster up") && message.ends_with("refused"));

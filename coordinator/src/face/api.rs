@@ -5,9 +5,8 @@
 //!
 //! | method, path | body | answer |
 //! |---|---|---|
-//! | `POST /v1/face/configure` | [`FaceConfigureBody`]: `{"config": b64}` (sealed to P2) | [`DealerStatus`] `{"metric", "dim", "generation", "retired_keys": [P0, P1]}` |
-//! | `GET /v1/face/pool` | — | [`FacePoolResponse`]: dealer state, per evaluator its pools, the level |
-//! | `POST /v1/face/refill` | [`FaceRefillBody`] `{"target", "batch_size", "max_batches"}` | [`FaceRefillResponse`] levels before/after |
+//! | `POST /v1/face/configure` | [`FaceConfigureBody`]: `{"config": b64}` (sealed to P2, signed by P2's operator) | [`DealerStatus`] `{"metric", "dim", "generation"}` |
+//! | `GET /v1/face/dealer` | — | [`FaceDealerResponse`] `{"dealer": {"metric", "dim", "generation"} or null, "dealer_error"}` |
 //! | `POST /v1/face/enroll` | [`FaceEnrollBody`] `{"on_duplicate", "envelopes": [P0, P1]}` | [`FaceEnrollResponse`] per record `{"subject", "enrolled"}` |
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"comparisons", "outputs": [P0, P1]}` |
@@ -22,31 +21,18 @@
 //! front door was called) opens — an identification's compared subjects are listed inside
 //! them.
 //!
-//! Configuring starts a new dealer generation; the coordinator then retires the keys of
-//! earlier generations at P0 and P1, so no comparison runs under the old threshold (the pool
-//! is empty until the next refill).
-//!
-//! The *pool level* is the number of unused keys of the dealer's current configuration
-//! generation that both evaluators hold: the minimum of P0's and P1's (one comparison uses one
-//! key at each).
+//! Configuring starts a new dealer generation: P2 deals every later session's keys under the
+//! new threshold (a dealing stocked under an earlier generation is not used).
 //!
 //! Errors are [`crate::wire::ErrorBody`] with the face codes of [`crate::wire::codes`]:
-//! `key_pool_exhausted` (503: run `privmatch face refill`), `unknown_subject` (404),
-//! `template_sets_differ` and `key_claim_conflict` (503, transient: reseal the probe for a new
-//! session and retry), `not_configured` (503: run `privmatch face configure`),
+//! `unknown_subject` (404), `template_sets_differ` and `key_claim_conflict` (503, transient:
+//! reseal the probe for a new session and retry), `not_configured` (503: run `privmatch face configure`),
 //! `rejected_by_party` (422, e.g. a probe of the wrong dimension), `protocol_error` (502).
 
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 
 use crate::wire::{check_on_duplicate, default_on_duplicate, from_base64_each, session_from_hex};
-
-/// Default `target` of a refill.
-pub const DEFAULT_REFILL_TARGET: i64 = 10_000;
-/// Default keys per dealer batch.
-pub const DEFAULT_REFILL_BATCH: i32 = 10_000;
-/// Most keys P2 makes per `face_dealer_generate` call.
-pub const MAX_REFILL_BATCH: i32 = 50_000;
 
 /// The body of `POST /v1/face/configure`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -65,139 +51,16 @@ pub struct DealerStatus {
     pub dim: i32,
     /// Configuration generation (each configuration gets a new one).
     pub generation: i64,
-    /// The next key batch number (status only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_batch: Option<i64>,
-    /// Configure only: keys of earlier generations retired at P0 and P1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retired_keys: Option<[i64; 2]>,
-    /// Configure only: why the keys of earlier generations could not be retired now (they
-    /// are retired when the first batch of the new generation is stored).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warning: Option<String>,
 }
 
-/// One row of an evaluator's `face_pool_status()`.
+/// The answer to `GET /v1/face/dealer`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolRow {
-    /// Metric of the keys.
-    pub metric: String,
-    /// Dimension of the keys.
-    pub dim: i32,
-    /// Dealer generation the keys were made under.
-    pub generation: i64,
-    /// Unused keys.
-    pub available: i64,
-    /// Batches with unused keys.
-    pub batches: i64,
-}
-
-/// One evaluator's key pools.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartyPool {
-    /// 0 or 1.
-    pub party: u8,
-    /// Its pools, per (metric, dim, generation); empty when it holds no key.
-    pub pools: Vec<PoolRow>,
-    /// Unused keys of the dealer's current generation (None when unknown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub available: Option<i64>,
-    /// Why the party could not be asked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// The answer to `GET /v1/face/pool`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FacePoolResponse {
+pub struct FaceDealerResponse {
     /// The dealer's configuration (None: not configured or unreachable).
     pub dealer: Option<DealerStatus>,
     /// Why the dealer's state is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dealer_error: Option<String>,
-    /// P0's and P1's pools.
-    pub parties: Vec<PartyPool>,
-    /// The pool level: keys of the current generation both evaluators hold (None when it
-    /// cannot be computed).
-    pub level: Option<i64>,
-}
-
-/// The unused keys of one generation in one evaluator's pools.
-pub fn available_for(rows: &[PoolRow], generation: i64) -> i64 {
-    rows.iter()
-        .filter(|r| r.generation == generation)
-        .map(|r| r.available.max(0))
-        .sum()
-}
-
-/// The per-evaluator keys of one generation, and the level (their minimum).
-pub fn pool_level(pools: [&[PoolRow]; 2], generation: i64) -> ([i64; 2], i64) {
-    let available = pools.map(|rows| available_for(rows, generation));
-    (available, available[0].min(available[1]))
-}
-
-fn default_target() -> i64 {
-    DEFAULT_REFILL_TARGET
-}
-
-fn default_batch() -> i32 {
-    DEFAULT_REFILL_BATCH
-}
-
-/// The body of `POST /v1/face/refill`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FaceRefillBody {
-    /// The pool level to reach (default 10,000).
-    #[serde(default = "default_target")]
-    pub target: i64,
-    /// Keys per dealer batch, 1..=50,000 (default 10,000).
-    #[serde(default = "default_batch")]
-    pub batch_size: i32,
-    /// Stop after this many batches even below the target (the CLI asks one at a time to
-    /// report progress); default: until the target is reached.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_batches: Option<u32>,
-}
-
-impl FaceRefillBody {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.target < 0 {
-            return Err(format!("target must not be negative, got {}", self.target));
-        }
-        if !(1..=MAX_REFILL_BATCH).contains(&self.batch_size) {
-            return Err(format!(
-                "batch_size must be between 1 and {MAX_REFILL_BATCH}, got {}",
-                self.batch_size
-            ));
-        }
-        if self.max_batches == Some(0) {
-            return Err("max_batches must be at least 1".into());
-        }
-        Ok(())
-    }
-}
-
-/// The answer to `POST /v1/face/refill`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FaceRefillResponse {
-    /// The dealer configuration the keys were made under.
-    pub dealer: DealerStatus,
-    /// The level asked for.
-    pub target: i64,
-    /// The pool level before.
-    pub before: i64,
-    /// The pool level after.
-    pub after: i64,
-    /// Batches dealt and stored.
-    pub batches: u32,
-    /// Keys stored at each evaluator.
-    pub keys: i64,
-    /// Whether the level reached the target.
-    pub reached: bool,
-    /// Parties whose commit recovery still has to complete (the batches are decided).
-    #[serde(default)]
-    pub pending_recovery: Vec<String>,
 }
 
 /// The body of `POST /v1/face/enroll`.
@@ -354,25 +217,6 @@ mod tests {
     use super::*;
     use crate::wire::to_base64;
 
-    fn row(generation: i64, available: i64) -> PoolRow {
-        PoolRow {
-            metric: "cosine".into(),
-            dim: 512,
-            generation,
-            available,
-            batches: 1,
-        }
-    }
-
-    #[test]
-    fn the_level_counts_the_current_generation_at_both_evaluators() {
-        let p0 = [row(1, 500), row(2, 30), row(2, 20)];
-        let p1 = [row(2, 40), row(1, 7)];
-        assert_eq!(pool_level([&p0, &p1], 2), ([50, 40], 40));
-        assert_eq!(pool_level([&p0, &p1], 3), ([0, 0], 0));
-        assert_eq!(pool_level([&[], &p1], 1), ([0, 7], 0));
-    }
-
     #[test]
     fn bodies_decode_and_refuse_with_the_field() {
         let verify = FaceVerifyBody {
@@ -429,31 +273,24 @@ mod tests {
     }
 
     #[test]
-    fn refill_bodies_have_defaults_and_ranges() {
-        let body: FaceRefillBody = serde_json::from_str("{}").expect("parses");
-        assert_eq!(body.target, 10_000);
-        assert_eq!(body.batch_size, 10_000);
-        assert!(body.validate().is_ok());
-        for bad in [
-            FaceRefillBody {
-                target: -1,
-                ..body.clone()
-            },
-            FaceRefillBody {
-                batch_size: 0,
-                ..body.clone()
-            },
-            FaceRefillBody {
-                batch_size: 50_001,
-                ..body.clone()
-            },
-            FaceRefillBody {
-                max_batches: Some(0),
-                ..body.clone()
-            },
-        ] {
-            assert!(bad.validate().is_err(), "{bad:?}");
-        }
+    fn dealer_answers_have_no_threshold_and_a_null_dealer_when_unconfigured() {
+        let unconfigured = FaceDealerResponse {
+            dealer: None,
+            dealer_error: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&unconfigured).ok().as_deref(),
+            Some(r#"{"dealer":null}"#)
+        );
+        let configured = DealerStatus {
+            metric: "cosine".into(),
+            dim: 512,
+            generation: 3,
+        };
+        assert_eq!(
+            serde_json::to_string(&configured).ok().as_deref(),
+            Some(r#"{"metric":"cosine","dim":512,"generation":3}"#)
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `privmatch face …`: configure the dealer, refill the key pools, enroll, delete, verify,
-//! identify, synth. Parsing and printing; the calls to the coordinator are
+//! `privmatch face …`: configure the dealer and show its state, enroll, delete, verify,
+//! identify, seal, synth. Parsing and printing; the calls to the coordinator are
 //! [`crate::face::client`]'s. Verify and identify print one NDJSON line per probe.
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,7 @@ use serde::Serialize;
 use crate::cli::ndjson::{emit, json_line};
 use crate::cli::operator_key;
 use crate::config::Config;
-use crate::face::api::{DEFAULT_REFILL_BATCH, DEFAULT_REFILL_TARGET};
-use crate::face::client::{configure, delete, enroll_file, pool, refill, FaceClient};
+use crate::face::client::{configure, dealer, delete, enroll_file, FaceClient};
 use crate::face::input::{read_probe_file, EmbeddingOptions};
 use crate::face::synth::FaceSynthArgs;
 
@@ -23,12 +22,11 @@ use crate::face::synth::FaceSynthArgs;
 pub enum FaceAction {
     /// Configure the dealer (P2): metric, threshold and embedding dimension. The configuration
     /// is sealed here to P2's pinned key: the threshold never passes the coordinator in the
-    /// clear. Keys dealt under an earlier configuration are no longer used (refill after this).
+    /// clear. Every later session's keys are dealt under the new configuration.
     Configure(ConfigureArgs),
-    /// Top up the evaluators' single-use key pools to a level (one key per comparison).
-    Refill(RefillArgs),
-    /// The dealer's configuration and the key pools of P0 and P1 (JSON).
-    Pool,
+    /// The dealer's public configuration: metric, dimension, generation (JSON; never the
+    /// threshold).
+    Dealer,
     /// Enrol face templates from NDJSON: {"subject": "...", "embedding": [floats]} per line.
     /// Shares are sealed here, to P0 and P1; each batch is atomic across the parties.
     Enroll(FaceEnrollArgs),
@@ -69,17 +67,6 @@ pub struct ConfigureArgs {
     /// HOME/operators/p2.signing.key, written by `privmatch cluster up`).
     #[arg(long, env = "PRIVMATCH_OPERATOR_KEY")]
     pub operator_key: Option<PathBuf>,
-}
-
-/// Options of `privmatch face refill`.
-#[derive(Args, Clone, Debug)]
-pub struct RefillArgs {
-    /// The pool level to reach (keys held by both P0 and P1).
-    #[arg(long, default_value_t = DEFAULT_REFILL_TARGET)]
-    pub target: i64,
-    /// Keys per dealer batch (1..=50,000); each batch is stored atomically at P0 and P1.
-    #[arg(long, default_value_t = DEFAULT_REFILL_BATCH)]
-    pub batch_size: i32,
 }
 
 /// Options of `privmatch face enroll`.
@@ -178,14 +165,6 @@ pub async fn run(
                 .unwrap_or_else(|| home.join("operators").join("p2.signing.key"));
             let operator = operator_key::load(&key_path)?;
             let status = configure(&config, metric, args.threshold, args.dim, &operator).await?;
-            if let Some([p0, p1]) = status.retired_keys {
-                eprintln!(
-                    "retired the keys of earlier generations (P0: {p0}, P1: {p1}); run `privmatch face refill` before verifying"
-                );
-            }
-            if let Some(warning) = &status.warning {
-                eprintln!("warning: {warning}");
-            }
             println!(
                 "{}",
                 serde_json::json!({
@@ -195,12 +174,8 @@ pub async fn run(
                 })
             );
         }
-        FaceAction::Refill(args) => {
-            let summary = refill(&config, args.target, args.batch_size, true).await?;
-            println!("{}", serde_json::to_string(&summary)?);
-        }
-        FaceAction::Pool => {
-            println!("{}", serde_json::to_string_pretty(&pool(&config).await?)?);
+        FaceAction::Dealer => {
+            println!("{}", serde_json::to_string_pretty(&dealer(&config).await?)?);
         }
         FaceAction::Enroll(args) => {
             let started = Instant::now();

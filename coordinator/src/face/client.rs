@@ -10,10 +10,10 @@
 //! the probe, and an identification's compared subjects are read from inside the opened
 //! outputs. Each verification or
 //! identification is one session with a fresh id; when the parties answer a transient error
-//! (template sets differ for a moment, a key claim conflict) the probe is re-sealed for a new
+//! (template sets differ for a moment, a session id or stocked dealing claimed already) the probe is re-sealed for a new
 //! session and retried with back-off.
 //!
-//! Library entry points: [`configure`], [`pool`], [`refill`], [`enroll_file`], [`delete`],
+//! Library entry points: [`configure`], [`dealer`], [`enroll_file`], [`delete`],
 //! [`verify`], [`identify`], and [`FaceClient`] for repeated calls on quantised embeddings
 //! (the benchmark's).
 
@@ -31,7 +31,6 @@ use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::{new_session_id, SessionId};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use crate::cli::batch::{account, BatchAnswer, BatchLines, EnrollTotals};
 use crate::cli::http::{CallError, Coordinator};
@@ -40,9 +39,9 @@ use crate::cli::operator_key::fresh_counter;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
 use crate::face::api::{
-    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceDeleteResponse, FaceEnrollBody,
-    FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
-    FaceRefillResponse, FaceVerifyBody, FaceVerifyResponse, MAX_REFILL_BATCH,
+    DealerStatus, FaceConfigureBody, FaceDealerResponse, FaceDeleteBody, FaceDeleteResponse,
+    FaceEnrollBody, FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody,
+    FaceVerifyResponse,
 };
 use crate::face::input::{read_enroll_file, EmbeddingOptions, FaceEnrollRecord};
 use crate::wire::{from_base64_each, session_to_hex, to_base64};
@@ -123,22 +122,6 @@ fn changed_in_transit(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("{e}: the result was changed in transit (by the coordinator?) and is refused")
 }
 
-/// What a refill did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RefillSummary {
-    /// The dealer's configuration generation the keys belong to.
-    pub generation: i64,
-    /// The level asked for.
-    pub target: i64,
-    /// The pool level before.
-    pub before: i64,
-    /// The pool level after.
-    pub after: i64,
-    /// Batches stored.
-    pub batches: u32,
-    /// Keys stored at each evaluator.
-    pub keys: i64,
-}
 impl FaceClient {
     /// A client for the coordinator and the pinned keys of `config`.
     pub fn new(config: &Config) -> Result<Self> {
@@ -181,9 +164,9 @@ impl FaceClient {
         Ok(self.coordinator.post("/v1/face/configure", &body).await?)
     }
 
-    /// The dealer's state and the pools of P0 and P1.
-    pub async fn pool(&self) -> Result<FacePoolResponse> {
-        Ok(self.coordinator.get("/v1/face/pool").await?)
+    /// The dealer's state (`GET /v1/face/dealer`).
+    pub async fn dealer(&self) -> Result<FaceDealerResponse> {
+        Ok(self.coordinator.get("/v1/face/dealer").await?)
     }
 
     /// The dealing made ahead of time for the next identification, once no refill runs
@@ -192,86 +175,10 @@ impl FaceClient {
         Ok(self.coordinator.get("/v1/face/stock").await?)
     }
 
-    /// One refill request (at most `max_batches` batches when given).
-    pub async fn refill_step(
-        &self,
-        target: i64,
-        batch_size: i32,
-        max_batches: Option<u32>,
-    ) -> Result<FaceRefillResponse> {
-        let body = FaceRefillBody {
-            target,
-            batch_size,
-            max_batches,
-        };
-        body.validate().map_err(|e| anyhow!(e))?;
-        Ok(self.coordinator.post("/v1/face/refill", &body).await?)
-    }
-
-    /// Refills the pools to `target`, one batch per request, reporting progress on stderr
-    /// when `progress`.
-    pub async fn refill(
-        &self,
-        target: i64,
-        batch_size: i32,
-        progress: bool,
-    ) -> Result<RefillSummary> {
-        let first = self.refill_step(target, batch_size, Some(1)).await?;
-        let before = first.before;
-        let missing = (target - before).max(0);
-        // Enough requests for the missing keys, with room for concurrent consumption.
-        let budget = 2 * (missing / i64::from(batch_size.max(1))) + 4;
-        let mut summary = RefillSummary {
-            generation: first.dealer.generation,
-            target,
-            before,
-            after: first.after,
-            batches: first.batches,
-            keys: first.keys,
-        };
-        let report = |s: &RefillSummary| {
-            if progress && s.batches > 0 {
-                eprintln!(
-                    "refill: pool level {} / {} after {} batch(es), {} keys stored (generation {})",
-                    s.after, s.target, s.batches, s.keys, s.generation
-                );
-            }
-        };
-        report(&summary);
-        let mut last = first;
-        let mut requests = 1;
-        while !last.reached && last.batches > 0 && requests < budget {
-            last = self.refill_step(target, batch_size, Some(1)).await?;
-            requests += 1;
-            if last.dealer.generation != summary.generation {
-                bail!(
-                    "the dealer was reconfigured during the refill (generation {} → {}); run the refill again",
-                    summary.generation,
-                    last.dealer.generation
-                );
-            }
-            summary.after = last.after;
-            summary.batches += last.batches;
-            summary.keys += last.keys;
-            report(&summary);
-            for pending in &last.pending_recovery {
-                eprintln!("warning: key batch committed; recovery will complete it at {pending}");
-            }
-        }
-        if summary.after < target {
-            bail!(
-                "the pool level is {} after storing {} keys, below the target {target} (sessions consumed keys meanwhile?); run the refill again",
-                summary.after,
-                summary.keys
-            );
-        }
-        Ok(summary)
-    }
-
     /// The embedding dimension the dealer is configured for, if it can be asked.
     pub async fn dealer_dim(&self) -> Option<usize> {
-        let pool = self.pool().await.ok()?;
-        pool.dealer.and_then(|d| usize::try_from(d.dim).ok())
+        let state = self.dealer().await.ok()?;
+        state.dealer.and_then(|d| usize::try_from(d.dim).ok())
     }
 
     /// Refuses embeddings (`what`) of another dimension than the dealer's, when it can be
@@ -496,27 +403,9 @@ pub async fn configure(
         .await
 }
 
-/// The dealer's state and the pools of P0 and P1.
-pub async fn pool(config: &Config) -> Result<FacePoolResponse> {
-    FaceClient::new(config)?.pool().await
-}
-
-/// Refills the key pools to `target` in batches of `batch_size`.
-pub async fn refill(
-    config: &Config,
-    target: i64,
-    batch_size: i32,
-    progress: bool,
-) -> Result<RefillSummary> {
-    if !(1..=MAX_REFILL_BATCH).contains(&batch_size) {
-        bail!("--batch-size must be between 1 and {MAX_REFILL_BATCH}");
-    }
-    if target < 0 {
-        bail!("--target must not be negative");
-    }
-    FaceClient::new(config)?
-        .refill(target, batch_size, progress)
-        .await
+/// The dealer's state.
+pub async fn dealer(config: &Config) -> Result<FaceDealerResponse> {
+    FaceClient::new(config)?.dealer().await
 }
 
 /// Enrolls a whole NDJSON file (validated entirely before anything is sent).

@@ -101,15 +101,14 @@ pub struct FaceOutcome {
 /// What a party's error means for the face modality (from its SQLSTATE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaceErrorKind {
-    /// 53000: the party's key pool is exhausted (run `privmatch face refill`).
-    PoolExhausted,
     /// P0002: the subject is not enrolled.
     UnknownSubject,
     /// 22023 (and class 22): a bad argument, e.g. a probe of the wrong dimension.
     BadArgument,
     /// 40001: P0 and P1 compare different template sets (retry with a new session).
     SetsDiffer,
-    /// 23P01 / 23505: a key claim conflicts with another (retry with a new session).
+    /// 23505: the session id or the stocked dealing was claimed already (retry with a new
+    /// session).
     KeyConflict,
     /// 08P01: a round message was refused (tampered, replayed or misrouted).
     Refused,
@@ -125,10 +124,9 @@ impl FaceErrorKind {
     /// The kind of a SQLSTATE.
     pub fn from_sqlstate(sqlstate: Option<&str>) -> Self {
         match sqlstate {
-            Some("53000") => FaceErrorKind::PoolExhausted,
             Some("P0002") => FaceErrorKind::UnknownSubject,
             Some("40001") => FaceErrorKind::SetsDiffer,
-            Some("23P01" | "23505") => FaceErrorKind::KeyConflict,
+            Some("23505") => FaceErrorKind::KeyConflict,
             Some("08P01") => FaceErrorKind::Refused,
             Some("42704") => FaceErrorKind::SessionNotFound,
             Some("55000") => FaceErrorKind::NotConfigured,
@@ -1053,19 +1051,18 @@ mod tests {
     #[test]
     fn sqlstates_map_to_kinds() {
         let kind = |s: &str| FaceErrorKind::from_sqlstate(Some(s));
-        assert_eq!(kind("53000"), FaceErrorKind::PoolExhausted);
         assert_eq!(kind("P0002"), FaceErrorKind::UnknownSubject);
         assert_eq!(kind("22023"), FaceErrorKind::BadArgument);
         assert_eq!(kind("22P02"), FaceErrorKind::BadArgument);
         assert_eq!(kind("40001"), FaceErrorKind::SetsDiffer);
-        assert_eq!(kind("23P01"), FaceErrorKind::KeyConflict);
+        assert_eq!(kind("23P01"), FaceErrorKind::Other);
         assert_eq!(kind("23505"), FaceErrorKind::KeyConflict);
         assert_eq!(kind("08P01"), FaceErrorKind::Refused);
         assert_eq!(kind("42704"), FaceErrorKind::SessionNotFound);
         assert_eq!(kind("55000"), FaceErrorKind::NotConfigured);
         assert_eq!(kind("XX000"), FaceErrorKind::Other);
         assert_eq!(FaceErrorKind::from_sqlstate(None), FaceErrorKind::Other);
-        assert!(kind("40001").is_retryable() && kind("23P01").is_retryable());
+        assert!(kind("40001").is_retryable() && kind("23505").is_retryable());
         assert!(!kind("53000").is_retryable() && !kind("08P01").is_retryable());
         let err = FaceSessionError::Party(PartyError {
             party: PartyIndex::ALL[1],

@@ -1,5 +1,5 @@
-//! The coordinator's face endpoints (shapes in [`crate::face::api`]): dealer configuration, key
-//! pools and refill ([`crate::face::admin`]), enrolment and deletion (two-phase commit at P0
+//! The coordinator's face endpoints (shapes in [`crate::face::api`]): the dealer's
+//! configuration and state ([`crate::face::admin`]), enrolment and deletion (two-phase commit at P0
 //! and P1, P2 with its marker row only, [`crate::face::work`]), verification and
 //! identification (the round driver of [`crate::face::driver`]).
 //! The coordinator relays sealed envelopes, probes and outputs: it never sees a share, a key,
@@ -15,13 +15,11 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Json;
 
-use crate::face::admin::{
-    configure_dealer, pool_status, refill as refill_pools, retire_older_keys, RefillError,
-};
+use crate::face::admin::{configure_dealer, dealer_state};
 use crate::face::api::{
-    DealerStatus, FaceConfigureBody, FaceDeleteBody, FaceDeleteResponse, FaceEnrollBody,
-    FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FacePoolResponse, FaceRefillBody,
-    FaceRefillResponse, FaceRequest, FaceVerifyBody, FaceVerifyResponse,
+    DealerStatus, FaceConfigureBody, FaceDealerResponse, FaceDeleteBody, FaceDeleteResponse,
+    FaceEnrollBody, FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceRequest,
+    FaceVerifyBody, FaceVerifyResponse,
 };
 use crate::face::driver::{
     run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, Stocked,
@@ -31,8 +29,7 @@ use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
 use crate::server::auth::Scope;
 use crate::server::error::{
-    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
-    ApiError,
+    bad_request, parse_json, party_error, party_failure_status, protocol_error, ApiError,
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::{AppState, SharedState};
@@ -46,8 +43,7 @@ pub fn routes() -> ScopedRoutes<SharedState> {
     let stock = Arc::new(FaceStock::default());
     ScopedRoutes::new()
         .route("/v1/face/configure", Scope::Admin, post(configure))
-        .route("/v1/face/pool", Scope::Admin, get(pool))
-        .route("/v1/face/refill", Scope::Admin, post(refill))
+        .route("/v1/face/dealer", Scope::Admin, get(dealer))
         .route("/v1/face/enroll", Scope::Enroll, post(enroll))
         .route("/v1/face/delete", Scope::Delete, post(delete))
         .route("/v1/face/verify", Scope::Search, post(verify))
@@ -68,15 +64,6 @@ fn with_hint(message: String, hint: &str, marker: &str) -> String {
 pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
     let kind = FaceErrorKind::from_sqlstate(err.sqlstate.as_deref());
     let (status, code, message) = match kind {
-        FaceErrorKind::PoolExhausted => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::POOL_EXHAUSTED,
-            with_hint(
-                message,
-                "the face key pool is exhausted: run `privmatch face refill`",
-                "face refill",
-            ),
-        ),
         FaceErrorKind::UnknownSubject => (StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT, message),
         FaceErrorKind::BadArgument => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED, message),
         FaceErrorKind::SetsDiffer => (
@@ -93,7 +80,7 @@ pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
             codes::KEY_CONFLICT,
             with_hint(
                 message,
-                "a key claim conflicted with another session's: retry with a new session",
+                "the session id or the stocked dealing was claimed by another session: retry with a new session",
                 "retry",
             ),
         ),
@@ -107,7 +94,7 @@ pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
             codes::NOT_CONFIGURED,
             with_hint(
                 message,
-                "run `privmatch face configure` and `privmatch face refill`",
+                "run `privmatch face configure`",
                 "face configure",
             ),
         ),
@@ -151,26 +138,6 @@ fn face_txn_error(err: TxnError) -> ApiError {
     }
 }
 
-impl From<RefillError> for ApiError {
-    fn from(err: RefillError) -> Self {
-        let message = err.to_string();
-        match err {
-            RefillError::NotConfigured => error_with(
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::NOT_CONFIGURED,
-                message,
-            ),
-            RefillError::Party(party) => face_party_error(&party, message),
-            RefillError::Txn(txn) => {
-                let mut api = face_txn_error(txn);
-                api.body.error = message;
-                api
-            }
-            RefillError::Protocol(_) => protocol_error(message),
-        }
-    }
-}
-
 async fn configure(
     State(state): State<SharedState>,
     body: Bytes,
@@ -180,52 +147,20 @@ async fn configure(
     if sealed.is_empty() {
         return Err(bad_request("config is empty"));
     }
-    let mut status = configure_dealer(&state.parties, &sealed)
+    let status = configure_dealer(&state.parties, &sealed)
         .await
         .map_err(|e| face_party_error(&e, format!("configuring the dealer: {e}")))?;
-    match retire_older_keys(&state.parties, status.generation).await {
-        Ok(retired) => status.retired_keys = Some(retired),
-        Err(e) => {
-            let warning = format!(
-                "the keys of earlier generations could not be retired now ({e}); P0 and P1 retire them when the first batch of generation {} is stored: run `privmatch face refill` before verifying",
-                status.generation
-            );
-            tracing::warn!(%warning, "face dealer configured");
-            status.warning = Some(warning);
-        }
-    }
     tracing::info!(
         metric = status.metric,
         dim = status.dim,
         generation = status.generation,
-        retired = ?status.retired_keys,
         "face dealer configured"
     );
     Ok(Json(status))
 }
 
-async fn pool(State(state): State<SharedState>) -> Json<FacePoolResponse> {
-    Json(pool_status(&state.parties).await)
-}
-
-async fn refill(
-    State(state): State<SharedState>,
-    body: Bytes,
-) -> Result<Json<FaceRefillResponse>, ApiError> {
-    let request: FaceRefillBody = if body.iter().all(u8::is_ascii_whitespace) {
-        parse_json(b"{}")?
-    } else {
-        parse_json(&body)?
-    };
-    request.validate().map_err(bad_request)?;
-    let answer = refill_pools(&state.parties, &state.txns, &request).await?;
-    tracing::info!(
-        before = answer.before,
-        after = answer.after,
-        batches = answer.batches,
-        "face key pools refilled"
-    );
-    Ok(Json(answer))
+async fn dealer(State(state): State<SharedState>) -> Json<FaceDealerResponse> {
+    Json(dealer_state(&state.parties).await)
 }
 
 async fn enroll(
@@ -385,16 +320,11 @@ mod tests {
     #[test]
     fn face_sqlstates_map_to_statuses_and_codes() {
         let cases = [
-            (
-                "53000",
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::POOL_EXHAUSTED,
-            ),
             ("P0002", StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT),
             ("22023", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
             ("40001", StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER),
             (
-                "23P01",
+                "23505",
                 StatusCode::SERVICE_UNAVAILABLE,
                 codes::KEY_CONFLICT,
             ),
@@ -424,18 +354,18 @@ mod tests {
             "{}",
             api.body.error
         );
-        let api = ApiError::from(FaceSessionError::Party(err("53000", "no keys")));
+        let api = ApiError::from(FaceSessionError::Party(err("55000", "not configured")));
         assert!(
-            api.body.error.contains("privmatch face refill"),
+            api.body.error.contains("privmatch face configure"),
             "{}",
             api.body.error
         );
         // The party's own hint is not repeated.
         let api = ApiError::from(FaceSessionError::Party(err(
-            "53000",
-            "no keys (hint: run `privmatch face refill`)",
+            "55000",
+            "not configured (hint: run `privmatch face configure`)",
         )));
-        assert_eq!(api.body.error.matches("face refill").count(), 1);
+        assert_eq!(api.body.error.matches("face configure").count(), 1);
     }
 
     #[test]
@@ -445,8 +375,5 @@ mod tests {
         assert_eq!(api.body.code.as_deref(), Some(codes::REJECTED));
         let api = face_txn_error(TxnError::Aborted(err("55000", "not initialised")));
         assert_eq!(api.body.code.as_deref(), Some(codes::NOT_CONFIGURED));
-        let api = ApiError::from(RefillError::NotConfigured);
-        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(api.body.error.contains("privmatch face configure"));
     }
 }

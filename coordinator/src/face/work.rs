@@ -1,5 +1,5 @@
 //! The face work of distributed transactions ([`crate::txn::work::Work`]): enrolment and
-//! deletion of templates, and the storage of dealer key batches. The work runs at the two
+//! deletion of templates. The work runs at the two
 //! evaluators P0 and P1; P2 (the dealer), which holds no face share, takes part with its
 //! marker row only, so that the decision rule and recovery stay those of every transaction.
 //! Only P0's and P1's results must agree.
@@ -100,59 +100,12 @@ impl Work for Delete {
     }
 }
 
-/// A key batch stored at an evaluator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeysStored {
-    /// The dealer's batch number.
-    pub batch: i64,
-    /// Keys in the batch.
-    pub keys: i32,
-}
-
-/// Stores the two sealed halves of one dealer key batch at P0 and P1 (so that a key is
-/// never claimable at one evaluator without its twin at the other). Locks no template table.
-#[derive(Clone, Debug)]
-pub struct StoreKeys {
-    /// P0's and P1's sealed halves, as P2's `face_dealer_generate` returned them.
-    pub envelopes: [Vec<u8>; 2],
-}
-
-impl Work for StoreKeys {
-    type Output = KeysStored;
-    type Error = Infallible;
-
-    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
-        None
-    }
-
-    async fn run_at(
-        &self,
-        party: PartyIndex,
-        client: &Client,
-    ) -> Result<Option<KeysStored>, PartyError> {
-        let Some(envelope) = of_evaluator(&self.envelopes, party) else {
-            return Ok(None);
-        };
-        let row = client
-            .query_one(
-                "SELECT batch, keys FROM privmatch.face_keys_store($1)",
-                &[&envelope.as_slice()],
-            )
-            .await
-            .map_err(|e| PartyError::from_pg(party, &e))?;
-        Ok(Some(KeysStored {
-            batch: column(party, &row, 0)?.unwrap_or(-1),
-            keys: column(party, &row, 1)?.unwrap_or(-1),
-        }))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn face_work_locks_the_face_table_at_the_evaluators_and_keys_lock_none() {
+    fn face_work_locks_the_face_table_at_the_evaluators_only() {
         let [p0, p1, p2] = PartyIndex::ALL;
         let enroll = Enroll {
             envelopes: [vec![1], vec![2]],
@@ -169,10 +122,6 @@ mod tests {
             );
         }
         assert_eq!(enroll.lock(p2), None);
-        let keys = StoreKeys {
-            envelopes: [vec![], vec![]],
-        };
-        assert!(PartyIndex::ALL.iter().all(|&p| keys.lock(p).is_none()));
         assert_eq!(of_evaluator(&[1, 2], p1), Some(&2));
         assert_eq!(of_evaluator(&[1, 2], p2), None);
     }

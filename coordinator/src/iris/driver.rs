@@ -5,8 +5,9 @@
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
 //!
-//! 1. `iris_search_start(session, probe, mode, max_rotation, threshold)` at the three parties
-//!    in parallel, each with its own sealed probe. Each answers the number of templates it
+//! 1. `iris_search_start(session, probe)` at the three parties in parallel, each with its own
+//!    sealed probe, which carries the search's mode, rotation range and threshold (they travel
+//!    nowhere else: each party refuses a threshold other than its policy). Each answers the number of templates it
 //!    searches, a digest of the set of (subject, eye) keys, and its first outbound message.
 //!    The three must search the same set; if they do not (an enrolment or deletion is being
 //!    committed, or awaits recovery) the session is aborted and the caller retries with a
@@ -265,24 +266,14 @@ impl Search<'_> {
     ) -> Result<StartReply, SearchError> {
         let session: &[u8] = &self.request.session;
         let probe: &[u8] = &self.request.probes[party.as_usize()];
-        let params = &self.request.params;
         let sql = "SELECT (r).entries, (r).set_digest, (r).message \
-                   FROM (SELECT privmatch.iris_search_start($1, $2, $3, $4, $5) AS r OFFSET 0) AS s";
+                   FROM (SELECT privmatch.iris_search_start($1, $2) AS r OFFSET 0) AS s";
         let row = call_with_timeout::<_, SearchError>(
             party,
             client,
             "iris_search_start",
             self.timeout,
-            client.query_one(
-                sql,
-                &[
-                    &session,
-                    &probe,
-                    &params.mode().as_str(),
-                    &params.max_rotation(),
-                    &params.threshold_ratio(),
-                ],
-            ),
+            client.query_one(sql, &[&session, &probe]),
         )
         .await?;
         let columns = || {

@@ -40,7 +40,7 @@ pub enum Scope {
     Search,
     /// Delete templates.
     Delete,
-    /// Configure the dealer, refill keys, status, recovery.
+    /// Configure the dealer, status, recovery.
     Admin,
     /// Take part in matching sessions as a user's device (packed Paillier): fetch the
     /// messages addressed to it, post its replies.

@@ -11,7 +11,7 @@
 //! | `POST /v1/iris/delete` | `{"subject": …, "eye": "left"\|"right"\|null}` | `{"deleted": n}` |
 //! | `POST /v1/iris/search` | JSON, sealed probes per eye | matches or uniqueness, per-eye figures |
 //! | `POST /v1/iris/enroll-if-unique` | JSON, one record | `enrolled` / `duplicate` / `not_unique`, with the parties' sealed outputs of the uniqueness search |
-//! | `POST /v1/face/configure`, `GET /v1/face/pool`, `POST /v1/face/refill`, `GET /v1/face/stock` | JSON | the dealer, the key pools and the dealing made ahead of time for 1:N |
+//! | `POST /v1/face/configure`, `GET /v1/face/dealer`, `GET /v1/face/stock` | JSON | the dealer and the dealing made ahead of time for 1:N |
 //! | `POST /v1/face/enroll`, `/v1/face/delete`, `/v1/face/verify`, `/v1/face/identify` | JSON | face templates and matching |
 //! | `/v1/paillier/enroll-params`, `enroll-begin`, `enroll-finish`, `device`, `devices`, `delete` | JSON | device-held face templates at the service provider |
 //! | `POST /v1/paillier/verify`, `outcome`, `mailbox`, `reply` | JSON | matching sessions relayed between terminal, device and service provider (long polls) |

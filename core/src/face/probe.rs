@@ -31,7 +31,7 @@ use rand_core::{CryptoRng, RngCore};
 
 use super::encoding::{evaluator, share_embedding, EmbeddingShare, Reader};
 use super::quantize::check_dim;
-use super::{FaceError, Metric};
+use super::FaceError;
 use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
 use crate::party::PartyIndex;
 use crate::wire::envelope::{validate_subject, MAX_SUBJECT_LEN};
@@ -193,32 +193,6 @@ pub fn open_face_probe(
         target,
         known_subjects,
     })
-}
-
-/// The id the P0–P1 channel of a session runs under: the session id bound to its key
-/// claims, template set, metric and dimension, so two parties that disagree on any of them
-/// cannot authenticate each other's first message.
-pub fn channel_session(
-    session: &[u8; SESSION_ID_LEN],
-    claims: &[u8],
-    set_digest: &[u8],
-    metric: Metric,
-    dim: usize,
-) -> [u8; SESSION_ID_LEN] {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    hash.update(b"privmatch face channel v1");
-    hash.update(session);
-    hash.update((claims.len() as u32).to_le_bytes());
-    hash.update(claims);
-    hash.update((set_digest.len() as u32).to_le_bytes());
-    hash.update(set_digest);
-    hash.update([metric.to_byte()]);
-    hash.update((dim as u32).to_le_bytes());
-    let digest = hash.finalize();
-    let mut out = [0u8; SESSION_ID_LEN];
-    out.copy_from_slice(&digest[..SESSION_ID_LEN]);
-    out
 }
 
 #[cfg(test)]

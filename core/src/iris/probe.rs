@@ -40,6 +40,7 @@ use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartyS
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::params::{SearchParams, PARAMS_LEN};
+use crate::iris::policy::IrisPolicy;
 use crate::iris::query::share_query_template;
 use crate::iris::template::IrisTemplate;
 use crate::party::PartyIndex;
@@ -301,13 +302,13 @@ pub fn open_iris_probe(
 /// Why an opened probe may not be used for the search it was sent to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProbeRefusal {
-    /// The parameters the party was called with are not those the client sealed.
-    #[error("the search parameters differ from those sealed with the probe (sealed: {sealed:?}, called with: {called:?})")]
-    OtherParameters {
-        /// What the client sealed.
-        sealed: SearchParams,
-        /// What the party was called with.
-        called: SearchParams,
+    /// The threshold sealed with the probe is not the party's threshold policy.
+    #[error("the threshold sealed with the probe ({}) is not this party's iris threshold policy ({}); the threshold is deployment policy, not a search parameter: seal the probe with the policy's threshold (`privmatch iris policy show`)", f64::from(*sealed) / 10_000.0, f64::from(*policy) / 10_000.0)]
+    NotPolicy {
+        /// The threshold the client sealed, in ten-thousandths.
+        sealed: u32,
+        /// The party's policy threshold, in ten-thousandths.
+        policy: u32,
     },
     /// The probe was sealed too long ago (or too far in the future).
     #[error("the probe was sealed at {sealed_at}, outside the accepted window at {now} (lifetime {PROBE_LIFETIME_SECS} s)")]
@@ -319,14 +320,15 @@ pub enum ProbeRefusal {
     },
 }
 
-/// Checks that `probe` may run a search with `params` at time `now` (seconds since the Unix
-/// epoch): the parameters are the sealed ones, and the probe is at most
-/// [`PROBE_LIFETIME_SECS`] old (and at most [`CLOCK_SKEW_SECS`] ahead).
-pub fn check_probe(probe: &IrisProbe, params: &SearchParams, now: u64) -> Result<(), ProbeRefusal> {
-    if &probe.params != params {
-        return Err(ProbeRefusal::OtherParameters {
-            sealed: probe.params,
-            called: *params,
+/// Checks that `probe` may run at a party whose threshold policy is `policy`, at time `now`
+/// (seconds since the Unix epoch): the threshold sealed with it is the policy's (the search
+/// parameters travel only sealed in the probe, so a caller cannot choose them), and the probe
+/// is at most [`PROBE_LIFETIME_SECS`] old (and at most [`CLOCK_SKEW_SECS`] ahead).
+pub fn check_probe(probe: &IrisProbe, policy: &IrisPolicy, now: u64) -> Result<(), ProbeRefusal> {
+    if !policy.allows(probe.params.threshold()) {
+        return Err(ProbeRefusal::NotPolicy {
+            sealed: probe.params.threshold().numerator() as u32,
+            policy: policy.numerator(),
         });
     }
     let fresh = probe.sealed_at <= now.saturating_add(CLOCK_SKEW_SECS)
@@ -380,12 +382,20 @@ mod tests {
             assert_eq!(probe.share.party, p);
             assert_eq!(probe.share.code.len(), CODE_SHARE_COEFS);
             assert_eq!(probe.share.mask.len(), MASK_SHARE_COEFS);
-            assert_eq!(check_probe(&probe, &ctx.params, ctx.sealed_at + 5), Ok(()));
+            assert_eq!(
+                check_probe(&probe, &policy_of(&ctx), ctx.sealed_at + 5),
+                Ok(())
+            );
         }
     }
 
+    /// The policy whose threshold `ctx` sealed.
+    fn policy_of(ctx: &ProbeContext) -> IrisPolicy {
+        IrisPolicy::from_numerator(ctx.params.threshold().numerator() as u32).expect("policy")
+    }
+
     #[test]
-    fn a_probe_runs_only_with_its_sealed_parameters_and_while_fresh() {
+    fn a_probe_runs_only_at_the_threshold_policy_and_while_fresh() {
         let mut rng = ChaCha20Rng::seed_from_u64(9);
         let (secrets, publics) = keys(&mut rng);
         let t = random_template(&mut rng);
@@ -394,28 +404,25 @@ mod tests {
         let probe =
             open_iris_probe(PartyIndex::ALL[0], &secrets[0], &ctx.session, &sealed[0]).unwrap();
         let now = ctx.sealed_at;
-        for other in [
-            SearchParams::new(SearchMode::Identify, 15, 0.345),
-            SearchParams::new(SearchMode::Uniqueness, 14, 0.345),
-            SearchParams::new(SearchMode::Uniqueness, 15, 0.3449),
-        ] {
-            let other = other.expect("params");
+        let policy = policy_of(&ctx);
+        for other in [0.3449, 0.2, 0.5] {
+            let other = IrisPolicy::from_ratio(other).expect("policy");
             assert!(matches!(
                 check_probe(&probe, &other, now),
-                Err(ProbeRefusal::OtherParameters { .. })
+                Err(ProbeRefusal::NotPolicy { .. })
             ));
         }
         let late = now + PROBE_LIFETIME_SECS + 1;
         assert!(matches!(
-            check_probe(&probe, &ctx.params, late),
+            check_probe(&probe, &policy, late),
             Err(ProbeRefusal::Stale { .. })
         ));
         assert_eq!(
-            check_probe(&probe, &ctx.params, now + PROBE_LIFETIME_SECS),
+            check_probe(&probe, &policy, now + PROBE_LIFETIME_SECS),
             Ok(())
         );
         let early = now - CLOCK_SKEW_SECS - 1;
-        assert!(check_probe(&probe, &ctx.params, early).is_err());
+        assert!(check_probe(&probe, &policy, early).is_err());
     }
 
     #[test]

@@ -47,6 +47,7 @@ use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
 use crate::iris::output::{output_sealer, seal_output, IrisOutput, IrisResult};
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
+use crate::iris::policy::IrisPolicy;
 use crate::iris::probe::{check_probe, open_iris_probe, Disclosure, ProbeRefusal};
 use crate::iris::query::PreparedQuery;
 use crate::iris::scan::{Interrupt, ScanBackend};
@@ -354,8 +355,9 @@ impl SearchService {
     }
 
     /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
-    /// probe, checks that `params` are the parameters sealed with it and that it is fresh at
-    /// `unix_now` (seconds since the Unix epoch), scans the store's entries of the probe's eye
+    /// probe, takes the search parameters sealed with it (they travel nowhere else), checks
+    /// that its threshold is this party's `policy` and that it is fresh at `unix_now` (seconds
+    /// since the Unix epoch), scans the store's entries of the probe's eye
     /// in canonical order (stopping with an error once `interrupt` is raised) and returns the
     /// first message. The store must have been brought up
     /// to date by the caller.
@@ -367,7 +369,7 @@ impl SearchService {
         keys: &PartyKeys,
         id: SessionId,
         sealed_probe: &[u8],
-        params: SearchParams,
+        policy: IrisPolicy,
         now: Instant,
         unix_now: u64,
         interrupt: &Interrupt,
@@ -384,7 +386,8 @@ impl SearchService {
         };
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
-        check_probe(&probe, &params, unix_now)?;
+        check_probe(&probe, &policy, unix_now)?;
+        let params = probe.params;
         let peer_key =
             |p: PartyIndex| keys.peers[p.as_usize()].ok_or(SearchError::PeerNotPinned(p));
         let (next_key, prev_key) = (peer_key(me.next())?, peer_key(me.prev())?);

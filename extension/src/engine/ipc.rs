@@ -13,12 +13,12 @@
 //! maximum rotation, and the threshold as the bits of its exact ratio; the engine rebuilds
 //! them with [`SearchParams::new`], and a frame whose parameters do not check is malformed.
 //!
-//! Imports: core's `iris::params` only.
+//! Imports: core's `iris::policy` only.
 
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
 
-use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::policy::IrisPolicy;
 
 /// The engine's socket, relative to the data directory (every server process runs there).
 pub const SOCKET_NAME: &str = "privmatch_engine.sock";
@@ -36,8 +36,9 @@ pub enum Request<'a> {
         session: [u8; 16],
         /// The sealed probe for this party.
         probe: Vec<u8>,
-        /// Mode, maximum rotation and threshold, checked by the SQL function.
-        params: SearchParams,
+        /// This party's iris threshold policy: the threshold sealed in the probe must be it
+        /// (the search parameters travel only sealed in the probe).
+        policy: IrisPolicy,
     },
     /// `iris_search_round`.
     Round {
@@ -270,15 +271,13 @@ impl Request<'_> {
             Request::Start {
                 session,
                 probe,
-                params,
+                policy,
             } => (
                 Writer::default()
                     .u8(1)
                     .fixed(session)
                     .bytes(probe)
-                    .u8(params.mode().to_byte())
-                    .u32(params.max_rotation() as u32)
-                    .u64(params.threshold_ratio().to_bits())
+                    .u32(policy.numerator())
                     .0,
                 &[],
             ),
@@ -317,15 +316,11 @@ impl Request<'_> {
             1 => {
                 let session = r.array()?;
                 let probe = r.bytes()?;
-                let mode = SearchMode::from_byte(r.u8()?).ok_or_else(malformed)?;
-                let max_rotation = r.u32()? as i32;
-                let threshold = f64::from_bits(r.u64()?);
-                let params =
-                    SearchParams::new(mode, max_rotation, threshold).map_err(|_| malformed())?;
+                let policy = IrisPolicy::from_numerator(r.u32()?).map_err(|_| malformed())?;
                 Request::Start {
                     session,
                     probe,
-                    params,
+                    policy,
                 }
             }
             2 => {
@@ -550,12 +545,7 @@ mod tests {
             Request::Start {
                 session: [3; 16],
                 probe: vec![1, 2, 3],
-                params: SearchParams::new(
-                    SearchMode::Uniqueness,
-                    privmatch_core::iris::template::MAX_ROTATION,
-                    privmatch_core::mpc::compare::DEFAULT_TAU,
-                )
-                .unwrap(),
+                policy: IrisPolicy::default_policy(),
             },
             Request::Round {
                 session: [4; 16],
@@ -609,39 +599,33 @@ mod tests {
     }
 
     #[test]
-    fn search_params_cross_the_socket_exactly() {
-        for mode in [SearchMode::Identify, SearchMode::Uniqueness] {
-            for numerator in 1..=5_000u32 {
-                let threshold = f64::from(numerator) / 10_000.0;
-                let params = SearchParams::new(mode, (numerator % 16) as i32, threshold).unwrap();
-                let req = Request::Start {
-                    session: [0; 16],
-                    probe: Vec::new(),
-                    params,
-                };
-                let (head, payload) = req.encode_parts();
-                match Request::decode(frame_body(head, payload)).unwrap() {
-                    Request::Start { params: back, .. } => assert_eq!(back, params),
-                    other => panic!("decoded {other:?}"),
-                }
+    fn the_threshold_policy_crosses_the_socket_exactly() {
+        for numerator in 1..=5_000u32 {
+            let policy = IrisPolicy::from_numerator(numerator).unwrap();
+            let req = Request::Start {
+                session: [0; 16],
+                probe: Vec::new(),
+                policy,
+            };
+            let (head, payload) = req.encode_parts();
+            match Request::decode(frame_body(head, payload)).unwrap() {
+                Request::Start { policy: back, .. } => assert_eq!(back, policy),
+                other => panic!("decoded {other:?}"),
             }
         }
-        // An unknown mode byte or parameters out of range make a malformed frame.
-        let start = |mode: u8, rotation: u32, threshold: f64| {
+        // A threshold outside (0, 0.5] makes a malformed frame.
+        let start = |numerator: u32| {
             let mut body = vec![1u8];
             body.extend_from_slice(&[0; 16]);
             body.extend_from_slice(&0u32.to_le_bytes());
-            body.push(mode);
-            body.extend_from_slice(&rotation.to_le_bytes());
-            body.extend_from_slice(&threshold.to_bits().to_le_bytes());
+            body.extend_from_slice(&numerator.to_le_bytes());
             Request::decode(Frame {
                 head: body,
                 payload: Vec::new(),
             })
         };
-        assert!(start(SearchMode::Uniqueness.to_byte(), 15, 0.345).is_ok());
-        assert!(start(2, 15, 0.345).is_err());
-        assert!(start(0, 16, 0.345).is_err());
-        assert!(start(0, 15, 0.6).is_err());
+        assert!(start(3_450).is_ok());
+        assert!(start(0).is_err());
+        assert!(start(5_001).is_err());
     }
 }

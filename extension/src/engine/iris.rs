@@ -26,7 +26,7 @@ use pgrx::prelude::*;
 use privmatch_core::iris::binding::EnrolmentId;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
-use privmatch_core::iris::params::SearchParams;
+use privmatch_core::iris::policy::IrisPolicy;
 use privmatch_core::iris::scan::{Interrupt, ScanBackend};
 use privmatch_core::iris::service::{PartyKeys, SealedRound, SearchError, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
@@ -326,7 +326,7 @@ impl IrisSearch {
         keys: &PartyKeys,
         session: [u8; 16],
         probe: &[u8],
-        params: SearchParams,
+        policy: IrisPolicy,
         now: Instant,
         interrupt: &Interrupt,
     ) -> Result<Response, EngineError> {
@@ -341,7 +341,7 @@ impl IrisSearch {
             .map_or(0, |d| d.as_secs());
         self.service
             .start(
-                store, keys, session, probe, params, now, unix_now, interrupt,
+                store, keys, session, probe, policy, now, unix_now, interrupt,
             )
             .map_err(search_error)
             .map(|r| Response::Started {

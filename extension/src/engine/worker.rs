@@ -548,7 +548,7 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
         Request::Start {
             session,
             probe,
-            params,
+            policy,
         } => {
             let keys = match engine.refresh_for_start() {
                 Ok(keys) => keys,
@@ -558,7 +558,7 @@ fn serve(engine: &mut Engine, stream: UnixStream) {
             spawn_request(engine, stream, move |stream| {
                 let interrupt = Interrupt::default();
                 let response = watched(stream, &interrupt, || {
-                    iris.start(&keys, session, &probe, params, now, &interrupt)
+                    iris.start(&keys, session, &probe, policy, now, &interrupt)
                 });
                 (!interrupt.is_raised()).then_some(response)
             });

@@ -1,13 +1,12 @@
-//! The dealer (P2): its configuration (metric, dimension, secret threshold) and the
-//! generation of key batches sealed to P0 and P1 (Funshade `setup`, offline phase).
+//! The dealer (P2): its configuration (metric, dimension, secret threshold), the template-mask
+//! master key, and the single-use keys of each session over dealer-masked templates, sealed
+//! to P0 and P1 (Funshade `setup`, the offline phase, run per session or stocked ahead).
 
 use pgrx::prelude::*;
 use privmatch_core::crypto::at_rest::AtRestKey;
 use privmatch_core::crypto::seal::PairwiseSecrets;
-use privmatch_core::face::dealer::{
-    open_dealer_config, seal_key_batch, DealerConfig, KeyBatchHeader, DEALER_CONFIG_ACTION,
-};
-use privmatch_core::face::funshade::{deal_batch, DealerParams, COMPARISON_KEY_LEN};
+use privmatch_core::face::dealer::{open_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
+use privmatch_core::face::funshade::DealerParams;
 use privmatch_core::face::mask_dealer::{
     open_verification_requests, seal_identification_key_chunks, seal_template_seeds,
     KEY_CHUNK_BYTES,
@@ -23,7 +22,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use super::raise_face;
-use crate::errors::{get_one, modify, parse_session_id, raise, run};
+use crate::errors::{get_one, parse_session_id, raise, run};
 use crate::identity::{load_identity, pinned_peer, Identity};
 use crate::operator::accept_command;
 
@@ -57,9 +56,6 @@ fn sealed_under_another_key(function: &str, what: &str) -> ! {
         Some("configure the dealer again (privmatch face configure); after a new template master key the evaluators open their templates again"),
     )
 }
-
-/// Most keys one `face_dealer_generate` call makes (a batch of 50,000 is ~36 MB per party).
-const MAX_BATCH: i32 = 50_000;
 
 fn dealer_identity(function: &str) -> Identity {
     let me = load_identity();
@@ -122,8 +118,8 @@ fn face_dealer_configure(
     ))
 }
 
-/// The dealer's public state: metric, dimension, generation and next batch number (never the
-/// threshold). No rows when unconfigured.
+/// The dealer's public state: metric, dimension and generation (never the threshold or the
+/// template-mask master key). No rows when unconfigured.
 #[pg_extern(stable)]
 fn face_dealer_status() -> TableIterator<
     'static,
@@ -131,108 +127,17 @@ fn face_dealer_status() -> TableIterator<
         name!(metric, String),
         name!(dim, i32),
         name!(generation, i64),
-        name!(next_batch, i64),
     ),
 > {
     let row = Spi::get_three::<String, i32, i64>(
         "SELECT metric, dim, generation FROM privmatch.face_dealer",
     );
-    let next = Spi::get_one::<i64>("SELECT next_batch FROM privmatch.face_dealer");
-    match (row, next) {
-        (Ok((Some(metric), Some(dim), Some(generation))), Ok(Some(next))) => {
-            TableIterator::once((metric, dim, generation, next))
+    match row {
+        Ok((Some(metric), Some(dim), Some(generation))) => {
+            TableIterator::once((metric, dim, generation))
         }
         _ => TableIterator::new(Vec::new()),
     }
-}
-
-/// Deals `count` comparison keys (1..=50,000) as one new batch: returns its number, the
-/// generation, metric and dimension, and the two halves sealed to P0 and P1. The batch
-/// number is taken from the dealer's counter in this transaction, so no two batches share
-/// one.
-#[allow(clippy::type_complexity)]
-#[pg_extern(volatile)]
-fn face_dealer_generate(
-    count: i32,
-) -> TableIterator<
-    'static,
-    (
-        name!(batch, i64),
-        name!(generation, i64),
-        name!(metric, String),
-        name!(dim, i32),
-        name!(keys, i32),
-        name!(envelope_p0, Vec<u8>),
-        name!(envelope_p1, Vec<u8>),
-    ),
-> {
-    const F: &str = "face_dealer_generate";
-    if !(1..=MAX_BATCH).contains(&count) {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{F}: count must be 1..={MAX_BATCH}, got {count}"),
-            None,
-        );
-    }
-    let me = dealer_identity(F);
-    let row = modify(
-        F,
-        "UPDATE privmatch.face_dealer SET next_batch = next_batch + 1 \
-         RETURNING next_batch - 1, generation, metric, dim, threshold_sealed",
-        &[],
-        |row| {
-            (
-                row.get::<i64>(1).unwrap_or_default(),
-                row.get::<i64>(2).unwrap_or_default(),
-                row.get::<String>(3).unwrap_or_default(),
-                row.get::<i32>(4).unwrap_or_default(),
-                row.get::<Vec<u8>>(5).unwrap_or_default(),
-            )
-        },
-    )
-    .into_iter()
-    .next();
-    let Some((batch, generation, metric, dim, threshold)) = row else {
-        not_configured(F);
-    };
-    let threshold = open_threshold(F, &me, &threshold);
-    let params = dealer_params(F, &metric, dim, threshold);
-    let metric = params.metric();
-    let mut rng = ChaCha20Rng::from_entropy();
-    let halves = deal_batch(&params, count as usize, &mut rng);
-    let envelopes: Vec<Vec<u8>> = halves
-        .iter()
-        .enumerate()
-        .map(|(b, keys)| {
-            let header = KeyBatchHeader {
-                party: b as u8,
-                batch: batch as u64,
-                generation: generation as u64,
-                metric,
-                dim: dim as usize,
-                count: count as usize,
-                key_len: COMPARISON_KEY_LEN,
-            };
-            let evaluator = PartyIndex::ALL[b];
-            let peer = pinned_peer(F, evaluator);
-            let pair = crate::identity::CHANNELS
-                .derive(me.index, &me.secret, evaluator, &peer)
-                .unwrap_or_else(|e| raise_face(F, e.into()));
-            seal_key_batch(&header, keys, &pair, &mut rng)
-        })
-        .collect();
-    let [p0, p1]: [Vec<u8>; 2] = envelopes
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("two evaluators"));
-    TableIterator::once((
-        batch,
-        generation,
-        metric.as_str().to_owned(),
-        dim,
-        count,
-        p0,
-        p1,
-    ))
 }
 
 /// Draws the template-mask master key K once (docs/protocols/face.md §13.1); an existing key is

@@ -325,7 +325,7 @@ fn open_session(
     stock: Option<[u8; 16]>,
     known: Option<[u8; 32]>,
 ) -> (Opened, bool) {
-    let (id, opened) = fresh_session_probe(function, session, None, probe);
+    let (id, opened) = fresh_session_probe(function, session, probe);
     let (share, reply_key, subject, known_subjects) = (
         opened.share,
         opened.reply_key,
@@ -392,8 +392,8 @@ fn open_session(
     run(
         function,
         "INSERT INTO privmatch.face_sessions \
-         (session, metric, dim, template_ids, set_digest, claims, probe, round, finished_at, target, masked) \
-         VALUES ($1, NULL, $2, '{}', $3, '', NULL, $4, CASE WHEN $5 THEN now() END, $6, true)",
+         (session, dim, set_digest, round, finished_at, target, masked) \
+         VALUES ($1, $2, $3, $4, CASE WHEN $5 THEN now() END, $6, true)",
         &[
             session.into(),
             (dim as i32).into(),
@@ -438,7 +438,7 @@ fn check_masked(function: &str, session: &[u8]) {
         not_running("is not running at this party");
     };
     if !masked {
-        not_running("is a pool-key session (face_session_round runs it)");
+        not_running("is a session of the face key pool retired in 0.13.0");
     }
     // Committed by an earlier transaction: were it opened in this one, a rollback after this
     // step would free the session id after values derived from its keys had left the party.

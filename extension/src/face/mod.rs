@@ -1,17 +1,21 @@
 //! The face modality at one party (Funshade, ePrint 2022/1688; protocol in [`privmatch_core::face`]).
 //!
 //! * The share type `face_share` ([`types`]).
-//! * P0 and P1 store shares of face templates ([`enroll`]), keep the single-use key material
-//!   P2 deals ([`pool`]) and evaluate comparisons in sessions ([`search`]).
-//! * P2 is the dealer ([`dealer`]): it holds the metric and the secret threshold and makes
-//!   key batches sealed to P0 and P1.
+//! * P0 and P1 store shares of face templates ([`enroll`]), open them under the dealer's
+//!   template masks ([`opening`]) and evaluate comparisons in sessions over those
+//!   dealer-masked templates ([`masked`]; the checks every session's open shares and its
+//!   abort: [`search`]).
+//! * P2 is the dealer ([`dealer`]): it holds the metric, the secret threshold and the
+//!   template-mask master key, and deals each session's single-use keys sealed to P0 and P1.
 //! * The application's SQL front door ([`front_door`]): enrol, verify, identify.
+//! * The C symbols of the key pool's functions retired in 0.13.0, which only refuse
+//!   ([`retired`]; older install scripts still name them).
 //!
 //! Single use of key material is a property of the database, not of the caller: a session's
-//! keys are claimed (and the claim committed) before anything derived from them leaves the
-//! party, every claim is a row of `privmatch.face_key_claims` whose exclusion constraint
-//! forbids overlapping claims, and a session's inputs are fixed when it opens, so re-running
-//! a round after a crash recomputes the same values instead of evaluating new ones.
+//! row in `privmatch.face_sessions` is committed before anything derived from its keys leaves
+//! the party, its id is never used again (the primary key), and a stocked dealing is claimed by
+//! one session ever (`privmatch.face_stock_used`). The key pool of versions before 0.13.0
+//! (keys dealt in batches ahead of time, claimed per comparison) is retired.
 //!
 //! Imports: the shared modules (`errors`, `datum`, `bundles`, `identity`, `front_door`) and core; never
 //! `crate::iris` or `crate::engine`. Tables: `sql/face.sql`.
@@ -21,7 +25,7 @@ mod enroll;
 mod front_door;
 mod masked;
 mod opening;
-mod pool;
+mod retired;
 mod search;
 mod types;
 

@@ -2,12 +2,12 @@
 //! search must use, stored in `privmatch.iris_policy` (`sql/iris.sql`; no row = the install
 //! default τ = 0.345) and changed only by an operator-signed command (`iris_set_policy`,
 //! action `iris-policy`, checked by [`crate::operator::accept_command`]). `iris_search_start`
-//! refuses any other threshold ([`check_threshold`]), whoever calls it, so a caller cannot
-//! bisect a distance by searching at thresholds of its choice.
+//! hands it to the engine, which refuses a probe sealed with any other threshold (core's
+//! `iris::probe::check_probe`), whoever calls, so a caller cannot bisect a distance by
+//! searching at thresholds of its choice.
 
 use pgrx::prelude::*;
 use privmatch_core::iris::policy::{IrisPolicy, IRIS_POLICY_ACTION};
-use privmatch_core::mpc::compare::Threshold;
 
 use crate::errors::{get_one, raise, run};
 use crate::operator::accept_command;
@@ -31,22 +31,6 @@ pub fn current_policy(function: &str) -> IrisPolicy {
                     None,
                 )
             }),
-    }
-}
-
-/// Raises 22023 naming the argument when `threshold` is not this party's policy.
-pub fn check_threshold(function: &str, argument: &str, threshold: Threshold) {
-    let policy = current_policy(function);
-    if !policy.allows(threshold) {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: argument {argument} = {} is not this party's iris threshold policy ({}); the threshold is deployment policy, not a search parameter",
-                threshold.numerator() as f64 / 10_000.0,
-                policy.ratio()
-            ),
-            Some("seal the probe with the policy's threshold (`privmatch iris policy show`); operators change it with `privmatch iris policy set`"),
-        );
     }
 }
 

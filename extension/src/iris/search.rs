@@ -1,11 +1,13 @@
 //! SQL functions of one party for the rounds of an iris search (Bloemen et al., ePrint
 //! 2024/705, as driven by the coordinator). Each call is forwarded to the engine worker
 //! (`crate::engine`), which keeps the search's state between calls; these functions only
-//! validate arguments and convert types. The search parameters are checked here, once, and
-//! travel to the engine as [`SearchParams`].
+//! validate arguments and convert types. The search parameters (mode, rotation range,
+//! threshold) travel only sealed in the client's probe; the engine opens it and refuses a
+//! threshold other than this party's policy (`iris_policy()`), which this function reads and
+//! hands to it.
 //!
-//! A search: `iris_search_start` at the three parties (same session id, parameters, each
-//! with its own sealed probe) → `(entries, set_digest, message)`; then round k = 0, 1, … at
+//! A search: `iris_search_start` at the three parties (same session id, each with its own
+//! sealed probe) → `(entries, set_digest, message)`; then round k = 0, 1, … at
 //! every party with the message party i−1 returned → the next message for party i+1, until
 //! `finished`, with this party's output signed and sealed to the client's reply key
 //! (`sealed_output`; core's `iris::output`). `iris_search_abort` ends a search early.
@@ -15,7 +17,6 @@
 //! `charge_search`): rolling back the caller's transaction does not undo it.
 
 use pgrx::prelude::*;
-use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{IRIS_PROBE_PURPOSE, PROBE_LIFETIME_SECS};
 use privmatch_core::iris::service::SearchError;
 
@@ -25,21 +26,7 @@ use crate::engine::client::{call, release_round_buffers};
 use crate::engine::ipc::{Request, Response};
 use crate::errors::{get_one, log_session, parse_session_id, raise, run};
 use crate::identity::load_identity;
-use crate::iris::policy::check_threshold;
-
-/// The search parameters of `iris_search_start`: 22023 with core's message (`iris search:
-/// …`) when one is out of range.
-fn search_params(mode: &str, max_rotation: i32, threshold: f64) -> SearchParams {
-    SearchMode::parse(mode)
-        .and_then(|mode| SearchParams::new(mode, max_rotation, threshold))
-        .unwrap_or_else(|e| {
-            raise(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                SearchError::BadParameter(e).to_string(),
-                None,
-            )
-        })
-}
+use crate::iris::policy::current_policy;
 
 /// Records `session` as used at this party, durably (in the caller's transaction, so a start
 /// that fails records nothing), and prunes records older than twice a probe's lifetime.
@@ -80,16 +67,13 @@ fn unexpected(function: &str, response: &Response) -> ! {
 /// Starts search `session_id` at this party with its sealed `probe`: brings the engine up to
 /// date with the template table, scans the templates of the probe's eye and returns the
 /// number searched, the digest of the searched set and the first message (for party i+1).
-/// `mode` is `identify` or `uniqueness`, `max_rotation` 0..=15, `threshold` the fractional
-/// Hamming distance ratio below which a comparison matches: it must be this party's policy
-/// (`iris_policy()`), anything else is refused with 22023.
+/// The search's mode, rotation range and threshold are those sealed in the probe; a threshold
+/// other than this party's policy (`iris_policy()`) is refused with 22023, as is a stale
+/// probe.
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_search_start(
     session_id: &[u8],
     probe: &[u8],
-    mode: default!(&str, "'identify'"),
-    max_rotation: default!(i32, 15),
-    threshold: default!(f64, 0.345),
 ) -> TableIterator<
     'static,
     (
@@ -100,10 +84,9 @@ fn iris_search_start(
 > {
     const F: &str = "iris_search_start";
     let session = parse_session_id(F, "session_id", session_id);
-    let params = search_params(mode, max_rotation, threshold);
     // The threshold is deployment policy (attack: a caller bisecting a distance with searches
-    // at thresholds of its choice); checked here, whoever calls, before anything is opened.
-    check_threshold(F, "threshold", params.threshold());
+    // at thresholds of its choice): the engine refuses a probe sealed with another one.
+    let policy = current_policy(F);
     // The per-party query budget is charged by the engine, after the arguments are checked
     // and before the probe is opened, in a transaction of its own that it commits first (a
     // search past it is refused with 53400, whoever calls; a rollback here keeps the charge).
@@ -122,7 +105,7 @@ fn iris_search_start(
     let request = Request::Start {
         session,
         probe: admitted.inner.to_vec(),
-        params,
+        policy,
     };
     match call(&request) {
         Response::Started {

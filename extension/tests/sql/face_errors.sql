@@ -34,23 +34,17 @@ SELECT pg_temp.try($$SELECT privmatch.face_share_send(privmatch.iris_code_share_
 SELECT count(*) AS rows_kept FROM faces;
 
 -- Function arguments.
-SELECT pg_temp.try($$SELECT privmatch.face_session_round('\x00', 1)$$) AS short_session;
-SELECT pg_temp.try($$SELECT privmatch.face_session_round('\x000102030405060708090a0b0c0d0e0f', 4)$$) AS bad_round;
-SELECT pg_temp.try($$SELECT privmatch.face_session_round('\x000102030405060708090a0b0c0d0e0f', 2)$$) AS missing_inbound;
-SELECT pg_temp.try($$SELECT privmatch.face_session_round('\x000102030405060708090a0b0c0d0e0f', 1)$$) AS unknown_session;
+SELECT pg_temp.try($$SELECT privmatch.face_masked_round('\x00', 2, '\x00')$$) AS short_session;
+SELECT pg_temp.try($$SELECT privmatch.face_masked_round('\x000102030405060708090a0b0c0d0e0f', 4, '\x00')$$) AS bad_round;
+SELECT pg_temp.try($$SELECT privmatch.face_masked_round('\x000102030405060708090a0b0c0d0e0f', 2, '\x00')$$) AS unknown_session;
 SELECT privmatch.face_session_abort('\x000102030405060708090a0b0c0d0e0f') AS aborted;
-SELECT pg_temp.try($$SELECT * FROM privmatch.face_session_open('\x000102030405060708090a0b0c0d0e0f', '\x00')$$) AS garbage_probe;
-SELECT pg_temp.try($$SELECT * FROM privmatch.face_keys_store('\x00')$$) AS garbage_keys;
+SELECT pg_temp.try($$SELECT * FROM privmatch.face_masked_open('\x000102030405060708090a0b0c0d0e0f', '\x00')$$) AS garbage_probe;
 SELECT pg_temp.try($$SELECT * FROM privmatch.face_enroll_sealed(ARRAY['\x00'::bytea], 'maybe')$$) AS bad_on_duplicate;
 SELECT pg_temp.try($$SELECT * FROM privmatch.face_enroll_sealed(ARRAY['\x00'::bytea])$$) AS garbage_envelope;
 SELECT pg_temp.try($$SELECT * FROM privmatch.face_enroll_sealed(ARRAY[NULL::bytea])$$) AS null_envelope;
--- Only P2 deals; this party is P1.
-SELECT pg_temp.try($$SELECT * FROM privmatch.face_dealer_generate(10)$$) AS not_the_dealer;
-SELECT pg_temp.try($$SELECT * FROM privmatch.face_dealer_generate(0)$$) AS bad_count;
+-- Only P2 is the dealer; this party is P1.
 SELECT pg_temp.try($$SELECT * FROM privmatch.face_dealer_configure('\x00')$$) AS not_the_dealer_config;
 -- Nothing was stored.
 SELECT (SELECT count(*) FROM privmatch.face_templates) AS templates,
-       (SELECT count(*) FROM privmatch.face_key_batches) AS batches,
        (SELECT count(*) FROM privmatch.face_sessions) AS sessions,
-       (SELECT count(*) FROM privmatch.face_pool_status()) AS pool_rows,
        privmatch.face_delete('nobody') AS deleted;

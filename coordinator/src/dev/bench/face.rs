@@ -537,9 +537,6 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
         "dealer configured: {}, l = {}, generation {}",
         dealer.metric, dealer.dim, dealer.generation
     );
-    if let Some(warning) = &dealer.warning {
-        eprintln!("warning: {warning}");
-    }
     let synth = FaceSynth {
         dim,
         seed: args.seed,

@@ -139,7 +139,7 @@ fn start_all(
                     &p.keys,
                     id,
                     &sealed[i],
-                    params,
+                    policy_of(params),
                     now,
                     SEALED_AT,
                     Interrupt::never(),
@@ -184,6 +184,11 @@ fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32, tau: u
         let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
         common > 0 && u64::from(hd) * 10_000 < u64::from(tau) * u64::from(common)
     })
+}
+
+/// The threshold policy of a party that accepts probes sealed with `params`.
+fn policy_of(params: SearchParams) -> IrisPolicy {
+    IrisPolicy::from_numerator(params.threshold().numerator() as u32).expect("policy")
 }
 
 fn params(mode: &str, max_rotation: i32) -> SearchParams {
@@ -327,7 +332,7 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
             &p.keys,
             id,
             &sealed[0],
-            params,
+            policy_of(params),
             now,
             SEALED_AT,
             Interrupt::never(),
@@ -339,7 +344,7 @@ fn session_ids_are_single_use_and_idle_sessions_expire() {
             &p.keys,
             id,
             &sealed[0],
-            params,
+            policy_of(params),
             now,
             SEALED_AT,
             Interrupt::never(),
@@ -395,7 +400,7 @@ fn messages_do_not_depend_on_the_secrets() {
 }
 
 #[test]
-fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
+fn a_probe_runs_only_at_the_threshold_policy_and_while_fresh() {
     let mut w = world(17);
     let t = random_template(&mut w.rng);
     w.enroll("a", Eye::Left, &t);
@@ -410,14 +415,15 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
     .unwrap();
     let p = &mut w.parties[0];
     let now = Instant::now();
-    // A coordinator running the client's uniqueness probe as an identification is refused.
+    // A party whose threshold policy is not the sealed threshold refuses the probe (the
+    // parameters travel only sealed in it: nobody can run it in another mode or rotation range).
     assert!(matches!(
         p.service.start(
             &p.store,
             &p.keys,
             id,
             &sealed[0],
-            params("identify", 15),
+            IrisPolicy::from_ratio(0.2).expect("policy"),
             now,
             SEALED_AT,
             Interrupt::never(),
@@ -441,7 +447,7 @@ fn a_probe_runs_only_with_the_parameters_sealed_with_it() {
             &p.keys,
             other_id,
             &again[0],
-            sealed_params,
+            policy_of(sealed_params),
             now,
             late,
             Interrupt::never(),
@@ -466,7 +472,7 @@ fn a_party_refuses_more_running_searches_than_its_limit_and_consumes_no_id() {
             &p.keys,
             id,
             &sealed[0],
-            params,
+            policy_of(params),
             now,
             SEALED_AT,
             Interrupt::never(),
@@ -583,7 +589,7 @@ fn admission_counts_searches_that_are_starting() {
         &p.keys,
         id,
         b"not even a probe",
-        params("identify", 0),
+        IrisPolicy::default_policy(),
         Instant::now(),
         SEALED_AT,
         Interrupt::never(),
