@@ -107,6 +107,12 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
                 "128",
             ])
             .expect_success();
+        // The dealer's public state names the metric and never the threshold.
+        let dealer = cluster.cli(&["face", "dealer"]).expect_success();
+        let state: serde_json::Value = serde_json::from_str(&dealer.stdout).expect("JSON");
+        assert_eq!(state["dealer"]["metric"], metric.as_str(), "{dealer}");
+        assert_eq!(state["dealer"]["dim"], 128, "{dealer}");
+        assert!(!dealer.stdout.contains(&threshold.to_string()), "{dealer}");
         let theta = q.quantize_threshold(metric, threshold).expect("θ");
         // 1:N identification.
         let out = cluster
