@@ -19,13 +19,13 @@ use privmatch_core::paillier::cipher::{Ciphertext, NoncePool, SecretKey};
 use privmatch_core::paillier::encoding::{
     homomorphic_inner_product, homomorphic_inner_product_folded,
 };
-use privmatch_core::paillier::malicious::{
+use privmatch_core::paillier::messages::template_signing_bytes;
+use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::pi1::{Pi1Device, Pi1Terminal};
+use privmatch_core::paillier::pi2::{
     encrypt_elements, pack_element_ciphertexts, random_prime_multiplier, Pi2Device, Pi2Terminal,
 };
-use privmatch_core::paillier::messages::template_signing_bytes;
-use privmatch_core::paillier::no_leakage::{Pi3Device, Pi3Terminal};
-use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
-use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Terminal};
+use privmatch_core::paillier::pi3::{Pi3Device, Pi3Terminal};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use rug::Integer;

@@ -34,14 +34,14 @@ use privmatch_coordinator::paillier::device::{
 use privmatch_coordinator::wire::{from_base64, session_from_hex, to_base64};
 use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
-use privmatch_core::paillier::malicious::{Pi2Round3, Pi2Round4};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::pi1::Pi1Round3;
+use privmatch_core::paillier::pi2::{Pi2Round3, Pi2Round4};
 use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::sealed::{
     DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
 };
-use privmatch_core::paillier::semi_honest::Pi1Round3;
 use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::party::PartyIndex;

@@ -29,13 +29,13 @@ use privmatch_coordinator::paillier::client::{
 use privmatch_coordinator::paillier::device::{load_key, load_record, record_path, Answered};
 use privmatch_core::crypto::client_auth::{unwrap as unwrap_signed, ClientId, ClientSigningKey};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
-use privmatch_core::paillier::malicious::Pi2Round3;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::pi1::Pi1Round2;
+use privmatch_core::paillier::pi2::Pi2Round3;
 use privmatch_core::paillier::quantize::{plaintext_match, Quantizer};
 use privmatch_core::paillier::sealed::{
     DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
 };
-use privmatch_core::paillier::semi_honest::Pi1Round2;
 use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::signed_round2::SignedRound4;
 use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};

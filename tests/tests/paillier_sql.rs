@@ -19,14 +19,14 @@ use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
-use privmatch_core::paillier::malicious::{Pi2Device, Pi2Round3, Pi2Round4};
-use privmatch_core::paillier::no_leakage::{Pi3Device, Pi3Round5};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::pi1::Pi1Device;
+use privmatch_core::paillier::pi2::{Pi2Device, Pi2Round3, Pi2Round4};
+use privmatch_core::paillier::pi3::{Pi3Device, Pi3Round5};
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::sealed::{
     DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
 };
-use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4, VerifiedRound2};
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
@@ -1051,9 +1051,9 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
 #[test]
 fn relay_rewrites_deletions_and_bisection_are_refused_at_the_service_provider() {
     use privmatch_core::crypto::sign::OperatorSigningKey;
-    use privmatch_core::paillier::malicious::Pi2Round2;
     use privmatch_core::paillier::messages::MatchError;
-    use privmatch_core::paillier::semi_honest::Pi1Round2;
+    use privmatch_core::paillier::pi1::Pi1Round2;
+    use privmatch_core::paillier::pi2::Pi2Round2;
     use rug::Integer;
 
     let cluster = Cluster::start("paillier-sql-attacks", 68);

@@ -43,8 +43,8 @@
 
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::policy::DEFAULT_TAU;
 use privmatch_core::iris::template::MAX_ROTATION;
-use privmatch_core::mpc::compare::DEFAULT_TAU;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 

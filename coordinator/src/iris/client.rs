@@ -589,7 +589,7 @@ mod tests {
             params: SearchParams::new(
                 SearchMode::Uniqueness,
                 privmatch_core::iris::template::MAX_ROTATION,
-                privmatch_core::mpc::compare::DEFAULT_TAU,
+                privmatch_core::iris::policy::DEFAULT_TAU,
             )
             .expect("params"),
             eye: Eye::Left,

@@ -22,7 +22,7 @@ use crate::iris::api::search_params;
 use crate::iris::client::{enroll_body, search_body};
 use crate::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{for_each_record, read_probe_file, validate_file};
-use privmatch_core::mpc::compare::DEFAULT_TAU;
+use privmatch_core::iris::policy::DEFAULT_TAU;
 
 /// Options of `privmatch iris seal`.
 #[derive(Args, Clone, Debug)]

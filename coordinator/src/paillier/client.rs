@@ -31,14 +31,14 @@ use privmatch_core::paillier::cipher::{PublicKey, SecretKey};
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
-use privmatch_core::paillier::malicious::Pi2Device;
-use privmatch_core::paillier::no_leakage::Pi3Device;
 use privmatch_core::paillier::params::{Params, Protocol};
+use privmatch_core::paillier::pi1::Pi1Device;
+use privmatch_core::paillier::pi2::Pi2Device;
+use privmatch_core::paillier::pi3::Pi3Device;
 use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::paillier::sealed::{
     DeviceOutcome, DeviceReply, Outcome, Purpose, ReplySecret, TerminalVerdict,
 };
-use privmatch_core::paillier::semi_honest::Pi1Device;
 use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4};
 use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};
 use privmatch_core::party::PartyIndex;

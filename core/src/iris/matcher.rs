@@ -75,6 +75,7 @@ use crate::algebra::ring::Z16;
 use crate::iris::dot::{scan, DotError, DotKernel, DotShares, ShareMatrix};
 use crate::iris::encoding::IrisShare;
 use crate::iris::params::SearchMode;
+use crate::iris::policy::IrisPolicy;
 use crate::iris::query::{PreparedQuery, QueryError};
 use crate::mpc::binary::{
     open_message, open_receive, unpack_bits, words_for, BitSliced, Gates, MpcContext, MpcError,
@@ -173,7 +174,7 @@ impl MatchConfig {
     pub fn new(mode: SearchMode) -> Self {
         Self {
             max_rotation: crate::iris::template::MAX_ROTATION,
-            threshold: Threshold::default(),
+            threshold: IrisPolicy::default_policy().threshold(),
             mode,
             entitled: PartyIndex::ALL.to_vec(),
         }
@@ -791,18 +792,28 @@ mod tests {
                     SearchMode::Identify,
                     templates.len(),
                     max_rotation,
-                    &Threshold::default()
+                    &IrisPolicy::default_policy().threshold()
                 )
             );
             // The data set exercises both outcomes.
             assert!(!want.is_empty() && want.len() < templates.len());
         }
         assert_eq!(
-            expected_rounds(SearchMode::Identify, 240, 15, &Threshold::default()),
+            expected_rounds(
+                SearchMode::Identify,
+                240,
+                15,
+                &IrisPolicy::default_policy().threshold()
+            ),
             21
         );
         assert_eq!(
-            expected_rounds(SearchMode::Identify, 240, 0, &Threshold::default()),
+            expected_rounds(
+                SearchMode::Identify,
+                240,
+                0,
+                &IrisPolicy::default_policy().threshold()
+            ),
             16
         );
     }
@@ -891,7 +902,7 @@ mod tests {
         // Exactly the templates with d < 0 match (fhd = (h* + d)/common); d = 0 is fhd = τ.
         assert_eq!(want.len(), 6 * 3);
         assert_eq!(want, (0..6 * 3).collect::<Vec<_>>());
-        assert_eq!(cfg.threshold, Threshold::default());
+        assert_eq!(cfg.threshold, IrisPolicy::default_policy().threshold());
     }
 
     #[test]
@@ -906,7 +917,12 @@ mod tests {
         assert_eq!(out, [0; 3].map(|_| MatchOutput::Unique(true)));
         assert_eq!(
             trace.len() as u32,
-            expected_rounds(SearchMode::Uniqueness, 50, 15, &Threshold::default())
+            expected_rounds(
+                SearchMode::Uniqueness,
+                50,
+                15,
+                &IrisPolicy::default_policy().threshold()
+            )
         );
         assert_eq!(trace.len(), 1 + 14 + 11 + 1);
         // One near-duplicate at rotation 7, flip rate 0.25.
@@ -1057,7 +1073,12 @@ mod tests {
         assert!(!err.to_string().is_empty());
         // Replay: deliver rounds 0..=k normally, then feed round k's message again; the
         // second receive is refused, in the reshare, compare, OR and open phases alike.
-        let total = expected_rounds(SearchMode::Identify, 8, 15, &Threshold::default()) as usize;
+        let total = expected_rounds(
+            SearchMode::Identify,
+            8,
+            15,
+            &IrisPolicy::default_policy().threshold(),
+        ) as usize;
         let recv = |s: IrisMatchSession, msgs: &[Outgoing; 3]| {
             let from = s.party().prev();
             s.receive(from, &msgs[from.as_usize()].payload)
@@ -1131,7 +1152,12 @@ mod tests {
             assert_eq!(rounds, 21, "N = {n}");
             assert_eq!(
                 rounds,
-                expected_rounds(SearchMode::Identify, n, 15, &Threshold::default())
+                expected_rounds(
+                    SearchMode::Identify,
+                    n,
+                    15,
+                    &IrisPolicy::default_policy().threshold()
+                )
             );
             if n == 1000 {
                 let per = bytes.map(|b| b as f64 / (31 * n) as f64);
@@ -1150,7 +1176,12 @@ mod tests {
         assert_eq!(rounds, 1 + 14 + 12 + 1);
         println!("N = 100 uniqueness: {rounds} rounds, bytes {bytes:?}");
         assert_eq!(
-            expected_rounds(SearchMode::Uniqueness, 100_000, 15, &Threshold::default()),
+            expected_rounds(
+                SearchMode::Uniqueness,
+                100_000,
+                15,
+                &IrisPolicy::default_policy().threshold()
+            ),
             38
         );
     }

@@ -9,13 +9,18 @@
 //! 0 < τ ≤ 0.5.
 
 use crate::iris::params::MAX_THRESHOLD;
-use crate::mpc::compare::{Threshold, DEFAULT_TAU_NUMERATOR};
+use crate::mpc::compare::{Threshold, Q};
 
 /// The action of a signed iris policy command.
 pub const IRIS_POLICY_ACTION: &str = "iris-policy";
 
-/// The threshold numerator every party holds at install: τ = 0.345 (3,450 / 10,000).
-pub const DEFAULT_POLICY_NUMERATOR: u32 = DEFAULT_TAU_NUMERATOR;
+/// The threshold numerator every party holds at install: τ = 0.345 (3,450 / 10,000). The one
+/// definition of the default iris threshold (docs/protocols/iris.md).
+pub const DEFAULT_TAU_NUMERATOR: u32 = 3_450;
+
+/// The default threshold [`DEFAULT_TAU_NUMERATOR`] as a ratio (0.345), for command-line
+/// defaults and benchmarks.
+pub const DEFAULT_TAU: f64 = DEFAULT_TAU_NUMERATOR as f64 / Q as f64;
 
 const VERSION: u8 = 1;
 const PAYLOAD_LEN: usize = 5;
@@ -61,7 +66,7 @@ impl IrisPolicy {
     /// The policy every party holds at install (τ = 0.345).
     pub fn default_policy() -> Self {
         IrisPolicy {
-            threshold: Threshold::from_ten_thousandths(DEFAULT_POLICY_NUMERATOR)
+            threshold: Threshold::from_ten_thousandths(DEFAULT_TAU_NUMERATOR)
                 .unwrap_or_else(|_| unreachable!("3450/10000 is a valid threshold")),
         }
     }

@@ -64,13 +64,6 @@ use crate::sharing::replicated::ReplicatedShare;
 /// scale B of the code dot product in x = A·m − B·c (module docs).
 pub const Q: i64 = 10_000;
 
-/// The numerator P of the default match threshold ratio [`DEFAULT_TAU`] = P / [`Q`]: the one
-/// definition of the default (docs/protocols/iris.md).
-pub const DEFAULT_TAU_NUMERATOR: u32 = 3_450;
-
-/// The default match threshold ratio τ = 0.345, as a ratio.
-pub const DEFAULT_TAU: f64 = DEFAULT_TAU_NUMERATOR as f64 / Q as f64;
-
 /// The offset 2^15 that makes the signed code dot product unsigned for the lift (module docs).
 const CODE_OFFSET: u32 = 1 << 15;
 
@@ -137,15 +130,6 @@ impl Threshold {
     /// hd·Q < P·common, i.e. fhd < τ (module docs).
     pub fn plain_match(&self, code_dot: i64, mask_dot: i64) -> bool {
         self.plain_x(code_dot, mask_dot) < 0
-    }
-}
-
-impl Default for Threshold {
-    /// The threshold [`DEFAULT_TAU`] = 3,450 / 10,000.
-    fn default() -> Self {
-        Self {
-            p: i64::from(DEFAULT_TAU_NUMERATOR),
-        }
     }
 }
 
@@ -681,6 +665,11 @@ pub fn lift_compare_rounds(threshold: &Threshold) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// τ = 0.345, the deployed default (whose one definition is the iris policy's).
+    fn tau_0345() -> Threshold {
+        Threshold::from_ten_thousandths(3_450).expect("τ = 0.345")
+    }
     use crate::mpc::binary::testing::{contexts, run, run_with_transcript, share_u32};
     use crate::mpc::binary::{open_message, open_receive, reconstruct_bits, unpack_bits};
     use crate::sharing::replicated::share;
@@ -810,7 +799,7 @@ mod tests {
 
     #[test]
     fn constants() {
-        let t = Threshold::default();
+        let t = tau_0345();
         assert_eq!(t.numerator(), 3450);
         assert_eq!(t.a(), 6200);
         assert_eq!(t.b(), 10_000);
@@ -850,7 +839,7 @@ mod tests {
         assert_eq!(band.len(), 78);
         assert_eq!(band[0], (1331, 3858));
         // The exact plaintext decision matches all of them now.
-        let t = Threshold::default();
+        let t = tau_0345();
         for &(hd, common) in &band {
             let (c, m) = dots(hd, common);
             assert!(t.plain_match(c, m), "hd {hd} common {common}");
@@ -939,14 +928,14 @@ mod tests {
             let rounds = lift_compare_rounds(&t);
             assert!((13..=14).contains(&rounds), "P = {p}: {rounds} rounds");
         }
-        assert_eq!(lift_compare_rounds(&Threshold::default()), 14);
+        assert_eq!(lift_compare_rounds(&tau_0345()), 14);
     }
 
     #[test]
     fn exact_threshold_is_not_a_match() {
         // fhd exactly τ (69/200, 138/400, 4,416/12,800) is no match; one below is. 1,331/3,858,
         // the smallest pair of the former rounding band, now matches.
-        let t = Threshold::default();
+        let t = tau_0345();
         let pairs = vec![
             dots(69, 200),
             dots(68, 200),
@@ -1010,7 +999,7 @@ mod tests {
         // Two very different secret inputs (every comparison a match / none a match) in the
         // same session: every round message of every party is masked by a zero share the
         // receiver cannot remove, so its bits are balanced in both runs and the runs differ.
-        let t = Threshold::default();
+        let t = tau_0345();
         let n = 4096;
         let transcript = |pair: (i64, i64), seed: u64| {
             let mut rng = ChaCha20Rng::seed_from_u64(seed);
@@ -1041,7 +1030,7 @@ mod tests {
 
     #[test]
     fn length_mismatch_is_an_error() {
-        let t = Threshold::default();
+        let t = tau_0345();
         let code = vec![ReplicatedShare::<Z32>::default(); 2];
         let mask = vec![ReplicatedShare::<Z32>::default(); 3];
         assert!(compare_program(&t, &code, &mask, P[0]).is_err());

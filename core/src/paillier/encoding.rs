@@ -61,7 +61,7 @@
 //!    instead of about 1.2·t·k·max(p) multiplications. The terminal's multiplier
 //!    a (Π2, Π3) is applied once to the Horner result (64 squarings) rather than folded into
 //!    the exponents (which would make every exponent m + 64 bits): the `timings` test of
-//!    `malicious.rs` measures both.
+//!    `pi2.rs` measures both.
 //!
 //! **Side channel (limitation).** The multi-exponentiation is variable-time in the digits of
 //! the terminal's measurement (its number of nonzero NAF digits), like the paper's; GMP's
@@ -673,7 +673,7 @@ pub fn homomorphic_inner_product(
 
 /// As [`homomorphic_inner_product`] but with the multiplier a folded into the exponents
 /// (a·w_(c,j), up to m + κ bits): the alternative to applying a once to the result, kept to
-/// measure it (see the `timings` test of `malicious.rs`).
+/// measure it (see the `timings` test of `pi2.rs`).
 pub fn homomorphic_inner_product_folded(
     pk: &PublicKey,
     layout: &Layout,

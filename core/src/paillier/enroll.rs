@@ -45,14 +45,14 @@ use sha2::{Digest, Sha256};
 use super::cipher::{Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, encode_template};
 use super::key_proof::{KeyProof, RingPedersenParams};
-use super::malicious::pack_element_ciphertexts;
 use super::params::{Params, Protocol};
+use super::pi1::encrypt_template;
+use super::pi2::pack_element_ciphertexts;
 use super::proofs::{
     encrypt_template_with_nonces_parallel, template_with_slack, L2Challenge, L2Response,
     L2Verifier, PlaintextKnowledgeProof, SLACK_COORDINATES,
 };
 use super::record::{check_device_id, SignedTemplate, TemplateRecord};
-use super::semi_honest::encrypt_template;
 
 const REQUEST_MAGIC: &[u8; 4] = b"PMER";
 const STATE_MAGIC: &[u8; 4] = b"PMES";
@@ -582,7 +582,7 @@ impl DeviceEnrolment {
         Ok(signed)
     }
 
-    /// The device's key (to build the matching device, e.g. `malicious::Pi2Device`).
+    /// The device's key (to build the matching device, e.g. `pi2::Pi2Device`).
     pub fn secret(&self) -> &SecretKey {
         &self.secret
     }
@@ -846,9 +846,9 @@ impl ServiceEnrolment {
 #[cfg(test)]
 mod tests {
     use super::super::cipher::test_support::key_2048;
-    use super::super::malicious::{Pi2Device, Pi2Terminal};
-    use super::super::no_leakage::{Pi3Device, Pi3Terminal};
     use super::super::params::DEFAULT_STAT_BITS;
+    use super::super::pi2::{Pi2Device, Pi2Terminal};
+    use super::super::pi3::{Pi3Device, Pi3Terminal};
     use super::super::record::verify_round1_signature;
     use super::*;
     use std::sync::OnceLock;

@@ -12,9 +12,9 @@
 //! | [`encoding`] | the packing of [ABMR20] §4 (signed slots, norm-derived width), Mask and ρ, the homomorphic inner product by multi-exponentiation |
 //! | [`precomputed`] | the terminal's offline tables per device (Round 1 is reusable): Round 2's inner product without the Horner squarings |
 //! | [`messages`] | the wire format (strict decoding), the template signing bytes, the session error type |
-//! | [`semi_honest`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
-//! | [`malicious`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines (the terminal's state between its rounds encodable: `suspend`/`resume`), the multiplier/addend and X check that Π3 reuses |
-//! | [`no_leakage`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT (the terminal's state after Round 2 and Round 4 encodable) |
+//! | [`pi1`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
+//! | [`pi2`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines (the terminal's state between its rounds encodable: `suspend`/`resume`), the multiplier/addend and X check that Π3 reuses |
+//! | [`pi3`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT (the terminal's state after Round 2 and Round 4 encodable) |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
@@ -35,17 +35,17 @@ pub mod device_signature;
 pub mod encoding;
 pub mod enroll;
 pub mod key_proof;
-pub mod malicious;
 pub mod messages;
-pub mod no_leakage;
 pub mod params;
+pub mod pi1;
+pub mod pi2;
+pub mod pi3;
 pub mod precomputed;
 pub mod proofs;
 pub mod quantize;
 pub mod record;
 pub mod replay;
 pub mod sealed;
-pub mod semi_honest;
 pub mod signed_round2;
 pub mod terminal;
 pub mod verdict;

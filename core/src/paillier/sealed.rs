@@ -43,7 +43,7 @@ use super::cipher::PublicKey;
 use super::device_signature::{self, Statement};
 use super::messages::{header, MatchError, MessageKind, Reader};
 use super::params::Protocol;
-use super::semi_honest::Pi1Round3;
+use super::pi1::Pi1Round3;
 use super::verdict::Verdict;
 
 /// Bytes of a reply key (an X25519 public key).

@@ -559,16 +559,16 @@ mod tests {
         use super::super::super::cipher::test_support::small_key;
         use super::super::super::cipher::{Ciphertext, PublicKey, SecretKey};
         use super::super::super::encoding::decode_sum;
-        use super::super::super::malicious::{
-            encrypt_elements, pack_element_ciphertexts, Pi2Device, Pi2Round2, Pi2Terminal,
-        };
         use super::super::super::messages::template_signing_bytes;
         use super::super::super::messages::test_support::{
             clone_key, dot, max_params, random_vector,
         };
-        use super::super::super::no_leakage::{Pi3Device, Pi3Round2, Pi3Terminal};
         use super::super::super::params::Params;
-        use super::super::super::semi_honest::{Pi1Device, Pi1Round2, Pi1Terminal};
+        use super::super::super::pi1::{Pi1Device, Pi1Round2, Pi1Terminal};
+        use super::super::super::pi2::{
+            encrypt_elements, pack_element_ciphertexts, Pi2Device, Pi2Round2, Pi2Terminal,
+        };
+        use super::super::super::pi3::{Pi3Device, Pi3Round2, Pi3Terminal};
         use super::super::*;
         use ed25519_dalek::Verifier;
         use rand_chacha::ChaCha20Rng;

@@ -69,7 +69,7 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
     let threshold = body
         .get("threshold")
         .and_then(|v| v.as_f64())
-        .unwrap_or(privmatch_core::mpc::compare::DEFAULT_TAU);
+        .unwrap_or(privmatch_core::iris::policy::DEFAULT_TAU);
     let params = SearchParams::new(mode, max_rotation, threshold)
         .unwrap_or_else(|e| bad(&format!("has bad parameters: {e}")));
     let and = body.get("policy").and_then(|p| p.as_str()) == Some("and");

@@ -14,7 +14,7 @@
 
 use pgrx::prelude::*;
 use privmatch_core::paillier::params::Protocol;
-use privmatch_core::paillier::semi_honest::{Pi1Round1, Pi1Terminal};
+use privmatch_core::paillier::pi1::{Pi1Round1, Pi1Terminal};
 use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::terminal::TerminalInput;
 

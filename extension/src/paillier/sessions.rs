@@ -28,10 +28,10 @@
 use pgrx::prelude::*;
 use privmatch_core::paillier::cipher::PublicKey;
 use privmatch_core::paillier::device_signature::{self, Statement};
-use privmatch_core::paillier::malicious::{Pi2Round1, Pi2Terminal};
 use privmatch_core::paillier::messages::MatchError;
-use privmatch_core::paillier::no_leakage::Pi3Terminal;
 use privmatch_core::paillier::params::{Params, Protocol};
+use privmatch_core::paillier::pi2::{Pi2Round1, Pi2Terminal};
+use privmatch_core::paillier::pi3::Pi3Terminal;
 use privmatch_core::paillier::record::verify_round1_signature;
 use privmatch_core::paillier::sealed::{
     self, DeviceOutcome, DeviceReply, Outcome, Purpose, TerminalVerdict,

@@ -30,7 +30,6 @@ use privmatch_core::iris::probe::{
 };
 use privmatch_core::iris::synth::near_duplicate;
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate, MAX_ROTATION};
-use privmatch_core::mpc::compare::Threshold;
 use privmatch_core::wire::session::new_session_id;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -46,7 +45,7 @@ use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 use crate::parties::Parties;
 use crate::session::retry::RetryPolicy;
-use privmatch_core::mpc::compare::DEFAULT_TAU;
+use privmatch_core::iris::policy::{IrisPolicy, DEFAULT_TAU};
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.
 const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
@@ -424,7 +423,7 @@ fn print_figures(figures: &[Figures], bandwidth: f64, floor_seconds: f64) {
         "x plaintext"
     );
     // The rounds the searches should take at the bench's threshold.
-    let threshold = Threshold::from_ratio(DEFAULT_TAU).unwrap_or_default();
+    let threshold = IrisPolicy::default_policy().threshold();
     for f in figures {
         let entries = f.stats.entries.max(0) as usize;
         let comparisons = (entries * f.rotations) as f64;

@@ -27,12 +27,12 @@ use ed25519_dalek::SigningKey;
 use privmatch_core::paillier::cipher::{Ciphertext, SecretKey};
 use privmatch_core::paillier::enroll::{DeviceEnrolment, ServiceEnrolment};
 use privmatch_core::paillier::key_proof::{RingPedersenParams, DEFAULT_RING_PEDERSEN_BITS};
-use privmatch_core::paillier::malicious::{Pi2Device, Pi2Terminal};
-use privmatch_core::paillier::no_leakage::{circuit, Pi3Device, Pi3Terminal};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
+use privmatch_core::paillier::pi1::{Pi1Device, Pi1Terminal};
+use privmatch_core::paillier::pi2::{Pi2Device, Pi2Terminal};
+use privmatch_core::paillier::pi3::{circuit, Pi3Device, Pi3Terminal};
 use privmatch_core::paillier::precomputed::PrecomputedTemplate;
 use privmatch_core::paillier::record::verify_round1_signature;
-use privmatch_core::paillier::semi_honest::{Pi1Device, Pi1Terminal};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 

@@ -48,12 +48,12 @@ use sha2::{Digest, Sha256};
 
 use super::cipher::{random_below, Ciphertext, PublicKey, SecretKey};
 use super::encoding::{check_template, decode_sum, mask_affine_product};
-use super::malicious::{Pi2Round1, SignedDevice};
 use super::messages::{
     begin_state, check_session_params, end_state, header, put_signed, state_reader, to_i64,
     MatchError, MessageKind, Reader,
 };
 use super::params::{Layout, Params, Protocol};
+use super::pi2::{Pi2Round1, SignedDevice};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
 use super::signed_round2::VerifiedRound2;
 use crate::crypto::circuit::{
@@ -789,10 +789,10 @@ impl Pi3Terminal {
 #[cfg(test)]
 mod tests {
     use super::super::cipher::test_support::{key_2048, small_key};
-    use super::super::malicious::{encrypt_elements, pack_element_ciphertexts};
     use super::super::messages::template_signing_bytes;
     use super::super::messages::test_support::{clone_key, dot, random_vector};
     use super::super::params::DEFAULT_STAT_BITS;
+    use super::super::pi2::{encrypt_elements, pack_element_ciphertexts};
     use super::*;
     use crate::crypto::garble::Label;
     use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
