@@ -70,8 +70,7 @@ fn search(
                     &p.keys,
                     id,
                     s,
-                    IrisPolicy::from_numerator(params.threshold().numerator() as u32)
-                        .expect("policy"),
+                    IrisPolicy::from_threshold(params.threshold()).expect("policy"),
                     now,
                     SEALED_AT,
                     Interrupt::never(),

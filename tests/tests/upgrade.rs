@@ -401,6 +401,20 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
          VALUES ($1, 128, '{}', '\\x00', '', 3, now(), true)",
         &[&vec![2u8; 16]],
     );
+    // Under this library, before the update, the retired pool functions the 0.12.0 script
+    // created only refuse, naming the retirement (their C symbols are stubs).
+    for call in [
+        "SELECT * FROM privmatch.face_pool_status()",
+        "SELECT * FROM privmatch.face_dealer_generate(1)",
+    ] {
+        let err = at_0_12_0.try_query(call, &[]).expect_err(call);
+        let db = err.as_db_error().expect("a database error");
+        assert_eq!(db.code().code(), "0A000", "{call}: {db:?}");
+        assert!(
+            db.message().contains("retired in privmatch 0.13.0"),
+            "{call}: {db:?}"
+        );
+    }
     at_0_12_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.12.0", &catalog(&at_0_12_0), &expected);
     let sessions: Vec<(Vec<u8>, bool, bool, bool)> = at_0_12_0

@@ -63,6 +63,14 @@ impl IrisPolicy {
         Ok(IrisPolicy { threshold })
     }
 
+    /// The policy whose threshold is `threshold` (a search's, e.g. the one sealed in a probe);
+    /// refuses what [`Self::from_numerator`] refuses.
+    pub fn from_threshold(threshold: Threshold) -> Result<Self, PolicyError> {
+        let numerator = u32::try_from(threshold.numerator())
+            .map_err(|_| PolicyError(format!("threshold numerator {}", threshold.numerator())))?;
+        Self::from_numerator(numerator)
+    }
+
     /// The policy every party holds at install (τ = 0.345).
     pub fn default_policy() -> Self {
         IrisPolicy {
@@ -124,6 +132,7 @@ mod tests {
             let p = IrisPolicy::from_ratio(tau).expect("valid");
             assert_eq!(IrisPolicy::decode(&p.encode()), Ok(p));
             assert_eq!(p.ratio(), tau);
+            assert_eq!(IrisPolicy::from_threshold(p.threshold()), Ok(p));
         }
         assert_eq!(IrisPolicy::default_policy().numerator(), 3_450);
         for bad in [0.0, 0.5001, -0.1, f64::NAN, 0.34512] {

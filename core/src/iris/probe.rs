@@ -391,7 +391,7 @@ mod tests {
 
     /// The policy whose threshold `ctx` sealed.
     fn policy_of(ctx: &ProbeContext) -> IrisPolicy {
-        IrisPolicy::from_numerator(ctx.params.threshold().numerator() as u32).expect("policy")
+        IrisPolicy::from_threshold(ctx.params.threshold()).expect("policy")
     }
 
     #[test]

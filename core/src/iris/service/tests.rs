@@ -188,7 +188,7 @@ fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32, tau: u
 
 /// The threshold policy of a party that accepts probes sealed with `params`.
 fn policy_of(params: SearchParams) -> IrisPolicy {
-    IrisPolicy::from_numerator(params.threshold().numerator() as u32).expect("policy")
+    IrisPolicy::from_threshold(params.threshold()).expect("policy")
 }
 
 fn params(mode: &str, max_rotation: i32) -> SearchParams {
