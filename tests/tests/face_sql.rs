@@ -464,29 +464,38 @@ async fn dealt_halves(
 }
 
 /// P2's sealed key halves for `keys_for` (`face_dealer_identify` for a session,
-/// `face_dealer_stock` for a stock id) for the templates `ids`, chunk by chunk.
+/// `face_dealer_stock` for a stock id, both for the templates `ids`; `face_dealer_verify` for
+/// a verification, from its session id alone), chunk by chunk.
 async fn dealt_halves_for(
     p2: &Client,
     keys_for: KeysFor,
     ids: &[[u8; 16]],
 ) -> Result<[Vec<Vec<u8>>; 2], Failure> {
     let id_args: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
-    let function = match keys_for {
-        KeysFor::Session(_) => "face_dealer_identify",
-        KeysFor::Stock(_) => "face_dealer_stock",
-        KeysFor::Verification(_) => {
-            panic!("a verification is dealt by face_dealer_verify, from the evaluators' sealed requests")
+    let id = keys_for.id().to_vec();
+    let rows = match keys_for {
+        KeysFor::Session(_) | KeysFor::Stock(_) => {
+            let function = match keys_for {
+                KeysFor::Stock(_) => "face_dealer_stock",
+                _ => "face_dealer_identify",
+            };
+            p2.query(
+                &format!(
+                    "SELECT envelope_p0, envelope_p1 FROM privmatch.{function}($1, $2) ORDER BY chunk"
+                ),
+                &[&id, &id_args],
+            )
+            .await
         }
-    };
-    let rows = p2
-        .query(
-            &format!(
-                "SELECT envelope_p0, envelope_p1 FROM privmatch.{function}($1, $2) ORDER BY chunk"
-            ),
-            &[&keys_for.id().to_vec(), &id_args],
-        )
-        .await
-        .map_err(|e| failure(2, &e))?;
+        KeysFor::Verification(_) => {
+            p2.query(
+                "SELECT envelope_p0, envelope_p1 FROM privmatch.face_dealer_verify($1) ORDER BY chunk",
+                &[&id],
+            )
+            .await
+        }
+    }
+    .map_err(|e| failure(2, &e))?;
     Ok([0, 1].map(|b| rows.iter().map(|r| r.get::<_, Vec<u8>>(b)).collect()))
 }
 
@@ -777,13 +786,17 @@ async fn masked_open(
     .expect("seal probe");
     let row = clients[0]
         .query_one(
-            "SELECT bundle_ids, dealer_request FROM privmatch.face_masked_open($1, $2)",
+            "SELECT bundle_ids, masked_probe FROM privmatch.face_masked_open($1, $2)",
             &[&session.as_slice(), &sealed[0]],
         )
         .await
         .map_err(|e| failure(0, &e))?;
     let ids: Vec<u8> = row.get(0);
-    assert_eq!(row.get::<_, Option<Vec<u8>>>(1), None, "no request for P2");
+    assert_eq!(
+        row.get::<_, Option<Vec<u8>>>(1),
+        None,
+        "an identification's open sends no message"
+    );
     let row = clients[1]
         .query_one(
             "SELECT bundle_ids FROM privmatch.face_masked_open($1, $2, $3)",
@@ -1000,18 +1013,19 @@ fn dealer_masked_steps_refuse_forgeries_and_store_nothing() {
 
 /// Everything the coordinator sends and receives in one masked session, as its role drives
 /// it the way `coordinator/src/face/driver.rs` does (an identification: open at P0, open at
-/// P1 with P0's list, P2's dealing for the list; a verification: opens at P0 and P1 at once,
-/// P2's dealing from their sealed requests; then keys, rounds 2 and 3), together with the
-/// client's HTTP request body and the coordinator's answer to it: every parameter of every
-/// call to P0, P1 and P2, and every byte string of every answer. Also P0's and P1's round-3
-/// outputs and the verification requests (for the relay attacks).
+/// P1 with P0's list, P2's dealing for the list; a verification: opens at P0 and P1 and P2's
+/// dealing from the session id; then keys, rounds 2 and 3), together with the client's HTTP
+/// request body and the coordinator's answer to it: every parameter of every call to P0, P1
+/// and P2, and every byte string of every answer. Also P0's and P1's round-3 outputs and a
+/// verification's round-2 messages from the opens.
 struct Captured {
     /// What the coordinator sends: the client's answer, every SQL argument to every party.
     sent: Vec<Vec<u8>>,
     /// What the coordinator receives: the client's request, every answer of every party.
     received: Vec<Vec<u8>>,
     outputs: [Vec<u8>; 2],
-    requests: Option<[Vec<u8>; 2]>,
+    /// A verification's sealed round-2 messages (X_b ‖ Y'_b), as the opens answered them.
+    messages: Option<[Vec<u8>; 2]>,
 }
 
 async fn captured_session(
@@ -1065,19 +1079,14 @@ async fn captured_session_knowing(
     }
     .expect("json");
     received.push(body);
-    let open = "SELECT comparisons, bundle_ids, digest, dealer_request, masked_probe \
+    let open = "SELECT comparisons, bundle_ids, digest, masked_probe \
                 FROM privmatch.face_masked_open($1, $2, $3)";
     let answer = |row: &tokio_postgres::Row, received: &mut Vec<Vec<u8>>| {
         received.push(row.get::<_, i32>(0).to_le_bytes().to_vec());
         received.push(row.get(1));
         received.push(row.get(2));
         received.extend(row.get::<_, Option<Vec<u8>>>(3));
-        received.extend(row.get::<_, Option<Vec<u8>>>(4));
-        (
-            row.get::<_, Vec<u8>>(1),
-            row.get::<_, Option<Vec<u8>>>(3),
-            row.get::<_, Option<Vec<u8>>>(4),
-        )
+        (row.get::<_, Vec<u8>>(1), row.get::<_, Option<Vec<u8>>>(3))
     };
     let none: Option<Vec<u8>> = None;
     sent.extend([session.to_vec(), sealed[0].clone()]);
@@ -1085,7 +1094,7 @@ async fn captured_session_knowing(
         .query_one(open, &[&session.as_slice(), &sealed[0], &none])
         .await
         .expect("open at P0");
-    let (ids, r0, opened_x0) = answer(&row, &mut received);
+    let (ids, opened_x0) = answer(&row, &mut received);
     let expect = subject.is_none().then(|| ids.clone());
     sent.extend([session.to_vec(), sealed[1].clone()]);
     sent.extend(expect.clone());
@@ -1093,31 +1102,24 @@ async fn captured_session_knowing(
         .query_one(open, &[&session.as_slice(), &sealed[1], &expect])
         .await
         .expect("open at P1");
-    let (_, r1, opened_x1) = answer(&row, &mut received);
-    let (halves, requests) = match (r0, r1) {
-        (Some(r0), Some(r1)) => {
-            sent.extend([session.to_vec(), r0.clone(), r1.clone()]);
-            let rows = clients[2]
-                .query(
-                    "SELECT envelope_p0, envelope_p1 FROM privmatch.face_dealer_verify($1, $2, $3) ORDER BY chunk",
-                    &[&session.as_slice(), &r0, &r1],
-                )
+    let (_, opened_x1) = answer(&row, &mut received);
+    let halves = match subject {
+        Some(_) => {
+            sent.push(session.to_vec());
+            dealt_halves_for(&clients[2], KeysFor::Verification(session), &[])
                 .await
-                .expect("deal verification");
-            let halves = [0, 1].map(|b| rows.iter().map(|r| r.get::<_, Vec<u8>>(b)).collect());
-            (halves, Some([r0, r1]))
+                .expect("deal verification")
         }
-        _ => {
+        None => {
             let list: Vec<[u8; 16]> = ids
                 .chunks_exact(16)
                 .map(|c| c.try_into().expect("16"))
                 .collect();
             sent.push(session.to_vec());
             sent.extend(list.iter().map(|id| id.to_vec()));
-            let halves = dealt_halves(&clients[2], &session, &list)
+            dealt_halves(&clients[2], &session, &list)
                 .await
-                .expect("deal");
-            (halves, None)
+                .expect("deal")
         }
     };
     received.extend(halves.iter().flatten().cloned());
@@ -1128,7 +1130,11 @@ async fn captured_session_knowing(
     let x1 = masked_keys(&clients[1], &session, &halves[1])
         .await
         .expect("keys P1");
-    // A verification's masked probes went out with the opens; its keys answer nothing.
+    // A verification's messages went out with the opens; its keys answer nothing.
+    let messages = match (&opened_x0, &opened_x1) {
+        (Some(a), Some(b)) => Some([a.clone(), b.clone()]),
+        _ => None,
+    };
     let (x0, x1) = match (opened_x0, opened_x1) {
         (Some(x0_open), Some(x1_open)) => {
             assert!(
@@ -1183,7 +1189,7 @@ async fn captured_session_knowing(
         sent,
         received,
         outputs: [o0, o1],
-        requests,
+        messages,
     }
 }
 
@@ -1372,10 +1378,16 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
                 }
             }
             // A verification: the coordinator learns that one happened and nothing that names
-            // or identifies whom: no bundle id, no digest, a request of fixed length.
-            if let Some(requests) = &c.requests {
-                for r in requests {
-                    assert_eq!(r.len(), c.requests.as_ref().map_or(0, |q| q[0].len()));
+            // or identifies whom: no bundle id, no digest, messages of one fixed length (the
+            // dimension's) for every subject.
+            if let Some(messages) = &c.messages {
+                let fixed = 2 * 4 * DIM + 32;
+                for m in messages {
+                    assert!(
+                        m.len() > fixed && m.len() <= fixed + 64,
+                        "{} bytes",
+                        m.len()
+                    );
                 }
             }
             let result = open_face_result(
@@ -1516,36 +1528,41 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
             .expect_err("no list to map the bits onto");
         assert!(matches!(err, FaceError::SealedOutput { .. }), "{err}");
 
-        // The relay rewrites a verification's requests to P2: swapped, replayed into another
-        // session, or an identification's dealing handed to a verification. Each is refused.
-        let session = [9u8; 16];
-        let c = captured_session(&clients, &keys, session, Some(&records[3].0), &probe).await;
-        let [r0, r1] = c.requests.expect("a verification's requests");
-        let deal = |s: [u8; 16], a: Vec<u8>, b: Vec<u8>| {
-            let p2 = &clients[2];
-            async move {
-                p2.query(
-                    "SELECT * FROM privmatch.face_dealer_verify($1, $2, $3)",
-                    &[&s.as_slice(), &a, &b],
-                )
-                .await
-            }
+        // The relay rewrites a verification's round-2 messages (X_b ‖ Y'_b, sent from the
+        // opens) or its keys: P0 given its own message back, a tampered one, P1's message of
+        // another session, or the keys P2 dealt for another session. Each is refused (08P01)
+        // at P0, which then drops the session.
+        let opened = |session: [u8; 16]| {
+            let (clients, keys, probe, subject) = (&clients, &keys, &probe, &records[3].0);
+            async move { verification_opened(clients, keys, session, subject, probe).await }
         };
-        let (code, message) = refused_with(
-            deal(session, r1.clone(), r0.clone()).await,
-            "swapped requests",
-        );
-        assert_eq!(code, "08P01", "{message}");
-        let (code, message) = refused_with(
-            deal([10u8; 16], r0.clone(), r1.clone()).await,
-            "replayed requests",
-        );
-        assert_eq!(code, "08P01", "{message}");
-        let (code, message) = refused_with(
-            deal(session, r0.clone(), tampered(&r1)).await,
-            "tampered request",
-        );
-        assert_eq!(code, "08P01", "{message}");
+        let other = opened([20u8; 16]).await;
+        for (n, attack) in ["reflected", "tampered", "replayed", "other keys"]
+            .into_iter()
+            .enumerate()
+        {
+            let session = [21 + n as u8; 16];
+            let v = opened(session).await;
+            let keys_for_p0 = if attack == "other keys" {
+                &other.halves[0]
+            } else {
+                &v.halves[0]
+            };
+            let result = match masked_keys(&clients[0], &session, keys_for_p0).await {
+                Err(e) => Err(e),
+                Ok(_) => {
+                    let inbound = match attack {
+                        "reflected" => v.messages[0].clone(),
+                        "tampered" => tampered(&v.messages[1]),
+                        "replayed" => other.messages[1].clone(),
+                        _ => v.messages[1].clone(),
+                    };
+                    masked_round(&clients[0], &session, 2, &inbound).await
+                }
+            };
+            let (code, message) = refused_with(result, attack);
+            assert_eq!(code, "08P01", "{attack}: {message}");
+        }
         // A verification session takes no identification keys: a coordinator that guesses the
         // template (it knows every bundle id from the identifications) and deals for it with
         // face_dealer_identify is refused, so it cannot test which template is verified.
@@ -1590,6 +1607,49 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
         // Every bundle id is known to the coordinator from identifications (not who it is).
         assert!(captured_ids(&clients, &keys, &probe).await.contains(&right));
     });
+}
+
+/// A verification opened at P0 and P1 and dealt at P2, as the coordinator runs it, before
+/// any keys step: the evaluators' sealed round-2 messages and P2's key halves.
+struct OpenedVerification {
+    messages: [Vec<u8>; 2],
+    halves: [Vec<Vec<u8>>; 2],
+}
+
+async fn verification_opened(
+    clients: &[Client],
+    keys: &[PartyPublicKey; 3],
+    session: [u8; 16],
+    subject: &str,
+    probe: &[i32],
+) -> OpenedVerification {
+    let mut rng = ChaCha20Rng::from_entropy();
+    let sealed = seal_face_probe(
+        probe,
+        session,
+        Some(subject),
+        &client_reply().public_key(),
+        keys,
+        &mut rng,
+    )
+    .expect("seal");
+    let mut messages = [Vec::new(), Vec::new()];
+    for b in 0..2 {
+        let row = clients[b]
+            .query_one(
+                "SELECT masked_probe FROM privmatch.face_masked_open($1, $2)",
+                &[&session.as_slice(), &sealed[b]],
+            )
+            .await
+            .expect("open");
+        messages[b] = row
+            .get::<_, Option<Vec<u8>>>(0)
+            .expect("a verification's message");
+    }
+    let halves = dealt_halves_for(&clients[2], KeysFor::Verification(session), &[])
+        .await
+        .expect("deal");
+    OpenedVerification { messages, halves }
 }
 
 /// The bundle ids an identification compares (P0's open of a fresh identification session).

@@ -17,23 +17,25 @@
 //!    compared templates in its engine: every opened one for an identification (it answers
 //!    the number of comparisons, their bundle ids and digest), or, for a verification, the
 //!    template of the subject sealed inside the probe (probe format 3): then it answers only
-//!    the count and its list sealed to P2 (`dealer_request`). No answer names a subject.
+//!    the count and its round-2 message sealed for P1 (`masked_probe`). No answer names a
+//!    subject.
 //! 2. An identification: `face_masked_open(session, probe, P0's ids)` at P1: P1 compares
 //!    exactly P0's list or refuses (SQLSTATE 40001: the evaluators differ for a moment;
-//!    retry). A verification opens at P0 and P1 at once, each finding the template itself.
+//!    retry). A verification opens at P0 and P1 at once, each finding the template itself,
+//!    while P2 deals (step 3).
 //!    An identification for which a dealing was made ahead of time ([`crate::face::stock`],
 //!    docs/protocols/face.md §13.7) opens at P0 and P1 at once with
 //!    `face_masked_open_stocked(session, probe, stock)`; when both claim the stocked dealing,
 //!    step 3 is skipped and step 4 takes no chunks.
 //! 3. `face_dealer_identify(session, ids)` at P2 (identification) or
-//!    `face_dealer_verify(session, P0's request, P1's request)` (verification: P2 opens both
-//!    requests and deals only when they name the same list, else 40001): each evaluator's key
-//!    half, in chunks. The coordinator never learns which template a verification compares
-//!    (docs/protocols/face.md §13.10).
+//!    `face_dealer_verify(session)` (verification: dealt from the session id alone, at the
+//!    same time as the opens): each evaluator's key half, in chunks. Neither the coordinator
+//!    nor P2 learns which template a verification compares (docs/protocols/face.md §13.10).
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors. A
-//!    verification's evaluators answered theirs at the open (masked with a seed each shares
-//!    with P2 for the session, docs/protocols/face.md §13.10), so its keys step answers
-//!    nothing and is sent back to back with round 2 on each connection (one round trip).
+//!    verification's evaluators answered theirs at the open (probe and template masked with
+//!    seeds each shares with P2 for the session, docs/protocols/face.md §13.10), so its keys
+//!    step answers nothing and is sent back to back with round 2 on each connection (one
+//!    round trip).
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
 //!    round 3 takes the peer's distance shares and answers this party's output shares sealed
@@ -178,16 +180,14 @@ pub struct OpenReply {
     pub ids: Vec<u8>,
     /// Digest of the compared list (an identification's; empty for a verification).
     pub digest: Vec<u8>,
-    /// A verification's list sealed by the evaluator to P2 (`face_dealer_verify`).
-    pub request: Option<Vec<u8>>,
-    /// A verification's masked probe vector X_b sealed for the other evaluator (its round-2
-    /// message, sent from the open).
+    /// A verification's round-2 message (the evaluator's masked probe and template shares)
+    /// sealed for the other evaluator, sent from the open.
     pub masked_probe: Option<Vec<u8>>,
 }
 
 /// Checks an evaluator's open (`party` names it): an identification lists one bundle id per
 /// comparison and no masked probe; a verification compares one template and answers a sealed
-/// request for P2 and a sealed masked probe for the other evaluator, and nothing else.
+/// message for the other evaluator, and nothing else.
 pub fn check_open(party: &str, reply: &OpenReply, verification: bool) -> Result<(), String> {
     if reply.comparisons < 0 {
         return Err(format!("{party} opened {} comparisons", reply.comparisons));
@@ -195,11 +195,10 @@ pub fn check_open(party: &str, reply: &OpenReply, verification: bool) -> Result<
     if verification {
         if reply.comparisons != 1
             || !reply.ids.is_empty()
-            || reply.request.as_ref().is_none_or(Vec::is_empty)
             || reply.masked_probe.as_ref().is_none_or(Vec::is_empty)
         {
             return Err(format!(
-                "{party} opened a verification with {} comparisons and no sealed request for P2 or no sealed masked probe",
+                "{party} opened a verification with {} comparisons and no sealed message for the other evaluator",
                 reply.comparisons
             ));
         }
@@ -243,7 +242,8 @@ pub fn check_second_open(p0: &OpenReply, p1: &OpenReply) -> Result<(), String> {
 }
 
 /// Checks the opens of P0 and P1 made at once (each found its templates itself). A
-/// verification: each answered one comparison and a sealed request (P2 compares the lists).
+/// verification: each answered one comparison and a sealed message (the evaluators compare
+/// their templates' digests at round 2).
 /// An identification: the same list, or 40001 (an enrolment or deletion is in flight: retry
 /// with a new session).
 fn check_parallel_opens(
@@ -309,9 +309,9 @@ pub const DEAL_SESSION_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
 /// P2's dealing ahead of time under a stock id ([`crate::face::stock`]).
 pub const DEAL_STOCK_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
        FROM privmatch.face_dealer_stock($1, $2) ORDER BY chunk";
-/// P2's dealing for a verification, from P0's and P1's sealed requests.
+/// P2's dealing for a verification, from its session id.
 pub const DEAL_VERIFY_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
-       FROM privmatch.face_dealer_verify($1, $2, $3) ORDER BY chunk";
+       FROM privmatch.face_dealer_verify($1) ORDER BY chunk";
 
 /// P2's dealing `sql` ([`DEAL_SESSION_SQL`] or [`DEAL_STOCK_SQL`]) under `id` for the
 /// templates `ids` (16 bytes each): each evaluator's sealed key half, in chunks.
@@ -360,31 +360,21 @@ fn dealt_halves(what: &str, rows: Vec<Row>) -> Result<[Vec<Vec<u8>>; 2], FaceSes
     Ok(halves)
 }
 
-/// P2's dealing for verification `session` from P0's and P1's sealed requests (`requests`,
-/// their opens' `dealer_request`): each evaluator's key half, in chunks. P2 refuses requests
-/// not sealed by the evaluators for this session (08P01) and different lists (40001).
+/// P2's dealing for verification `session`, from the session id alone (P2 learns neither
+/// the subject nor the template): each evaluator's key half, in chunks.
 pub async fn deal_verification(
     dealer: &Client,
     session: &[u8; 16],
-    requests: [&[u8]; 2],
     timeout: Duration,
 ) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
     let p2 = PartyIndex::ALL[2];
     let session: &[u8] = session;
-    let [r0, r1] = requests;
     let rows = call_with_timeout::<_, FaceSessionError>(
         p2,
         dealer,
         "face_dealer_verify",
         timeout,
-        dealer.query_typed(
-            DEAL_VERIFY_SQL,
-            &[
-                (&session, Type::BYTEA),
-                (&r0, Type::BYTEA),
-                (&r1, Type::BYTEA),
-            ],
-        ),
+        dealer.query_typed(DEAL_VERIFY_SQL, &[(&session, Type::BYTEA)]),
     )
     .await?;
     dealt_halves("face_dealer_verify", rows)
@@ -561,7 +551,7 @@ impl FaceSession<'_> {
         let session: &[u8] = &request.session;
         let probe: &[u8] = &request.probes[party.as_usize()];
         let expect: Option<&[u8]> = first.map(|r| r.ids.as_slice());
-        let sql = "SELECT comparisons, bundle_ids, digest, dealer_request, masked_probe \
+        let sql = "SELECT comparisons, bundle_ids, digest, masked_probe \
                    FROM privmatch.face_masked_open($1, $2, $3)";
         let row = call_with_timeout::<_, FaceSessionError>(
             party,
@@ -583,8 +573,7 @@ impl FaceSession<'_> {
                 comparisons: column(party, &row, 0)?.unwrap_or(-1),
                 ids: column(party, &row, 1)?.unwrap_or_default(),
                 digest: column(party, &row, 2)?.unwrap_or_default(),
-                request: column(party, &row, 3)?,
-                masked_probe: column(party, &row, 4)?,
+                masked_probe: column(party, &row, 3)?,
             })
         };
         reply().map_err(FaceSessionError::Party)
@@ -642,7 +631,6 @@ impl FaceSession<'_> {
                     comparisons: column(party, &row, 0)?.unwrap_or(-1),
                     ids: column(party, &row, 1)?.unwrap_or_default(),
                     digest: column(party, &row, 2)?.unwrap_or_default(),
-                    request: None,
                     masked_probe: None,
                 }),
                 column::<bool>(party, &row, 3)?.unwrap_or(false),
@@ -748,15 +736,11 @@ impl FaceSession<'_> {
         }
     }
 
-    /// A verification's opens at P0 and P1 (at once: each reads the subject from its sealed
-    /// probe and looks its template up) and its dealing from their sealed requests: the
-    /// coordinator learns that a verification happened, not of whom.
-    ///
-    /// P2 can deal only once both opens have answered, so the opens run inside a transaction
-    /// that is committed while P2 deals ([`Self::open_uncommitted`]): the commit's WAL flush
-    /// at P0 and P1, which the open needs (its session id and the client's nonce are durable
-    /// before any later step), overlaps the dealing instead of preceding it. The keys step
-    /// runs after the commit, on the same connection.
+    /// A verification's opens at P0 and P1 and its dealing at P2, all at once: each evaluator
+    /// reads the subject from its sealed probe and looks its template up, and P2 deals from
+    /// the session id alone (docs/protocols/face.md §13.10), so the coordinator learns that a
+    /// verification happened, not of whom, and P2 not which template. The opens commit before
+    /// they answer (the session id and the client's nonce are durable before any later step).
     async fn verification_opened_and_dealt(
         &self,
         three: [&Client; 3],
@@ -765,21 +749,14 @@ impl FaceSession<'_> {
     {
         let [c0, c1, _] = three;
         let [p0, p1] = EVALUATORS;
-        let (first, second) =
-            futures::join!(self.open_uncommitted(p0, c0), self.open_uncommitted(p1, c1));
-        // An open retried after the pending templates were opened runs in autocommit.
-        let in_transaction = [first.is_ok(), second.is_ok()];
+        let (first, second, dealt) = futures::join!(
+            self.open_at(p0, c0, None),
+            self.open_at(p1, c1, None),
+            deal_verification(dealer, &self.request.session, self.timeout)
+        );
         let first = self.opened_or_retry(p0, None, first, three).await?;
         let second = self.opened_or_retry(p1, None, second, three).await?;
         check_parallel_opens(&first, &second, true)?;
-        let requests = [&first, &second].map(|o| o.request.as_deref().unwrap_or_default());
-        let (committed0, committed1, dealt) = futures::join!(
-            self.commit_open(p0, c0, in_transaction[0]),
-            self.commit_open(p1, c1, in_transaction[1]),
-            deal_verification(dealer, &self.request.session, requests, self.timeout)
-        );
-        committed0?;
-        committed1?;
         Ok(([first, second], dealt))
     }
 
@@ -810,59 +787,6 @@ impl FaceSession<'_> {
             }
         }
         outputs
-    }
-
-    /// `face_masked_open` at `party` inside a transaction that stays open (BEGIN is sent
-    /// with it, pipelined): the answer is back before the commit. On failure the transaction
-    /// is rolled back, so the connection can run the retry of [`Self::opened_or_retry`].
-    async fn open_uncommitted(
-        &self,
-        party: PartyIndex,
-        client: &Client,
-    ) -> Result<OpenReply, FaceSessionError> {
-        let begin = call_with_timeout::<_, FaceSessionError>(
-            party,
-            client,
-            "BEGIN",
-            self.timeout,
-            client.batch_execute("BEGIN"),
-        );
-        let (began, opened) = futures::join!(begin, self.open_at(party, client, None));
-        match (began, opened) {
-            (Ok(()), Ok(reply)) => Ok(reply),
-            (began, opened) => {
-                // Best effort: a connection that cannot roll back is not reused (run_pooled).
-                let _ = call_with_timeout::<_, FaceSessionError>(
-                    party,
-                    client,
-                    "ROLLBACK",
-                    self.timeout,
-                    client.batch_execute("ROLLBACK"),
-                )
-                .await;
-                began.and(opened)
-            }
-        }
-    }
-
-    /// Commits the open at `party` left in a transaction by [`Self::open_uncommitted`].
-    async fn commit_open(
-        &self,
-        party: PartyIndex,
-        client: &Client,
-        in_transaction: bool,
-    ) -> Result<(), FaceSessionError> {
-        if !in_transaction {
-            return Ok(());
-        }
-        call_with_timeout::<_, FaceSessionError>(
-            party,
-            client,
-            "COMMIT of face_masked_open",
-            self.timeout,
-            client.batch_execute("COMMIT"),
-        )
-        .await
     }
 }
 
@@ -1043,7 +967,6 @@ mod tests {
             comparisons: n,
             ids: (0..n.max(0) as u8).flat_map(|i| [i; 16]).collect(),
             digest: vec![digest; 32],
-            request: None,
             masked_probe: None,
         }
     }
@@ -1083,11 +1006,10 @@ mod tests {
         let mut unlisted = open(1, 1);
         unlisted.ids.clear();
         assert!(check_first_open(&unlisted).is_err());
-        // A verification answers one comparison, a sealed request and a sealed masked probe,
-        // and no id; an identification no masked probe.
+        // A verification answers one comparison and a sealed message, and no id; an
+        // identification no masked probe.
         let verification = OpenReply {
             comparisons: 1,
-            request: Some(vec![1; 64]),
             masked_probe: Some(vec![2; 64]),
             ..OpenReply::default()
         };

@@ -204,84 +204,6 @@ pub fn open_identification_key_chunks(
     keys
 }
 
-const REQUEST_MAGIC: &[u8; 4] = b"PMFQ";
-
-fn request_channel(session: &[u8; SESSION_ID_LEN]) -> [u8; SESSION_ID_LEN] {
-    channel_id(b"privmatch face verification request v1", session)
-}
-
-/// Evaluator side (1:1 verification, docs/protocols/face.md §13.10): the compared list
-/// `ids` of face session `session`, which evaluator `party` found by the subject sealed in its
-/// probe, sealed for the dealer on the channel P_party → P2 (`to_dealer`: the evaluator's
-/// pairwise secrets with P2) under SHA-256("privmatch face verification request v1" ‖
-/// session)[0..16]. Layout: `PMFQ`, version, party, count (u32), the bundle ids. The
-/// coordinator relays it to P2 (`face_dealer_verify`) and learns neither the subject nor the
-/// template; every request of one list length has the same length.
-pub fn seal_verification_request<R: RngCore + CryptoRng>(
-    party: usize,
-    session: &[u8; SESSION_ID_LEN],
-    ids: &[[u8; BUNDLE_ID_LEN]],
-    to_dealer: &PairwiseSecrets,
-    rng: &mut R,
-) -> Result<Vec<u8>, FaceError> {
-    if party > 1 {
-        return Err(FaceError::NotAnEvaluator(party as u8));
-    }
-    let count = u32::try_from(ids.len())
-        .map_err(|_| FaceError::Malformed("verification request: too many templates"))?;
-    let mut plain = Vec::with_capacity(10 + ids.len() * BUNDLE_ID_LEN);
-    plain.extend_from_slice(REQUEST_MAGIC);
-    plain.push(VERSION);
-    plain.push(party as u8);
-    plain.extend_from_slice(&count.to_le_bytes());
-    for id in ids {
-        plain.extend_from_slice(id);
-    }
-    Ok(to_dealer
-        .channel(request_channel(session))
-        .seal(0, &plain, rng))
-}
-
-/// Dealer side: opens P0's and P1's verification requests of `session` (`from[b]`: P2's
-/// pairwise secrets with P_b) and returns the one list both asked for. Refused when a request
-/// was not sealed by its evaluator for this session ([`FaceError::Seal`]) or names another
-/// party; [`FaceError::EvaluatorsDisagree`] when the two lists differ (an enrolment or
-/// deletion of the subject is in flight at one of them: retry with a new session).
-pub fn open_verification_requests(
-    from: [&PairwiseSecrets; 2],
-    session: &[u8; SESSION_ID_LEN],
-    sealed: [&[u8]; 2],
-) -> Result<Vec<[u8; BUNDLE_ID_LEN]>, FaceError> {
-    let mut lists: [Vec<[u8; BUNDLE_ID_LEN]>; 2] = [Vec::new(), Vec::new()];
-    for b in 0..2 {
-        let plain = from[b]
-            .channel(request_channel(session))
-            .open(0, sealed[b])?;
-        let mut r = Reader::new(&plain);
-        r.magic(REQUEST_MAGIC)?;
-        let party = r.u8()?;
-        if usize::from(party) != b {
-            return Err(FaceError::PartyMismatch {
-                inside: party,
-                me: b as u8,
-            });
-        }
-        let count = r.u32()? as usize;
-        if count.checked_mul(BUNDLE_ID_LEN) != Some(plain.len().saturating_sub(10)) {
-            return Err(FaceError::Malformed("verification request: wrong count"));
-        }
-        for _ in 0..count {
-            lists[b].push(r.array::<BUNDLE_ID_LEN>()?);
-        }
-        r.finish()?;
-    }
-    let [l0, l1] = lists;
-    if l0 != l1 {
-        return Err(FaceError::EvaluatorsDisagree);
-    }
-    Ok(l0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,40 +297,5 @@ mod tests {
             seal_identification_key_chunks(&halves[1], session, &pair(2, 1), usize::MAX, &mut rng);
         assert_eq!(single.len(), 1);
         assert!(open_identification_keys(me, &pair(1, 2), session, &single[0]).is_ok());
-    }
-
-    #[test]
-    fn verification_requests_open_at_the_dealer_for_their_session_only() {
-        let (mut rng, secrets, publics) = seeded_keys(33);
-        let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
-        let session = [4u8; SESSION_ID_LEN];
-        let ids = [[7u8; 16]];
-        let r0 = seal_verification_request(0, &session, &ids, &pair(0, 2), &mut rng).unwrap();
-        let r1 = seal_verification_request(1, &session, &ids, &pair(1, 2), &mut rng).unwrap();
-        let (f0, f1) = (pair(2, 0), pair(2, 1));
-        assert_eq!(
-            open_verification_requests([&f0, &f1], &session, [&r0, &r1]).unwrap(),
-            ids.to_vec()
-        );
-        // The bundle id is not in the relayed bytes.
-        assert!(!r0.windows(16).any(|w| w == [7u8; 16]));
-        // Swapped, for another session, forged by the coordinator (P0's request sealed on the
-        // P0–P1 channel), or altered: refused.
-        assert!(open_verification_requests([&f0, &f1], &session, [&r1, &r0]).is_err());
-        assert!(open_verification_requests([&f0, &f1], &[5u8; 16], [&r0, &r1]).is_err());
-        let forged = seal_verification_request(0, &session, &ids, &pair(0, 1), &mut rng).unwrap();
-        assert!(open_verification_requests([&f0, &f1], &session, [&forged, &r1]).is_err());
-        let mut altered = r1.clone();
-        let last = altered.len() - 1;
-        altered[last] ^= 1;
-        assert!(open_verification_requests([&f0, &f1], &session, [&r0, &altered]).is_err());
-        // The evaluators found different templates: refused as such.
-        let other =
-            seal_verification_request(1, &session, &[[8u8; 16]], &pair(1, 2), &mut rng).unwrap();
-        assert_eq!(
-            open_verification_requests([&f0, &f1], &session, [&r0, &other]),
-            Err(FaceError::EvaluatorsDisagree)
-        );
-        assert!(seal_verification_request(2, &session, &ids, &pair(2, 0), &mut rng).is_err());
     }
 }

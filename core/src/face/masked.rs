@@ -16,8 +16,7 @@
 //!   ([`MaskedTemplateSet`]), never y in the clear. δy_{1−b} is uniform and unknown to P_b,
 //!   so Δy is a one-time pad of y; it is opened only once (the same Δy again tells nothing
 //!   new).
-//! * **Per identification** (and per verification, N = 1) the dealer deals
-//!   ([`deal_identification`]) a fresh probe mask seed sx_b (δx = δx_0 + δx_1) and, per
+//! * **Per identification** the dealer deals ([`deal_identification`]) a fresh probe mask seed sx_b (δx = δx_0 + δx_1) and, per
 //!   template j, shares c_j,b of ⟨δx, δy_j⟩, the shares r_j,b of r_in,j ∓ θ and one
 //!   sign-gate key pair: single use, as in [`super::funshade`].
 //! * **Online** ([`probe_round`], [`distance_round`], [`sign_round`]): the probe's masked
@@ -34,13 +33,21 @@
 //! The dealer binds an identification's keys to the ordered list of compared templates by
 //! the SHA-256 digest of their bundle ids ([`template_digest`]); an evaluator refuses keys
 //! made for another list, since ⟨δx, δy_j⟩ is only right for the template it was made for.
+//!
+//! A **1:1 verification** does not tell P2 which template it compares: each evaluator derives
+//! its probe mask seed and a fresh template mask seed from the PRF it shares with P2 and the
+//! session id ([`verification_probe_seed`], [`verification_template_seed`]), re-shares the
+//! template as y'_b = b·Δy − δy_b and sends X_b ‖ Y'_b = y'_b + δy'_b from its open
+//! ([`verification_message`]); P2 deals c = ⟨δx, δy'⟩ from the session id alone
+//! ([`deal_verification`]), at the same time as the opens, and round 2 is
+//! [`verification_distance`] — Funshade's per-comparison masking, with masks from the seeds.
 
 use hkdf::Hkdf;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
-use zeroize::Zeroize;
+use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use super::encoding::{EmbeddingShare, Reader, VERSION};
 use super::funshade::DealerParams;
@@ -73,6 +80,9 @@ const STOCK_DEALING_INFO: &[u8] = b"privmatch face stocked identification dealin
 const VERIFICATION_DEALING_INFO: &[u8] = b"privmatch face verification dealing v1";
 /// PRF context label of a verification's probe mask seeds ([`verification_probe_seed`]).
 const VERIFICATION_PROBE_INFO: &[u8] = b"privmatch face verification probe mask v1";
+/// PRF context label of a verification's fresh template mask seeds
+/// ([`verification_template_seed`]).
+const VERIFICATION_TEMPLATE_INFO: &[u8] = b"privmatch face verification template mask v1";
 /// Expansion domain of template masks, so a template seed never yields the stream of a
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
@@ -530,21 +540,33 @@ fn deal_piece(
     let mut delta_y = vec![0u32; l];
     for id in ids {
         master.template_mask(id, &mut scratch, &mut delta_y);
-        let cj = dot_wrapping(delta_x, &delta_y);
-        let c0 = rng.next_u32();
-        let r_in = rng.next_u32();
-        let r0 = rng.next_u32();
-        let (k0, k1) = ic::gen_sign_gate(&mut rng, r_in);
-        piece.c[0].push(c0);
-        piece.c[1].push(cj.wrapping_sub(c0));
-        piece.r[0].push(r0);
-        piece.r[1].push(r_in.wrapping_add(offset).wrapping_sub(r0));
-        k0.encode_into(&mut piece.gates[0]);
-        k1.encode_into(&mut piece.gates[1]);
+        deal_comparison(delta_x, &delta_y, offset, &mut rng, &mut piece);
     }
     delta_y.zeroize();
     scratch.zeroize();
     piece
+}
+
+/// One comparison's keys (Funshade `setup`): c = ⟨δx, δy⟩ shared, r_in ∓ θ (`offset`)
+/// shared, one sign-gate key pair for r_in; appended to `piece`.
+fn deal_comparison<R: RngCore + CryptoRng>(
+    delta_x: &[u32],
+    delta_y: &[u32],
+    offset: u32,
+    rng: &mut R,
+    piece: &mut DealtPiece,
+) {
+    let cj = dot_wrapping(delta_x, delta_y);
+    let c0 = rng.next_u32();
+    let r_in = rng.next_u32();
+    let r0 = rng.next_u32();
+    let (k0, k1) = ic::gen_sign_gate(rng, r_in);
+    piece.c[0].push(c0);
+    piece.c[1].push(cj.wrapping_sub(c0));
+    piece.r[0].push(r0);
+    piece.r[1].push(r_in.wrapping_add(offset).wrapping_sub(r0));
+    k0.encode_into(&mut piece.gates[0]);
+    k1.encode_into(&mut piece.gates[1]);
 }
 
 /// [`deal_identification`] on `threads` threads (the dealer's work grows with N; P2 runs it
@@ -565,25 +587,64 @@ pub fn deal_identification_on<R: RngCore + CryptoRng>(
     halves
 }
 
-/// The dealing of a 1:1 verification (docs/protocols/face.md §13.10): as
-/// [`deal_identification_on`], except that evaluator b's probe mask seed is not drawn but
-/// derived from the secrets P2 shares with P_b and the session id
-/// ([`verification_probe_seed`], `from[b]`: P2's pairwise secrets with P_b). Each evaluator
-/// derives its own seed at the open and sends its masked probe vector from there, so the
-/// keys no longer precede the first round on the session's path.
-pub fn deal_verification_on<R: RngCore + CryptoRng>(
+/// The dealing of a 1:1 verification (docs/protocols/face.md §13.10): Funshade's
+/// per-comparison `setup` for one comparison whose two masks are not drawn but derived from the
+/// secrets P2 shares with each evaluator and the session id — evaluator b's probe mask seed
+/// ([`verification_probe_seed`]) and its fresh template mask seed
+/// ([`verification_template_seed`]; `from[b]`: P2's pairwise secrets with P_b). The dealer
+/// needs neither the probe nor which template is compared, so it deals while the evaluators
+/// open; each evaluator re-masks its template share with its fresh seed at the open
+/// ([`verification_message`]). c = ⟨δx, δy'⟩ is shared, the threshold offset and one sign-gate
+/// key pair come from `rng`. The keys name no template list ([`VERIFICATION_LIST_DIGEST`]).
+pub fn deal_verification<R: RngCore + CryptoRng>(
     params: &DealerParams,
-    master: &TemplateMaskMaster,
-    ids: &[[u8; BUNDLE_ID_LEN]],
     session: &[u8; 16],
     from: [&PairwiseSecrets; 2],
     rng: &mut R,
-    threads: usize,
 ) -> Result<[Vec<u8>; 2], FaceError> {
+    let l = params.dim();
     let mut probe_seeds = from.map(|pair| verification_probe_seed(pair, session));
-    let halves = deal_with_probe_seeds(params, master, ids, &probe_seeds, rng, threads);
+    let mut template_seeds = from.map(|pair| verification_template_seed(pair, session));
+    let mut delta_x = summed_mask(&probe_seeds, l, expand_u32);
+    let mut delta_y = summed_mask(&template_seeds, l, expand_template_mask);
+    let mut piece = DealtPiece::default();
+    deal_comparison(
+        &delta_x,
+        &delta_y,
+        params.threshold_offset(),
+        rng,
+        &mut piece,
+    );
+    let halves = encode_halves(
+        params,
+        &VERIFICATION_LIST_DIGEST,
+        &probe_seeds,
+        std::slice::from_ref(&piece),
+        1,
+    );
     probe_seeds.zeroize();
-    halves
+    template_seeds.zeroize();
+    delta_x.zeroize();
+    delta_y.zeroize();
+    Ok(halves)
+}
+
+/// The template digest a verification's keys carry: none (P2 does not learn which template a
+/// verification compares, so its keys name no list).
+pub const VERIFICATION_LIST_DIGEST: [u8; 32] = [0u8; 32];
+
+/// δ = expand(seed_0) + expand(seed_1), of length `l`.
+fn summed_mask(seeds: &[[u8; 16]; 2], l: usize, expand: fn(&[u8; 16], &mut [u32])) -> Vec<u32> {
+    let mut sum = vec![0u32; l];
+    let mut scratch = vec![0u32; l];
+    for seed in seeds {
+        expand(seed, &mut scratch);
+        for (d, s) in sum.iter_mut().zip(&scratch) {
+            *d = d.wrapping_add(*s);
+        }
+    }
+    scratch.zeroize();
+    sum
 }
 
 /// Evaluator b's probe mask seed sx_b of verification session `session`: 16 bytes of the PRF
@@ -592,10 +653,168 @@ pub fn deal_verification_on<R: RngCore + CryptoRng>(
 /// two probes; the other evaluator and the coordinator do not know it, so X_b = x_b + δx_b
 /// hides x_b from them as a fresh dealer-drawn seed would.
 pub fn verification_probe_seed(pair: &PairwiseSecrets, session: &[u8; 16]) -> [u8; 16] {
-    let context = [VERIFICATION_PROBE_INFO, session.as_slice()].concat();
+    session_seed(pair, VERIFICATION_PROBE_INFO, session)
+}
+
+/// Evaluator b's fresh template mask seed sy'_b of verification session `session`, derived
+/// as [`verification_probe_seed`] under its own label. The template's opened Δy was masked
+/// with δy, which only the template's id lets P2 re-derive; re-masking with δy' (fresh per
+/// session, single use like the session id) lets P2 deal without learning the template.
+pub fn verification_template_seed(pair: &PairwiseSecrets, session: &[u8; 16]) -> [u8; 16] {
+    session_seed(pair, VERIFICATION_TEMPLATE_INFO, session)
+}
+
+/// Evaluator b's two seeds of verification session `session`: its probe mask seed
+/// ([`verification_probe_seed`]) and its fresh template mask seed
+/// ([`verification_template_seed`]). Zeroised on drop; never printed.
+#[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop)]
+pub struct VerificationSeeds {
+    /// sx_b: expands to δx_b.
+    pub probe: [u8; 16],
+    /// sy'_b: expands to δy'_b.
+    pub template: [u8; 16],
+}
+
+impl VerificationSeeds {
+    /// Both seeds from the secrets P_b shares with P2 (`pair`, either side's).
+    pub fn derive(pair: &PairwiseSecrets, session: &[u8; 16]) -> Self {
+        VerificationSeeds {
+            probe: verification_probe_seed(pair, session),
+            template: verification_template_seed(pair, session),
+        }
+    }
+}
+
+impl std::fmt::Debug for VerificationSeeds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VerificationSeeds(..)")
+    }
+}
+
+/// 16 bytes of the PRF of `pair` on `label` ‖ `session`.
+fn session_seed(pair: &PairwiseSecrets, label: &[u8], session: &[u8; 16]) -> [u8; 16] {
+    let context = [label, session.as_slice()].concat();
     let mut seed = [0u8; 16];
     pair.prf().stream(&context).fill_bytes(&mut seed);
     seed
+}
+
+/// What evaluator b of a verification sends the other evaluator from its open (its round-2
+/// message, 2·l words): X_b = x_b + δx_b (probe share `probe`, mask from `probe_seed`), then
+/// Y'_b = y'_b + δy'_b, where y'_b = b·Δy − δy_b is this evaluator's share of the template at
+/// `position` of `set` (so y'_0 + y'_1 = Δy − δy = y) and δy'_b comes from `seeds.template`
+/// (δx_b from `seeds.probe`).
+/// Δy' = Y'_0 + Y'_1 = y + δy' is a one-time pad of y under the session's fresh δy'.
+pub fn verification_message(
+    set: &MaskedTemplateSet,
+    position: usize,
+    probe: &EmbeddingShare,
+    seeds: &VerificationSeeds,
+) -> Result<Vec<u32>, FaceError> {
+    let l = set.dim;
+    if position >= set.len() {
+        return Err(FaceError::Malformed("a selected template is not held"));
+    }
+    if probe.elements.len() != l {
+        return Err(FaceError::WrongDimension {
+            expected: l,
+            got: probe.elements.len(),
+        });
+    }
+    let mut out = masked_probe(probe, &seeds.probe);
+    out.resize(2 * l, 0);
+    let (_, big_y) = out.split_at_mut(l);
+    let mut old_mask = vec![0u32; l];
+    expand_template_mask(&set.seeds[position], &mut old_mask);
+    expand_template_mask(&seeds.template, big_y);
+    let lead = u32::from(set.party == 1);
+    let opened = &set.rows[position * l..(position + 1) * l];
+    for ((y, dy), m) in big_y.iter_mut().zip(opened).zip(&old_mask) {
+        *y = y.wrapping_add(lead.wrapping_mul(*dy)).wrapping_sub(*m);
+    }
+    old_mask.zeroize();
+    Ok(out)
+}
+
+/// Online round 2 of a verification (Funshade `eval_dist` for one comparison with both inputs
+/// masked for the session): from this evaluator's message `own` and the peer's `peer` (each
+/// [`verification_message`]: X ‖ Y'), Δx = X_0 + X_1 and Δy' = Y'_0 + Y'_1,
+/// d_b = ⟨b·Δx − δx_b, Δy'⟩ − ⟨Δx, δy'_b⟩ + c_b, and z_b as [`distance_round`] (the norm share
+/// of the template at `position`). Refuses keys that are not a verification's for this
+/// evaluator's probe mask seed (`seeds`).
+pub fn verification_distance(
+    keys: &IdentificationKeys,
+    set: &MaskedTemplateSet,
+    position: usize,
+    probe: &EmbeddingShare,
+    seeds: &VerificationSeeds,
+    own: &[u32],
+    peer: &[u32],
+) -> Result<u32, FaceError> {
+    let l = set.dim;
+    if keys.party != set.party {
+        return Err(FaceError::PartyMismatch {
+            inside: keys.party as u8,
+            me: set.party as u8,
+        });
+    }
+    if keys.len() != 1 || keys.digest != VERIFICATION_LIST_DIGEST {
+        return Err(FaceError::Malformed(
+            "the keys were not dealt for a verification",
+        ));
+    }
+    if !keys.masks_probe_with(&seeds.probe) {
+        return Err(FaceError::Malformed(
+            "the keys were dealt for another probe mask",
+        ));
+    }
+    if keys.dim != l || probe.elements.len() != l || position >= set.len() {
+        return Err(FaceError::WrongDimension {
+            expected: l,
+            got: keys.dim,
+        });
+    }
+    if own.len() != 2 * l || peer.len() != 2 * l {
+        return Err(FaceError::Malformed(
+            "verification messages have the wrong length",
+        ));
+    }
+    let sum = |k: usize| own[k].wrapping_add(peer[k]);
+    let big_x: Vec<u32> = (0..l).map(sum).collect();
+    let mut big_y: Vec<u32> = (l..2 * l).map(sum).collect();
+    let lead = u32::from(keys.party == 1);
+    // u = b·Δx − δx_b, with δx_b = X_b − x_b.
+    let mut u: Vec<u32> = big_x
+        .iter()
+        .zip(own.iter().zip(&probe.elements))
+        .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
+        .collect();
+    let mut mask = vec![0u32; l];
+    expand_template_mask(&seeds.template, &mut mask);
+    let d = row_distance(&u, &big_x, &big_y, &mask).wrapping_add(keys.c[0]);
+    u.zeroize();
+    mask.zeroize();
+    big_y.zeroize();
+    Ok(distance_share(
+        keys.metric,
+        d,
+        keys.r[0],
+        probe.norm,
+        set.norms[position],
+    ))
+}
+
+/// z_b from d_b: d_b + r_b (cosine), or 2·d_b − ‖x‖²_b − ‖y‖²_b + r_b (Euclidean).
+#[inline(always)]
+fn distance_share(metric: Metric, d: u32, r: u32, probe_norm: u32, template_norm: u32) -> u32 {
+    match metric {
+        Metric::Cosine => d.wrapping_add(r),
+        Metric::Euclidean => d
+            .wrapping_mul(2)
+            .wrapping_sub(probe_norm)
+            .wrapping_sub(template_norm)
+            .wrapping_add(r),
+    }
 }
 
 /// The dealing for the ordered list `ids` with the evaluators' probe mask seeds
@@ -613,15 +832,7 @@ fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
     let count = u32::try_from(ids.len())
         .map_err(|_| FaceError::Malformed("too many templates for one identification"))?;
     let digest = template_digest(ids);
-    let mut delta_x = vec![0u32; l];
-    let mut scratch = vec![0u32; l];
-    for seed in probe_seeds {
-        expand_u32(seed, &mut scratch);
-        for (d, s) in delta_x.iter_mut().zip(&scratch) {
-            *d = d.wrapping_add(*s);
-        }
-    }
-    scratch.zeroize();
+    let mut delta_x = summed_mask(probe_seeds, l, expand_u32);
     let offset = params.threshold_offset();
     let slices: Vec<&[[u8; BUNDLE_ID_LEN]]> = ids.chunks(DEAL_PIECE).collect();
     let mut seeds: Vec<[u8; 32]> = slices
@@ -665,7 +876,19 @@ fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
     };
     seeds.zeroize();
     delta_x.zeroize();
-    let n = ids.len();
+    Ok(encode_halves(params, &digest, probe_seeds, &pieces, count))
+}
+
+/// Both evaluators' key halves (layout: [`IdentificationKeys`]) from the dealt `pieces` (in
+/// comparison order, `count` comparisons in all).
+fn encode_halves(
+    params: &DealerParams,
+    digest: &[u8; 32],
+    probe_seeds: &[[u8; 16]; 2],
+    pieces: &[DealtPiece],
+    count: u32,
+) -> [Vec<u8>; 2] {
+    let n = count as usize;
     let mut halves = [Vec::new(), Vec::new()];
     for (b, half) in halves.iter_mut().enumerate() {
         half.reserve(IDENTIFICATION_HEADER_LEN + n * MASKED_KEY_LEN);
@@ -673,21 +896,21 @@ fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
         half.push(VERSION);
         half.push(b as u8);
         half.push(params.metric().to_byte());
-        half.extend_from_slice(&(l as u16).to_le_bytes());
+        half.extend_from_slice(&(params.dim() as u16).to_le_bytes());
         half.extend_from_slice(&count.to_le_bytes());
-        half.extend_from_slice(&digest);
+        half.extend_from_slice(digest);
         half.extend_from_slice(&probe_seeds[b]);
-        for piece in &pieces {
+        for piece in pieces {
             half.extend(piece.c[b].iter().flat_map(|w| w.to_le_bytes()));
         }
-        for piece in &pieces {
+        for piece in pieces {
             half.extend(piece.r[b].iter().flat_map(|w| w.to_le_bytes()));
         }
-        for piece in &pieces {
+        for piece in pieces {
             half.extend_from_slice(&piece.gates[b]);
         }
     }
-    Ok(halves)
+    halves
 }
 
 /// ⟨a, b⟩ in Z_2^32.
@@ -880,15 +1103,13 @@ impl DistanceJob<'_> {
             let big_y = &self.set.rows[t * l..(t + 1) * l];
             expand_template_mask(&self.set.seeds[t], &mut mask);
             let d = row_distance(self.u, self.big_x, big_y, &mask).wrapping_add(self.keys.c[j]);
-            let r = self.keys.r[j];
-            *z = match self.keys.metric {
-                Metric::Cosine => d.wrapping_add(r),
-                Metric::Euclidean => d
-                    .wrapping_mul(2)
-                    .wrapping_sub(self.probe_norm)
-                    .wrapping_sub(self.set.norms[t])
-                    .wrapping_add(r),
-            };
+            *z = distance_share(
+                self.keys.metric,
+                d,
+                self.keys.r[j],
+                self.probe_norm,
+                self.set.norms[t],
+            );
         }
         mask.zeroize();
     }
@@ -1284,10 +1505,11 @@ mod tests {
     }
 
     #[test]
-    fn a_verification_masks_its_probe_at_the_open_with_a_seed_shared_with_the_dealer() {
-        // Each evaluator masks its probe share before any key is dealt, with the seed it
-        // shares with P2 for the session; P2 deals for exactly those seeds, and the bits
-        // equal the plaintext. Keys of another session mask with another seed.
+    fn a_verification_is_dealt_from_the_session_alone_and_matches_the_plaintext() {
+        // Each evaluator masks its probe and re-masks its template share at the open, with
+        // seeds it shares with P2 for the session; P2 deals from the session id alone (no
+        // template id), and the bits equal the plaintext at and around the threshold, for
+        // both metrics. Keys of another session, or an identification's, are refused.
         use crate::face::encoding::test_support::{pairwise, seeded_keys};
         let (mut rng, secrets, publics) = seeded_keys(28);
         let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
@@ -1301,59 +1523,124 @@ mod tests {
             .collect();
         let sets = open_templates_in_process(&master, &shared, dim).unwrap();
         let probe = share_embedding(&x, &mut rng);
-        let session = [5u8; 16];
         let dealer = [pair(2, 0), pair(2, 1)];
-        for (j, theta) in [(1, dot(&x, &ys[1])), (2, dot(&x, &ys[2]) + 1)] {
-            let params = DealerParams::for_tests(Metric::Cosine, dim, theta);
-            let list = [shared[j].0];
-            // At the opens, before any dealing: each evaluator's own seed.
-            let seeds = [0, 1].map(|b| verification_probe_seed(&pair(b, 2), &session));
-            assert_eq!(seeds[0], verification_probe_seed(&dealer[0], &session));
-            assert_ne!(seeds[0], seeds[1]);
-            let xs = [0, 1].map(|b| masked_probe(&probe[b], &seeds[b]));
-            let halves = deal_verification_on(
-                &params,
-                &master,
-                &list,
-                &session,
-                [&dealer[0], &dealer[1]],
-                &mut rng,
-                1,
-            )
-            .unwrap();
-            let keys = [0, 1].map(|b| IdentificationKeys::decode(b, &halves[b]).unwrap());
-            for b in 0..2 {
-                assert!(keys[b].masks_probe_with(&seeds[b]));
-                assert_eq!(probe_round(&keys[b], &probe[b]).unwrap(), xs[b]);
-            }
-            let at = |b: usize| vec![sets[b].position(&list[0]).unwrap()];
-            let z0 =
-                distance_round_selected(&keys[0], &sets[0], &at(0), &probe[0], &xs[0], &xs[1], 1)
-                    .unwrap();
-            let z1 =
-                distance_round_selected(&keys[1], &sets[1], &at(1), &probe[1], &xs[1], &xs[0], 1)
-                    .unwrap();
-            let o0 = sign_round(&keys[0], &z0, &z1, 1).unwrap();
-            let o1 = sign_round(&keys[1], &z1, &z0, 1).unwrap();
-            let bits = crate::face::funshade::reconstruct(&o0, &o1).unwrap();
-            assert_eq!(bits, vec![dot(&x, &ys[j]) >= theta], "template {j}");
-            // Another session's keys (or an identification's) mask with other seeds.
-            let other = deal_verification_on(
-                &params,
-                &master,
-                &list,
-                &[6u8; 16],
-                [&dealer[0], &dealer[1]],
-                &mut rng,
-                1,
-            )
-            .unwrap();
-            let identification = deal_identification(&params, &master, &list, &mut rng).unwrap();
-            for half in [&other[0], &identification[0]] {
-                let keys = IdentificationKeys::decode(0, half).unwrap();
-                assert!(!keys.masks_probe_with(&seeds[0]));
+        let sq = |v: &[i32]| v.iter().map(|&a| i64::from(a) * i64::from(a)).sum::<i64>();
+        for (n, metric) in [Metric::Cosine, Metric::Euclidean].into_iter().enumerate() {
+            for j in 0..3 {
+                // Cosine compares ⟨x, y⟩ ≥ θ; Euclidean 2⟨x, y⟩ − ‖x‖² − ‖y‖² ≥ −θ.
+                let score = match metric {
+                    Metric::Cosine => dot(&x, &ys[j]),
+                    Metric::Euclidean => 2 * dot(&x, &ys[j]) - sq(&x) - sq(&ys[j]),
+                };
+                for delta in [-1i64, 0, 1] {
+                    let theta = match metric {
+                        Metric::Cosine => score + delta,
+                        Metric::Euclidean => -(score + delta),
+                    };
+                    let params = DealerParams::for_tests(metric, dim, theta);
+                    let session = [(n * 9 + j * 3) as u8 + (delta + 1) as u8; 16];
+                    let seeds = |b: usize| VerificationSeeds::derive(&pair(b, 2), &session);
+                    let at = |b: usize| sets[b].position(&shared[j].0).unwrap();
+                    // At the opens, before any dealing: each evaluator's own seeds.
+                    let msgs: Vec<Vec<u32>> = (0..2)
+                        .map(|b| {
+                            verification_message(&sets[b], at(b), &probe[b], &seeds(b)).unwrap()
+                        })
+                        .collect();
+                    let halves =
+                        deal_verification(&params, &session, [&dealer[0], &dealer[1]], &mut rng)
+                            .unwrap();
+                    let keys = [0, 1].map(|b| IdentificationKeys::decode(b, &halves[b]).unwrap());
+                    let z: Vec<u32> = (0..2)
+                        .map(|b| {
+                            verification_distance(
+                                &keys[b],
+                                &sets[b],
+                                at(b),
+                                &probe[b],
+                                &seeds(b),
+                                &msgs[b],
+                                &msgs[1 - b],
+                            )
+                            .unwrap()
+                        })
+                        .collect();
+                    let o0 = sign_round(&keys[0], &z[..1], &z[1..], 1).unwrap();
+                    let o1 = sign_round(&keys[1], &z[1..], &z[..1], 1).unwrap();
+                    let bits = crate::face::funshade::reconstruct(&o0, &o1).unwrap();
+                    assert_eq!(bits, vec![delta <= 0], "{metric:?}, template {j}, {delta}");
+                }
             }
         }
+        // Keys of another session mask with other seeds; an identification's name a list.
+        let session = [5u8; 16];
+        let params = DealerParams::for_tests(Metric::Cosine, dim, 0);
+        let seeds = VerificationSeeds::derive(&pair(0, 2), &session);
+        assert_eq!(seeds, VerificationSeeds::derive(&dealer[0], &session));
+        assert_ne!(seeds.probe, seeds.template);
+        assert_ne!(seeds.probe, verification_probe_seed(&pair(1, 2), &session));
+        let at = sets[0].position(&shared[0].0).unwrap();
+        let msg = verification_message(&sets[0], at, &probe[0], &seeds).unwrap();
+        let other =
+            deal_verification(&params, &[6u8; 16], [&dealer[0], &dealer[1]], &mut rng).unwrap();
+        let identification =
+            deal_identification(&params, &master, &[shared[0].0], &mut rng).unwrap();
+        for half in [&other[0], &identification[0]] {
+            let keys = IdentificationKeys::decode(0, half).unwrap();
+            assert!(
+                verification_distance(&keys, &sets[0], at, &probe[0], &seeds, &msg, &msg).is_err()
+            );
+        }
+        // A message of the wrong length, or a template that is not held, is refused.
+        let keys = IdentificationKeys::decode(
+            0,
+            &deal_verification(&params, &session, [&dealer[0], &dealer[1]], &mut rng).unwrap()[0],
+        )
+        .unwrap();
+        let short = &msg[..msg.len() - 1];
+        assert!(
+            verification_distance(&keys, &sets[0], at, &probe[0], &seeds, &msg, short).is_err()
+        );
+        assert!(verification_message(&sets[0], sets[0].len(), &probe[0], &seeds).is_err());
+    }
+
+    #[test]
+    fn a_verification_message_hides_the_template_behind_a_fresh_mask() {
+        // Y'_0 + Y'_1 − δy' is the template, and the same template in two sessions travels
+        // under unrelated masks (the opened Δy is never sent again).
+        use crate::face::encoding::test_support::{pairwise, seeded_keys};
+        let (mut rng, secrets, publics) = seeded_keys(29);
+        let pair = |a: usize, b: usize| pairwise(&secrets, &publics, a, b);
+        let dim = 128;
+        let master = TemplateMaskMaster::generate(&mut rng);
+        let y = embedding(&mut rng, dim);
+        let shared = vec![(id(&mut rng), share_embedding(&y, &mut rng))];
+        let sets = open_templates_in_process(&master, &shared, dim).unwrap();
+        let probe = share_embedding(&embedding(&mut rng, dim), &mut rng);
+        let big_y = |session: &[u8; 16]| {
+            let mut sum = vec![0u32; dim];
+            let mut mask = vec![0u32; dim];
+            for b in 0..2 {
+                let seeds = VerificationSeeds::derive(&pair(b, 2), session);
+                let msg = verification_message(&sets[b], 0, &probe[b], &seeds).unwrap();
+                let mut own = vec![0u32; dim];
+                expand_template_mask(&seeds.template, &mut own);
+                for k in 0..dim {
+                    sum[k] = sum[k].wrapping_add(msg[dim + k]);
+                    mask[k] = mask[k].wrapping_add(own[k]);
+                }
+            }
+            (sum, mask)
+        };
+        let (a, mask_a) = big_y(&[1u8; 16]);
+        let (b, _) = big_y(&[2u8; 16]);
+        let plain: Vec<u32> = a
+            .iter()
+            .zip(&mask_a)
+            .map(|(s, m)| s.wrapping_sub(*m))
+            .collect();
+        assert_eq!(plain, y.iter().map(|&v| v as u32).collect::<Vec<_>>());
+        assert_ne!(a, b);
     }
 
     #[test]

@@ -175,11 +175,6 @@ pub enum FaceError {
         /// Why.
         why: &'static str,
     },
-    /// P0 and P1 asked the dealer for different template lists in one verification (an
-    /// enrolment or deletion of the subject is in flight at one of them: retry with a new
-    /// session).
-    #[error("P0 and P1 found different templates for the verified subject (an enrolment or deletion is in flight): retry with a new session")]
-    EvaluatorsDisagree,
     /// Only P0 and P1 hold face shares and keys.
     #[error("party {0} does not evaluate face comparisons (only P0 and P1 do)")]
     NotAnEvaluator(u8),

@@ -39,8 +39,9 @@ use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
 use privmatch_core::face::mask_dealer::open_identification_key_chunks;
 use privmatch_core::face::masked::{
-    distance_round_selected, masked_probe, probe_round, sign_round, template_digest,
-    verification_probe_seed, IdentificationKeys, KeysFor, MaskedTemplateSet, BUNDLE_ID_LEN,
+    distance_round_selected, probe_round, sign_round, template_digest, verification_distance,
+    verification_message, IdentificationKeys, KeysFor, MaskedTemplateSet, VerificationSeeds,
+    BUNDLE_ID_LEN, VERIFICATION_LIST_DIGEST,
 };
 use privmatch_core::face::opening::session_channel;
 use privmatch_core::face::reply::{subjects_digest, ReplySealer};
@@ -547,9 +548,11 @@ struct Session {
     keys_for: KeysFor,
     /// Set at the open when a stocked dealing was claimed, else by the keys step.
     keys: Option<IdentificationKeys>,
-    /// A verification's probe mask seed, derived at the open ([`verification_probe_seed`]):
-    /// its X_b went out from there, and the dealt keys must be for this seed.
-    probe_seed: Option<[u8; 16]>,
+    /// A verification's mask seeds, derived at the open: its message went out from there,
+    /// and the dealt keys must be for these seeds.
+    verification: Option<VerificationSeeds>,
+    /// The round-2 vector this evaluator sent: X_b (an identification), or X_b ‖ Y'_b (a
+    /// verification, core's `verification_message`).
     own_x: Vec<u32>,
     own_z: Vec<u32>,
     /// Last completed step: 0 opened, 1 keys, 2 distance.
@@ -560,7 +563,6 @@ struct Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.probe.elements.zeroize();
-        self.probe_seed.zeroize();
         self.own_x.zeroize();
         self.own_z.zeroize();
     }
@@ -612,6 +614,25 @@ fn channel_secrets(keys: &PartyKeys, peer: PartyIndex) -> Result<PairwiseSecrets
     crate::identity::CHANNELS
         .derive(keys.me, &keys.secret, peer, &pinned)
         .map_err(|e| EngineError::internal(e.to_string()))
+}
+
+/// The words of the peer's verification message `plain` (its list digest, then X ‖ Y'), when
+/// the peer compared the same template as this evaluator (`digest`); else 40001, as when the
+/// evaluators' lists differ at an identification's open.
+fn peer_verification_words<'a>(
+    plain: &'a [u8],
+    digest: &[u8; 32],
+) -> Result<&'a [u8], EngineError> {
+    let (list, words) = plain
+        .split_at_checked(32)
+        .ok_or_else(|| refused("the peer's masked probe", "it is too short"))?;
+    if list != digest {
+        return Err(EngineError::new(
+            ErrorKind::Retry,
+            "the evaluators compared different face templates (an enrolment or deletion is in flight); retry with a new session",
+        ));
+    }
+    Ok(words)
 }
 
 fn refused(what: &str, err: impl std::fmt::Display) -> EngineError {
@@ -956,24 +977,49 @@ impl FaceService {
                 )
             }
         };
+        // A verification masks its probe and re-masks its template share here, with seeds it
+        // shares with P2 for this session (docs/protocols/face.md §13.10): P2 deals meanwhile,
+        // knowing neither, and round 2 needs no keys step before it.
+        let verification = (req.verification && !ids.is_empty())
+            .then(|| VerificationSeeds::derive(&from_dealer, &req.session));
+        let own_x = match (&verification, guard.as_ref()) {
+            (Some(seeds), Some(store)) => {
+                let [position] = positions[..] else {
+                    return Err(EngineError::new(
+                        ErrorKind::BadParameter,
+                        format!(
+                            "a face verification compares one template, this party found {}",
+                            positions.len()
+                        ),
+                    ));
+                };
+                verification_message(&store.set, position, &req.probe, seeds)
+                    .map_err(|e| refused("the verified template", e))?
+            }
+            _ => Vec::new(),
+        };
         drop(guard);
         let listed = req.known != Some(digest);
         let stocked = req
             .stock
             .and_then(|stock| self.claim_stock(&stock, &digest, ids.len(), whole));
         let claimed = stocked.is_some();
-        let mut channel = to_peer.channel(session_channel(&req.session, &digest));
-        // A verification masks its probe here, with a seed it shares with P2 for this session
-        // (docs/protocols/face.md §13.10): round 2 need not wait for a keys step.
-        let probe_seed = (req.verification && !ids.is_empty())
-            .then(|| verification_probe_seed(&from_dealer, &req.session));
-        let (own_x, masked_probe) = match &probe_seed {
-            Some(seed) => {
-                let x = masked_probe(&req.probe, seed);
-                let sealed = channel.seal(1, &words_to_bytes(&x), &mut ChaCha20Rng::from_entropy());
-                (x, sealed)
-            }
-            None => (Vec::new(), Vec::new()),
+        // A verification's channel names no list (its keys name none: P2 does not learn the
+        // template); its message carries this evaluator's list digest instead, so evaluators
+        // that found different templates learn it at round 2 (40001) rather than a refusal.
+        let channel_list = match verification {
+            Some(_) => &VERIFICATION_LIST_DIGEST,
+            None => &digest,
+        };
+        let mut channel = to_peer.channel(session_channel(&req.session, channel_list));
+        let masked_probe = if verification.is_some() {
+            let mut plain = digest.to_vec();
+            plain.extend_from_slice(&words_to_bytes(&own_x));
+            let sealed = channel.seal(1, &plain, &mut ChaCha20Rng::from_entropy());
+            plain.zeroize();
+            sealed
+        } else {
+            Vec::new()
         };
         let session = Session {
             me: keys.me,
@@ -993,7 +1039,7 @@ impl FaceService {
             positions,
             generation,
             keys: stocked,
-            probe_seed,
+            verification,
             own_x,
             own_z: Vec::new(),
             step: 0,
@@ -1084,15 +1130,19 @@ impl FaceService {
             (false, _) => open_identification_key_chunks(s.me, &s.from_dealer, s.keys_for, chunks)
                 .map_err(|e| refused("the dealer's key half", e))?,
         };
-        if dealt.len() != s.ids.len() || dealt.digest() != &s.digest {
+        let list = match s.verification {
+            Some(_) => &VERIFICATION_LIST_DIGEST,
+            None => &s.digest,
+        };
+        if dealt.len() != s.ids.len() || dealt.digest() != list {
             return Err(refused(
                 "the dealer's key half",
                 "it was dealt for another template list",
             ));
         }
-        if let Some(seed) = &s.probe_seed {
-            // A verification: X_b went out with the open; nothing more for the peer.
-            if !dealt.masks_probe_with(seed) {
+        if let Some(seeds) = &s.verification {
+            // A verification: its message went out with the open; nothing more for the peer.
+            if !dealt.masks_probe_with(&seeds.probe) {
                 return Err(refused(
                     "the dealer's key half",
                     "it was dealt for another probe mask",
@@ -1136,11 +1186,17 @@ impl FaceService {
     ) -> Result<Response, EngineError> {
         let mut s = self.take(&session, 2)?;
         let result = (|| {
-            let plain = s
+            let mut plain = s
                 .channel
                 .open(1, message)
                 .map_err(|e| refused("the peer's masked probe", e))?;
-            let peer = bytes_to_words(&plain).map_err(|e| refused("the peer's masked probe", e))?;
+            let words = match s.verification {
+                Some(_) => peer_verification_words(&plain, &s.digest)?,
+                None => &plain[..],
+            };
+            let peer = bytes_to_words(words).map_err(|e| refused("the peer's masked probe", e));
+            plain.zeroize();
+            let peer = peer?;
             let keys = s
                 .keys
                 .as_ref()
@@ -1163,15 +1219,21 @@ impl FaceService {
                 s.positions = positions;
                 s.generation = store.generation;
             }
-            distance_round_selected(
-                keys,
-                &store.set,
-                &s.positions,
-                &s.probe,
-                &s.own_x,
-                &peer,
-                self.threads,
-            )
+            match (&s.verification, &s.positions[..]) {
+                (Some(seeds), &[position]) => verification_distance(
+                    keys, &store.set, position, &s.probe, seeds, &s.own_x, &peer,
+                )
+                .map(|z| vec![z]),
+                _ => distance_round_selected(
+                    keys,
+                    &store.set,
+                    &s.positions,
+                    &s.probe,
+                    &s.own_x,
+                    &peer,
+                    self.threads,
+                ),
+            }
             .map_err(|e| refused("the peer's masked probe", e))
         })();
         let z = result?;

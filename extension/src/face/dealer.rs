@@ -8,12 +8,11 @@ use privmatch_core::crypto::seal::PairwiseSecrets;
 use privmatch_core::face::dealer::{open_dealer_config, DealerConfig, DEALER_CONFIG_ACTION};
 use privmatch_core::face::funshade::DealerParams;
 use privmatch_core::face::mask_dealer::{
-    open_verification_requests, seal_identification_key_chunks, seal_template_seeds,
-    KEY_CHUNK_BYTES,
+    seal_identification_key_chunks, seal_template_seeds, KEY_CHUNK_BYTES,
 };
 use privmatch_core::face::masked::{
-    deal_identification_on, deal_verification_on, template_digest, KeysFor, TemplateMaskMaster,
-    BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN,
+    deal_identification_on, deal_verification, template_digest, KeysFor, TemplateMaskMaster,
+    BUNDLE_ID_LEN, TEMPLATE_MASTER_LEN, VERIFICATION_LIST_DIGEST,
 };
 use privmatch_core::face::Metric;
 use privmatch_core::party::PartyIndex;
@@ -327,22 +326,18 @@ fn face_dealer_identify(
 }
 
 /// Deals the keys of 1:1 verification session `session` (16 bytes; docs/protocols/face.md
-/// §13.10): `request_p0` and `request_p1` are P0's and P1's answers to `face_masked_open`
-/// (`dealer_request`), each evaluator's compared list sealed to this dealer on the channel
-/// P_b → P2 for this session — the coordinator that relays them learns neither the subject
-/// nor its template. P2 opens both, deals only when they name the same list, and deals as
-/// `face_dealer_identify` for it, under the verification label (core's
-/// `KeysFor::Verification`: such keys never open in an identification session, nor
-/// identification keys in a verification). Errors: 08P01 a request not sealed by its
-/// evaluator for this session (forged, altered, swapped or replayed), 40001 the evaluators
-/// asked for different lists (an enrolment or deletion in flight: retry with a new
-/// session), 22023 bad arguments, 55000 not configured or not P2.
+/// §13.10) from the session id alone: each evaluator's probe mask and fresh template mask
+/// are derived from what this dealer shares with it and the session id (core's
+/// `deal_verification`), so the coordinator calls this while P0 and P1 open, and this dealer
+/// learns neither the subject nor which template is compared. Dealt under the verification
+/// label (core's `KeysFor::Verification`: such keys never open in an identification
+/// session, nor identification keys in a verification); asking again for the same session
+/// deals the same keys, and session ids are single use at the evaluators. Errors: 22023 bad
+/// arguments, 55000 not configured or not P2.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile)]
 fn face_dealer_verify(
     session: &[u8],
-    request_p0: &[u8],
-    request_p1: &[u8],
 ) -> TableIterator<
     'static,
     (
@@ -353,22 +348,13 @@ fn face_dealer_verify(
 > {
     const F: &str = "face_dealer_verify";
     let session = parse_session_id(F, "session", session);
-    let (me, from) = dealer_channels(F);
-    let ids = open_verification_requests([&from[0], &from[1]], &session, [request_p0, request_p1])
-        .unwrap_or_else(|e| raise_face(F, e));
-    if ids.is_empty() {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{F}: the evaluators requested no template"),
-            None,
-        );
-    }
+    let (me, pairs) = dealer_channels(F);
     TableIterator::new(deal_rows(
         F,
         &me,
-        &from,
+        &pairs,
         KeysFor::Verification(session),
-        &ids,
+        &[],
     ))
 }
 
@@ -406,9 +392,9 @@ fn dealer_channels(function: &str) -> (Identity, [PairwiseSecrets; 2]) {
     (me, pairs)
 }
 
-/// The dealing for `keys_for` against `bundle_ids`, sealed to P0 and P1 (`pairs`, this
-/// dealer's secrets with each, from [`dealer_channels`]): one row per chunk (chunk number,
-/// P0's envelope, P1's envelope).
+/// The dealing for `keys_for` against `bundle_ids` (none for a verification, which names no
+/// template), sealed to P0 and P1 (`pairs`, this dealer's secrets with each, from
+/// [`dealer_channels`]): one row per chunk (chunk number, P0's envelope, P1's envelope).
 fn deal_rows(
     function: &str,
     me: &Identity,
@@ -418,7 +404,11 @@ fn deal_rows(
 ) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
     let params = load_params(function, me);
     let master = load_template_master(function, me);
-    let mut dealing = master.dealing_rng(keys_for, &template_digest(ids));
+    let list = match keys_for {
+        KeysFor::Verification(_) => VERIFICATION_LIST_DIGEST,
+        _ => template_digest(ids),
+    };
+    let mut dealing = master.dealing_rng(keys_for, &list);
     // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
     // and start with every signal blocked.
     let threads = match crate::engine::worker::ENGINE_THREADS.get() {
@@ -426,17 +416,11 @@ fn deal_rows(
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut halves = crate::signals::without_signals(|| match keys_for {
-        // The evaluators masked their probes at the open with seeds derived from what each
-        // shares with P2 (docs/protocols/face.md §13.10).
-        KeysFor::Verification(session) => deal_verification_on(
-            &params,
-            &master,
-            ids,
-            &session,
-            [&pairs[0], &pairs[1]],
-            &mut dealing,
-            threads,
-        ),
+        // The evaluators mask their probes and templates at the open with seeds derived from
+        // what each shares with P2 (docs/protocols/face.md §13.10).
+        KeysFor::Verification(session) => {
+            deal_verification(&params, &session, [&pairs[0], &pairs[1]], &mut dealing)
+        }
         _ => deal_identification_on(&params, &master, ids, &mut dealing, threads),
     })
     .unwrap_or_else(|e| raise_face(function, e));

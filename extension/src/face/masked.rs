@@ -10,13 +10,14 @@
 //!    must hold (else 40001). A verification (probe format 3: the verified subject is sealed
 //!    inside the probe, and read only here, after opening) opens at P0 and P1 at once; each
 //!    looks the subject's template up itself and answers no id, no digest and no subject, only
-//!    `dealer_request`: its list sealed to P2 (core's `seal_verification_request`), so the
-//!    coordinator learns that a verification happened and nothing of whom
-//!    (docs/protocols/face.md §13.10), and `masked_probe`: X_b, masked with a seed this
-//!    party shares with P2 for the session, sealed for the peer. Both commit before any round.
+//!    `masked_probe`: X_b ‖ Y'_b (its probe share and its share of the template, each masked
+//!    with a seed this party shares with P2 for the session; core's `verification_message`),
+//!    sealed for the peer with its list digest, so the coordinator learns that a verification
+//!    happened and nothing of whom (docs/protocols/face.md §13.10). Both commit before any
+//!    round.
 //! 2. `face_dealer_identify(session, ids)` at P2 (an identification), or
-//!    `face_dealer_verify(session, request_p0, request_p1)` (a verification: P2 deals only when
-//!    both evaluators asked for the same list): the two key halves, in chunks.
+//!    `face_dealer_verify(session)` (a verification, dealt from the session id alone, at the
+//!    same time as the opens): the two key halves, in chunks.
 //! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer
 //!    (a verification's answer is empty: its X_b went out with the open, and the coordinator
 //!    sends this step and round 2 back to back on one connection).
@@ -37,15 +38,10 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use privmatch_core::face::mask_dealer::seal_verification_request;
 use privmatch_core::face::masked::BUNDLE_ID_LEN;
 use privmatch_core::face::FaceError;
-use privmatch_core::party::PartyIndex;
-use rand::SeedableRng;
-use rand_chacha::ChaCha20Rng;
 
 use super::enroll::enrolled_dim;
-use super::raise_face;
 use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call;
 use crate::engine::face::{
@@ -53,7 +49,6 @@ use crate::engine::face::{
 };
 use crate::engine::ipc::Response;
 use crate::errors::{get_one, log_session, parse_session_id, raise, run, select};
-use crate::identity::{load_identity, pinned_peer};
 
 const OPEN: &str = "face_masked_open";
 const OPEN_STOCKED: &str = "face_masked_open_stocked";
@@ -97,14 +92,14 @@ fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
 /// Opens masked face session `session` at this evaluator with its sealed `probe` (format 3):
 /// a verification of the subject sealed inside it, or an identification against every
 /// opened template. An identification answers the number of comparisons, the compared
-/// bundle ids (concatenated) and the list's digest, and `dealer_request` NULL; at P1,
-/// `expect_ids` is P0's list (16 bytes per id, as P0's open answered it): P1 compares
-/// exactly that list or refuses (40001). A verification (no `expect_ids`: 22023) answers
-/// the count (1), no ids, an empty digest, `dealer_request`: the compared list sealed
-/// for P2 (`face_dealer_verify`) — nothing that names or identifies the subject — and
-/// `masked_probe`: this evaluator's masked probe vector X_b sealed for the other evaluator
-/// (its round-2 message; the mask is derived from what this party shares with P2 for the
-/// session, docs/protocols/face.md §13.10). An identification answers both NULL. Errors:
+/// bundle ids (concatenated) and the list's digest; at P1, `expect_ids` is P0's list (16
+/// bytes per id, as P0's open answered it): P1 compares exactly that list or refuses
+/// (40001). A verification (no `expect_ids`: 22023) answers the count (1), no ids, an empty
+/// digest — nothing that names or identifies the subject — and `masked_probe`: this
+/// evaluator's round-2 message X_b ‖ Y'_b sealed for the other evaluator (its probe share
+/// and its share of the template, masked with seeds derived from what this party shares with
+/// P2 for the session, docs/protocols/face.md §13.10). An identification answers it NULL.
+/// Errors:
 /// 23505 session id used, P0002 the verified subject is not enrolled (not named), 22023
 /// dimension, 22P03 probe cannot be opened (also a probe of format 1 or 2), 40001 a compared
 /// template is not opened here yet or the evaluators' lists differ for a moment.
@@ -120,33 +115,16 @@ fn face_masked_open(
         name!(comparisons, i32),
         name!(bundle_ids, Vec<u8>),
         name!(digest, Vec<u8>),
-        name!(dealer_request, Option<Vec<u8>>),
         name!(masked_probe, Option<Vec<u8>>),
     ),
 > {
     let expected = expect_ids.map(|b| parse_id_list(OPEN, "expect_ids", b));
     let (opened, verification) = open_session(OPEN, session, probe, expected, None, None);
     if verification {
-        let me = load_identity();
-        let b = usize::from(me.index.as_u8());
-        let p2 = PartyIndex::ALL[2];
-        let to_dealer = crate::identity::CHANNELS
-            .derive(me.index, &me.secret, p2, &pinned_peer(OPEN, p2))
-            .unwrap_or_else(|e| raise_face(OPEN, FaceError::Seal(e)));
-        let id = parse_session_id(OPEN, "session", session);
-        let request = seal_verification_request(
-            b,
-            &id,
-            &opened.ids,
-            &to_dealer,
-            &mut ChaCha20Rng::from_entropy(),
-        )
-        .unwrap_or_else(|e| raise_face(OPEN, e));
         return TableIterator::once((
             opened.comparisons as i32,
             Vec::new(),
             Vec::new(),
-            Some(request),
             Some(opened.masked_probe),
         ));
     }
@@ -154,7 +132,6 @@ fn face_masked_open(
         opened.comparisons as i32,
         opened.ids.concat(),
         opened.digest.to_vec(),
-        None,
         None,
     ))
 }

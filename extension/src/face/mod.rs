@@ -47,7 +47,6 @@ fn face_error_code(err: &FaceError) -> PgSqlErrorCode {
             PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION
         }
         FaceError::NotAnEvaluator(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        FaceError::EvaluatorsDisagree => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         _ => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
     }
 }
