@@ -130,7 +130,7 @@ pub fn select<T>(
 }
 
 /// Runs the read-only `query` through its saved plan where there is one ([`saved_plan`]).
-fn read<'conn>(
+pub(crate) fn read<'conn>(
     client: &pgrx::spi::SpiClient<'conn>,
     query: &str,
     args: &[DatumWithOid<'_>],

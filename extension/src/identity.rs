@@ -8,7 +8,9 @@
 //!
 //! Imports: [`crate::errors`] and [`crate::keyfile`] only (no modality).
 
+use std::cell::RefCell;
 use std::ffi::CString;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -56,6 +58,7 @@ pub fn key_file_path() -> PathBuf {
 }
 
 /// This party's index and secret key, as loaded for one call.
+#[derive(Clone)]
 pub struct Identity {
     /// Which party this database is.
     pub index: PartyIndex,
@@ -127,18 +130,73 @@ impl IdentityError {
     }
 }
 
+/// What an identity was decoded from: the identity row, the key file's path and the file as
+/// `stat` saw it (device, inode, size, mode, modification and change times), so that a key file
+/// replaced, rewritten or re-permissioned since is read and checked again.
+#[derive(PartialEq, Eq)]
+struct DecodedFrom {
+    index: i32,
+    public: Vec<u8>,
+    path: PathBuf,
+    file: Option<[i64; 6]>,
+}
+
+thread_local! {
+    // The identity this process decoded last: reading the key file and deriving its public key
+    // (an X25519 scalar multiplication) once per backend instead of in every call on a
+    // session's path (docs/benchmarks/log.md, issue 34's face verification).
+    static DECODED: RefCell<Option<(DecodedFrom, Identity)>> = const { RefCell::new(None) };
+}
+
+/// The key file at `path` as `stat` sees it (None when it cannot be read: then it is read,
+/// and the error reported, every time).
+fn key_file_stamp(path: &std::path::Path) -> Option<[i64; 6]> {
+    let m = std::fs::metadata(path).ok()?;
+    let wide = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Some([
+        wide(m.dev()),
+        wide(m.ino()),
+        wide(m.size()),
+        i64::from(m.mode()),
+        m.mtime()
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(m.mtime_nsec()),
+        m.ctime()
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(m.ctime_nsec()),
+    ])
+}
+
 impl StoredIdentity {
     /// The identity this row and the key file hold, or what is wrong with them (a missing or
-    /// unreadable key file, or one that does not belong to this party's public key).
+    /// unreadable key file, or one that does not belong to this party's public key). The key
+    /// file is read and checked once per process while the row and the file stay as they were.
     pub fn decode(self) -> Result<Identity, IdentityError> {
-        let index = PartyIndex::new(i64::from(self.index))
-            .map_err(|e| IdentityError::Corrupted(e.to_string()))?;
         let path = key_file_path();
-        let secret = keyfile::read(&path).map_err(IdentityError::KeyFile)?;
-        if secret.public_key().as_bytes().as_slice() != self.public.as_slice() {
-            return Err(IdentityError::Mismatch(path));
+        let from = DecodedFrom {
+            file: key_file_stamp(&path),
+            index: self.index,
+            public: self.public,
+            path,
+        };
+        let cached = DECODED.with(|d| {
+            d.borrow()
+                .as_ref()
+                .filter(|(seen, _)| from.file.is_some() && *seen == from)
+                .map(|(_, identity)| identity.clone())
+        });
+        if let Some(identity) = cached {
+            return Ok(identity);
         }
-        Ok(Identity { index, secret })
+        let index = PartyIndex::new(i64::from(from.index))
+            .map_err(|e| IdentityError::Corrupted(e.to_string()))?;
+        let secret = keyfile::read(&from.path).map_err(IdentityError::KeyFile)?;
+        if secret.public_key().as_bytes().as_slice() != from.public.as_slice() {
+            return Err(IdentityError::Mismatch(from.path));
+        }
+        let identity = Identity { index, secret };
+        DECODED.with(|d| *d.borrow_mut() = Some((from, identity.clone())));
+        Ok(identity)
     }
 }
 
@@ -146,9 +204,9 @@ impl StoredIdentity {
 /// callers that cannot raise, such as the engine worker).
 pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
     Spi::connect(|client| {
-        let rows = client.select(
+        let rows = crate::errors::read(
+            client,
             "SELECT party_index, public_key FROM privmatch.party_identity",
-            None,
             &[],
         )?;
         let Some(row) = rows.into_iter().next() else {
@@ -166,9 +224,9 @@ pub fn read_identity() -> Result<Option<StoredIdentity>, pgrx::spi::Error> {
 pub fn read_peers() -> Result<[Option<PartyPublicKey>; 3], pgrx::spi::Error> {
     let mut peers: [Option<PartyPublicKey>; 3] = [None; 3];
     Spi::connect(|client| {
-        let rows = client.select(
+        let rows = crate::errors::read(
+            client,
             "SELECT party_index, public_key FROM privmatch.peers",
-            None,
             &[],
         )?;
         for row in rows {

@@ -369,9 +369,23 @@ fn spi_error(e: pgrx::spi::Error) -> EngineError {
     EngineError::internal(format!("reading the face template tables: {e}"))
 }
 
+/// The first column of the first row of the read-only `query`, through its saved plan: the
+/// worker runs the same few statements on every open, so they are parsed and planned once
+/// (`crate::plans`), not on every verification.
+fn first_value<T: pgrx::datum::FromDatum + pgrx::datum::IntoDatum>(
+    query: &str,
+) -> Result<Option<T>, EngineError> {
+    Spi::connect(|client| {
+        let rows = crate::errors::read(client, query, &[]).map_err(spi_error)?;
+        match rows.into_iter().next() {
+            Some(row) => row.get::<T>(1).map_err(spi_error),
+            None => Ok(None),
+        }
+    })
+}
+
 fn masked_table_exists() -> Result<bool, EngineError> {
-    Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_masked_templates') IS NOT NULL")
-        .map_err(spi_error)
+    first_value::<bool>("SELECT to_regclass('privmatch.face_masked_templates') IS NOT NULL")
         .map(|v| v.unwrap_or(false))
 }
 
@@ -380,17 +394,15 @@ fn masked_table_exists() -> Result<bool, EngineError> {
 /// update pending).
 fn set_version() -> Result<Option<SetVersion>, EngineError> {
     let exists =
-        Spi::get_one::<bool>("SELECT to_regclass('privmatch.face_set_version') IS NOT NULL")
-            .map_err(spi_error)?
+        first_value::<bool>("SELECT to_regclass('privmatch.face_set_version') IS NOT NULL")?
             .unwrap_or(false);
     if !exists {
         return Ok(None);
     }
-    Spi::get_one::<String>(
+    first_value::<String>(
         "SELECT string_agg(epoch::text || ':' || version, ',' ORDER BY shard) \
            FROM privmatch.face_set_version",
     )
-    .map_err(spi_error)
     .map(|v| v.map(SetVersion))
 }
 
@@ -401,10 +413,10 @@ fn opened_ids(only: Option<&[BundleId]>) -> Result<Vec<BundleId>, EngineError> {
     let listed = format!("{ALL} WHERE m.bundle_id = ANY($1)");
     Spi::connect(|client| {
         let rows = match only {
-            None => client.select(ALL, None, &[]),
+            None => crate::errors::read(client, ALL, &[]),
             Some(ids) => {
                 let keys: Vec<Vec<u8>> = ids.iter().map(|id| id.to_vec()).collect();
-                client.select(&listed, None, &[keys.into()])
+                crate::errors::read(client, &listed, &[keys.into()])
             }
         }
         .map_err(spi_error)?;
