@@ -212,6 +212,7 @@ AS $list$
         ('face_masked_stock',         ARRAY['privmatch_coordinator']),
         ('face_masked_keys',          ARRAY['privmatch_coordinator']),
         ('face_masked_round',         ARRAY['privmatch_coordinator']),
+        ('face_masked_keyed_round',   ARRAY['privmatch_coordinator']),
         -- the face set version's trigger (docs/protocols/face.md §13.8): fired, never called
         ('face_set_changed',          ARRAY[]::name[]),
         -- Paillier service provider (the coordinator relays device and terminal messages)

@@ -838,6 +838,23 @@ async fn masked_round(
 }
 
 /// Flips one bit in the middle of `bytes`.
+/// `face_masked_keyed_round` at `client`: a verification's key half and the peer's message of
+/// the open in, the sealed distance shares out.
+async fn keyed_round(
+    client: &Client,
+    session: &[u8; 16],
+    chunks: &[Vec<u8>],
+    inbound: &[u8],
+) -> Result<Vec<u8>, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT privmatch.face_masked_keyed_round($1, $2, $3)",
+            &[&session.as_slice(), &chunks, &inbound],
+        )
+        .await
+        .map(|row| row.get(0))
+}
+
 fn tampered(bytes: &[u8]) -> Vec<u8> {
     let mut out = bytes.to_vec();
     let i = out.len() / 2;
@@ -1124,34 +1141,39 @@ async fn captured_session_knowing(
     };
     received.extend(halves.iter().flatten().cloned());
     sent.extend(halves.iter().flatten().cloned());
-    let x0 = masked_keys(&clients[0], &session, &halves[0])
-        .await
-        .expect("keys P0");
-    let x1 = masked_keys(&clients[1], &session, &halves[1])
-        .await
-        .expect("keys P1");
-    // A verification's messages went out with the opens; its keys answer nothing.
+    // A verification's messages went out with the opens: its keys step and round 2 are one
+    // call, as the coordinator runs it; an identification's keys answer its masked probe.
     let messages = match (&opened_x0, &opened_x1) {
         (Some(a), Some(b)) => Some([a.clone(), b.clone()]),
         _ => None,
     };
-    let (x0, x1) = match (opened_x0, opened_x1) {
-        (Some(x0_open), Some(x1_open)) => {
-            assert!(
-                x0.is_empty() && x1.is_empty(),
-                "a verification's keys step answers nothing"
-            );
-            (x0_open, x1_open)
+    let (x0, x1, z0, z1) = match (opened_x0, opened_x1) {
+        (Some(x0), Some(x1)) => {
+            let z0 = keyed_round(&clients[0], &session, &halves[0], &x1)
+                .await
+                .expect("z0");
+            let z1 = keyed_round(&clients[1], &session, &halves[1], &x0)
+                .await
+                .expect("z1");
+            (x0, x1, z0, z1)
         }
-        (None, None) => (x0, x1),
+        (None, None) => {
+            let x0 = masked_keys(&clients[0], &session, &halves[0])
+                .await
+                .expect("keys P0");
+            let x1 = masked_keys(&clients[1], &session, &halves[1])
+                .await
+                .expect("keys P1");
+            let z0 = masked_round(&clients[0], &session, 2, &x1)
+                .await
+                .expect("z0");
+            let z1 = masked_round(&clients[1], &session, 2, &x0)
+                .await
+                .expect("z1");
+            (x0, x1, z0, z1)
+        }
         _ => panic!("one evaluator answered a masked probe at the open, the other not"),
     };
-    let z0 = masked_round(&clients[0], &session, 2, &x1)
-        .await
-        .expect("z0");
-    let z1 = masked_round(&clients[1], &session, 2, &x0)
-        .await
-        .expect("z1");
     let o0 = masked_round(&clients[0], &session, 3, &z1)
         .await
         .expect("o0");
@@ -1563,6 +1585,37 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
             let (code, message) = refused_with(result, attack);
             assert_eq!(code, "08P01", "{attack}: {message}");
         }
+        // The same through the one call the coordinator makes (keys and round 2 at once): a
+        // tampered message is refused there too, and an identification, whose masked probe
+        // must reach the peer between the two steps, is refused (22023).
+        let session = [25u8; 16];
+        let v = opened(session).await;
+        let (code, message) = refused_with(
+            keyed_round(
+                &clients[0],
+                &session,
+                &v.halves[0],
+                &tampered(&v.messages[1]),
+            )
+            .await,
+            "tampered, in one call",
+        );
+        assert_eq!(code, "08P01", "{message}");
+        let session = [26u8; 16];
+        let ids: Vec<[u8; 16]> = masked_open(&clients, &keys, session, &probe)
+            .await
+            .expect("open")
+            .chunks_exact(16)
+            .map(|c| c.try_into().expect("16"))
+            .collect();
+        let halves = dealt_halves(&clients[2], &session, &ids)
+            .await
+            .expect("deal");
+        let (code, message) = refused_with(
+            keyed_round(&clients[0], &session, &halves[0], &[0u8; 64]).await,
+            "an identification in one call",
+        );
+        assert_eq!(code, "22023", "{message}");
         // A verification session takes no identification keys: a coordinator that guesses the
         // template (it knows every bundle id from the identifications) and deals for it with
         // face_dealer_identify is refused, so it cannot test which template is verified.

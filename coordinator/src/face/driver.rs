@@ -34,8 +34,8 @@
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors. A
 //!    verification's evaluators answered theirs at the open (probe and template masked with
 //!    seeds each shares with P2 for the session, docs/protocols/face.md §13.10), so its keys
-//!    step answers nothing and is sent back to back with round 2 on each connection (one
-//!    round trip).
+//!    step and round 2 are one call, `face_masked_keyed_round(session, chunks, peer's
+//!    message)`.
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
 //!    round 2 takes the peer's masked probe vector and answers the sealed distance shares;
 //!    round 3 takes the peer's distance shares and answers this party's output shares sealed
@@ -760,12 +760,10 @@ impl FaceSession<'_> {
         Ok(([first, second], dealt))
     }
 
-    /// A verification's keys step and rounds 2 and 3: the masked probes went out with the
-    /// opens (`masked_probes`, indexed by sender), so each evaluator's keys and its round 2
-    /// are sent back to back on its connection and answered in one round trip (the keys
-    /// query is queued first: `join!` polls in order and tokio-postgres queues a query at its
-    /// first poll; the party runs a connection's statements in order). A keys step that
-    /// failed is the error reported (the round after it fails because of it).
+    /// A verification's keys step and rounds 2 and 3: the evaluators' messages went out with
+    /// the opens (`masked_probes`, indexed by sender), so each evaluator gets its key half and
+    /// the other's message in one call (`face_masked_keyed_round`: one statement and one
+    /// engine request), then round 3 is relayed as usual.
     async fn keys_with_rounds(
         &self,
         clients: [&Client; 2],
@@ -774,19 +772,42 @@ impl FaceSession<'_> {
         traffic: &mut Traffic<2>,
     ) -> Result<[Vec<u8>; 2], FaceSessionError> {
         let [p0, p1] = EVALUATORS;
-        let (keyed0, keyed1, outputs) = futures::join!(
-            self.keys_at(p0, clients[0], halves[0]),
-            self.keys_at(p1, clients[1], halves[1]),
-            relay(self, clients, 2..4, Some(masked_probes), traffic)
+        traffic.count(&masked_probes);
+        let [to0, to1] = self.route(masked_probes);
+        let (z0, z1) = futures::join!(
+            self.keyed_round_at(p0, clients[0], halves[0], &to0),
+            self.keyed_round_at(p1, clients[1], halves[1], &to1)
         );
-        for (party, keyed) in EVALUATORS.into_iter().zip([keyed0, keyed1]) {
-            if !keyed?.is_empty() {
-                return Err(FaceSessionError::Protocol(format!(
-                    "{party} answered a verification's keys with a masked probe (it sent one at the open)"
-                )));
-            }
-        }
-        outputs
+        traffic.rounds += 1;
+        relay(self, clients, 3..4, Some([z0?, z1?]), traffic).await
+    }
+
+    /// `face_masked_keyed_round` at `party`: its key half and the other evaluator's message in,
+    /// its sealed distance shares out.
+    async fn keyed_round_at(
+        &self,
+        party: PartyIndex,
+        client: &Client,
+        chunks: &[Vec<u8>],
+        inbound: &[u8],
+    ) -> Result<Vec<u8>, FaceSessionError> {
+        let session: &[u8] = &self.request.session;
+        let row = call_with_timeout::<_, FaceSessionError>(
+            party,
+            client,
+            "face_masked_keyed_round",
+            self.timeout,
+            client.query_typed_one(
+                "SELECT privmatch.face_masked_keyed_round($1, $2, $3)",
+                &[
+                    (&session, Type::BYTEA),
+                    (&chunks, Type::BYTEA_ARRAY),
+                    (&inbound, Type::BYTEA),
+                ],
+            ),
+        )
+        .await?;
+        self.reply(party, 2, &row)
     }
 }
 

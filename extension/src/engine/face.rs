@@ -79,6 +79,9 @@ pub mod op {
     pub const ROUND: u8 = 3;
     /// A dealing made ahead of time: P2's key chunks under a stock id, kept for a later open.
     pub const STOCK: u8 = 4;
+    /// A verification's keys and round 2 in one request (its masked vectors went out with the
+    /// opens, so nothing needs to leave between the two).
+    pub const KEYED_ROUND: u8 = 5;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -286,13 +289,7 @@ pub fn encode_stock<'a>(stock: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
 }
 
 fn encode_chunks<'a>(op: u8, session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
-    let mut head = session.to_vec();
-    head.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
-    let mut payload = Vec::with_capacity(chunks.iter().map(|c| c.len() + 8).sum());
-    for chunk in chunks {
-        head.extend_from_slice(&(chunk.len() as u64).to_le_bytes());
-        payload.extend_from_slice(chunk);
-    }
+    let (head, payload) = chunk_parts(session, chunks, 0);
     Request::Face {
         op,
         head,
@@ -300,10 +297,34 @@ fn encode_chunks<'a>(op: u8, session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a
     }
 }
 
+/// Head (session id, chunk count, chunk lengths) and payload (the chunks, with room for
+/// `extra` bytes more) of a request carrying key chunks.
+fn chunk_parts(session: &[u8; 16], chunks: &[&[u8]], extra: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut head = session.to_vec();
+    head.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+    let mut payload = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum::<usize>() + extra);
+    for chunk in chunks {
+        head.extend_from_slice(&(chunk.len() as u64).to_le_bytes());
+        payload.extend_from_slice(chunk);
+    }
+    (head, payload)
+}
+
 fn decode_keys<'a>(
     head: &[u8],
     payload: &'a [u8],
 ) -> Result<([u8; 16], Vec<&'a [u8]>), EngineError> {
+    let (session, chunks, rest) = decode_chunks(head, payload)?;
+    Cursor(rest).end()?;
+    Ok((session, chunks))
+}
+
+/// A decoded request with key chunks: the session (or stock) id, the chunks, and what the
+/// payload holds after them.
+type Chunked<'a> = ([u8; 16], Vec<&'a [u8]>, &'a [u8]);
+
+/// The session id and chunks of [`encode_chunks`], and what the payload holds after them.
+fn decode_chunks<'a>(head: &[u8], payload: &'a [u8]) -> Result<Chunked<'a>, EngineError> {
     let mut c = Cursor(head);
     let session = c.array()?;
     let n = c.u32()? as usize;
@@ -314,8 +335,19 @@ fn decode_keys<'a>(
         chunks.push(p.take(usize::try_from(len).map_err(|_| malformed())?)?);
     }
     c.end()?;
-    p.end()?;
-    Ok((session, chunks))
+    Ok((session, chunks, p.0))
+}
+
+/// The request of a verification's keys step and round 2 at once: P2's key chunks, then the
+/// other evaluator's message of the open (`message`).
+pub fn encode_keyed_round<'a>(session: &[u8; 16], chunks: &[&[u8]], message: &[u8]) -> Request<'a> {
+    let (head, mut payload) = chunk_parts(session, chunks, message.len());
+    payload.extend_from_slice(message);
+    Request::Face {
+        op: op::KEYED_ROUND,
+        head,
+        payload: payload.into(),
+    }
 }
 
 /// The request of round 2 or 3 of session `session` with the other evaluator's message.
@@ -906,6 +938,10 @@ impl FaceService {
                 c.end()?;
                 self.round(session, round, payload, now)
             }
+            op::KEYED_ROUND => {
+                let (session, chunks, message) = decode_chunks(head, payload)?;
+                self.keyed_round(session, &chunks, message, now)
+            }
             _ => Err(malformed()),
         }
     }
@@ -1173,6 +1209,29 @@ impl FaceService {
         Ok(Response::Continue(sealed))
     }
 
+    /// A verification's keys step and round 2 in one request: its masked vectors went out
+    /// with the opens, so the keys step answers nothing and round 2 follows at once. An
+    /// identification's keys step answers its masked probe, which must reach the peer before
+    /// round 2: refused (22023; the keys are taken, the coordinator aborts the session).
+    fn keyed_round(
+        &self,
+        session: [u8; 16],
+        chunks: &[&[u8]],
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        match self.keys(session, chunks, now)? {
+            Response::Continue(x) if x.is_empty() => self.distance(session, message, now),
+            _ => Err(EngineError::new(
+                ErrorKind::BadParameter,
+                format!(
+                    "face session {} is an identification: its keys step and round 2 are separate calls (face_masked_keys, then face_masked_round)",
+                    hex::encode(session)
+                ),
+            )),
+        }
+    }
+
     fn round(
         &self,
         session: [u8; 16],
@@ -1291,6 +1350,23 @@ impl FaceService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verification_message_of_another_template_list_asks_for_a_retry() {
+        // The peer's message carries its list digest: the same list gives the words, another
+        // list (an enrolment or deletion in flight) 40001, a message too short a refusal.
+        let digest = [7u8; 32];
+        let mut plain = digest.to_vec();
+        plain.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(
+            peer_verification_words(&plain, &digest).unwrap(),
+            &[1, 2, 3, 4]
+        );
+        let other = peer_verification_words(&plain, &[8u8; 32]).unwrap_err();
+        assert_eq!(other.kind, ErrorKind::Retry, "{}", other.message);
+        let short = peer_verification_words(&plain[..31], &digest).unwrap_err();
+        assert_eq!(short.kind, ErrorKind::Protocol, "{}", short.message);
+    }
 
     #[test]
     fn face_requests_round_trip() {

@@ -18,9 +18,9 @@
 //! 2. `face_dealer_identify(session, ids)` at P2 (an identification), or
 //!    `face_dealer_verify(session)` (a verification, dealt from the session id alone, at the
 //!    same time as the opens): the two key halves, in chunks.
-//! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer
-//!    (a verification's answer is empty: its X_b went out with the open, and the coordinator
-//!    sends this step and round 2 back to back on one connection).
+//! 3. `face_masked_keys(session, chunks)` at P0 and P1: X_b = x_b + δx_b sealed for the peer.
+//!    A verification's message went out with its open, so its keys step and round 2 are one
+//!    call, `face_masked_keyed_round(session, chunks, peer's message)`.
 //! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
 //!    comparison) sealed to the reply key of the client's probe (core's `face::reply`,
@@ -45,7 +45,8 @@ use super::enroll::enrolled_dim;
 use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call;
 use crate::engine::face::{
-    decode_opened, encode_keys, encode_open, encode_round, encode_stock, OpenRequest, Opened,
+    decode_opened, encode_keyed_round, encode_keys, encode_open, encode_round, encode_stock,
+    OpenRequest, Opened,
 };
 use crate::engine::ipc::Response;
 use crate::errors::{get_one, log_session, parse_session_id, raise, run, select};
@@ -55,6 +56,7 @@ const OPEN_STOCKED: &str = "face_masked_open_stocked";
 const STOCK: &str = "face_masked_stock";
 const KEYS: &str = "face_masked_keys";
 const ROUND: &str = "face_masked_round";
+const KEYED_ROUND: &str = "face_masked_keyed_round";
 
 /// The bundle ids in `bytes` (16 each), or 22023 naming the argument.
 fn parse_id_list(function: &str, argument: &str, bytes: &[u8]) -> Vec<[u8; BUNDLE_ID_LEN]> {
@@ -473,6 +475,34 @@ fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
     };
     check_masked(KEYS, session);
     engine_bytes(KEYS, call(&encode_keys(&id, &chunks)))
+}
+
+/// A verification's keys step and round 2 in one call (docs/protocols/face.md §13.10): gives
+/// masked session `session` its key half from P2 (`chunks`, this party's envelopes of
+/// `face_dealer_verify`, in chunk order) and runs round 2 with the other evaluator's message
+/// of the open (`inbound`); returns the sealed distance shares, as `face_masked_round(session,
+/// 2, inbound)` would. Its masked vectors went out with the open, so nothing needs to leave
+/// between the two steps: one statement and one engine request instead of two. Errors as
+/// `face_masked_keys` and `face_masked_round`, and 22023 for an identification (its keys step
+/// answers the masked probe the peer needs first) or no chunks.
+#[pg_extern(volatile, parallel_unsafe)]
+fn face_masked_keyed_round(session: &[u8], chunks: Array<'_, &[u8]>, inbound: &[u8]) -> Vec<u8> {
+    let id = parse_session_id(KEYED_ROUND, "session", session);
+    if chunks.is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{KEYED_ROUND}: chunks is empty: a verification's keys come from face_dealer_verify"),
+            None,
+        );
+    }
+    let chunks = parse_chunks(KEYED_ROUND, chunks.iter());
+    check_masked(KEYED_ROUND, session);
+    let reply = engine_bytes(
+        KEYED_ROUND,
+        call(&encode_keyed_round(&id, &chunks, inbound)),
+    );
+    pg_sys::check_for_interrupts!();
+    reply
 }
 
 /// Runs round 2 (the other evaluator's masked probe vector → this party's sealed distance
