@@ -8,7 +8,7 @@ use std::path::Path;
 use privmatch_core::embedding::normalize;
 use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
-use privmatch_e2e::{mentions_number, write_lines, Cluster};
+use privmatch_e2e::{mentions_number, run, wait_until, write_lines, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::{json, Value};
@@ -530,4 +530,86 @@ fn face_cli_bad_input_fails_clearly_and_changes_nothing() {
     cluster.stop_coordinator();
     cluster.start_coordinator(None);
     assert_eq!(verify(&cluster, &probe), json!(true));
+}
+
+/// One face verification's log lines are found by its session id in all five processes: the
+/// client (the id it sealed the probe to), the coordinator (the session's span), P0 and P1
+/// (opened, finished) and the dealer P2 (dealt) — at DEBUG1 in the parties' logs, where the
+/// session ids are (they are not secret: the coordinator relays them).
+#[test]
+fn one_verification_is_found_by_its_session_id_in_all_five_logs() {
+    let cluster = Cluster::start("face-trace", 41);
+    let mut rng = ChaCha20Rng::seed_from_u64(41);
+    let person = random_embedding(&mut rng);
+    let enrolment = cluster.path("face.ndjson");
+    write_lines(
+        &enrolment,
+        &[json!({"subject": "P", "embedding": person}).to_string()],
+    );
+    cluster
+        .cli(&[
+            "face",
+            "configure",
+            "--metric",
+            "cosine",
+            "--threshold",
+            "0.55",
+            "--dim",
+            "128",
+        ])
+        .expect_success();
+    cluster
+        .cli(&["face", "enroll", "--input", &path_arg(&enrolment)])
+        .expect_success();
+    for party in 0..3 {
+        cluster.query(party, "ALTER SYSTEM SET log_min_messages = debug1", &[]);
+        cluster.query(party, "SELECT pg_reload_conf()", &[]);
+    }
+    let probes = cluster.path("probe.ndjson");
+    let probe = recapture(&mut rng, &person, 0.02);
+    write_lines(&probes, &[json!({"embedding": probe}).to_string()]);
+    let input = path_arg(&probes);
+    let mut verify = cluster.command(&["face", "verify", "--subject", "P", "--input", &input]);
+    verify.env(
+        "PRIVMATCH_LOG",
+        "warn,privmatch_coordinator::face::client=debug",
+    );
+    let out = run(verify, std::time::Duration::from_secs(120)).expect_success();
+    assert!(
+        out.stdout.contains("\"match\":true"),
+        "the re-capture matches: {out}"
+    );
+    // The client's line names the session it sealed the probe to.
+    let sessions: Vec<String> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("sealed a face probe"))
+        .filter_map(|l| l.split("session=").nth(1))
+        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
+        .collect();
+    assert_eq!(sessions.len(), 1, "one probe, one session: {}", out.stderr);
+    let session = &sessions[0];
+    assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
+    let lines_with = |log: &str| -> Vec<String> {
+        std::fs::read_to_string(cluster.path(log))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(session.as_str()))
+            .map(str::to_owned)
+            .collect()
+    };
+    let has = |log: &str, text: &str| lines_with(log).iter().any(|l| l.contains(text));
+    wait_until(
+        std::time::Duration::from_secs(20),
+        "the session's lines in the coordinator's and the parties' logs",
+        || {
+            has("coordinator.log", "session finished")
+                && (0..2).all(|p| {
+                    let log = format!("p{p}/postgres.log");
+                    has(&log, "opened (face_masked_open)")
+                        && has(&log, "finished (face_masked_round)")
+                })
+                && has("p2/postgres.log", "dealt (face_dealer_verify)")
+        },
+    );
 }

@@ -12,7 +12,10 @@
 //! opens X_{1−b} and answers z_b for every compared template (the evaluation of the whole 1:N
 //! on the engine's threads); round 3 opens z_{1−b} and answers the output shares o_b sealed
 //! to the client's reply key (core's `face::reply`; the coordinator relays them unread), which
-//! ends the session. Sessions live in memory only, for at most `privmatch.search_timeout`
+//! ends the session. A 1:1 verification (docs/protocols/face.md §13.10) answers its round-2
+//! message X_b ‖ Y'_b from the open (masks derived from what this party shares with P2 for the
+//! session, so P2 deals meanwhile), and its keys step and round 2 come in one request
+//! (`KEYED_ROUND`). Sessions live in memory only, for at most `privmatch.search_timeout`
 //! between requests; single use of a session id is the table `face_sessions`' job, single use
 //! of a stocked dealing the table `face_stock_used`'s (the backend records the claim in the
 //! open's transaction). Stocked dealings live in memory only: an engine restart loses them
@@ -27,7 +30,8 @@
 //!
 //! Messages between the backend and this service travel in [`Request::Face`] /
 //! [`Response::Continue`]; their layouts are the `encode_*`/`decode_*` pairs below.
-//! Imports: [`super::ipc`] and core's `face`; no module of `crate::face`.
+//! Imports: [`super::ipc`], core's `face`, and the shared `crate::errors::read` (saved plans);
+//! no module of `crate::face`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};

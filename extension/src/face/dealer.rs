@@ -21,7 +21,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use super::raise_face;
-use crate::errors::{get_one, parse_session_id, raise, run};
+use crate::errors::{get_one, log_session, parse_session_id, raise, run};
 use crate::identity::{load_identity, pinned_peer, Identity};
 use crate::operator::accept_command;
 
@@ -322,7 +322,9 @@ fn face_dealer_identify(
     let session = parse_session_id(F, "session", session);
     let ids = parse_bundle_ids(F, bundle_ids);
     let (me, pairs) = dealer_channels(F);
-    TableIterator::new(deal_rows(F, &me, &pairs, KeysFor::Session(session), &ids))
+    let rows = deal_rows(F, &me, &pairs, KeysFor::Session(session), &ids);
+    log_session(F, &session, "dealt");
+    TableIterator::new(rows)
 }
 
 /// Deals the keys of 1:1 verification session `session` (16 bytes; docs/protocols/face.md
@@ -349,13 +351,9 @@ fn face_dealer_verify(
     const F: &str = "face_dealer_verify";
     let session = parse_session_id(F, "session", session);
     let (me, pairs) = dealer_channels(F);
-    TableIterator::new(deal_rows(
-        F,
-        &me,
-        &pairs,
-        KeysFor::Verification(session),
-        &[],
-    ))
+    let rows = deal_rows(F, &me, &pairs, KeysFor::Verification(session), &[]);
+    log_session(F, &session, "dealt");
+    TableIterator::new(rows)
 }
 
 /// Deals, ahead of any session, the keys of one identification against the templates
