@@ -271,6 +271,17 @@ pub fn privmatch(args: &[&str]) -> CmdOutput {
 }
 
 /// Polls `condition` every 100 ms until it holds; panics with `what` after `timeout`.
+/// The session ids (hex) a client's debug log `stderr` names on its lines containing `marker`
+/// (e.g. "sealed a face probe"), in order.
+pub fn logged_sessions(stderr: &str, marker: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(marker))
+        .filter_map(|l| l.split("session=").nth(1))
+        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
+        .collect()
+}
+
 pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !condition() {
@@ -647,6 +658,17 @@ impl Cluster {
     /// A path inside the home directory (for test files; removed with the cluster).
     pub fn path(&self, name: &str) -> PathBuf {
         self.home.join(name)
+    }
+
+    /// The lines of the log `log` (a path under the home, e.g. `p0/postgres.log`) that
+    /// contain `needle` (a session id in hex, to follow one session through the logs).
+    pub fn log_lines_with(&self, log: &str, needle: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path(log))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// `privmatch iris enroll --input FILE --no-progress EXTRA…`.

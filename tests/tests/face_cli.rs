@@ -8,7 +8,7 @@ use std::path::Path;
 use privmatch_core::embedding::normalize;
 use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
-use privmatch_e2e::{mentions_number, run, wait_until, write_lines, Cluster};
+use privmatch_e2e::{logged_sessions, mentions_number, run, wait_until, write_lines, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::{json, Value};
@@ -580,24 +580,11 @@ fn one_verification_is_found_by_its_session_id_in_all_five_logs() {
         "the re-capture matches: {out}"
     );
     // The client's line names the session it sealed the probe to.
-    let sessions: Vec<String> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("sealed a face probe"))
-        .filter_map(|l| l.split("session=").nth(1))
-        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
-        .collect();
+    let sessions = logged_sessions(&out.stderr, "sealed a face probe");
     assert_eq!(sessions.len(), 1, "one probe, one session: {}", out.stderr);
     let session = &sessions[0];
     assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
-    let lines_with = |log: &str| -> Vec<String> {
-        std::fs::read_to_string(cluster.path(log))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(session.as_str()))
-            .map(str::to_owned)
-            .collect()
-    };
+    let lines_with = |log: &str| cluster.log_lines_with(log, session);
     let has = |log: &str, text: &str| lines_with(log).iter().any(|l| l.contains(text));
     wait_until(
         std::time::Duration::from_secs(20),

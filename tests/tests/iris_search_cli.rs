@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_e2e::{enrollment_line, run, wait_until, write_lines, Cluster};
+use privmatch_e2e::{enrollment_line, logged_sessions, run, wait_until, write_lines, Cluster};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::Value;
@@ -1147,24 +1147,11 @@ fn one_search_is_found_by_its_session_id_in_all_five_logs() {
     let out = run(search, std::time::Duration::from_secs(120)).expect_success();
     assert!(out.stdout.contains("\"T\""), "the probe matches T: {out}");
     // The client's line names the session it sealed the probe to.
-    let sessions: Vec<String> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("sealed an iris probe"))
-        .filter_map(|l| l.split("session=").nth(1))
-        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
-        .collect();
+    let sessions = logged_sessions(&out.stderr, "sealed an iris probe");
     assert_eq!(sessions.len(), 1, "one probe, one session: {}", out.stderr);
     let session = &sessions[0];
     assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
-    let lines_with = |log: &str| -> Vec<String> {
-        std::fs::read_to_string(cluster.path(log))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(session.as_str()))
-            .map(str::to_owned)
-            .collect()
-    };
+    let lines_with = |log: &str| cluster.log_lines_with(log, session);
     wait_until(
         std::time::Duration::from_secs(20),
         "the session's lines in the coordinator's and the parties' logs",
