@@ -16,9 +16,9 @@
 //!   ([`MaskedTemplateSet`]), never y in the clear. δy_{1−b} is uniform and unknown to P_b,
 //!   so Δy is a one-time pad of y; it is opened only once (the same Δy again tells nothing
 //!   new).
-//! * **Per identification** the dealer deals ([`deal_identification`]) a fresh probe mask seed sx_b (δx = δx_0 + δx_1) and, per
-//!   template j, shares c_j,b of ⟨δx, δy_j⟩, the shares r_j,b of r_in,j ∓ θ and one
-//!   sign-gate key pair: single use, as in [`super::funshade`].
+//! * **Per identification** the dealer deals ([`deal_identification`]) a fresh probe mask
+//!   seed sx_b (δx = δx_0 + δx_1) and, per template j, shares c_j,b of ⟨δx, δy_j⟩, the shares
+//!   r_j,b of r_in,j ∓ θ and one sign-gate key pair: single use, as in [`super::funshade`].
 //! * **Online** ([`probe_round`], [`distance_round`], [`sign_round`]): the probe's masked
 //!   vector X_b = x_b + δx_b is exchanged once (4·l bytes per party per identification); then
 //!   per comparison only z_b (4 bytes) and the output share o_b (4 bytes):
@@ -768,7 +768,10 @@ pub fn verification_distance(
             "the keys were dealt for another probe mask",
         ));
     }
-    if keys.dim != l || probe.elements.len() != l || position >= set.len() {
+    if position >= set.len() {
+        return Err(FaceError::Malformed("a selected template is not held"));
+    }
+    if keys.dim != l || probe.elements.len() != l {
         return Err(FaceError::WrongDimension {
             expected: l,
             got: keys.dim,
@@ -782,13 +785,7 @@ pub fn verification_distance(
     let sum = |k: usize| own[k].wrapping_add(peer[k]);
     let big_x: Vec<u32> = (0..l).map(sum).collect();
     let mut big_y: Vec<u32> = (l..2 * l).map(sum).collect();
-    let lead = u32::from(keys.party == 1);
-    // u = b·Δx − δx_b, with δx_b = X_b − x_b.
-    let mut u: Vec<u32> = big_x
-        .iter()
-        .zip(own.iter().zip(&probe.elements))
-        .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
-        .collect();
+    let mut u = probe_term(keys.party, &big_x, own, probe);
     let mut mask = vec![0u32; l];
     expand_template_mask(&seeds.template, &mut mask);
     let d = row_distance(&u, &big_x, &big_y, &mask).wrapping_add(keys.c[0]);
@@ -802,6 +799,17 @@ pub fn verification_distance(
         probe.norm,
         set.norms[position],
     ))
+}
+
+/// u = b·Δx − δx_b of evaluator `party` (b = 1 for P1), with δx_b = X_b − x_b (`own`'s first
+/// l words are X_b, `probe` is x_b): the probe's term of d_b in every comparison.
+fn probe_term(party: usize, big_x: &[u32], own: &[u32], probe: &EmbeddingShare) -> Vec<u32> {
+    let lead = u32::from(party == 1);
+    big_x
+        .iter()
+        .zip(own.iter().zip(&probe.elements))
+        .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
+        .collect()
 }
 
 /// z_b from d_b: d_b + r_b (cosine), or 2·d_b − ‖x‖²_b − ‖y‖²_b + r_b (Euclidean).
@@ -1211,13 +1219,7 @@ fn distance_job(
         .zip(peer)
         .map(|(a, b)| a.wrapping_add(*b))
         .collect();
-    // u = b·Δx − δx_b, with δx_b = X_b − x_b.
-    let lead = u32::from(keys.party == 1);
-    let mut u: Vec<u32> = big_x
-        .iter()
-        .zip(own.iter().zip(&probe.elements))
-        .map(|(bx, (o, x))| lead.wrapping_mul(*bx).wrapping_sub(o.wrapping_sub(*x)))
-        .collect();
+    let mut u = probe_term(keys.party, &big_x, own, probe);
     let count = keys.len();
     let job = DistanceJob {
         keys,
