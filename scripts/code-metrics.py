@@ -5,7 +5,7 @@ tool is installed) the duplicate pairs per crate.
 
     scripts/code-metrics.py [--top N] [--no-duplicates]
 
-Reads the Rust files git tracks under core/, extension/, coordinator/, gpu/, tools/ and
+Reads the Rust files git tracks under core/, api/, extension/, coordinator/, gpu/, tools/ and
 tests/ of the working tree; writes nothing. Lines are non-blank lines. A function's length
 runs from its `fn` line to the line of its closing brace (found by counting braces outside
 strings, chars and comments: good enough for ranking, not a parser).
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CRATES = ["core", "extension", "coordinator", "gpu", "tools", "tests"]
+CRATES = ["core", "api", "extension", "coordinator", "gpu", "tools", "tests"]
 
 # The concepts issue 35 wants defined once: (label, regex of a definition).
 CONSTANTS = [

@@ -15,7 +15,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p privmatch-coordinator --features fault-injection --quiet -- -D warnings
 
 echo "==> unit and property tests (core, coordinator, the layout rules, the extension's pure-Rust parts)"
-cargo test --release -p privmatch-core -p privmatch-gpu -p privmatch-coordinator -p privmatch-layout
+cargo test --release -p privmatch-core -p privmatch-api -p privmatch-gpu -p privmatch-coordinator -p privmatch-layout
 (cd extension && cargo test --release --lib)
 
 echo "==> Paillier interoperability with python-paillier (phe)"

@@ -12,13 +12,15 @@
 //! | [`guard`] | one coordinator per deployment (an advisory lock at P0) |
 //! | [`identity`] | party identity bundles: signed by each party's operator, pinned by clients after a fingerprint check |
 //! | [`tls`] | TLS of the API and of the links to the parties, a local CA for `cluster up` |
-//! | [`wire`] | the HTTP error body and codes, the encodings of binary values, modality-neutral shapes |
 //! | [`session`] | the round-driver skeleton every modality's sessions run on, retries |
 //! | [`txn`] | two-phase commit over a modality's [`txn::work::Work`], recovery |
 //! | [`server`] | the HTTP service: state, errors, the one composition of the modalities' routes |
 //! | [`cli`] | the one HTTP client, sealing keys, batch accounting, progress bars, NDJSON output, sealed inputs for the SQL front door |
 //!
-//! Modalities, each with the same files (`api`, `driver`, `work`, `routes`, `client`, `cli`,
+//! The API's bodies, error codes and text forms are `privmatch_api`'s (the `api/` crate,
+//! shared with the SQL front door).
+//!
+//! Modalities, each with the same files (`driver`, `work`, `routes`, `client`, `cli`,
 //! `seal`, `input`, `synth`, where the job is the same), importing shared layers only, never
 //! each other: [`iris`], [`face`], [`paillier`] (device-held face templates).
 //!
@@ -38,4 +40,3 @@ pub mod server;
 pub mod session;
 pub mod tls;
 pub mod txn;
-pub mod wire;

@@ -15,6 +15,11 @@ use privmatch_core::wire::storage::ShareLayoutError;
 
 use crate::plans::saved_plan;
 
+/// The hint of an input sealed for another party or to keys that are not this party's
+/// (SQLSTATE 22023 at every entry point; an input that does not open is 22P03).
+pub const OTHER_PARTY_HINT: &str =
+    "the client sealed to a key that is not this party's: check the pinned party keys";
+
 /// Raises an ERROR with `code` and `message` (and an optional hint); never returns.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: Option<&str>) -> ! {
     let mut report = ErrorReport::new(code, message.into(), "privmatch");

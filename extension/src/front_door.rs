@@ -36,8 +36,10 @@ use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
+use privmatch_api::error::is_sqlstate;
+use privmatch_api::{ErrorBody, ErrorCode};
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::errors::raise;
 use crate::signals::without_signals;
@@ -215,17 +217,6 @@ enum Failure {
     Broken(String),
 }
 
-/// The coordinator's error body (`coordinator/src/wire.rs`, `ErrorBody`), the fields used here.
-#[derive(Deserialize, Default)]
-struct ErrorBody {
-    #[serde(default)]
-    error: String,
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default)]
-    sqlstate: Option<String>,
-}
-
 fn agent(endpoint: &Endpoint) -> Result<ureq::Agent, Failure> {
     let mut roots = Vec::new();
     for item in ureq::tls::parse_pem(&endpoint.ca_pem) {
@@ -363,14 +354,10 @@ fn post_waiting(endpoint: Endpoint, input: SealedInput) -> Result<(u16, Vec<u8>)
 
 /// The SQLSTATE of a five-character code, if it is one.
 fn sqlstate(code: &str) -> Option<PgSqlErrorCode> {
-    let bytes = code.as_bytes();
-    if bytes.len() != 5
-        || !bytes
-            .iter()
-            .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
-    {
+    if !is_sqlstate(code) {
         return None;
     }
+    let bytes = code.as_bytes();
     // MAKE_SQLSTATE: six bits per character, the first character lowest.
     let packed = bytes.iter().enumerate().fold(0i32, |acc, (i, b)| {
         acc | ((i32::from(*b - b'0') & 0x3F) << (6 * i))
@@ -378,49 +365,12 @@ fn sqlstate(code: &str) -> Option<PgSqlErrorCode> {
     Some(PgSqlErrorCode::from(packed))
 }
 
-/// The SQLSTATE for the coordinator's error `code` (HTTP `status`), or the party's own when it
-/// rejected the input.
-fn error_code(status: u16, body: &ErrorBody) -> PgSqlErrorCode {
-    use PgSqlErrorCode::*;
-    match body.code.as_deref() {
-        Some("rejected_by_party") => body
-            .sqlstate
-            .as_deref()
-            .and_then(sqlstate)
-            .unwrap_or(ERRCODE_INVALID_PARAMETER_VALUE),
-        Some("bad_request") => ERRCODE_INVALID_PARAMETER_VALUE,
-        Some("unauthenticated") | Some("forbidden") => ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-        Some("too_large") => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-        Some("too_busy") => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-        Some("template_sets_differ") | Some("key_claim_conflict") => {
-            ERRCODE_T_R_SERIALIZATION_FAILURE
-        }
-        Some("in_doubt") => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
-        Some("party_unavailable") | Some("timeout") => ERRCODE_CONNECTION_FAILURE,
-        Some("not_configured") => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        Some("unknown_subject") => ERRCODE_NO_DATA_FOUND,
-        Some("protocol_error") => ERRCODE_PROTOCOL_VIOLATION,
-        _ if status == 404 => ERRCODE_FEATURE_NOT_SUPPORTED,
-        _ => ERRCODE_SYSTEM_ERROR,
-    }
-}
-
-fn hint_for(code: Option<&str>) -> Option<&'static str> {
-    match code? {
-        "template_sets_differ" => Some("an enrolment was being committed: seal the input again and retry; if it persists, the set of the party named diverges: its operator runs `privmatch iris audit` (docs/protocols/iris.md §14.2)"),
-        "key_claim_conflict" => {
-            Some("an enrolment was being committed: seal the input again and retry")
-        }
-        "in_doubt" => Some("the coordinator's recovery completes it at every party or at none; calling again with the same sealed input fails with 23505 once it committed"),
-        "unauthenticated" | "forbidden" => Some("check privmatch.coordinator_credential_file: the credential needs the scopes enroll and search"),
-        _ => None,
-    }
-}
-
 /// Sends `input` (already checked by [`parse_sealed`]) to the coordinator and returns its
-/// answer's JSON, or raises an error naming the coordinator. `writes`: whether the request
+/// answer, read as the API's type `T` (`privmatch_api`), or raises an error naming the
+/// coordinator: for an error answer the SQLSTATE and hint of the API's one table
+/// ([`ErrorBody::sqlstate_for`], [`ErrorCode::what_to_do`]). `writes`: whether the request
 /// changes data (its outcome is then unknown when the connection breaks).
-pub fn call(input: SealedInput, writes: bool) -> serde_json::Value {
+pub fn call<T: DeserializeOwned>(input: SealedInput, writes: bool) -> T {
     let endpoint = endpoint();
     let url = endpoint.url.clone();
     let function = input.kind.sql_function();
@@ -446,7 +396,10 @@ pub fn call(input: SealedInput, writes: bool) -> serde_json::Value {
         return serde_json::from_slice(&body).unwrap_or_else(|e| {
             raise(
                 PgSqlErrorCode::ERRCODE_PROTOCOL_VIOLATION,
-                format!("privmatch.{function}: the coordinator at {url} answered something that is not JSON: {e}"),
+                format!(
+                    "privmatch.{function}: the coordinator at {url} answered something that is not the API's {}: {e}",
+                    std::any::type_name::<T>().rsplit("::").next().unwrap_or_default()
+                ),
                 None,
             )
         });
@@ -457,10 +410,11 @@ pub fn call(input: SealedInput, writes: bool) -> serde_json::Value {
     } else {
         error.error.clone()
     };
+    let code = sqlstate(error.sqlstate_for(status)).unwrap_or(PgSqlErrorCode::ERRCODE_SYSTEM_ERROR);
     raise(
-        error_code(status, &error),
+        code,
         format!("privmatch.{function}: the coordinator at {url} refused: {message}"),
-        hint_for(error.code.as_deref()),
+        error.kind().and_then(ErrorCode::what_to_do),
     )
 }
 
@@ -473,42 +427,18 @@ pub fn malformed(function: &str, what: &str) -> ! {
     )
 }
 
-/// Tells the caller (NOTICE) that recovery still has to finish a committed write at some
-/// parties: the write is decided, so the call succeeded.
-fn note_pending_recovery(answer: &serde_json::Value, function: &str) {
-    let pending = answer
-        .get("pending_recovery")
-        .and_then(|p| p.as_array())
-        .map(|p| p.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>())
-        .unwrap_or_default();
-    if !pending.is_empty() {
+/// Whether an enrolment answer enrolled its one record (`first`: its first result's
+/// `enrolled`); tells the caller (NOTICE) when the coordinator's recovery still has to finish
+/// the committed write at some parties (`pending_recovery`): the write is decided, so the
+/// call succeeded.
+pub fn enrolled(first: Option<bool>, pending_recovery: &[String], function: &str) -> bool {
+    if !pending_recovery.is_empty() {
         pgrx::notice!(
             "privmatch.{function}: committed; the coordinator's recovery will complete it at {}",
-            pending.join(", ")
+            pending_recovery.join(", ")
         );
     }
-}
-
-/// Whether an enrolment answer (`{"results": [{"enrolled": bool, …}], "pending_recovery"}`)
-/// enrolled its one record; tells the caller when recovery still has to finish it.
-pub fn enrolled(answer: &serde_json::Value, function: &str) -> bool {
-    note_pending_recovery(answer, function);
-    field(answer, "results", function)
-        .get(0)
-        .and_then(|r| r.get("enrolled"))
-        .and_then(|e| e.as_bool())
-        .unwrap_or_else(|| malformed(function, "results[0].enrolled"))
-}
-
-/// A field of the coordinator's answer that must be there.
-pub fn field<'a>(
-    answer: &'a serde_json::Value,
-    name: &str,
-    function: &str,
-) -> &'a serde_json::Value {
-    answer
-        .get(name)
-        .unwrap_or_else(|| malformed(function, name))
+    first.unwrap_or_else(|| malformed(function, "results[0].enrolled"))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use privmatch_core::crypto::seal::PartyKeys;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::encoding::share_template;
 use privmatch_core::iris::enroll::Eye;
@@ -17,7 +18,7 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::policy::IrisPolicy;
 use privmatch_core::iris::probe::{seal_iris_probe, ProbeContext};
 use privmatch_core::iris::scan::{CpuScan, Interrupt};
-use privmatch_core::iris::service::{PartyKeys, RoundReply, SearchService};
+use privmatch_core::iris::service::{RoundReply, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};

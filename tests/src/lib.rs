@@ -692,6 +692,30 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("[{}] P{party}: {sql}: {e}", self.name))
     }
 
+    /// Sets `log_min_messages` at `party` (e.g. `debug1`, where the parties log each session's
+    /// steps) and waits until a new session sees it: `pg_reload_conf()` only signals the
+    /// postmaster, which then signals the running backends, so a search started at once could
+    /// run before the setting arrives.
+    pub fn set_log_level(&self, party: usize, level: &str) {
+        self.query(
+            party,
+            &format!("ALTER SYSTEM SET log_min_messages = {level}"),
+            &[],
+        );
+        self.query(party, "SELECT pg_reload_conf()", &[]);
+        wait_until(
+            Duration::from_secs(30),
+            &format!("P{party}'s log_min_messages to become {level}"),
+            || {
+                let rows = self.query(party, "SHOW log_min_messages", &[]);
+                rows.first().map(|r| r.get::<_, String>(0)).as_deref() == Some(level)
+            },
+        );
+        // The running backends (the coordinator's pool) take it at their next command, after
+        // the postmaster's signal: give the signal a moment to be delivered.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     /// Runs one query at `party` as the coordinator's login role: its rows, or the SQLSTATE
     /// and message of the error.
     pub fn query_as_coordinator(

@@ -562,8 +562,7 @@ fn one_verification_is_found_by_its_session_id_in_all_five_logs() {
         .cli(&["face", "enroll", "--input", &path_arg(&enrolment)])
         .expect_success();
     for party in 0..3 {
-        cluster.query(party, "ALTER SYSTEM SET log_min_messages = debug1", &[]);
-        cluster.query(party, "SELECT pg_reload_conf()", &[]);
+        cluster.set_log_level(party, "debug1");
     }
     let probes = cluster.path("probe.ndjson");
     let probe = recapture(&mut rng, &person, 0.02);

@@ -323,11 +323,12 @@ fn bad_face_inputs_fail_clearly_and_change_nothing() {
             !err.message.contains("mallory") && err.message.contains("verified subject"),
             "{err:?}"
         );
-        // A probe sealed to P1 cannot be opened by P0.
+        // A probe sealed to P1 is refused by P0 as sealed for another party (22023, as at
+        // enrolment), not as altered (22P03).
         let err = verification_open_at_p0(&clients, &keys, [0x33; 16], "alice", &alice, 1)
             .await
             .expect_err("sealed to P1");
-        assert_eq!(err.sqlstate.as_deref(), Some("22P03"), "{err:?}");
+        assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
         // Enrolling a template of another dimension.
         let requests = [FaceEnrollRequest {
             subject: "bob",
@@ -1065,10 +1066,10 @@ async fn captured_session_knowing(
     known: Option<&[u8; 32]>,
     probe: &[i32],
 ) -> Captured {
-    use privmatch_coordinator::face::api::{
+    use privmatch_api::face::{
         FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody, FaceVerifyResponse,
     };
-    use privmatch_coordinator::wire::to_base64;
+    use privmatch_api::wire::to_base64;
     let (mut sent, mut received): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
     let mut rng = ChaCha20Rng::from_entropy();
     let sealed = seal_face_probe_knowing(
@@ -1229,7 +1230,7 @@ fn names_in_the_clear(captured: &[Vec<u8>], name: &str) -> bool {
         // name only (drop those mixing in neighbours at either end).
         let mut padded = vec![0u8; shift];
         padded.extend_from_slice(bytes);
-        let text = privmatch_coordinator::wire::to_base64(&padded);
+        let text = privmatch_api::wire::to_base64(&padded);
         let skip = if shift == 0 {
             0
         } else {
@@ -1367,7 +1368,7 @@ fn the_coordinator_receives_sealed_outputs_and_no_match_bit() {
             leaky.push(format!("{{\"subject\":\"{}\"}}", records[3].0).into_bytes());
             assert!(names_in_the_clear(&leaky, &records[3].0));
             leaky.push(
-                privmatch_coordinator::wire::to_base64(format!("xy{}", records[9].0).as_bytes())
+                privmatch_api::wire::to_base64(format!("xy{}", records[9].0).as_bytes())
                     .into_bytes(),
             );
             assert!(names_in_the_clear(&leaky, &records[9].0));

@@ -688,7 +688,7 @@ fn rewrite_head(head: &str, extra: &[String]) -> String {
 }
 
 fn tamper_answer(tamper: Tamper, body: &[u8]) -> Vec<u8> {
-    use privmatch_coordinator::wire::{from_base64, to_base64};
+    use privmatch_api::wire::{from_base64, to_base64};
     let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
         return body.to_vec();
     };
@@ -1132,8 +1132,7 @@ fn one_search_is_found_by_its_session_id_in_all_five_logs() {
     write_lines(&enrolment, &[enrollment_line("T", "left", &template)]);
     cluster.enroll(&enrolment, &[]).expect_success();
     for party in 0..3 {
-        cluster.query(party, "ALTER SYSTEM SET log_min_messages = debug1", &[]);
-        cluster.query(party, "SELECT pg_reload_conf()", &[]);
+        cluster.set_log_level(party, "debug1");
     }
     let probes = cluster.path("probe.ndjson");
     let probe = near_duplicate(&template, 0.1, 4, &mut rng);

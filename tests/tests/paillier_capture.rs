@@ -23,15 +23,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use privmatch_api::paillier::{DeviceMessage, Reply, SessionState};
+use privmatch_api::wire::{from_base64, session_from_hex, to_base64};
 use privmatch_coordinator::config::Config;
-use privmatch_coordinator::paillier::api::{DeviceMessage, Reply, SessionState};
 use privmatch_coordinator::paillier::client::{
     serve, unix_now, Device as DeviceRef, PaillierClient, Responder,
 };
 use privmatch_coordinator::paillier::device::{
     answered_path, load_key, load_record, record_path, Answered,
 };
-use privmatch_coordinator::wire::{from_base64, session_from_hex, to_base64};
 use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};

@@ -18,11 +18,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use privmatch_api::paillier::unix_now_ms;
+use privmatch_api::paillier::{DeviceMessage, Reply, SessionState, SessionView};
 use privmatch_coordinator::cli::client_key::load_key as load_client_key;
 use privmatch_coordinator::cli::http::CallError;
 use privmatch_coordinator::config::Config;
-use privmatch_coordinator::paillier::api::unix_now_ms;
-use privmatch_coordinator::paillier::api::{DeviceMessage, Reply, SessionState, SessionView};
 use privmatch_coordinator::paillier::client::{
     serve, unix_now, Device as DeviceRef, PaillierClient, Responder,
 };
@@ -40,7 +40,9 @@ use privmatch_core::paillier::signed_round2::SignedRound2;
 use privmatch_core::paillier::signed_round2::SignedRound4;
 use privmatch_core::paillier::terminal::{TerminalInput, TERMINAL_INPUT_PURPOSE};
 use privmatch_core::party::PartyIndex;
-use privmatch_e2e::{write_lines, Background, Cluster, CmdOutput};
+use privmatch_e2e::{
+    logged_sessions, run, wait_until, write_lines, Background, Cluster, CmdOutput,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde_json::{json, Value};
@@ -340,6 +342,79 @@ fn assert_log_holds_no_secret(cluster: &Cluster, devices: &[Device]) {
     }
 }
 
+/// One Π1 session's lines are found by its session id in the four logs of the processes it
+/// crosses: the terminal's (it sealed its input to the id), the coordinator's, the service
+/// provider's (P0, at `log_min_messages = debug1`) and the device's.
+fn one_session_is_found_by_its_id_in_all_four_logs(cluster: &Cluster, device: &Device) {
+    cluster.set_log_level(0, "debug1");
+    let mut respond = cluster.command(&[
+        "device",
+        "respond",
+        "--key",
+        &path_arg(&device.key),
+        "--device",
+        &device.id,
+        "--count",
+        "1",
+    ]);
+    respond.env(
+        "PRIVMATCH_LOG",
+        "warn,privmatch_coordinator::paillier::client=debug",
+    );
+    let responder = Background::spawn(respond);
+    let mut verify = cluster.command(&[
+        "terminal",
+        "verify",
+        "--device",
+        &device.id,
+        "--protocol",
+        protocol_name(device.protocol),
+        "--input",
+        &path_arg(&device.probes[0].0),
+        "--threshold",
+        &THRESHOLD.to_string(),
+        "--timeout",
+        "60",
+        "--json",
+    ]);
+    verify.env(
+        "PRIVMATCH_LOG",
+        "warn,privmatch_coordinator::paillier::client=debug",
+    );
+    let terminal = run(verify, Duration::from_secs(120));
+    assert!(
+        terminal.code == Some(0) || terminal.code == Some(2),
+        "{terminal}"
+    );
+    let answered = responder.wait(Duration::from_secs(120)).expect_success();
+    let sessions = logged_sessions(&terminal.stderr, "sealed a paillier terminal input");
+    assert_eq!(sessions.len(), 1, "one input, one session: {terminal}");
+    let session = &sessions[0];
+    assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
+    assert_eq!(
+        logged_sessions(&answered.stderr, "the device answers"),
+        vec![session.clone()],
+        "the device's line names the session: {answered}"
+    );
+    let has = |log: &str, text: &str| {
+        cluster
+            .log_lines_with(log, session)
+            .iter()
+            .any(|l| l.contains(text))
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the session's lines in the coordinator's and the service provider's logs",
+        || {
+            has("coordinator.log", "paillier session opened")
+                && has("coordinator.log", "paillier device reply relayed")
+                && has("p0/postgres.log", "opened (paillier_session_open)")
+                && has("p0/postgres.log", "round 2 answered (paillier_pi1_round2)")
+        },
+    );
+    cluster.set_log_level(0, "warning");
+}
+
 #[test]
 fn devices_enrol_under_every_protocol_and_match_with_pi1() {
     let cluster = Cluster::start("paillier-cli", 61);
@@ -386,6 +461,7 @@ fn devices_enrol_under_every_protocol_and_match_with_pi1() {
         2 * pi1.len(),
         started.elapsed().as_secs_f64()
     );
+    one_session_is_found_by_its_id_in_all_four_logs(&cluster, &pi1[0]);
 
     // Errors a user gets, each changing nothing.
     let d = &pi1[0];
@@ -770,7 +846,7 @@ fn relay_rewritten_round2_gets_no_verdict(
             assert_eq!(taken.len(), 1);
             let forged = match forge {
                 "own Round 2" => DeviceMessage {
-                    message: privmatch_coordinator::wire::to_base64(&own),
+                    message: privmatch_api::wire::to_base64(&own),
                     ..taken[0].clone()
                 },
                 _ => DeviceMessage {
@@ -848,7 +924,7 @@ fn pi1_outcome_is_the_devices_signed_bit(
         "device": d.id,
         "wait_ms": 0,
         "time_ms": stamp,
-        "signature": privmatch_coordinator::wire::to_base64(&stale),
+        "signature": privmatch_api::wire::to_base64(&stale),
     });
     let (status, answer) =
         cluster.post_bytes("/v1/paillier/mailbox", body.to_string().into_bytes());
@@ -872,7 +948,7 @@ fn pi1_outcome_is_the_devices_signed_bit(
             .expect("mailbox");
         assert_eq!(taken.len(), 1);
         let round2 =
-            privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
+            privmatch_api::wire::from_base64(&taken[0].message, "round 2").expect("base64");
         let round2 = SignedRound2::open(
             &round2,
             client.service_key(),
@@ -938,7 +1014,7 @@ fn pi1_outcome_is_the_devices_signed_bit(
         for (what, forged, device, session) in [
             (
                 "flipped and resealed",
-                lie(&|v| v.verdict = Some(privmatch_coordinator::wire::to_base64(&flipped))),
+                lie(&|v| v.verdict = Some(privmatch_api::wire::to_base64(&flipped))),
                 d.id.as_str(),
                 &session,
             ),
@@ -1026,9 +1102,9 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
             .expect("mailbox");
         assert_eq!(taken.len(), 1, "the terminal's session reached the mailbox");
         let round2 =
-            privmatch_coordinator::wire::from_base64(&taken[0].message, "round 2").expect("base64");
-        let session = privmatch_coordinator::wire::session_from_hex(&taken[0].session, "session")
-            .expect("hex");
+            privmatch_api::wire::from_base64(&taken[0].message, "round 2").expect("base64");
+        let session =
+            privmatch_api::wire::session_from_hex(&taken[0].session, "session").expect("hex");
         let round2 = SignedRound2::open(
             &round2,
             client.service_key(),
@@ -1062,7 +1138,7 @@ fn pi2_and_pi3_devices_match_and_a_cheating_device_is_refused() {
         assert!(answer.closed, "{answer:?}");
         let round4 = answer.next.expect("a Round 4");
         let sealed = SignedRound4::open(
-            &privmatch_coordinator::wire::from_base64(&round4.message, "round 4").expect("b64"),
+            &privmatch_api::wire::from_base64(&round4.message, "round 4").expect("b64"),
             client.service_key(),
             &d.id,
             Protocol::Pi2,

@@ -45,10 +45,10 @@ use crate::cli::operator_key::{self, fresh_counter};
 use crate::config::{Config, OperatorConfig};
 use crate::parties::column;
 use crate::server::auth::Scope;
-use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
+use crate::server::error::{bad_request, parse_json, party_failure_error, ApiError};
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::wire::{from_base64, to_base64};
+use privmatch_api::wire::{from_base64, to_base64};
 
 /// Requests per hour per budget kind that `privmatch client register` allows by default.
 pub const DEFAULT_PER_HOUR: u32 = 1000;
@@ -497,13 +497,7 @@ async fn policies(State(state): State<SharedState>) -> Result<Json<PoliciesRespo
     let mut parties = Vec::with_capacity(3);
     for answer in answers {
         parties.push(answer.map_err(|e| {
-            let (status, code) = party_failure_status(&e);
-            party_error(
-                status,
-                code,
-                format!("reading the client-auth policy: {e}"),
-                &e,
-            )
+            party_failure_error(format!("reading the client-auth policy: {e}"), &e)
         })?);
     }
     Ok(Json(PoliciesResponse { parties }))
@@ -531,15 +525,7 @@ async fn relay(
     let row = party
         .query_one(kind.sql(), &[&command])
         .await
-        .map_err(|e| {
-            let (status, code) = party_failure_status(&e);
-            party_error(
-                status,
-                code,
-                format!("client command {}: {e}", kind.name()),
-                &e,
-            )
-        })?;
+        .map_err(|e| party_failure_error(format!("client command {}: {e}", kind.name()), &e))?;
     let result: String = row.get(0);
     tracing::info!(
         party = request.party,

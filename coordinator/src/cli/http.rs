@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::session::retry::{with_retry, RetryPolicy};
-use crate::wire::{codes, ErrorBody};
+use privmatch_api::{ErrorBody, ErrorCode};
 
 /// Why a call to the coordinator failed.
 #[derive(Debug)]
@@ -32,38 +32,34 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// The coordinator's error code, if it answered one.
-    pub fn code(&self) -> Option<&str> {
+    /// The coordinator's error code, if it answered one this build knows.
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            CallError::Api { body, .. } => body.code.as_deref(),
+            CallError::Api { body, .. } => body.kind(),
             _ => None,
         }
     }
 
     /// A transient failure: a new session (freshly sealed probes) may succeed.
     pub fn is_transient(&self) -> bool {
-        is_transient_code(self.code())
+        self.code().is_some_and(ErrorCode::is_transient)
     }
 
     /// The outcome of a write is unknown (in doubt at the parties, or the answer was lost).
     pub fn outcome_unknown(&self) -> bool {
-        matches!(self, CallError::Broken(_)) || self.code() == Some(codes::IN_DOUBT)
+        matches!(self, CallError::Broken(_)) || self.code() == Some(ErrorCode::InDoubt)
     }
 
     /// The error after `attempts` attempts, saying how many were made when it was transient.
     pub fn after_attempts(self, attempts: u32) -> anyhow::Error {
         match self {
-            CallError::Api { status, body } if is_transient_code(body.code.as_deref()) => anyhow!(
+            CallError::Api { status, body } if body.is_transient() => anyhow!(
                 "{} (HTTP {status}; gave up after {attempts} attempts)",
                 body.error
             ),
             other => anyhow::Error::new(other),
         }
     }
-}
-
-fn is_transient_code(code: Option<&str>) -> bool {
-    code.is_some_and(|c| codes::TRANSIENT.contains(&c))
 }
 
 impl fmt::Display for CallError {
@@ -229,28 +225,26 @@ impl Coordinator {
 mod tests {
     use super::*;
 
-    fn api(code: &str) -> CallError {
+    fn api(code: ErrorCode) -> CallError {
         CallError::Api {
             status: 503,
-            body: ErrorBody {
-                error: "e".into(),
-                code: Some(code.into()),
-                ..ErrorBody::default()
-            },
+            body: ErrorBody::new(code, "e".into()),
         }
     }
 
     #[test]
     fn transient_errors_are_retried_and_in_doubt_writes_unknown() {
-        assert!(api(codes::SETS_DIFFER).is_transient());
-        assert!(api(codes::KEY_CONFLICT).is_transient());
-        assert!(!api(codes::NOT_CONFIGURED).is_transient());
-        assert!(api(codes::IN_DOUBT).outcome_unknown());
+        assert!(api(ErrorCode::TemplateSetsDiffer).is_transient());
+        assert!(api(ErrorCode::KeyClaimConflict).is_transient());
+        assert!(!api(ErrorCode::NotConfigured).is_transient());
+        assert!(api(ErrorCode::InDoubt).outcome_unknown());
         assert!(CallError::Broken("x".into()).outcome_unknown());
         assert!(!CallError::Unreachable("x".into()).outcome_unknown());
-        let message = api(codes::SETS_DIFFER).after_attempts(7).to_string();
+        let message = api(ErrorCode::TemplateSetsDiffer)
+            .after_attempts(7)
+            .to_string();
         assert_eq!(message, "e (HTTP 503; gave up after 7 attempts)");
-        let message = api(codes::NOT_CONFIGURED).after_attempts(1).to_string();
+        let message = api(ErrorCode::NotConfigured).after_attempts(1).to_string();
         assert_eq!(message, "e (HTTP 503)");
         let message = CallError::Unreachable("refused".into()).to_string();
         assert!(message.contains("privmatch cluster up") && message.ends_with("refused"));

@@ -20,7 +20,7 @@ use crate::cli::http::Coordinator;
 use crate::cli::operator_key::{self, fresh_counter};
 use crate::config::{Config, OperatorConfig};
 use crate::identity::{ca_digest, IdentityBundle, PartyIdentity};
-use crate::wire::{to_base64, PinBody, PinResponse};
+use privmatch_api::wire::{to_base64, PinBody, PinResponse};
 
 /// `privmatch party …`.
 #[derive(Subcommand)]

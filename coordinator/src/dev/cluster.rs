@@ -58,7 +58,7 @@ use crate::config::{
 };
 use crate::server::auth::{ApiKeys, Scope};
 use crate::tls::LocalCa;
-use crate::wire::PartyStatus;
+use privmatch_api::wire::PartyStatus;
 
 /// Actions of `privmatch cluster`.
 #[derive(Subcommand, Clone, Debug)]

@@ -5,8 +5,8 @@
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Row;
 
-use crate::face::api::{DealerStatus, FaceDealerResponse};
 use crate::parties::{column, Parties, PartyError};
+use privmatch_api::face::{DealerStatus, FaceDealerResponse};
 
 /// The dealer's public state from a row (metric, dim, generation).
 fn dealer_of(party: PartyIndex, row: &Row) -> Result<DealerStatus, PartyError> {

@@ -1,7 +1,7 @@
 //! The client side of the face modality and its library API: embeddings (read and quantised
 //! by [`crate::face::input`]) are additively shared and sealed here to the pinned keys of P0
 //! and P1 (the dealer configuration to P2's), and sent to the coordinator's HTTP API
-//! ([`crate::face::api`]); the coordinator only relays ciphertext. Each probe carries a fresh
+//! ([`privmatch_api::face`]); the coordinator only relays ciphertext. Each probe carries a fresh
 //! reply key (an X25519 key pair drawn per request); P0 and P1 seal their output shares to
 //! it, and the client opens them with its secret and the parties' keys pinned in its own
 //! configuration (core's `face::reply`, docs/protocols/face.md §13.9), so the coordinator
@@ -38,13 +38,13 @@ use crate::cli::keys::Sealer;
 use crate::cli::operator_key::fresh_counter;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
-use crate::face::api::{
+use crate::face::input::{read_enroll_file, EmbeddingOptions, FaceEnrollRecord};
+use privmatch_api::face::{
     DealerStatus, FaceConfigureBody, FaceDealerResponse, FaceDeleteBody, FaceDeleteResponse,
     FaceEnrollBody, FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody,
     FaceVerifyResponse,
 };
-use crate::face::input::{read_enroll_file, EmbeddingOptions, FaceEnrollRecord};
-use crate::wire::{from_base64_each, session_to_hex, to_base64};
+use privmatch_api::wire::{from_base64_each, session_to_hex, to_base64};
 
 /// Where recovery finishes a face batch left in doubt.
 const RECOVERY_SCOPE: &str = "at P0 and P1 or at neither";

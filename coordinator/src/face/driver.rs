@@ -59,11 +59,11 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
-use crate::face::api::FaceRequest;
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     call_with_timeout, relay, run_pooled, Rounds, Session, Step, Traffic,
 };
+use privmatch_api::face::FaceRequest;
 
 /// The two evaluators.
 const EVALUATORS: [PartyIndex; 2] = [PartyIndex::ALL[0], PartyIndex::ALL[1]];

@@ -5,7 +5,8 @@
 //! probes and round messages and learns one bit per comparison, never a share, a key or the
 //! threshold.
 //!
-//! The same files as every modality: [`api`] (JSON bodies shared by server and client),
+//! The same files as every modality (the JSON bodies are `privmatch_api::face`, shared with
+//! the SQL front door):
 //! [`driver`] (the comparison rounds on the shared skeleton), [`work`] (its distributed
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
 //! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing and quantisation) and [`synth`]
@@ -16,7 +17,6 @@
 //! Imports shared layers only, never another modality.
 
 pub mod admin;
-pub mod api;
 pub mod cli;
 pub mod client;
 pub mod driver;

@@ -1,4 +1,4 @@
-//! The coordinator's face endpoints (shapes in [`crate::face::api`]): the dealer's
+//! The coordinator's face endpoints (shapes in [`privmatch_api::face`]): the dealer's
 //! configuration and state ([`crate::face::admin`]), enrolment and deletion (two-phase commit at P0
 //! and P1, P2 with its marker row only, [`crate::face::work`]), verification and
 //! identification (the round driver of [`crate::face::driver`]).
@@ -11,16 +11,10 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Extension, State};
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Json;
 
 use crate::face::admin::{configure_dealer, dealer_state};
-use crate::face::api::{
-    DealerStatus, FaceConfigureBody, FaceDealerResponse, FaceDeleteBody, FaceDeleteResponse,
-    FaceEnrollBody, FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceRequest,
-    FaceVerifyBody, FaceVerifyResponse,
-};
 use crate::face::driver::{
     run_face_session, FaceErrorKind, FaceOutcome, FaceSessionError, Stocked,
 };
@@ -29,13 +23,19 @@ use crate::face::work::{Delete, Enroll};
 use crate::parties::PartyError;
 use crate::server::auth::Scope;
 use crate::server::error::{
-    bad_request, parse_json, party_error, party_failure_status, protocol_error, ApiError,
+    bad_request, parse_json, party_error, party_failure_code, protocol_error, ApiError,
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::{AppState, SharedState};
 use crate::txn::fault::altered_face_output;
 use crate::txn::work::TxnError;
-use crate::wire::{codes, from_base64, to_base64};
+use privmatch_api::face::{
+    DealerStatus, FaceConfigureBody, FaceDealerResponse, FaceDeleteBody, FaceDeleteResponse,
+    FaceEnrollBody, FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceRequest,
+    FaceVerifyBody, FaceVerifyResponse,
+};
+use privmatch_api::wire::{from_base64, to_base64};
+use privmatch_api::ErrorCode;
 
 /// The face routes and the API scope each needs, merged into the coordinator's API. They
 /// share the dealing made ahead of time for the next identification ([`FaceStock`]).
@@ -63,12 +63,11 @@ fn with_hint(message: String, hint: &str, marker: &str) -> String {
 /// Maps a party's face error to an answer, by SQLSTATE (see [`FaceErrorKind`]).
 pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
     let kind = FaceErrorKind::from_sqlstate(err.sqlstate.as_deref());
-    let (status, code, message) = match kind {
-        FaceErrorKind::UnknownSubject => (StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT, message),
-        FaceErrorKind::BadArgument => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED, message),
+    let (code, message) = match kind {
+        FaceErrorKind::UnknownSubject => (ErrorCode::UnknownSubject, message),
+        FaceErrorKind::BadArgument => (ErrorCode::RejectedByParty, message),
         FaceErrorKind::SetsDiffer => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::SETS_DIFFER,
+            ErrorCode::TemplateSetsDiffer,
             with_hint(
                 message,
                 "P0 and P1 hold different face template sets for a moment (an enrolment or deletion is being committed or awaits recovery): retry with a new session",
@@ -76,8 +75,7 @@ pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
             ),
         ),
         FaceErrorKind::KeyConflict => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::KEY_CONFLICT,
+            ErrorCode::KeyClaimConflict,
             with_hint(
                 message,
                 "the session id or the stocked dealing was claimed by another session: retry with a new session",
@@ -85,26 +83,22 @@ pub fn face_party_error(err: &PartyError, message: String) -> ApiError {
             ),
         ),
         FaceErrorKind::Refused | FaceErrorKind::SessionNotFound => {
-            (StatusCode::BAD_GATEWAY, codes::PROTOCOL, message)
+            (ErrorCode::ProtocolError, message)
         }
         // 55000 also reports a session's state (a round out of order, a template deleted
         // during the session, retired keys, an uncommitted opening): no configure hint there.
         FaceErrorKind::NotConfigured if !is_session_state(&message) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::NOT_CONFIGURED,
+            ErrorCode::NotConfigured,
             with_hint(
                 message,
                 "run `privmatch face configure`",
                 "face configure",
             ),
         ),
-        FaceErrorKind::NotConfigured => (StatusCode::CONFLICT, codes::PARTY_ERROR, message),
-        FaceErrorKind::Other => {
-            let (status, code) = party_failure_status(err);
-            (status, code, message)
-        }
+        FaceErrorKind::NotConfigured => (ErrorCode::WrongStep, message),
+        FaceErrorKind::Other => (party_failure_code(err), message),
     };
-    party_error(status, code, message, err)
+    party_error(code, message, err)
 }
 
 impl From<FaceSessionError> for ApiError {
@@ -113,9 +107,7 @@ impl From<FaceSessionError> for ApiError {
         match &err {
             FaceSessionError::Invalid(_) => bad_request(message),
             FaceSessionError::Party(party) => face_party_error(party, message),
-            FaceSessionError::Timeout(party) => {
-                party_error(StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT, message, party)
-            }
+            FaceSessionError::Timeout(party) => party_error(ErrorCode::Timeout, message, party),
             FaceSessionError::Protocol(_) => protocol_error(message),
         }
     }
@@ -307,6 +299,7 @@ fn is_session_state(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
     use privmatch_core::party::PartyIndex;
 
     fn err(sqlstate: &str, message: &str) -> PartyError {
@@ -320,27 +313,35 @@ mod tests {
     #[test]
     fn face_sqlstates_map_to_statuses_and_codes() {
         let cases = [
-            ("P0002", StatusCode::NOT_FOUND, codes::UNKNOWN_SUBJECT),
-            ("22023", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
-            ("40001", StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER),
+            ("P0002", StatusCode::NOT_FOUND, ErrorCode::UnknownSubject),
+            (
+                "22023",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::RejectedByParty,
+            ),
+            (
+                "40001",
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::TemplateSetsDiffer,
+            ),
             (
                 "23505",
                 StatusCode::SERVICE_UNAVAILABLE,
-                codes::KEY_CONFLICT,
+                ErrorCode::KeyClaimConflict,
             ),
-            ("08P01", StatusCode::BAD_GATEWAY, codes::PROTOCOL),
-            ("42704", StatusCode::BAD_GATEWAY, codes::PROTOCOL),
+            ("08P01", StatusCode::BAD_GATEWAY, ErrorCode::ProtocolError),
+            ("42704", StatusCode::BAD_GATEWAY, ErrorCode::ProtocolError),
             (
                 "55000",
                 StatusCode::SERVICE_UNAVAILABLE,
-                codes::NOT_CONFIGURED,
+                ErrorCode::NotConfigured,
             ),
-            ("XX000", StatusCode::BAD_GATEWAY, codes::PARTY_ERROR),
+            ("XX000", StatusCode::BAD_GATEWAY, ErrorCode::PartyError),
         ];
         for (sqlstate, status, code) in cases {
             let api = ApiError::from(FaceSessionError::Party(err(sqlstate, "m")));
             assert_eq!(api.status, status, "{sqlstate}");
-            assert_eq!(api.body.code.as_deref(), Some(code), "{sqlstate}");
+            assert_eq!(api.body.kind(), Some(code), "{sqlstate}");
             assert_eq!(api.body.sqlstate.as_deref(), Some(sqlstate));
             assert_eq!(api.body.party, Some(0));
         }
@@ -372,8 +373,8 @@ mod tests {
     fn transaction_failures_keep_their_content_errors() {
         let api = face_txn_error(TxnError::Aborted(err("23505", "duplicate subject")));
         assert_eq!(api.status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(api.body.code.as_deref(), Some(codes::REJECTED));
+        assert_eq!(api.body.kind(), Some(ErrorCode::RejectedByParty));
         let api = face_txn_error(TxnError::Aborted(err("55000", "not initialised")));
-        assert_eq!(api.body.code.as_deref(), Some(codes::NOT_CONFIGURED));
+        assert_eq!(api.body.kind(), Some(ErrorCode::NotConfigured));
     }
 }

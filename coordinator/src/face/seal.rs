@@ -23,11 +23,11 @@ use crate::cli::keys::Sealer;
 use crate::cli::ndjson::for_each_line;
 use crate::cli::sealed::{report, SealedWriter};
 use crate::config::Config;
-use crate::face::api::{FaceEnrollBody, FaceIdentifyBody, FaceVerifyBody};
 use crate::face::input::{
     parse_enroll_line, read_enroll_file, read_probe_file, EmbeddingOptions, FaceEnrollRecord,
 };
-use crate::wire::{session_to_hex, to_base64};
+use privmatch_api::face::{FaceEnrollBody, FaceIdentifyBody, FaceVerifyBody};
+use privmatch_api::wire::{session_to_hex, to_base64};
 
 /// Options of `privmatch face seal`.
 #[derive(Args, Clone, Debug)]

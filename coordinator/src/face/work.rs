@@ -9,9 +9,9 @@ use std::convert::Infallible;
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
 
-use crate::face::api::FaceEnrollResult;
 use crate::parties::{column, PartyError};
 use crate::txn::work::{LockMode, TableLock, Work};
+use privmatch_api::face::FaceEnrollResult;
 
 /// The table face enrolments and deletions write.
 pub const TEMPLATES: &str = "face_templates";

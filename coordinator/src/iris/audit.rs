@@ -30,9 +30,7 @@ use crate::config::Config;
 use crate::iris::driver::odd_one_out;
 use crate::iris::work::Quarantine;
 use crate::parties::{column, PartyError};
-use crate::server::error::{
-    bad_request, error_with, parse_json, party_error, party_failure_status, ApiError,
-};
+use crate::server::error::{bad_request, error_with, parse_json, party_failure_error, ApiError};
 use crate::server::state::SharedState;
 
 /// The body of `POST /v1/iris/audit`.
@@ -118,8 +116,7 @@ pub fn compare(lists: &[PartyList; 3]) -> AuditResponse {
 }
 
 fn party_failure(what: &str, e: &PartyError) -> ApiError {
-    let (status, code) = party_failure_status(e);
-    party_error(status, code, format!("{what}: {e}"), e)
+    party_failure_error(format!("{what}: {e}"), e)
 }
 
 /// `POST /v1/iris/audit`.
@@ -177,8 +174,7 @@ pub async fn audit(
         // diverges for a moment: never quarantine while one is prepared.
         if prepared > 0 {
             return Err(error_with(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                crate::wire::codes::IN_DOUBT,
+                privmatch_api::ErrorCode::InDoubt,
                 format!("{prepared} distributed transaction(s) are prepared at the parties: run `privmatch recover` first, then audit again; nothing was quarantined"),
             ));
         }

@@ -14,13 +14,13 @@ use tokio::sync::mpsc;
 use crate::cli::ndjson::json_line;
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
-use crate::iris::api::{if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse};
 use crate::iris::client::{enroll_file, BatchOptions, IfUniqueFailure, IrisClient};
-use crate::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{
     for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord,
 };
 use crate::iris::synth::SynthArgs;
+use privmatch_api::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
+use privmatch_api::iris::{if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse};
 
 /// `privmatch iris …`.
 #[derive(Subcommand, Clone, Debug)]
@@ -374,8 +374,8 @@ async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iris::api::EyeReport;
-    use crate::iris::api::SearchStats;
+    use privmatch_api::iris::EyeReport;
+    use privmatch_api::iris::SearchStats;
     use privmatch_core::iris::enroll::Eye;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;

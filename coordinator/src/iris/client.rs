@@ -1,6 +1,6 @@
 //! The client side of the iris modality: templates and probes are shared and sealed here, to
 //! the pinned party keys, and sent to the coordinator's HTTP API (shapes in
-//! [`crate::iris::api`]); the coordinator only relays ciphertext.
+//! [`privmatch_api::iris`]); the coordinator only relays ciphertext.
 //!
 //! * [`enroll_file`]: bulk enrolment, sealed batch by batch on a blocking thread while
 //!   earlier batches are in flight; each batch is one distributed transaction.
@@ -38,13 +38,13 @@ use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::{sealing_time, sharing_rng, sign_each, Sealer};
 use crate::cli::progress::progress_bar;
 use crate::config::Config;
-use crate::iris::api::{
+use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
+use privmatch_api::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
+use privmatch_api::iris::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
     EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
 };
-use crate::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
-use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
-use crate::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
+use privmatch_api::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
 
 /// Where recovery finishes an iris batch left in doubt.
 const RECOVERY_SCOPE: &str = "at all three parties or at none";

@@ -37,13 +37,13 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use tokio_postgres::{Client, Row};
 
-use crate::iris::api::{SearchRequest, SearchStats};
 use crate::parties::{column, Parties, PartyError};
 use crate::session::driver::{
     at_each, call_with_timeout, relay_ring, run_on, run_pooled, RingReply, RingRounds, Rounds,
     Session, Step, Traffic,
 };
 use crate::session::retry::{with_retry, RetryPolicy};
+use privmatch_api::iris::{SearchRequest, SearchStats};
 
 /// More rounds than any search needs (uniqueness over 2^64 comparisons needs 81): a party
 /// that never finishes is a protocol error, not an endless loop.

@@ -3,23 +3,22 @@
 //! Private Iris Code Uniqueness Checks to Millions of Users" (ePrint 2024/705); the
 //! coordinator relays sealed probes and round messages and learns only the result.
 //!
-//! The same files as every modality: [`api`] (JSON bodies shared by server and client),
+//! The same files as every modality (the JSON bodies are `privmatch_api::iris`, shared with
+//! the SQL front door):
 //! [`driver`] (the search rounds on the shared skeleton), [`work`] (its distributed
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
 //! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
 //! `privmatch iris synth` writes the input format [`input`] reads, for demos, tests and
-//! benchmarks). Modality-specific: [`eyes`] (how the two eyes of a probe combine), [`policy`] (the
+//! benchmarks). Modality-specific: [`policy`] (the
 //! operator-signed threshold policy the parties enforce), [`audit`] (entries whose copies
 //! diverge between the parties, and their quarantine).
 //!
 //! Imports shared layers only, never another modality.
 
-pub mod api;
 pub mod audit;
 pub mod cli;
 pub mod client;
 pub mod driver;
-pub mod eyes;
 pub mod input;
 pub mod policy;
 pub mod routes;

@@ -27,9 +27,9 @@ use crate::cli::http::{CallError, Coordinator};
 use crate::cli::operator_key::{self, fresh_counter};
 use crate::config::Config;
 use crate::parties::column;
-use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
+use crate::server::error::{bad_request, parse_json, party_failure_error, ApiError};
 use crate::server::state::SharedState;
-use crate::wire::{from_base64, to_base64};
+use privmatch_api::wire::{from_base64, to_base64};
 
 /// The answer to `GET /v1/iris/search`: the threshold policy of each party, by index.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -97,10 +97,8 @@ pub async fn get_policy(
     .await;
     let mut parties = [0.0; 3];
     for (slot, answer) in parties.iter_mut().zip(answers) {
-        *slot = answer.map_err(|e| {
-            let (status, code) = party_failure_status(&e);
-            party_error(status, code, format!("reading the iris policy: {e}"), &e)
-        })?;
+        *slot =
+            answer.map_err(|e| party_failure_error(format!("reading the iris policy: {e}"), &e))?;
     }
     Ok(Json(PolicyResponse { parties }))
 }
@@ -120,10 +118,7 @@ pub async fn configure(
     let row = party
         .query_one("SELECT privmatch.iris_set_policy($1)", &[&command])
         .await
-        .map_err(|e| {
-            let (status, code) = party_failure_status(&e);
-            party_error(status, code, format!("setting the iris policy: {e}"), &e)
-        })?;
+        .map_err(|e| party_failure_error(format!("setting the iris policy: {e}"), &e))?;
     let threshold: f64 = row.get(0);
     tracing::info!(
         party = request.party,

@@ -1,11 +1,10 @@
-//! The coordinator's iris endpoints (shapes in [`crate::iris::api`]): enrolment and deletion
+//! The coordinator's iris endpoints (shapes in [`privmatch_api::iris`]): enrolment and deletion
 //! (two-phase commit at the three parties, [`crate::iris::work`]), search (the round driver of
 //! [`crate::iris::driver`], one session per eye) and enroll-if-unique.
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Json;
 use futures::future::join_all;
@@ -14,20 +13,20 @@ use privmatch_core::wire::envelope::decode_enroll_batch;
 use privmatch_core::wire::session::SessionId;
 use serde::Deserialize;
 
-use crate::iris::api::{
-    DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
-    EnrollResponse, EyeReport, SearchBody, SearchResponse,
-};
 use crate::iris::driver::{run_search, SearchError, SearchOutcome};
 use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
 use crate::server::auth::Scope;
 use crate::server::error::{
-    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
-    ApiError,
+    bad_request, error_with, parse_json, party_error, party_failure_error, protocol_error, ApiError,
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::wire::{check_on_duplicate, codes, default_on_duplicate, to_base64};
+use privmatch_api::iris::{
+    DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
+    EnrollResponse, EyeReport, SearchBody, SearchResponse,
+};
+use privmatch_api::wire::{check_on_duplicate, default_on_duplicate, to_base64};
+use privmatch_api::ErrorCode;
 
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
 pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
@@ -64,16 +63,10 @@ impl From<SearchError> for ApiError {
         let message = err.to_string();
         match &err {
             SearchError::Invalid(_) => bad_request(message),
-            SearchError::Party(party) => {
-                let (status, code) = party_failure_status(party);
-                party_error(status, code, message, party)
-            }
-            SearchError::Timeout(party) => {
-                party_error(StatusCode::GATEWAY_TIMEOUT, codes::TIMEOUT, message, party)
-            }
+            SearchError::Party(party) => party_failure_error(message, party),
+            SearchError::Timeout(party) => party_error(ErrorCode::Timeout, message, party),
             SearchError::SetsDiffer(mismatch) => {
-                let mut api =
-                    error_with(StatusCode::SERVICE_UNAVAILABLE, codes::SETS_DIFFER, message);
+                let mut api = error_with(ErrorCode::TemplateSetsDiffer, message);
                 api.body.entries = Some(mismatch.entries);
                 api.body.party = mismatch.diverging.map(|p| p.as_u8());
                 api
@@ -224,6 +217,7 @@ async fn enroll_if_unique(
 mod tests {
     use super::*;
     use crate::parties::PartyError;
+    use axum::http::StatusCode;
 
     #[test]
     fn search_failures_map_to_statuses() {
@@ -237,6 +231,6 @@ mod tests {
         assert_eq!(api.body.party, Some(1));
         let api = ApiError::from(SearchError::Party(err));
         assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(api.body.code.as_deref(), Some(codes::PARTY_UNAVAILABLE));
+        assert_eq!(api.body.kind(), Some(ErrorCode::PartyUnavailable));
     }
 }

@@ -18,10 +18,10 @@ use privmatch_core::wire::sealed_input::SealedKind;
 use crate::cli::keys::Sealer;
 use crate::cli::sealed::{report, SealedWriter};
 use crate::config::Config;
-use crate::iris::api::search_params;
 use crate::iris::client::{enroll_body, search_body};
-use crate::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
 use crate::iris::input::{for_each_record, read_probe_file, validate_file};
+use privmatch_api::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
+use privmatch_api::iris::search_params;
 use privmatch_core::iris::policy::DEFAULT_TAU;
 
 /// Options of `privmatch iris seal`.

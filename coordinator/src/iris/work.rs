@@ -10,11 +10,11 @@ use privmatch_core::iris::enroll::Eye;
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
 
-use crate::iris::api::EnrollResult;
-use crate::iris::api::SearchRequest;
 use crate::iris::driver::{run_search_on, SearchError};
 use crate::parties::PartyError;
 use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
+use privmatch_api::iris::EnrollResult;
+use privmatch_api::iris::SearchRequest;
 
 /// The table iris enrolments and deletions write.
 pub const TEMPLATES: &str = "iris_templates";

@@ -26,12 +26,12 @@ use crate::cli::http::CallError;
 use crate::cli::keys::sharing_rng;
 use crate::cli::ndjson::{emit, json_line};
 use crate::config::{Config, ServicePin};
-use crate::paillier::api::{parse_protocol, SessionState, DEFAULT_WAIT_MS, MAX_MESSAGES};
 use crate::paillier::client::{serve, unix_now, Device, PaillierClient, Responder};
 use crate::paillier::device::{
     answered_path, fingerprint, generate, load_key, load_record, record_path, save_record, Answered,
 };
 use crate::paillier::input::{quantize, read_embedding};
+use privmatch_api::paillier::{parse_protocol, SessionState, DEFAULT_WAIT_MS, MAX_MESSAGES};
 use privmatch_core::paillier::device_signature::DeviceSigner;
 
 /// Failed polls in a row (a second apart) `device respond` rides out: a coordinator restart.

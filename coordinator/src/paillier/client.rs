@@ -2,7 +2,7 @@
 //! Badrinarayanan, Mukherjee, Rindal, CCS 2020, ePrint 2020/1363 [ABMR20]) and its library
 //! API: the device's enrolment Π_en ([`PaillierClient::enroll`]) and its side of matching
 //! sessions ([`Responder`], [`serve`]), and the terminal's session ([`PaillierClient::open`],
-//! [`PaillierClient::outcome`]), over the coordinator's HTTP API ([`crate::paillier::api`]).
+//! [`PaillierClient::outcome`]), over the coordinator's HTTP API ([`privmatch_api::paillier`]).
 //!
 //! Trust: the coordinator only relays. What the client relies on comes from its own
 //! configuration ([`ServicePin`]): the service provider's party (the terminal seals its input
@@ -49,14 +49,14 @@ use crate::cli::client_key::{wrap_for_party, ClientCredential};
 use crate::cli::http::{CallError, Coordinator};
 use crate::cli::keys::{client_credential, sharing_rng};
 use crate::config::{Config, ServicePin};
-use crate::paillier::api::{
+use crate::paillier::device::Answered;
+use privmatch_api::paillier::{
     parse_protocol, unix_now_ms, DeleteBody, DeleteResponse, DeviceBody, DeviceMessage,
     DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody, MailboxBody,
     MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo, SessionState,
     SessionView, VerifyBody, WaitBody, DEFAULT_WAIT_MS,
 };
-use crate::paillier::device::Answered;
-use crate::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
+use privmatch_api::wire::{from_base64, session_from_hex, session_to_hex, to_base64};
 
 /// The time now, in Unix seconds (record expiry).
 pub fn unix_now() -> i64 {
@@ -292,6 +292,7 @@ impl PaillierClient {
         let party = PartyIndex::ALL[usize::from(self.pin.party)];
         let sealed = input.seal(party, &self.seal_key, &mut self.rng)?;
         let signed = wrap_for_party(self.client.as_ref(), party, TERMINAL_INPUT_PURPOSE, sealed);
+        tracing::debug!(session = %session_to_hex(&session), "sealed a paillier terminal input");
         Ok((session, signed))
     }
 
@@ -456,6 +457,7 @@ impl PaillierClient {
         reply: Reply,
     ) -> Result<ReplyResponse, CallError> {
         let id = session_from_hex(session, "session").map_err(CallError::Local)?;
+        tracing::debug!(session = %session, round, "the device answers");
         let signature = signer
             .sign(&reply.statement(device, &id, round))
             .map_err(|e| CallError::Local(e.to_string()))?;

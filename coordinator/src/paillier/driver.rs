@@ -31,7 +31,7 @@ use privmatch_core::paillier::params::Protocol;
 use privmatch_core::wire::session::SessionId;
 use tokio::sync::Notify;
 
-use crate::paillier::api::SessionState;
+use privmatch_api::paillier::SessionState;
 
 /// How long a session may take from the terminal's request to its end.
 pub const SESSION_TTL: Duration = Duration::from_secs(120);

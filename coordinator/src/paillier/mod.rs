@@ -6,8 +6,9 @@
 //! and the terminal are outside the deployment and reach it only through the coordinator,
 //! which relays protocol messages and learns the outcome it is given.
 //!
-//! The same files as every modality where the job is the same: [`api`] (JSON bodies shared
-//! by server and client), [`driver`] (the relay of matching sessions: mailboxes, long polls,
+//! The same files as every modality where the job is the same (the JSON bodies are
+//! `privmatch_api::paillier`):
+//! [`driver`] (the relay of matching sessions: mailboxes, long polls,
 //! expiry), [`routes`] (its HTTP handlers), [`client`] (the device's and the terminal's calls),
 //! [`cli`] (`privmatch device …`, `privmatch terminal …`), [`input`] (the one embedding they
 //! read, quantised for the parameters). Modality-specific: [`sp`] (the calls to the SP's SQL
@@ -17,7 +18,6 @@
 //!
 //! Imports shared layers only, never another modality.
 
-pub mod api;
 pub mod cli;
 pub mod client;
 pub mod device;

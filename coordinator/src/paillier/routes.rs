@@ -1,5 +1,5 @@
 //! The coordinator's endpoints for device-held face templates (packed Paillier,
-//! Game-Set-MATCH [ABMR20]; shapes in [`crate::paillier::api`]): enrolment, fetch, listing and
+//! Game-Set-MATCH [ABMR20]; shapes in [`privmatch_api::paillier`]): enrolment, fetch, listing and
 //! deletion at the service provider ([`crate::paillier::sp`]), and the relay of matching
 //! sessions between a terminal, a device and the service provider
 //! ([`crate::paillier::driver`]). The coordinator relays protocol messages (encrypted under
@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json};
 use privmatch_core::paillier::cipher::PublicKey;
@@ -21,24 +20,24 @@ use privmatch_core::paillier::record::SignedTemplate;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 
-use crate::paillier::api::{
-    check_device, unix_now_ms, DeleteAuthority, DeleteBody, DeleteResponse, DeviceBody,
-    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
-    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
-    SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
-};
 use crate::paillier::driver::{Relay, RelayError, Status};
 use crate::paillier::sp::{DeviceKeys, ServiceProvider, SpError};
 use crate::parties::PartyError;
 use crate::server::auth::Credential;
 use crate::server::auth::Scope;
 use crate::server::error::{
-    bad_request, error_with, parse_json, party_error, party_failure_status, protocol_error,
-    ApiError,
+    bad_request, error_with, parse_json, party_error, party_failure_code, protocol_error, ApiError,
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::wire::{codes, session_from_hex, session_to_hex, to_base64};
+use privmatch_api::paillier::{
+    check_device, unix_now_ms, DeleteAuthority, DeleteBody, DeleteResponse, DeviceBody,
+    DeviceMessage, DevicesResponse, EnrollBeginBody, EnrollBeginResponse, EnrollFinishBody,
+    MailboxBody, MailboxResponse, RecordResponse, Reply, ReplyBody, ReplyResponse, ServiceInfo,
+    SessionState, SessionView, VerifyBody, WaitBody, MAX_CLOCK_SKEW_MS, MAX_MESSAGES, MAX_WAIT_MS,
+};
+use privmatch_api::wire::{session_from_hex, session_to_hex, to_base64};
+use privmatch_api::ErrorCode;
 
 /// What the Paillier handlers share: the coordinator's state, the service provider's calls
 /// and the relay of sessions.
@@ -97,14 +96,9 @@ impl From<SpError> for ApiError {
     fn from(err: SpError) -> Self {
         let message = err.to_string();
         match &err {
-            SpError::NoServiceProvider => error_with(
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::NOT_CONFIGURED,
-                message,
-            ),
+            SpError::NoServiceProvider => error_with(ErrorCode::NotConfigured, message),
             SpError::Timeout(party, _) => party_error(
-                StatusCode::GATEWAY_TIMEOUT,
-                codes::TIMEOUT,
+                ErrorCode::Timeout,
                 message,
                 &PartyError {
                     party: PartyIndex::ALL[usize::from(*party)],
@@ -113,19 +107,16 @@ impl From<SpError> for ApiError {
                 },
             ),
             SpError::Malformed(..) => protocol_error(message),
-            SpError::Refused(_) => {
-                error_with(StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED, message)
-            }
+            SpError::Refused(_) => error_with(ErrorCode::RejectedByParty, message),
             SpError::Party(party) => {
-                let (status, code) = match party.sqlstate.as_deref() {
-                    Some("P0002") => (StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
-                    Some("55000") => (StatusCode::SERVICE_UNAVAILABLE, codes::NOT_CONFIGURED),
-                    Some("08P01") => (StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
-                    // A session budget of the SP's policy is spent (not transient: no retry).
-                    Some("53400") => (StatusCode::TOO_MANY_REQUESTS, BUDGET_EXHAUSTED),
-                    _ => party_failure_status(party),
+                let code = match party.sqlstate.as_deref() {
+                    Some("P0002") => ErrorCode::UnknownDevice,
+                    Some("55000") => ErrorCode::NotConfigured,
+                    // A device's message the SP refuses (a wire error or a refused proof).
+                    Some("08P01") => ErrorCode::RejectedByParty,
+                    _ => party_failure_code(party),
                 };
-                party_error(status, code, message, party)
+                party_error(code, message, party)
             }
         }
     }
@@ -135,22 +126,14 @@ impl From<RelayError> for ApiError {
     fn from(err: RelayError) -> Self {
         let message = err.to_string();
         match err {
-            RelayError::Unknown(_) => {
-                error_with(StatusCode::NOT_FOUND, codes::UNKNOWN_SESSION, message)
-            }
+            RelayError::Unknown(_) => error_with(ErrorCode::UnknownSession, message),
             RelayError::OtherDevice(_) | RelayError::WrongStep { .. } => {
-                error_with(StatusCode::CONFLICT, codes::WRONG_STEP, message)
+                error_with(ErrorCode::WrongStep, message)
             }
-            RelayError::Full(_) => {
-                error_with(StatusCode::TOO_MANY_REQUESTS, codes::TOO_BUSY, message)
-            }
+            RelayError::Full(_) => error_with(ErrorCode::TooBusy, message),
         }
     }
 }
-
-/// The error code of a session refused by a budget of the SP's policy (SQLSTATE 53400, HTTP
-/// 429; not transient: the client does not retry).
-pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
 
 fn wait_of(wait_ms: u64) -> Duration {
     Duration::from_millis(wait_ms.min(MAX_WAIT_MS))
@@ -263,6 +246,13 @@ async fn verify(
             .await?;
     s.relay
         .open(&plan.device, plan.protocol, plan.session, round2)?;
+    // The session id the terminal sealed its input to, as the SP's and the clients' lines
+    // carry it: one session is found in every log by it (never a value).
+    tracing::info!(
+        session = %session_to_hex(&plan.session),
+        protocol = plan.protocol.name(),
+        "paillier session opened"
+    );
     let status = s
         .relay
         .status(&plan.session)
@@ -350,8 +340,18 @@ async fn reply(
             }));
         }
     };
+    tracing::info!(
+        session = %session_to_hex(&session),
+        round,
+        "paillier device reply relayed"
+    );
     match relay_reply(&s, protocol, &session, round, &message, signature).await {
-        Ok(answer) => Ok(Json(answer)),
+        Ok(answer) => {
+            if answer.closed {
+                tracing::info!(session = %session_to_hex(&session), "paillier session finished");
+            }
+            Ok(Json(answer))
+        }
         Err(err) => {
             // Any failure ends the session: the SP's state of it is single-use.
             s.relay
@@ -362,7 +362,7 @@ async fn reply(
 }
 
 fn signature_refused(message: String) -> ApiError {
-    error_with(StatusCode::FORBIDDEN, codes::DEVICE_SIGNATURE, message)
+    error_with(ErrorCode::DeviceSignature, message)
 }
 
 /// Checks that `device` signed `statement` with its enrolled key: under the cached key, else
@@ -461,8 +461,7 @@ async fn relay_reply(
             Ok(closed(None))
         }
         (protocol, round) => Err(error_with(
-            StatusCode::CONFLICT,
-            codes::WRONG_STEP,
+            ErrorCode::WrongStep,
             format!("{} has no Round {round} from the device", protocol.name()),
         )),
     }
@@ -471,6 +470,7 @@ async fn relay_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn service_provider_failures_map_to_statuses_and_codes() {
@@ -482,26 +482,43 @@ mod tests {
             })
         };
         let cases = [
-            ("P0002", StatusCode::NOT_FOUND, codes::UNKNOWN_DEVICE),
+            ("P0002", StatusCode::NOT_FOUND, ErrorCode::UnknownDevice),
             (
                 "55000",
                 StatusCode::SERVICE_UNAVAILABLE,
-                codes::NOT_CONFIGURED,
+                ErrorCode::NotConfigured,
             ),
-            ("08P01", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
-            ("22P03", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
-            ("23505", StatusCode::UNPROCESSABLE_ENTITY, codes::REJECTED),
-            ("XX000", StatusCode::BAD_GATEWAY, codes::PARTY_ERROR),
+            (
+                "08P01",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::RejectedByParty,
+            ),
+            (
+                "22P03",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::RejectedByParty,
+            ),
+            (
+                "23505",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::RejectedByParty,
+            ),
+            (
+                "53400",
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::BudgetExhausted,
+            ),
+            ("XX000", StatusCode::BAD_GATEWAY, ErrorCode::PartyError),
         ];
         for (sqlstate, status, code) in cases {
             let api = ApiError::from(party(sqlstate));
             assert_eq!(api.status, status, "{sqlstate}");
-            assert_eq!(api.body.code.as_deref(), Some(code), "{sqlstate}");
+            assert_eq!(api.body.kind(), Some(code), "{sqlstate}");
             assert_eq!(api.body.party, Some(0));
         }
         let api = ApiError::from(SpError::Refused(0));
         assert_eq!(api.status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(api.body.code.as_deref(), Some(codes::REJECTED));
+        assert_eq!(api.body.kind(), Some(ErrorCode::RejectedByParty));
         assert!(api.body.error.contains("begin again"));
         let api = ApiError::from(SpError::NoServiceProvider);
         assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -512,7 +529,7 @@ mod tests {
             (StatusCode::GATEWAY_TIMEOUT, Some(1))
         );
         let api = ApiError::from(RelayError::Unknown("00".into()));
-        assert_eq!(api.body.code.as_deref(), Some(codes::UNKNOWN_SESSION));
+        assert_eq!(api.body.kind(), Some(ErrorCode::UnknownSession));
         let api = ApiError::from(RelayError::Full("x".into()));
         assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
     }

@@ -22,9 +22,9 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::paillier::api::{DeviceEntry, ParamSet, ServiceInfo};
 use crate::parties::{column, Parties, Party, PartyError};
-use crate::wire::to_base64;
+use privmatch_api::paillier::{DeviceEntry, ParamSet, ServiceInfo};
+use privmatch_api::wire::to_base64;
 
 /// Why a call to the service provider failed.
 #[derive(Debug, thiserror::Error)]

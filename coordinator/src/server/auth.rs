@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use crate::server::error::error_with;
-use crate::wire::codes;
+use privmatch_api::ErrorCode;
 
 /// What a credential may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,14 +266,14 @@ impl Guard {
     }
 }
 
-fn refusal(status: StatusCode, code: &str, message: &str) -> Response {
-    let mut response = error_with(status, code, message.to_owned()).into_response();
-    if status == StatusCode::UNAUTHORIZED {
+fn refusal(code: ErrorCode, message: &str) -> Response {
+    let mut response = error_with(code, message.to_owned()).into_response();
+    if code == ErrorCode::Unauthenticated {
         response
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
-    if status == StatusCode::TOO_MANY_REQUESTS {
+    if code == ErrorCode::TooBusy {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -316,11 +316,7 @@ async fn check_and_run(
         Needs::Refused => {
             return (
                 None,
-                refusal(
-                    StatusCode::NOT_FOUND,
-                    codes::BAD_REQUEST,
-                    "no such endpoint",
-                ),
+                refusal(ErrorCode::UnknownEndpoint, "no such endpoint"),
             )
         }
         Needs::Scope(scope) => scope,
@@ -333,10 +329,7 @@ async fn check_and_run(
         .map(str::trim);
     let Some(key) = token.and_then(|t| guard.keys.find(t)) else {
         let message = "an API credential is required (Authorization: Bearer pm_…)";
-        return (
-            None,
-            refusal(StatusCode::UNAUTHORIZED, codes::UNAUTHENTICATED, message),
-        );
+        return (None, refusal(ErrorCode::Unauthenticated, message));
     };
     let who = Some(key.id.clone());
     if !key.scopes.contains(&scope) {
@@ -345,10 +338,7 @@ async fn check_and_run(
             key.id,
             scope.as_str()
         );
-        return (
-            who,
-            refusal(StatusCode::FORBIDDEN, codes::FORBIDDEN, &message),
-        );
+        return (who, refusal(ErrorCode::Forbidden, &message));
     }
     let declared = request
         .headers()
@@ -360,10 +350,7 @@ async fn check_and_run(
     }
     let Ok(_permit) = guard.in_flight.try_acquire() else {
         let message = "the coordinator is serving as many requests as it may; retry shortly";
-        return (
-            who,
-            refusal(StatusCode::TOO_MANY_REQUESTS, codes::TOO_BUSY, message),
-        );
+        return (who, refusal(ErrorCode::TooBusy, message));
     };
     request.extensions_mut().insert(Credential(key.id.clone()));
     let response = next.run(request).await;
@@ -382,7 +369,7 @@ async fn check_and_run(
 fn too_large(limit: usize) -> Response {
     let message =
         format!("the request body is larger than the limit of {limit} bytes: send smaller batches");
-    refusal(StatusCode::PAYLOAD_TOO_LARGE, codes::TOO_LARGE, &message)
+    refusal(ErrorCode::TooLarge, &message)
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use serde_json::json;
 
 use crate::parties::{Party, PartyError};
 use crate::server::auth::Scope;
-use crate::server::error::{bad_request, parse_json, party_error, party_failure_status, ApiError};
+use crate::server::error::{bad_request, parse_json, party_failure_error, ApiError};
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::wire::{from_base64, PartyStatus, PinBody, PinResponse};
+use privmatch_api::wire::{from_base64, PartyStatus, PinBody, PinResponse};
 
 /// The modality-neutral routes. `records_sql` is the SQL expression counting a party's
 /// enrolled records for `/v1/status` (the composition point supplies it).
@@ -42,10 +42,7 @@ async fn pin(State(state): State<SharedState>, body: Bytes) -> Result<Json<PinRe
     let row = party
         .query_one("SELECT privmatch.pin_peer_signed($1)", &[&command])
         .await
-        .map_err(|e| {
-            let (status, code) = party_failure_status(&e);
-            party_error(status, code, format!("pinning a peer key: {e}"), &e)
-        })?;
+        .map_err(|e| party_failure_error(format!("pinning a peer key: {e}"), &e))?;
     let fingerprint: String = row.get(0);
     tracing::info!(party = request.party, %fingerprint, "peer pin relayed and accepted");
     Ok(Json(PinResponse {

@@ -5,7 +5,7 @@
 //! | method, path | body | answer |
 //! |---|---|---|
 //! | `GET /v1/health` | — | `{"status": "ok", "instance": …}` |
-//! | `GET /v1/status` | — | per party: reachable, enrolled records, key fingerprint ([`crate::wire::PartyStatus`]) |
+//! | `GET /v1/status` | — | per party: reachable, enrolled records, key fingerprint ([`privmatch_api::wire::PartyStatus`]) |
 //! | `POST /v1/recover` | — | what recovery committed / rolled back |
 //! | `POST /v1/iris/enroll?on_duplicate=skip\|error` | framed sealed bundles | per record: subject, eye, enrolled |
 //! | `POST /v1/iris/delete` | `{"subject": …, "eye": "left"\|"right"\|null}` | `{"deleted": n}` |
@@ -16,8 +16,9 @@
 //! | `/v1/paillier/enroll-params`, `enroll-begin`, `enroll-finish`, `device`, `devices`, `delete` | JSON | device-held face templates at the service provider |
 //! | `POST /v1/paillier/verify`, `outcome`, `mailbox`, `reply` | JSON | matching sessions relayed between terminal, device and service provider (long polls) |
 //!
-//! The shapes of each modality's endpoints are documented in its `api.rs` (`crate::iris::api`,
-//! `crate::face::api`, `crate::paillier::api`); errors in [`crate::wire`] and [`error`]. The coordinator never reuses
+//! The shapes of each modality's endpoints are documented in the API crate (`privmatch_api::iris`,
+//! `privmatch_api::face`, `privmatch_api::paillier`); error codes in `privmatch_api::error` (one
+//! table: code, HTTP status, the front door's SQLSTATE) and [`error`]. The coordinator never reuses
 //! a session id it has seen (it keeps the last 65,536), on top of the parties' own checks.
 //!
 //! Every call passes [`auth::guard`] first: an API credential with the endpoint's scope (401,

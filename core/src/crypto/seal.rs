@@ -79,6 +79,31 @@ pub enum SealError {
     BadPublicKey(String),
 }
 
+/// The keys a party runs a session with, whatever the modality: its own and its pinned
+/// peers'. The engine reads them once per session (a key file moved aside, a peer re-pinned,
+/// is seen by the next session).
+pub struct PartyKeys {
+    /// This party.
+    pub me: PartyIndex,
+    /// Its long-term secret key.
+    pub secret: PartySecretKey,
+    /// Pinned public keys by party index (`None` where not pinned; this party's own slot is
+    /// ignored).
+    pub peers: [Option<PartyPublicKey>; 3],
+}
+
+impl SealError {
+    /// Whether the box was sealed for another party or to another key than the opener's: a
+    /// client's stale pinned keys or a misrouting, not an alteration. Every entry point
+    /// refuses it the same way (SQLSTATE 22023), apart from boxes that do not open (22P03).
+    pub fn is_for_another_party(&self) -> bool {
+        matches!(
+            self,
+            SealError::WrongRecipient { .. } | SealError::WrongKey { .. }
+        )
+    }
+}
+
 /// Length of a key fingerprint in bytes (hex-encoded for humans: 32 characters).
 pub const FINGERPRINT_LEN: usize = 16;
 

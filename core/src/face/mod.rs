@@ -192,3 +192,15 @@ pub enum FaceError {
     #[error(transparent)]
     Fss(#[from] FssError),
 }
+
+impl FaceError {
+    /// Whether a face message or probe was meant for another party or sealed to another key
+    /// (see [`SealError::is_for_another_party`]), rather than altered.
+    pub fn is_for_another_party(&self) -> bool {
+        match self {
+            FaceError::Seal(e) => e.is_for_another_party(),
+            FaceError::PartyMismatch { .. } => true,
+            _ => false,
+        }
+    }
+}

@@ -121,6 +121,19 @@ pub enum BundleError {
     Encoding(#[from] EncodingError),
 }
 
+impl BundleError {
+    /// Whether the bundle or probe was meant for another party or sealed to another key (see
+    /// [`SealError::is_for_another_party`]): it opened elsewhere, or not at all here, without
+    /// being altered.
+    pub fn is_for_another_party(&self) -> bool {
+        match self {
+            BundleError::Seal(e) => e.is_for_another_party(),
+            BundleError::PartyMismatch { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// One party's share of one enrolled template, with its metadata.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IrisEnrollBundle {

@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 
 use crate::crypto::party_sign::PartySigningKey;
 use crate::crypto::reply::ReplySealer;
-use crate::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey, PartySecretKey, SealError};
+use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
 use crate::iris::output::{output_sealer, seal_output, IrisOutput, IrisResult};
@@ -58,17 +58,6 @@ use crate::wire::session::{SessionId, SESSION_ID_LEN};
 
 /// How many finished session ids are remembered to refuse replays.
 const REMEMBERED_SESSIONS: usize = 4096;
-
-/// The keys a party searches with: its own and its pinned peers'.
-pub struct PartyKeys {
-    /// This party.
-    pub me: PartyIndex,
-    /// Its long-term secret key.
-    pub secret: PartySecretKey,
-    /// Pinned public keys by party index (`None` where not pinned; this party's own slot is
-    /// ignored).
-    pub peers: [Option<PartyPublicKey>; 3],
-}
 
 /// Searches one party runs at once (each holds its dot-product shares, 4 bytes per entry
 /// and rotation, until it ends or expires); more are refused with

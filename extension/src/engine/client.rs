@@ -140,6 +140,19 @@ pub fn call(request: &Request) -> Response {
     response
 }
 
+/// Sends a modality's call and returns the head and payload of its reply; raises on engine
+/// errors (as [`call`]) and, naming `function`, on any other kind of answer.
+pub fn call_reply(function: &str, request: &Request) -> (Vec<u8>, Vec<u8>) {
+    match call(request) {
+        Response::Reply { head, payload } => (head, payload),
+        _ => raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("{function}: the engine answered with another kind of reply"),
+            None,
+        ),
+    }
+}
+
 /// Like [`call`] but returns `None` instead of raising when the engine is not reachable.
 pub fn try_call(request: &Request) -> Option<Response> {
     let mut stream = connect(Duration::ZERO).ok()?;
@@ -156,12 +169,14 @@ fn sqlstate(kind: ErrorKind) -> PgSqlErrorCode {
         ErrorKind::Probe => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
         ErrorKind::Busy => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         ErrorKind::Retry => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        ErrorKind::OtherParty => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
     }
 }
 
 fn hint(kind: ErrorKind) -> Option<&'static str> {
     match kind {
         ErrorKind::Protocol => Some("the search was aborted at this party; start a new one"),
+        ErrorKind::OtherParty => Some(crate::errors::OTHER_PARTY_HINT),
         ErrorKind::UnknownSession => {
             Some("searches are in memory: an engine restart, an abort or the idle timeout (privmatch.search_timeout) ends them")
         }

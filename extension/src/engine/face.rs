@@ -28,16 +28,18 @@
 //! one its last complete pass saw. A running session keeps the bundle ids it compares; if the set changed
 //! since its open, round 2 finds them again by id, and fails if one was deleted.
 //!
-//! Messages between the backend and this service travel in [`Request::Face`] /
-//! [`Response::Continue`]; their layouts are the `encode_*`/`decode_*` pairs below.
+//! Messages between the backend and this service travel as [`Call`]s of [`Modality::Face`]
+//! and [`Response::Reply`] payloads; their layouts are the `encode_*`/`decode_*` pairs below.
 //! Imports: [`super::ipc`], core's `face`, and the shared `crate::errors::read` (saved plans);
 //! no module of `crate::face`.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::PartyKeys;
 use privmatch_core::crypto::seal::{Channel, PairwiseSecrets, PartyPublicKey};
 use privmatch_core::face::encoding::{evaluator, EmbeddingShare};
 use privmatch_core::face::funshade::{bytes_to_words, words_to_bytes};
@@ -49,13 +51,12 @@ use privmatch_core::face::masked::{
 };
 use privmatch_core::face::opening::session_channel;
 use privmatch_core::face::reply::{subjects_digest, ReplySealer};
-use privmatch_core::iris::service::PartyKeys;
 use privmatch_core::party::PartyIndex;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use zeroize::Zeroize;
 
-use super::ipc::{EngineError, ErrorKind, Request, Response};
+use super::ipc::{Call, EngineError, ErrorKind, Modality, Request, Response};
 
 /// Face sessions one party keeps at once (each holds its keys, 683 bytes per comparison).
 pub const MAX_FACE_SESSIONS: usize = 64;
@@ -73,7 +74,7 @@ const TARGETED_REFRESH: usize = 64;
 /// A bundle id.
 pub type BundleId = [u8; BUNDLE_ID_LEN];
 
-/// The operations of [`Request::Face`].
+/// The operations of the face service ([`Modality::Face`]).
 pub mod op {
     /// Open a session: fix the probe share and the compared list.
     pub const OPEN: u8 = 1;
@@ -86,6 +87,44 @@ pub mod op {
     /// A verification's keys and round 2 in one request (its masked vectors went out with the
     /// opens, so nothing needs to leave between the two).
     pub const KEYED_ROUND: u8 = 5;
+    /// End a session: its keys and probe are dropped (answered on the worker's main thread).
+    pub const ABORT: u8 = 6;
+}
+
+/// The engine request of face operation `op`.
+fn face_request<'a>(op: u8, head: Vec<u8>, payload: Cow<'a, [u8]>) -> Request<'a> {
+    Request::Call(Call {
+        modality: Modality::Face,
+        op,
+        head,
+        payload,
+    })
+}
+
+/// The engine response carrying a face step's answer (the face replies have no head).
+fn face_reply(payload: Vec<u8>) -> Response {
+    Response::Reply {
+        head: Vec::new(),
+        payload,
+    }
+}
+
+/// The request that aborts face session `session` at this party's engine.
+pub fn encode_abort(session: &[u8; 16]) -> Request<'static> {
+    face_request(op::ABORT, session.to_vec(), Cow::Borrowed(&[][..]))
+}
+
+/// The answer to an abort: whether the session was running (one byte).
+pub fn aborted_reply(aborted: bool) -> Response {
+    face_reply(vec![u8::from(aborted)])
+}
+
+/// Reads an abort's session id (the engine side).
+pub fn decode_abort(head: &[u8]) -> Result<[u8; 16], EngineError> {
+    let mut c = Cursor(head);
+    let session = c.array()?;
+    c.end()?;
+    Ok(session)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -187,11 +226,7 @@ pub fn encode_open(req: &OpenRequest) -> Request<'static> {
         }
     }
     list.push(u8::from(req.verification));
-    Request::Face {
-        op: op::OPEN,
-        head,
-        payload: list.into(),
-    }
+    face_request(op::OPEN, head, list.into())
 }
 
 fn decode_open(head: &[u8], payload: &[u8]) -> Result<OpenRequest, EngineError> {
@@ -294,11 +329,7 @@ pub fn encode_stock<'a>(stock: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
 
 fn encode_chunks<'a>(op: u8, session: &[u8; 16], chunks: &[&[u8]]) -> Request<'a> {
     let (head, payload) = chunk_parts(session, chunks, 0);
-    Request::Face {
-        op,
-        head,
-        payload: payload.into(),
-    }
+    face_request(op, head, payload.into())
 }
 
 /// Head (session id, chunk count, chunk lengths) and payload (the chunks, with room for
@@ -347,22 +378,14 @@ fn decode_chunks<'a>(head: &[u8], payload: &'a [u8]) -> Result<Chunked<'a>, Engi
 pub fn encode_keyed_round<'a>(session: &[u8; 16], chunks: &[&[u8]], message: &[u8]) -> Request<'a> {
     let (head, mut payload) = chunk_parts(session, chunks, message.len());
     payload.extend_from_slice(message);
-    Request::Face {
-        op: op::KEYED_ROUND,
-        head,
-        payload: payload.into(),
-    }
+    face_request(op::KEYED_ROUND, head, payload.into())
 }
 
 /// The request of round 2 or 3 of session `session` with the other evaluator's message.
 pub fn encode_round<'a>(session: &[u8; 16], round: u8, message: &'a [u8]) -> Request<'a> {
     let mut head = session.to_vec();
     head.push(round);
-    Request::Face {
-        op: op::ROUND,
-        head,
-        payload: message.into(),
-    }
+    face_request(op::ROUND, head, message.into())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -747,9 +770,7 @@ impl FaceService {
         {
             held.remove(0);
         }
-        Ok(Response::Continue(
-            (held.len() as u32).to_le_bytes().to_vec(),
-        ))
+        Ok(face_reply((held.len() as u32).to_le_bytes().to_vec()))
     }
 
     /// Takes stocked dealing `stock` out of the stock if it was dealt for the list with
@@ -1125,7 +1146,7 @@ impl FaceService {
             ));
         }
         sessions.insert(req.session, session);
-        Ok(Response::Continue(encode_opened(&opened)))
+        Ok(face_reply(encode_opened(&opened)))
     }
 
     /// Takes session `session` out of the table for a step (so its work runs without the
@@ -1202,7 +1223,7 @@ impl FaceService {
             }
             s.keys = Some(dealt);
             self.put_back(session, s, 1, now);
-            return Ok(Response::Continue(Vec::new()));
+            return Ok(face_reply(Vec::new()));
         }
         let x = probe_round(&dealt, &s.probe).map_err(|e| refused("the dealer's key half", e))?;
         let mut rng = ChaCha20Rng::from_entropy();
@@ -1210,7 +1231,7 @@ impl FaceService {
         s.keys = Some(dealt);
         s.own_x = x;
         self.put_back(session, s, 1, now);
-        Ok(Response::Continue(sealed))
+        Ok(face_reply(sealed))
     }
 
     /// A verification's keys step and round 2 in one request: its masked vectors went out
@@ -1225,7 +1246,9 @@ impl FaceService {
         now: Instant,
     ) -> Result<Response, EngineError> {
         match self.keys(session, chunks, now)? {
-            Response::Continue(x) if x.is_empty() => self.distance(session, message, now),
+            Response::Reply { payload, .. } if payload.is_empty() => {
+                self.distance(session, message, now)
+            }
             _ => Err(EngineError::new(
                 ErrorKind::BadParameter,
                 format!(
@@ -1316,7 +1339,7 @@ impl FaceService {
         let sealed = s.channel.seal(2, &words_to_bytes(&z), &mut rng);
         s.own_z = z;
         self.put_back(session, s, 2, now);
-        Ok(Response::Continue(sealed))
+        Ok(face_reply(sealed))
     }
 
     fn sign(&self, session: [u8; 16], message: &[u8]) -> Result<Response, EngineError> {
@@ -1347,7 +1370,7 @@ impl FaceService {
         );
         o.zeroize();
         // The session ends here: it was taken out of the table and is dropped.
-        Ok(Response::Continue(sealed))
+        Ok(face_reply(sealed))
     }
 }
 
@@ -1387,7 +1410,10 @@ mod tests {
             verification: true,
             known_subjects: Some([6; 32]),
         };
-        let Request::Face { op, head, payload } = encode_open(&req) else {
+        let Request::Call(Call {
+            op, head, payload, ..
+        }) = encode_open(&req)
+        else {
             panic!("not a face request");
         };
         assert_eq!(op, op::OPEN);
@@ -1410,7 +1436,7 @@ mod tests {
             known_subjects: None,
             ..req
         };
-        let Request::Face { head, payload, .. } = encode_open(&unstocked) else {
+        let Request::Call(Call { head, payload, .. }) = encode_open(&unstocked) else {
             panic!("not a face request");
         };
         let back = decode_open(&head, &payload).unwrap();
@@ -1455,17 +1481,29 @@ mod tests {
         assert!(decode_opened(&encode_opened(&wrong)).is_err());
 
         let chunks: [&[u8]; 2] = [b"abc", b"de"];
-        let Request::Face { head, payload, .. } = encode_keys(&[5; 16], &chunks) else {
+        let Request::Call(Call { head, payload, .. }) = encode_keys(&[5; 16], &chunks) else {
             panic!("not a face request");
         };
         let (session, got) = decode_keys(&head, &payload).unwrap();
         assert_eq!(session, [5; 16]);
         assert_eq!(got, chunks.to_vec());
-        let Request::Face { op, head, payload } = encode_stock(&[6; 16], &[]) else {
+        let Request::Call(Call {
+            op, head, payload, ..
+        }) = encode_stock(&[6; 16], &[])
+        else {
             panic!("not a face request");
         };
         assert_eq!(op, op::STOCK);
         let (stock, got) = decode_keys(&head, &payload).unwrap();
         assert_eq!((stock, got.len()), ([6; 16], 0));
+        let Request::Call(Call {
+            modality, op, head, ..
+        }) = encode_abort(&[7; 16])
+        else {
+            panic!("not a face request");
+        };
+        assert_eq!((modality, op), (Modality::Face, op::ABORT));
+        assert_eq!(decode_abort(&head).unwrap(), [7; 16]);
+        assert!(decode_abort(&head[1..]).is_err());
     }
 }

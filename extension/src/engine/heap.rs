@@ -2,7 +2,9 @@
 //! of MB), shared by the engine worker and the backends that call it: keep freed memory in
 //! the heap for the next round instead of mapping fresh zeroed pages every time, and hand it
 //! back when no search needs it (the engine: after an idle second; a backend: what is free
-//! beyond what the next search's rounds use). A no-op outside Linux with glibc.
+//! beyond what the next search's rounds use). A no-op outside Linux with glibc. And the
+//! process's memory as `engine_status()` reports it ([`resident_bytes`],
+//! [`resident_shared_bytes`]).
 //!
 //! Imports: none of this crate.
 
@@ -46,4 +48,25 @@ pub fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Resident set size of this process (from /proc; 0 where unavailable).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Of the resident set, the pages of shared memory (`RssShmem` in /proc; 0 where
+/// unavailable): PostgreSQL's shared buffers the engine touched.
+pub fn resident_shared_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssShmem:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }

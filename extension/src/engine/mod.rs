@@ -1,17 +1,23 @@
 //! The party engine (docs/architecture.md): a background worker ([`worker`]) that hosts the
-//! modality services keeping state in memory — today the iris search service ([`iris`]: the
-//! share matrix and the running searches) — the local socket protocol to it ([`ipc`]), the
-//! backend side of that socket and `engine_status()` ([`client`]), and the heap tuning both
-//! sides share ([`heap`]).
+//! modality services keeping state in memory — the iris search service ([`iris`]: the share
+//! matrix and the running searches) and the face session service ([`face`]: the opened
+//! templates, the sessions and the stocked dealings) — the modality-neutral local socket
+//! protocol to it ([`ipc`]: frames carry a modality and an operation), the party's keys as a
+//! session reads them ([`keys`]), the backend side of the socket and `engine_status()`
+//! ([`client`]), and the heap tuning both sides share ([`heap`]).
 //!
-//! Dependencies: `worker` → `iris`, `ipc`, `heap`; `client` → `ipc`, `heap`; `iris` → `ipc`,
-//! `crate::identity`. The engine imports core's `iris` (the service it hosts) but no module of
-//! `crate::iris` or `crate::face`; the SQL round functions of the iris modality
-//! (`crate::iris::search`) call it through [`client`] and [`ipc`].
+//! Dependencies: `worker` (the dispatch: the one file that names every modality) → `iris`,
+//! `face`, `keys`, `ipc`, `heap`; `client`, `keys` → `ipc`; `iris`, `face` → `ipc`, `keys`.
+//! `iris.rs` and `face.rs` are their modality's files (the layout checker holds them to it:
+//! neither names the other); the SQL functions of each modality (`crate::iris::search`,
+//! `crate::face::masked`) call their service through [`client`] with that file's messages.
 
 pub mod client;
 pub mod face;
 mod heap;
 pub mod ipc;
-mod iris;
+pub mod iris;
+mod keys;
+mod requests;
+mod socket;
 pub mod worker;

@@ -16,7 +16,6 @@
 //! Imports: `crate::front_door`, `crate::identity` and core's `face::reply` and
 //! `wire::sealed_input`; never `crate::iris`.
 
-use base64::Engine as _;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::face::reply::{open_face_result, FaceResult};
@@ -25,16 +24,25 @@ use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
 use crate::errors::raise;
-use crate::front_door::{call, enrolled, field, malformed, parse_sealed};
+use privmatch_api::face::{
+    FaceEnrollResponse, FaceIdentifyBody, FaceIdentifyResponse, FaceVerifyBody, FaceVerifyResponse,
+};
+
+use crate::front_door::{call, enrolled, malformed, parse_sealed};
 use crate::identity::{load_identity, pinned_peer};
 
 /// The session id a sealed probe input was sealed for (its body's `session`, hex), or 22023.
 fn sealed_session(function: &str, input: &SealedInput) -> [u8; 16] {
-    serde_json::from_slice::<serde_json::Value>(&input.body)
-        .ok()
-        .and_then(|b| b.get("session").and_then(|s| s.as_str()).map(str::to_owned))
-        .and_then(|h| hex::decode(h).ok())
-        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+    let session = match input.kind {
+        SealedKind::FaceVerify => serde_json::from_slice::<FaceVerifyBody>(&input.body)
+            .ok()
+            .map(|b| b.session),
+        _ => serde_json::from_slice::<FaceIdentifyBody>(&input.body)
+            .ok()
+            .map(|b| b.session),
+    };
+    session
+        .and_then(|h| privmatch_api::wire::session_from_hex(&h, "session").ok())
         .unwrap_or_else(|| {
             raise(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -52,20 +60,19 @@ fn sealed_session(function: &str, input: &SealedInput) -> [u8; 16] {
 /// party's key) is refused with 28000 naming the party.
 fn open_outputs(
     function: &str,
-    answer: &serde_json::Value,
+    outputs: &[String],
     session: &[u8; 16],
     claimed: Option<&str>,
 ) -> FaceResult {
     let me = load_identity();
-    let outputs: Vec<Vec<u8>> = field(answer, "outputs", function)
-        .as_array()
-        .filter(|a| a.len() == 2)
-        .unwrap_or_else(|| malformed(function, "outputs"))
+    if outputs.len() != 2 {
+        malformed(function, "outputs");
+    }
+    let outputs: Vec<Vec<u8>> = outputs
         .iter()
         .map(|o| {
-            o.as_str()
-                .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
-                .unwrap_or_else(|| malformed(function, "outputs[]"))
+            privmatch_api::wire::from_base64(o, "outputs[]")
+                .unwrap_or_else(|_| malformed(function, "outputs[]"))
         })
         .collect();
     // P0's and P1's keys as this party holds them: its own, or the pinned peer's.
@@ -111,7 +118,9 @@ fn open_outputs(
 fn face_enroll(sealed: &str) -> bool {
     let function = "face_enroll";
     let input = parse_sealed(sealed, SealedKind::FaceEnroll, "sealed");
-    enrolled(&call(input, true), function)
+    let answer: FaceEnrollResponse = call(input, true);
+    let first = answer.results.first().map(|r| r.enrolled);
+    enrolled(first, &answer.pending_recovery, function)
 }
 
 /// 1:1: whether the probe matches `subject`'s enrolled template. The probe was sealed for
@@ -130,9 +139,9 @@ fn face_verify(subject: &str, sealed: &str) -> bool {
     }
     let input = parse_sealed(sealed, SealedKind::FaceVerify, "sealed");
     let session = sealed_session(function, &input);
-    let answer = call(input, false);
+    let answer: FaceVerifyResponse = call(input, false);
     // A verification compares the claimed subject's template: the one bit is the answer.
-    open_outputs(function, &answer, &session, Some(subject))
+    open_outputs(function, &answer.outputs, &session, Some(subject))
         .bits
         .first()
         .copied()
@@ -146,10 +155,8 @@ fn face_identify(sealed: &str) -> TableIterator<'static, (name!(subject, String)
     let function = "face_identify";
     let input = parse_sealed(sealed, SealedKind::FaceIdentify, "sealed");
     let session = sealed_session(function, &input);
-    let answer = call(input, false);
-    let comparisons = field(&answer, "comparisons", function)
-        .as_i64()
-        .unwrap_or_else(|| malformed(function, "comparisons"));
+    let answer: FaceIdentifyResponse = call(input, false);
+    let comparisons = answer.comparisons;
     // Nothing enrolled: nothing compared, no outputs. Otherwise the compared subjects come
     // from inside the sealed outputs, never from the coordinator.
     let result = if comparisons == 0 {
@@ -158,7 +165,7 @@ fn face_identify(sealed: &str) -> TableIterator<'static, (name!(subject, String)
             bits: Vec::new(),
         }
     } else {
-        open_outputs(function, &answer, &session, None)
+        open_outputs(function, &answer.outputs, &session, None)
     };
     if result.subjects.len() as i64 != comparisons {
         malformed(function, "comparisons");

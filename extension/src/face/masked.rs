@@ -43,12 +43,12 @@ use privmatch_core::face::FaceError;
 
 use super::enroll::enrolled_dim;
 use super::search::{fresh_session_probe, raise_probe_from};
-use crate::engine::client::call;
+use crate::engine::client::call_reply;
 use crate::engine::face::{
     decode_opened, encode_keyed_round, encode_keys, encode_open, encode_round, encode_stock,
     OpenRequest, Opened,
 };
-use crate::engine::ipc::Response;
+use crate::engine::ipc::Request;
 use crate::errors::{get_one, log_session, parse_session_id, raise, run, select};
 
 const OPEN: &str = "face_masked_open";
@@ -80,15 +80,9 @@ fn parse_id_list(function: &str, argument: &str, bytes: &[u8]) -> Vec<[u8; BUNDL
         .collect()
 }
 
-fn engine_bytes(function: &str, response: Response) -> Vec<u8> {
-    match response {
-        Response::Continue(bytes) => bytes,
-        _ => raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("{function}: the engine answered with another kind of reply"),
-            None,
-        ),
-    }
+/// The payload of the engine's answer to a face step (face replies carry no head).
+fn engine_bytes(function: &str, request: &Request) -> Vec<u8> {
+    call_reply(function, request).1
 }
 
 /// Opens masked face session `session` at this evaluator with its sealed `probe` (format 3):
@@ -253,7 +247,7 @@ fn face_masked_stock(stock: &[u8], chunks: Array<'_, &[u8]>) -> i32 {
             None,
         );
     }
-    let held = engine_bytes(STOCK, call(&encode_stock(&id, &chunks)));
+    let held = engine_bytes(STOCK, &encode_stock(&id, &chunks));
     held.try_into()
         .map(|b: [u8; 4]| u32::from_le_bytes(b) as i32)
         .unwrap_or_else(|_| {
@@ -364,7 +358,7 @@ fn open_session(
         verification: subject.is_some(),
         known_subjects,
     });
-    let opened = decode_opened(&engine_bytes(function, call(&request)))
+    let opened = decode_opened(&engine_bytes(function, &request))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
     log_session(function, &id, "opened");
     let finished = opened.comparisons == 0;
@@ -474,7 +468,7 @@ fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
         parse_chunks(KEYS, chunks.iter())
     };
     check_masked(KEYS, session);
-    engine_bytes(KEYS, call(&encode_keys(&id, &chunks)))
+    engine_bytes(KEYS, &encode_keys(&id, &chunks))
 }
 
 /// A verification's keys step and round 2 in one call (docs/protocols/face.md §13.10): gives
@@ -497,10 +491,7 @@ fn face_masked_keyed_round(session: &[u8], chunks: Array<'_, &[u8]>, inbound: &[
     }
     let chunks = parse_chunks(KEYED_ROUND, chunks.iter());
     check_masked(KEYED_ROUND, session);
-    let reply = engine_bytes(
-        KEYED_ROUND,
-        call(&encode_keyed_round(&id, &chunks, inbound)),
-    );
+    let reply = engine_bytes(KEYED_ROUND, &encode_keyed_round(&id, &chunks, inbound));
     pg_sys::check_for_interrupts!();
     reply
 }
@@ -521,7 +512,7 @@ fn face_masked_round(session: &[u8], round: i32, inbound: &[u8]) -> Vec<u8> {
         );
     }
     check_masked(ROUND, session);
-    let reply = engine_bytes(ROUND, call(&encode_round(&id, round as u8, inbound)));
+    let reply = engine_bytes(ROUND, &encode_round(&id, round as u8, inbound));
     if round == 3 {
         save_finished(ROUND, session);
         log_session(ROUND, &id, "finished");

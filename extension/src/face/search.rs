@@ -12,22 +12,27 @@ use privmatch_core::face::FaceError;
 use super::raise_face;
 use crate::budget::{self, BudgetKind};
 use crate::clients;
-use crate::errors::{get_one, parse_session_id, raise};
+use crate::errors::{get_one, parse_session_id, raise, OTHER_PARTY_HINT};
 use crate::identity::load_identity;
 
-/// Raises a probe that `function` cannot open (22P03, as for iris) or that has the wrong
-/// shape (22023).
+/// Raises a probe that `function` cannot open (22P03, as for iris), that has the wrong
+/// shape (22023) or that was sealed for another party or to keys that are not this party's
+/// (22023 with a hint, as at enrolment).
 pub(super) fn raise_probe_from(function: &str, err: FaceError) -> ! {
-    let code = match err {
+    let (code, hint) = match err {
         FaceError::WrongDimension { .. } | FaceError::UnsupportedDimension(_) => {
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+            (PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, None)
         }
-        _ => PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION,
+        ref e if e.is_for_another_party() => (
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            Some(OTHER_PARTY_HINT),
+        ),
+        _ => (PgSqlErrorCode::ERRCODE_INVALID_BINARY_REPRESENTATION, None),
     };
     raise(
         code,
         format!("{function}: the probe cannot be opened: {err}"),
-        None,
+        hint,
     )
 }
 
@@ -91,7 +96,7 @@ pub(super) fn fresh_session_probe(
 fn face_session_abort(session: &[u8]) -> bool {
     let id = parse_session_id("face_session_abort", "session", session);
     // Best effort: an engine that is down holds no session.
-    let _ = crate::engine::client::try_call(&crate::engine::ipc::Request::Abort { session: id });
+    let _ = crate::engine::client::try_call(&crate::engine::face::encode_abort(&id));
     get_one::<bool>(
         "face_session_abort",
         "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now() \

@@ -14,7 +14,7 @@ use privmatch_core::wire::storage::{encode_share, ShareKind};
 use crate::bundles::{check_envelope_count, replayed, OnDuplicate, ReplayGuard, DUPLICATE_HINT};
 use crate::clients;
 use crate::datum::{share_datum, type_oid};
-use crate::errors::{get_one, raise, raise_internal, select};
+use crate::errors::{get_one, raise, raise_internal, select, OTHER_PARTY_HINT};
 use crate::identity::load_identity;
 
 const ENROLL: &str = "iris_enroll_sealed";
@@ -22,9 +22,7 @@ const ENROLL: &str = "iris_enroll_sealed";
 /// Raises an envelope that could not be opened or decoded, naming its position in the call.
 fn raise_bundle(position: usize, err: BundleError) -> ! {
     let code = match &err {
-        BundleError::Seal(SealError::WrongRecipient { .. })
-        | BundleError::Seal(SealError::WrongKey { .. })
-        | BundleError::PartyMismatch { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        e if e.is_for_another_party() => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         BundleError::Envelope(EnvelopeError::BadSubject(_)) | BundleError::BadEye(_) => {
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
         }
@@ -34,9 +32,7 @@ fn raise_bundle(position: usize, err: BundleError) -> ! {
         BundleError::Seal(SealError::WrongRecipient { .. }) => {
             Some("the coordinator routed a bundle to the wrong party; nothing was enrolled")
         }
-        BundleError::Seal(SealError::WrongKey { .. }) => {
-            Some("the client sealed to a key that is not this party's: check the pinned party keys")
-        }
+        e if e.is_for_another_party() => Some(OTHER_PARTY_HINT),
         _ => None,
     };
     raise(code, format!("envelope #{position}: {err}"), hint)

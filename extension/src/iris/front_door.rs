@@ -17,18 +17,20 @@
 //! Imports: `crate::front_door`, `crate::identity` and core's `wire::sealed_input`,
 //! `iris::output`, `iris::eyes`, `crypto::party_sign`; never `crate::face`.
 
-use base64::Engine as _;
 use pgrx::prelude::*;
 use privmatch_core::crypto::party_sign::PartySigningKey;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::eyes::{combine_matches, combine_uniqueness};
 use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
-use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::params::SearchParams;
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
 use crate::errors::raise;
-use crate::front_door::{call, enrolled, field, malformed, parse_sealed};
+use privmatch_api::iris::eyes::EyePolicy;
+use privmatch_api::iris::{EnrollResponse, SearchBody, SearchResponse};
+
+use crate::front_door::{call, enrolled, malformed, parse_sealed};
 use crate::identity::{load_identity, pinned_peer};
 
 /// One eye of a sealed search as the client sealed it: the eye and its session.
@@ -44,8 +46,8 @@ struct Sent {
     eyes: Vec<SentEye>,
 }
 
-/// Reads the search body of a sealed input (the client's JSON, `coordinator/src/iris/api.rs`
-/// `SearchBody`): 22023 when it is not one.
+/// Reads the search body of a sealed input (the API's `SearchBody`, as the client wrote it,
+/// read and checked by the API's own `plan`): 22023 when it is not one.
 fn sent_search(function: &str, input: &SealedInput) -> Sent {
     let bad = |what: &str| -> ! {
         raise(
@@ -54,46 +56,27 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
             None,
         )
     };
-    let body: serde_json::Value =
-        serde_json::from_slice(&input.body).unwrap_or_else(|_| bad("is not JSON"));
-    let mode = body
-        .get("mode")
-        .and_then(|m| m.as_str())
-        .unwrap_or("identify");
-    let mode = SearchMode::parse(mode).unwrap_or_else(|_| bad("has an unknown mode"));
-    let max_rotation = body
-        .get("max_rotation")
-        .and_then(|v| v.as_i64())
-        .and_then(|v| i32::try_from(v).ok())
-        .unwrap_or(15);
-    let threshold = body
-        .get("threshold")
-        .and_then(|v| v.as_f64())
-        .unwrap_or(privmatch_core::iris::policy::DEFAULT_TAU);
-    let params = SearchParams::new(mode, max_rotation, threshold)
-        .unwrap_or_else(|e| bad(&format!("has bad parameters: {e}")));
-    let and = body.get("policy").and_then(|p| p.as_str()) == Some("and");
-    let eyes = body
-        .get("eyes")
-        .and_then(|e| e.as_array())
-        .unwrap_or_else(|| bad("has no eyes"))
+    let body: SearchBody = serde_json::from_slice(&input.body)
+        .unwrap_or_else(|e| bad(&format!("is not a search body: {e}")));
+    let plan = body
+        .plan()
+        .unwrap_or_else(|e| bad(&format!("is refused: {e}")));
+    let params = plan
+        .first()
+        .map(|(_, r)| r.params)
+        .unwrap_or_else(|| bad("has no eyes"));
+    let eyes = plan
         .iter()
-        .map(|e| {
-            let eye = e
-                .get("eye")
-                .and_then(|v| v.as_str())
-                .and_then(|v| Eye::parse(v).ok())
-                .unwrap_or_else(|| bad("has an eye that is not left or right"));
-            let session: [u8; 16] = e
-                .get("session")
-                .and_then(|v| v.as_str())
-                .and_then(|v| hex::decode(v).ok())
-                .and_then(|v| v.try_into().ok())
-                .unwrap_or_else(|| bad("has a malformed session id"));
-            SentEye { eye, session }
+        .map(|(eye, request)| SentEye {
+            eye: *eye,
+            session: request.session,
         })
         .collect();
-    Sent { params, and, eyes }
+    Sent {
+        params,
+        and: body.policy == EyePolicy::And,
+        eyes,
+    }
 }
 
 /// The per-eye results of `answer`: each eye's three sealed outputs opened with this party's
@@ -101,7 +84,7 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
 fn verified_results(
     function: &str,
     sent: &Sent,
-    answer: &serde_json::Value,
+    answer: &SearchResponse,
 ) -> Vec<(Eye, IrisResult)> {
     let me = load_identity();
     let party_keys = PartyIndex::ALL.map(|p| {
@@ -113,24 +96,16 @@ fn verified_results(
     });
     let mut signing = [None, None, None];
     signing[me.index.as_usize()] = Some(PartySigningKey::derive(&me.secret).verifying_key());
-    let reports = field(answer, "eyes", function)
-        .as_array()
-        .unwrap_or_else(|| malformed(function, "eyes"));
     let mut out = Vec::with_capacity(sent.eyes.len());
     for eye in &sent.eyes {
-        let outputs = reports
+        let outputs = answer
+            .eyes
             .iter()
-            .find(|r| r.get("eye").and_then(|e| e.as_str()) == Some(eye.eye.as_str()))
-            .and_then(|r| r.get("sealed_outputs"))
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 3)
+            .find(|r| r.eye == eye.eye.as_str())
+            .and_then(|r| r.sealed_outputs.as_ref())
             .unwrap_or_else(|| malformed(function, "eyes[].sealed_outputs"));
-        let sealed: [Vec<u8>; 3] = std::array::from_fn(|i| {
-            outputs[i]
-                .as_str()
-                .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
-                .unwrap_or_else(|| malformed(function, "eyes[].sealed_outputs"))
-        });
+        let sealed = privmatch_api::wire::from_base64_each(outputs, "sealed_outputs")
+            .unwrap_or_else(|_| malformed(function, "eyes[].sealed_outputs"));
         let expected = ExpectedSearch {
             session: eye.session,
             params: sent.params,
@@ -159,7 +134,7 @@ fn verified_results(
 /// (module docs), with the parameters the client sealed.
 fn verified_search(function: &str, input: SealedInput) -> (Sent, Vec<(Eye, IrisResult)>) {
     let sent = sent_search(function, &input);
-    let answer = call(input, false);
+    let answer: SearchResponse = call(input, false);
     let results = verified_results(function, &sent, &answer);
     (sent, results)
 }
@@ -188,7 +163,9 @@ fn combine(per_eye: &[(Eye, IrisResult)], and: bool) -> Vec<(String, String)> {
 fn iris_enroll(sealed: &str) -> bool {
     let function = "iris_enroll";
     let input = parse_sealed(sealed, SealedKind::IrisEnroll, "sealed");
-    enrolled(&call(input, true), function)
+    let answer: EnrollResponse = call(input, true);
+    let first = answer.results.first().map(|r| r.enrolled);
+    enrolled(first, &answer.pending_recovery, function)
 }
 
 /// The enrolled templates a probe matches: one row per (subject, eye), sorted, after the

@@ -22,8 +22,8 @@ use privmatch_core::iris::service::SearchError;
 
 use crate::budget::BudgetKind;
 use crate::clients;
-use crate::engine::client::{call, release_round_buffers};
-use crate::engine::ipc::{Request, Response};
+use crate::engine::client::{call_reply, release_round_buffers};
+use crate::engine::iris::messages::{IrisCall, IrisReply};
 use crate::errors::{get_one, log_session, parse_session_id, raise, run};
 use crate::identity::load_identity;
 use crate::iris::policy::current_policy;
@@ -56,10 +56,17 @@ fn record_session(session: &[u8; 16]) {
     }
 }
 
-fn unexpected(function: &str, response: &Response) -> ! {
+/// Sends `call` to the engine's iris service and reads its reply; raises on an engine error
+/// or a reply that does not decode.
+fn call_iris(function: &str, call: IrisCall<'_>) -> IrisReply {
+    let (head, payload) = call_reply(function, &call.into_request());
+    IrisReply::from_reply(&head, payload).unwrap_or_else(|e| unexpected(function, &e))
+}
+
+fn unexpected(function: &str, what: &dyn std::fmt::Debug) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-        format!("{function}: unexpected engine reply {response:?}"),
+        format!("{function}: unexpected engine reply {what:?}"),
         None,
     )
 }
@@ -102,13 +109,13 @@ fn iris_search_start(
     );
     record_session(&session);
     log_session(F, &session, "started");
-    let request = Request::Start {
+    let request = IrisCall::Start {
         session,
         probe: admitted.inner.to_vec(),
         policy,
     };
-    match call(&request) {
-        Response::Started {
+    match call_iris("iris_search_start", request) {
+        IrisReply::Started {
             entries,
             digest,
             message,
@@ -151,14 +158,14 @@ fn iris_search_round(
         )
     });
     let session = parse_session_id("iris_search_round", "session_id", session_id);
-    let request = Request::Round {
+    let request = IrisCall::Round {
         session,
         round,
         message: std::borrow::Cow::Borrowed(message),
     };
-    let row = match call(&request) {
-        Response::Continue(m) => (Some(m), false, None, None),
-        Response::Finished {
+    let row = match call_iris("iris_search_round", request) {
+        IrisReply::Continue(m) => (Some(m), false, None, None),
+        IrisReply::Finished {
             sealed,
             disclosed_unique,
         } => (None, true, Some(sealed), disclosed_unique),
@@ -174,13 +181,13 @@ fn iris_search_round(
 /// Ends search `session_id` at this party; returns whether it was running.
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_search_abort(session_id: &[u8]) -> bool {
-    let request = Request::Abort {
+    let request = IrisCall::Abort {
         session: parse_session_id("iris_search_abort", "session_id", session_id),
     };
-    let response = call(&request);
+    let response = call_iris("iris_search_abort", request);
     release_round_buffers();
     match response {
-        Response::Aborted(a) => a,
+        IrisReply::Aborted(a) => a,
         other => unexpected("iris_search_abort", &other),
     }
 }

@@ -22,6 +22,7 @@ use super::input::{checked_record, open_input, CheckedRecord};
 use super::policy::{admit_round2, ROUND2_TTL_SECS};
 use super::service::{load_service, signing_key};
 use super::{raise_match, require_sp};
+use crate::errors::log_session;
 
 /// The SP's signature on a Round 2 it computed ([`SignedRound2`]: protocol, the terminal's
 /// session id, the device, the policy `threshold`, an expiry [`ROUND2_TTL_SECS`] from `now`,
@@ -35,6 +36,7 @@ pub(super) fn sign_round2(
     payload: Vec<u8>,
 ) -> Vec<u8> {
     let key = signing_key(function, &load_service(function));
+    log_session(function, &input.session, "round 2 answered");
     SignedRound2 {
         protocol: input.protocol,
         session: input.session,

@@ -26,7 +26,7 @@ use privmatch_core::paillier::terminal::TerminalInput;
 use super::input::{checked_record, open_input_any};
 use super::require_sp;
 use super::service::configured_params;
-use crate::errors::{get_one, modify, raise, run, select};
+use crate::errors::{get_one, log_session, modify, raise, run, select};
 
 /// How long a signed Round 2 may be answered, seconds (the SP's session lifetime).
 pub(super) const ROUND2_TTL_SECS: i64 = 600;
@@ -281,6 +281,7 @@ fn paillier_session_open(device_id: &str, terminal_input: &[u8], terminal: &str)
     }
     charge(F, "device", device_id, policy.device_per_hour);
     charge(F, "terminal", terminal, policy.terminal_per_hour);
+    log_session(F, &input.session, "opened");
     input.session.to_vec()
 }
 

@@ -46,7 +46,7 @@ use super::matching::sign_round2;
 use super::policy::admit_round2;
 use super::service::{load_service, signing_key};
 use super::{raise_match, require_sp};
-use crate::errors::{get_one, modify, parse_session_id, raise, run};
+use crate::errors::{get_one, log_session, modify, parse_session_id, raise, run};
 
 /// How long a session waits for the terminal's last round, from its Round 2 (SQL interval).
 const SESSION_TTL: &str = "10 minutes";
@@ -166,6 +166,7 @@ fn round2_with_session(
 /// begun, finished, expired, deleted with its device, or of another protocol or stage).
 fn open_session(function: &str, session: &[u8], protocol: Protocol, stage: i16) -> OpenSession {
     let id = parse_session_id(function, "session", session);
+    log_session(function, &id, "resumed");
     let rows = modify(
         function,
         &format!(

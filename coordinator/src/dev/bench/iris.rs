@@ -39,12 +39,12 @@ use crate::cli::keys::{client_credential, sealing_time, sign_each};
 use crate::config::Config;
 use crate::dev::bench::stats::median;
 use crate::dev::LocalConfigs;
-use crate::iris::api::{SearchRequest, SearchStats};
 use crate::iris::client::{enroll_file, BatchOptions};
 use crate::iris::driver::{retry_on_set_mismatch, run_search, SearchError};
 use crate::iris::synth::{enrollment_line, generate, SynthArgs};
 use crate::parties::Parties;
 use crate::session::retry::RetryPolicy;
+use privmatch_api::iris::{SearchRequest, SearchStats};
 use privmatch_core::iris::policy::{IrisPolicy, DEFAULT_TAU};
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.

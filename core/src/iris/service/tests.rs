@@ -2,6 +2,7 @@
 //! sealed-message interface the coordinator uses, checked against the plaintext matcher.
 
 use super::*;
+use crate::crypto::seal::PartySecretKey;
 use crate::iris::encoding::share_template;
 use crate::iris::probe::{seal_iris_probe, ProbeContext};
 

@@ -15,27 +15,36 @@
 //! (enrolments and searches interleave; searches of an unchanged set never wait for each
 //! other).
 //!
+//! Files: this one (the service), [`messages`] (what a backend and the service exchange, as
+//! calls of the iris modality in the modality-neutral frame) and [`backend`] (the choice of
+//! the scan backend: the CPU, or the GPUs of `privmatch.gpu`).
+//!
 //! Imports: [`super::ipc`], [`crate::identity`], [`crate::budget`] and core's `iris`; this is where the engine
 //! depends on the iris modality (of core, not `crate::iris`).
+
+pub mod backend;
+pub mod messages;
 
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
+use privmatch_core::crypto::seal::PartyKeys;
 use privmatch_core::iris::binding::EnrolmentId;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
 use privmatch_core::iris::policy::IrisPolicy;
 use privmatch_core::iris::scan::{Interrupt, ScanBackend};
-use privmatch_core::iris::service::{PartyKeys, SealedRound, SearchError, SearchService};
+use privmatch_core::iris::service::{SealedRound, SearchError, SearchService};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
 
+use self::messages::IrisReply;
 use super::ipc::{EngineError, ErrorKind, Response};
+use super::keys::read_keys;
 use crate::budget::BudgetKind;
-use crate::identity::{read_identity, read_peers};
 
 /// Rows loaded per SPI query.
 const LOAD_CHUNK: usize = 256;
@@ -49,6 +58,7 @@ fn search_error(err: SearchError) -> EngineError {
         SearchError::UnknownSession(_) | SearchError::ReplayedSession(_) => {
             ErrorKind::UnknownSession
         }
+        SearchError::Probe(e) if e.is_for_another_party() => ErrorKind::OtherParty,
         SearchError::Probe(_) => ErrorKind::Probe,
         SearchError::PeerNotPinned(_) => ErrorKind::NotReady,
         SearchError::WrongRound { .. }
@@ -88,24 +98,6 @@ pub(super) fn charge_search() -> Result<(), EngineError> {
         },
     )
     .execute()
-}
-
-/// The keys of this party and its pinned peers, read in the current transaction.
-pub(super) fn read_keys() -> Result<PartyKeys, EngineError> {
-    let Some(stored) = read_identity().map_err(spi_error)? else {
-        return Err(EngineError::new(
-            ErrorKind::NotReady,
-            "this privmatch party has no identity yet: run SELECT privmatch.init_party(<index>)",
-        ));
-    };
-    let identity = stored
-        .decode()
-        .map_err(|e| EngineError::internal(e.to_string()))?;
-    Ok(PartyKeys {
-        me: identity.index,
-        secret: identity.secret,
-        peers: read_peers().map_err(spi_error)?,
-    })
 }
 
 fn extension_created() -> Result<bool, EngineError> {
@@ -344,10 +336,13 @@ impl IrisSearch {
                 store, keys, session, probe, policy, now, unix_now, interrupt,
             )
             .map_err(search_error)
-            .map(|r| Response::Started {
-                entries: r.entries as u64,
-                digest: r.digest,
-                message: r.message,
+            .map(|r| {
+                IrisReply::Started {
+                    entries: r.entries as u64,
+                    digest: r.digest,
+                    message: r.message,
+                }
+                .into_response()
             })
     }
 
@@ -364,12 +359,13 @@ impl IrisSearch {
             .round_sealed(session, round, message, now)
             .map_err(search_error)
             .map(|reply| match reply {
-                SealedRound::Continue(m) => Response::Continue(m),
-                SealedRound::Finished(output) => Response::Finished {
+                SealedRound::Continue(m) => IrisReply::Continue(m),
+                SealedRound::Finished(output) => IrisReply::Finished {
                     sealed: output.sealed,
                     disclosed_unique: output.disclosed_unique,
                 },
             })
+            .map(IrisReply::into_response)
     }
 
     /// Templates in memory.

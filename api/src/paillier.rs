@@ -1,7 +1,7 @@
 //! The JSON shapes of the coordinator's endpoints for device-held face templates (packed
 //! Paillier, Game-Set-MATCH: Agrawal, Badrinarayanan, Mukherjee, Rindal, CCS 2020, ePrint
-//! 2020/1363), shared by the server ([`crate::paillier::routes`]) and the client
-//! ([`crate::paillier::client`]). Binary values (protocol messages, records, sealed inputs)
+//! 2020/1363), shared by the server (`privmatch_coordinator::paillier::routes`) and the client
+//! (`privmatch_coordinator::paillier::client`). Binary values (protocol messages, records, sealed inputs)
 //! are standard padded base64; session ids are 32 hex digits; protocols are `pi1`, `pi2`,
 //! `pi3`.
 //!
@@ -22,8 +22,8 @@
 //! device), `done` (over: the outcome is in `verdict`, sealed to the terminal's reply key, so
 //! the coordinator does not know it), `failed` (with `error`), `expired`. `match`, `no_match`
 //! and `refused` are what the terminal reads in the verdict (and the device learns); a
-//! coordinator that reports one of them in the clear is not believed. Errors are [`crate::wire::ErrorBody`] with the
-//! codes of [`crate::wire::codes`]: `unknown_device` (404), `unknown_session` (404),
+//! coordinator that reports one of them in the clear is not believed. Errors are [`crate::error::ErrorBody`] with the
+//! codes of [`crate::error::ErrorCode`]: `unknown_device` (404), `unknown_session` (404),
 //! `wrong_step` (409), `not_configured` (503: no service provider, or it enrols no device
 //! under the protocol), `rejected_by_party` (422: a malformed message, a refused proof or
 //! a tampered input), `bad_request` (400).

@@ -1,6 +1,6 @@
 //! The JSON shapes of the coordinator's face endpoints (Funshade: Ibarrondo, Chabanne, Önen,
-//! PETS 2023, ePrint 2022/1688), shared by the server ([`crate::face::routes`]) and the
-//! client ([`crate::face::client`]). Binary values (sealed envelopes and probes) are standard
+//! PETS 2023, ePrint 2022/1688), shared by the server (`privmatch_coordinator::face::routes`) and the
+//! client (`privmatch_coordinator::face::client`). Binary values (sealed envelopes and probes) are standard
 //! padded base64; session ids are 32 hex digits.
 //!
 //! | method, path | body | answer |
@@ -11,7 +11,7 @@
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"comparisons", "outputs": [P0, P1]}` |
 //! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"comparisons", "outputs": [P0, P1], "bytes_sent", "key_bytes", "stocked"}` |
-//! | `GET /v1/face/stock` | — | [`crate::face::stock::StockStatus`] `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
+//! | `GET /v1/face/stock` | — | `StockStatus` (the coordinator's `face::stock`) `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
 //!
 //! The requests and answers of verify and identify name no subject and carry no result
 //! (docs/protocols/face.md §13.10): a verification's subject is sealed inside the probes
@@ -24,7 +24,7 @@
 //! Configuring starts a new dealer generation: P2 deals every later session's keys under the
 //! new threshold (a dealing stocked under an earlier generation is not used).
 //!
-//! Errors are [`crate::wire::ErrorBody`] with the face codes of [`crate::wire::codes`]:
+//! Errors are [`crate::error::ErrorBody`] with the face codes of [`crate::error::ErrorCode`]:
 //! `unknown_subject` (404), `template_sets_differ` and `key_claim_conflict` (503, transient:
 //! reseal the probe for a new session and retry), `not_configured` (503: run `privmatch face configure`),
 //! `rejected_by_party` (422, e.g. a probe of the wrong dimension), `protocol_error` (502).

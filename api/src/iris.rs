@@ -1,5 +1,5 @@
 //! The JSON bodies of the coordinator's iris endpoints, shared by the server
-//! ([`crate::iris::routes`]) and the client ([`crate::iris::client`]). Binary fields travel as
+//! (`privmatch_coordinator::iris::routes`) and the client (`privmatch_coordinator::iris::client`). Binary fields travel as
 //! standard padded base64 (sealed probes and enrolment envelopes) or lower-case hex (16-byte
 //! session ids), see [`crate::wire`].
 //!
@@ -21,10 +21,10 @@
 //! each signed and sealed to the reply key inside the client's probes (base64; core's
 //! `iris::output`). The coordinator cannot read them: it answers no `matches` and no `unique`.
 //! The client opens and verifies them and applies the two-eye policy
-//! ([`crate::iris::client::open_response`]), which fills in `matches` (identify) or `unique`
+//! (the coordinator's `iris::client::open_response`), which fills in `matches` (identify) or `unique`
 //! (uniqueness) of the answer it reports.
 //!
-//! `GET /v1/iris/search` answers the parties' threshold policy ([`crate::iris::policy`]). The parameters are `privmatch_core::iris::params`'s:
+//! `GET /v1/iris/search` answers the parties' threshold policy (the coordinator's `iris::policy`). The parameters are `privmatch_core::iris::params`'s:
 //! `max_rotation` in 0..=15, `threshold` in (0, 0.5] with at most four decimals.
 //!
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
@@ -36,7 +36,7 @@
 //! sealed to the reply key inside the client's probe (absent only for `duplicate`, decided
 //! before the search): the client opens them and refuses an outcome they contradict.
 //!
-//! Errors: [`crate::wire::ErrorBody`].
+//! Errors: [`crate::error::ErrorBody`].
 //!
 //! The bodies decode (`plan`) into the requests the round driver runs ([`SearchRequest`]),
 //! so the client and the server share one reading of every field.
@@ -48,7 +48,9 @@ use privmatch_core::iris::template::MAX_ROTATION;
 use privmatch_core::wire::session::SessionId;
 use serde::{Deserialize, Serialize};
 
-use crate::iris::eyes::{combine_uniqueness, EyePolicy, Match};
+pub mod eyes;
+
+use self::eyes::{combine_uniqueness, EyePolicy, Match};
 use crate::wire::{from_base64_each, session_from_hex};
 
 fn default_max_rotation() -> i32 {

@@ -1,83 +1,12 @@
-//! What travels between the CLI and the coordinator, whatever the modality: the error body
-//! and its codes, the encodings of binary values in JSON (standard padded base64 for sealed
-//! envelopes and probes, lower-case hex for 16-byte session ids), and the shapes of the
-//! modality-neutral endpoints (`GET /v1/status`). The modalities' own bodies live in their
-//! `api.rs`.
-//!
-//! Errors are [`ErrorBody`], `{"error": message, "code": …, "party": n, "sqlstate": "…"}`;
-//! [`codes`] lists the codes.
+//! What travels between a client and the coordinator whatever the modality: the encodings of
+//! binary values in JSON (standard padded base64 for sealed envelopes and probes, lower-case
+//! hex for 16-byte session ids) and the shapes of the modality-neutral endpoints
+//! (`GET /v1/status`, `POST /v1/party/pin`). Errors are [`crate::error`]'s; the modalities'
+//! own bodies are in their modules.
 
 use base64::Engine as _;
 use privmatch_core::wire::session::{SessionId, SESSION_ID_LEN};
 use serde::{Deserialize, Serialize};
-
-/// Error codes of [`ErrorBody::code`].
-pub mod codes {
-    /// No valid API credential (401).
-    pub const UNAUTHENTICATED: &str = "unauthenticated";
-    /// The credential lacks the scope the endpoint needs (403).
-    pub const FORBIDDEN: &str = "forbidden";
-    /// The request body is over the limit (413).
-    pub const TOO_LARGE: &str = "too_large";
-    /// The coordinator is at its concurrency limit (429): retry shortly.
-    pub const TOO_BUSY: &str = "too_busy";
-    /// The request is malformed or out of range.
-    pub const BAD_REQUEST: &str = "bad_request";
-    /// A party rejected the request's content (SQLSTATE class 22/23).
-    pub const REJECTED: &str = "rejected_by_party";
-    /// A party failed.
-    pub const PARTY_ERROR: &str = "party_error";
-    /// A party is unreachable or not ready.
-    pub const PARTY_UNAVAILABLE: &str = "party_unavailable";
-    /// A party did not answer in time.
-    pub const TIMEOUT: &str = "timeout";
-    /// The parties hold different template sets (transient: retry with a new session).
-    pub const SETS_DIFFER: &str = "template_sets_differ";
-    /// The parties broke the protocol or disagree.
-    pub const PROTOCOL: &str = "protocol_error";
-    /// A distributed transaction's outcome is left to recovery.
-    pub const IN_DOUBT: &str = "in_doubt";
-    /// Face: the subject is not enrolled.
-    pub const UNKNOWN_SUBJECT: &str = "unknown_subject";
-    /// Face: a session id or a stocked dealing was claimed by another session already
-    /// (transient: retry with a new session).
-    pub const KEY_CONFLICT: &str = "key_claim_conflict";
-    /// Face: the dealer is not configured, or a party is not initialised.
-    pub const NOT_CONFIGURED: &str = "not_configured";
-
-    /// Paillier: the device is not enrolled at the service provider.
-    pub const UNKNOWN_DEVICE: &str = "unknown_device";
-    /// Paillier: no such matching session (never opened, or expired and forgotten).
-    pub const UNKNOWN_SESSION: &str = "unknown_session";
-    /// Paillier: the session is not at the step the call belongs to (a reply of another
-    /// round, or one already given).
-    pub const WRONG_STEP: &str = "wrong_step";
-    /// Paillier: a mailbox poll or reply not signed by the device's enrolled key, or a poll
-    /// whose time is too far from the coordinator's clock (403).
-    pub const DEVICE_SIGNATURE: &str = "device_signature";
-
-    /// The codes of transient failures: a new session (freshly sealed probes) may succeed.
-    pub const TRANSIENT: [&str; 3] = [SETS_DIFFER, KEY_CONFLICT, TOO_BUSY];
-}
-
-/// An error answer.
-#[derive(Clone, Debug, Serialize, Deserialize, Default)]
-pub struct ErrorBody {
-    /// What went wrong, for people.
-    pub error: String,
-    /// What went wrong, for programs (see [`codes`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    /// The party at fault, if one is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub party: Option<u8>,
-    /// The party's SQLSTATE, if it reported one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sqlstate: Option<String>,
-    /// With `template_sets_differ`: the entries each party reported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entries: Option<[i64; 3]>,
-}
 
 /// Standard padded base64.
 pub fn to_base64(bytes: &[u8]) -> String {
