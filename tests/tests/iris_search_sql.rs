@@ -443,6 +443,15 @@ fn refused_round_messages_abort_the_search() {
             .await
             .expect_err("other session");
         assert_eq!(err.sqlstate.as_deref(), Some("22P03"), "{err:?}");
+        // P1's probe routed to P0 (a relay that swaps them) is refused as sealed for another
+        // party (22023, as at enrolment), not as altered (22P03).
+        let swapped = [sealed[1].clone(), sealed[0].clone(), sealed[2].clone()];
+        let other: [u8; 16] = rng.gen();
+        let err = start(&clients, &other, &swapped)
+            .await
+            .expect_err("P1's probe at P0");
+        assert_eq!(err.sqlstate.as_deref(), Some("22023"), "{err:?}");
+        assert_eq!(err.party, 0, "{err:?}");
         for c in &clients {
             let _ = c
                 .execute(

@@ -249,9 +249,9 @@ fn keygen_and_enrol(cluster: &Cluster, devices: &[Device]) {
     });
 }
 
-/// `terminal verify --json` of `probe` against `device`.
-fn verify(cluster: &Cluster, device: &Device, probe: &Path) -> CmdOutput {
-    cluster.cli(&[
+/// The arguments of `terminal verify --json` of `probe` against `device`.
+fn verify_args(device: &Device, probe: &Path) -> Vec<String> {
+    [
         "terminal",
         "verify",
         "--device",
@@ -265,7 +265,15 @@ fn verify(cluster: &Cluster, device: &Device, probe: &Path) -> CmdOutput {
         "--timeout",
         "60",
         "--json",
-    ])
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// `terminal verify --json` of `probe` against `device`.
+fn verify(cluster: &Cluster, device: &Device, probe: &Path) -> CmdOutput {
+    let args = verify_args(device, probe);
+    cluster.cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// Each device answers its probes (`device respond --count N` in the background) while the
@@ -362,21 +370,8 @@ fn one_session_is_found_by_its_id_in_all_four_logs(cluster: &Cluster, device: &D
         "warn,privmatch_coordinator::paillier::client=debug",
     );
     let responder = Background::spawn(respond);
-    let mut verify = cluster.command(&[
-        "terminal",
-        "verify",
-        "--device",
-        &device.id,
-        "--protocol",
-        protocol_name(device.protocol),
-        "--input",
-        &path_arg(&device.probes[0].0),
-        "--threshold",
-        &THRESHOLD.to_string(),
-        "--timeout",
-        "60",
-        "--json",
-    ]);
+    let args = verify_args(device, &device.probes[0].0);
+    let mut verify = cluster.command(&args.iter().map(String::as_str).collect::<Vec<_>>());
     verify.env(
         "PRIVMATCH_LOG",
         "warn,privmatch_coordinator::paillier::client=debug",
