@@ -58,6 +58,7 @@ pub mod opening;
 pub mod probe;
 pub mod quantize;
 pub mod reply;
+pub mod service;
 
 use crate::crypto::fss::FssError;
 use crate::crypto::seal::SealError;

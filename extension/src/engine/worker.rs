@@ -32,10 +32,11 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use privmatch_core::crypto::seal::PartyKeys;
+use privmatch_core::face::service::FaceService;
 use privmatch_core::iris::scan::{CpuScan, Interrupt};
 use privmatch_core::iris::service::MAX_ACTIVE_SEARCHES;
 
-use super::face::{aborted_reply, decode_abort, op as face_op, FaceService};
+use super::face::messages::{aborted_reply, decode_abort, malformed_request, op as face_op};
 use super::heap::{keep_freed_memory, release_free_memory, resident_bytes, resident_shared_bytes};
 use super::ipc::{
     read_frame, Call, EngineError, EngineStatus, ErrorKind, Modality, Request, Response,
@@ -176,7 +177,7 @@ impl Engine {
         }
         Engine {
             iris: IrisSearch::new(Arc::clone(&scan.backend), timeout),
-            face: FaceService::new(threads, timeout),
+            face: FaceService::new(threads, timeout, &crate::identity::CHANNELS),
             scan,
             state: "starting".into(),
             requests: RequestThreads::new(MAX_REQUEST_THREADS, log_tx.clone()),
@@ -334,7 +335,7 @@ fn serve_face(engine: &mut Engine, mut stream: UnixStream, call: Call<'static>, 
     if op == face_op::ABORT {
         let response = match decode_abort(&head) {
             Ok(session) => aborted_reply(engine.face.abort(&session)),
-            Err(e) => Response::Error(e),
+            Err(e) => Response::Error(malformed_request(e)),
         };
         return answer(&mut stream, &response, &engine.log_tx);
     }
@@ -342,7 +343,7 @@ fn serve_face(engine: &mut Engine, mut stream: UnixStream, call: Call<'static>, 
         let face = engine.face.clone();
         in_transaction(|| {
             let keys = read_keys()?;
-            face.refresh_for_open(keys.me, &head, &payload)?;
+            super::face::refresh_for_open(&face, keys.me, &head, &payload)?;
             Ok(Some(keys))
         })
     } else if op == face_op::STOCK {
@@ -357,7 +358,7 @@ fn serve_face(engine: &mut Engine, mut stream: UnixStream, call: Call<'static>, 
     let face = engine.face.clone();
     engine.requests.spawn(stream, move |_| {
         Some(
-            face.handle(keys.as_ref(), op, &head, &payload, now)
+            super::face::handle(&face, keys.as_ref(), op, &head, &payload, now)
                 .unwrap_or_else(Response::Error),
         )
     });

@@ -39,14 +39,15 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use privmatch_core::face::masked::BUNDLE_ID_LEN;
+use privmatch_core::face::service::{OpenRequest, Opened};
 use privmatch_core::face::FaceError;
 
 use super::enroll::enrolled_dim;
 use super::search::{fresh_session_probe, raise_probe_from};
 use crate::engine::client::call_reply;
-use crate::engine::face::{
+use crate::engine::face::messages::{
     decode_opened, encode_keyed_round, encode_keys, encode_open, encode_round, encode_stock,
-    OpenRequest, Opened,
+    malformed_request,
 };
 use crate::engine::ipc::Request;
 use crate::errors::{get_one, log_session, parse_session_id, raise, run, select};
@@ -358,8 +359,10 @@ fn open_session(
         verification: subject.is_some(),
         known_subjects,
     });
-    let opened = decode_opened(&engine_bytes(function, &request))
-        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None));
+    let opened = decode_opened(&engine_bytes(function, &request)).unwrap_or_else(|e| {
+        let e = malformed_request(e);
+        raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.message, None)
+    });
     log_session(function, &id, "opened");
     let finished = opened.comparisons == 0;
     run(

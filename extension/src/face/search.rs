@@ -96,7 +96,7 @@ pub(super) fn fresh_session_probe(
 fn face_session_abort(session: &[u8]) -> bool {
     let id = parse_session_id("face_session_abort", "session", session);
     // Best effort: an engine that is down holds no session.
-    let _ = crate::engine::client::try_call(&crate::engine::face::encode_abort(&id));
+    let _ = crate::engine::client::try_call(&crate::engine::face::messages::encode_abort(&id));
     get_one::<bool>(
         "face_session_abort",
         "WITH s AS (UPDATE privmatch.face_sessions SET aborted = true, finished_at = now() \

@@ -236,7 +236,7 @@ fn file_of(src: &Path, module: &[String]) -> Option<PathBuf> {
 }
 
 /// The modality a module path belongs to, if any: the first segment that names one, so
-/// `crate::iris::enroll` and a modality's file in a shared directory (`engine/face.rs`,
+/// `crate::iris::enroll` and a modality's file in a shared directory (`engine/face/`,
 /// `dev/bench/iris.rs`) alike.
 fn modality(module: &[String]) -> Option<&'static str> {
     module
