@@ -16,10 +16,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use privmatch_core::crypto::circuit::{match_check_circuit, MatchCheckWidths};
 use privmatch_core::crypto::fss::aes;
-use privmatch_core::crypto::garble::{evaluate, garble, GarbledCircuit, Label};
-use privmatch_core::crypto::ot::{OtReceiver, OtSender};
+use privmatch_core::paillier::circuit::{match_check_circuit, MatchCheckWidths};
+use privmatch_core::paillier::garble::{evaluate, garble, GarbledCircuit, Label};
+use privmatch_core::paillier::ot::{OtReceiver, OtSender};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 

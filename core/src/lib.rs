@@ -11,10 +11,8 @@
 //! | [`party`] | the three party indices |
 //! | [`algebra`] | wrapping rings Z_2^k, the Galois ring GR(2^16, 4) |
 //! | [`embedding`] | float embeddings as integers: element checks, normalisation, round(x·M), the inner product (the face modalities choose M) |
-//! | [`sharing`] | Shamir over the Galois ring, replicated (ABY3) sharing |
-//! | [`crypto`] | sealing and pairwise channels, function secret sharing |
+//! | [`crypto`] | sealing and pairwise channels, function secret sharing and its fixed-key AES (the PRG of the channels' pads and of Paillier's garbling too) |
 //! | [`wire`] | envelopes, session ids, the share storage layout |
-//! | [`mpc`] | the 3-party sub-protocols (reshare, binary circuits, lift, compare, OR tree) |
 //! | [`twophase`] | naming and recovery rule of the parties' two-phase commit |
 //!
 //! Modalities, each importing shared layers only, never another modality (both rules, and
@@ -22,9 +20,9 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`iris`] | 3-party iris matching: templates, shares, enrolment bundles, probes, scan, matcher, search service |
-//! | [`face`] | Funshade face matching: quantisation, bundles, probes, key batches, evaluation steps |
-//! | [`paillier`] | device-held face templates with packed Paillier (Game-Set-MATCH) |
+//! | [`iris`] | 3-party iris matching: templates, shares (`iris::sharing`: Shamir over the Galois ring, replicated ABY3 sharing), enrolment bundles, probes, scan, the 3-party sub-protocols (`iris::mpc`: reshare, binary circuits, lift, compare, OR tree), matcher, search service |
+//! | [`face`] | Funshade face matching: quantisation, bundles, probes, key batches, evaluation steps, the evaluator's service |
+//! | [`paillier`] | device-held face templates with packed Paillier (Game-Set-MATCH), with Π3's garbled circuits and OT |
 
 //!
 //! Papers are cited as `[KEY] §x` (section numbers of the version named in
@@ -44,10 +42,8 @@ pub mod crypto;
 pub mod embedding;
 pub mod face;
 pub mod iris;
-pub mod mpc;
 pub mod paillier;
 pub mod parallel;
 pub mod party;
-pub mod sharing;
 pub mod twophase;
 pub mod wire;

@@ -13,11 +13,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use ed25519_dalek::VerifyingKey;
-use privmatch_core::crypto::garble::Label;
 use privmatch_core::crypto::seal::PartyPublicKey;
 use privmatch_core::paillier::cipher::SecretKey;
 use privmatch_core::paillier::device_signature::{DeviceSigner, Statement};
 use privmatch_core::paillier::enroll::DeviceEnrolment;
+use privmatch_core::paillier::garble::Label;
 use privmatch_core::paillier::key_proof::RingPedersenParams;
 use privmatch_core::paillier::params::{Params, Protocol, DEFAULT_STAT_BITS};
 use privmatch_core::paillier::pi1::Pi1Device;

@@ -12,7 +12,7 @@
 //! output of an entry range contiguous, so a caller splitting the scan across threads by entry
 //! ranges hands each thread a disjoint `chunks_mut` of the output ([`scan_range`]); it also
 //! keeps an entry's rotations together for the later OR over rotations. These additive shares
-//! are then reshared into replicated shares ([`crate::mpc::reshare`]).
+//! are then reshared into replicated shares ([`crate::iris::mpc::reshare`]).
 //!
 //! **Arithmetic.** Wrapping u16 multiply-add, exact modulo 2^16 in any order, so the SIMD and
 //! portable kernels agree bit for bit. **Dispatch** at run time ([`DotKernel::detect`]):

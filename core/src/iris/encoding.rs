@@ -16,7 +16,7 @@
 //! of two encoded masks over these 6,400 values is **half** of popcount(ma ∧ mb) over the full
 //! 12,800 bits.
 //!
-//! **Shares.** Each element is shared with degree-1 Shamir over GR(2^16, 4) ([`crate::sharing::shamir`]);
+//! **Shares.** Each element is shared with degree-1 Shamir over GR(2^16, 4) ([`crate::iris::sharing::shamir`]);
 //! a party's share is stored as flat coefficient vectors, element-major (element e at positions
 //! 4e..4e+4): 12,800 u16 for the code (25.6 KB) and 6,400 u16 for the mask (12.8 KB).
 
@@ -26,8 +26,8 @@ use rand_core::RngCore;
 
 use super::template::{bit_index, IrisBits, IrisTemplate, IRIS_COLS, IRIS_ROWS, IRIS_WAVELETS};
 use crate::algebra::galois::{flatten_coefs, GaloisRing16};
+use crate::iris::sharing::shamir::{self, ShamirError};
 use crate::party::PartyIndex;
-use crate::sharing::shamir::{self, ShamirError};
 
 /// Galois-ring elements in an encoded code (16 rows × 200 columns).
 pub const CODE_SHARE_ELEMENTS: usize = IRIS_ROWS * IRIS_COLS;

@@ -30,7 +30,7 @@
 //!    binary sum as public multiples of shared bits instead of being injected into Z_2^32.
 //!    Output: a bit-sliced replicated XOR share of match_k = (fhd_k < τ), **exact** for every
 //!    τ with at most four decimals (τ = 0.345: hd·200 < 69·common, fhd = τ exactly is no
-//!    match; derivation in [`crate::mpc::compare`]), bit k = comparison k.
+//!    match; derivation in [`crate::iris::mpc::compare`]), bit k = comparison k.
 //! 5. *OR reduction* ([TACEO24] §2.3 OR tree, a ∨ b = ¬(¬a ∧ ¬b); **⌈log2 R⌉ rounds** for
 //!    [`SearchMode::Identify`], **⌈log2(R·N)⌉ rounds** for [`SearchMode::Uniqueness`]).
 //!    Identify transposes the entry-major bits locally into R rotation planes of N bits (plane
@@ -59,7 +59,7 @@
 //!
 //! **Wire format.** Every payload is `round: u32 LE ‖ body`, where `round` counts this
 //! session's rounds from 0 and `body` is the sub-protocol's payload (the reshare values, the
-//! [`crate::mpc::binary::Session`] gate words, the opened words). The round header is public
+//! [`crate::iris::mpc::binary::Session`] gate words, the opened words). The round header is public
 //! (the schedule is fixed) and makes a replayed or reordered message an error even where two
 //! rounds have the same body length. The sealed channel ([`crate::crypto::seal::Channel`])
 //! authenticates sender and session.
@@ -74,16 +74,16 @@ use std::fmt;
 use crate::algebra::ring::Z16;
 use crate::iris::dot::{scan, DotError, DotKernel, DotShares, ShareMatrix};
 use crate::iris::encoding::IrisShare;
-use crate::iris::params::SearchMode;
-use crate::iris::policy::IrisPolicy;
-use crate::iris::query::{PreparedQuery, QueryError};
-use crate::mpc::binary::{
+use crate::iris::mpc::binary::{
     open_message, open_receive, unpack_bits, words_for, BitSliced, Gates, MpcContext, MpcError,
     Outgoing, Products, Program, ProgramStep, Session, Step, WORD_BITS,
 };
-use crate::mpc::compare::{lift_compare_rounds, LiftCompareProgram, Threshold};
-use crate::mpc::or_tree::OrTreeProgram;
-use crate::mpc::reshare::{reshare_context, ReshareError, ReshareState};
+use crate::iris::mpc::compare::{lift_compare_rounds, LiftCompareProgram, Threshold};
+use crate::iris::mpc::or_tree::OrTreeProgram;
+use crate::iris::mpc::reshare::{reshare_context, ReshareError, ReshareState};
+use crate::iris::params::SearchMode;
+use crate::iris::policy::IrisPolicy;
+use crate::iris::query::{PreparedQuery, QueryError};
 use crate::party::PartyIndex;
 
 /// Bytes of the round header in front of every payload (module docs).

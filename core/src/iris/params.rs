@@ -4,8 +4,8 @@
 //! (`service.rs`, "Binding"), so a search whose parties were given different parameters
 //! aborts instead of computing something else.
 
+use crate::iris::mpc::compare::Threshold;
 use crate::iris::template::MAX_ROTATION;
-use crate::mpc::compare::Threshold;
 
 /// Largest accepted threshold ratio. At τ = 0.5 the comparison constant A = 2Q − 4P is 0,
 /// still exact; above it a search would match most random codes and is refused as a mistake.

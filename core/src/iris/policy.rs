@@ -8,8 +8,8 @@
 //! with the same range as a search's threshold ([`crate::iris::params::SearchParams::new`]):
 //! 0 < τ ≤ 0.5.
 
+use crate::iris::mpc::compare::{Threshold, Q};
 use crate::iris::params::MAX_THRESHOLD;
-use crate::mpc::compare::{Threshold, Q};
 
 /// The action of a signed iris policy command.
 pub const IRIS_POLICY_ACTION: &str = "iris-policy";

@@ -9,7 +9,7 @@
 //! (= popcount(m_db ∧ m_q) − 2·popcount((c_db ⊕ c_q) ∧ m_db ∧ m_q), the query rotated by k),
 //! and likewise for the mask (= half the common mask popcount, see
 //! [`crate::iris::encoding`]). No communication: the 3-of-3 additive shares are re-randomised
-//! and reshared into replicated shares by [`crate::mpc::reshare`] (one round).
+//! and reshared into replicated shares by [`crate::iris::mpc::reshare`] (one round).
 //!
 //! **Why it works.** The product of two degree-1 Shamir sharings is a degree-2 sharing of the
 //! Galois-ring product, and multiplying party p's product share by its Lagrange coefficient
@@ -49,8 +49,8 @@ use super::encoding::{
 };
 use super::template::{IrisTemplate, IRIS_COLS};
 use crate::algebra::galois::{dot_constant_term_query_layout, flatten_coefs, GaloisRing16};
+use crate::iris::sharing::shamir::{self, ShamirError};
 use crate::party::PartyIndex;
-use crate::sharing::shamir::{self, ShamirError};
 
 /// Largest rotation accepted by [`PreparedQuery::prepare`]: 100 columns each way already
 /// covers all 200 rotations.

@@ -280,12 +280,12 @@ mod tests {
         // [BGK+24] §4.3.2 end to end: prepare the probe at each party, scan, reshare the code
         // and mask dot products, reconstruct the replicated shares, compare with plaintext.
         use crate::algebra::ring::Z16;
+        use crate::iris::mpc::reshare::reshare_context;
+        use crate::iris::mpc::reshare::test_support::run;
+        use crate::iris::sharing::replicated::reconstruct;
         use crate::iris::synth::near_duplicate;
         use crate::iris::template::{masked_code_distance_counts, MAX_ROTATION};
-        use crate::mpc::reshare::reshare_context;
-        use crate::mpc::reshare::test_support::run;
         use crate::party::PartyIndex;
-        use crate::sharing::replicated::reconstruct;
         use std::num::Wrapping;
         const P: [PartyIndex; 3] = PartyIndex::ALL;
 

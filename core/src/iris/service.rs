@@ -45,6 +45,7 @@ use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
+use crate::iris::mpc::binary::{MpcContext, Step};
 use crate::iris::output::{output_sealer, seal_output, IrisOutput, IrisResult};
 use crate::iris::params::{ParamError, SearchMode, SearchParams};
 use crate::iris::policy::IrisPolicy;
@@ -52,7 +53,6 @@ use crate::iris::probe::{check_probe, open_iris_probe, Disclosure, ProbeRefusal}
 use crate::iris::query::PreparedQuery;
 use crate::iris::scan::{Interrupt, ScanBackend};
 use crate::iris::store::{CanonicalOrder, IrisStore, StoreError};
-use crate::mpc::binary::{MpcContext, Step};
 use crate::party::PartyIndex;
 use crate::wire::session::{SessionId, SESSION_ID_LEN};
 

@@ -15,6 +15,9 @@
 //! | [`pi1`] | Π1 (§5, Fig. 3): enrolment, the device and terminal state machines, their messages |
 //! | [`pi2`] | Π2 (§6): element encryption and SP packing at enrolment, the four-round state machines (the terminal's state between its rounds encodable: `suspend`/`resume`), the multiplier/addend and X check that Π3 reuses |
 //! | [`pi3`] | Π3 (§7, Fig. 5, 6): the five-round state machines with the garbled comparison and OT (the terminal's state after Round 2 and Round 4 encodable) |
+//! | [`circuit`] | Π3's boolean circuits and their gadgets (the comparison the terminal garbles) |
+//! | [`garble`] | half-gates garbling with free-XOR over the fixed-key AES of `crate::crypto::fss` |
+//! | [`ot`] | the two-message endemic OT of Masny–Rindal for the evaluator's input labels |
 //! | [`record`] | the service provider's signed template record (σ of §6.1) |
 //! | [`key_proof`] | enrolment: the device key is well formed (Π^mod, Π^fac of [CGGMP21]), SP's ring-Pedersen parameters |
 //! | [`proofs`] | enrolment: batched plaintext knowledge (Fig. 9), L2 norm (Fig. 10), four-square slack coordinates |
@@ -31,11 +34,14 @@
 //! the paper.
 
 pub mod cipher;
+pub mod circuit;
 pub mod device_signature;
 pub mod encoding;
 pub mod enroll;
+pub mod garble;
 pub mod key_proof;
 pub mod messages;
+pub mod ot;
 pub mod params;
 pub mod pi1;
 pub mod pi2;

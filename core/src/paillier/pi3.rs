@@ -56,14 +56,14 @@ use super::params::{Layout, Params, Protocol};
 use super::pi2::{Pi2Round1, SignedDevice};
 use super::precomputed::{inner_product_with, PrecomputedTemplate};
 use super::signed_round2::VerifiedRound2;
-use crate::crypto::circuit::{
+use crate::paillier::circuit::{
     match_check_circuit, Circuit, MatchCheckWidths, MATCH_CHECK_MATCHED, MATCH_CHECK_VALID,
 };
-use crate::crypto::garble::{
+use crate::paillier::garble::{
     evaluate, garble, labels_from_bytes, labels_to_bytes, GarbledCircuit, OutputDecoding,
     OutputLabels,
 };
-use crate::crypto::ot::{OtReceiver, OtSender, ReceiverMessage, SenderMessage};
+use crate::paillier::ot::{OtReceiver, OtSender, ReceiverMessage, SenderMessage};
 use std::sync::Arc;
 
 /// Domain of the OT session id, derived from T's Round 2 (fresh randomness both sides hold).
@@ -225,7 +225,7 @@ pub struct Pi3Round4 {
     /// C̃.
     pub circuit: GarbledCircuit,
     /// The labels of pad, a, b (the garbler's inputs, in the circuit's order).
-    pub garbler_labels: Vec<crate::crypto::garble::Label>,
+    pub garbler_labels: Vec<crate::paillier::garble::Label>,
     /// The OT sender's message carrying the labels of X and Y.
     pub ot: SenderMessage,
     /// The permute bits of the output wires, so D learns its output bit.
@@ -272,7 +272,7 @@ impl Pi3Round4 {
 #[derive(Clone, Debug)]
 pub struct Pi3Round5 {
     /// The labels of the outputs [valid, matched].
-    pub labels: Vec<crate::crypto::garble::Label>,
+    pub labels: Vec<crate::paillier::garble::Label>,
 }
 
 impl Pi3Round5 {
@@ -794,7 +794,7 @@ mod tests {
     use super::super::params::DEFAULT_STAT_BITS;
     use super::super::pi2::{encrypt_elements, pack_element_ciphertexts};
     use super::*;
-    use crate::crypto::garble::Label;
+    use crate::paillier::garble::Label;
     use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;

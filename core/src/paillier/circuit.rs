@@ -4,7 +4,7 @@
 //! numbered `0..num_wires`, the first ones are the inputs (first the garbler's, then the
 //! evaluator's), and gate k (XOR, AND or NOT, in topological order) defines wire
 //! `num_inputs + k`. XOR and NOT cost nothing to garble (free-XOR, free inversion; see
-//! [`crate::crypto::garble`]), so circuits here are built to use few AND gates.
+//! [`crate::paillier::garble`]), so circuits here are built to use few AND gates.
 //!
 //! [`CircuitBuilder`] constructs circuits from word-level gadgets on little-endian bit vectors
 //! ([`Word`], two's complement where signed): ripple-carry addition and subtraction (1 AND per

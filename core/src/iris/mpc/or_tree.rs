@@ -12,7 +12,7 @@
 //! **Rounds.** ⌈log2 L⌉ for the longest group of L bits (0 if every group has at most one bit),
 //! each one message from party i to party i+1.
 
-use crate::mpc::binary::{BitSliced, Gates, MpcError, Products, Program, ProgramStep};
+use crate::iris::mpc::binary::{BitSliced, Gates, MpcError, Products, Program, ProgramStep};
 use crate::party::PartyIndex;
 
 /// OR-reduction of groups of shared bits (module docs): ⌈log2 L⌉ rounds of batched ANDs.
@@ -117,8 +117,8 @@ impl Program for OrTreeProgram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mpc::binary::testing::{contexts, run};
-    use crate::mpc::binary::{pack_bits, reconstruct_bits, share_bits, unpack_bits};
+    use crate::iris::mpc::binary::testing::{contexts, run};
+    use crate::iris::mpc::binary::{pack_bits, reconstruct_bits, share_bits, unpack_bits};
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;

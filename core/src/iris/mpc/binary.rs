@@ -4,7 +4,7 @@
 //!
 //! **Share layout.** A vector of n shared bits is stored bit-sliced: word w, bit j holds
 //! element 64·w + j (comparison number 64·w + j). The n bits are XOR-shared as
-//! x = x0 ⊕ x1 ⊕ x2 and replicated with the convention of [`crate::sharing::replicated`]: party i holds
+//! x = x0 ⊕ x1 ⊕ x2 and replicated with the convention of [`crate::iris::sharing::replicated`]: party i holds
 //! `a = x_i` and `b = x_{i−1}`. Bits past n in the last word are always zero in both
 //! components. A w-bit number per element is a `Vec<BitSliced>` of w bit planes, least
 //! significant plane first.
@@ -39,8 +39,8 @@ use std::num::Wrapping;
 
 use crate::algebra::ring::Z32;
 use crate::crypto::seal::PairwisePrf;
+use crate::iris::sharing::replicated::ReplicatedShare;
 use crate::party::PartyIndex;
-use crate::sharing::replicated::ReplicatedShare;
 
 /// Bits per word of a bit-sliced vector.
 pub const WORD_BITS: usize = 64;
@@ -1700,7 +1700,7 @@ pub mod testing {
     ) -> [Vec<ReplicatedShare<Z32>>; 3] {
         let mut out: [Vec<ReplicatedShare<Z32>>; 3] = Default::default();
         for &v in values {
-            let s = crate::sharing::replicated::share(Wrapping(v), rng);
+            let s = crate::iris::sharing::replicated::share(Wrapping(v), rng);
             for i in 0..3 {
                 out[i].push(s[i]);
             }

@@ -2,7 +2,7 @@
 //! matcher) and bit injection (binary → arithmetic, [MR18]).
 //!
 //! **Share layout.** Input: replicated Z_2^16 shares of values m (party i holds (m_i, m_{i−1}),
-//! [`crate::sharing::replicated`]); output: replicated Z_2^32 shares of the same m read as an unsigned
+//! [`crate::iris::sharing::replicated`]); output: replicated Z_2^32 shares of the same m read as an unsigned
 //! integer in [0, 2^16) (the mask dot product is 0 ≤ m ≤ 6,400).
 //!
 //! **Lift.** Over the integers m_0 + m_1 + m_2 = m + k·2^16 with the wrap count k ∈ {0, 1, 2}.
@@ -10,7 +10,7 @@
 //! ⟦m⟧_32 = zext(⟦m⟧_16) − 2^16·⟦k⟧_32. The wrap count is computed in binary: the carry-save
 //! layer writes the three components as s + 2c (s, c 16-bit words), so
 //! k = c_15 + carry_out(s + ((c ≪ 1) mod 2^16)) — two bits, found by
-//! [`crate::mpc::binary::CarryProgram`] with width 16 and top 16 (1 + 1 + ⌈log2 15⌉ = 6 rounds),
+//! [`crate::iris::mpc::binary::CarryProgram`] with width 16 and top 16 (1 + 1 + ⌈log2 15⌉ = 6 rounds),
 //! then injected into Z_2^32 (2 rounds).
 //!
 //! **Bit injection** (no OT): a bit b = b_0 ⊕ b_1 ⊕ b_2 has trivial arithmetic shares of each
@@ -21,7 +21,7 @@
 //! **Rounds.** [`InjectProgram`]: 2. [`LiftProgram`]: 8 (6 binary + 2 injection), each one
 //! message from party i to party i+1.
 //!
-//! The iris matcher no longer lifts: [`crate::mpc::compare::LiftCompareProgram`] takes the
+//! The iris matcher no longer lifts: [`crate::iris::mpc::compare::LiftCompareProgram`] takes the
 //! wrap bits u, v of the same carry computation into the comparison's binary sum, which needs
 //! neither the injection rounds nor their 32-bit products. The lift stays for sums that must
 //! continue in Z_2^32.
@@ -29,12 +29,12 @@
 use std::num::Wrapping;
 
 use crate::algebra::ring::{Z16, Z32};
-use crate::mpc::binary::{
+use crate::iris::mpc::binary::{
     ArithVec, BitSliced, CarryOutput, CarryProgram, Gates, MpcError, Products, Program,
     ProgramStep, WORD_BITS,
 };
+use crate::iris::sharing::replicated::ReplicatedShare;
 use crate::party::PartyIndex;
-use crate::sharing::replicated::ReplicatedShare;
 
 /// The bit k of a word vector as 0 or 1.
 fn bit_at(words: &[u64], k: usize) -> u32 {
@@ -221,9 +221,9 @@ impl Program for LiftProgram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mpc::binary::testing::{contexts, run};
-    use crate::mpc::binary::{pack_bits, share_bits};
-    use crate::sharing::replicated::{reconstruct, share};
+    use crate::iris::mpc::binary::testing::{contexts, run};
+    use crate::iris::mpc::binary::{pack_bits, share_bits};
+    use crate::iris::sharing::replicated::{reconstruct, share};
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

@@ -5,7 +5,7 @@
 //!
 //! **Share layout.** Input per comparison: c and m as replicated Z_2^32 shares
 //! ([`compare_program`]) or as replicated Z_2^16 shares ([`LiftCompareProgram`], which lifts
-//! both first); party i holds (x_i, x_{i−1}), [`crate::sharing::replicated`]. Output: one
+//! both first); party i holds (x_i, x_{i−1}), [`crate::iris::sharing::replicated`]. Output: one
 //! [`BitSliced`] vector, bit k = match of comparison k, replicated XOR shares.
 //!
 //! **Threshold derivation.** Over the full 12,800 bits let `common` = popcount(ma ∧ mb) and
@@ -39,26 +39,26 @@
 //! Z_2^32 sharing of x. [`LiftCompareProgram`] never lifts c or m themselves: it computes x
 //! from the zero-extended 16-bit components and subtracts the components' wrap-arounds
 //! 2^16·(A·k_m − B·k_c) inside the binary sum that extracts the MSB (the wrap counts are two
-//! shared bits each, found as in [`crate::mpc::lift`]; times public constants they are free
+//! shared bits each, found as in [`crate::iris::mpc::lift`]; times public constants they are free
 //! binary rows). c is offset to c + 2^15 ∈ [19,968, 45,568] ⊂ [0, 2^16) first, so that its
 //! wrap count is that of an unsigned value, and the offset is taken back as + B·2^15.
 //!
-//! **Rounds.** [`MsbProgram`]: 7 ([`crate::mpc::binary::CarryProgram`] into bit 31: carry-save
+//! **Rounds.** [`MsbProgram`]: 7 ([`crate::iris::mpc::binary::CarryProgram`] into bit 31: carry-save
 //! layer 1, generate 1, carry tree ⌈log2 30⌉ = 5), each one message from party i to party i+1;
 //! [`LiftCompareProgram`] (from 16-bit shares) [`lift_compare_rounds`]: 14 for τ = 0.345 (13–14
 //! for every τ; 15 when c and m were lifted to Z_2^32 by bit injection, with 64.2 instead of
 //! 36.7 bytes per comparison and party in a whole search); opening the result
-//! ([`crate::mpc::binary::open_message`]) is one more.
+//! ([`crate::iris::mpc::binary::open_message`]) is one more.
 
 use std::num::Wrapping;
 
 use crate::algebra::ring::{Z16, Z32};
-use crate::mpc::binary::{
+use crate::iris::mpc::binary::{
     component_planes, BitSliced, BothProgram, CarryOutput, CarryProgram, Gates, MpcError,
     OperandCarryProgram, Products, Program, ProgramStep,
 };
+use crate::iris::sharing::replicated::ReplicatedShare;
 use crate::party::PartyIndex;
-use crate::sharing::replicated::ReplicatedShare;
 
 /// The denominator Q of the threshold ratio τ = P/Q (τ has at most four decimals); also the
 /// scale B of the code dot product in x = A·m − B·c (module docs).
@@ -463,7 +463,7 @@ fn top_carry(rows: &Rows, len: usize) -> Result<(OperandCarryProgram, BitSliced)
 /// lift folded into the comparison's binary sum so that no value is lifted to Z_2^32).
 ///
 /// Over the integers the components of c' = c + 2^15 and of m wrap k_c, k_m ∈ {0, 1, 2} times
-/// 2^16 ([`crate::mpc::lift`]); with zero-extended components X_j = A·m_j − B·c'_j (+ B·2^15 on
+/// 2^16 ([`crate::iris::mpc::lift`]); with zero-extended components X_j = A·m_j − B·c'_j (+ B·2^15 on
 /// X_0), x = A·m − B·c = X_0 + X_1 + X_2 + 2^16·(B·k_c − A·k_m) mod 2^32. The wrap counts are
 /// k = u + v with the bits u, v of [`CarryProgram`] (carry-save bit 15 and the carry out of
 /// the 16-bit sum), so the correction is four binary rows 2^16·κ·bit (κ = B or −A mod 2^16):
@@ -670,9 +670,9 @@ mod tests {
     fn tau_0345() -> Threshold {
         Threshold::from_ten_thousandths(3_450).expect("τ = 0.345")
     }
-    use crate::mpc::binary::testing::{contexts, run, run_with_transcript, share_u32};
-    use crate::mpc::binary::{open_message, open_receive, reconstruct_bits, unpack_bits};
-    use crate::sharing::replicated::share;
+    use crate::iris::mpc::binary::testing::{contexts, run, run_with_transcript, share_u32};
+    use crate::iris::mpc::binary::{open_message, open_receive, reconstruct_bits, unpack_bits};
+    use crate::iris::sharing::replicated::share;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

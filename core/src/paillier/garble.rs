@@ -32,7 +32,7 @@
 //! [`garble`] returns the public [`GarbledCircuit`] (2 blocks per AND gate, flat) and the
 //! garbler's [`GarblerSecrets`] (Δ, the zero-labels of inputs and outputs). The evaluator gets
 //! the garbler's input labels directly and its own by OT ([`GarblerSecrets::evaluator_label_pairs`]
-//! are the OT sender's pairs, see [`crate::crypto::ot`]), runs [`evaluate`] and sends the
+//! are the OT sender's pairs, see [`crate::paillier::ot`]), runs [`evaluate`] and sends the
 //! output labels back. [`GarblerSecrets::decode_output`] maps each to its bit and **rejects**
 //! any label that is neither W⁰ nor W¹ of its output wire: without Δ the evaluator cannot
 //! produce the other valid label (authenticity of garbled circuits), so a rejected label means
@@ -47,7 +47,7 @@ use thiserror::Error;
 use zeroize::Zeroize;
 
 use super::circuit::{Circuit, Gate};
-use super::fss::aes::fixed_encrypt;
+use crate::crypto::fss::aes::fixed_encrypt;
 
 /// The high 64 bits of every hash tweak: ASCII "GChalfgt" (little-endian), separating the
 /// garbling's queries to π from the FSS PRG's (see the module docs).
@@ -669,7 +669,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crypto::circuit::{match_check_circuit, MatchCheckWidths};
+    use crate::paillier::circuit::{match_check_circuit, MatchCheckWidths};
     use aes::cipher::{BlockEncrypt, KeyInit};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;

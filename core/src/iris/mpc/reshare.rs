@@ -6,7 +6,7 @@
 //! **Share layout.** Input at party i: a vector of additive shares x_i\[e\] over Z_2^16 or
 //! Z_2^32 (x = x_0 + x_1 + x_2, e.g. the dot products of [`crate::iris::dot`]). Output: a
 //! vector of [`ReplicatedShare`] with `a = z_i[e]`, `b = z_{i−1}[e]`, the convention of
-//! [`crate::sharing::replicated`], where z_i = x_i + r_i and (r_0, r_1, r_2) is a fresh sharing of zero
+//! [`crate::iris::sharing::replicated`], where z_i = x_i + r_i and (r_0, r_1, r_2) is a fresh sharing of zero
 //! from the pairwise PRFs ([`crate::crypto::seal::zero_share_u16`] / [`crate::crypto::seal::zero_share_u32`]),
 //! so z_0 + z_1 + z_2 = x.
 //!
@@ -29,8 +29,8 @@ use std::fmt;
 
 use crate::algebra::ring::{RingElement, Z16, Z32};
 use crate::crypto::seal::{zero_share_u16, zero_share_u32, PairwisePrf};
+use crate::iris::sharing::replicated::ReplicatedShare;
 use crate::party::PartyIndex;
-use crate::sharing::replicated::ReplicatedShare;
 
 /// Why a resharing message was refused. Messages carry shapes only, never values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -310,7 +310,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::{prfs, run};
     use super::*;
-    use crate::sharing::replicated::reconstruct;
+    use crate::iris::sharing::replicated::reconstruct;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
