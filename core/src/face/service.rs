@@ -246,13 +246,11 @@ impl Store {
         )
     }
 
-    /// Drops the templates `gone`; whether any was held.
-    fn drop_ids(&mut self, gone: &HashSet<BundleId>) {
-        if gone.is_empty() {
-            return;
-        }
-        if self.set.retain(|id| !gone.contains(id)) > 0 {
-            self.subjects.retain(|id, _| !gone.contains(id));
+    /// Keeps only the templates for which `keep` holds (one pass over the set), recording a
+    /// change when any was dropped.
+    fn keep_only(&mut self, keep: impl Fn(&BundleId) -> bool) {
+        if self.set.retain(&keep) > 0 {
+            self.subjects.retain(|id, _| keep(id));
             self.changed();
         }
     }
@@ -593,7 +591,9 @@ impl FaceService {
                 .filter(|id| !present.contains(*id) && store.set.contains(id))
                 .copied()
                 .collect();
-            store.drop_ids(&gone);
+            if !gone.is_empty() {
+                store.keep_only(|id| !gone.contains(id));
+            }
         }
         let missing: Vec<BundleId> = present
             .into_iter()
@@ -656,14 +656,7 @@ impl FaceService {
         }
         let mut guard = self.write_store();
         if let Some(store) = guard.as_mut() {
-            let gone: HashSet<BundleId> = store
-                .set
-                .ids()
-                .iter()
-                .filter(|id| !current.contains(*id))
-                .copied()
-                .collect();
-            store.drop_ids(&gone);
+            store.keep_only(|id| current.contains(id));
         }
         let missing: Vec<BundleId> = match guard.as_ref() {
             Some(store) => ids
