@@ -70,7 +70,7 @@ CREATE TABLE privmatch.face_dealer (
 );
 REVOKE ALL ON privmatch.face_dealer FROM PUBLIC;
 
--- The dealer's template-mask master key K (P2 only; docs/protocols/face.md §13): each enrolled
+-- The dealer's template-mask master key K (P2 only; docs/protocols/face.md §5): each enrolled
 -- template's mask seeds are HKDF-SHA256(K; bundle id), so K unmasks every opened template
 -- Δy = y + δy that P0 and P1 hold. Drawn once, when the dealer is first configured, and kept
 -- across reconfigurations (the evaluators' opened templates stay valid). Readable by no role
@@ -84,7 +84,7 @@ CREATE TABLE privmatch.face_template_master (
 );
 REVOKE ALL ON privmatch.face_template_master FROM PUBLIC;
 
--- Face comparison sessions (P0 and P1; docs/protocols/face.md §13). A session's row is committed
+-- Face comparison sessions (P0 and P1; docs/protocols/face.md §10). A session's row is committed
 -- when it opens, before anything derived from its keys leaves the party: its id is single-use
 -- (the primary key), whatever the coordinator replays. Its secrets (keys, probe share) live in
 -- the engine, which runs its steps in order; round is 3 once it finished. masked is false only
@@ -102,7 +102,7 @@ CREATE TABLE privmatch.face_sessions (
     masked       boolean NOT NULL DEFAULT true
 );
 
--- The evaluator's opened templates (P0 and P1; docs/protocols/face.md §13.2 step 1): per
+-- The evaluator's opened templates (P0 and P1; docs/protocols/face.md §6 step 1): per
 -- enrolled template, once opened, Δy = y + δy (4·l bytes, little-endian u32) and this party's
 -- mask seed (δy_b's, 16 bytes). Δy is a one-time pad of y under δy_{1−b}, which this party
 -- never learns; P2 alone can unmask it. Readable by no role but the owner; the engine loads it.
@@ -117,7 +117,7 @@ ALTER TABLE privmatch.face_masked_templates ALTER COLUMN masked SET STORAGE EXTE
 REVOKE ALL ON privmatch.face_masked_templates FROM PUBLIC;
 
 -- Dealings stocked ahead of time that a session claimed (P0 and P1; docs/protocols/face.md
--- §13.7). The dealing's keys live in the engine's memory until an identification over its
+-- §11). The dealing's keys live in the engine's memory until an identification over its
 -- list claims them; the claim is this row, committed with the session before anything derived
 -- from the keys leaves, so a stock id serves one session, ever (the primary key), whatever the
 -- coordinator replays. Not dumped, like the sessions.
@@ -128,7 +128,7 @@ CREATE TABLE privmatch.face_stock_used (
 );
 REVOKE ALL ON privmatch.face_stock_used FROM PUBLIC;
 
--- The version of this evaluator's template set (P0 and P1; docs/protocols/face.md §13.8): 128
+-- The version of this evaluator's template set (P0 and P1; docs/protocols/face.md §12): 128
 -- counters, one of which (the changing backend's, by process id) every statement that enrols,
 -- opens or deletes a face template bumps (the triggers below, whoever runs the statement, the
 -- operator by hand included), in the same transaction as the change and at most once per
@@ -151,7 +151,7 @@ REVOKE ALL ON privmatch.face_set_version FROM PUBLIC;
 -- changing backend's counter, once per transaction (a row version this transaction wrote
 -- already, its xmin being this transaction's id, commits with it). Statements in a
 -- subtransaction bump again (harmless). Before the statement: the counter's row is locked
--- before the statement takes any row lock of its own (docs/protocols/face.md §13.8).
+-- before the statement takes any row lock of its own (docs/protocols/face.md §12).
 CREATE FUNCTION privmatch.face_set_changed() RETURNS trigger
 LANGUAGE plpgsql AS $changed$
 BEGIN

@@ -11,13 +11,13 @@
 //! | `POST /v1/face/delete` | [`FaceDeleteBody`] `{"subject"}` | [`FaceDeleteResponse`] `{"deleted": n, "pending_recovery": […], "subject"}` |
 //! | `POST /v1/face/verify` | [`FaceVerifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceVerifyResponse`] `{"comparisons", "outputs": [P0, P1]}` |
 //! | `POST /v1/face/identify` | [`FaceIdentifyBody`] `{"session", "probes": [P0, P1]}` | [`FaceIdentifyResponse`] `{"comparisons", "outputs": [P0, P1], "bytes_sent", "key_bytes", "stocked"}` |
-//! | `GET /v1/face/stock` | — | `StockStatus` (the coordinator's `face::stock`) `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §13.7) |
+//! | `GET /v1/face/stock` | — | `StockStatus` (the coordinator's `face::stock`) `{"ready", "comparisons", "refilling", "last_refill_ms", "last_key_bytes"}`, once no refill runs (docs/protocols/face.md §11) |
 //!
 //! The requests and answers of verify and identify name no subject and carry no result
-//! (docs/protocols/face.md §13.10): a verification's subject is sealed inside the probes
-//! (probe format 3; a body that still names a `subject` is refused), and `outputs` are P0's
+//! (docs/protocols/face.md §14): a verification's subject is sealed inside the probes
+//! (probe format 3 and later; a body that still names a `subject` is refused), and `outputs` are P0's
 //! and P1's output shares sealed to the reply key inside the client's probe (core's
-//! `face::reply`, docs/protocols/face.md §13.9), which only the client (or the party whose
+//! `face::reply`, docs/protocols/face.md §13), which only the client (or the party whose
 //! front door was called) opens — an identification's compared subjects are listed inside
 //! them.
 //!

@@ -1,31 +1,138 @@
-//! Splitting work across scoped threads (shared by the modalities' batched evaluations).
+//! Data-parallel work on rayon pools (shared by the modalities' batched evaluations: the CPU
+//! scan, the face dealer and evaluators, the Paillier proofs).
+//!
+//! The number of threads is a setting of the caller (the engine's `privmatch.engine_threads`,
+//! the CLI's `--threads`), not the machine's core count, so each call names it: [`on_threads`]
+//! runs its work on a pool of exactly that many threads, built on first use and kept for the
+//! life of the process (one pool per thread count asked for; a setting changes rarely). Work
+//! run there uses rayon's parallel iterators, which split it by work stealing.
+//!
+//! A host process may need to start its threads in its own way — a PostgreSQL backend must
+//! start them with every signal blocked, so that its signal handlers keep running on the main
+//! thread — hence [`set_spawner`], called once at load, before any pool exists.
 
-use std::ops::Range;
+use std::any::Any;
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock};
 
-/// Entry ranges 0..n in at most `parts` contiguous pieces of about equal size, one per
-/// thread, in order.
-pub fn split_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
-    let step = n.div_ceil(parts);
-    (0..parts)
-        .map(|p| (p * step).min(n)..((p + 1) * step).min(n))
-        .filter(|r| !r.is_empty())
-        .collect()
+use rayon::{ThreadBuilder, ThreadPool, ThreadPoolBuilder};
+
+/// Starts one pool thread (it must call [`ThreadBuilder::run`]).
+pub type Spawner = fn(ThreadBuilder) -> io::Result<()>;
+
+/// The spawner set by the host process, if any; [`spawn_thread`] otherwise.
+static SPAWNER: OnceLock<Spawner> = OnceLock::new();
+
+/// The pools built so far, by thread count. Leaked on purpose: they live as long as the
+/// process, and a `&'static` lets callers use one without holding the lock.
+static POOLS: Mutex<Vec<(usize, &'static ThreadPool)>> = Mutex::new(Vec::new());
+
+/// The payload of a panic raised by the work (as `std::thread::JoinHandle::join` gives it).
+pub type Panic = Box<dyn Any + Send + 'static>;
+
+/// Sets how pool threads are started in this process. Takes effect for pools built afterwards;
+/// returns false (and changes nothing) when a spawner was already set.
+pub fn set_spawner(spawner: Spawner) -> bool {
+    SPAWNER.set(spawner).is_ok()
+}
+
+/// The default spawner: a plain named `std::thread`.
+pub fn spawn_thread(thread: ThreadBuilder) -> io::Result<()> {
+    let name = format!("privmatch-pool-{}", thread.index());
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || thread.run())
+        .map(|_| ())
+}
+
+/// The pool of `threads` threads, built on first use.
+fn pool(threads: usize) -> Result<&'static ThreadPool, rayon::ThreadPoolBuildError> {
+    // A poisoned lock only means another thread panicked while pushing; the list is intact.
+    let mut pools = POOLS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, pool)) = pools.iter().find(|(n, _)| *n == threads) {
+        return Ok(pool);
+    }
+    let spawner = SPAWNER.get().copied().unwrap_or(spawn_thread);
+    let built = ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .spawn_handler(spawner)
+        .build()?;
+    let pool: &'static ThreadPool = Box::leak(Box::new(built));
+    pools.push((threads, pool));
+    Ok(pool)
+}
+
+/// Runs `work` with its parallel iterators on a pool of `threads` threads (0 counts as 1; with
+/// one, the work still runs on the pool's thread while the caller waits: outside a pool rayon
+/// would use its global pool, sized by the machine, not the setting). A panic inside the work
+/// comes back as `Err` with its payload instead of unwinding through the caller, as does a
+/// pool that cannot be built (the process may start no more threads).
+pub fn on_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> Result<R, Panic> {
+    let pool = pool(threads.max(1))
+        .map_err(|e| -> Panic { Box::new(format!("cannot start {threads} pool threads: {e}")) })?;
+    catch_unwind(AssertUnwindSafe(|| pool.install(work)))
+}
+
+/// The length of the pieces when `len` items are split for `threads` threads: about one piece
+/// per thread (at least 1), for `with_min_len` and `par_chunks`.
+pub fn piece_len(len: usize, threads: usize) -> usize {
+    len.div_ceil(threads.max(1)).max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rayon::prelude::*;
 
     #[test]
-    fn split_ranges_cover_every_row_once_in_order() {
-        for n in [0usize, 1, 5, 64, 101] {
-            for parts in [1usize, 2, 3, 8, 200] {
-                let ranges = split_ranges(n, parts);
-                let covered: Vec<usize> = ranges.iter().cloned().flatten().collect();
-                assert_eq!(covered, (0..n).collect::<Vec<_>>(), "n={n} parts={parts}");
-                assert!(ranges.len() <= parts.max(1));
-            }
+    fn work_runs_on_the_pool_of_the_asked_size() {
+        for threads in [0usize, 1, 2, 3] {
+            let seen = on_threads(threads, rayon::current_num_threads).expect("no panic");
+            assert_eq!(seen, threads.max(1));
         }
+    }
+
+    #[test]
+    fn parallel_results_equal_the_sequential_ones_in_order() {
+        let items: Vec<u64> = (0..10_000).collect();
+        let expected: Vec<u64> = items.iter().map(|x| x.wrapping_mul(*x)).collect();
+        for threads in [0usize, 1, 2, 5] {
+            let got = on_threads(threads, || {
+                items
+                    .par_iter()
+                    .with_min_len(piece_len(items.len(), threads))
+                    .map(|x| x.wrapping_mul(*x))
+                    .collect::<Vec<u64>>()
+            })
+            .expect("no panic");
+            assert_eq!(got, expected, "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_work_comes_back_as_an_error() {
+        for threads in [1usize, 2] {
+            let result = on_threads(threads, || {
+                (0..100u32).into_par_iter().for_each(|i| {
+                    if i == 57 {
+                        panic!("worker {i} failed");
+                    }
+                })
+            });
+            assert!(result.is_err(), "{threads} threads");
+        }
+        // The pool survives a panic and takes more work.
+        assert_eq!(on_threads(2, || 7).expect("no panic"), 7);
+    }
+
+    #[test]
+    fn pieces_cover_the_items_in_about_one_piece_per_thread() {
+        assert_eq!(piece_len(0, 4), 1);
+        assert_eq!(piece_len(10, 0), 10);
+        assert_eq!(piece_len(10, 3), 4);
+        assert_eq!(piece_len(3, 8), 1);
     }
 }

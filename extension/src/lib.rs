@@ -50,6 +50,8 @@ pub extern "C-unwind" fn _PG_init() {
     if std::env::var(IFMA_SWITCH).is_ok_and(|v| ifma_switch_says_off(&v)) {
         switch_ifma_off();
     }
+    // Pool threads must never take PostgreSQL's signals: the core starts them through us.
+    privmatch_core::parallel::set_spawner(signals::spawn_pool_thread);
     identity::register_gucs();
     front_door::register_gucs();
     paillier::register_gucs();

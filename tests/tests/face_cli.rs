@@ -32,7 +32,7 @@ fn counts(cluster: &Cluster) -> [i64; 3] {
     [0, 1, 2].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_templates"))
 }
 
-/// Stocked dealings claimed at P0 and P1 (docs/protocols/face.md §13.7).
+/// Stocked dealings claimed at P0 and P1 (docs/protocols/face.md §11).
 fn stock_claims(cluster: &Cluster) -> [i64; 2] {
     [0, 1].map(|p| cluster.scalar(p, "SELECT count(*) FROM privmatch.face_stock_used"))
 }
@@ -202,7 +202,7 @@ fn face_cli_verifies_and_identifies_like_the_plaintext_reference() {
     }
     assert_eq!(stock_claims(&cluster), [33, 33]);
     // The operator deletes person-late by hand at P0 and P1 (plain SQL, not face_delete): the
-    // set version moves with it (docs/protocols/face.md §13.8), so the engines pass over the
+    // set version moves with it (docs/protocols/face.md §12), so the engines pass over the
     // set again and no identification compares the deleted template. Were the set taken as
     // unchanged, person-late would match with person-001 as above.
     for p in 0..2 {

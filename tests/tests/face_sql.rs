@@ -30,7 +30,7 @@ use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
 
 /// The reply key's secret of the client these tests play: P0 and P1 seal their outputs to
-/// its public key (docs/protocols/face.md §13.9).
+/// its public key (docs/protocols/face.md §13).
 fn client_reply() -> PartySecretKey {
     PartySecretKey::from_bytes([0x5a; 32])
 }
@@ -617,7 +617,7 @@ fn dealer_masked_keys_from_p2_give_the_plaintext_answers_for_their_session_and_l
             masked_identification(&channels, KeysFor::Session(other), &halves, &sets, &shares)
                 .expect_err("another session");
         assert!(err.to_string().contains("session"), "{err}");
-        // Stocked under the same 16 bytes (docs/protocols/face.md §13.7): P2 deals other keys,
+        // Stocked under the same 16 bytes (docs/protocols/face.md §11): P2 deals other keys,
         // which open only as that stock id (never as the session) and give the plaintext
         // answers; the session's halves do not open as stock.
         let stock = KeysFor::Stock(session);
@@ -1280,8 +1280,8 @@ fn bits_in_the_clear(received: &[Vec<u8>], bits: &[bool]) -> bool {
 }
 
 /// Issue 34, "a capture of everything the coordinator sends and receives during face sessions
-/// contains no subject id, match bit or score in the clear" (docs/protocols/face.md §13.9,
-/// §13.10): the coordinator's role drives an identification and two verifications the way the
+/// contains no subject id, match bit or score in the clear" (docs/protocols/face.md §13,
+/// §14): the coordinator's role drives an identification and two verifications the way the
 /// driver does, recording every request and answer in both directions (the client's request
 /// and the answer it gets, every argument to P0, P1 and the dealer P2 and every answer of
 /// theirs). No enrolled subject id is in it (as text, hex or base64), no comparison bit (the

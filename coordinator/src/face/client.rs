@@ -4,9 +4,9 @@
 //! ([`privmatch_api::face`]); the coordinator only relays ciphertext. Each probe carries a fresh
 //! reply key (an X25519 key pair drawn per request); P0 and P1 seal their output shares to
 //! it, and the client opens them with its secret and the parties' keys pinned in its own
-//! configuration (core's `face::reply`, docs/protocols/face.md §13.9), so the coordinator
+//! configuration (core's `face::reply`, docs/protocols/face.md §13), so the coordinator
 //! learns no result and an output it altered is refused, naming the party. No request names a
-//! subject (docs/protocols/face.md §13.10): a verification's claimed subject is sealed inside
+//! subject (docs/protocols/face.md §14): a verification's claimed subject is sealed inside
 //! the probe, and an identification's compared subjects are read from inside the opened
 //! outputs. Each verification or
 //! identification is one session with a fresh id; when the parties answer a transient error

@@ -1,9 +1,9 @@
 //! The face comparison on the round-driver skeleton ([`crate::session::driver`]): one
 //! verification (1:1) or identification (1:N) session across the two evaluators P0 and P1
 //! over dealer-masked templates (Funshade: Ibarrondo, Chabanne, Önen, PETS 2023, ePrint
-//! 2022/1688, with each template masked once: docs/protocols/face.md §13), relaying their
+//! 2022/1688, with each template masked once: docs/protocols/face.md §5), relaying their
 //! sealed messages. The output shares come back sealed to the requesting client's reply key
-//! (core's `face::reply`, docs/protocols/face.md §13.9): the coordinator relays them to the
+//! (core's `face::reply`, docs/protocols/face.md §13): the coordinator relays them to the
 //! client unread and learns no comparison bit. P2 deals each session's keys.
 //!
 //! Protocol, as the parties expose it (schema `privmatch`):
@@ -16,7 +16,7 @@
 //! 1. `face_masked_open(session, probe)` at P0: P0 opens its sealed probe share and fixes the
 //!    compared templates in its engine: every opened one for an identification (it answers
 //!    the number of comparisons, their bundle ids and digest), or, for a verification, the
-//!    template of the subject sealed inside the probe (probe format 3): then it answers only
+//!    template of the subject sealed inside the probe (probe format 3 and later): then it answers only
 //!    the count and its round-2 message sealed for P1 (`masked_probe`). No answer names a
 //!    subject.
 //! 2. An identification: `face_masked_open(session, probe, P0's ids)` at P1: P1 compares
@@ -24,16 +24,16 @@
 //!    retry). A verification opens at P0 and P1 at once, each finding the template itself,
 //!    while P2 deals (step 3).
 //!    An identification for which a dealing was made ahead of time ([`crate::face::stock`],
-//!    docs/protocols/face.md §13.7) opens at P0 and P1 at once with
+//!    docs/protocols/face.md §11) opens at P0 and P1 at once with
 //!    `face_masked_open_stocked(session, probe, stock)`; when both claim the stocked dealing,
 //!    step 3 is skipped and step 4 takes no chunks.
 //! 3. `face_dealer_identify(session, ids)` at P2 (identification) or
 //!    `face_dealer_verify(session)` (verification: dealt from the session id alone, at the
 //!    same time as the opens): each evaluator's key half, in chunks. Neither the coordinator
-//!    nor P2 learns which template a verification compares (docs/protocols/face.md §13.10).
+//!    nor P2 learns which template a verification compares (docs/protocols/face.md §7).
 //! 4. `face_masked_keys(session, chunks)` at P0 and P1: the sealed masked probe vectors. A
 //!    verification's evaluators answered theirs at the open (probe and template masked with
-//!    seeds each shares with P2 for the session, docs/protocols/face.md §13.10), so its keys
+//!    seeds each shares with P2 for the session, docs/protocols/face.md §7), so its keys
 //!    step and round 2 are one call, `face_masked_keyed_round(session, chunks, peer's
 //!    message)`.
 //! 5. Rounds 2 and 3, `face_masked_round(session, round, inbound)` at P0 and P1 in parallel:
@@ -471,7 +471,7 @@ async fn value<T: for<'r> tokio_postgres::types::FromSql<'r>>(
 }
 
 /// Opens, once, the enrolled templates P0 or P1 has not opened yet (docs/protocols/face.md
-/// §13.2 step 1): P2's sealed mask seeds for each evaluator, each evaluator's Y_b for the
+/// §6 step 1): P2's sealed mask seeds for each evaluator, each evaluator's Y_b for the
 /// other, each evaluator stores Δy. In batches; cheap when nothing is pending (one query per
 /// evaluator). Returns how many templates were opened.
 async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize, FaceSessionError> {
@@ -529,7 +529,7 @@ async fn open_pending(clients: [&Client; 3], timeout: Duration) -> Result<usize,
 }
 
 /// One face session as the round driver runs it (dealer-masked templates, docs/protocols/
-/// face.md §13): P0 and P1 evaluate, P2 deals the session's keys.
+/// face.md §6): P0 and P1 evaluate, P2 deals the session's keys.
 struct FaceSession<'a> {
     request: &'a FaceRequest,
     parties: &'a Parties,
@@ -738,7 +738,7 @@ impl FaceSession<'_> {
 
     /// A verification's opens at P0 and P1 and its dealing at P2, all at once: each evaluator
     /// reads the subject from its sealed probe and looks its template up, and P2 deals from
-    /// the session id alone (docs/protocols/face.md §13.10), so the coordinator learns that a
+    /// the session id alone (docs/protocols/face.md §7), so the coordinator learns that a
     /// verification happened, not of whom, and P2 not which template. The opens commit before
     /// they answer (the session id and the client's nonce are durable before any later step).
     async fn verification_opened_and_dealt(

@@ -5,7 +5,7 @@
 //! The coordinator relays sealed envelopes, probes and outputs: it never sees a share, a key,
 //! the threshold, a comparison bit, nor (since 0.12.0) a subject of a verification or
 //! identification — a verification's subject is sealed in the probe, an identification's
-//! compared subjects are listed inside the sealed outputs (docs/protocols/face.md §13.10).
+//! compared subjects are listed inside the sealed outputs (docs/protocols/face.md §14).
 
 use std::sync::Arc;
 

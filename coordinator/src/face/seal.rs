@@ -3,7 +3,7 @@
 //! (`privmatch.face_enroll`, `privmatch.face_verify`, `privmatch.face_identify`) instead of
 //! being sent. Nothing is contacted: sealing needs only the configuration's pinned keys.
 //!
-//! A probe's reply key (docs/protocols/face.md §13.9) is the static public key of the party
+//! A probe's reply key (docs/protocols/face.md §13) is the static public key of the party
 //! whose front door will be called (`--front-door`, pinned in this configuration): P0 and P1
 //! seal their outputs to it, and that party opens them with its key file. The coordinator
 //! relays them unread.

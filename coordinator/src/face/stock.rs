@@ -1,4 +1,4 @@
-//! Dealings made ahead of time for 1:N identification (docs/protocols/face.md §13.7).
+//! Dealings made ahead of time for 1:N identification (docs/protocols/face.md §11).
 //!
 //! An identification over dealer-masked templates needs one dealing from P2 for the ordered
 //! list of compared templates: a fresh probe mask and one sign-gate key per template, 683

@@ -18,9 +18,9 @@
 //! SHA-256("privmatch face verification keys v1" ‖ face session id)[0..16], so keys dealt for
 //! an identification never open in a verification session.
 //!
-//! **Verification requests** (1:1, docs/protocols/face.md §13.10): P0 and P1 each seal the
-//! template list they found for the subject inside their probe to P2 (channel P_b → P2), which
-//! deals only when both name the same list; the coordinator relays them unread.
+//! **Verifications** (1:1, docs/protocols/face.md §7): P2 deals a verification's keys from
+//! its session id alone ([`super::masked::deal_verification`]), at the same time as the
+//! evaluators' opens; no template list travels to P2 (since extension 0.14.0).
 
 use rand_core::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};

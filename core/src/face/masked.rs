@@ -46,6 +46,7 @@ use hkdf::Hkdf;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use rand_core::{CryptoRng, RngCore};
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
@@ -56,7 +57,7 @@ use super::{FaceError, Metric};
 use crate::crypto::fss::aes::{expand_u32, expand_u32_domain};
 use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
 use crate::crypto::seal::PairwiseSecrets;
-use crate::parallel::split_ranges;
+use crate::parallel::{on_threads, piece_len};
 
 /// Bytes of the dealer's template-mask master key.
 pub const TEMPLATE_MASTER_LEN: usize = 32;
@@ -87,7 +88,7 @@ const VERIFICATION_TEMPLATE_INFO: &[u8] = b"privmatch face verification template
 /// probe seed (domain 0, [`expand_u32`]).
 const TEMPLATE_MASK_DOMAIN: u64 = 1;
 
-/// What one dealing of identification keys is for (docs/protocols/face.md §13.7). Keys of
+/// What one dealing of identification keys is for (docs/protocols/face.md §11). Keys of
 /// the two kinds are derived ([`TemplateMaskMaster::dealing_rng`]) and sealed
 /// (`mask_dealer`) under different labels, so no choice of ids makes a stocked dealing equal
 /// a session's: each kind's ids are single use at the evaluators in their own table.
@@ -98,9 +99,9 @@ pub enum KeysFor {
     /// Dealt ahead of time under this stock id for a known template list; an evaluator claims
     /// it for one session, once (`privmatch.face_stock_used`).
     Stock([u8; 16]),
-    /// Dealt on the path of the 1:1 verification session with this id, for the list both
-    /// evaluators requested from P2 (docs/protocols/face.md §13.10); never opens in an
-    /// identification session, nor identification keys in a verification session.
+    /// Dealt for the 1:1 verification session with this id, from the session id alone
+    /// (docs/protocols/face.md §7); never opens in an identification session, nor
+    /// identification keys in a verification session.
     Verification([u8; 16]),
 }
 
@@ -335,7 +336,7 @@ impl MaskedTemplateSet {
     /// Drops the template with bundle id `id` (a deleted enrolment), keeping the order of the
     /// others, so both evaluators still hold the same ordered list after the same deletes.
     /// Returns whether it was held. The id may be opened again afterwards: the same template
-    /// under the same id opens to the same Δy (13.3); that a *different* template never comes
+    /// under the same id opens to the same Δy (face.md §8); that a *different* template never comes
     /// under a used id is the enrolment's replay guard (`consumed_bundles`).
     pub fn remove(&mut self, id: &[u8; BUNDLE_ID_LEN]) -> bool {
         let Some(j) = self.known.remove(id) else {
@@ -587,7 +588,7 @@ pub fn deal_identification_on<R: RngCore + CryptoRng>(
     halves
 }
 
-/// The dealing of a 1:1 verification (docs/protocols/face.md §13.10): Funshade's
+/// The dealing of a 1:1 verification (docs/protocols/face.md §7): Funshade's
 /// per-comparison `setup` for one comparison whose two masks are not drawn but derived from the
 /// secrets P2 shares with each evaluator and the session id — evaluator b's probe mask seed
 /// ([`verification_probe_seed`]) and its fresh template mask seed
@@ -851,37 +852,15 @@ fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
             seed
         })
         .collect();
-    let groups = split_ranges(slices.len(), threads.max(1));
-    let pieces: Vec<DealtPiece> = if groups.len() <= 1 {
+    let pieces: Vec<DealtPiece> = on_threads(threads, || {
         slices
-            .iter()
+            .par_iter()
             .zip(&seeds)
+            .with_min_len(piece_len(slices.len(), threads))
             .map(|(ids, seed)| deal_piece(master, ids, &delta_x, offset, *seed))
             .collect()
-    } else {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = groups
-                .iter()
-                .map(|range| {
-                    let (slices, seeds, delta_x) = (&slices, &seeds, &delta_x);
-                    let range = range.clone();
-                    scope.spawn(move || {
-                        range
-                            .map(|p| deal_piece(master, slices[p], delta_x, offset, seeds[p]))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            let mut all = Vec::with_capacity(slices.len());
-            for handle in handles {
-                match handle.join() {
-                    Ok(mut part) => all.append(&mut part),
-                    Err(_) => return Err(FaceError::Malformed("a dealing thread panicked")),
-                }
-            }
-            Ok(all)
-        })?
-    };
+    })
+    .map_err(|_| FaceError::Malformed("a dealing thread panicked"))?;
     seeds.zeroize();
     delta_x.zeroize();
     Ok(encode_halves(params, &digest, probe_seeds, &pieces, count))
@@ -1230,20 +1209,13 @@ fn distance_job(
         probe_norm: probe.norm,
     };
     let mut out = vec![0u32; count];
-    let ranges = split_ranges(count, threads);
-    if ranges.len() <= 1 {
-        job.run(0..count, &mut out);
-    } else {
-        std::thread::scope(|scope| {
-            let mut rest = out.as_mut_slice();
-            for range in ranges {
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
-                rest = tail;
-                let job = &job;
-                scope.spawn(move || job.run(range, mine));
-            }
-        });
-    }
+    let piece = piece_len(count, threads);
+    on_threads(threads, || {
+        out.par_chunks_mut(piece)
+            .enumerate()
+            .for_each(|(i, mine)| job.run(i * piece..i * piece + mine.len(), mine))
+    })
+    .map_err(|_| FaceError::Malformed("a distance thread panicked"))?;
     u.zeroize();
     Ok(out)
 }
@@ -1275,34 +1247,14 @@ pub fn sign_round(
         .zip(z.chunks(GATE_CHUNK).zip(out.chunks_mut(GATE_CHUNK)))
         .map(|(g, (zs, os))| (g, zs, os))
         .collect();
-    let groups = split_ranges(chunks.len(), threads);
-    if groups.len() <= 1 {
-        for (g, zs, os) in chunks {
-            ic::eval_batch(party, g, zs, os)?;
-        }
-    } else {
-        let mut chunks = chunks;
-        let results: Vec<Result<(), FaceError>> = std::thread::scope(|scope| {
-            let mut handles = Vec::new();
-            for range in groups.iter().rev() {
-                let mine: Vec<_> = chunks.split_off(range.start);
-                handles.push(scope.spawn(move || {
-                    for (g, zs, os) in mine {
-                        ic::eval_batch(party, g, zs, os)?;
-                    }
-                    Ok(())
-                }));
-            }
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or(Err(FaceError::Malformed("a sign-gate thread panicked")))
-                })
-                .collect()
-        });
-        results.into_iter().collect::<Result<(), FaceError>>()?;
-    }
+    let piece = piece_len(chunks.len(), threads);
+    on_threads(threads, || {
+        chunks
+            .into_par_iter()
+            .with_min_len(piece)
+            .try_for_each(|(g, zs, os)| ic::eval_batch(party, g, zs, os))
+    })
+    .map_err(|_| FaceError::Malformed("a sign-gate thread panicked"))??;
     Ok(out)
 }
 

@@ -7,9 +7,10 @@
 //! * **P0 and P1 evaluate.** Each holds an additive Z_2^32 share of every enrolled template
 //!   (quantised embedding `y`, see [`quantize`]) and of its squared norm.
 //! * **P2 is the dealer** (Funshade's R_setup, a trusted third party for correlated
-//!   randomness). It alone knows the threshold θ and hides it in the keys it deals. Keys are
-//!   generated offline in batches, sealed to P0 and P1 ([`dealer`]) and stored in their
-//!   single-use pools; P2 never sees a template or a probe.
+//!   randomness). It alone knows the threshold θ and hides it in the keys it deals. It deals
+//!   per session over templates masked once with masks only it can derive
+//!   ([`mask_dealer`], [`masked`]), its keys sealed to P0 and P1 and used once; P2 never sees
+//!   a template or a probe.
 //! * **The client** (sensor / enrolment station) quantises the embedding and splits it into
 //!   two additive shares sealed to P0 and P1.
 //! * **The coordinator** routes sealed messages. The verifier (R_res) is the client that
@@ -168,7 +169,7 @@ pub enum FaceError {
     #[error("face probe format version {0} is no longer accepted: since extension 0.12.0 a probe (version 3 or later) carries the requesting client's reply key, to which P0 and P1 seal their outputs, and a verification's verified subject inside the sealed probe (version 1 had no reply key, version 2 sent the subject beside the probe, in the clear at the coordinator); seal it again with privmatch 0.12 or later")]
     UnsupportedProbeVersion(u8),
     /// An evaluator's sealed output does not open for the client or does not fit what was
-    /// relayed beside it (docs/protocols/face.md §13.9).
+    /// relayed beside it (docs/protocols/face.md §13).
     #[error("the sealed output of P{party} is refused: {why}")]
     SealedOutput {
         /// The evaluator whose output is refused.

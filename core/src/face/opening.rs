@@ -1,5 +1,5 @@
 //! The one opening of enrolled templates between the evaluators (docs/protocols/face.md
-//! §13.2 step 1; [`super::masked`]): evaluator b sends Y_b = y_b + δy_b for a list of
+//! §6 step 1; [`super::masked`]): evaluator b sends Y_b = y_b + δy_b for a list of
 //! templates, once, on the pairwise channel P_b → P_{1−b}; both then hold Δy = Y_0 + Y_1.
 //!
 //! Message `PMFY`, version 1: sender party, dimension l (u16), count (u32), then per template
@@ -33,7 +33,7 @@ fn opening_channel(ids: &[[u8; BUNDLE_ID_LEN]]) -> [u8; SESSION_ID_LEN] {
 }
 
 /// The channel session id of the evaluators' messages in face session `session` over the
-/// template list with digest `list_digest` (13.2 step 2: X_b, then z_b): SHA-256("privmatch
+/// template list with digest `list_digest` (§6 steps 3–4: X_b, then z_b): SHA-256("privmatch
 /// face masked session v1" ‖ session ‖ digest)[0..16].
 pub fn session_channel(
     session: &[u8; SESSION_ID_LEN],

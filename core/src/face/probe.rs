@@ -9,7 +9,7 @@
 //! (extension 0.12.0 before the known-subjects digest) is the same without flag and digest
 //! and is still opened, as knowing no list. The verified subject travels **inside** the sealed plaintext
 //! and every probe of a dimension has the same length, so the coordinator that relays a
-//! verification learns neither the subject nor its length (docs/protocols/face.md §13.10); the
+//! verification learns neither the subject nor its length (docs/protocols/face.md §14); the
 //! evaluators read it after opening and look the template up themselves. The kind is sealed
 //! with the probe, so a probe given for a verification cannot be run as an identification
 //! (which would reveal who the person is). The reply key (an X25519 public key whose secret

@@ -1,11 +1,12 @@
 //! Sealed output shares: each evaluator's output of a face session (the round-3 shares o_b of
 //! Funshade's `res` step, Ibarrondo, Chabanne, Önen, "Funshade", PETS 2023, ePrint 2022/1688,
 //! Alg. 1) sealed to the client that asked, so that the coordinator relays ciphertext only and
-//! learns no comparison bit (docs/protocols/face.md §13.9).
+//! learns no comparison bit (docs/protocols/face.md §13).
 //!
 //! The client puts a **reply key** (an X25519 public key R whose secret r only it holds) into
-//! its sealed probe ([`crate::face::probe`], version 2), so the coordinator can neither read nor
-//! swap it. Evaluator P_b, with static key pair (s_b, S_b), seals its output under
+//! its sealed probe ([`crate::face::probe`], since version 2; version 4 today), so the
+//! coordinator can neither read nor swap it. Evaluator P_b, with static key pair (s_b, S_b),
+//! seals its output under
 //!
 //! ```text
 //! k_b = HKDF-SHA256(ikm = X25519(s_b, R), salt = none,
@@ -35,7 +36,7 @@
 //! plaintext (the client learns them only from what it opens, and checks that P0 and P1 list
 //! the same ones), and a 1:1 verification lists none — the client checks the digest against
 //! the subject it claimed, which the evaluators read from the sealed probe, so a verification's
-//! output has one length whatever the subject (docs/protocols/face.md §13.10). Version 1
+//! output has one length whatever the subject (docs/protocols/face.md §14). Version 1
 //! (subjects relayed in the clear by the coordinator) is refused.
 //!
 //! An identification whose probe carries the digest of a compared-subject list the client

@@ -1,19 +1,19 @@
 //! One evaluator's face service (P0 or P1): the opened dealer-masked templates
 //! ([`MaskedTemplateSet`]: Δy = y + δy and this party's mask seed, never y; Funshade,
 //! Ibarrondo, Chabanne, Önen, PETS 2023, ePrint 2022/1688, with the template masked once —
-//! docs/protocols/face.md §13), kept in step with the party's tables through a
+//! docs/protocols/face.md §5), kept in step with the party's tables through a
 //! [`TemplateSource`], and the running face sessions between their rounds. The face
 //! counterpart of `crate::iris::service`, tested without PostgreSQL (`service/tests.rs`).
 //!
-//! A session (docs/protocols/face.md §13.2 step 2): [`FaceService::open`] fixes the probe share and the
+//! A session (docs/protocols/face.md §6 step 2): [`FaceService::open`] fixes the probe share and the
 //! ordered list of compared templates, and may claim a dealing stocked ahead of time for that
-//! list (docs/protocols/face.md §13.7); [`FaceService::keys`] opens the dealer's key half for
+//! list (docs/protocols/face.md §11); [`FaceService::keys`] opens the dealer's key half for
 //! this session and list (P2's chunks; none when a stocked dealing was claimed) and answers
 //! X_b = x_b + δx_b sealed for the other evaluator; round 2 opens X_{1−b} and answers z_b for
 //! every compared template (the evaluation of the whole 1:N on the service's threads); round
 //! 3 opens z_{1−b} and answers the output shares o_b sealed to the client's reply key
 //! ([`crate::face::reply`]; the coordinator relays them unread), which ends the session. A 1:1
-//! verification (docs/protocols/face.md §13.10) answers its round-2 message X_b ‖ Y'_b from the
+//! verification (docs/protocols/face.md §7) answers its round-2 message X_b ‖ Y'_b from the
 //! open (masks derived from what this party shares with P2 for the session, so P2 deals
 //! meanwhile), and its keys step and round 2 come in one call ([`FaceService::keyed_round`]).
 //!
@@ -26,7 +26,7 @@
 //! **Consistency.** Before every open the caller runs [`FaceService::refresh`] (or
 //! [`FaceService::refresh_for_open`]) against its [`TemplateSource`]: templates whose rows are
 //! gone (deleted enrolments) are dropped and the opened ones missing are loaded — unless the
-//! set version (docs/protocols/face.md §13.8) is the one the last complete pass saw. A running
+//! set version (docs/protocols/face.md §12) is the one the last complete pass saw. A running
 //! session keeps the bundle ids it compares; if the set changed since its open, round 2 finds
 //! them again by id, and fails if one was deleted.
 //!
@@ -162,7 +162,7 @@ pub trait TemplateSource {
     /// Whether the tables of dealer-masked templates exist (else the party's catalog predates
     /// them).
     fn has_masked_templates(&self) -> Result<bool, ServiceError>;
-    /// The set version (docs/protocols/face.md §13.8) as text, moved by every change of the
+    /// The set version (docs/protocols/face.md §12) as text, moved by every change of the
     /// template tables; `None` where the catalog has none (an update pending).
     fn set_version(&self) -> Result<Option<String>, ServiceError>;
     /// The opened templates whose enrolment is still there: all of them, or those of `only`.
@@ -210,7 +210,7 @@ pub struct Opened {
     /// Whether the session claimed the stocked dealing it was asked to (it has its keys).
     pub claimed: bool,
     /// A verification's masked probe vector X_b, sealed for the other evaluator (round 2's
-    /// message, sent from the open: docs/protocols/face.md §13.10); empty for an
+    /// message, sent from the open: docs/protocols/face.md §7); empty for an
     /// identification, whose X_b follows from the dealt keys.
     pub masked_probe: Vec<u8>,
 }
@@ -298,7 +298,7 @@ impl Drop for Session {
     }
 }
 
-/// One dealing made ahead of time (docs/protocols/face.md §13.7), waiting for the open that
+/// One dealing made ahead of time (docs/protocols/face.md §11), waiting for the open that
 /// claims it.
 struct Stocked {
     id: [u8; 16],
@@ -606,7 +606,7 @@ impl FaceService {
     /// ([`Refusal::Retry`]) while an enrolled template is not opened yet: an identification
     /// compares every enrolled template, so the coordinator opens the pending ones and asks
     /// again. When the set version is the one the last complete refresh saw, nothing changed
-    /// since and nothing more is read (docs/protocols/face.md §13.8). `me` must be P0 or P1.
+    /// since and nothing more is read (docs/protocols/face.md §12). `me` must be P0 or P1.
     pub fn refresh(&self, me: PartyIndex, source: &dyn TemplateSource) -> Result<(), ServiceError> {
         let version = source.set_version()?;
         let mut refreshed_at = self
@@ -693,7 +693,7 @@ impl FaceService {
         let reply = ReplySealer::new(keys.me, &keys.secret, &req.reply_key, &req.session)
             .map_err(|e| ServiceError::new(Refusal::NotReady, e.to_string()))?;
         // A verification masks its probe and re-masks its template share here, with seeds it
-        // shares with P2 for this session (docs/protocols/face.md §13.10): P2 deals meanwhile,
+        // shares with P2 for this session (docs/protocols/face.md §7): P2 deals meanwhile,
         // knowing neither, and round 2 needs no keys step before it.
         let seeds = req
             .verification
@@ -998,7 +998,7 @@ impl FaceService {
         }
     }
 
-    /// Round 2 (Funshade's `eval_dist`, docs/protocols/face.md §6 step 2).
+    /// Round 2 (Funshade's `eval_dist`, docs/protocols/face.md §6 step 4).
     fn distance(
         &self,
         session: [u8; 16],
@@ -1070,7 +1070,7 @@ impl FaceService {
         .map_err(|e| refused("the peer's masked probe", e))
     }
 
-    /// Round 3 (Funshade's `eval_sign`, docs/protocols/face.md §6 step 3): the output shares
+    /// Round 3 (Funshade's `eval_sign`, docs/protocols/face.md §6 step 5): the output shares
     /// sealed to the client's reply key; the session ends.
     fn sign(&self, session: [u8; 16], message: &[u8]) -> Result<Vec<u8>, ServiceError> {
         let mut s = self.take(&session, 3)?;

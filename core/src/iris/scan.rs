@@ -10,14 +10,16 @@
 //! The MPC steps after the scan depend only on these values, so backends are
 //! interchangeable within one search and across parties.
 
-use crate::parallel::split_ranges;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use rayon::prelude::*;
 
 use crate::iris::dot::{
     scan_range_with, DotError, DotKernel, DotShares, RotationPanel, ShareMatrix,
 };
 use crate::iris::query::PreparedQuery;
+use crate::parallel::{on_threads, piece_len};
 
 /// A request to stop a scan early, raised from another thread: the engine raises it when the
 /// backend that asked for the search hangs up (its query was cancelled or timed out), so a
@@ -76,8 +78,8 @@ pub trait ScanBackend: Send + Sync {
     ) -> Result<DotShares, DotError>;
 }
 
-/// The CPU backend: the best SIMD kernel of [`DotKernel`] on `threads` scoped threads, the
-/// rows split into contiguous ranges of about equal size.
+/// The CPU backend: the best SIMD kernel of [`DotKernel`] on a rayon pool of `threads` threads
+/// ([`crate::parallel`]), the rows split into contiguous pieces of about equal size.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuScan {
     kernel: DotKernel,
@@ -175,33 +177,29 @@ impl Job<'_> {
     }
 }
 
-/// [`Job::scan_range`] over all rows, the rows split across `threads` scoped threads.
+/// [`Job::scan_range`] over all rows, the rows split into about one piece per thread and the
+/// pieces run on the pool of `threads` threads ([`crate::parallel::on_threads`]).
 fn scan_parallel(
     job: &Job<'_>,
     threads: usize,
     code: &mut [u16],
     mask: &mut [u16],
 ) -> Result<(), DotError> {
-    let r = job.panel.len();
-    let ranges = split_ranges(job.db.len(), threads);
-    if ranges.len() <= 1 {
-        return job.scan_range(0..job.db.len(), code, mask);
+    let (rows, r) = (job.db.len(), job.panel.len());
+    if threads <= 1 || rows == 0 || r == 0 {
+        return job.scan_range(0..rows, code, mask);
     }
-    std::thread::scope(|scope| {
-        let mut code_rest = code;
-        let mut mask_rest = mask;
-        let mut handles = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            let (c, c_tail) = std::mem::take(&mut code_rest).split_at_mut(range.len() * r);
-            let (m, m_tail) = std::mem::take(&mut mask_rest).split_at_mut(range.len() * r);
-            code_rest = c_tail;
-            mask_rest = m_tail;
-            handles.push(scope.spawn(move || job.scan_range(range, c, m)));
-        }
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or(Err(DotError::WorkerPanicked)))
+    let piece = piece_len(rows, threads);
+    on_threads(threads, || {
+        code.par_chunks_mut(piece * r)
+            .zip(mask.par_chunks_mut(piece * r))
+            .enumerate()
+            .try_for_each(|(i, (c, m))| {
+                let start = i * piece;
+                job.scan_range(start..(start + piece).min(rows), c, m)
+            })
     })
+    .unwrap_or(Err(DotError::WorkerPanicked))
 }
 
 #[cfg(test)]

@@ -29,10 +29,11 @@
 //! **Cost.** The verifier's first L2 message needs one fresh N-th power per ciphertext (see
 //! [`L2Verifier`] for why it cannot be avoided) and a multi-exponentiation with |N|-bit
 //! exponents; these dominate the enrolment. The `_parallel` variants split the independent
-//! exponentiations over scoped threads (results do not depend on the thread count: all
-//! randomness is drawn on the caller's thread first).
+//! exponentiations over a rayon pool of the asked size ([`crate::parallel`]; results do not
+//! depend on the thread count: all randomness is drawn on the caller's thread first).
 
 use rand_core::{CryptoRng, RngCore};
+use rayon::prelude::*;
 use rug::integer::{IsPrime, Order};
 use rug::{Complete, Integer};
 use sha2::{Digest, Sha256};
@@ -42,6 +43,7 @@ use super::cipher::{
     fixed_be, random_below, random_unit, Ciphertext, NoncePool, PaillierError, PublicKey, SecretKey,
 };
 use crate::algebra::montgomery::{GmpModulus, ModularProducts, Montgomery52};
+use crate::parallel::{on_threads, piece_len};
 
 /// λ: bits of each Fiat–Shamir challenge e_i of the plaintext-knowledge proof, and the
 /// statistical security target of the enrolment proofs.
@@ -118,30 +120,15 @@ pub(crate) fn wipe_integer(x: &mut Integer) {
     *x = Integer::ZERO;
 }
 
-/// `f` applied to every item, the items split into at most `threads` contiguous chunks each
-/// run on a scoped thread (1 or 0: on the caller's thread). Order is preserved.
+/// `f` applied to every item on the pool of `threads` threads ([`crate::parallel::on_threads`];
+/// 0 or 1: one thread), in about one piece per thread. Order is preserved.
 fn par_map<T: Sync, U: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> U + Sync) -> Vec<U> {
-    let threads = threads.clamp(1, items.len().max(1));
-    if threads == 1 {
-        return items.iter().map(f).collect();
-    }
-    let chunk = items.len().div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<U>>()))
-            .collect();
-        let mut out = Vec::with_capacity(items.len());
-        for handle in handles {
-            match handle.join() {
-                Ok(part) => out.extend(part),
-                // A worker can only panic through a bug; re-raise it on the caller's thread.
-                Err(payload) => std::panic::resume_unwind(payload),
-            }
-        }
-        out
-    })
+    let piece = piece_len(items.len(), threads);
+    let mapped = on_threads(threads, || {
+        items.par_iter().with_min_len(piece).map(&f).collect()
+    });
+    // A worker can only panic through a bug; re-raise it on the caller's thread.
+    mapped.unwrap_or_else(|payload| std::panic::resume_unwind(payload))
 }
 
 /// Window width of the bucket method minimising ⌈bits/c⌉ · (n + 2^{c+1}) multiplications.
@@ -248,8 +235,8 @@ fn multi_exp_in<A: ModularProducts>(
     arith.lower(&acc)
 }
 
-/// [`multi_exp`] with the bases split over `threads` scoped threads, the partial products
-/// multiplied at the end.
+/// [`multi_exp`] with the bases split into one piece per thread, the pieces run by [`par_map`]
+/// on `threads` threads and the partial products multiplied at the end.
 fn multi_exp_parallel(
     bases: &[&Integer],
     exponents: &[Integer],

@@ -76,8 +76,9 @@ fn dealer_identity(function: &str) -> Identity {
 /// deals. `command` is an operator command (core's `crypto::sign`, action
 /// [`DEALER_CONFIG_ACTION`]) signed by P2's operator key and carrying the sealed
 /// configuration: the coordinator relays it but can neither forge one (a threshold of its
-/// choosing would make every face match) nor replay an old one. Starts a new key generation: P0 and P1 retire keys of older generations when the
-/// first batch of the new one arrives. Returns the metric, dimension and generation.
+/// choosing would make every face match) nor replay an old one. Each configuration is a new
+/// generation; keys dealt from then on use it, and the template-mask master key is kept, so
+/// the evaluators' opened templates stay valid. Returns the metric, dimension and generation.
 #[pg_extern(volatile)]
 fn face_dealer_configure(
     command: &[u8],
@@ -139,7 +140,7 @@ fn face_dealer_status() -> TableIterator<
     }
 }
 
-/// Draws the template-mask master key K once (docs/protocols/face.md §13.1); an existing key is
+/// Draws the template-mask master key K once (docs/protocols/face.md §5); an existing key is
 /// kept, so templates the evaluators opened under it stay valid across reconfigurations.
 fn ensure_template_master(function: &str, me: &Identity) {
     let mut key = [0u8; TEMPLATE_MASTER_LEN];
@@ -269,7 +270,7 @@ fn channel_to(function: &str, me: &Identity, b: usize) -> PairwiseSecrets {
         .unwrap_or_else(|e| raise_face(function, e.into()))
 }
 
-/// Step 1 of docs/protocols/face.md §13.2 (the dealer's part of opening templates once):
+/// Step 1 of docs/protocols/face.md §6 (the dealer's part of opening templates once):
 /// evaluator `party`'s (0 or 1) mask seeds of the templates `bundle_ids`, in order, sealed on
 /// the channel P2 → P_party under a session id bound to the digest of the list (core's
 /// `seal_template_seeds`), so a reply opens only for the list asked for and only at that
@@ -294,7 +295,7 @@ fn face_dealer_template_seeds(party: i32, bundle_ids: Array<'_, &[u8]>) -> Vec<u
         .unwrap_or_else(|e| raise_face(F, e))
 }
 
-/// Step 2 of docs/protocols/face.md §13.2: deals the keys of face session `session` (16
+/// Step 2 of docs/protocols/face.md §6: deals the keys of face session `session` (16
 /// bytes) against the templates `bundle_ids`, in the order the evaluators compare them: a
 /// fresh probe mask and, per template, the shares of ⟨δx, δy_j⟩, of r_in,j ∓ θ and one sign-gate
 /// key pair (core's `deal_identification`, `PMFI` halves, 683 bytes per comparison). Each
@@ -328,7 +329,7 @@ fn face_dealer_identify(
 }
 
 /// Deals the keys of 1:1 verification session `session` (16 bytes; docs/protocols/face.md
-/// §13.10) from the session id alone: each evaluator's probe mask and fresh template mask
+/// §7) from the session id alone: each evaluator's probe mask and fresh template mask
 /// are derived from what this dealer shares with it and the session id (core's
 /// `deal_verification`), so the coordinator calls this while P0 and P1 open, and this dealer
 /// learns neither the subject nor which template is compared. Dealt under the verification
@@ -357,7 +358,7 @@ fn face_dealer_verify(
 }
 
 /// Deals, ahead of any session, the keys of one identification against the templates
-/// `bundle_ids` under the stock id `stock` (16 bytes; docs/protocols/face.md §13.7): the same
+/// `bundle_ids` under the stock id `stock` (16 bytes; docs/protocols/face.md §11): the same
 /// dealing as `face_dealer_identify`, derived and sealed under the stock label instead of
 /// the session's, so no session id can ever be dealt the same keys. P0 and P1 keep the
 /// halves in their engines (`face_masked_stock`) and let one identification over exactly
@@ -407,20 +408,20 @@ fn deal_rows(
         _ => template_digest(ids),
     };
     let mut dealing = master.dealing_rng(keys_for, &list);
-    // On the party's CPUs (privmatch.engine_threads); the threads call nothing of Postgres
-    // and start with every signal blocked.
+    // On the party's CPUs (privmatch.engine_threads): the core's pool threads call nothing of
+    // Postgres and start with every signal blocked (`signals::spawn_pool_thread`).
     let threads = match crate::engine::worker::ENGINE_THREADS.get() {
         n if n > 0 => n as usize,
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let mut halves = crate::signals::without_signals(|| match keys_for {
+    let mut halves = match keys_for {
         // The evaluators mask their probes and templates at the open with seeds derived from
-        // what each shares with P2 (docs/protocols/face.md §13.10).
+        // what each shares with P2 (docs/protocols/face.md §7).
         KeysFor::Verification(session) => {
             deal_verification(&params, &session, [&pairs[0], &pairs[1]], &mut dealing)
         }
         _ => deal_identification_on(&params, &master, ids, &mut dealing, threads),
-    })
+    }
     .unwrap_or_else(|e| raise_face(function, e));
     let mut rng = ChaCha20Rng::from_entropy();
     let [p0, p1]: [Vec<Vec<u8>>; 2] = [0, 1].map(|b| {

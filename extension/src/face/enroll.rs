@@ -100,7 +100,7 @@ fn face_enroll_sealed(
             }
         }
         // Many rows per statement: the set version's trigger fires once per statement
-        // (docs/protocols/face.md §13.8), and one statement is cheaper than many anyway.
+        // (docs/protocols/face.md §12), and one statement is cheaper than many anyway.
         for chunk in order.chunks(ROWS_PER_INSERT) {
             let mut sql = String::from(
                 "INSERT INTO privmatch.face_templates (subject, template, norm_share, bundle_id) VALUES ",

@@ -7,9 +7,9 @@
 //! --front-door <this party>`) with this party's static public key as their reply key, so P0
 //! and P1 seal their output shares to this party: the coordinator relays them unread, and this
 //! function opens them with the party's key file and P0's and P1's keys pinned here (never
-//! the coordinator's word; docs/protocols/face.md §13.9). An output the coordinator altered
+//! the coordinator's word; docs/protocols/face.md §13). An output the coordinator altered
 //! or forged is refused (28000) naming the party. Since 0.12.0 the coordinator is told no
-//! subject (docs/protocols/face.md §13.10): a verification's subject is sealed inside the probe
+//! subject (docs/protocols/face.md §14): a verification's subject is sealed inside the probe
 //! (so the sealed input's body names none), and an identification's compared subjects come
 //! from inside the sealed outputs.
 //!

@@ -1,4 +1,4 @@
-//! Face sessions over dealer-masked templates at P0 and P1 (docs/protocols/face.md §13.2
+//! Face sessions over dealer-masked templates at P0 and P1 (docs/protocols/face.md §6
 //! step 2; core's `face::masked`). The templates and the session's secrets live in the party
 //! engine ([`crate::engine::face`]); these functions keep the single-use session ids in
 //! `privmatch.face_sessions` (`masked = true`) and pass the messages through. The coordinator
@@ -13,7 +13,7 @@
 //!    `masked_probe`: X_b ‖ Y'_b (its probe share and its share of the template, each masked
 //!    with a seed this party shares with P2 for the session; core's `verification_message`),
 //!    sealed for the peer with its list digest, so the coordinator learns that a verification
-//!    happened and nothing of whom (docs/protocols/face.md §13.10). Both commit before any
+//!    happened and nothing of whom (docs/protocols/face.md §14). Both commit before any
 //!    round.
 //! 2. `face_dealer_identify(session, ids)` at P2 (an identification), or
 //!    `face_dealer_verify(session)` (a verification, dealt from the session id alone, at the
@@ -24,11 +24,11 @@
 //! 4. `face_masked_round(session, 2, peer's X)`: the distance shares z_b sealed for the peer.
 //! 5. `face_masked_round(session, 3, peer's z)`: this party's output shares (4 bytes per
 //!    comparison) sealed to the reply key of the client's probe (core's `face::reply`,
-//!    docs/protocols/face.md §13.9): the coordinator relays them to the client unread; the
+//!    docs/protocols/face.md §13): the coordinator relays them to the client unread; the
 //!    session ends.
 //!
 //! An identification may instead use a dealing made ahead of time (docs/protocols/face.md
-//! §13.7): `face_dealer_stock(stock, ids)` at P2 and `face_masked_stock(stock, chunks)` at P0
+//! §11): `face_dealer_stock(stock, ids)` at P2 and `face_masked_stock(stock, chunks)` at P0
 //! and P1 keep it in the engines; `face_masked_open_stocked(session, probe, stock)` at P0 and
 //! P1 (at once) opens the session and claims it when it was dealt for the compared list,
 //! recording the claim in `privmatch.face_stock_used` (one session per stock id, ever); step 2
@@ -95,7 +95,7 @@ fn engine_bytes(function: &str, request: &Request) -> Vec<u8> {
 /// digest — nothing that names or identifies the subject — and `masked_probe`: this
 /// evaluator's round-2 message X_b ‖ Y'_b sealed for the other evaluator (its probe share
 /// and its share of the template, masked with seeds derived from what this party shares with
-/// P2 for the session, docs/protocols/face.md §13.10). An identification answers it NULL.
+/// P2 for the session, docs/protocols/face.md §7). An identification answers it NULL.
 /// Errors:
 /// 23505 session id used, P0002 the verified subject is not enrolled (not named), 22023
 /// dimension, 22P03 probe cannot be opened (also a probe of format 1 or 2), 40001 a compared
@@ -135,7 +135,7 @@ fn face_masked_open(
 
 /// Opens masked identification session `session` at this evaluator with its sealed `probe`
 /// against every opened template, as `face_masked_open` with no subject, and claims the
-/// dealing stocked under `stock` (docs/protocols/face.md §13.7) if this party holds it and it
+/// dealing stocked under `stock` (docs/protocols/face.md §11) if this party holds it and it
 /// was dealt for exactly the compared list. The claim is a row of
 /// `privmatch.face_stock_used` committed with the session (a stock id serves one session,
 /// ever: 23505 otherwise). Returns as `face_masked_open`, and `claimed`: whether the session
@@ -161,7 +161,7 @@ fn face_masked_open_stocked(
 }
 
 /// `face_masked_open_stocked` with `known_list` (an overload, STRICT): the digest of the list
-/// the caller knows already (the one the stock was dealt for; docs/protocols/face.md §13.8).
+/// the caller knows already (the one the stock was dealt for; docs/protocols/face.md §12).
 /// When the compared list has it, `bundle_ids` is answered empty (nothing of O(N) crosses on
 /// the identification's path); another list is answered in full. Errors as the
 /// three-argument form, and 22023 when `known_list` is not 32 bytes.
@@ -223,7 +223,7 @@ fn open_stocked(
 
 /// Keeps P2's dealing sealed under stock id `stock` (`chunks`: this party's envelopes of
 /// `face_dealer_stock`, in chunk order) in this evaluator's engine for a later
-/// `face_masked_open_stocked` (docs/protocols/face.md §13.7). The engine keeps at most a few
+/// `face_masked_open_stocked` (docs/protocols/face.md §11). The engine keeps at most a few
 /// (the oldest are dropped) and loses them in a restart: they are a cache, the claims are
 /// durable. Returns how many stocked dealings the engine holds. Errors: 23505 the stock id was
 /// claimed already, 08P01 the half was refused (not sealed by P2 for this stock id and party),
@@ -474,7 +474,7 @@ fn face_masked_keys(session: &[u8], chunks: Array<'_, &[u8]>) -> Vec<u8> {
     engine_bytes(KEYS, &encode_keys(&id, &chunks))
 }
 
-/// A verification's keys step and round 2 in one call (docs/protocols/face.md §13.10): gives
+/// A verification's keys step and round 2 in one call (docs/protocols/face.md §7): gives
 /// masked session `session` its key half from P2 (`chunks`, this party's envelopes of
 /// `face_dealer_verify`, in chunk order) and runs round 2 with the other evaluator's message
 /// of the open (`inbound`); returns the sealed distance shares, as `face_masked_round(session,

@@ -1,5 +1,5 @@
 //! The one opening of enrolled face templates at the evaluators P0 and P1 (docs/protocols/
-//! face.md §13.2 step 1; core's `face::opening`), driven by the coordinator for the templates
+//! face.md §6 step 1; core's `face::opening`), driven by the coordinator for the templates
 //! a party has not opened yet:
 //!
 //! 1. `face_masked_pending()` at P0 and P1: enrolled templates not opened here.

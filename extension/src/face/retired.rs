@@ -16,7 +16,7 @@ fn retired(function: &str) -> pg_sys::Datum {
     raise(
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         format!("{function}: the face key pool was retired in privmatch 0.13.0"),
-        Some("run `ALTER EXTENSION privmatch UPDATE`; every face session runs over dealer-masked templates (docs/protocols/face.md §13)"),
+        Some("run `ALTER EXTENSION privmatch UPDATE`; every face session runs over dealer-masked templates (docs/protocols/face.md §5)"),
     )
 }
 

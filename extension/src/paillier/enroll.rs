@@ -21,7 +21,6 @@ use super::{raise_enrol, require_sp};
 use crate::datum::{share_datum, type_oid};
 use crate::errors::{get_one, modify, raise, run, select};
 use crate::operator::accept_command;
-use crate::signals::without_signals;
 
 /// How long a begun enrolment waits for its second call (SQL interval).
 const PENDING_TTL: &str = "10 minutes";
@@ -98,19 +97,17 @@ fn paillier_enroll_begin(device_id: &str, request: &[u8], session: &[u8]) -> Opt
     if enrolled(F, device_id) {
         already_enrolled(F, device_id);
     }
-    // The challenge's helper threads must not take PostgreSQL's signals (they are delivered
-    // once the call returns).
+    // The challenge's exponentiations run on the core's pool, whose threads start with every
+    // signal blocked (`signals::spawn_pool_thread`): PostgreSQL's handlers stay on this thread.
     let threads = super::threads();
-    let (state, challenge) = without_signals(|| {
-        ServiceEnrolment::receive_parallel(
-            request,
-            &expected,
-            &service.ring_pedersen,
-            session,
-            threads,
-            &mut rand::rngs::OsRng,
-        )
-    })
+    let (state, challenge) = ServiceEnrolment::receive_parallel(
+        request,
+        &expected,
+        &service.ring_pedersen,
+        session,
+        threads,
+        &mut rand::rngs::OsRng,
+    )
     .unwrap_or_else(|e| raise_enrol(F, e));
     let state = zeroize::Zeroizing::new(state.to_bytes().unwrap_or_else(|e| raise_enrol(F, e)));
     run(

@@ -20,7 +20,7 @@
 //! generation), enrols `--n` synthetic templates (subjects `bench-face-d<dim>-s<seed>-<i>`,
 //! deterministic per seed: present ones are reused; `--reuse` requires them all present),
 //! opens the templates not opened yet (the first session does: dealer-masked templates,
-//! docs/protocols/face.md §13; timed as the warm-up), then measures `--verifies` sequential
+//! docs/protocols/face.md §6 step 1; timed as the warm-up), then measures `--verifies` sequential
 //! 1:1 verifications (half genuine
 //! re-captures, half another subject's; latency p50/p99 as the client sees it) and
 //! `--identifies` 1:N identifications over everything enrolled (median wall time, against the

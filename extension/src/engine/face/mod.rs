@@ -1,5 +1,5 @@
 //! The face service the engine hosts at the evaluators P0 and P1: core's [`FaceService`]
-//! (the opened dealer-masked templates and the running sessions; docs/protocols/face.md §13),
+//! (the opened dealer-masked templates and the running sessions; docs/protocols/face.md §5),
 //! its templates read from `privmatch.face_masked_templates` and `privmatch.face_templates`
 //! through [`TableSource`]. The worker ([`super::worker`]) refreshes it on its main thread
 //! (SPI, inside the open's transaction) and runs the steps on request threads.
