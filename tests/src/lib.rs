@@ -412,6 +412,44 @@ pub struct PartyState {
     pub prepared: i64,
 }
 
+/// The signals PostgreSQL's handlers serve (SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2,
+/// SIGALRM, SIGTERM), as bits of a `/proc` signal mask (bit n − 1 for signal n).
+const POSTGRES_SIGNALS: u64 =
+    (1 << 0) | (1 << 1) | (1 << 2) | (1 << 9) | (1 << 11) | (1 << 13) | (1 << 14);
+
+/// Every thread of the core's rayon pools in the PostgreSQL process `pid` (named
+/// `privmatch-pool-N`, cut to 15 bytes by the kernel) blocks PostgreSQL's signals, so that a
+/// handler never runs off the process's main thread; with `used_pool` (the process ran
+/// parallel work) there is at least one such thread.
+pub fn assert_pool_threads_block_signals(pid: i32, used_pool: bool) {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("the threads of process {pid}: {e}"));
+    let mut pool_threads = 0;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("privmatch-pool") {
+            continue;
+        }
+        pool_threads += 1;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no SigBlk for a thread of {pid}: {status}"));
+        assert_eq!(
+            blocked & POSTGRES_SIGNALS,
+            POSTGRES_SIGNALS,
+            "pool thread {} of process {pid} takes PostgreSQL's signals (SigBlk {blocked:016x})",
+            comm.trim()
+        );
+    }
+    assert!(
+        pool_threads > 0 || !used_pool,
+        "process {pid} has no pool thread after its parallel work"
+    );
+}
+
 /// Whether `needle` occurs in `haystack` (the secret searches of the WAL and dumps).
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)

@@ -16,7 +16,10 @@ use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo};
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
-use privmatch_e2e::{by_key, privmatch, read_ndjson, wait_until, Cluster, RecordKey};
+use privmatch_e2e::{
+    assert_pool_threads_block_signals, by_key, privmatch, read_ndjson, wait_until, Cluster,
+    RecordKey,
+};
 use privmatch_e2e::{failure, Failure};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -311,6 +314,17 @@ fn sql_search_rounds_match_the_plaintext_reference() {
             );
         }
     });
+    // A GPU engine scans on the device, a CPU one on the core's pool (the coordinator's
+    // login may not read pg_stat_activity: the operator looks).
+    for (p, (_, kernel, _)) in engine_status(&cluster).iter().enumerate() {
+        let engine: i32 = cluster.query(
+            p,
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'privmatch engine'",
+            &[],
+        )[0]
+        .get(0);
+        assert_pool_threads_block_signals(engine, !kernel.starts_with("gpu: "));
+    }
 }
 
 /// `engine_status()` of every party: (state, kernel, threads).

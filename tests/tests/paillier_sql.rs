@@ -31,7 +31,9 @@ use privmatch_core::paillier::signed_round2::{SignedRound2, SignedRound4, Verifi
 use privmatch_core::paillier::terminal::TerminalInput;
 use privmatch_core::paillier::verdict::Verdict;
 use privmatch_core::party::PartyIndex;
-use privmatch_e2e::{contains, sqlstate_and_message, wal_bytes, Cluster};
+use privmatch_e2e::{
+    assert_pool_threads_block_signals, contains, sqlstate_and_message, wal_bytes, Cluster,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use tokio_postgres::Client;
@@ -711,6 +713,16 @@ fn pi2_and_pi3_run_at_the_service_provider_and_catch_cheating_devices() {
             let u = template(&mut rng);
             let id = format!("phone-pi2-{i}");
             let signed = enrol(sp, &secret, Protocol::Pi2, &id, &u, &aux, &vk, &mut rng).await;
+            if i == 0 {
+                // The proofs ran on the core's pool in this backend, started from its main
+                // thread: the pool's threads must still block PostgreSQL's signals.
+                let backend: i32 = sp
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .await
+                    .expect("pid")
+                    .get(0);
+                assert_pool_threads_block_signals(backend, true);
+            }
             let device = Pi2Device::new(
                 p2.clone(),
                 clone_key(&secret),
