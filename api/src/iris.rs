@@ -12,25 +12,34 @@
 //! `POST /v1/iris/search` — [`SearchBody`] → [`SearchResponse`]:
 //!
 //! ```json
-//! {"mode": "identify", "max_rotation": 15, "threshold": 0.345, "policy": "or",
+//! {"policy": "or",
 //!  "eyes": [{"eye": "left", "session": "<32 hex>", "probes": ["<b64 P0>", "<b64 P1>", "<b64 P2>"]}]}
 //! ```
 //!
-//! answers `{"mode", "policy", "eyes": [...]}`: per eye the figures of its search (entries,
-//! rounds, bytes sent per party, seconds) and `"sealed_outputs"`: the three parties' outputs,
-//! each signed and sealed to the reply key inside the client's probes (base64; core's
-//! `iris::output`). The coordinator cannot read them: it answers no `matches` and no `unique`.
-//! The client opens and verifies them and applies the two-eye policy
-//! (the coordinator's `iris::client::open_response`), which fills in `matches` (identify) or `unique`
-//! (uniqueness) of the answer it reports.
+//! The search's parameters (mode, rotations, threshold; `privmatch_core::iris::params`) travel
+//! sealed inside the probes only: the coordinator neither sees nor relays them, and each party
+//! takes them from its own probe. The client keeps them ([`SearchParamsBody`]) to check the
+//! outputs.
 //!
-//! `GET /v1/iris/search` answers the parties' threshold policy (the coordinator's `iris::policy`). The parameters are `privmatch_core::iris::params`'s:
-//! `max_rotation` in 0..=15, `threshold` in (0, 0.5] with at most four decimals.
+//! answers `{"policy", "eyes": [...]}`: per eye the figures of its search (entries, rounds,
+//! bytes sent per party, seconds) and `"sealed_outputs"`: the three parties' outputs, each
+//! signed and sealed to the reply key inside the client's probes (base64; core's
+//! `iris::output`). The coordinator cannot read them: it answers no `mode`, no `matches` and
+//! no `unique`. The client opens and verifies them and applies the two-eye policy (the
+//! coordinator's `iris::client::open_response`), which fills in `mode` and `matches`
+//! (identify) or `unique` (uniqueness) of the answer it reports.
+//!
+//! `GET /v1/iris/search` answers the parties' threshold policy (the coordinator's
+//! `iris::policy`).
+//!
+//! A search sealed for a party's SQL front door (`privmatch iris seal`) is a [`SealedSearch`]:
+//! the parameters beside the body, in one JSON object, `{"mode", "max_rotation", "threshold",
+//! "policy", "eyes"}`; the front door keeps the parameters and forwards the [`SearchBody`].
 //!
 //! `POST /v1/iris/enroll-if-unique` — [`EnrollIfUniqueBody`] → [`EnrollIfUniqueResponse`]:
-//! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64],
-//! "threshold"}` (the probes sealed with the disclosure of the uniqueness bit to the
-//! coordinator, which must know whether to enrol); answers `{"subject", "eye", "outcome":
+//! one record, `{"subject", "eye", "session", "probes": [3 × b64], "envelopes": [3 × b64]}`
+//! (the probes sealed, with the uniqueness search's parameters, with the disclosure of the
+//! uniqueness bit to the coordinator, which must know whether to enrol); answers `{"subject", "eye", "outcome":
 //! "enrolled"|"duplicate"|"not_unique", "sealed_outputs": [3 × b64] | null, "pending_recovery":
 //! […]}`. `sealed_outputs` are the three parties' outputs of the uniqueness search, signed and
 //! sealed to the reply key inside the client's probe (absent only for `duplicate`, decided
@@ -61,8 +70,8 @@ fn default_threshold() -> f64 {
     DEFAULT_TAU
 }
 
-/// The parameters of a search as the API and the CLI give them, checked by
-/// `privmatch_core::iris::params` (the parties check them again).
+/// The parameters of a search as the CLI and a [`SealedSearch`] give them, checked by
+/// `privmatch_core::iris::params` (the parties check them again, from their probes).
 pub fn search_params(
     mode: SearchMode,
     max_rotation: i32,
@@ -71,15 +80,14 @@ pub fn search_params(
     SearchParams::new(mode, max_rotation, threshold).map_err(|e| e.to_string())
 }
 
-/// One search session: its id, the three sealed probes (indexed by party) and the parameters.
+/// One search session: its id and the three sealed probes (indexed by party), which carry
+/// the parameters.
 #[derive(Clone, Debug)]
 pub struct SearchRequest {
     /// The session id the probes were sealed for.
     pub session: SessionId,
     /// The sealed probe of each party.
     pub probes: [Vec<u8>; 3],
-    /// Mode, rotations, threshold.
-    pub params: SearchParams,
 }
 
 /// Figures of one search, for reports and the benchmark.
@@ -152,9 +160,10 @@ pub struct EyeProbeBody {
     pub probes: [String; 3],
 }
 
-/// The body of `POST /v1/iris/search`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SearchBody {
+/// The parameters of a search, as the client keeps them beside a [`SearchBody`] (never sent
+/// to the coordinator: the probes carry them, sealed).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct SearchParamsBody {
     /// `identify` (default) or `uniqueness`.
     #[serde(default)]
     pub mode: SearchMode,
@@ -164,22 +173,75 @@ pub struct SearchBody {
     /// Match threshold ratio in (0, 0.5] (default 0.345).
     #[serde(default = "default_threshold")]
     pub threshold: f64,
-    /// How two eyes combine (default `or`).
+}
+
+impl SearchParamsBody {
+    /// The JSON form of `params`.
+    pub fn of(params: SearchParams) -> Self {
+        SearchParamsBody {
+            mode: params.mode(),
+            max_rotation: params.max_rotation(),
+            threshold: params.threshold_ratio(),
+        }
+    }
+
+    /// The parameters, checked.
+    pub fn params(&self) -> Result<SearchParams, String> {
+        search_params(self.mode, self.max_rotation, self.threshold)
+    }
+}
+
+/// The body of `POST /v1/iris/search`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SearchBody {
+    /// How two eyes combine (default `or`); applied by the client.
     #[serde(default)]
     pub policy: EyePolicy,
     /// One or two eyes, distinct.
     pub eyes: Vec<EyeProbeBody>,
 }
 
-impl SearchBody {
-    /// The parameters common to every eye, checked.
-    pub fn params(&self) -> Result<SearchParams, String> {
-        search_params(self.mode, self.max_rotation, self.threshold)
-    }
+/// A search sealed for a party's SQL front door: the parameters the client sealed into the
+/// probes (which the front door needs to check the outputs, and keeps) beside the body it
+/// forwards to the coordinator. One flat JSON object.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SealedSearch {
+    /// Mode, rotations, threshold.
+    #[serde(flatten)]
+    pub params: SearchParamsBody,
+    /// What the front door forwards.
+    #[serde(flatten)]
+    pub search: SearchBody,
+}
 
+impl SealedSearch {
+    /// Checks the parameters and the body together (the two-eye policy must suit the mode)
+    /// and decodes them.
+    pub fn plan(&self) -> Result<(SearchParams, Vec<(Eye, SearchRequest)>), String> {
+        let params = self.params.params()?;
+        let plan = self.search.plan()?;
+        check_policy(params.mode(), self.search.policy, plan.len())?;
+        Ok((params, plan))
+    }
+}
+
+/// Whether the two-eye `policy` can combine `eyes` results of a search in `mode` (uniqueness
+/// over two eyes takes `or` only).
+pub fn check_policy(mode: SearchMode, policy: EyePolicy, eyes: usize) -> Result<(), String> {
+    if mode == SearchMode::Uniqueness {
+        let unique: Vec<(Eye, bool)> = [Eye::Left, Eye::Right]
+            .into_iter()
+            .take(eyes)
+            .map(|e| (e, true))
+            .collect();
+        combine_uniqueness(&unique, policy)?;
+    }
+    Ok(())
+}
+
+impl SearchBody {
     /// Checks the request and decodes it into one search per eye.
     pub fn plan(&self) -> Result<Vec<(Eye, SearchRequest)>, String> {
-        let params = self.params()?;
         if self.eyes.is_empty() || self.eyes.len() > 2 {
             return Err(format!(
                 "a search has one or two eyes, got {}",
@@ -197,18 +259,7 @@ impl SearchBody {
                 ));
             }
             let probes = from_base64_each(&body.probes, &format!("{what}.probes"))?;
-            plan.push((
-                eye,
-                SearchRequest {
-                    session,
-                    probes,
-                    params,
-                },
-            ));
-        }
-        if self.mode == SearchMode::Uniqueness {
-            let eyes: Vec<(Eye, bool)> = plan.iter().map(|(e, _)| (*e, true)).collect();
-            combine_uniqueness(&eyes, self.policy)?;
+            plan.push((eye, SearchRequest { session, probes }));
         }
         Ok(plan)
     }
@@ -230,8 +281,10 @@ pub struct EyeReport {
 /// The answer to `POST /v1/iris/search`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SearchResponse {
-    /// The mode searched.
-    pub mode: SearchMode,
+    /// The mode searched. Never sent by the coordinator (the probes carry it, sealed): filled
+    /// in by the client once it opened the outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SearchMode>,
     /// The eye policy applied.
     pub policy: EyePolicy,
     /// Identify: the matches after the policy, sorted by subject then eye. Never sent by the
@@ -260,9 +313,6 @@ pub struct EnrollIfUniqueBody {
     pub probes: [String; 3],
     /// The record's enrolment envelopes for P0, P1, P2 (base64), one record each.
     pub envelopes: [String; 3],
-    /// Match threshold ratio in (0, 0.5] (default 0.345). Rotations are always ±15.
-    #[serde(default = "default_threshold")]
-    pub threshold: f64,
 }
 
 /// An enroll-if-unique request, decoded.
@@ -288,7 +338,6 @@ impl EnrollIfUniqueBody {
         privmatch_core::wire::envelope::validate_subject(&self.subject)
             .map_err(|e| format!("subject: {e}"))?;
         let eye = Eye::parse(&self.eye).map_err(|e| format!("eye: {e}"))?;
-        let params = if_unique_params(self.threshold)?;
         Ok(EnrollIfUniquePlan {
             subject: self.subject.clone(),
             eye,
@@ -296,7 +345,6 @@ impl EnrollIfUniqueBody {
             search: SearchRequest {
                 session: session_from_hex(&self.session, "session")?,
                 probes: from_base64_each(&self.probes, "probes")?,
-                params,
             },
         })
     }
@@ -346,13 +394,18 @@ mod tests {
         }
     }
 
-    fn body(mode: SearchMode, policy: EyePolicy, eyes: Vec<EyeProbeBody>) -> SearchBody {
-        SearchBody {
-            mode,
-            max_rotation: 15,
-            threshold: 0.345,
-            policy,
-            eyes,
+    fn body(policy: EyePolicy, eyes: Vec<EyeProbeBody>) -> SearchBody {
+        SearchBody { policy, eyes }
+    }
+
+    fn sealed(mode: SearchMode, policy: EyePolicy, eyes: Vec<EyeProbeBody>) -> SealedSearch {
+        SealedSearch {
+            params: SearchParamsBody {
+                mode,
+                max_rotation: 15,
+                threshold: 0.345,
+            },
+            search: body(policy, eyes),
         }
     }
 
@@ -363,50 +416,57 @@ mod tests {
             hex::encode([3u8; 16])
         );
         let parsed: SearchBody = serde_json::from_str(&json).expect("parses");
-        assert_eq!(parsed.mode, SearchMode::Identify);
         assert_eq!(parsed.policy, EyePolicy::Or);
-        assert_eq!(parsed.max_rotation, 15);
         let plan = parsed.plan().expect("valid");
         assert_eq!(plan[0].0, Eye::Right);
         assert_eq!(plan[0].1.probes[2], b"p2");
         assert_eq!(plan[0].1.session, [3u8; 16]);
+        // The same JSON as a front door's sealed search: the parameters' defaults.
+        let front: SealedSearch = serde_json::from_str(&json).expect("parses");
+        let (params, _) = front.plan().expect("valid");
+        assert_eq!(params.mode(), SearchMode::Identify);
+        assert_eq!(params.max_rotation(), 15);
+        assert_eq!(params.threshold_ratio(), DEFAULT_TAU);
+    }
+
+    #[test]
+    fn the_body_sent_to_the_coordinator_names_no_search_parameter() {
+        let front = sealed(SearchMode::Uniqueness, EyePolicy::Or, vec![eye("left", 1)]);
+        let flat = serde_json::to_value(&front).expect("json");
+        for key in ["mode", "max_rotation", "threshold", "policy", "eyes"] {
+            assert!(
+                flat.get(key).is_some(),
+                "the sealed search lacks {key}: {flat}"
+            );
+        }
+        let sent = serde_json::to_value(&front.search).expect("json");
+        for key in ["mode", "max_rotation", "threshold"] {
+            assert!(sent.get(key).is_none(), "the body names {key}: {sent}");
+        }
+        let answer = SearchResponse {
+            mode: None,
+            policy: EyePolicy::Or,
+            matches: None,
+            unique: None,
+            eyes: Vec::new(),
+        };
+        let answer = serde_json::to_value(&answer).expect("json");
+        assert!(answer.get("mode").is_none(), "{answer}");
     }
 
     #[test]
     fn bad_search_bodies_are_refused_with_the_field() {
         let cases: Vec<(SearchBody, &str)> = vec![
+            (body(EyePolicy::Or, vec![]), "one or two eyes"),
             (
-                body(SearchMode::Identify, EyePolicy::Or, vec![]),
-                "one or two eyes",
-            ),
-            (
-                body(
-                    SearchMode::Identify,
-                    EyePolicy::Or,
-                    vec![eye("left", 1), eye("left", 2)],
-                ),
+                body(EyePolicy::Or, vec![eye("left", 1), eye("left", 2)]),
                 "each eye appears once",
             ),
             (
-                body(
-                    SearchMode::Identify,
-                    EyePolicy::Or,
-                    vec![eye("left", 1), eye("right", 1)],
-                ),
+                body(EyePolicy::Or, vec![eye("left", 1), eye("right", 1)]),
                 "own session id",
             ),
-            (
-                body(
-                    SearchMode::Uniqueness,
-                    EyePolicy::And,
-                    vec![eye("left", 1), eye("right", 2)],
-                ),
-                "not supported",
-            ),
-            (
-                body(SearchMode::Identify, EyePolicy::Or, vec![eye("middle", 1)]),
-                "eyes[0].eye",
-            ),
+            (body(EyePolicy::Or, vec![eye("middle", 1)]), "eyes[0].eye"),
         ];
         for (b, expected) in cases {
             let err = b.plan().err().unwrap_or_default();
@@ -414,20 +474,26 @@ mod tests {
         }
         let mut short = eye("left", 1);
         short.session = "abcd".into();
-        let err = body(SearchMode::Identify, EyePolicy::Or, vec![short])
+        let err = body(EyePolicy::Or, vec![short])
             .plan()
             .err()
             .unwrap_or_default();
         assert!(err.contains("eyes[0].session"), "{err}");
         let mut bad = eye("left", 1);
         bad.probes[1] = "***".into();
-        let err = body(SearchMode::Identify, EyePolicy::Or, vec![bad])
+        let err = body(EyePolicy::Or, vec![bad])
             .plan()
             .err()
             .unwrap_or_default();
         assert!(err.contains("eyes[0].probes[1]"), "{err}");
-        let mut far = body(SearchMode::Identify, EyePolicy::Or, vec![eye("left", 1)]);
-        far.max_rotation = 20;
+        let both = vec![eye("left", 1), eye("right", 2)];
+        let err = sealed(SearchMode::Uniqueness, EyePolicy::And, both)
+            .plan()
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("not supported"), "{err}");
+        let mut far = sealed(SearchMode::Identify, EyePolicy::Or, vec![eye("left", 1)]);
+        far.params.max_rotation = 20;
         assert!(far.plan().is_err());
     }
 
@@ -439,11 +505,9 @@ mod tests {
             session: hex::encode([9u8; 16]),
             probes: [to_base64(b"a"), to_base64(b"b"), to_base64(b"c")],
             envelopes: [to_base64(b"x"), to_base64(b"y"), to_base64(b"z")],
-            threshold: 0.345,
         };
         let plan = b.plan().expect("valid");
-        assert_eq!(plan.search.params.mode(), SearchMode::Uniqueness);
-        assert_eq!(plan.search.params.max_rotation(), 15);
+        assert_eq!(plan.search.session, [9u8; 16]);
         assert_eq!(plan.envelopes[1], b"y");
         let mut bad = b.clone();
         bad.subject = String::new();
@@ -460,25 +524,22 @@ mod tests {
     #[test]
     fn the_threshold_boundary_is_half_inclusive_in_the_api() {
         let with = |threshold: f64| {
-            let mut b = body(SearchMode::Identify, EyePolicy::Or, vec![eye("left", 1)]);
-            b.threshold = threshold;
-            b.plan().map(|plan| plan[0].1.params.threshold_ratio())
+            let mut b = sealed(SearchMode::Identify, EyePolicy::Or, vec![eye("left", 1)]);
+            b.params.threshold = threshold;
+            b.plan().map(|(params, _)| params.threshold_ratio())
         };
         assert_eq!(with(0.5), Ok(0.5));
         for refused in [0.5001, 0.0, -0.1, 0.34512, f64::NAN] {
             let err = with(refused).err().unwrap_or_default();
             assert!(err.contains("threshold"), "{refused}: {err}");
         }
-        let if_unique = |threshold: f64| {
-            let json = format!(
-                "{{\"subject\": \"a\", \"eye\": \"left\", \"session\": \"{}\", \"probes\": [\"YQ==\", \"Yg==\", \"Yw==\"], \"envelopes\": [\"eA==\", \"eQ==\", \"eg==\"], \"threshold\": {threshold}}}",
-                hex::encode([5u8; 16])
-            );
-            let body: EnrollIfUniqueBody = serde_json::from_str(&json).expect("parses");
-            body.plan().map(|plan| plan.search.params.threshold_ratio())
-        };
+        let if_unique = |threshold: f64| if_unique_params(threshold).map(|p| p.threshold_ratio());
         assert_eq!(if_unique(0.5), Ok(0.5));
         assert!(if_unique(0.5001).is_err());
         assert!(if_unique(0.0).is_err());
+        assert_eq!(
+            if_unique_params(0.3).map(|p| (p.mode(), p.max_rotation())),
+            Ok((SearchMode::Uniqueness, MAX_ROTATION))
+        );
     }
 }

@@ -639,11 +639,35 @@ enum Tamper {
 struct TamperProxy {
     port: u16,
     tamper: std::sync::Arc<std::sync::Mutex<Tamper>>,
+    /// The bodies of the iris search and enroll-if-unique requests it relayed.
+    searches: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
 }
 
 impl TamperProxy {
     fn set(&self, tamper: Tamper) {
         *self.tamper.lock().expect("tamper") = tamper;
+    }
+
+    /// What a curious coordinator reads in the search requests: no field names the mode, the
+    /// rotation range or the threshold (the probes carry them, sealed). Against e81c3c7 every
+    /// request named all three (`mode`, `max_rotation`, `threshold`; enroll-if-unique its
+    /// `threshold`).
+    fn assert_no_search_parameters(&self) {
+        let searches = self.searches.lock().expect("searches");
+        assert!(!searches.is_empty(), "the proxy relayed no search");
+        for body in searches.iter() {
+            let request: Value = serde_json::from_slice(body).expect("a JSON request");
+            let fields: Vec<&String> = request
+                .as_object()
+                .map(|o| o.keys().collect())
+                .unwrap_or_default();
+            for key in ["mode", "max_rotation", "threshold"] {
+                assert!(
+                    request.get(key).is_none(),
+                    "the coordinator was sent the search's {key} (the request's fields: {fields:?})"
+                );
+            }
+        }
     }
 }
 
@@ -764,16 +788,19 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
         Arc::new(privmatch_coordinator::tls::client_config(&tls.join("ca.pem")).expect("the CA"));
     let upstream = cluster.coordinator_port;
     let tamper = Arc::new(Mutex::new(Tamper::Nothing));
+    let searches = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&searches);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
     let port = listener.local_addr().expect("address").port();
     let shared = Arc::clone(&tamper);
     std::thread::spawn(move || {
         for incoming in listener.incoming() {
             let Ok(tcp) = incoming else { continue };
-            let (server, client, tamper) = (
+            let (server, client, tamper, seen) = (
                 Arc::clone(&server),
                 Arc::clone(&client),
                 Arc::clone(&shared),
+                Arc::clone(&seen),
             );
             std::thread::spawn(move || -> std::io::Result<()> {
                 use std::io::Write;
@@ -802,6 +829,11 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
                     let (mut rhead, rbody) = read_http(&mut up)?;
                     let is_search = head.starts_with("POST /v1/iris/search ")
                         || head.starts_with("POST /v1/iris/enroll-if-unique ");
+                    if is_search {
+                        seen.lock()
+                            .map_err(|_| std::io::Error::other("lock"))?
+                            .push(body.clone());
+                    }
                     let mode = *tamper.lock().map_err(|_| std::io::Error::other("lock"))?;
                     let rbody = if let Some(forged) = forge_enrolled(mode, &rhead, &rbody, &body) {
                         rhead = rhead.replacen("409 Conflict", "200 OK", 1);
@@ -819,7 +851,11 @@ fn start_proxy(cluster: &Cluster) -> TamperProxy {
             });
         }
     });
-    TamperProxy { port, tamper }
+    TamperProxy {
+        port,
+        tamper,
+        searches,
+    }
 }
 
 /// Items 2, 3 and 4 of issue 34 through the product's interfaces. (a) The iris threshold is
@@ -1036,6 +1072,8 @@ fn the_threshold_is_policy_and_results_changed_in_transit_are_refused() {
         .expect("untouched")[0]
         .get(0);
     assert!(!unique);
+    // The CLI's searches and the front door's, identify and uniqueness.
+    proxy.assert_no_search_parameters();
 }
 
 /// Enroll-if-unique's outcome is checked by the client: the coordinator's answer carries the
@@ -1118,6 +1156,8 @@ fn an_enroll_if_unique_outcome_changed_in_transit_is_refused() {
     );
     assert_eq!(cluster.subject_count(2, "plain-fresh"), 1);
     assert_eq!(cluster.subject_count(1, "plain-dup"), 0);
+    // The enroll-if-unique requests carried no threshold: the probes hold it, sealed.
+    proxy.assert_no_search_parameters();
 }
 
 /// Issue 35's tracing: one search is found by its session id in all five logs — the client's

@@ -193,7 +193,14 @@ pub fn format_probe_result(line: usize, response: &SearchResponse, json: bool) -
     let index = line.saturating_sub(1);
     let empty = Vec::new();
     let matches: &Vec<Match> = response.matches.as_ref().unwrap_or(&empty);
-    match (response.mode, json) {
+    // The client set the mode when it opened the outputs; an answer it did not open has
+    // none, and reads as what it carries.
+    let mode = response.mode.unwrap_or(if response.unique.is_some() {
+        SearchMode::Uniqueness
+    } else {
+        SearchMode::Identify
+    });
+    match (mode, json) {
         (SearchMode::Identify, true) => json_line(&IdentifyLine {
             probe: index,
             matches,
@@ -386,7 +393,7 @@ mod tests {
         unique: Option<bool>,
     ) -> SearchResponse {
         SearchResponse {
-            mode,
+            mode: Some(mode),
             policy: EyePolicy::Or,
             matches,
             unique,

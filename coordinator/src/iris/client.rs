@@ -41,8 +41,8 @@ use crate::config::Config;
 use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
 use privmatch_api::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use privmatch_api::iris::{
-    DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
-    EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
+    check_policy, DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome,
+    EnrollIfUniqueResponse, EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
 };
 use privmatch_api::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
 
@@ -213,21 +213,23 @@ pub fn pinned_signing_keys(config: &Config) -> Result<Option<[PartyVerifyingKey;
 }
 
 /// Opens a search answer (core's `iris::output`): for every eye the client sent (`body`: its
-/// own session ids, parameters and eyes), the three sealed outputs the coordinator relayed are
+/// own session ids and eyes; `params`: what it sealed into the probes), the three sealed
+/// outputs the coordinator relayed are
 /// opened with the request's reply key `reply` and the parties' pinned keys `party_keys`,
 /// each checked to be for that session, parameters and eye, signed (with `signing_keys`,
 /// where pinned; the sealing alone already authenticates each party) and the three in
 /// agreement; the two-eye policy then gives `matches` or `unique`, which are set in `response`
-/// (anything the coordinator put there is replaced). Refuses, naming the party, an output that
-/// does not open or verify.
+/// with the mode (anything the coordinator put there is replaced). Refuses, naming the party,
+/// an output that does not open or verify.
 pub fn open_response(
+    params: SearchParams,
     body: &SearchBody,
     response: &mut SearchResponse,
     party_keys: &[PartyPublicKey; 3],
     signing_keys: &[Option<PartyVerifyingKey>; 3],
     reply: &PartySecretKey,
 ) -> Result<(), String> {
-    let params = body.params()?;
+    check_policy(params.mode(), body.policy, body.eyes.len())?;
     let mut matched: Vec<(Eye, Vec<String>)> = Vec::new();
     let mut unique: Vec<(Eye, bool)> = Vec::new();
     for sent in &body.eyes {
@@ -265,6 +267,7 @@ pub fn open_response(
             IrisResult::Unique(u) => unique.push((eye, u)),
         }
     }
+    response.mode = Some(params.mode());
     match params.mode() {
         SearchMode::Identify => {
             response.matches = Some(combine_matches(&matched, body.policy));
@@ -363,9 +366,10 @@ fn seal_probe(
     Ok((session, signed))
 }
 
-/// The body of a search for `probe`: each eye shared and sealed for a fresh session, with
-/// `reply_key` (a fresh key of the client, or the static key of the party whose SQL front
-/// door will be called) as the key the parties seal their outputs to.
+/// The body of a search for `probe`: each eye shared and sealed, with `params`, for a fresh
+/// session, with `reply_key` (a fresh key of the client, or the static key of the party whose
+/// SQL front door will be called) as the key the parties seal their outputs to. The body
+/// carries no parameter: they travel sealed in the probes only.
 pub fn search_body(
     sealer: &mut Sealer,
     probe: &ProbeRecord,
@@ -386,13 +390,7 @@ pub fn search_body(
             probes,
         });
     }
-    Ok(SearchBody {
-        mode: params.mode(),
-        max_rotation: params.max_rotation(),
-        threshold: params.threshold_ratio(),
-        policy,
-        eyes,
-    })
+    Ok(SearchBody { policy, eyes })
 }
 
 /// The framed body of `POST /v1/iris/enroll` for `records`: one envelope per party, signed by
@@ -449,6 +447,7 @@ impl IrisClient {
         let mut response = result.map_err(|e| e.after_attempts(attempts))?;
         let (body, reply) = sent.ok_or_else(|| anyhow!("no search was sent"))?;
         open_response(
+            params,
             &body,
             &mut response,
             &self.sealer.keys,
@@ -501,7 +500,6 @@ impl IrisClient {
                 session,
                 probes,
                 envelopes: signed.map(|e| to_base64(&e)),
-                threshold: params.threshold_ratio(),
             })
         };
         let (result, attempts) = self

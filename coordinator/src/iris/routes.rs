@@ -134,7 +134,9 @@ async fn delete(
 /// (the coordinator cannot read a result; the client opens them and applies the policy).
 fn search_response(request: &SearchBody, per_eye: Vec<(Eye, SearchOutcome)>) -> SearchResponse {
     SearchResponse {
-        mode: request.mode,
+        // The mode, like every parameter, is sealed in the probes: the coordinator does not
+        // know it (the client fills it in).
+        mode: None,
         policy: request.policy,
         matches: None,
         unique: None,
@@ -168,7 +170,6 @@ async fn search(
         let outcome = outcome?;
         tracing::info!(
             eye = eye.as_str(),
-            mode = request.mode.as_str(),
             entries = outcome.stats.entries,
             rounds = outcome.stats.rounds,
             seconds = outcome.stats.seconds(),

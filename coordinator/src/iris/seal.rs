@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::iris::client::{enroll_body, search_body};
 use crate::iris::input::{for_each_record, read_probe_file, validate_file};
 use privmatch_api::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
-use privmatch_api::iris::search_params;
+use privmatch_api::iris::{search_params, SealedSearch, SearchParamsBody};
 use privmatch_core::iris::policy::DEFAULT_TAU;
 
 /// Options of `privmatch iris seal`.
@@ -114,9 +114,14 @@ fn seal_probes(sealer: &mut Sealer, args: &SealArgs, mode: SearchMode) -> Result
         if mode == SearchMode::Uniqueness && policy == EyePolicy::And && probe.eyes.len() > 1 {
             return Err(anyhow!("line {}: {UNIQUENESS_AND_UNSUPPORTED}", probe.line));
         }
-        let body = search_body(sealer, probe, params, policy, &reply_key)
+        let search = search_body(sealer, probe, params, policy, &reply_key)
             .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
-        out.write_json("", kind, &body)?;
+        // The front door keeps the parameters (to check the outputs) and forwards the body.
+        let sealed = SealedSearch {
+            params: SearchParamsBody::of(params),
+            search,
+        };
+        out.write_json("", kind, &sealed)?;
     }
     out.finish()
 }

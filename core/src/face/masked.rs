@@ -57,7 +57,7 @@ use super::{FaceError, Metric};
 use crate::crypto::fss::aes::{expand_u32, expand_u32_domain};
 use crate::crypto::fss::ic::{self, IcKeyBatch, IC_KEY_LEN};
 use crate::crypto::seal::PairwiseSecrets;
-use crate::parallel::{on_threads, piece_len};
+use crate::parallel::{on_threads, piece_len, worth_a_pool};
 
 /// Bytes of the dealer's template-mask master key.
 pub const TEMPLATE_MASTER_LEN: usize = 32;
@@ -72,6 +72,9 @@ pub const IDENTIFICATION_HEADER_LEN: usize = 4 + 1 + 1 + 1 + 2 + 4 + 32 + 16;
 pub const ONLINE_BYTES_PER_COMPARISON: usize = 8;
 /// Sign-gate keys are decoded into batches of this many, the unit of parallel evaluation.
 pub const GATE_CHUNK: usize = 4096;
+/// Fewest comparisons per thread of a distance round worth a pool (each is one l-dimensional
+/// dot product, about a microsecond; a hop to a pool thread costs tens).
+const MIN_DISTANCE_PIECE: usize = 64;
 
 const IDENTIFICATION_MAGIC: &[u8; 4] = b"PMFI";
 const MASK_INFO: &[u8] = b"privmatch face template mask v1";
@@ -852,15 +855,17 @@ fn deal_with_probe_seeds<R: RngCore + CryptoRng>(
             seed
         })
         .collect();
-    let pieces: Vec<DealtPiece> = on_threads(threads, || {
-        slices
-            .par_iter()
-            .zip(&seeds)
-            .with_min_len(piece_len(slices.len(), threads))
-            .map(|(ids, seed)| deal_piece(master, ids, &delta_x, offset, *seed))
-            .collect()
-    })
-    .map_err(|_| FaceError::Malformed("a dealing thread panicked"))?;
+    let deal = |(ids, seed): (&&[[u8; BUNDLE_ID_LEN]], &[u8; 32])| {
+        deal_piece(master, ids, &delta_x, offset, *seed)
+    };
+    let pieces: Vec<DealtPiece> = if worth_a_pool(slices.len(), 1, threads) {
+        on_threads(threads, || {
+            slices.par_iter().zip(&seeds).map(deal).collect()
+        })
+        .map_err(|_| FaceError::Malformed("a dealing thread panicked"))?
+    } else {
+        slices.iter().zip(&seeds).map(deal).collect()
+    };
     seeds.zeroize();
     delta_x.zeroize();
     Ok(encode_halves(params, &digest, probe_seeds, &pieces, count))
@@ -1209,13 +1214,17 @@ fn distance_job(
         probe_norm: probe.norm,
     };
     let mut out = vec![0u32; count];
-    let piece = piece_len(count, threads);
-    on_threads(threads, || {
-        out.par_chunks_mut(piece)
-            .enumerate()
-            .for_each(|(i, mine)| job.run(i * piece..i * piece + mine.len(), mine))
-    })
-    .map_err(|_| FaceError::Malformed("a distance thread panicked"))?;
+    if worth_a_pool(count, MIN_DISTANCE_PIECE, threads) {
+        let piece = piece_len(count, threads);
+        on_threads(threads, || {
+            out.par_chunks_mut(piece)
+                .enumerate()
+                .for_each(|(i, mine)| job.run(i * piece..i * piece + mine.len(), mine))
+        })
+        .map_err(|_| FaceError::Malformed("a distance thread panicked"))?;
+    } else {
+        job.run(0..count, &mut out);
+    }
     u.zeroize();
     Ok(out)
 }
@@ -1247,14 +1256,18 @@ pub fn sign_round(
         .zip(z.chunks(GATE_CHUNK).zip(out.chunks_mut(GATE_CHUNK)))
         .map(|(g, (zs, os))| (g, zs, os))
         .collect();
-    let piece = piece_len(chunks.len(), threads);
-    on_threads(threads, || {
-        chunks
-            .into_par_iter()
-            .with_min_len(piece)
-            .try_for_each(|(g, zs, os)| ic::eval_batch(party, g, zs, os))
-    })
-    .map_err(|_| FaceError::Malformed("a sign-gate thread panicked"))??;
+    if worth_a_pool(chunks.len(), 1, threads) {
+        on_threads(threads, || {
+            chunks
+                .into_par_iter()
+                .try_for_each(|(g, zs, os)| ic::eval_batch(party, g, zs, os))
+        })
+        .map_err(|_| FaceError::Malformed("a sign-gate thread panicked"))??;
+    } else {
+        for (g, zs, os) in chunks {
+            ic::eval_batch(party, g, zs, os)?;
+        }
+    }
     Ok(out)
 }
 

@@ -19,7 +19,7 @@ use crate::iris::dot::{
     scan_range_with, DotError, DotKernel, DotShares, RotationPanel, ShareMatrix,
 };
 use crate::iris::query::PreparedQuery;
-use crate::parallel::{on_threads, piece_len};
+use crate::parallel::{on_threads, piece_len, worth_a_pool};
 
 /// A request to stop a scan early, raised from another thread: the engine raises it when the
 /// backend that asked for the search hangs up (its query was cancelled or timed out), so a
@@ -186,7 +186,7 @@ fn scan_parallel(
     mask: &mut [u16],
 ) -> Result<(), DotError> {
     let (rows, r) = (job.db.len(), job.panel.len());
-    if threads <= 1 || rows == 0 || r == 0 {
+    if !worth_a_pool(rows, 1, threads) || r == 0 {
         return job.scan_range(0..rows, code, mask);
     }
     let piece = piece_len(rows, threads);

@@ -43,7 +43,7 @@ use super::cipher::{
     fixed_be, random_below, random_unit, Ciphertext, NoncePool, PaillierError, PublicKey, SecretKey,
 };
 use crate::algebra::montgomery::{GmpModulus, ModularProducts, Montgomery52};
-use crate::parallel::{on_threads, piece_len};
+use crate::parallel::{on_threads, worth_a_pool};
 
 /// λ: bits of each Fiat–Shamir challenge e_i of the plaintext-knowledge proof, and the
 /// statistical security target of the enrolment proofs.
@@ -121,12 +121,15 @@ pub(crate) fn wipe_integer(x: &mut Integer) {
 }
 
 /// `f` applied to every item on the pool of `threads` threads ([`crate::parallel::on_threads`];
-/// 0 or 1: one thread), in about one piece per thread. Order is preserved.
+/// 0 or 1 thread, or one item: on the caller's thread). Order is preserved.
 fn par_map<T: Sync, U: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> U + Sync) -> Vec<U> {
-    let piece = piece_len(items.len(), threads);
-    let mapped = on_threads(threads, || {
-        items.par_iter().with_min_len(piece).map(&f).collect()
-    });
+    if !worth_a_pool(items.len(), 1, threads) {
+        return items.iter().map(f).collect();
+    }
+    // Each item is heavy (an exponentiation or a multi-exponentiation): rayon splits them
+    // as the threads steal, with no minimum piece (a minimum of ⌈n/threads⌉ would keep an
+    // odd count from splitting at all).
+    let mapped = on_threads(threads, || items.par_iter().map(&f).collect());
     // A worker can only panic through a bug; re-raise it on the caller's thread.
     mapped.unwrap_or_else(|payload| std::panic::resume_unwind(payload))
 }

@@ -28,7 +28,7 @@ use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
 use crate::errors::raise;
 use privmatch_api::iris::eyes::EyePolicy;
-use privmatch_api::iris::{EnrollResponse, SearchBody, SearchResponse};
+use privmatch_api::iris::{EnrollResponse, SealedSearch, SearchResponse};
 
 use crate::front_door::{call, enrolled, malformed, parse_sealed};
 use crate::identity::{load_identity, pinned_peer};
@@ -39,14 +39,17 @@ struct SentEye {
     session: [u8; 16],
 }
 
-/// What the client sealed: the parameters, the two-eye policy (`and`?) and the eyes.
+/// What the client sealed: the parameters, the two-eye policy (`and`?) and the eyes, and the
+/// body this party forwards to the coordinator (without the parameters, which the probes
+/// carry sealed).
 struct Sent {
     params: SearchParams,
     and: bool,
     eyes: Vec<SentEye>,
+    forward: SealedInput,
 }
 
-/// Reads the search body of a sealed input (the API's `SearchBody`, as the client wrote it,
+/// Reads the search of a sealed input (the API's `SealedSearch`, as the client wrote it,
 /// read and checked by the API's own `plan`): 22023 when it is not one.
 fn sent_search(function: &str, input: &SealedInput) -> Sent {
     let bad = |what: &str| -> ! {
@@ -56,15 +59,16 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
             None,
         )
     };
-    let body: SearchBody = serde_json::from_slice(&input.body)
+    let sealed: SealedSearch = serde_json::from_slice(&input.body)
         .unwrap_or_else(|e| bad(&format!("is not a search body: {e}")));
-    let plan = body
+    let (params, plan) = sealed
         .plan()
         .unwrap_or_else(|e| bad(&format!("is refused: {e}")));
-    let params = plan
-        .first()
-        .map(|(_, r)| r.params)
-        .unwrap_or_else(|| bad("has no eyes"));
+    let forward = SealedInput {
+        kind: input.kind,
+        body: serde_json::to_vec(&sealed.search)
+            .unwrap_or_else(|e| bad(&format!("cannot be written again: {e}"))),
+    };
     let eyes = plan
         .iter()
         .map(|(eye, request)| SentEye {
@@ -74,8 +78,9 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
         .collect();
     Sent {
         params,
-        and: body.policy == EyePolicy::And,
+        and: sealed.search.policy == EyePolicy::And,
         eyes,
+        forward,
     }
 }
 
@@ -134,7 +139,7 @@ fn verified_results(
 /// (module docs), with the parameters the client sealed.
 fn verified_search(function: &str, input: SealedInput) -> (Sent, Vec<(Eye, IrisResult)>) {
     let sent = sent_search(function, &input);
-    let answer: SearchResponse = call(input, false);
+    let answer: SearchResponse = call(sent.forward.clone(), false);
     let results = verified_results(function, &sent, &answer);
     (sent, results)
 }

@@ -231,11 +231,7 @@ async fn search_once(
             .map(|probes| sign_each(signer, IRIS_PROBE_PURPOSE, probes));
         async move {
             let probes = sealed.map_err(|e| SearchError::Invalid(e.to_string()))?;
-            let request = SearchRequest {
-                session,
-                probes,
-                params,
-            };
+            let request = SearchRequest { session, probes };
             run_search(parties, &request, timeout).await
         }
     })
