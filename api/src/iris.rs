@@ -192,13 +192,58 @@ impl SearchParamsBody {
 }
 
 /// The body of `POST /v1/iris/search`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SearchBody {
     /// How two eyes combine (default `or`); applied by the client.
     #[serde(default)]
     pub policy: EyePolicy,
     /// One or two eyes, distinct.
     pub eyes: Vec<EyeProbeBody>,
+    /// Refused when present: clients of 0.14.0 and before sent the search's parameters here,
+    /// in the clear to the coordinator (they travel sealed in the probes only).
+    #[serde(flatten)]
+    pub legacy: LegacyParams,
+}
+
+/// The parameter fields an older client put beside the probes (`mode`, `max_rotation`,
+/// `threshold`): read only to refuse the request before anything runs, naming them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LegacyParams {
+    /// `mode` of a 0.14.0 search body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<serde_json::Value>,
+    /// `max_rotation` of a 0.14.0 search body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rotation: Option<serde_json::Value>,
+    /// `threshold` of a 0.14.0 search or enroll-if-unique body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<serde_json::Value>,
+}
+
+impl LegacyParams {
+    /// True when no parameter field was sent.
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none() && self.max_rotation.is_none() && self.threshold.is_none()
+    }
+
+    /// Refuses a request that names a parameter, with what to do.
+    pub fn refuse(&self) -> Result<(), String> {
+        let named: Vec<&str> = [
+            ("mode", self.mode.is_some()),
+            ("max_rotation", self.max_rotation.is_some()),
+            ("threshold", self.threshold.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, sent)| sent.then_some(name))
+        .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "{} must not be sent: the search's parameters travel sealed inside the probes only, so the coordinator never sees them; seal the search again with a privmatch CLI (or front door) of this release",
+            named.join(", ")
+        ))
+    }
 }
 
 /// A search sealed for a party's SQL front door: the parameters the client sealed into the
@@ -242,6 +287,7 @@ pub fn check_policy(mode: SearchMode, policy: EyePolicy, eyes: usize) -> Result<
 impl SearchBody {
     /// Checks the request and decodes it into one search per eye.
     pub fn plan(&self) -> Result<Vec<(Eye, SearchRequest)>, String> {
+        self.legacy.refuse()?;
         if self.eyes.is_empty() || self.eyes.len() > 2 {
             return Err(format!(
                 "a search has one or two eyes, got {}",
@@ -313,6 +359,9 @@ pub struct EnrollIfUniqueBody {
     pub probes: [String; 3],
     /// The record's enrolment envelopes for P0, P1, P2 (base64), one record each.
     pub envelopes: [String; 3],
+    /// Refused when present (a 0.14.0 client's `threshold`, see [`SearchBody::legacy`]).
+    #[serde(flatten)]
+    pub legacy: LegacyParams,
 }
 
 /// An enroll-if-unique request, decoded.
@@ -335,6 +384,7 @@ pub fn if_unique_params(threshold: f64) -> Result<SearchParams, String> {
 impl EnrollIfUniqueBody {
     /// Checks and decodes the request.
     pub fn plan(&self) -> Result<EnrollIfUniquePlan, String> {
+        self.legacy.refuse()?;
         privmatch_core::wire::envelope::validate_subject(&self.subject)
             .map_err(|e| format!("subject: {e}"))?;
         let eye = Eye::parse(&self.eye).map_err(|e| format!("eye: {e}"))?;
@@ -395,7 +445,11 @@ mod tests {
     }
 
     fn body(policy: EyePolicy, eyes: Vec<EyeProbeBody>) -> SearchBody {
-        SearchBody { policy, eyes }
+        SearchBody {
+            policy,
+            eyes,
+            ..SearchBody::default()
+        }
     }
 
     fn sealed(mode: SearchMode, policy: EyePolicy, eyes: Vec<EyeProbeBody>) -> SealedSearch {
@@ -455,6 +509,37 @@ mod tests {
     }
 
     #[test]
+    fn bodies_of_older_clients_naming_a_parameter_are_refused_before_anything_runs() {
+        let session = hex::encode([4u8; 16]);
+        let eyes = format!(
+            "\"eyes\": [{{\"eye\": \"left\", \"session\": \"{session}\", \"probes\": [\"cDA=\", \"cDE=\", \"cDI=\"]}}]"
+        );
+        let old = format!(
+            "{{\"mode\": \"identify\", \"max_rotation\": 15, \"threshold\": 0.345, \"policy\": \"or\", {eyes}}}"
+        );
+        let parsed: SearchBody = serde_json::from_str(&old).expect("parses");
+        let err = parsed.plan().err().unwrap_or_default();
+        assert!(
+            err.contains("mode, max_rotation, threshold must not be sent"),
+            "{err}"
+        );
+        // The same JSON is a front door's sealed search: there the parameters are its own.
+        let sealed: SealedSearch = serde_json::from_str(&old).expect("parses");
+        assert!(sealed.search.legacy.is_empty());
+        let (params, plan) = sealed.plan().expect("valid");
+        assert_eq!(params.max_rotation(), 15);
+        assert_eq!(plan.len(), 1);
+        let forwarded = serde_json::to_value(&sealed.search).expect("json");
+        assert!(forwarded.get("threshold").is_none(), "{forwarded}");
+        let if_unique = format!(
+            "{{\"subject\": \"a\", \"eye\": \"left\", \"session\": \"{session}\", \"probes\": [\"YQ==\", \"Yg==\", \"Yw==\"], \"envelopes\": [\"eA==\", \"eQ==\", \"eg==\"], \"threshold\": 0.345}}"
+        );
+        let parsed: EnrollIfUniqueBody = serde_json::from_str(&if_unique).expect("parses");
+        let err = parsed.plan().err().unwrap_or_default();
+        assert!(err.contains("threshold must not be sent"), "{err}");
+    }
+
+    #[test]
     fn bad_search_bodies_are_refused_with_the_field() {
         let cases: Vec<(SearchBody, &str)> = vec![
             (body(EyePolicy::Or, vec![]), "one or two eyes"),
@@ -505,6 +590,7 @@ mod tests {
             session: hex::encode([9u8; 16]),
             probes: [to_base64(b"a"), to_base64(b"b"), to_base64(b"c")],
             envelopes: [to_base64(b"x"), to_base64(b"y"), to_base64(b"z")],
+            legacy: LegacyParams::default(),
         };
         let plan = b.plan().expect("valid");
         assert_eq!(plan.search.session, [9u8; 16]);

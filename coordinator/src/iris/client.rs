@@ -42,7 +42,7 @@ use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeReco
 use privmatch_api::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use privmatch_api::iris::{
     check_policy, DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome,
-    EnrollIfUniqueResponse, EnrollResponse, EyeProbeBody, SearchBody, SearchResponse,
+    EnrollIfUniqueResponse, EnrollResponse, EyeProbeBody, LegacyParams, SearchBody, SearchResponse,
 };
 use privmatch_api::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
 
@@ -390,7 +390,11 @@ pub fn search_body(
             probes,
         });
     }
-    Ok(SearchBody { policy, eyes })
+    Ok(SearchBody {
+        policy,
+        eyes,
+        legacy: LegacyParams::default(),
+    })
 }
 
 /// The framed body of `POST /v1/iris/enroll` for `records`: one envelope per party, signed by
@@ -500,6 +504,7 @@ impl IrisClient {
                 session,
                 probes,
                 envelopes: signed.map(|e| to_base64(&e)),
+                legacy: LegacyParams::default(),
             })
         };
         let (result, attempts) = self

@@ -1215,7 +1215,7 @@ fn distance_job(
     };
     let mut out = vec![0u32; count];
     if worth_a_pool(count, MIN_DISTANCE_PIECE, threads) {
-        let piece = piece_len(count, threads);
+        let piece = piece_len(count, threads).max(MIN_DISTANCE_PIECE);
         on_threads(threads, || {
             out.par_chunks_mut(piece)
                 .enumerate()

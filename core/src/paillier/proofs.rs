@@ -247,11 +247,13 @@ fn multi_exp_parallel(
     threads: usize,
 ) -> Integer {
     let count = bases.len().min(exponents.len());
-    let threads = threads.clamp(1, count.max(1));
-    if threads == 1 {
+    // One range per thread, fewer when there are fewer bases; the pool is the one of the
+    // setting (`threads`), not one per count.
+    let ranges_wanted = threads.clamp(1, count.max(1));
+    if ranges_wanted == 1 {
         return multi_exp(bases, exponents, modulus);
     }
-    let chunk = count.div_ceil(threads);
+    let chunk = count.div_ceil(ranges_wanted);
     let ranges: Vec<(usize, usize)> = (0..count)
         .step_by(chunk)
         .map(|start| (start, (start + chunk).min(count)))

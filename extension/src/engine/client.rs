@@ -95,7 +95,9 @@ fn engine_configured() -> bool {
 /// what is free beyond [`KEPT_ROUND_BUFFERS`] is handed back ([`release_round_buffers`]).
 fn keep_round_buffers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: a backend runs a single thread (Postgres backends start none).
+    // SAFETY: a backend starts no thread but the core's pool threads (if it ran parallel
+    // work: P2's dealing, the SP's enrolment challenge), which are idle between calls and
+    // allocate nothing while this backend runs its statement; mallopt takes the arena lock.
     ONCE.call_once(|| unsafe { keep_freed_memory() });
 }
 

@@ -374,8 +374,8 @@ pub extern "C-unwind" fn privmatch_engine_main(_arg: pg_sys::Datum) {
     // rotations, page faults took about a fifth of the parties' CPU (the share matrix is
     // sized once per bulk load, so it is not copied by growth in practice). The heap is
     // handed back after a second without requests and no running search.
-    // SAFETY: no thread of this process has been started yet (scan threads are scoped to
-    // each scan).
+    // SAFETY: no thread of this process has been started yet (the core's pools are built on
+    // first use, by the first scan or face round).
     unsafe { keep_freed_memory() };
     let database = ENGINE_DATABASE
         .get()

@@ -22,7 +22,7 @@ use privmatch_core::crypto::party_sign::PartySigningKey;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::eyes::{combine_matches, combine_uniqueness};
 use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
-use privmatch_core::iris::params::SearchParams;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 
@@ -64,6 +64,17 @@ fn sent_search(function: &str, input: &SealedInput) -> Sent {
     let (params, plan) = sealed
         .plan()
         .unwrap_or_else(|e| bad(&format!("is refused: {e}")));
+    let expected_mode = if input.kind == SealedKind::IrisUniqueness {
+        SearchMode::Uniqueness
+    } else {
+        SearchMode::Identify
+    };
+    if params.mode() != expected_mode {
+        bad(&format!(
+            "was sealed for {} but given to privmatch.{function}",
+            params.mode().as_str()
+        ));
+    }
     let forward = SealedInput {
         kind: input.kind,
         body: serde_json::to_vec(&sealed.search)
