@@ -20,8 +20,8 @@ use crate::cli::sealed::{report, SealedWriter};
 use crate::config::Config;
 use crate::iris::client::{enroll_body, search_body};
 use crate::iris::input::{for_each_record, read_probe_file, validate_file};
-use privmatch_api::iris::eyes::{EyePolicy, UNIQUENESS_AND_UNSUPPORTED};
-use privmatch_api::iris::{search_params, SealedSearch, SearchParamsBody};
+use privmatch_api::iris::eyes::EyePolicy;
+use privmatch_api::iris::{check_policy, search_params, SealedSearch, SearchParamsBody};
 use privmatch_core::iris::policy::DEFAULT_TAU;
 
 /// Options of `privmatch iris seal`.
@@ -111,9 +111,8 @@ fn seal_probes(sealer: &mut Sealer, args: &SealArgs, mode: SearchMode) -> Result
     let probes = read_probe_file(&args.input)?;
     let mut out = SealedWriter::create(args.out.as_deref())?;
     for probe in &probes {
-        if mode == SearchMode::Uniqueness && policy == EyePolicy::And && probe.eyes.len() > 1 {
-            return Err(anyhow!("line {}: {UNIQUENESS_AND_UNSUPPORTED}", probe.line));
-        }
+        check_policy(mode, policy, probe.eyes.len())
+            .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
         let search = search_body(sealer, probe, params, policy, &reply_key)
             .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
         // The front door keeps the parameters (to check the outputs) and forwards the body.
