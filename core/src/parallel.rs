@@ -3,9 +3,14 @@
 //!
 //! The number of threads is a setting of the caller (the engine's `privmatch.engine_threads`,
 //! the CLI's `--threads`), not the machine's core count, so each call names it: [`on_threads`]
-//! runs its work on a pool of exactly that many threads, built on first use and kept for the
-//! life of the process (one pool per thread count asked for; a setting changes rarely). Work
-//! run there uses rayon's parallel iterators, which split it by work stealing.
+//! runs its work on a pool of exactly that many threads, leased for the call. Pools are built
+//! on first use and kept for the life of the process; a pool serves one call at a time, so
+//! callers that overlap (two scans of the engine's request threads) get a pool each and share
+//! the cores as the operating system schedules them, as scoped threads did — on one shared
+//! pool a small face identification would wait behind the whole of a large iris scan (rayon
+//! takes queued calls only when the running one has no piece left to steal). The pools kept
+//! are therefore as many as the most calls that ever overlapped, per thread count. Work run
+//! there uses rayon's parallel iterators, which split it by work stealing.
 //!
 //! A host process may need to start its threads in its own way — a PostgreSQL backend must
 //! start them with every signal blocked, so that its signal handlers keep running on the main
@@ -14,6 +19,7 @@
 use std::any::Any;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use rayon::{ThreadBuilder, ThreadPool, ThreadPoolBuilder};
@@ -24,9 +30,16 @@ pub type Spawner = fn(ThreadBuilder) -> io::Result<()>;
 /// The spawner set by the host process, if any; [`spawn_thread`] otherwise.
 static SPAWNER: OnceLock<Spawner> = OnceLock::new();
 
-/// The pools built so far, by thread count. Leaked on purpose: they live as long as the
-/// process, and a `&'static` lets callers use one without holding the lock.
-static POOLS: Mutex<Vec<(usize, &'static ThreadPool)>> = Mutex::new(Vec::new());
+/// One pool kept for the process, and whether a call holds it now.
+struct Slot {
+    threads: usize,
+    pool: ThreadPool,
+    leased: AtomicBool,
+}
+
+/// The pools built so far. Leaked on purpose: they live as long as the process, and a
+/// `&'static` lets a lease use one without holding the lock.
+static POOLS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
 
 /// The payload of a panic raised by the work (as `std::thread::JoinHandle::join` gives it).
 pub type Panic = Box<dyn Any + Send + 'static>;
@@ -46,23 +59,43 @@ pub fn spawn_thread(thread: ThreadBuilder) -> io::Result<()> {
         .map(|_| ())
 }
 
-/// The pool of `threads` threads, built on first use.
-fn pool(threads: usize) -> Result<&'static ThreadPool, rayon::ThreadPoolBuildError> {
+/// A pool of `threads` threads held by one call until dropped.
+struct Lease(&'static Slot);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.leased.store(false, Ordering::Release);
+    }
+}
+
+/// Leases a free pool of `threads` threads, building one when every such pool is held.
+fn lease(threads: usize) -> Result<Lease, rayon::ThreadPoolBuildError> {
     // A poisoned lock only means another thread panicked while pushing; the list is intact.
     let mut pools = POOLS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, pool)) = pools.iter().find(|(n, _)| *n == threads) {
-        return Ok(pool);
+    let free = pools.iter().find(|slot| {
+        slot.threads == threads
+            && slot
+                .leased
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    });
+    if let Some(slot) = free {
+        return Ok(Lease(slot));
     }
     let spawner = SPAWNER.get().copied().unwrap_or(spawn_thread);
-    let built = ThreadPoolBuilder::new()
+    let pool = ThreadPoolBuilder::new()
         .num_threads(threads)
         .spawn_handler(spawner)
         .build()?;
-    let pool: &'static ThreadPool = Box::leak(Box::new(built));
-    pools.push((threads, pool));
-    Ok(pool)
+    let slot: &'static Slot = Box::leak(Box::new(Slot {
+        threads,
+        pool,
+        leased: AtomicBool::new(true),
+    }));
+    pools.push(slot);
+    Ok(Lease(slot))
 }
 
 /// Runs `work` with its parallel iterators on a pool of `threads` threads (0 counts as 1; with
@@ -70,10 +103,16 @@ fn pool(threads: usize) -> Result<&'static ThreadPool, rayon::ThreadPoolBuildErr
 /// would use its global pool, sized by the machine, not the setting). A panic inside the work
 /// comes back as `Err` with its payload instead of unwinding through the caller, as does a
 /// pool that cannot be built (the process may start no more threads).
+///
+/// Called from work already on a pool, the work runs there (nested parallel iterators split
+/// over the pool in use) rather than leasing a second pool.
 pub fn on_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> Result<R, Panic> {
-    let pool = pool(threads.max(1))
+    if rayon::current_thread_index().is_some() {
+        return catch_unwind(AssertUnwindSafe(work));
+    }
+    let lease = lease(threads.max(1))
         .map_err(|e| -> Panic { Box::new(format!("cannot start {threads} pool threads: {e}")) })?;
-    catch_unwind(AssertUnwindSafe(|| pool.install(work)))
+    catch_unwind(AssertUnwindSafe(|| lease.0.pool.install(work)))
 }
 
 /// Whether `len` items are worth handing to a pool of `threads` threads: at least two pieces
@@ -140,8 +179,7 @@ mod tests {
     #[test]
     fn an_odd_count_of_heavy_items_uses_every_thread() {
         // Three items: without a minimum piece rayon splits them, and another thread takes
-        // work (each item waits long enough for it to steal). A pool of a size no other test
-        // asks for, so that no other test's work keeps its threads busy.
+        // work (each item waits long enough for it to steal). The pool is this call's alone.
         let used = on_threads(7, || {
             (0..3u32)
                 .into_par_iter()
@@ -153,6 +191,40 @@ mod tests {
         })
         .expect("no panic");
         assert!(used.len() >= 2, "{used:?}");
+    }
+
+    #[test]
+    fn overlapping_calls_each_get_a_pool_of_their_own() {
+        // Each call waits, on its one pool thread, until both have started: on one shared
+        // pool of one thread the second would wait for the first, which never ends.
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let wait_for_the_other = |both: std::sync::Arc<std::sync::Barrier>| {
+            move || {
+                on_threads(1, || {
+                    both.wait();
+                    rayon::current_thread_index()
+                })
+            }
+        };
+        let other = std::thread::spawn(wait_for_the_other(both.clone()));
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(wait_for_the_other(both)());
+        });
+        let mine = finished
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the second call ran beside the first")
+            .expect("no panic");
+        let theirs = other.join().expect("joined").expect("no panic");
+        assert_eq!((mine, theirs), (Some(0), Some(0)));
+    }
+
+    #[test]
+    fn a_call_from_inside_a_pool_runs_on_that_pool() {
+        let sizes = on_threads(3, || on_threads(1, rayon::current_num_threads))
+            .expect("no panic")
+            .expect("no panic");
+        assert_eq!(sizes, 3);
     }
 
     #[test]

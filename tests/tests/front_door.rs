@@ -14,6 +14,7 @@ use privmatch_core::face::quantize::{plaintext_match, Quantizer};
 use privmatch_core::face::Metric;
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
+use privmatch_core::wire::sealed_input::{SealedInput, SealedKind};
 use privmatch_e2e::{enrollment_line, write_lines, Cluster, PartyConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -193,6 +194,33 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         matched += expected.len();
     }
     assert!(matched >= 5, "only {matched} matches");
+
+    // A sealed search relabelled for the other function (its kind changed, its sealed mode
+    // not): refused with 22023 before the coordinator is asked, and no session is left.
+    for (sealed, kind, sql, sealed_for) in [
+        (
+            &uniqueness[0].1,
+            SealedKind::IrisIdentify,
+            "SELECT count(*) FROM privmatch.iris_identify($1)",
+            "uniqueness",
+        ),
+        (
+            &identify[0].1,
+            SealedKind::IrisUniqueness,
+            "SELECT privmatch.iris_is_unique($1)",
+            "identify",
+        ),
+    ] {
+        let mut relabelled = SealedInput::parse(sealed).expect("a sealed input");
+        relabelled.kind = kind;
+        let (code, message) = refused(&cluster, &app, sql, &[&relabelled.encode()]);
+        assert_eq!(code, "22023", "{sql}: {message}");
+        assert!(
+            message.contains(&format!("was sealed for {sealed_for} but given to")),
+            "{message}"
+        );
+    }
+    assert_eq!(cluster.prepared_counts(), [0; 3]);
 
     // --- faces: 20 templates enrolled through SQL ----------------------------------------
     const DIM: usize = 128;

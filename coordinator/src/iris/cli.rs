@@ -19,8 +19,10 @@ use crate::iris::input::{
     for_each_record, read_probe_file, validate_file, EnrollRecord, ProbeRecord,
 };
 use crate::iris::synth::SynthArgs;
-use privmatch_api::iris::eyes::{EyePolicy, Match, UNIQUENESS_AND_UNSUPPORTED};
-use privmatch_api::iris::{if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse};
+use privmatch_api::iris::eyes::{EyePolicy, Match};
+use privmatch_api::iris::{
+    check_policy, if_unique_params, search_params, EnrollIfUniqueOutcome, SearchResponse,
+};
 
 /// `privmatch iris …`.
 #[derive(Subcommand, Clone, Debug)]
@@ -118,14 +120,18 @@ impl SearchArgs {
         }
     }
 
-    /// The search parameters the flags give at the parties' policy `threshold`, checked.
-    pub fn params(&self, threshold: f64) -> Result<SearchParams> {
-        let mode = if self.uniqueness {
+    /// The search mode the flags ask for.
+    pub fn mode(&self) -> SearchMode {
+        if self.uniqueness {
             SearchMode::Uniqueness
         } else {
             SearchMode::Identify
-        };
-        search_params(mode, self.max_rotation, threshold).map_err(|e| anyhow!(e))
+        }
+    }
+
+    /// The search parameters the flags give at the parties' policy `threshold`, checked.
+    pub fn params(&self, threshold: f64) -> Result<SearchParams> {
+        search_params(self.mode(), self.max_rotation, threshold).map_err(|e| anyhow!(e))
     }
 }
 
@@ -229,12 +235,12 @@ pub fn format_probe_result(line: usize, response: &SearchResponse, json: bool) -
     }
 }
 
-/// Refuses uniqueness with policy `and` when a probe has both eyes, before anything is sent.
-fn check_policy(probes: &[ProbeRecord], args: &SearchArgs) -> Result<()> {
-    if args.uniqueness && args.policy() == EyePolicy::And {
-        if let Some(probe) = probes.iter().find(|p| p.eyes.len() > 1) {
-            bail!("line {}: {UNIQUENESS_AND_UNSUPPORTED}", probe.line);
-        }
+/// Checks every probe's eyes against the mode and two-eye policy (the API's
+/// [`check_policy`]: uniqueness with `and` over both eyes is refused) before anything is sent.
+fn check_probe_policies(probes: &[ProbeRecord], args: &SearchArgs) -> Result<()> {
+    for probe in probes {
+        check_policy(args.mode(), args.policy(), probe.eyes.len())
+            .map_err(|e| anyhow!("line {}: {e}", probe.line))?;
     }
     Ok(())
 }
@@ -243,7 +249,7 @@ fn check_policy(probes: &[ProbeRecord], args: &SearchArgs) -> Result<()> {
 /// session per eye) and prints one line per probe, in input order.
 async fn search(config: &Config, args: &SearchArgs) -> Result<()> {
     let probes = read_probe_file(&args.input)?;
-    check_policy(&probes, args)?;
+    check_probe_policies(&probes, args)?;
     let mut client = IrisClient::new(config)?;
     let params = args.params(client.policy().await?)?;
     let started = Instant::now();
@@ -475,7 +481,7 @@ mod tests {
             policy: policy.into(),
             max_rotation: 15,
         };
-        let err = check_policy(&probes, &args(true, "and"))
+        let err = check_probe_policies(&probes, &args(true, "and"))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -483,8 +489,8 @@ mod tests {
             err.contains("line 4") && err.contains("not supported"),
             "{err}"
         );
-        assert!(check_policy(&probes, &args(true, "or")).is_ok());
-        assert!(check_policy(&probes, &args(false, "and")).is_ok());
+        assert!(check_probe_policies(&probes, &args(true, "or")).is_ok());
+        assert!(check_probe_policies(&probes, &args(false, "and")).is_ok());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::crypto::party_sign::PartyVerifyingKey;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
 use privmatch_core::iris::enroll::{
-    seal_iris_enrollment, seal_iris_enrollment_batch, EnrollRequest, Eye, IRIS_ENROLL_PURPOSE,
+    seal_iris_enrollment, seal_iris_enrollment_batch_on, EnrollRequest, Eye, IRIS_ENROLL_PURPOSE,
 };
 use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
@@ -67,6 +67,12 @@ struct SealedBatch {
     body: Vec<u8>,
 }
 
+/// Threads the client shares a batch of enrolments on: every core of the machine (the sharing
+/// is the client's CPU work; the sealing and the sending stay on one thread each).
+fn sealing_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// Shares and seals one batch: one envelope per party, each signed for its party by the
 /// client `client` when there is one (purpose `iris-enrol`), framed for the coordinator.
 fn seal_batch(
@@ -84,7 +90,7 @@ fn seal_batch(
         })
         .collect();
     let lines = BatchLines::of(pending.iter().map(|r| r.line));
-    let (envelopes, _) = seal_iris_enrollment_batch(&requests, keys, rng)
+    let (envelopes, _) = seal_iris_enrollment_batch_on(&requests, keys, sealing_threads(), rng)
         .with_context(|| format!("sealing lines {}..={}", lines.first, lines.last))?;
     let envelopes = sign_each(client, IRIS_ENROLL_PURPOSE, envelopes);
     Ok(SealedBatch {

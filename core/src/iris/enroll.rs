@@ -24,13 +24,17 @@
 //! | 25+n | 2·12,800 | code share coefficients (u16) |
 //! | … | 2·6,400 | mask share coefficients (u16) |
 
-use rand_core::{CryptoRng, RngCore};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{CryptoRng, RngCore, SeedableRng};
+use rayon::prelude::*;
+use zeroize::Zeroizing;
 
 use crate::crypto::seal::{open_sealed_box, PartyPublicKey, PartySecretKey, SealError};
 use crate::iris::encoding::{
     share_template, EncodingError, IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS,
 };
 use crate::iris::template::IrisTemplate;
+use crate::parallel::{on_threads, worth_a_pool};
 use crate::party::PartyIndex;
 use crate::wire::envelope::{
     envelope_bundles, seal_envelopes, validate_subject, BundleId, EnvelopeError, SealedEnvelopes,
@@ -228,32 +232,97 @@ pub struct EnrollRequest<'a> {
 
 /// Client side: splits every template of the batch into three Shamir shares and seals, per
 /// party, one envelope with that party's bundles to its pinned key. Returns the three sealed
-/// envelopes (indexed by party) and the bundle ids, in record order.
+/// envelopes (indexed by party) and the bundle ids, in record order. Runs on the caller's
+/// thread; [`seal_iris_enrollment_batch_on`] spreads the sharing over a pool.
 pub fn seal_iris_enrollment_batch<R: RngCore + CryptoRng>(
     records: &[EnrollRequest<'_>],
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<(SealedEnvelopes, Vec<BundleId>), BundleError> {
-    let mut per_party: [Vec<Vec<u8>>; 3] = Default::default();
-    let mut ids = Vec::with_capacity(records.len());
-    for record in records {
-        validate_subject(record.subject)?;
-        let mut bundle_id = [0u8; 16];
-        rng.fill_bytes(&mut bundle_id);
-        for share in share_template(record.template, rng)? {
-            let party = share.party.as_usize();
-            let bundle = IrisEnrollBundle {
-                bundle_id,
-                subject: record.subject.to_owned(),
-                eye: record.eye,
-                share,
+    seal_iris_enrollment_batch_on(records, party_keys, 1, rng)
+}
+
+/// Fewest records worth a pool thread: sharing one template takes tens of microseconds, so
+/// smaller pieces would cost more in hand-offs than they save.
+const MIN_SHARING_PIECE: usize = 16;
+
+/// What the sharing of one record needs from the caller's generator, drawn up front in record
+/// order so that the envelopes do not depend on the thread count: its bundle id and the seed
+/// of the generator its shares are drawn from (wiped when dropped: with one share it would
+/// reveal the template).
+struct RecordDraw {
+    bundle_id: BundleId,
+    seed: Zeroizing<[u8; 32]>,
+}
+
+/// [`seal_iris_enrollment_batch`] with the records' sharing spread over a pool of `threads`
+/// threads ([`crate::parallel`]); the sealing of the three envelopes stays on the caller's
+/// thread. For a given generator state the result is the same for every `threads`.
+pub fn seal_iris_enrollment_batch_on<R: RngCore + CryptoRng>(
+    records: &[EnrollRequest<'_>],
+    party_keys: &[PartyPublicKey; 3],
+    threads: usize,
+    rng: &mut R,
+) -> Result<(SealedEnvelopes, Vec<BundleId>), BundleError> {
+    let draws: Vec<RecordDraw> = records
+        .iter()
+        .map(|_| {
+            let mut draw = RecordDraw {
+                bundle_id: [0u8; 16],
+                seed: Zeroizing::new([0u8; 32]),
             };
-            per_party[party].push(bundle.encode());
+            rng.fill_bytes(&mut draw.bundle_id);
+            rng.fill_bytes(draw.seed.as_mut());
+            draw
+        })
+        .collect();
+    let bundles: Vec<Result<[Vec<u8>; 3], BundleError>> =
+        if worth_a_pool(records.len(), MIN_SHARING_PIECE, threads) {
+            on_threads(threads, || {
+                records
+                    .par_iter()
+                    .zip(&draws)
+                    .map(|(record, draw)| share_record(record, draw))
+                    .collect()
+            })
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        } else {
+            records
+                .iter()
+                .zip(&draws)
+                .map(|(record, draw)| share_record(record, draw))
+                .collect()
+        };
+    let mut per_party: [Vec<Vec<u8>>; 3] = Default::default();
+    for record in bundles {
+        for (party, bundle) in record?.into_iter().enumerate() {
+            per_party[party].push(bundle);
         }
-        ids.push(bundle_id);
     }
     let sealed = seal_envelopes(&per_party, party_keys, IRIS_ENROLL_PURPOSE, rng);
-    Ok((sealed, ids))
+    Ok((sealed, draws.iter().map(|d| d.bundle_id).collect()))
+}
+
+/// One record's three encoded bundles, indexed by party: its template shared with a
+/// generator seeded from `draw`.
+fn share_record(
+    record: &EnrollRequest<'_>,
+    draw: &RecordDraw,
+) -> Result<[Vec<u8>; 3], BundleError> {
+    validate_subject(record.subject)?;
+    let mut rng = ChaCha20Rng::from_seed(*draw.seed);
+    let mut out: [Vec<u8>; 3] = Default::default();
+    for share in share_template(record.template, &mut rng)? {
+        let party = share.party.as_usize();
+        out[party] = IrisEnrollBundle {
+            bundle_id: draw.bundle_id,
+            subject: record.subject.to_owned(),
+            eye: record.eye,
+            share,
+        }
+        .encode();
+    }
+    Ok(out)
 }
 
 /// Client side, one record: as [`seal_iris_enrollment_batch`] with a batch of one. Returns the
@@ -317,6 +386,28 @@ mod tests {
         (rng, secrets, publics)
     }
 
+    /// `n` random templates and their subjects `s0`, `s1`, ….
+    fn records(n: usize, rng: &mut ChaCha20Rng) -> (Vec<IrisTemplate>, Vec<String>) {
+        let templates = (0..n).map(|_| random_template(rng)).collect();
+        (templates, (0..n).map(|i| format!("s{i}")).collect())
+    }
+
+    fn requests<'a>(
+        templates: &'a [IrisTemplate],
+        subjects: &'a [String],
+        eye: Eye,
+    ) -> Vec<EnrollRequest<'a>> {
+        templates
+            .iter()
+            .zip(subjects)
+            .map(|(template, subject)| EnrollRequest {
+                template,
+                subject,
+                eye,
+            })
+            .collect()
+    }
+
     #[test]
     fn sealed_bundles_open_and_reconstruct() {
         let (mut rng, secrets, publics) = setup();
@@ -343,17 +434,8 @@ mod tests {
     #[test]
     fn batch_envelopes_carry_every_record_in_order() {
         let (mut rng, secrets, publics) = setup();
-        let templates: Vec<IrisTemplate> = (0..5).map(|_| random_template(&mut rng)).collect();
-        let subjects: Vec<String> = (0..5).map(|i| format!("s{i}")).collect();
-        let requests: Vec<EnrollRequest<'_>> = templates
-            .iter()
-            .zip(&subjects)
-            .map(|(template, subject)| EnrollRequest {
-                template,
-                subject,
-                eye: Eye::Left,
-            })
-            .collect();
+        let (templates, subjects) = records(5, &mut rng);
+        let requests = requests(&templates, &subjects, Eye::Left);
         let (sealed, ids) =
             seal_iris_enrollment_batch(&requests, &publics, &mut rng).expect("seal");
         let opened: Vec<Vec<IrisEnrollBundle>> = PartyIndex::ALL
@@ -377,6 +459,39 @@ mod tests {
         let mut truncated = sealed[0].clone();
         truncated.truncate(truncated.len() - 100);
         assert!(open_iris_enrollment(PartyIndex::ALL[0], &secrets[0], &truncated).is_err());
+    }
+
+    #[test]
+    fn a_batch_shared_on_a_pool_is_the_one_shared_on_the_callers_thread() {
+        let (mut rng, secrets, publics) = setup();
+        let (templates, subjects) = records(70, &mut rng);
+        let requests = requests(&templates, &subjects, Eye::Right);
+        let seal_on = |threads: usize| {
+            let mut rng = ChaCha20Rng::seed_from_u64(5);
+            seal_iris_enrollment_batch_on(&requests, &publics, threads, &mut rng).expect("seal")
+        };
+        let (sequential, ids) = seal_on(1);
+        // 70 records make four pieces of 16 or more: the pool is used at 3 threads.
+        assert!(worth_a_pool(requests.len(), MIN_SHARING_PIECE, 3));
+        for threads in [2, 3] {
+            let (pooled, pooled_ids) = seal_on(threads);
+            assert_eq!(pooled_ids, ids, "{threads} threads");
+            assert!(pooled == sequential, "{threads} threads");
+        }
+        let last = open_iris_enrollment(PartyIndex::ALL[2], &secrets[2], &sequential[2])
+            .expect("open")
+            .pop()
+            .expect("70 bundles");
+        assert_eq!((last.subject.as_str(), last.bundle_id), ("s69", ids[69]));
+    }
+
+    #[test]
+    fn a_bad_subject_anywhere_in_a_pooled_batch_refuses_the_batch() {
+        let (mut rng, _, publics) = setup();
+        let (templates, mut subjects) = records(40, &mut rng);
+        subjects[33].clear();
+        let requests = requests(&templates, &subjects, Eye::Left);
+        assert!(seal_iris_enrollment_batch_on(&requests, &publics, 2, &mut rng).is_err());
     }
 
     #[test]
