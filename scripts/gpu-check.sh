@@ -57,6 +57,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
+# A test step whose filter matches no test passes while testing nothing: say so, and fail.
+FAILED=""
+none_ran() {
+    if grep -q '^running 0 tests' "$OUT/$1.log"; then
+        echo "$1: no test matched the step's filter: it tested nothing"
+        FAILED="$FAILED $1"
+    fi
+}
 OUT=${OUT:-$BIN/out}
 mkdir -p "$OUT"
 step() { echo; echo "== $* ($(date -u +%T))"; }
@@ -73,19 +81,19 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 if wanted tests; then
 step "tests (bit-exact against the CPU scan)"
 timeout 200 "$BIN/device-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
-echo "tests rc=${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}; echo "tests rc=$rc"; [ "$rc" = 0 ] || FAILED="$FAILED tests"; none_ran tests
 fi
 
 if wanted search; then
 step "whole searches, three parties scanning on the GPU"
 timeout 200 "$BIN/search-tests" --nocapture 2>&1 | tee "$OUT/search.log"
-echo "search rc=${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}; echo "search rc=$rc"; [ "$rc" = 0 ] || FAILED="$FAILED search"; none_ran search
 fi
 
 if wanted engine; then
 step "the engine worker's choice of backend (privmatch.gpu), with the real probe"
-timeout 60 "$BIN/engine-tests" engine::worker --nocapture 2>&1 | grep -v '^test .* ok$' | tee "$OUT/engine.log"
-echo "engine rc=${PIPESTATUS[0]}"
+timeout 60 "$BIN/engine-tests" engine::iris::backend --nocapture 2>&1 | grep -v '^test .* ok$' | tee "$OUT/engine.log"
+rc=${PIPESTATUS[0]}; echo "engine rc=$rc"; [ "$rc" = 0 ] || FAILED="$FAILED engine"; none_ran engine
 fi
 
 if wanted sanitizer; then
@@ -93,7 +101,7 @@ step "compute-sanitizer memcheck on the small tests"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/device-tests" small_bit_exact small_follows small_two_shards --test-threads=1 2>&1 \
     | tail -40 | tee "$OUT/sanitizer.log"
-echo "sanitizer rc=${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}; echo "sanitizer rc=$rc"; [ "$rc" = 0 ] || FAILED="$FAILED sanitizer"; none_ran sanitizer
 fi
 
 if wanted sanitizer-large; then
@@ -117,7 +125,7 @@ ldd "$(pg_config --pkglibdir)/privmatch.so" "$(pg_config --bindir)/postgres" | g
 timeout 420 "$PM/e2e/iris_search_cli" --exact \
     with_gpu_on_searches_scan_on_the_gpu_and_agree_with_the_plaintext_matcher --nocapture 2>&1 \
     | tee "$OUT/e2e.log"
-echo "e2e rc=${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}; echo "e2e rc=$rc"; [ "$rc" = 0 ] || FAILED="$FAILED e2e"; none_ran e2e
 fi
 
 if wanted bench-iris; then
@@ -143,7 +151,9 @@ echo "bench-iris cpu rc=${PIPESTATUS[0]}"
 privmatch cluster down 2>&1 | tail -1
 fi
 
-wanted bench || exit 0
+finish() { [ -z "$FAILED" ] || { echo "failed:$FAILED"; exit 1; }; exit 0; }
+wanted bench || finish
 step "benchmark (N = $SIZES)"
 timeout 230 "$BIN/gpu_scan" --n "$SIZES" --reps 5 2>&1 | tee "$OUT/bench.log"
 echo "bench rc=${PIPESTATUS[0]}"
+finish

@@ -10,6 +10,9 @@
 //! measured in the same run); the time of a plaintext matcher (open-iris semantics, u64
 //! popcounts) over the same N; and, with rotations, the engine's CPU backend (`CpuScan`, on a
 //! rayon pool) against scoped threads started per scan (this example's own split), interleaved.
+//! Last, a small scan (1 % of the rows, no rotation) alone and while a large one (every row, 31
+//! rotations) runs on another thread: on pools leased per call the small one shares the cores;
+//! on one pool shared by all calls it would wait for the large one to finish.
 
 use std::time::Instant;
 
@@ -127,6 +130,42 @@ fn pool_against_scoped(
     (pool[pool.len() / 2], scoped[scoped.len() / 2])
 }
 
+/// Median wall time of `reps` small scans of `small` with `CpuScan` on `threads` threads:
+/// alone, and started while a large scan of `large` (from another thread) is running.
+fn small_beside_large(
+    small: &ShareMatrix<'_>,
+    large: &ShareMatrix<'_>,
+    small_query: &PreparedQuery,
+    large_query: &PreparedQuery,
+    threads: usize,
+    reps: usize,
+) -> (f64, f64, f64) {
+    let cpu = CpuScan::new(DotKernel::detect(), threads);
+    let timed = |db: &ShareMatrix<'_>, query: &PreparedQuery| {
+        let start = Instant::now();
+        if let Err(e) = cpu.scan(db, query, Interrupt::never()) {
+            eprintln!("scan failed: {e}");
+        }
+        start.elapsed().as_secs_f64()
+    };
+    let (mut alone, mut beside, mut large_times) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        alone.push(timed(small, small_query));
+        std::thread::scope(|scope| {
+            let running = scope.spawn(|| timed(large, large_query));
+            // Let the large scan take its pool threads first.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            beside.push(timed(small, small_query));
+            large_times.push(running.join().unwrap_or(f64::NAN));
+        });
+    }
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    (median(alone), median(beside), median(large_times))
+}
+
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
@@ -220,4 +259,26 @@ fn main() {
             );
         }
     }
+    let small_rows = (n / 100).max(1);
+    let small = match ShareMatrix::new(
+        &codes[..small_rows * CODE_SHARE_COEFS],
+        &masks[..small_rows * MASK_SHARE_COEFS],
+    ) {
+        Ok(db) => db,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let queries = [0, 15].map(|r| PreparedQuery::prepare(&shares[0], r));
+    let [Ok(no_rotation), Ok(rotations)] = queries else {
+        eprintln!("cannot prepare the queries");
+        std::process::exit(1);
+    };
+    let (alone, beside, large) =
+        small_beside_large(&small, &db, &no_rotation, &rotations, threads, reps);
+    println!(
+        "  overlap: a scan of {small_rows} rows (no rotation, CpuScan, {threads} threads) alone {alone:.4} s; started 20 ms into a scan of {n} rows x 31 rotations ({large:.3} s) {beside:.4} s ({:.1} x alone)",
+        beside / alone
+    );
 }
