@@ -40,6 +40,13 @@ cp target/release/privmatch target/release/privmatch-fault-injection
 cargo build --release -p privmatch-coordinator --quiet
 PRIVMATCH_BIN="$(pwd)/target/release/privmatch-fault-injection" cargo test --release -p privmatch-e2e
 
+# The load runner, briefly, on a local cluster whose coordinator–party links are delayed (the
+# relay of `privmatch cluster up --link-delay-ms`): it must run, count and pass its checks (the
+# delayed links' among them); its figures are benchmarks and are not read here.
+echo "==> load runner smoke (tests/pgbench/load.sh, 5 ms links)"
+timeout 600 tests/pgbench/load.sh --target local --scripts iris-identify,face-verify \
+    --clients 1,2 --duration 3 --iris 100 --faces 20 --link-delay-ms 5
+
 # The docker compose deployment end to end (deploy/smoke.sh: SKIP where Docker is absent):
 # images, key ceremony, enrolment and matching through the coordinator and through SQL, the
 # coordinator and a party killed, down/up.

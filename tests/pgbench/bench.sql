@@ -9,7 +9,10 @@
 -- run goes on through faults (pgbench ends a client at its first error that is not a
 -- serialization failure); the runner reports them. An exhausted staging table raises: the
 -- runner sealed too few inputs for the level, and the level is invalid.
-DROP TABLE IF EXISTS privmatch_bench.outcomes, privmatch_bench.inputs;
+DROP TABLE IF EXISTS privmatch_bench.outcomes, privmatch_bench.inputs, privmatch_bench.staged;
+-- Where the runner copies a file of sealed inputs before giving them their kind and level (a
+-- table of the schema, not a temporary one: logins may not create temporary tables).
+CREATE UNLOGGED TABLE privmatch_bench.staged (subject text, sealed text);
 CREATE TABLE privmatch_bench.inputs (
     id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind    text    NOT NULL,

@@ -6,6 +6,12 @@
 #   tests/pgbench/load.sh [--target local|compose] [--clients 1,2,4,8,16] [--duration SECONDS]
 #                         [--scripts iris-enroll,iris-identify,...] [--iris N] [--faces N]
 #                         [--report FILE] [--keep] [--fault party|coordinator]
+#                         [--link-delay-ms MS]
+#
+# --link-delay-ms (local only): every link between the coordinator and a party gets MS of
+# one-way delay, both ways (`privmatch cluster up --link-delay-ms`: a relay in front of each
+# party and of the coordinator), as if the three organisations and the coordinator ran on
+# hosts apart.
 #
 # --fault (compose only): during the 4-client level of iris-enroll and of iris-identify, P1's
 # container (party) or the coordinator's is killed a third of the way in and started again at
@@ -22,7 +28,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/tests/pgbench
 PM=${PRIVMATCH_BIN:-$ROOT/target/release/privmatch}
 
-target=local clients=1,2,4,8,16 duration=10 keep=0 report="" fault=""
+target=local clients=1,2,4,8,16 duration=10 keep=0 report="" fault="" link_delay_ms=0
 # Searches first, so that every level of a search script sees the same template set.
 scripts=iris-identify,iris-uniqueness,iris-enroll,face-verify,face-identify,face-enroll
 iris_base=1000 face_base=200
@@ -37,13 +43,16 @@ while [ $# -gt 0 ]; do
     --report) report=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --fault) fault=$2; shift 2 ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    --link-delay-ms) link_delay_ms=$2; shift 2 ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "load.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case $target in local | compose) ;; *) echo "load.sh: --target is local or compose" >&2; exit 2 ;; esac
 case $fault in "" | party | coordinator) ;; *) echo "load.sh: --fault is party or coordinator" >&2; exit 2 ;; esac
 [ -z "$fault" ] || [ "$target" = compose ] || { echo "load.sh: --fault needs --target compose" >&2; exit 2; }
+[[ "$link_delay_ms" =~ ^[0-9]+$ ]] || { echo "load.sh: --link-delay-ms is a whole number of milliseconds" >&2; exit 2; }
+[ "$link_delay_ms" = 0 ] || [ "$target" = local ] || { echo "load.sh: --link-delay-ms is built for --target local only (compose: not yet)" >&2; exit 2; }
 [ -x "$PM" ] || { echo "load.sh: no CLI at $PM: run scripts/setup.sh first" >&2; exit 1; }
 command -v pgbench >/dev/null || { echo "load.sh: pgbench is missing (Debian: postgresql-15)" >&2; exit 1; }
 
@@ -63,7 +72,8 @@ if [ "$target" = local ]; then
   port=17500
   cfg=(--home "$home")
   target_up() {
-    "$PM" --home "$home" cluster up --base-port $port --coordinator-port $((port + 9)) >/dev/null
+    "$PM" --home "$home" cluster up --base-port $port --coordinator-port $((port + 9)) \
+      --link-delay-ms "$link_delay_ms" >/dev/null
   }
   target_down() { "$PM" --home "$home" cluster down --purge >/dev/null 2>&1 || true; }
   op_sql() { # op_sql PARTY SQL
@@ -177,8 +187,8 @@ seal() {
       lines face-probes.ndjson "$n" >"$input"
       "$PM" "${cfg[@]}" face seal --for identify --front-door 0 --input "$input" --out "$out" 2>/dev/null ;;
   esac
-  app_sql -c "CREATE TEMP TABLE staged (subject text, sealed text)" -c "\\copy staged FROM pstdin" \
-    -c "INSERT INTO privmatch_bench.inputs (kind, level, subject, sealed) SELECT '$kind', $level, subject, sealed FROM staged" \
+  app_sql -c "TRUNCATE privmatch_bench.staged" -c "\\copy privmatch_bench.staged FROM pstdin" \
+    -c "INSERT INTO privmatch_bench.inputs (kind, level, subject, sealed) SELECT '$kind', $level, subject, sealed FROM privmatch_bench.staged" \
     <"$out" >/dev/null
   rm -f "$input" "$out"
 }
@@ -196,6 +206,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 features=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|vaes|aes|sha_ni' | sort | tr '\n' ' ')
 rows=()
 level=0
+identify_p50=""  # the lowest p50 of the iris-identify levels (the delayed links' check)
 for kind in ${scripts//,/ }; do
   [ -f "$HERE/$kind.pgbench" ] || fail "no script $HERE/$kind.pgbench"
   rate=$(guess "$kind")
@@ -245,6 +256,9 @@ for kind in ${scripts//,/ }; do
       note="${note}pgbench counted ${processed:-?} transactions, the outcomes $((ok + errors))"
     fi
     [ "$errors" = 0 ] && codes="" || codes=" ($codes)"
+    if [ "$kind" = iris-identify ] && [ "$p50" != - ]; then
+      identify_p50=$(awk -v a="${identify_p50:-$p50}" -v b="$p50" 'BEGIN { print (b < a ? b : a) }')
+    fi
     rows+=("| $target | $kind | $c | $(printf '%.1f' "${tps:-0}") | $p50 | $p95 | $p99 | $ok | $errors$codes | $note |")
     echo "${rows[-1]}" >&2
   done
@@ -274,12 +288,19 @@ check "every face enrolment at P0 and P1 or neither ($want_face = $face_base + $
 [ -z "$resolutions" ] || checks+=("- failed enrolments called again: $resolutions")
 [ "${prepared[*]}" = "0 0 0" ] && r=ok || r="prepared transactions: ${prepared[*]}"
 check "no prepared transaction left at any party" "$r"
+if [ "$link_delay_ms" != 0 ] && [ -n "$identify_p50" ]; then
+  # An identification takes at least 16 rounds, each a round trip on a delayed link: a p50
+  # below that means the links were not delayed (noise only adds time).
+  floor=$((16 * 2 * link_delay_ms))
+  r=$(awk -v p="$identify_p50" -v f="$floor" 'BEGIN { print (p >= f ? "ok" : "p50 " p " ms") }')
+  check "iris identifications crossed the delayed links (lowest p50 $identify_p50 ms ≥ 16 rounds × 2 × $link_delay_ms ms)" "$r"
+fi
 read -r used outcomes <<<"$(app_sql -F ' ' -c "SELECT (SELECT count(*) FROM privmatch_bench.inputs WHERE used), (SELECT count(*) FROM privmatch_bench.outcomes)")"
 [ "$used" = "$outcomes" ] && r=ok || r="$used inputs taken, $outcomes outcomes"
 check "each sealed input taken once, with one outcome ($outcomes)" "$r"
 
 {
-  echo "privmatch load test, $(date -u +%Y-%m-%dT%H:%MZ), target $target${fault:+, fault: $fault killed during the 4-client iris-enroll and iris-identify levels}, $duration s per level, base $iris_base iris templates (±15 rotations) and $face_base faces (dim 128)"
+  echo "privmatch load test, $(date -u +%Y-%m-%dT%H:%MZ), target $target${fault:+, fault: $fault killed during the 4-client iris-enroll and iris-identify levels}, coordinator–party links $link_delay_ms ms one way, $duration s per level, base $iris_base iris templates (±15 rotations) and $face_base faces (dim 128)"
   echo "CPU: $cpu ($(nproc) cores; $features)"
   echo
   echo "| target | script | clients | TPS | p50 ms | p95 ms | p99 ms | ok | errors | transactions: pgbench = outcomes |"

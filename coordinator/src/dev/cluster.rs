@@ -28,7 +28,8 @@
 //! `privmatch.toml` (the client's), `coordinator.toml` (the coordinator's),
 //! `operators/p<i>.toml` (each operator's, with its signing key and identity bundle);
 //! `client.key` (the client's signing key) and `client.key.pub`; `tls/` (the local CA and the
-//! coordinator's certificate); `coordinator.log`, `coordinator.pid`.
+//! coordinator's certificate); `coordinator.log`, `coordinator.pid`; with `--link-delay-ms`,
+//! `delay-proxy.log`, `delay-proxy.pid` and `link-delay-ms` (the delay the links were set up with).
 //!
 //! Nothing secret is ever readable by another local user, not even while `up` runs: the home
 //! is 0700 (0710 with the cluster user's group when run as root, so the servers and the
@@ -56,6 +57,7 @@ use crate::config::{
     operator_config_file, Config, CoordinatorConfig, OperatorConfig, PartyConfig, CONFIG_FILE,
     COORDINATOR_CONFIG_FILE,
 };
+use crate::dev::delay::{self, Link};
 use crate::server::auth::{ApiKeys, Scope};
 use crate::tls::LocalCa;
 use privmatch_api::wire::PartyStatus;
@@ -83,6 +85,23 @@ pub enum ClusterAction {
         /// inputs accepted too, e.g. to try the protocol functions by hand in SQL).
         #[arg(long, default_value = "required", value_parser = ["required", "optional"])]
         client_auth: String,
+        /// One-way delay in milliseconds on every link between the coordinator and a party,
+        /// both ways (the coordinator's connections to the parties and the front doors' calls
+        /// to the coordinator), as if they ran on hosts apart: a relay process
+        /// (`delay-proxy.pid`, `delay-proxy.log`) listens 20 ports above each party and the
+        /// coordinator. 0: direct links. A running cluster keeps its delay: `down` first.
+        #[arg(long, default_value_t = 0)]
+        link_delay_ms: u64,
+    },
+    /// The relay of `up --link-delay-ms` (started by `up`; runs until stopped).
+    #[command(hide = true)]
+    DelayProxy {
+        /// A delayed link, `LISTEN=TARGET` (ip:port each); repeated.
+        #[arg(long = "link", required = true)]
+        links: Vec<Link>,
+        /// The one-way delay in milliseconds.
+        #[arg(long)]
+        one_way_ms: u64,
     },
     /// Stop the coordinator and the parties.
     Down {
@@ -530,10 +549,12 @@ async fn coordinator_healthy(config: &Config) -> bool {
 
 /// Starts the coordinator in the background, as the cluster user when run as root (never as
 /// root), its output appended to `coordinator.log` (0600).
-fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) -> Result<()> {
+/// Starts `privmatch <args>` detached from this command's session, as the cluster user when
+/// run as root, logging to `<name>.log` (0600) and recording its pid in `<name>.pid`.
+fn start_detached(runner: &Runner, home: &Path, name: &str, args: &[String]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::process::CommandExt;
-    let log_path = home.join("coordinator.log");
+    let log_path = home.join(format!("{name}.log"));
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -544,17 +565,16 @@ fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) ->
     chmod(&log_path, 0o600)?;
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.args(["coordinator", "serve", "--coordinator-config"])
-        .arg(coordinator_config)
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     if let Some((uid, gid)) = runner.ids {
         // The standard library sets the group, drops the supplementary groups and then sets
-        // the user in the child before exec: the coordinator never runs as root.
+        // the user in the child before exec: it never runs as root.
         cmd.uid(uid).gid(gid);
     }
-    // Detach from our session so the coordinator outlives this command.
+    // Detach from our session so the process outlives this command.
     // SAFETY: the hook runs in the forked child before exec and calls only setsid, which is
     // async-signal-safe, allocates nothing and touches no memory shared with the parent.
     unsafe {
@@ -563,31 +583,42 @@ fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) ->
             Ok(())
         });
     }
-    let child = cmd.spawn().context("cannot start the coordinator")?;
-    crate::files::write_private(&home.join("coordinator.pid"), &child.id().to_string())?;
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start the {name}"))?;
+    crate::files::write_private(&home.join(format!("{name}.pid")), &child.id().to_string())?;
     Ok(())
 }
 
-fn stop_coordinator(home: &Path) {
-    let pidfile = home.join("coordinator.pid");
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
+fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) -> Result<()> {
+    let config = coordinator_config.display().to_string();
+    let args = ["coordinator", "serve", "--coordinator-config", &config].map(String::from);
+    start_detached(runner, home, "coordinator", &args)
+}
+
+/// The pid recorded in `<name>.pid`, if that process runs.
+fn running_pid(home: &Path, name: &str) -> Option<i32> {
+    let pid = std::fs::read_to_string(home.join(format!("{name}.pid")))
         .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    {
+        .and_then(|s| s.trim().parse::<i32>().ok())?;
+    // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
+    // checks that the process exists.
+    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+}
+
+/// Stops the process recorded in `<name>.pid` (SIGTERM, then SIGKILL after 10 s).
+fn stop_detached(home: &Path, name: &str) {
+    if let Some(pid) = running_pid(home, name) {
         // SAFETY: kill takes plain integers and touches no memory of ours; a stale pid at
         // worst makes it fail with ESRCH.
         unsafe {
             libc::kill(pid, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
-        // checks that the process exists.
-        while Instant::now() < deadline && unsafe { libc::kill(pid, 0) } == 0 {
+        while Instant::now() < deadline && running_pid(home, name).is_some() {
             std::thread::sleep(Duration::from_millis(100));
         }
-        // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
-        // checks that the process exists.
-        if unsafe { libc::kill(pid, 0) } == 0 {
+        if running_pid(home, name).is_some() {
             // SAFETY: kill takes plain integers and touches no memory of ours; a process that
             // exited meanwhile makes it fail with ESRCH.
             unsafe {
@@ -595,7 +626,72 @@ fn stop_coordinator(home: &Path) {
             }
         }
     }
-    std::fs::remove_file(pidfile).ok();
+    std::fs::remove_file(home.join(format!("{name}.pid"))).ok();
+}
+
+/// The process name (pid and log file stem) of the link relay.
+const RELAY: &str = "delay-proxy";
+
+/// The file that records the one-way delay the running cluster's links were set up with.
+const LINK_DELAY_FILE: &str = "link-delay-ms";
+
+/// How far above a party's or the coordinator's port its delayed link listens.
+const RELAY_PORT_OFFSET: u16 = 20;
+
+/// The delayed address in front of `port` on loopback.
+fn relay_port(port: u16) -> Result<u16> {
+    port.checked_add(RELAY_PORT_OFFSET)
+        .with_context(|| format!("port {port} has no room for its delayed link above it"))
+}
+
+/// The delay recorded for this home (0 when none was).
+fn recorded_link_delay(home: &Path) -> u64 {
+    std::fs::read_to_string(home.join(LINK_DELAY_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Refuses to change the delay of a running cluster: its coordinator and front doors were
+/// set up with the other addresses.
+fn check_link_delay(home: &Path, wanted: u64) -> Result<()> {
+    let recorded = recorded_link_delay(home);
+    if recorded != wanted && running_pid(home, "coordinator").is_some() {
+        bail!(
+            "the cluster at {} runs with a link delay of {recorded} ms, not {wanted} ms: run `privmatch cluster down` first",
+            home.display()
+        );
+    }
+    Ok(())
+}
+
+/// Starts the relay for `links` with `one_way_ms` (unless it runs) and waits until every
+/// link accepts connections.
+async fn start_relay(runner: &Runner, home: &Path, links: &[Link], one_way_ms: u64) -> Result<()> {
+    if running_pid(home, RELAY).is_none() {
+        let mut args = vec!["cluster".to_owned(), "delay-proxy".to_owned()];
+        for link in links {
+            args.push("--link".into());
+            args.push(format!("{}={}", link.listen, link.target));
+        }
+        args.push("--one-way-ms".into());
+        args.push(one_way_ms.to_string());
+        start_detached(runner, home, RELAY, &args)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for link in links {
+        while tokio::net::TcpStream::connect(link.listen).await.is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "the link relay did not listen on {}; see {}",
+                    link.listen,
+                    home.join(format!("{RELAY}.log")).display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
 }
 
 /// Where party `index` keeps its SQL front door's API credential (mode 0600, owned by the
@@ -837,7 +933,9 @@ async fn up(
     coordinator_port: u16,
     runner: &Runner,
     client_auth: ClientAuthPolicy,
+    link_delay_ms: u64,
 ) -> Result<()> {
+    check_link_delay(home, link_delay_ms)?;
     // Private from the start; an older version's 0755 home is tightened.
     runner.shared_dir(home)?;
     runner.shared_dir(&home.join("tls"))?;
@@ -847,11 +945,22 @@ async fn up(
     let ca = LocalCa::open_or_create(&home.join("tls"))?;
     let mut operators = Vec::new();
     for index in 0..3usize {
-        let port = existing
-            .as_ref()
-            .map_or(base_port + index as u16, |c| c.parties[index].port);
+        // The operator's configuration has the party's own port (the coordinator's may name
+        // its delayed link); a home of an older version has only the coordinator's.
+        let port = OperatorConfig::load(&operator_config_file(home, index as u8))
+            .map(|o| o.party.port)
+            .ok()
+            .or_else(|| existing.as_ref().map(|c| c.parties[index].port))
+            .unwrap_or(base_port + index as u16);
         operators.push(start_local_party(runner, home, index, port, &ca)?);
     }
+    let delayed = |port: u16| -> Result<u16> {
+        if link_delay_ms == 0 {
+            Ok(port)
+        } else {
+            relay_port(port)
+        }
+    };
     let mut coordinator_logins = Vec::new();
     for operator in &mut operators {
         let index = usize::from(operator.index);
@@ -869,7 +978,7 @@ async fn up(
         operator.public_key = key.clone();
         coordinator_logins.push(local_party(
             index,
-            operator.port,
+            delayed(operator.port)?,
             COORDINATOR_ROLE,
             password,
             &key,
@@ -915,8 +1024,29 @@ async fn up(
         &[&coordinator_path, &api_keys, &api_cert.cert, &api_cert.key],
     )?;
     let coordinator_url = format!("https://{}", coordinator.listen);
+    let listen: std::net::SocketAddr = coordinator
+        .listen
+        .parse()
+        .with_context(|| format!("the coordinator's address {}", coordinator.listen))?;
+    let front_door_url = format!("https://{}:{}", listen.ip(), delayed(listen.port())?);
+    if link_delay_ms > 0 {
+        let loopback = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let mut links = Vec::new();
+        for operator in &operators {
+            links.push(Link {
+                listen: loopback(relay_port(operator.port)?),
+                target: loopback(operator.port),
+            });
+        }
+        links.push(Link {
+            listen: loopback(relay_port(listen.port())?),
+            target: listen,
+        });
+        start_relay(runner, home, &links, link_delay_ms).await?;
+    }
+    crate::files::write_private(&home.join(LINK_DELAY_FILE), &link_delay_ms.to_string())?;
     for index in 0..3usize {
-        if ensure_front_door(runner, home, index, &ca, &coordinator_url)? {
+        if ensure_front_door(runner, home, index, &ca, &front_door_url)? {
             runner.run(
                 "pg_ctl",
                 &["reload", "-D", &data_dir(home, index).display().to_string()],
@@ -975,6 +1105,12 @@ async fn up(
         );
     }
     println!("  coordinator  {}", config.coordinator_url());
+    if link_delay_ms > 0 {
+        println!(
+            "  links  coordinator <-> each party delayed by {link_delay_ms} ms each way (relay: {})",
+            home.join(format!("{RELAY}.log")).display()
+        );
+    }
     println!(
         "  client  {LOCAL_CLIENT_ID} (key {}), client-auth policy {} at every party",
         client_key_file(home).display(),
@@ -1040,6 +1176,9 @@ fn purge_home(home: &Path) -> Result<()> {
     let mut files = vec![
         home.join("coordinator.log"),
         home.join("coordinator.pid"),
+        home.join(format!("{RELAY}.log")),
+        home.join(format!("{RELAY}.pid")),
+        home.join(LINK_DELAY_FILE),
         home.join(API_KEYS_FILE),
         home.join(format!("{API_KEYS_FILE}.tmp")),
         home.join(CONFIG_FILE),
@@ -1073,6 +1212,7 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
             run_as,
             pg_bin,
             client_auth,
+            link_delay_ms,
         } => {
             let policy =
                 ClientAuthPolicy::parse(client_auth).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -1084,11 +1224,16 @@ pub async fn run(action: &ClusterAction, home: &Path, config_path: &Path) -> Res
                 *coordinator_port,
                 &runner,
                 policy,
+                *link_delay_ms,
             )
             .await
         }
+        ClusterAction::DelayProxy { links, one_way_ms } => {
+            delay::serve(links, Duration::from_millis(*one_way_ms)).await
+        }
         ClusterAction::Down { purge } => {
-            stop_coordinator(home);
+            stop_detached(home, "coordinator");
+            stop_detached(home, RELAY);
             let runner = Runner::new(None, "postgres")?;
             for index in 0..3 {
                 if data_dir(home, index).exists() {

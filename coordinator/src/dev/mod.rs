@@ -1,5 +1,6 @@
 //! Developer tooling, apart from the service: a local cluster of three parties and a
-//! coordinator on one machine ([`cluster`], `privmatch cluster up|down|status`) and the
+//! coordinator on one machine ([`cluster`], `privmatch cluster up|down|status`; [`delay`], the
+//! relay that delays its links with `up --link-delay-ms`) and the
 //! benchmarks ([`mod@bench`], `privmatch bench enroll|iris|face`). It exercises every modality,
 //! so it may name them all.
 //!
@@ -9,6 +10,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod delay;
 
 use std::path::Path;
 
