@@ -79,14 +79,23 @@ pub async fn serve(links: &[Link], one_way: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Accepts connections on `listener` and relays each to `target` on a task of its own.
+/// Accepts connections on `listener` and relays each to `target` on a task of its own. A
+/// failed accept (out of file descriptors, say) is logged and retried after a pause: the links
+/// stay up.
 pub async fn accept_loop(
     listener: TcpListener,
     target: SocketAddr,
     one_way: Duration,
 ) -> Result<()> {
     loop {
-        let (inbound, peer) = listener.accept().await.context("accept failed")?;
+        let (inbound, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("delayed link to {target}: accept failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         tokio::spawn(async move {
             if let Err(e) = relay(inbound, target, one_way).await {
                 tracing::debug!("delayed link {peer} -> {target} closed: {e:#}");
