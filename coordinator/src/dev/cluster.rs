@@ -653,14 +653,18 @@ fn recorded_link_delay(home: &Path) -> u64 {
 }
 
 /// Refuses to change the delay of a running cluster: its coordinator and front doors were
-/// set up with the other addresses.
+/// set up with the other addresses. With the coordinator stopped, a relay left running with
+/// another delay is stopped (`up` starts one with the wanted delay).
 fn check_link_delay(home: &Path, wanted: u64) -> Result<()> {
     let recorded = recorded_link_delay(home);
-    if recorded != wanted && running_pid(home, "coordinator").is_some() {
-        bail!(
-            "the cluster at {} runs with a link delay of {recorded} ms, not {wanted} ms: run `privmatch cluster down` first",
-            home.display()
-        );
+    if recorded != wanted {
+        if running_pid(home, "coordinator").is_some() {
+            bail!(
+                "the cluster at {} runs with a link delay of {recorded} ms, not {wanted} ms: run `privmatch cluster down` first",
+                home.display()
+            );
+        }
+        stop_detached(home, RELAY);
     }
     Ok(())
 }
