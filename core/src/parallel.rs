@@ -8,9 +8,10 @@
 //! callers that overlap (two scans of the engine's request threads) get a pool each and share
 //! the cores as the operating system schedules them, as scoped threads did — on one shared
 //! pool a small face identification would wait behind the whole of a large iris scan (rayon
-//! takes queued calls only when the running one has no piece left to steal). The pools kept
-//! are therefore as many as the most calls that ever overlapped, per thread count. Work run
-//! there uses rayon's parallel iterators, which split it by work stealing.
+//! takes queued calls only when the running one has no piece left to steal). Up to four pools
+//! per thread count are kept; calls overlapping beyond them get a pool of their own, ended
+//! when they finish. Work run there uses rayon's parallel iterators, which split it by work
+//! stealing.
 //!
 //! A host process may need to start its threads in its own way — a PostgreSQL backend must
 //! start them with every signal blocked, so that its signal handlers keep running on the main
@@ -59,43 +60,74 @@ pub fn spawn_thread(thread: ThreadBuilder) -> io::Result<()> {
         .map(|_| ())
 }
 
-/// A pool of `threads` threads held by one call until dropped.
-struct Lease(&'static Slot);
+/// Pools of one size kept for the process; calls that overlap beyond them get a pool of their
+/// own, ended when they finish (an engine serves up to 128 requests at once: keeping a pool
+/// for each would keep thousands of idle threads).
+const KEPT_POOLS_PER_SIZE: usize = 4;
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.0.leased.store(false, Ordering::Release);
+/// A pool of `threads` threads held by one call until dropped: a kept one (released for the
+/// next call) or the call's own (ended).
+enum Lease {
+    Kept(&'static Slot),
+    Own(ThreadPool),
+}
+
+impl Lease {
+    fn pool(&self) -> &ThreadPool {
+        match self {
+            Lease::Kept(slot) => &slot.pool,
+            Lease::Own(pool) => pool,
+        }
     }
 }
 
-/// Leases a free pool of `threads` threads, building one when every such pool is held.
-fn lease(threads: usize) -> Result<Lease, rayon::ThreadPoolBuildError> {
-    // A poisoned lock only means another thread panicked while pushing; the list is intact.
-    let mut pools = POOLS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let free = pools.iter().find(|slot| {
-        slot.threads == threads
-            && slot
-                .leased
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-    });
-    if let Some(slot) = free {
-        return Ok(Lease(slot));
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Lease::Kept(slot) = self {
+            slot.leased.store(false, Ordering::Release);
+        }
     }
+}
+
+/// A new pool of `threads` threads, started by the host's spawner.
+fn build(threads: usize) -> Result<ThreadPool, rayon::ThreadPoolBuildError> {
     let spawner = SPAWNER.get().copied().unwrap_or(spawn_thread);
-    let pool = ThreadPoolBuilder::new()
+    ThreadPoolBuilder::new()
         .num_threads(threads)
         .spawn_handler(spawner)
-        .build()?;
-    let slot: &'static Slot = Box::leak(Box::new(Slot {
-        threads,
-        pool,
-        leased: AtomicBool::new(true),
-    }));
-    pools.push(slot);
-    Ok(Lease(slot))
+        .build()
+}
+
+/// Leases a free kept pool of `threads` threads; builds a kept one while fewer than
+/// [`KEPT_POOLS_PER_SIZE`] exist, else a pool of the call's own.
+fn lease(threads: usize) -> Result<Lease, rayon::ThreadPoolBuildError> {
+    {
+        // A poisoned lock only means another thread panicked while pushing; the list is intact.
+        let mut pools = POOLS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let free = pools.iter().find(|slot| {
+            slot.threads == threads
+                && slot
+                    .leased
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        });
+        if let Some(slot) = free {
+            return Ok(Lease::Kept(slot));
+        }
+        if pools.iter().filter(|slot| slot.threads == threads).count() < KEPT_POOLS_PER_SIZE {
+            let slot: &'static Slot = Box::leak(Box::new(Slot {
+                threads,
+                pool: build(threads)?,
+                leased: AtomicBool::new(true),
+            }));
+            pools.push(slot);
+            return Ok(Lease::Kept(slot));
+        }
+    }
+    // Built outside the lock: other calls need not wait for these threads to start.
+    Ok(Lease::Own(build(threads)?))
 }
 
 /// Runs `work` with its parallel iterators on a pool of `threads` threads (0 counts as 1; with
@@ -112,7 +144,7 @@ pub fn on_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> R
     }
     let lease = lease(threads.max(1))
         .map_err(|e| -> Panic { Box::new(format!("cannot start {threads} pool threads: {e}")) })?;
-    catch_unwind(AssertUnwindSafe(|| lease.0.pool.install(work)))
+    catch_unwind(AssertUnwindSafe(|| lease.pool().install(work)))
 }
 
 /// Whether `len` items are worth handing to a pool of `threads` threads: at least two pieces
@@ -217,6 +249,39 @@ mod tests {
             .expect("no panic");
         let theirs = other.join().expect("joined").expect("no panic");
         assert_eq!((mine, theirs), (Some(0), Some(0)));
+    }
+
+    #[test]
+    fn calls_one_after_another_reuse_a_kept_pool_even_after_a_panic() {
+        // A size no other test asks for. A lease left held (by the panicking call, say) would
+        // make the next call build a second kept pool.
+        assert!(on_threads(13, || 1).is_ok());
+        assert!(on_threads::<()>(13, || panic!("a failed call")).is_err());
+        assert!(on_threads(13, || 3).is_ok());
+        let kept = POOLS
+            .lock()
+            .map(|pools| pools.iter().filter(|slot| slot.threads == 13).count())
+            .unwrap_or(0);
+        assert_eq!(kept, 1, "one kept pool of 13 threads");
+    }
+
+    #[test]
+    fn calls_overlapping_beyond_the_kept_pools_get_their_own() {
+        // Six calls of a size no other test asks for, all held at once on a barrier: four kept
+        // pools and two of their own; afterwards four remain.
+        let all = std::sync::Arc::new(std::sync::Barrier::new(6));
+        let calls: Vec<_> = (0..6)
+            .map(|_| {
+                let all = all.clone();
+                std::thread::spawn(move || on_threads(17, || all.wait()).is_ok())
+            })
+            .collect();
+        assert!(calls.into_iter().all(|c| c.join().unwrap_or(false)));
+        let kept = POOLS
+            .lock()
+            .map(|pools| pools.iter().filter(|slot| slot.threads == 17).count())
+            .unwrap_or(0);
+        assert_eq!(kept, KEPT_POOLS_PER_SIZE);
     }
 
     #[test]

@@ -207,6 +207,7 @@ features=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512
 rows=()
 level=0
 identify_p50=""  # the lowest p50 of the iris-identify levels (the delayed links' check)
+empty_levels=""  # levels that recorded no outcome at all (pgbench did nothing)
 for kind in ${scripts//,/ }; do
   [ -f "$HERE/$kind.pgbench" ] || fail "no script $HERE/$kind.pgbench"
   rate=$(guess "$kind")
@@ -256,6 +257,7 @@ for kind in ${scripts//,/ }; do
       note="${note}pgbench counted ${processed:-?} transactions, the outcomes $((ok + errors))"
     fi
     [ "$errors" = 0 ] && codes="" || codes=" ($codes)"
+    [ "$((ok + errors))" -gt 0 ] || empty_levels="$empty_levels $kind@$c"
     if [ "$kind" = iris-identify ] && [ "$p50" != - ]; then
       identify_p50=$(awk -v a="${identify_p50:-$p50}" -v b="$p50" 'BEGIN { print (b < a ? b : a) }')
     fi
@@ -288,12 +290,14 @@ check "every face enrolment at P0 and P1 or neither ($want_face = $face_base + $
 [ -z "$resolutions" ] || checks+=("- failed enrolments called again: $resolutions")
 [ "${prepared[*]}" = "0 0 0" ] && r=ok || r="prepared transactions: ${prepared[*]}"
 check "no prepared transaction left at any party" "$r"
-if [ "$link_delay_ms" != 0 ] && [ -n "$identify_p50" ]; then
+[ -z "$empty_levels" ] && r=ok || r="no outcome at$empty_levels"
+check "every level recorded outcomes" "$r"
+if [ "$link_delay_ms" != 0 ] && [[ ",$scripts," == *,iris-identify,* ]]; then
   # An identification takes at least 16 rounds, each a round trip on a delayed link: a p50
   # below that means the links were not delayed (noise only adds time).
   floor=$((16 * 2 * link_delay_ms))
-  r=$(awk -v p="$identify_p50" -v f="$floor" 'BEGIN { print (p >= f ? "ok" : "p50 " p " ms") }')
-  check "iris identifications crossed the delayed links (lowest p50 $identify_p50 ms ≥ 16 rounds × 2 × $link_delay_ms ms)" "$r"
+  r=$(awk -v p="${identify_p50:-0}" -v f="$floor" 'BEGIN { print (p >= f ? "ok" : "p50 " p " ms") }')
+  check "iris identifications crossed the delayed links (lowest p50 ${identify_p50:-none} ms ≥ 16 rounds × 2 × $link_delay_ms ms)" "$r"
 fi
 read -r used outcomes <<<"$(app_sql -F ' ' -c "SELECT (SELECT count(*) FROM privmatch_bench.inputs WHERE used), (SELECT count(*) FROM privmatch_bench.outcomes)")"
 [ "$used" = "$outcomes" ] && r=ok || r="$used inputs taken, $outcomes outcomes"

@@ -596,14 +596,18 @@ fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) ->
     start_detached(runner, home, "coordinator", &args)
 }
 
-/// The pid recorded in `<name>.pid`, if that process runs.
+/// The pid recorded in `<name>.pid`, if that process runs and is still ours: its command line
+/// names `name` (`coordinator serve …`, `cluster delay-proxy …`). A pid file that outlived a
+/// reboot may name an unrelated process, which must never be signalled.
 fn running_pid(home: &Path, name: &str) -> Option<i32> {
     let pid = std::fs::read_to_string(home.join(format!("{name}.pid")))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())?;
-    // SAFETY: kill with signal 0 takes plain integers, touches no memory of ours and only
-    // checks that the process exists.
-    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    cmdline
+        .split(|&b| b == 0)
+        .any(|arg| arg == name.as_bytes())
+        .then_some(pid)
 }
 
 /// Stops the process recorded in `<name>.pid` (SIGTERM, then SIGKILL after 10 s).
@@ -694,6 +698,14 @@ async fn start_relay(runner: &Runner, home: &Path, links: &[Link], one_way_ms: u
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+    // Another process on a link's port would have answered above while the relay ended on
+    // its bind error.
+    if running_pid(home, RELAY).is_none() {
+        bail!(
+            "the link relay is not running (a port taken?); see {}",
+            home.join(format!("{RELAY}.log")).display()
+        );
     }
     Ok(())
 }
@@ -1032,7 +1044,10 @@ async fn up(
         .listen
         .parse()
         .with_context(|| format!("the coordinator's address {}", coordinator.listen))?;
-    let front_door_url = format!("https://{}:{}", listen.ip(), delayed(listen.port())?);
+    let front_door_url = format!(
+        "https://{}",
+        std::net::SocketAddr::new(listen.ip(), delayed(listen.port())?)
+    );
     if link_delay_ms > 0 {
         let loopback = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let mut links = Vec::new();

@@ -109,33 +109,52 @@ fn spawn_sealer(
     tx: mpsc::Sender<Result<SealedBatch>>,
 ) {
     std::thread::spawn(move || {
-        let outcome = sharing_rng().and_then(|mut rng| {
-            let mut pending: Vec<EnrollRecord> = Vec::with_capacity(batch_size);
-            let send = |pending: &mut Vec<EnrollRecord>, rng: &mut ChaCha20Rng| {
-                let batch = seal_batch(pending, &keys, client.as_ref(), rng)?;
-                pending.clear();
-                if tx.blocking_send(Ok(batch)).is_err() {
-                    bail!("the sender stopped");
-                }
-                Ok(())
-            };
-            for_each_record(&input, |record| {
-                pending.push(record);
-                if pending.len() == batch_size {
-                    send(&mut pending, &mut rng)?;
-                }
-                Ok(())
-            })?;
-            if pending.is_empty() {
-                Ok(())
-            } else {
-                send(&mut pending, &mut rng)
-            }
+        // A panic here (a bug) must reach the sender as an error: a sealer that just stopped
+        // would look like the end of the file, and the enrolment would end "done" short.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            seal_file(&input, &keys, client.as_ref(), batch_size, &tx)
+        }))
+        .unwrap_or_else(|_| {
+            Err(anyhow::anyhow!(
+                "sealing failed (a bug: the sealer panicked); the batches answered before this error are enrolled"
+            ))
         });
         if let Err(e) = outcome {
             let _ = tx.blocking_send(Err(e));
         }
     });
+}
+
+/// Reads, shares and seals `input` batch by batch, sending each batch on `tx`.
+fn seal_file(
+    input: &Path,
+    keys: &[PartyPublicKey; 3],
+    client: Option<&ClientCredential>,
+    batch_size: usize,
+    tx: &mpsc::Sender<Result<SealedBatch>>,
+) -> Result<()> {
+    let mut rng = sharing_rng()?;
+    let mut pending: Vec<EnrollRecord> = Vec::with_capacity(batch_size);
+    let send = |pending: &mut Vec<EnrollRecord>, rng: &mut ChaCha20Rng| {
+        let batch = seal_batch(pending, keys, client, rng)?;
+        pending.clear();
+        if tx.blocking_send(Ok(batch)).is_err() {
+            bail!("the sender stopped");
+        }
+        Ok(())
+    };
+    for_each_record(input, |record| {
+        pending.push(record);
+        if pending.len() == batch_size {
+            send(&mut pending, &mut rng)?;
+        }
+        Ok(())
+    })?;
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        send(&mut pending, &mut rng)
+    }
 }
 
 /// Enrolls a whole file: validates every line first (nothing is sent if any line is bad),

@@ -248,8 +248,9 @@ const MIN_SHARING_PIECE: usize = 16;
 
 /// What the sharing of one record needs from the caller's generator, drawn up front in record
 /// order so that the envelopes do not depend on the thread count: its bundle id and the seed
-/// of the generator its shares are drawn from (wiped when dropped: with one share it would
-/// reveal the template).
+/// of the generator its shares are drawn from (with one share it would reveal the template;
+/// this copy is wiped when dropped, the generator's state is not — no more than the plaintext
+/// template the caller holds).
 struct RecordDraw {
     bundle_id: BundleId,
     seed: Zeroizing<[u8; 32]>,
@@ -276,23 +277,27 @@ pub fn seal_iris_enrollment_batch_on<R: RngCore + CryptoRng>(
             draw
         })
         .collect();
-    let bundles: Vec<Result<[Vec<u8>; 3], BundleError>> =
-        if worth_a_pool(records.len(), MIN_SHARING_PIECE, threads) {
-            on_threads(threads, || {
-                records
-                    .par_iter()
-                    .zip(&draws)
-                    .map(|(record, draw)| share_record(record, draw))
-                    .collect()
-            })
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        } else {
+    let sequential = || -> Vec<Result<[Vec<u8>; 3], BundleError>> {
+        records
+            .iter()
+            .zip(&draws)
+            .map(|(record, draw)| share_record(record, draw))
+            .collect()
+    };
+    let bundles = if worth_a_pool(records.len(), MIN_SHARING_PIECE, threads) {
+        // A pool that cannot start (or a panic, which the caller's thread then meets again)
+        // falls back to the caller's thread: the result is the same.
+        on_threads(threads, || {
             records
-                .iter()
+                .par_iter()
                 .zip(&draws)
                 .map(|(record, draw)| share_record(record, draw))
                 .collect()
-        };
+        })
+        .unwrap_or_else(|_| sequential())
+    } else {
+        sequential()
+    };
     let mut per_party: [Vec<Vec<u8>>; 3] = Default::default();
     for record in bundles {
         for (party, bundle) in record?.into_iter().enumerate() {
