@@ -547,8 +547,6 @@ async fn coordinator_healthy(config: &Config) -> bool {
         .await
 }
 
-/// Starts the coordinator in the background, as the cluster user when run as root (never as
-/// root), its output appended to `coordinator.log` (0600).
 /// Starts `privmatch <args>` detached from this command's session, as the cluster user when
 /// run as root, logging to `<name>.log` (0600) and recording its pid in `<name>.pid`.
 fn start_detached(runner: &Runner, home: &Path, name: &str, args: &[String]) -> Result<()> {
@@ -590,6 +588,8 @@ fn start_detached(runner: &Runner, home: &Path, name: &str, args: &[String]) -> 
     Ok(())
 }
 
+/// Starts the coordinator in the background, as the cluster user when run as root (never as
+/// root), its output appended to `coordinator.log` (0600).
 fn start_coordinator(runner: &Runner, home: &Path, coordinator_config: &Path) -> Result<()> {
     let config = coordinator_config.display().to_string();
     let args = ["coordinator", "serve", "--coordinator-config", &config].map(String::from);
@@ -1053,12 +1053,12 @@ async fn up(
         let mut links = Vec::new();
         for operator in &operators {
             links.push(Link {
-                listen: loopback(relay_port(operator.port)?),
+                listen: loopback(delayed(operator.port)?),
                 target: loopback(operator.port),
             });
         }
         links.push(Link {
-            listen: loopback(relay_port(listen.port())?),
+            listen: loopback(delayed(listen.port())?),
             target: listen,
         });
         start_relay(runner, home, &links, link_delay_ms).await?;

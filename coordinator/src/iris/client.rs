@@ -68,9 +68,12 @@ struct SealedBatch {
 }
 
 /// Threads the client shares a batch of enrolments on: every core of the machine (the sharing
-/// is the client's CPU work; the sealing and the sending stay on one thread each).
+/// is the client's CPU work; the sealing and the sending stay on one thread each). Asked once
+/// per process: on Linux the answer reads the cgroup's files, and a batch comes every 250
+/// records.
 fn sealing_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// Shares and seals one batch: one envelope per party, each signed for its party by the
