@@ -40,7 +40,7 @@ fn main() {
     config.max_rotation = (r as i32 - 1) / 2;
     let mut rng = ChaCha20Rng::seed_from_u64(1);
     let ctx = contexts();
-    let mut steps: Vec<Step<IrisMatchSession, MatchOutput>> = Vec::new();
+    let mut steps: Vec<Step<IrisMatchSession, Vec<MatchOutput>>> = Vec::new();
     let started = Instant::now();
     for c in &ctx {
         let dots = DotShares {

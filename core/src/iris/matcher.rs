@@ -225,6 +225,8 @@ struct Core {
     entitled: Vec<PartyIndex>,
     num_entries: usize,
     num_rotations: usize,
+    /// Probes in the batch (B ≥ 1; module docs, "Batches").
+    num_probes: usize,
     /// Messages sent so far; the state waits for the message of round `sent − 1`.
     sent: u32,
     bytes_sent: usize,
@@ -277,7 +279,7 @@ impl Core {
         mut self,
         phase: Phase,
         out: Outgoing,
-    ) -> Result<Step<IrisMatchSession, MatchOutput>, MatchError> {
+    ) -> Result<Step<IrisMatchSession, Vec<MatchOutput>>, MatchError> {
         if out.to != self.party.next() {
             return Err(MatchError::Mpc(MpcError::OutOfStep(
                 "sub-protocol addressed a party other than the next one",
@@ -300,25 +302,29 @@ impl Core {
     fn after_compare(
         self,
         step: Step<Session<LiftCompareProgram>, BitSliced>,
-    ) -> Result<Step<IrisMatchSession, MatchOutput>, MatchError> {
+    ) -> Result<Step<IrisMatchSession, Vec<MatchOutput>>, MatchError> {
         match step {
             Step::Send(s, out) => self.emit(Phase::Compare(Box::new(s)), out),
             Step::Done(bits) => self.enter_or(bits),
         }
     }
 
-    fn enter_or(self, bits: BitSliced) -> Result<Step<IrisMatchSession, MatchOutput>, MatchError> {
+    fn enter_or(
+        self,
+        bits: BitSliced,
+    ) -> Result<Step<IrisMatchSession, Vec<MatchOutput>>, MatchError> {
+        let (n, b, r) = (self.num_entries, self.num_probes, self.num_rotations);
         match self.mode {
             SearchMode::Identify => {
-                let planes = rotation_planes(&bits, self.num_entries, self.num_rotations)?;
-                let program = PlaneOrProgram::new(planes, self.num_entries, self.party);
+                let planes = rotation_planes(&bits, n, b, r)?;
+                let program = PlaneOrProgram::new(planes, b * n, self.party);
                 match Session::start(&self.ctx, LABEL_OR, program)? {
                     Step::Send(s, out) => self.emit(Phase::OrPlanes(s), out),
                     Step::Done(bits) => self.enter_open(bits),
                 }
             }
             SearchMode::Uniqueness => {
-                let program = OrTreeProgram::single(&bits, self.party);
+                let program = OrTreeProgram::new(probe_groups(&bits, n, b, r)?, self.party);
                 match Session::start(&self.ctx, LABEL_OR, program)? {
                     Step::Send(s, out) => self.emit(Phase::Or(s), out),
                     Step::Done(bits) => self.enter_open(bits),
@@ -327,12 +333,35 @@ impl Core {
         }
     }
 
+    /// Each probe's output from the opened bits: B·N entry bits (Identify, probe b's at
+    /// b·N..(b+1)·N) or B OR bits (Uniqueness).
+    fn outputs(&self, opened: &[bool]) -> Vec<MatchOutput> {
+        let n = self.num_entries;
+        (0..self.num_probes)
+            .map(|q| match self.mode {
+                SearchMode::Identify => MatchOutput::Identify(
+                    opened
+                        .iter()
+                        .skip(q * n)
+                        .take(n)
+                        .enumerate()
+                        .filter(|(_, &m)| m)
+                        .map(|(e, _)| e)
+                        .collect(),
+                ),
+                SearchMode::Uniqueness => {
+                    MatchOutput::Unique(!opened.get(q).copied().unwrap_or(false))
+                }
+            })
+            .collect()
+    }
+
     /// Sends this party's missing-component message to party i+1 if it is entitled, an empty
     /// body otherwise.
     fn enter_open(
         self,
         bits: BitSliced,
-    ) -> Result<Step<IrisMatchSession, MatchOutput>, MatchError> {
+    ) -> Result<Step<IrisMatchSession, Vec<MatchOutput>>, MatchError> {
         let out = open_message(self.party, &bits, &self.entitled).unwrap_or(Outgoing {
             to: self.party.next(),
             payload: Vec::new(),
@@ -341,29 +370,75 @@ impl Core {
     }
 }
 
-/// Transposes entry-major bits (bit k = e·R + r) into R rotation planes of N bits (plane r,
-/// bit e); local, both components.
-fn rotation_planes(bits: &BitSliced, n: usize, r: usize) -> Result<Vec<BitSliced>, MpcError> {
-    if bits.len() != n * r {
+/// Transposes entry-major bits (bit k = e·B·R + b·R + r for entry e, probe b, rotation r)
+/// into R rotation planes of B·N bits (plane r, bit b·N + e); local, both components.
+fn rotation_planes(
+    bits: &BitSliced,
+    n: usize,
+    b: usize,
+    r: usize,
+) -> Result<Vec<BitSliced>, MpcError> {
+    if Some(bits.len()) != n.checked_mul(b).and_then(|nb| nb.checked_mul(r)) {
         return Err(MpcError::InvalidInput(
-            "match bits do not hold entries × rotations",
+            "match bits do not hold entries × probes × rotations",
         ));
     }
-    let w = words_for(n);
-    let mut a = vec![vec![0u64; w]; r];
-    let mut b = vec![vec![0u64; w]; r];
+    let w = words_for(b * n);
+    let mut pa = vec![vec![0u64; w]; r];
+    let mut pb = vec![vec![0u64; w]; r];
     let bit = |words: &[u64], k: usize| (words[k / WORD_BITS] >> (k % WORD_BITS)) & 1;
     for e in 0..n {
-        let (word, shift) = (e / WORD_BITS, e % WORD_BITS);
-        for j in 0..r {
-            let k = e * r + j;
-            a[j][word] |= bit(bits.a(), k) << shift;
-            b[j][word] |= bit(bits.b(), k) << shift;
+        for q in 0..b {
+            let target = q * n + e;
+            let (word, shift) = (target / WORD_BITS, target % WORD_BITS);
+            for j in 0..r {
+                let k = (e * b + q) * r + j;
+                pa[j][word] |= bit(bits.a(), k) << shift;
+                pb[j][word] |= bit(bits.b(), k) << shift;
+            }
         }
     }
-    a.into_iter()
-        .zip(b)
-        .map(|(a, b)| BitSliced::from_words(n, a, b))
+    pa.into_iter()
+        .zip(pb)
+        .map(|(a, b_words)| BitSliced::from_words(b * n, a, b_words))
+        .collect()
+}
+
+/// Gathers entry-major bits (bit k = e·B·R + b·R + r) into B groups, one per probe, each of
+/// its N·R bits (order within a group does not matter to an OR); local. A batch of one is
+/// the input itself.
+fn probe_groups(
+    bits: &BitSliced,
+    n: usize,
+    b: usize,
+    r: usize,
+) -> Result<Vec<BitSliced>, MpcError> {
+    let per_probe = n.checked_mul(r);
+    if per_probe.and_then(|pp| pp.checked_mul(b)) != Some(bits.len()) {
+        return Err(MpcError::InvalidInput(
+            "match bits do not hold entries × probes × rotations",
+        ));
+    }
+    if b == 1 {
+        return Ok(vec![bits.clone()]);
+    }
+    let len = n * r;
+    let w = words_for(len);
+    let bit = |words: &[u64], k: usize| (words[k / WORD_BITS] >> (k % WORD_BITS)) & 1;
+    (0..b)
+        .map(|q| {
+            let mut ga = vec![0u64; w];
+            let mut gb = vec![0u64; w];
+            for e in 0..n {
+                for j in 0..r {
+                    let k = (e * b + q) * r + j;
+                    let t = e * r + j;
+                    ga[t / WORD_BITS] |= bit(bits.a(), k) << (t % WORD_BITS);
+                    gb[t / WORD_BITS] |= bit(bits.b(), k) << (t % WORD_BITS);
+                }
+            }
+            BitSliced::from_words(len, ga, gb)
+        })
         .collect()
 }
 
@@ -435,15 +510,27 @@ impl IrisMatchSession {
         config: &MatchConfig,
         db: &ShareMatrix<'_>,
         probe: &IrisShare,
-    ) -> Result<Step<Self, MatchOutput>, MatchError> {
-        if probe.party != keys.party() {
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
+        Self::start_batch(keys, config, db, std::slice::from_ref(probe))
+    }
+
+    /// Starts a batch of searches (module docs, "Batches"): prepares every probe, scans `db`
+    /// once with the probes' rotations as one block ([`PreparedQuery::batch`]) and returns the
+    /// first message. The output has one [`MatchOutput`] per probe, in batch order.
+    pub fn start_batch(
+        keys: &MpcContext,
+        config: &MatchConfig,
+        db: &ShareMatrix<'_>,
+        probes: &[IrisShare],
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
+        if probes.iter().any(|p| p.party != keys.party()) {
             return Err(MatchError::InvalidInput(
                 "the probe share belongs to another party",
             ));
         }
-        let query = PreparedQuery::prepare(probe, config.max_rotation)?;
+        let query = PreparedQuery::batch(probes, config.max_rotation)?;
         let dots = scan(DotKernel::detect(), db, &query)?;
-        Self::start_with_dots(keys, config, dots)
+        Self::start_batch_with_dots(keys, config, dots, probes.len())
     }
 
     /// As [`IrisMatchSession::start`] from dot products computed by the caller (e.g. with
@@ -453,17 +540,29 @@ impl IrisMatchSession {
         keys: &MpcContext,
         config: &MatchConfig,
         dots: DotShares,
-    ) -> Result<Step<Self, MatchOutput>, MatchError> {
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
+        Self::start_batch_with_dots(keys, config, dots, 1)
+    }
+
+    /// As [`IrisMatchSession::start_batch`] from dot products computed by the caller with a
+    /// [`PreparedQuery::batch`] of `num_probes` probes: `dots` must hold B·R values per entry,
+    /// entry-major, probe-major within an entry (value e·B·R + b·R + r).
+    pub fn start_batch_with_dots(
+        keys: &MpcContext,
+        config: &MatchConfig,
+        dots: DotShares,
+        num_probes: usize,
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
         let r = config.num_rotations();
-        if r == 0 || dots.num_rotations != r {
+        if r == 0 || num_probes == 0 || Some(dots.num_rotations) != num_probes.checked_mul(r) {
             return Err(MatchError::InvalidInput(
-                "dot products do not hold 2·max_rotation + 1 rotations",
+                "dot products do not hold probes × (2·max_rotation + 1) rotations",
             ));
         }
-        let total = dots.num_entries.checked_mul(r);
+        let total = dots.num_entries.checked_mul(dots.num_rotations);
         if total != Some(dots.code.len()) || total != Some(dots.mask.len()) {
             return Err(MatchError::InvalidInput(
-                "dot products do not hold entries × rotations values",
+                "dot products do not hold entries × probes × rotations values",
             ));
         }
         let party = keys.party();
@@ -490,6 +589,7 @@ impl IrisMatchSession {
             entitled: config.entitled.clone(),
             num_entries: dots.num_entries,
             num_rotations: r,
+            num_probes,
             sent: 0,
             bytes_sent: 0,
         };
@@ -502,6 +602,11 @@ impl IrisMatchSession {
                 payload,
             },
         )
+    }
+
+    /// Probes in this session's batch.
+    pub fn num_probes(&self) -> usize {
+        self.core.num_probes
     }
 
     /// The party of this session.
@@ -531,7 +636,7 @@ impl IrisMatchSession {
         self,
         from: PartyIndex,
         payload: &[u8],
-    ) -> Result<Step<Self, MatchOutput>, MatchError> {
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
         let Self { core, phase } = self;
         let me = core.party;
         if from != me.prev() {
@@ -598,23 +703,11 @@ impl IrisMatchSession {
                             got: payload.len(),
                         });
                     }
-                    return Ok(Step::Done(MatchOutput::Withheld));
+                    return Ok(Step::Done(vec![MatchOutput::Withheld; core.num_probes]));
                 }
                 let words = open_receive(me, &bits, from, body)?;
                 let opened = unpack_bits(&words, bits.len());
-                Ok(Step::Done(match core.mode {
-                    SearchMode::Identify => MatchOutput::Identify(
-                        opened
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, &m)| m)
-                            .map(|(e, _)| e)
-                            .collect(),
-                    ),
-                    SearchMode::Uniqueness => {
-                        MatchOutput::Unique(!opened.first().copied().unwrap_or(false))
-                    }
-                }))
+                Ok(Step::Done(core.outputs(&opened)))
             }
         }
     }
@@ -630,6 +723,7 @@ mod tests {
     use crate::iris::template::{
         masked_code_distance_counts, min_fhd_over_rotations, IrisTemplate, IRIS_CODE_BITS,
     };
+    use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha20Rng;
 
@@ -669,9 +763,23 @@ mod tests {
     type Trace = Vec<[Outgoing; 3]>;
 
     /// Routes messages between three started sessions until all finish.
+    /// Drives a single search: [`drive_batch`] with its one output per party.
     fn drive(
-        mut steps: [Step<IrisMatchSession, MatchOutput>; 3],
+        steps: [Step<IrisMatchSession, Vec<MatchOutput>>; 3],
     ) -> Result<([MatchOutput; 3], Trace), MatchError> {
+        let (outs, trace) = drive_batch(steps)?;
+        Ok((
+            outs.map(|mut v| {
+                assert_eq!(v.len(), 1, "one output per probe");
+                v.swap_remove(0)
+            }),
+            trace,
+        ))
+    }
+
+    fn drive_batch(
+        mut steps: [Step<IrisMatchSession, Vec<MatchOutput>>; 3],
+    ) -> Result<([Vec<MatchOutput>; 3], Trace), MatchError> {
         let mut trace = Vec::new();
         loop {
             match steps {
@@ -699,7 +807,7 @@ mod tests {
         config: &MatchConfig,
         key_seed: u8,
         rng: &mut ChaCha20Rng,
-    ) -> [Step<IrisMatchSession, MatchOutput>; 3] {
+    ) -> [Step<IrisMatchSession, Vec<MatchOutput>>; 3] {
         let q = share_query_template(probe, rng).expect("share probe");
         let ks = keys(key_seed, [key_seed; 16]);
         P.map(|p| {
@@ -816,6 +924,103 @@ mod tests {
             ),
             16
         );
+    }
+
+    /// Runs one batch of `probes` over `templates` at the three parties; returns each party's
+    /// outputs (one per probe) and the number of rounds.
+    fn run_batch(
+        templates: &[IrisTemplate],
+        probes: &[IrisTemplate],
+        config: &MatchConfig,
+        rng: &mut ChaCha20Rng,
+    ) -> ([Vec<MatchOutput>; 3], usize) {
+        let db = share_db(templates, rng);
+        let shares: Vec<[IrisShare; 3]> = probes
+            .iter()
+            .map(|p| share_query_template(p, rng).expect("share probe"))
+            .collect();
+        let ks = keys(9, [9; 16]);
+        let starts = P.map(|p| {
+            let i = p.as_usize();
+            let m = ShareMatrix::new(&db[i].0, &db[i].1).expect("matrix");
+            let mine: Vec<IrisShare> = shares.iter().map(|s| s[i].clone()).collect();
+            IrisMatchSession::start_batch(&ks[i], config, &m, &mine).expect("start")
+        });
+        let (outs, trace) = drive_batch(starts).expect("run");
+        (outs, trace.len())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// A batch gives every probe what the plaintext matcher gives it, in its own place,
+        /// in as many rounds as a single search; probes are near-duplicates with flip rates
+        /// around τ, so some land just below and some just above it.
+        #[test]
+        fn batches_match_the_plaintext_reference(
+            seed in any::<u64>(),
+            batch in 1usize..=5,
+            entries in 1usize..=9,
+            max_rotation in 0i32..=2,
+            uniqueness in any::<bool>(),
+        ) {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let templates: Vec<IrisTemplate> =
+                (0..entries).map(|_| random_template(&mut rng)).collect();
+            let probes: Vec<IrisTemplate> = (0..batch)
+                .map(|_| {
+                    let t = &templates[rng.gen_range(0..entries)];
+                    let rate = rng.gen_range(0.30..0.39);
+                    near_duplicate(t, rate, rng.gen_range(-max_rotation..=max_rotation), &mut rng)
+                })
+                .collect();
+            let mode = if uniqueness { SearchMode::Uniqueness } else { SearchMode::Identify };
+            let cfg = config(mode, max_rotation);
+            let (outs, rounds) = run_batch(&templates, &probes, &cfg, &mut rng);
+            prop_assert_eq!(
+                rounds as u32,
+                expected_rounds(mode, entries, max_rotation, &cfg.threshold)
+            );
+            for out in &outs {
+                prop_assert_eq!(out, &outs[0]);
+                prop_assert_eq!(out.len(), batch);
+            }
+            for (probe, got) in probes.iter().zip(&outs[0]) {
+                let want: Vec<usize> = templates
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| plain_match(probe, t, max_rotation))
+                    .map(|(e, _)| e)
+                    .collect();
+                let expected = match mode {
+                    SearchMode::Identify => MatchOutput::Identify(want),
+                    SearchMode::Uniqueness => MatchOutput::Unique(want.is_empty()),
+                };
+                prop_assert_eq!(got, &expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_probes_answer_does_not_depend_on_the_rest_of_its_batch() {
+        let mut rng = ChaCha20Rng::seed_from_u64(305);
+        let templates: Vec<IrisTemplate> = (0..6).map(|_| random_template(&mut rng)).collect();
+        let probe = near_duplicate(&templates[2], 0.2, 1, &mut rng);
+        let cfg = config(SearchMode::Identify, 1);
+        let alone = run_batch(&templates, std::slice::from_ref(&probe), &cfg, &mut rng).0;
+        assert_eq!(alone[0], vec![MatchOutput::Identify(vec![2])]);
+        for others in [
+            vec![templates[0]],
+            vec![
+                near_duplicate(&templates[4], 0.1, 0, &mut rng),
+                templates[2],
+            ],
+        ] {
+            let mut batch = others.clone();
+            batch.insert(1.min(others.len()), probe);
+            let outs = run_batch(&templates, &batch, &cfg, &mut rng).0;
+            assert_eq!(outs[0][1.min(others.len())], alone[0][0]);
+        }
     }
 
     /// A copy of `probe` with the same mask and exactly `h` code bits flipped inside the

@@ -310,6 +310,15 @@ pub enum ProbeRefusal {
         /// The party's policy threshold, in ten-thousandths.
         policy: u32,
     },
+    /// The probe was sealed for other search parameters or another eye than the batch it
+    /// arrived in declares (the coordinator groups searches by what the client declared).
+    #[error(
+        "the probe was sealed for other search parameters or another eye than its batch declares"
+    )]
+    NotTheBatch,
+    /// The probe's session id was used before (by a search or in another batch).
+    #[error("the probe's session id was already used: session ids are single-use")]
+    Replayed,
     /// The probe was sealed too long ago (or too far in the future).
     #[error("the probe was sealed at {sealed_at}, outside the accepted window at {now} (lifetime {PROBE_LIFETIME_SECS} s)")]
     Stale {

@@ -68,6 +68,12 @@ pub enum QueryError {
     /// The requested maximum rotation is negative or above [`MAX_PREPARED_ROTATION`].
     #[error("iris query: maximum rotation {0} is out of range 0..=100 columns")]
     RotationOutOfRange(i32),
+    /// A batch without a probe.
+    #[error("iris query: a batch needs at least one probe")]
+    EmptyBatch,
+    /// The probe shares of a batch belong to different parties.
+    #[error("iris query: the probe shares of a batch belong to different parties")]
+    MixedParties,
 }
 
 /// Encodes a probe template and shares it for matching (client side of [BGK+24] §4.3.2/§5):
@@ -170,6 +176,29 @@ impl PreparedQuery {
         }
         Ok(PreparedQuery {
             party: probe.party,
+            rotations,
+        })
+    }
+
+    /// Prepares a batch of probe shares of one party as one query block (module docs of
+    /// [`crate::iris::matcher`], "Batches"): probe b's rotations at b·R..(b+1)·R, so one scan
+    /// of the stored shares serves every probe of the batch (each row is read once per batch
+    /// instead of once per probe). Fails as [`PreparedQuery::prepare`] does, on an empty batch
+    /// or on probes of different parties.
+    pub fn batch(probes: &[IrisShare], max_rotation: i32) -> Result<Self, QueryError> {
+        let Some(first) = probes.first() else {
+            return Err(QueryError::EmptyBatch);
+        };
+        let mut rotations =
+            Vec::with_capacity(probes.len() * (2 * max_rotation.max(0) as usize + 1));
+        for probe in probes {
+            if probe.party != first.party {
+                return Err(QueryError::MixedParties);
+            }
+            rotations.extend(Self::prepare(probe, max_rotation)?.rotations);
+        }
+        Ok(PreparedQuery {
+            party: first.party,
             rotations,
         })
     }

@@ -43,6 +43,7 @@ use sha2::{Digest, Sha256};
 use crate::crypto::party_sign::PartySigningKey;
 use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
+use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
 use crate::iris::mpc::binary::{MpcContext, Step};
@@ -63,6 +64,13 @@ const REMEMBERED_SESSIONS: usize = 4096;
 /// and rotation, until it ends or expires); more are refused with
 /// [`SearchError::TooManySearches`].
 pub const MAX_ACTIVE_SEARCHES: usize = 64;
+
+/// Probes one batch may hold (module docs, "Batches").
+pub const MAX_BATCH_PROBES: usize = 64;
+
+/// Comparisons (entries × probes × rotations) one batch may hold: its dot-product shares
+/// take 4 bytes each until the comparison ends (1 GiB at this bound).
+pub const MAX_BATCH_COMPARISONS: usize = 1 << 28;
 
 /// Why a search call was refused. Never contains share values, distances or keys.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +131,17 @@ pub enum SearchError {
     /// The store could not be scanned.
     #[error("iris search: {0}")]
     Store(#[from] StoreError),
+    /// A batch without a probe or with more than [`MAX_BATCH_PROBES`].
+    #[error("iris search batch of {0} probes: a batch holds 1 to {MAX_BATCH_PROBES} probes")]
+    BatchSize(usize),
+    /// A batch whose comparisons exceed [`MAX_BATCH_COMPARISONS`].
+    #[error("iris search batch of {probes} probes over {entries} templates: more than {MAX_BATCH_COMPARISONS} comparisons at once; send smaller batches")]
+    BatchTooLarge {
+        /// Probes in the batch.
+        probes: usize,
+        /// Templates of the batch's eye.
+        entries: usize,
+    },
 }
 
 /// What `start` returns to the coordinator.
@@ -206,16 +225,86 @@ enum State {
     Empty(SearchMode),
 }
 
+/// A batch of searches as the coordinator starts it (module docs, "Batches"): searches with
+/// the same declared parameters and eye, each with its own client-drawn session id and
+/// sealed probe.
+pub struct BatchStart<'a> {
+    /// The batch's id, drawn by the coordinator; the batch's rounds name it.
+    pub batch: SessionId,
+    /// The search parameters every probe must have been sealed with.
+    pub params: SearchParams,
+    /// The eye every probe must be.
+    pub eye: Eye,
+    /// Each search's session id and this party's sealed probe, in batch order.
+    pub probes: &'a [(SessionId, &'a [u8])],
+}
+
+/// What a batch start returns to the coordinator.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BatchStartReply {
+    /// Entries searched, digest and first message, as for a single search.
+    pub start: StartReply,
+    /// Per probe in batch order: `None` if accepted, or why this party refused it (its
+    /// caller gets the refusal instead of an output; the batch runs on).
+    pub refused: Vec<Option<String>>,
+}
+
+impl fmt::Debug for BatchStartReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "BatchStartReply {{ start: {:?}, refused: {:?} }}",
+            self.start, self.refused
+        )
+    }
+}
+
+/// What a batch round returns to the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchRound {
+    /// The next message, for party i+1 (sealed).
+    Continue(Vec<u8>),
+    /// Per probe in batch order: its output signed and sealed to its own client, or the
+    /// refusal of its probe at start.
+    Finished(Vec<Result<SealedOutput, String>>),
+}
+
+/// One probe's outcome at the end of a search: this party's own view, and what it relays.
+struct ProbeOutcome {
+    view: RoundReply,
+    relayed: Result<SealedOutput, String>,
+}
+
+/// The outcome of one round inside the service.
+enum Stepped {
+    Continue(Vec<u8>),
+    Finished(Vec<ProbeOutcome>),
+}
+
+/// One probe of a running search or batch, as this party holds it for the output.
+enum ProbeSlot {
+    /// The probe opened and may run: where its output is sealed to and what it allows to be
+    /// disclosed besides.
+    Accepted {
+        /// The probe's own session id (named in its signed output).
+        session: SessionId,
+        /// Where its output is sealed to (the reply key inside the client's probe).
+        reply: ReplySealer,
+        /// What the client allows to be disclosed besides.
+        disclosure: Disclosure,
+    },
+    /// The probe did not open or may not run here; its place in the batch computed a zero
+    /// share, and its caller gets this refusal instead of an output.
+    Refused(String),
+}
+
 struct ActiveSearch {
     me: PartyIndex,
     /// What the party signs its output with (derived from its key at start).
     signer: Arc<PartySigningKey>,
-    /// Where its output is sealed to (the reply key inside the client's probe).
-    reply: ReplySealer,
-    /// What the client allows to be disclosed besides.
-    disclosure: Disclosure,
-    /// The session id, parameters and eye of the search, for the signed output.
-    session: SessionId,
+    /// The batch's probes in batch order (one for a single search).
+    probes: Vec<ProbeSlot>,
+    /// The parameters and eye of the search, for the signed outputs.
     params: SearchParams,
     eye: Eye,
     state: State,
@@ -225,6 +314,82 @@ struct ActiveSearch {
     /// The round whose message the next call must carry.
     next_round: u32,
     last_used: Instant,
+}
+
+/// What a start has settled before the scan: the table key, the bound session, the
+/// parameters, the eye and the searched set.
+struct Launch {
+    id: SessionId,
+    bound: SessionId,
+    params: SearchParams,
+    eye: Eye,
+    order: Arc<CanonicalOrder>,
+}
+
+impl ActiveSearch {
+    /// Each probe's view and what is relayed for it: its output signed ([`crate::iris::output`]:
+    /// its own session id, parameters, eye, set digest, entries and result) and sealed to its
+    /// own client, with the uniqueness bit in the clear only if its probe allows it; or its
+    /// refusal at start.
+    fn finish(&self, outputs: Vec<MatchOutput>) -> Vec<ProbeOutcome> {
+        outputs
+            .into_iter()
+            .zip(&self.probes)
+            .map(|(output, slot)| {
+                let view = match output {
+                    MatchOutput::Identify(entries) => RoundReply::Identified(
+                        entries
+                            .into_iter()
+                            .filter_map(|e| self.order.subjects.get(e).cloned())
+                            .collect(),
+                    ),
+                    MatchOutput::Unique(u) => RoundReply::Unique(u),
+                    MatchOutput::Withheld => RoundReply::Identified(Vec::new()),
+                };
+                let relayed = match slot {
+                    ProbeSlot::Refused(why) => Err(why.clone()),
+                    ProbeSlot::Accepted {
+                        session,
+                        reply,
+                        disclosure,
+                    } => Ok(self.seal(&view, *session, reply, *disclosure)),
+                };
+                ProbeOutcome { view, relayed }
+            })
+            .collect()
+    }
+
+    /// One probe's output, signed and sealed to its client.
+    fn seal(
+        &self,
+        view: &RoundReply,
+        session: SessionId,
+        reply: &ReplySealer,
+        disclosure: Disclosure,
+    ) -> SealedOutput {
+        let result = match view {
+            RoundReply::Unique(u) => IrisResult::Unique(*u),
+            RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
+            RoundReply::Continue(_) => IrisResult::Identified(Vec::new()),
+        };
+        let disclosed_unique = match (&result, disclosure) {
+            (IrisResult::Unique(u), Disclosure::UniqueBitToCoordinator) => Some(*u),
+            _ => None,
+        };
+        let output = IrisOutput {
+            party: self.me,
+            session,
+            params: self.params,
+            eye: self.eye,
+            set_digest: self.order.digest,
+            entries: self.order.subjects.len() as u64,
+            result,
+        };
+        SealedOutput {
+            sealed: seal_output(reply, &output, &self.signer, &mut OsRng),
+            disclosed_unique,
+        }
+    }
 }
 
 /// The running searches of one party (module docs).
@@ -308,6 +473,42 @@ fn bound_session(id: &SessionId, params: &SearchParams, eye: Eye, digest: &[u8; 
     out
 }
 
+/// The channel and PRF session id of a batch (module docs, "Batches"): as
+/// [`bound_session`], over the batch id and every probe's session id in batch order.
+fn bound_batch(
+    batch: &SessionId,
+    probes: &[(SessionId, &[u8])],
+    params: &SearchParams,
+    eye: Eye,
+    digest: &[u8; 32],
+) -> SessionId {
+    let mut h = Sha256::new();
+    h.update(b"privmatch iris batch v1");
+    h.update(batch);
+    h.update((probes.len() as u64).to_le_bytes());
+    for (id, _) in probes {
+        h.update(id);
+    }
+    h.update([params.mode().to_byte(), eye.to_byte()]);
+    h.update(params.max_rotation().to_le_bytes());
+    h.update(params.threshold().numerator().to_le_bytes());
+    h.update(digest);
+    let full = h.finalize();
+    let mut out = [0u8; SESSION_ID_LEN];
+    out.copy_from_slice(&full[..SESSION_ID_LEN]);
+    out
+}
+
+/// The zero share that stands in for a refused probe of a batch, so the three parties keep
+/// one layout (its results go to nobody).
+fn zero_share(me: PartyIndex) -> IrisShare {
+    IrisShare {
+        party: me,
+        code: vec![0; CODE_SHARE_COEFS],
+        mask: vec![0; MASK_SHARE_COEFS],
+    }
+}
+
 impl SearchService {
     /// An empty service scanning with `backend` (the engine worker chooses it: CPU kernels,
     /// or a GPU crate's backend); idle searches expire after `timeout`.
@@ -343,6 +544,19 @@ impl SearchService {
         }
     }
 
+    /// Admits a start: refused while [`MAX_ACTIVE_SEARCHES`] run (before `id` is
+    /// remembered, so that refusal leaves nothing behind) or for a used `id`; the guard
+    /// counts it as starting until dropped.
+    fn admit(&self, id: SessionId) -> Result<BusyGuard<'_>, SearchError> {
+        let mut table = self.table();
+        if table.active() >= MAX_ACTIVE_SEARCHES {
+            return Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES));
+        }
+        table.remember(id)?;
+        table.starting += 1;
+        Ok(self.busy(Busy::Starting))
+    }
+
     /// Starts search `id` ([BGK+24] Algorithm 3 steps 1–3 at this party): opens the sealed
     /// probe, takes the search parameters sealed with it (they travel nowhere else), checks
     /// that its threshold is this party's `policy` and that it is fresh at `unix_now` (seconds
@@ -363,25 +577,165 @@ impl SearchService {
         unix_now: u64,
         interrupt: &Interrupt,
     ) -> Result<StartReply, SearchError> {
-        let _starting = {
-            let mut table = self.table();
-            // Refused before the id is remembered, so a refused start leaves nothing behind.
-            if table.active() >= MAX_ACTIVE_SEARCHES {
-                return Err(SearchError::TooManySearches(MAX_ACTIVE_SEARCHES));
-            }
-            table.remember(id)?;
-            table.starting += 1;
-            self.busy(Busy::Starting)
-        };
+        let _starting = self.admit(id)?;
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
         check_probe(&probe, &policy, unix_now)?;
-        let params = probe.params;
+        let order = store.canonical(probe.eye);
+        let bound = bound_session(&id, &probe.params, probe.eye, &order.digest);
+        let slot = ProbeSlot::Accepted {
+            session: id,
+            reply: output_sealer(me, &keys.secret, &probe.reply.key, &id),
+            disclosure: probe.reply.disclosure,
+        };
+        let search = Launch {
+            id,
+            bound,
+            params: probe.params,
+            eye: probe.eye,
+            order,
+        };
+        self.launch(
+            store,
+            keys,
+            search,
+            vec![probe.share],
+            vec![slot],
+            now,
+            interrupt,
+        )
+    }
+
+    /// Starts a batch of searches (module docs, "Batches"; [BGK+24] Algorithm 3 steps 1–3
+    /// for every probe at once): opens and checks each probe as [`SearchService::start`]
+    /// does, and also that it was sealed with the batch's declared parameters and eye and
+    /// that its session id is unused; a probe that fails any check is refused alone (a zero
+    /// share takes its place, so the batch keeps its layout at the three parties) and the
+    /// others run. Scans the store once for all probes and returns the first message. Fails
+    /// as a whole only for the batch itself: no probe or more than [`MAX_BATCH_PROBES`], a
+    /// used batch id, more comparisons than [`MAX_BATCH_COMPARISONS`], or a failed scan.
+    // As for `start`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_batch(
+        &self,
+        store: &IrisStore,
+        keys: &PartyKeys,
+        batch: &BatchStart<'_>,
+        policy: IrisPolicy,
+        now: Instant,
+        unix_now: u64,
+        interrupt: &Interrupt,
+    ) -> Result<BatchStartReply, SearchError> {
+        let count = batch.probes.len();
+        if count == 0 || count > MAX_BATCH_PROBES {
+            return Err(SearchError::BatchSize(count));
+        }
+        let entries = store.len_of(batch.eye);
+        let comparisons = entries
+            .saturating_mul(count)
+            .saturating_mul(2 * batch.params.max_rotation().max(0) as usize + 1);
+        if comparisons > MAX_BATCH_COMPARISONS {
+            return Err(SearchError::BatchTooLarge {
+                probes: count,
+                entries,
+            });
+        }
+        let _starting = self.admit(batch.batch)?;
+        let me = keys.me;
+        let mut shares = Vec::with_capacity(count);
+        let mut slots = Vec::with_capacity(count);
+        for (id, sealed) in batch.probes {
+            match self.accept_probe(keys, batch, id, sealed, &policy, unix_now) {
+                Ok((share, slot)) => {
+                    shares.push(share);
+                    slots.push(slot);
+                }
+                Err(why) => {
+                    shares.push(zero_share(me));
+                    slots.push(ProbeSlot::Refused(why));
+                }
+            }
+        }
+        let refused = slots
+            .iter()
+            .map(|s| match s {
+                ProbeSlot::Refused(why) => Some(why.clone()),
+                ProbeSlot::Accepted { .. } => None,
+            })
+            .collect();
+        let order = store.canonical(batch.eye);
+        let search = Launch {
+            id: batch.batch,
+            bound: bound_batch(
+                &batch.batch,
+                batch.probes,
+                &batch.params,
+                batch.eye,
+                &order.digest,
+            ),
+            params: batch.params,
+            eye: batch.eye,
+            order,
+        };
+        let start = self.launch(store, keys, search, shares, slots, now, interrupt)?;
+        Ok(BatchStartReply { start, refused })
+    }
+
+    /// Opens and checks one probe of a batch; the refusal's text if it may not run.
+    fn accept_probe(
+        &self,
+        keys: &PartyKeys,
+        batch: &BatchStart<'_>,
+        id: &SessionId,
+        sealed: &[u8],
+        policy: &IrisPolicy,
+        unix_now: u64,
+    ) -> Result<(IrisShare, ProbeSlot), String> {
+        let me = keys.me;
+        let probe = open_iris_probe(me, &keys.secret, id, sealed)
+            .map_err(|e| SearchError::Probe(e).to_string())?;
+        check_probe(&probe, policy, unix_now)
+            .map_err(|e| SearchError::ProbeRefused(e).to_string())?;
+        if probe.params != batch.params || probe.eye != batch.eye {
+            return Err(SearchError::ProbeRefused(ProbeRefusal::NotTheBatch).to_string());
+        }
+        if self.table().remember(*id).is_err() {
+            return Err(SearchError::ProbeRefused(ProbeRefusal::Replayed).to_string());
+        }
+        let slot = ProbeSlot::Accepted {
+            session: *id,
+            reply: output_sealer(me, &keys.secret, &probe.reply.key, id),
+            disclosure: probe.reply.disclosure,
+        };
+        Ok((probe.share, slot))
+    }
+
+    /// The common part of a start: the pairwise channels of the bound session, the scan of
+    /// the store with every probe's rotations as one block, the first message, and the
+    /// search put in the table under its id.
+    // As for `start`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        store: &IrisStore,
+        keys: &PartyKeys,
+        search: Launch,
+        shares: Vec<IrisShare>,
+        probes: Vec<ProbeSlot>,
+        now: Instant,
+        interrupt: &Interrupt,
+    ) -> Result<StartReply, SearchError> {
+        let Launch {
+            id,
+            bound,
+            params,
+            eye,
+            order,
+        } = search;
+        let me = keys.me;
         let peer_key =
             |p: PartyIndex| keys.peers[p.as_usize()].ok_or(SearchError::PeerNotPinned(p));
         let (next_key, prev_key) = (peer_key(me.next())?, peer_key(me.prev())?);
-        let order = store.canonical(probe.eye);
-        let bound = bound_session(&id, &params, probe.eye, &order.digest);
         let pairwise = |p: PartyIndex, key: &PartyPublicKey| {
             PairwiseSecrets::derive(me, &keys.secret, p, key).map_err(|source| {
                 SearchError::Channel {
@@ -403,9 +757,9 @@ impl SearchService {
         let (state, payload) = if order.subjects.is_empty() {
             (State::Empty(params.mode()), Vec::new())
         } else {
-            let query = PreparedQuery::prepare(&probe.share, params.max_rotation())
+            let query = PreparedQuery::batch(&shares, params.max_rotation())
                 .map_err(|e| protocol(e.into()))?;
-            let dots = store.scan(probe.eye, &order, &*self.backend, &query, interrupt)?;
+            let dots = store.scan(eye, &order, &*self.backend, &query, interrupt)?;
             let ctx = MpcContext::new(me, bound, with_next.prf(), with_prev.prf());
             let config = MatchConfig {
                 max_rotation: params.max_rotation(),
@@ -413,7 +767,9 @@ impl SearchService {
                 mode: params.mode(),
                 entitled: PartyIndex::ALL.to_vec(),
             };
-            match IrisMatchSession::start_with_dots(&ctx, &config, dots).map_err(protocol)? {
+            match IrisMatchSession::start_batch_with_dots(&ctx, &config, dots, shares.len())
+                .map_err(protocol)?
+            {
                 Step::Send(session, out) => (State::Running(Box::new(session)), out.payload),
                 Step::Done(_) => {
                     return Err(protocol(MatchError::InvalidInput(
@@ -430,11 +786,9 @@ impl SearchService {
             ActiveSearch {
                 me,
                 signer: Arc::new(PartySigningKey::derive(&keys.secret)),
-                reply: output_sealer(me, &keys.secret, &probe.reply.key, &id),
-                disclosure: probe.reply.disclosure,
-                session: id,
+                probes,
                 params,
-                eye: probe.eye,
+                eye,
                 state,
                 to_next,
                 from_prev,
@@ -452,7 +806,8 @@ impl SearchService {
 
     /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure
     /// aborts the search. Returns this party's own view of the output (for tests and
-    /// benchmarks; what leaves the party is [`SearchService::round_sealed`]'s).
+    /// benchmarks; what leaves the party is [`SearchService::round_sealed`]'s). For a batch,
+    /// the view of its first probe.
     pub fn round(
         &self,
         id: SessionId,
@@ -460,7 +815,24 @@ impl SearchService {
         message: &[u8],
         now: Instant,
     ) -> Result<RoundReply, SearchError> {
-        self.step(id, round, message, now).map(|(reply, _)| reply)
+        match self.step(id, round, message, now)? {
+            Stepped::Continue(m) => Ok(RoundReply::Continue(m)),
+            Stepped::Finished(mut outcomes) => Ok(outcomes.swap_remove(0).view),
+        }
+    }
+
+    /// [`SearchService::round`] with every probe's view of a batch (batch order).
+    pub fn round_views(
+        &self,
+        id: SessionId,
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Vec<RoundReply>, SearchError> {
+        match self.step(id, round, message, now)? {
+            Stepped::Continue(m) => Ok(vec![RoundReply::Continue(m)]),
+            Stepped::Finished(outcomes) => Ok(outcomes.into_iter().map(|o| o.view).collect()),
+        }
     }
 
     /// [`SearchService::round`] as the coordinator receives it: the next message, or this
@@ -474,24 +846,48 @@ impl SearchService {
         message: &[u8],
         now: Instant,
     ) -> Result<SealedRound, SearchError> {
-        match self.step(id, round, message, now)? {
-            (RoundReply::Continue(m), _) => Ok(SealedRound::Continue(m)),
-            (_, Some(output)) => Ok(SealedRound::Finished(output)),
-            (_, None) => Err(SearchError::Protocol {
-                session: session_hex(&id),
-                source: MatchError::InvalidInput("an output was not sealed"),
-            }),
+        let not_single = || SearchError::Protocol {
+            session: session_hex(&id),
+            source: MatchError::InvalidInput(
+                "a batch's outputs are relayed by round_batch, not as one search's",
+            ),
+        };
+        match self.round_batch(id, round, message, now)? {
+            BatchRound::Continue(m) => Ok(SealedRound::Continue(m)),
+            BatchRound::Finished(mut outputs) if outputs.len() == 1 => outputs
+                .swap_remove(0)
+                .map(SealedRound::Finished)
+                .map_err(|_| not_single()),
+            BatchRound::Finished(_) => Err(not_single()),
         }
     }
 
-    /// One round: the party's view of the output and, with the output, what it relays.
+    /// A round of a batch as the coordinator receives it (module docs, "Batches"): the next
+    /// message, or per probe its output signed and sealed to its own client (as
+    /// [`SearchService::round_sealed`]) or its refusal at start.
+    pub fn round_batch(
+        &self,
+        id: SessionId,
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<BatchRound, SearchError> {
+        Ok(match self.step(id, round, message, now)? {
+            Stepped::Continue(m) => BatchRound::Continue(m),
+            Stepped::Finished(outcomes) => {
+                BatchRound::Finished(outcomes.into_iter().map(|o| o.relayed).collect())
+            }
+        })
+    }
+
+    /// One round: the next message, or each probe's view and what is relayed for it.
     fn step(
         &self,
         id: SessionId,
         round: u32,
         message: &[u8],
         now: Instant,
-    ) -> Result<(RoundReply, Option<SealedOutput>), SearchError> {
+    ) -> Result<Stepped, SearchError> {
         let (mut active, _in_round) = {
             let mut table = self.table();
             let Some(active) = table.sessions.remove(&id) else {
@@ -523,47 +919,20 @@ impl SearchService {
             session: session.clone(),
             source,
         };
-        // Captures the fields it reads only (not the state the match below moves out).
-        let sealed = |reply: RoundReply| {
-            let result = match &reply {
-                RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
-                RoundReply::Unique(u) => IrisResult::Unique(*u),
-                RoundReply::Continue(_) => return (reply, None),
-            };
-            let disclosed_unique = match (&result, active.disclosure) {
-                (IrisResult::Unique(u), Disclosure::UniqueBitToCoordinator) => Some(*u),
-                _ => None,
-            };
-            let output = IrisOutput {
-                party: active.me,
-                session: active.session,
-                params: active.params,
-                eye: active.eye,
-                set_digest: active.order.digest,
-                entries: active.order.subjects.len() as u64,
-                result,
-            };
-            let sealed = seal_output(&active.reply, &output, &active.signer, &mut OsRng);
-            (
-                reply,
-                Some(SealedOutput {
-                    sealed,
-                    disclosed_unique,
-                }),
-            )
-        };
-        let step = match active.state {
+        let state = std::mem::replace(&mut active.state, State::Empty(active.params.mode()));
+        let step = match state {
             State::Empty(mode) => {
                 if !payload.is_empty() {
                     return Err(protocol(MatchError::InvalidInput(
                         "a search over no entries carries no message",
                     )));
                 }
-                let reply = match mode {
-                    SearchMode::Identify => RoundReply::Identified(Vec::new()),
-                    SearchMode::Uniqueness => RoundReply::Unique(true),
+                let none = match mode {
+                    SearchMode::Identify => MatchOutput::Identify(Vec::new()),
+                    SearchMode::Uniqueness => MatchOutput::Unique(true),
                 };
-                return Ok(sealed(reply));
+                let outputs = vec![none; active.probes.len()];
+                return Ok(Stepped::Finished(active.finish(outputs)));
             }
             State::Running(s) => s.receive(from, &payload).map_err(protocol)?,
         };
@@ -574,18 +943,16 @@ impl SearchService {
                 active.next_round = round + 1;
                 active.last_used = now;
                 self.table().sessions.insert(id, active);
-                Ok((RoundReply::Continue(sealed_message), None))
+                Ok(Stepped::Continue(sealed_message))
             }
-            Step::Done(output) => Ok(sealed(match output {
-                MatchOutput::Identify(entries) => RoundReply::Identified(
-                    entries
-                        .into_iter()
-                        .filter_map(|e| active.order.subjects.get(e).cloned())
-                        .collect(),
-                ),
-                MatchOutput::Unique(u) => RoundReply::Unique(u),
-                MatchOutput::Withheld => RoundReply::Identified(Vec::new()),
-            })),
+            Step::Done(outputs) => {
+                if outputs.len() != active.probes.len() {
+                    return Err(protocol(MatchError::InvalidInput(
+                        "the batch's outputs do not match its probes",
+                    )));
+                }
+                Ok(Stepped::Finished(active.finish(outputs)))
+            }
         }
     }
 

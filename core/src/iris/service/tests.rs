@@ -705,3 +705,279 @@ fn every_party_signs_its_output_and_seals_it_to_the_clients_reply_key() {
         ));
     }
 }
+
+/// One client's search in a batch: its session id, its reply key and its three sealed probes.
+struct BatchedProbe {
+    id: SessionId,
+    client: PartySecretKey,
+    sealed: Vec<Vec<u8>>,
+}
+
+impl World {
+    /// Seals `probe` as a client of its own would (own session id, own reply key).
+    fn batched_probe(&mut self, probe: &IrisTemplate, eye: Eye, p: SearchParams) -> BatchedProbe {
+        use crate::iris::probe::{seal_iris_probe_to, Disclosure, ReplyTo};
+        let id = self.session();
+        let client = PartySecretKey::generate(&mut self.rng);
+        let reply = ReplyTo {
+            key: client.public_key(),
+            disclosure: Disclosure::SealedOnly,
+        };
+        let sealed = seal_iris_probe_to(
+            probe,
+            &context(id, eye, p),
+            &reply,
+            &self.publics,
+            &mut self.rng,
+        )
+        .unwrap();
+        BatchedProbe {
+            id,
+            client,
+            sealed: sealed.to_vec(),
+        }
+    }
+
+    /// Runs `probes` as one batch declared with `p` and `eye`, as the coordinator does:
+    /// each party's start replies and, per party, what it relays for each probe.
+    fn run_batch(
+        &mut self,
+        probes: &[BatchedProbe],
+        eye: Eye,
+        p: SearchParams,
+    ) -> (Vec<BatchStartReply>, Vec<Vec<Result<SealedOutput, String>>>) {
+        let batch = self.session();
+        let now = Instant::now();
+        let starts: Vec<BatchStartReply> = self
+            .parties
+            .iter()
+            .enumerate()
+            .map(|(i, party)| {
+                let mine: Vec<(SessionId, &[u8])> = probes
+                    .iter()
+                    .map(|b| (b.id, b.sealed[i].as_slice()))
+                    .collect();
+                let start = BatchStart {
+                    batch,
+                    params: p,
+                    eye,
+                    probes: &mine,
+                };
+                party
+                    .service
+                    .start_batch(
+                        &party.store,
+                        &party.keys,
+                        &start,
+                        policy_of(p),
+                        now,
+                        SEALED_AT,
+                        Interrupt::never(),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        let mut messages: Vec<Vec<u8>> = starts.iter().map(|s| s.start.message.clone()).collect();
+        let mut round = 0;
+        loop {
+            let replies: Vec<BatchRound> = (0..3)
+                .map(|i| {
+                    self.parties[i]
+                        .service
+                        .round_batch(batch, round, &messages[(i + 2) % 3], now)
+                        .unwrap()
+                })
+                .collect();
+            if let BatchRound::Continue(_) = &replies[0] {
+                messages = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        BatchRound::Continue(m) => m,
+                        other => panic!("out of step: {other:?}"),
+                    })
+                    .collect();
+                round += 1;
+                continue;
+            }
+            let outputs = replies
+                .into_iter()
+                .map(|r| match r {
+                    BatchRound::Finished(o) => o,
+                    other => panic!("out of step: {other:?}"),
+                })
+                .collect();
+            assert!(self.parties.iter().all(|p| p.service.active() == 0));
+            return (starts, outputs);
+        }
+    }
+
+    /// The verifying keys of the three parties' output signatures.
+    fn signing_keys(&self) -> [Option<crate::crypto::party_sign::PartyVerifyingKey>; 3] {
+        use crate::crypto::party_sign::PartySigningKey;
+        [0, 1, 2]
+            .map(|i| Some(PartySigningKey::derive(&self.parties[i].keys.secret).verifying_key()))
+    }
+}
+
+/// Opens probe `k`'s three relayed outputs with its client's key.
+fn open_batched(
+    w: &World,
+    probes: &[BatchedProbe],
+    outputs: &[Vec<Result<SealedOutput, String>>],
+    k: usize,
+    eye: Eye,
+    p: SearchParams,
+    client: &PartySecretKey,
+) -> Result<crate::iris::output::IrisResult, crate::iris::output::OutputRefused> {
+    use crate::iris::output::{open_outputs, ExpectedSearch};
+    let expected = ExpectedSearch {
+        session: probes[k].id,
+        params: p,
+        eye,
+    };
+    let sealed: [&[u8]; 3] = std::array::from_fn(|i| {
+        outputs[i][k]
+            .as_ref()
+            .expect("an accepted probe has an output")
+            .sealed
+            .as_slice()
+    });
+    open_outputs(&expected, &w.publics, &w.signing_keys(), client, sealed).map(|o| o.result)
+}
+
+#[test]
+fn a_batch_answers_every_probe_as_the_plaintext_matcher_sealed_to_its_own_client() {
+    use crate::iris::output::{IrisResult, OutputRefused};
+    let mut w = world(31);
+    let mut enrolled = Vec::new();
+    for i in 0..24 {
+        let t = random_template(&mut w.rng);
+        let subject = format!("s{i:02}");
+        w.enroll(&subject, Eye::Left, &t);
+        enrolled.push((subject, t));
+    }
+    for (mode, max_rotation) in [("identify", 2), ("uniqueness", 2), ("identify", 15)] {
+        let p = params(mode, max_rotation);
+        let templates: Vec<IrisTemplate> = [0.1, 0.33, 0.345, 0.36, 0.5]
+            .iter()
+            .enumerate()
+            .map(|(k, &rate)| {
+                let (_, t) = &enrolled[k * 3];
+                near_duplicate(t, rate, (k as i32 % 3) - 1, &mut w.rng)
+            })
+            .collect();
+        let probes: Vec<BatchedProbe> = templates
+            .iter()
+            .map(|t| w.batched_probe(t, Eye::Left, p))
+            .collect();
+        let (starts, outputs) = w.run_batch(&probes, Eye::Left, p);
+        assert!(starts.iter().all(|s| s.refused.iter().all(Option::is_none)));
+        for (k, t) in templates.iter().enumerate() {
+            let want: Vec<String> = enrolled
+                .iter()
+                .filter(|(_, e)| plain_match(t, e, max_rotation, 3450))
+                .map(|(s, _)| s.clone())
+                .collect();
+            let expected = if mode == "identify" {
+                IrisResult::Identified(want)
+            } else {
+                IrisResult::Unique(want.is_empty())
+            };
+            let got = open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client);
+            assert_eq!(
+                got.unwrap(),
+                expected,
+                "probe {k} ({mode}, ±{max_rotation})"
+            );
+            // Another caller of the same batch cannot open it.
+            let other = &probes[(k + 1) % probes.len()].client;
+            assert!(matches!(
+                open_batched(&w, &probes, &outputs, k, Eye::Left, p, other),
+                Err(OutputRefused::Sealed { .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn a_refused_probe_gets_its_refusal_and_the_rest_of_the_batch_runs() {
+    use crate::iris::output::IrisResult;
+    let mut w = world(32);
+    let t = random_template(&mut w.rng);
+    w.enroll("alice", Eye::Left, &t);
+    let other = random_template(&mut w.rng);
+    w.enroll("bob", Eye::Left, &other);
+    let p = params("identify", 1);
+    let good = near_duplicate(&t, 0.1, 1, &mut w.rng);
+    let mut probes = vec![w.batched_probe(&good, Eye::Left, p)];
+    // Sealed for other parameters than the batch declares.
+    probes.push(w.batched_probe(&good, Eye::Left, params("uniqueness", 1)));
+    // Sealed for the other eye.
+    probes.push(w.batched_probe(&good, Eye::Right, p));
+    // A session id used before, by a single search.
+    let used = w.batched_probe(&good, Eye::Left, p);
+    let starts = start_all(&w.parties, used.id, &used.sealed, p);
+    w.finish(used.id, starts.into_iter().map(|s| s.message).collect());
+    probes.push(used);
+    // P2's share is another probe's: refused at P2 only.
+    let mut mixed = w.batched_probe(&good, Eye::Left, p);
+    mixed.sealed[2] = probes[0].sealed[2].clone();
+    probes.push(mixed);
+    let (starts, outputs) = w.run_batch(&probes, Eye::Left, p);
+    for (i, s) in starts.iter().enumerate() {
+        assert_eq!(s.refused[0], None);
+        for k in 1..=3 {
+            assert!(s.refused[k].is_some(), "P{i} probe {k}");
+            assert!(outputs[i][k].is_err());
+        }
+        assert_eq!(s.refused[4].is_some(), i == 2, "P{i} probe 4");
+    }
+    let why = |k: usize| starts[0].refused[k].clone().unwrap();
+    assert!(why(1).contains("other search parameters"), "{}", why(1));
+    assert!(why(2).contains("another eye"), "{}", why(2));
+    assert!(why(3).contains("already used"), "{}", why(3));
+    let got = open_batched(&w, &probes, &outputs, 0, Eye::Left, p, &probes[0].client);
+    assert_eq!(got.unwrap(), IrisResult::Identified(vec!["alice".into()]));
+    // A refused probe names no share value, key or subject.
+    for s in &starts {
+        for why in s.refused.iter().flatten() {
+            assert!(!why.contains("alice") && !why.contains("bob"), "{why}");
+        }
+    }
+}
+
+#[test]
+fn a_batch_refuses_a_used_id_or_more_probes_than_allowed_as_a_whole() {
+    let mut w = world(33);
+    let t = random_template(&mut w.rng);
+    w.enroll("a", Eye::Left, &t);
+    let p = params("identify", 0);
+    let probe = w.batched_probe(&t, Eye::Left, p);
+    let party = &w.parties[0];
+    let batch_id = [7u8; SESSION_ID_LEN];
+    let start = |probes: &[(SessionId, &[u8])]| {
+        party.service.start_batch(
+            &party.store,
+            &party.keys,
+            &BatchStart {
+                batch: batch_id,
+                params: p,
+                eye: Eye::Left,
+                probes,
+            },
+            policy_of(p),
+            Instant::now(),
+            SEALED_AT,
+            Interrupt::never(),
+        )
+    };
+    assert!(matches!(start(&[]), Err(SearchError::BatchSize(0))));
+    let many: Vec<(SessionId, &[u8])> = (0..=MAX_BATCH_PROBES)
+        .map(|k| ([k as u8; SESSION_ID_LEN], probe.sealed[0].as_slice()))
+        .collect();
+    assert!(matches!(start(&many), Err(SearchError::BatchSize(_))));
+    let one = [(probe.id, probe.sealed[0].as_slice())];
+    assert!(start(&one).is_ok());
+    assert!(party.service.abort(&batch_id));
+    assert!(matches!(start(&one), Err(SearchError::ReplayedSession(_))));
+}
