@@ -101,6 +101,10 @@ pub struct SearchStats {
     pub bytes_sent: [u64; 3],
     /// Wall time from start to the last round, in microseconds.
     pub micros: u64,
+    /// Searches in the batch this one ran in (1: alone; 0 from a coordinator before 0.15.0).
+    /// The rounds and bytes above are the batch's.
+    #[serde(default)]
+    pub batch: u32,
 }
 
 impl SearchStats {
@@ -199,10 +203,48 @@ pub struct SearchBody {
     pub policy: EyePolicy,
     /// One or two eyes, distinct.
     pub eyes: Vec<EyeProbeBody>,
+    /// The mode and rotation range the probes were sealed with, declared so that the
+    /// coordinator may run this search in a batch with others that declare the same
+    /// (docs/protocols/iris.md §14; the threshold is the parties' policy). They are what the
+    /// coordinator could tell from a search's rounds and message sizes anyway; each party
+    /// refuses a probe sealed with other ones. Absent: the search runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchDeclaration>,
     /// Refused when present: clients of 0.14.0 and before sent the search's parameters here,
     /// in the clear to the coordinator (they travel sealed in the probes only).
     #[serde(flatten)]
     pub legacy: LegacyParams,
+}
+
+/// What a search declares to be batched with others ([`SearchBody::batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchDeclaration {
+    /// `identify` or `uniqueness`.
+    pub mode: SearchMode,
+    /// 0..=15.
+    pub max_rotation: i32,
+}
+
+impl BatchDeclaration {
+    /// The declaration of a search sealed with `params`.
+    pub fn of(params: SearchParams) -> Self {
+        BatchDeclaration {
+            mode: params.mode(),
+            max_rotation: params.max_rotation(),
+        }
+    }
+
+    /// Checks the rotation range (0..=15).
+    pub fn check(&self) -> Result<(), String> {
+        if (0..=15).contains(&self.max_rotation) {
+            Ok(())
+        } else {
+            Err(format!(
+                "batch.max_rotation must be in 0..=15, got {}",
+                self.max_rotation
+            ))
+        }
+    }
 }
 
 /// The parameter fields an older client put beside the probes (`mode`, `max_rotation`,
@@ -288,6 +330,9 @@ impl SearchBody {
     /// Checks the request and decodes it into one search per eye.
     pub fn plan(&self) -> Result<Vec<(Eye, SearchRequest)>, String> {
         self.legacy.refuse()?;
+        if let Some(batch) = &self.batch {
+            batch.check()?;
+        }
         if self.eyes.is_empty() || self.eyes.len() > 2 {
             return Err(format!(
                 "a search has one or two eyes, got {}",

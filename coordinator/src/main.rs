@@ -133,6 +133,17 @@ enum CoordinatorAction {
         /// API requests served at once; more are refused with 429 (retry shortly).
         #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
         max_in_flight: usize,
+        /// Most iris searches run as one batch (1: every search alone). A batch also holds
+        /// at most 2^28 comparisons at a party (fewer searches over a large template set).
+        #[arg(long, env = "PRIVMATCH_BATCH_MAX", default_value_t = 32)]
+        batch_max: usize,
+        /// Longest an iris search waits for others to join its batch while another batch of
+        /// its kind runs, in milliseconds (a search that finds none running leaves at once).
+        #[arg(long, env = "PRIVMATCH_BATCH_WINDOW_MS", default_value_t = 5)]
+        batch_window_ms: u64,
+        /// Batches of one kind (eye, mode, rotation range) running at once.
+        #[arg(long, env = "PRIVMATCH_BATCH_IN_FLIGHT", default_value_t = 2)]
+        batch_in_flight: usize,
     },
     /// Configure the coordinator of a deployment (HOME/coordinator.toml, its TLS certificate)
     /// from what the parties' operators handed over.
@@ -167,15 +178,33 @@ async fn run(cli: Cli) -> Result<()> {
                     search_timeout,
                     max_body_bytes,
                     max_in_flight,
+                    batch_max,
+                    batch_window_ms,
+                    batch_in_flight,
                 },
         } => {
             if !(search_timeout.is_finite() && *search_timeout > 0.0) {
                 anyhow::bail!("--search-timeout must be a positive number of seconds");
             }
+            if !(1..=privmatch_core::iris::service::MAX_BATCH_PROBES).contains(batch_max) {
+                anyhow::bail!(
+                    "--batch-max must be 1 to {}",
+                    privmatch_core::iris::service::MAX_BATCH_PROBES
+                );
+            }
+            if *batch_in_flight == 0 {
+                anyhow::bail!("--batch-in-flight must be at least 1");
+            }
             let options = ServeOptions {
                 search_timeout: std::time::Duration::from_secs_f64(*search_timeout),
                 max_body_bytes: *max_body_bytes,
                 max_in_flight: *max_in_flight,
+                iris_batches: privmatch_coordinator::session::batcher::BatchPolicy {
+                    max_items: *batch_max,
+                    window: std::time::Duration::from_millis(*batch_window_ms),
+                    in_flight: *batch_in_flight,
+                    ..Default::default()
+                },
             };
             let path = coordinator_config
                 .clone()

@@ -186,3 +186,61 @@ pub fn run(function: &str, query: &str, args: &[DatumWithOid<'_>]) {
     Spi::connect_mut(|client| update(client, query, None, args).map(|_| ()))
         .unwrap_or_else(|e| raise_spi(function, e))
 }
+
+/// A SQLSTATE as its five characters (PostgreSQL packs them six bits each, first character
+/// lowest).
+pub fn sqlstate_text(code: PgSqlErrorCode) -> String {
+    let packed = code as i32;
+    (0..5)
+        .map(|i| char::from(b'0'.wrapping_add(((packed >> (6 * i)) & 0x3F) as u8)))
+        .collect()
+}
+
+/// An ERROR caught by [`in_subtransaction`]: its SQLSTATE and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaughtRefusal {
+    /// The five-character SQLSTATE.
+    pub sqlstate: String,
+    /// The message (never a secret: every message of the extension is written so).
+    pub message: String,
+}
+
+/// Runs `body` in a subtransaction of its own, as PL/pgSQL's `EXCEPTION` clause does: an
+/// ERROR inside rolls back what `body` wrote and comes back as a [`CaughtRefusal`], and the
+/// caller's transaction goes on (a batch refuses one input and keeps the others).
+pub fn in_subtransaction<R>(body: impl FnOnce() -> R) -> Result<R, CaughtRefusal> {
+    // SAFETY: the sequence of PL/pgSQL's exception block (pl_exec.c): remember the memory
+    // context and resource owner, begin an internal subtransaction and switch back to the
+    // caller's context; below, release or roll back the subtransaction and restore both.
+    let (context, owner) = unsafe {
+        let saved = (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner);
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(saved.0);
+        saved
+    };
+    let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| Ok(body())))
+        .catch_others(|caught| {
+            let report = match &caught {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r) => r,
+                pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport,
+            };
+            Err(CaughtRefusal {
+                sqlstate: sqlstate_text(report.sql_error_code()),
+                message: report.message().to_owned(),
+            })
+        })
+        .execute();
+    // SAFETY: ends the subtransaction begun above, on the same backend; pgrx has copied and
+    // flushed the error state of a caught ERROR before the handler ran.
+    unsafe {
+        if result.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    result
+}

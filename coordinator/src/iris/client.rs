@@ -41,8 +41,9 @@ use crate::config::Config;
 use crate::iris::input::{for_each_record, validate_file, EnrollRecord, ProbeRecord};
 use privmatch_api::iris::eyes::{combine_matches, combine_uniqueness, EyePolicy};
 use privmatch_api::iris::{
-    check_policy, DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome,
-    EnrollIfUniqueResponse, EnrollResponse, EyeProbeBody, LegacyParams, SearchBody, SearchResponse,
+    check_policy, BatchDeclaration, DeleteBody, DeleteResponse, EnrollIfUniqueBody,
+    EnrollIfUniqueOutcome, EnrollIfUniqueResponse, EnrollResponse, EyeProbeBody, LegacyParams,
+    SearchBody, SearchResponse,
 };
 use privmatch_api::wire::{from_base64_each, session_from_hex, session_to_hex, to_base64};
 
@@ -396,8 +397,10 @@ fn seal_probe(
 
 /// The body of a search for `probe`: each eye shared and sealed, with `params`, for a fresh
 /// session, with `reply_key` (a fresh key of the client, or the static key of the party whose
-/// SQL front door will be called) as the key the parties seal their outputs to. The body
-/// carries no parameter: they travel sealed in the probes only.
+/// SQL front door will be called) as the key the parties seal their outputs to. The
+/// parameters travel sealed in the probes; the body declares the mode and rotation range
+/// beside them so the coordinator may batch the search with others (what the rounds would
+/// tell it anyway; the parties refuse a probe sealed with other ones).
 pub fn search_body(
     sealer: &mut Sealer,
     probe: &ProbeRecord,
@@ -421,6 +424,7 @@ pub fn search_body(
     Ok(SearchBody {
         policy,
         eyes,
+        batch: Some(BatchDeclaration::of(params)),
         legacy: LegacyParams::default(),
     })
 }

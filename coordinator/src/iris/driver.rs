@@ -47,7 +47,7 @@ use privmatch_api::iris::{SearchRequest, SearchStats};
 
 /// More rounds than any search needs (uniqueness over 2^64 comparisons needs 81): a party
 /// that never finishes is a protocol error, not an endless loop.
-const MAX_ROUNDS: i32 = 256;
+pub(crate) const MAX_ROUNDS: i32 = 256;
 
 /// Length of the template-set digest a party reports at start.
 const SET_DIGEST_LEN: usize = 32;
@@ -115,7 +115,7 @@ pub fn odd_one_out<T: PartialEq>(values: [&T; 3]) -> Option<PartyIndex> {
 }
 
 /// Why a search failed. The session was aborted at the three parties (best effort).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum SearchError {
     /// The request is malformed or out of range (nothing was sent to the parties).
     #[error("invalid search request: {0}")]
@@ -132,16 +132,23 @@ pub enum SearchError {
     /// The parties broke the protocol (finished in different rounds, disagree on the result).
     #[error("search protocol error: {0}")]
     Protocol(String),
+    /// As many searches as the coordinator queues for a batch are waiting (retry shortly).
+    #[error("too many searches are waiting for a batch at the coordinator; retry shortly")]
+    Busy,
 }
 
 crate::session_error!(SearchError);
 
-/// What a party answered to `iris_search_start`.
+/// What a party answered to `iris_search_start` (or, with its refusals, to
+/// `iris_batch_start`).
 #[derive(Clone, Debug)]
-struct StartReply {
-    entries: i64,
-    set_digest: Vec<u8>,
-    message: Vec<u8>,
+pub(crate) struct StartReply {
+    /// Templates searched.
+    pub(crate) entries: i64,
+    /// Digest of the searched set.
+    pub(crate) set_digest: Vec<u8>,
+    /// The first message, for party i+1.
+    pub(crate) message: Vec<u8>,
 }
 
 /// What a party answered to `iris_search_round`.
@@ -164,7 +171,7 @@ pub fn route(outbound: [Vec<u8>; 3]) -> [Vec<u8>; 3] {
 }
 
 /// Checks that the three parties search the same template set.
-fn check_same_set(starts: &[StartReply; 3]) -> Result<(), SearchError> {
+pub(crate) fn check_same_set(starts: &[StartReply; 3]) -> Result<(), SearchError> {
     for (party, start) in PartyIndex::ALL.iter().zip(starts) {
         if start.set_digest.len() != SET_DIGEST_LEN {
             return Err(SearchError::Protocol(format!(
@@ -322,6 +329,7 @@ impl Session<3> for Search<'_> {
             rounds: traffic.rounds,
             bytes_sent: traffic.bytes_sent,
             micros: 0,
+            batch: 1,
         };
         Ok((result, stats, set_digest))
     }

@@ -5,7 +5,8 @@
 //!
 //! The same files as every modality (the JSON bodies are `privmatch_api::iris`, shared with
 //! the SQL front door):
-//! [`driver`] (the search rounds on the shared skeleton), [`work`] (its distributed
+//! [`driver`] (the search rounds on the shared skeleton), [`batch`] (searches run in
+//! batches on it), [`work`] (its distributed
 //! transactions), [`routes`] (its HTTP handlers), [`client`] (its calls to the coordinator),
 //! [`cli`] (its subcommands), [`seal`] (sealed inputs for the SQL front door), [`input`] (NDJSON parsing) and [`synth`] (synthetic templates:
 //! `privmatch iris synth` writes the input format [`input`] reads, for demos, tests and
@@ -16,6 +17,7 @@
 //! Imports shared layers only, never another modality.
 
 pub mod audit;
+pub mod batch;
 pub mod cli;
 pub mod client;
 pub mod driver;

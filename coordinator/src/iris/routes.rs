@@ -13,6 +13,11 @@ use privmatch_core::wire::envelope::decode_enroll_batch;
 use privmatch_core::wire::session::SessionId;
 use serde::Deserialize;
 
+use std::sync::{Arc, OnceLock};
+
+use axum::Extension;
+
+use crate::iris::batch::{IrisBatchKey, IrisBatches};
 use crate::iris::driver::{run_search, SearchError, SearchOutcome};
 use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
 use crate::server::auth::Scope;
@@ -21,6 +26,7 @@ use crate::server::error::{
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
+use crate::session::batcher::Batcher;
 use privmatch_api::iris::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
     EnrollResponse, EyeReport, SearchBody, SearchResponse,
@@ -31,8 +37,13 @@ use privmatch_api::ErrorCode;
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
 pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
 
+/// The iris batches of this coordinator, started by the first batched search (the batching
+/// task needs the parties' pools and the serve options, which the state holds).
+type Batches = Arc<OnceLock<Batcher<IrisBatches>>>;
+
 /// The iris routes and the API scope each needs, merged into the coordinator's API.
 pub fn routes() -> ScopedRoutes<SharedState> {
+    let batches: Batches = Arc::new(OnceLock::new());
     ScopedRoutes::new()
         .route("/v1/iris/enroll", Scope::Enroll, post(enroll))
         .route("/v1/iris/delete", Scope::Delete, post(delete))
@@ -56,6 +67,7 @@ pub fn routes() -> ScopedRoutes<SharedState> {
             Scope::Enroll,
             post(enroll_if_unique),
         )
+        .map_router(|router| router.layer(Extension(batches)))
 }
 
 impl From<SearchError> for ApiError {
@@ -72,6 +84,7 @@ impl From<SearchError> for ApiError {
                 api
             }
             SearchError::Protocol(_) => protocol_error(message),
+            SearchError::Busy => error_with(ErrorCode::TooBusy, message),
         }
     }
 }
@@ -153,6 +166,7 @@ fn search_response(request: &SearchBody, per_eye: Vec<(Eye, SearchOutcome)>) -> 
 
 async fn search(
     State(state): State<SharedState>,
+    Extension(batches): Extension<Batches>,
     body: Bytes,
 ) -> Result<Json<SearchResponse>, ApiError> {
     let request: SearchBody = parse_json(&body)?;
@@ -160,10 +174,24 @@ async fn search(
     let ids: Vec<SessionId> = plan.iter().map(|(_, r)| r.session).collect();
     state.claim_sessions(&ids).await?;
     let timeout = state.options.search_timeout;
-    let outcomes = join_all(
-        plan.iter()
-            .map(|(_, r)| run_search(&state.parties, r, timeout)),
-    )
+    // Declared searches run in batches with others of the same eye, mode and rotation range;
+    // undeclared ones (clients before 0.15.0) alone.
+    let outcomes = join_all(plan.iter().map(|(eye, r)| async {
+        match request.batch {
+            Some(declared) => {
+                let key = IrisBatchKey {
+                    eye: *eye,
+                    mode: declared.mode,
+                    max_rotation: declared.max_rotation,
+                };
+                let batcher = batches.get_or_init(|| {
+                    IrisBatches::start(state.parties.clone(), timeout, state.options.iris_batches)
+                });
+                batcher.submit(key, r.clone()).await
+            }
+            None => run_search(&state.parties, r, timeout).await,
+        }
+    }))
     .await;
     let mut per_eye = Vec::with_capacity(plan.len());
     for ((eye, _), outcome) in plan.iter().zip(outcomes) {
@@ -172,6 +200,7 @@ async fn search(
             eye = eye.as_str(),
             entries = outcome.stats.entries,
             rounds = outcome.stats.rounds,
+            batch = outcome.stats.batch,
             seconds = outcome.stats.seconds(),
             "iris search"
         );

@@ -9,6 +9,7 @@ use privmatch_core::wire::session::SessionId;
 
 use crate::parties::Parties;
 use crate::server::error::{bad_request, ApiError};
+use crate::session::batcher::BatchPolicy;
 use crate::txn::twophase::TwoPhase;
 
 /// The default per-call timeout of the parties' session functions.
@@ -31,15 +32,18 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// API requests served at once (more: 429).
     pub max_in_flight: usize,
+    /// How searches are batched (`crate::session::batcher`; iris searches).
+    pub iris_batches: BatchPolicy,
 }
 
 impl Default for ServeOptions {
-    /// A 60 s call timeout, [`MAX_BODY_BYTES`], [`MAX_IN_FLIGHT`].
+    /// A 60 s call timeout, [`MAX_BODY_BYTES`], [`MAX_IN_FLIGHT`], the default batches.
     fn default() -> Self {
         ServeOptions {
             search_timeout: DEFAULT_CALL_TIMEOUT,
             max_body_bytes: MAX_BODY_BYTES,
             max_in_flight: MAX_IN_FLIGHT,
+            iris_batches: BatchPolicy::default(),
         }
     }
 }

@@ -76,7 +76,7 @@ impl Eye {
     }
 
     /// The eye as stored in binary layouts: 0 left, 1 right.
-    pub(crate) fn to_byte(self) -> u8 {
+    pub fn to_byte(self) -> u8 {
         match self {
             Eye::Left => 0,
             Eye::Right => 1,
@@ -84,7 +84,7 @@ impl Eye {
     }
 
     /// Parses the byte written by `to_byte`.
-    pub(crate) fn from_byte(byte: u8) -> Result<Self, BundleError> {
+    pub fn from_byte(byte: u8) -> Result<Self, BundleError> {
         match byte {
             0 => Ok(Eye::Left),
             1 => Ok(Eye::Right),

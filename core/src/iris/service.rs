@@ -240,13 +240,13 @@ pub struct BatchStart<'a> {
 }
 
 /// What a batch start returns to the coordinator.
-#[derive(Clone, PartialEq, Eq)]
 pub struct BatchStartReply {
     /// Entries searched, digest and first message, as for a single search.
     pub start: StartReply,
     /// Per probe in batch order: `None` if accepted, or why this party refused it (its
-    /// caller gets the refusal instead of an output; the batch runs on).
-    pub refused: Vec<Option<String>>,
+    /// caller gets the refusal instead of an output; the batch runs on): a
+    /// [`SearchError::Probe`] or [`SearchError::ProbeRefused`].
+    pub refused: Vec<Option<SearchError>>,
 }
 
 impl fmt::Debug for BatchStartReply {
@@ -644,25 +644,21 @@ impl SearchService {
         let me = keys.me;
         let mut shares = Vec::with_capacity(count);
         let mut slots = Vec::with_capacity(count);
+        let mut refused = Vec::with_capacity(count);
         for (id, sealed) in batch.probes {
             match self.accept_probe(keys, batch, id, sealed, &policy, unix_now) {
                 Ok((share, slot)) => {
                     shares.push(share);
                     slots.push(slot);
+                    refused.push(None);
                 }
                 Err(why) => {
                     shares.push(zero_share(me));
-                    slots.push(ProbeSlot::Refused(why));
+                    slots.push(ProbeSlot::Refused(why.to_string()));
+                    refused.push(Some(why));
                 }
             }
         }
-        let refused = slots
-            .iter()
-            .map(|s| match s {
-                ProbeSlot::Refused(why) => Some(why.clone()),
-                ProbeSlot::Accepted { .. } => None,
-            })
-            .collect();
         let order = store.canonical(batch.eye);
         let search = Launch {
             id: batch.batch,
@@ -681,7 +677,7 @@ impl SearchService {
         Ok(BatchStartReply { start, refused })
     }
 
-    /// Opens and checks one probe of a batch; the refusal's text if it may not run.
+    /// Opens and checks one probe of a batch; why it may not run, if it may not.
     fn accept_probe(
         &self,
         keys: &PartyKeys,
@@ -690,17 +686,15 @@ impl SearchService {
         sealed: &[u8],
         policy: &IrisPolicy,
         unix_now: u64,
-    ) -> Result<(IrisShare, ProbeSlot), String> {
+    ) -> Result<(IrisShare, ProbeSlot), SearchError> {
         let me = keys.me;
-        let probe = open_iris_probe(me, &keys.secret, id, sealed)
-            .map_err(|e| SearchError::Probe(e).to_string())?;
-        check_probe(&probe, policy, unix_now)
-            .map_err(|e| SearchError::ProbeRefused(e).to_string())?;
+        let probe = open_iris_probe(me, &keys.secret, id, sealed)?;
+        check_probe(&probe, policy, unix_now)?;
         if probe.params != batch.params || probe.eye != batch.eye {
-            return Err(SearchError::ProbeRefused(ProbeRefusal::NotTheBatch).to_string());
+            return Err(ProbeRefusal::NotTheBatch.into());
         }
         if self.table().remember(*id).is_err() {
-            return Err(SearchError::ProbeRefused(ProbeRefusal::Replayed).to_string());
+            return Err(ProbeRefusal::Replayed.into());
         }
         let slot = ProbeSlot::Accepted {
             session: *id,

@@ -161,6 +161,11 @@ pub fn try_call(request: &Request) -> Option<Response> {
     exchange(&mut stream, request).ok()
 }
 
+/// The SQLSTATE of an engine refusal of class `kind`, as its five characters.
+pub fn sqlstate_of(kind: ErrorKind) -> String {
+    crate::errors::sqlstate_text(sqlstate(kind))
+}
+
 fn sqlstate(kind: ErrorKind) -> PgSqlErrorCode {
     match kind {
         ErrorKind::BadParameter => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,

@@ -36,7 +36,7 @@ pub enum Modality {
 }
 
 impl Modality {
-    fn from_byte(b: u8) -> Option<Self> {
+    pub(crate) fn from_byte(b: u8) -> Option<Self> {
         match b {
             1 => Some(Modality::Iris),
             2 => Some(Modality::Face),
@@ -118,7 +118,7 @@ impl EngineError {
 }
 
 impl ErrorKind {
-    fn from_byte(b: u8) -> Option<Self> {
+    pub(crate) fn from_byte(b: u8) -> Option<Self> {
         Some(match b {
             1 => ErrorKind::BadParameter,
             2 => ErrorKind::UnknownSession,

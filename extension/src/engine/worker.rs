@@ -46,7 +46,7 @@ use super::iris::backend::{
     open_gpu, register_gpu_gucs, scan_backend, GpuSettings, Loudness, ScanChoice,
 };
 use super::iris::messages::{IrisCall, IrisReply};
-use super::iris::{charge_search, IrisSearch};
+use super::iris::{charge_searches, IrisSearch};
 use super::keys::read_keys;
 use super::requests::{answer, watched, RequestThreads};
 use super::socket::{bind_socket, wait_for_work, Wake};
@@ -202,10 +202,15 @@ impl Engine {
     /// answered (`super::iris::charge_search`): whatever the caller's transaction does
     /// afterwards, the charge stays. A spent budget does not make the engine "not ready".
     fn refresh_for_start(&mut self) -> Result<PartyKeys, EngineError> {
+        self.refresh_for_batch(1)
+    }
+
+    /// [`Engine::refresh_for_start`] for a batch of `probes` searches, each charged.
+    fn refresh_for_batch(&mut self, probes: usize) -> Result<PartyKeys, EngineError> {
         let iris = &self.iris;
         let result = in_transaction(|| {
             let keys = iris.refresh()?;
-            charge_search()?;
+            charge_searches(probes)?;
             Ok(keys)
         });
         match &result {
@@ -310,6 +315,39 @@ fn serve_iris(engine: &mut Engine, mut stream: UnixStream, call: IrisCall<'stati
             engine.requests.spawn(stream, move |_| {
                 Some(
                     iris.round(session, round, &message, now)
+                        .unwrap_or_else(Response::Error),
+                )
+            });
+        }
+        IrisCall::BatchStart {
+            batch,
+            params,
+            eye,
+            probes,
+            policy,
+        } => {
+            let keys = match engine.refresh_for_batch(probes.len()) {
+                Ok(keys) => keys,
+                Err(e) => return answer(&mut stream, &Response::Error(e), &engine.log_tx),
+            };
+            let iris = engine.iris.clone();
+            engine.requests.spawn(stream, move |stream| {
+                let interrupt = Interrupt::default();
+                let response = watched(stream, &|| interrupt.raise(), || {
+                    iris.start_batch(&keys, batch, params, eye, &probes, policy, now, &interrupt)
+                });
+                (!interrupt.is_raised()).then_some(response)
+            });
+        }
+        IrisCall::BatchRound {
+            batch,
+            round,
+            message,
+        } => {
+            let iris = engine.iris.clone();
+            engine.requests.spawn(stream, move |_| {
+                Some(
+                    iris.round_batch(batch, round, &message, now)
                         .unwrap_or_else(Response::Error),
                 )
             });

@@ -16,15 +16,20 @@
 //! transaction of its own committed before the start is answered (`crate::engine::iris`,
 //! `charge_search`): rolling back the caller's transaction does not undo it.
 
+use pgrx::datum::Array;
 use pgrx::prelude::*;
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{IRIS_PROBE_PURPOSE, PROBE_LIFETIME_SECS};
-use privmatch_core::iris::service::SearchError;
+use privmatch_core::iris::service::{SearchError, MAX_BATCH_PROBES};
 
 use crate::budget::BudgetKind;
 use crate::clients;
-use crate::engine::client::{call_reply, release_round_buffers};
+use crate::engine::client::{call_reply, release_round_buffers, sqlstate_of};
 use crate::engine::iris::messages::{IrisCall, IrisReply};
-use crate::errors::{get_one, log_session, parse_session_id, raise, run};
+use crate::errors::{
+    get_one, in_subtransaction, log_session, parse_session_id, raise, run, CaughtRefusal,
+};
 use crate::identity::load_identity;
 use crate::iris::policy::current_policy;
 
@@ -189,5 +194,178 @@ fn iris_search_abort(session_id: &[u8]) -> bool {
     match response {
         IrisReply::Aborted(a) => a,
         other => unexpected("iris_search_abort", &other),
+    }
+}
+
+/// Starts a batch of searches at this party (docs/protocols/iris.md, "Batches"): searches
+/// the coordinator grouped because their callers declared the same `mode`, `max_rotation`
+/// and `eye` (the threshold is this party's policy, `iris_policy()`), each with its own client-drawn session id (`session_ids[k]`) and
+/// sealed probe (`probes[k]`). Every probe is admitted as `iris_search_start` admits one
+/// (client signature and budget, its session id recorded as used), each in a subtransaction
+/// of its own, and then opened and checked by the engine, which also refuses a probe sealed
+/// with other parameters or another eye than declared: **a refused probe is refused alone**
+/// (`refused_sqlstate[k]`, `refused[k]`; NULL where accepted) and the batch runs on without
+/// it (a zero share holds its place). The engine scans the templates of `eye` once for all
+/// probes. Returns the number searched, the set digest and the first message, as
+/// `iris_search_start`. Refused as a whole (22023) for malformed arguments, no probe or more
+/// than 64, arrays of different lengths, or a batch too large for the engine; a spent party
+/// budget (53400) too.
+// The row type must be spelled out inline for pgrx's SQL generation.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_batch_start(
+    batch_id: &[u8],
+    mode: &str,
+    max_rotation: i32,
+    eye: &str,
+    session_ids: Array<'_, &[u8]>,
+    probes: Array<'_, &[u8]>,
+) -> TableIterator<
+    'static,
+    (
+        name!(entries, i64),
+        name!(set_digest, Vec<u8>),
+        name!(message, Vec<u8>),
+        name!(refused_sqlstate, Vec<Option<String>>),
+        name!(refused, Vec<Option<String>>),
+    ),
+> {
+    const F: &str = "iris_batch_start";
+    let batch = parse_session_id(F, "batch_id", batch_id);
+    let bad = |message: String| -> ! {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            message,
+            None,
+        )
+    };
+    let policy = current_policy(F);
+    let params = SearchMode::parse(mode)
+        .and_then(|m| SearchParams::new(m, max_rotation, policy.ratio()))
+        .unwrap_or_else(|e| bad(format!("{F}: {e}")));
+    let eye = Eye::parse(eye).unwrap_or_else(|e| bad(format!("{F}: argument eye: {e}")));
+    if session_ids.len() != probes.len() {
+        bad(format!(
+            "{F}: {} session ids for {} probes: one session id per probe",
+            session_ids.len(),
+            probes.len()
+        ));
+    }
+    if probes.is_empty() || probes.len() > MAX_BATCH_PROBES {
+        bad(SearchError::BatchSize(probes.len()).to_string());
+    }
+    let me = load_identity().index;
+    let session_ids: Vec<Option<&[u8]>> = session_ids.iter().collect();
+    let probes: Vec<Option<&[u8]>> = probes.iter().collect();
+    let mut admitted = Vec::with_capacity(probes.len());
+    let mut refused: Vec<Option<CaughtRefusal>> = Vec::with_capacity(probes.len());
+    for (k, (id, probe)) in session_ids.iter().zip(&probes).enumerate() {
+        let id = parse_session_id(F, "session_ids", id.unwrap_or_default());
+        let probe = probe.unwrap_or_default();
+        let inner = in_subtransaction(|| {
+            let a = clients::admit(
+                F,
+                "probes",
+                IRIS_PROBE_PURPOSE,
+                me,
+                probe,
+                Some(BudgetKind::IrisSearch),
+            );
+            record_session(&id);
+            a.inner.to_vec()
+        });
+        match inner {
+            Ok(inner) => {
+                admitted.push((id, inner));
+                refused.push(None);
+            }
+            Err(why) => {
+                log_session(F, &id, &format!("refused in batch at {k}"));
+                admitted.push((id, Vec::new()));
+                refused.push(Some(why));
+            }
+        }
+    }
+    log_session(F, &batch, &format!("started with {} probes", probes.len()));
+    let request = IrisCall::BatchStart {
+        batch,
+        params,
+        eye,
+        probes: admitted,
+        policy,
+    };
+    match call_iris(F, request) {
+        IrisReply::BatchStarted {
+            entries,
+            digest,
+            message,
+            refused: engine_refused,
+        } => {
+            // What the SQL layer refused stays the reason (the engine then refuses its empty
+            // probe too).
+            let (states, messages) = refused
+                .into_iter()
+                .zip(engine_refused)
+                .map(|(sql, engine)| match (sql, engine) {
+                    (Some(r), _) => (Some(r.sqlstate), Some(r.message)),
+                    (None, Some(e)) => (Some(sqlstate_of(e.kind)), Some(e.message)),
+                    (None, None) => (None, None),
+                })
+                .unzip();
+            TableIterator::once((entries as i64, digest.to_vec(), message, states, messages))
+        }
+        other => unexpected(F, &other),
+    }
+}
+
+/// Runs round `round` of batch `batch_id` with the message party i−1 returned: the next
+/// message with `finished = false`, or with `finished = true` every probe's output in batch
+/// order, signed and sealed to its own client as `iris_search_round` seals one
+/// (`sealed_outputs[k]`; NULL for a probe refused at start), and its uniqueness bit where its
+/// probe allowed it (`disclosed_unique[k]`). Any refused message aborts the batch.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_batch_round(
+    batch_id: &[u8],
+    round: i32,
+    message: &[u8],
+) -> TableIterator<
+    'static,
+    (
+        name!(message, Option<Vec<u8>>),
+        name!(finished, bool),
+        name!(sealed_outputs, Option<Vec<Option<Vec<u8>>>>),
+        name!(disclosed_unique, Option<Vec<Option<bool>>>),
+    ),
+> {
+    const F: &str = "iris_batch_round";
+    let round = u32::try_from(round).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{F}: round must be ≥ 0, got {round}"),
+            None,
+        )
+    });
+    let batch = parse_session_id(F, "batch_id", batch_id);
+    let request = IrisCall::BatchRound {
+        batch,
+        round,
+        message: std::borrow::Cow::Borrowed(message),
+    };
+    match call_iris(F, request) {
+        IrisReply::Continue(m) => TableIterator::once((Some(m), false, None, None)),
+        IrisReply::BatchFinished(outputs) => {
+            release_round_buffers();
+            log_session(F, &batch, "finished");
+            let (sealed, disclosed): (Vec<_>, Vec<_>) = outputs
+                .into_iter()
+                .map(|o| match o {
+                    Ok((sealed, disclosed)) => (Some(sealed), disclosed),
+                    Err(_) => (None, None),
+                })
+                .unzip();
+            TableIterator::once((None, true, Some(sealed), Some(disclosed)))
+        }
+        other => unexpected(F, &other),
     }
 }

@@ -7,9 +7,18 @@
 use std::borrow::Cow;
 use std::io;
 
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::params::SearchParams;
 use privmatch_core::iris::policy::IrisPolicy;
 
-use crate::engine::ipc::{malformed, Call, Modality, Reader, Request, Response, Writer};
+/// A refusal's text as read back from a reply.
+fn text(bytes: Vec<u8>) -> io::Result<String> {
+    String::from_utf8(bytes).map_err(|_| malformed())
+}
+
+use crate::engine::ipc::{
+    malformed, Call, EngineError, ErrorKind, Modality, Reader, Request, Response, Writer,
+};
 
 /// The operations of the iris service.
 pub mod op {
@@ -19,7 +28,14 @@ pub mod op {
     pub const ROUND: u8 = 2;
     /// `iris_search_abort`.
     pub const ABORT: u8 = 3;
+    /// `iris_batch_start`.
+    pub const BATCH_START: u8 = 4;
+    /// `iris_batch_round`.
+    pub const BATCH_ROUND: u8 = 5;
 }
+
+/// Most probes a batch frame may carry (the service refuses more than its own limit).
+const MAX_FRAME_PROBES: u32 = 1024;
 
 /// What a backend asks the iris service. A round's message is borrowed on the backend side
 /// and owned on the engine side, so it is never copied to build a frame.
@@ -49,6 +65,28 @@ pub enum IrisCall<'a> {
     Abort {
         /// Search session id.
         session: [u8; 16],
+    },
+    /// `iris_batch_start`.
+    BatchStart {
+        /// The batch id (drawn by the coordinator).
+        batch: [u8; 16],
+        /// The declared search parameters (core's `SearchParams::to_bytes`).
+        params: SearchParams,
+        /// The declared eye.
+        eye: Eye,
+        /// Each search's session id and this party's sealed probe, in batch order.
+        probes: Vec<([u8; 16], Vec<u8>)>,
+        /// This party's iris threshold policy (as for `Start`).
+        policy: IrisPolicy,
+    },
+    /// `iris_batch_round`.
+    BatchRound {
+        /// The batch id.
+        batch: [u8; 16],
+        /// Round number.
+        round: u32,
+        /// Sealed message of party i−1.
+        message: Cow<'a, [u8]>,
     },
 }
 
@@ -82,6 +120,33 @@ impl<'a> IrisCall<'a> {
                 op::ABORT,
                 Writer::default().fixed(&session).0,
                 Cow::Borrowed(&[][..]),
+            ),
+            IrisCall::BatchStart {
+                batch,
+                params,
+                eye,
+                probes,
+                policy,
+            } => {
+                let mut w = Writer::default()
+                    .fixed(&batch)
+                    .fixed(&params.to_bytes())
+                    .u8(eye.to_byte())
+                    .u32(policy.numerator())
+                    .u32(probes.len() as u32);
+                for (id, probe) in &probes {
+                    w = w.fixed(id).bytes(probe);
+                }
+                (op::BATCH_START, w.0, Cow::Borrowed(&[][..]))
+            }
+            IrisCall::BatchRound {
+                batch,
+                round,
+                message,
+            } => (
+                op::BATCH_ROUND,
+                Writer::default().fixed(&batch).u32(round).0,
+                message,
             ),
         };
         Request::Call(Call {
@@ -120,6 +185,37 @@ impl<'a> IrisCall<'a> {
             op::ABORT => IrisCall::Abort {
                 session: r.array()?,
             },
+            op::BATCH_START => {
+                let batch = r.array()?;
+                let params = SearchParams::from_bytes(r.array()?).map_err(|_| malformed())?;
+                let eye = Eye::from_byte(r.u8()?).map_err(|_| malformed())?;
+                let policy = IrisPolicy::from_numerator(r.u32()?).map_err(|_| malformed())?;
+                let count = r.u32()?;
+                if count > MAX_FRAME_PROBES {
+                    return Err(malformed());
+                }
+                let mut probes = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    probes.push((r.array()?, r.bytes()?));
+                }
+                IrisCall::BatchStart {
+                    batch,
+                    params,
+                    eye,
+                    probes,
+                    policy,
+                }
+            }
+            op::BATCH_ROUND => {
+                let batch = r.array()?;
+                let round = r.u32()?;
+                r.end()?;
+                return Ok(IrisCall::BatchRound {
+                    batch,
+                    round,
+                    message: call.payload,
+                });
+            }
             _ => return Err(malformed()),
         };
         r.end()?;
@@ -154,6 +250,41 @@ pub enum IrisReply {
     },
     /// Reply to [`IrisCall::Abort`]: whether the session was running.
     Aborted(bool),
+    /// Reply to [`IrisCall::BatchStart`]: as `Started`, with each probe's refusal.
+    BatchStarted {
+        /// Entries searched.
+        entries: u64,
+        /// Set digest.
+        digest: [u8; 32],
+        /// First message.
+        message: Vec<u8>,
+        /// Per probe in batch order: why this party refused it, if it did.
+        refused: Vec<Option<EngineError>>,
+    },
+    /// A batch's outputs, per probe in batch order: its sealed output and disclosed bit, or
+    /// its refusal at start.
+    BatchFinished(Vec<ProbeAnswer>),
+}
+
+/// One probe's answer at the end of a batch: its sealed output and disclosed uniqueness bit,
+/// or its refusal at start.
+pub type ProbeAnswer = Result<(Vec<u8>, Option<bool>), String>;
+
+fn disclosed_byte(disclosed: Option<bool>) -> u8 {
+    match disclosed {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    }
+}
+
+fn disclosed_from(byte: u8) -> io::Result<Option<bool>> {
+    match byte {
+        0 => Ok(None),
+        1 => Ok(Some(false)),
+        2 => Ok(Some(true)),
+        _ => Err(malformed()),
+    }
 }
 
 impl IrisReply {
@@ -175,16 +306,43 @@ impl IrisReply {
             } => (
                 Writer::default()
                     .u8(3)
-                    .u8(match disclosed_unique {
-                        None => 0,
-                        Some(false) => 1,
-                        Some(true) => 2,
-                    })
+                    .u8(disclosed_byte(disclosed_unique))
                     .bytes(&sealed)
                     .0,
                 Vec::new(),
             ),
             IrisReply::Aborted(a) => (Writer::default().u8(4).u8(u8::from(a)).0, Vec::new()),
+            IrisReply::BatchStarted {
+                entries,
+                digest,
+                message,
+                refused,
+            } => {
+                let mut w = Writer::default()
+                    .u8(5)
+                    .u64(entries)
+                    .fixed(&digest)
+                    .u32(refused.len() as u32);
+                for r in &refused {
+                    w = match r {
+                        None => w.u8(0),
+                        Some(why) => w.u8(1).u8(why.kind as u8).bytes(why.message.as_bytes()),
+                    };
+                }
+                (w.0, message)
+            }
+            IrisReply::BatchFinished(outputs) => {
+                let mut w = Writer::default().u8(6).u32(outputs.len() as u32);
+                for o in &outputs {
+                    w = match o {
+                        Ok((sealed, disclosed)) => {
+                            w.u8(0).u8(disclosed_byte(*disclosed)).bytes(sealed)
+                        }
+                        Err(why) => w.u8(1).bytes(why.as_bytes()),
+                    };
+                }
+                (w.0, Vec::new())
+            }
         };
         Response::Reply { head, payload }
     }
@@ -208,18 +366,51 @@ impl IrisReply {
                 return Ok(IrisReply::Continue(payload));
             }
             3 => {
-                let disclosed_unique = match r.u8()? {
-                    0 => None,
-                    1 => Some(false),
-                    2 => Some(true),
-                    _ => return Err(malformed()),
-                };
+                let disclosed_unique = disclosed_from(r.u8()?)?;
                 IrisReply::Finished {
                     sealed: r.bytes()?,
                     disclosed_unique,
                 }
             }
             4 => IrisReply::Aborted(r.u8()? != 0),
+            5 => {
+                let entries = r.u64()?;
+                let digest = r.array()?;
+                let count = r.u32()?.min(MAX_FRAME_PROBES);
+                let mut refused = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    refused.push(match r.u8()? {
+                        0 => None,
+                        1 => {
+                            let kind = ErrorKind::from_byte(r.u8()?).ok_or_else(malformed)?;
+                            Some(EngineError::new(kind, text(r.bytes()?)?))
+                        }
+                        _ => return Err(malformed()),
+                    });
+                }
+                r.end()?;
+                return Ok(IrisReply::BatchStarted {
+                    entries,
+                    digest,
+                    message: payload,
+                    refused,
+                });
+            }
+            6 => {
+                let count = r.u32()?.min(MAX_FRAME_PROBES);
+                let mut outputs = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    outputs.push(match r.u8()? {
+                        0 => {
+                            let disclosed = disclosed_from(r.u8()?)?;
+                            Ok((r.bytes()?, disclosed))
+                        }
+                        1 => Err(text(r.bytes()?)?),
+                        _ => return Err(malformed()),
+                    });
+                }
+                IrisReply::BatchFinished(outputs)
+            }
             _ => return Err(malformed()),
         };
         r.end()?;
@@ -263,6 +454,23 @@ mod tests {
                 message: Cow::Borrowed(&[9u8, 8, 7][..]),
             },
             IrisCall::Abort { session: [5; 16] },
+            IrisCall::BatchStart {
+                batch: [6; 16],
+                params: SearchParams::new(
+                    privmatch_core::iris::params::SearchMode::Uniqueness,
+                    15,
+                    0.345,
+                )
+                .expect("params"),
+                eye: Eye::Right,
+                probes: vec![([7; 16], vec![1, 2]), ([8; 16], Vec::new())],
+                policy: IrisPolicy::default_policy(),
+            },
+            IrisCall::BatchRound {
+                batch: [6; 16],
+                round: 3,
+                message: Cow::Borrowed(&[1u8][..]),
+            },
         ];
         for call in calls {
             let expected = format!("{call:?}");
@@ -288,6 +496,17 @@ mod tests {
                 disclosed_unique: Some(true),
             },
             IrisReply::Aborted(true),
+            IrisReply::BatchStarted {
+                entries: 3,
+                digest: [2; 32],
+                message: vec![1; 10],
+                refused: vec![None, Some(EngineError::new(ErrorKind::Probe, "stale"))],
+            },
+            IrisReply::BatchFinished(vec![
+                Ok((vec![1; 30], None)),
+                Err("refused".into()),
+                Ok((vec![2; 30], Some(false))),
+            ]),
         ];
         for reply in replies {
             let expected = format!("{reply:?}");

@@ -34,9 +34,13 @@ use privmatch_core::crypto::seal::PartyKeys;
 use privmatch_core::iris::binding::EnrolmentId;
 use privmatch_core::iris::encoding::IrisShare;
 use privmatch_core::iris::enroll::{BundleError, Eye};
+use privmatch_core::iris::params::SearchParams;
 use privmatch_core::iris::policy::IrisPolicy;
+use privmatch_core::iris::probe::ProbeRefusal;
 use privmatch_core::iris::scan::{Interrupt, ScanBackend};
-use privmatch_core::iris::service::{SealedRound, SearchError, SearchService};
+use privmatch_core::iris::service::{
+    BatchRound, BatchStart, SealedRound, SearchError, SearchService,
+};
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::storage::{decode_share, ShareKind};
@@ -54,6 +58,8 @@ fn search_error(err: SearchError) -> EngineError {
     let kind = match &err {
         // A probe called with other parameters than sealed, or too old: the call's
         // parameters are wrong for this probe.
+        // A probe replayed inside a batch, as a replayed session id.
+        SearchError::ProbeRefused(ProbeRefusal::Replayed) => ErrorKind::UnknownSession,
         SearchError::BadParameter(_) | SearchError::ProbeRefused(_) => ErrorKind::BadParameter,
         SearchError::UnknownSession(_) | SearchError::ReplayedSession(_) => {
             ErrorKind::UnknownSession
@@ -65,6 +71,7 @@ fn search_error(err: SearchError) -> EngineError {
         | SearchError::Channel { .. }
         | SearchError::Protocol { .. } => ErrorKind::Protocol,
         SearchError::TooManySearches(_) => ErrorKind::Busy,
+        SearchError::BatchSize(_) | SearchError::BatchTooLarge { .. } => ErrorKind::BadParameter,
         // Also a scan stopped because its backend hung up (nobody reads that answer).
         SearchError::Store(_) => ErrorKind::Internal,
     };
@@ -73,6 +80,16 @@ fn search_error(err: SearchError) -> EngineError {
 
 fn spi_error(e: pgrx::spi::Error) -> EngineError {
     EngineError::internal(format!("reading the template table: {e}"))
+}
+
+/// Charges `count` iris searches (a batch's probes) as [`charge_search`] does, in the same
+/// transaction: a budget that cannot pay for all of them refuses the batch and, the
+/// transaction rolling back, charges none.
+pub(super) fn charge_searches(count: usize) -> Result<(), EngineError> {
+    for _ in 0..count {
+        charge_search()?;
+    }
+    Ok(())
 }
 
 /// Charges one iris search to this party's `iris-search` budget (`crate::budget`) in the
@@ -344,6 +361,74 @@ impl IrisSearch {
                 }
                 .into_response()
             })
+    }
+
+    /// Starts a batch of searches (core's `SearchService::start_batch`) with `keys` (from
+    /// [`IrisSearch::refresh`]); as [`IrisSearch::start`] otherwise.
+    // The batch's fields as the call carried them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_batch(
+        &self,
+        keys: &PartyKeys,
+        batch: [u8; 16],
+        params: SearchParams,
+        eye: Eye,
+        probes: &[([u8; 16], Vec<u8>)],
+        policy: IrisPolicy,
+        now: Instant,
+        interrupt: &Interrupt,
+    ) -> Result<Response, EngineError> {
+        let guard = self.read_store();
+        let store = guard
+            .as_ref()
+            .ok_or_else(|| EngineError::internal("no store"))?;
+        let unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let probes: Vec<([u8; 16], &[u8])> =
+            probes.iter().map(|(id, p)| (*id, p.as_slice())).collect();
+        let start = BatchStart {
+            batch,
+            params,
+            eye,
+            probes: &probes,
+        };
+        self.service
+            .start_batch(store, keys, &start, policy, now, unix_now, interrupt)
+            .map_err(search_error)
+            .map(|r| {
+                IrisReply::BatchStarted {
+                    entries: r.start.entries as u64,
+                    digest: r.start.digest,
+                    message: r.start.message,
+                    refused: r.refused.into_iter().map(|e| e.map(search_error)).collect(),
+                }
+                .into_response()
+            })
+    }
+
+    /// Runs round `round` of batch `batch` with the message of party i−1; at the end, every
+    /// probe's sealed output or refusal. Calls nothing of Postgres (runs on a request thread).
+    pub fn round_batch(
+        &self,
+        batch: [u8; 16],
+        round: u32,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Response, EngineError> {
+        self.service
+            .round_batch(batch, round, message, now)
+            .map_err(search_error)
+            .map(|reply| match reply {
+                BatchRound::Continue(m) => IrisReply::Continue(m),
+                BatchRound::Finished(outputs) => IrisReply::BatchFinished(
+                    outputs
+                        .into_iter()
+                        .map(|o| o.map(|o| (o.sealed, o.disclosed_unique)))
+                        .collect(),
+                ),
+            })
+            .map(IrisReply::into_response)
     }
 
     /// Runs round `round` of search `session` with the message of party i−1. Calls nothing
