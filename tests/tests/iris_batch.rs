@@ -1,0 +1,333 @@
+//! Issue 36, iris searches in batches (docs/protocols/iris.md §14), end to end against three
+//! real PostgreSQL parties with the engine worker.
+//!
+//! * Through the coordinator: concurrent `privmatch iris search` callers land in batches of
+//!   more than one search (the coordinator's log says so), and every caller's answer, opened
+//!   with its own reply key, is the plaintext matcher's, for probes around the threshold.
+//! * At the parties, driven as the coordinator's role drives them (`iris_batch_start`, then
+//!   `iris_batch_round` routing party i's message to party i+1): a probe a party refuses is
+//!   refused alone (sealed for other parameters than the batch declares: at every party; a
+//!   share swapped at one party: there only) and the others get their outputs; each output
+//!   opens only with its own client's key and only for its own session id, so a relay that
+//!   swaps two callers' outputs is caught by the client; a relay that gives one party a
+//!   different batch (a probe left out) makes the parties' channels disagree and the batch
+//!   aborts (08P01) instead of computing something else.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
+use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::output::{open_outputs, ExpectedSearch, IrisResult, OutputRefused};
+use privmatch_core::iris::params::{SearchMode, SearchParams};
+use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, ReplyTo};
+use privmatch_core::iris::synth::{near_duplicate, random_template};
+use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
+use privmatch_e2e::{
+    by_key, privmatch, read_ndjson, sqlstate_and_message, write_lines, Cluster, RecordKey,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+/// The deployed threshold, exactly: a match is 10,000·hd < 3,450·common at some rotation.
+fn plain_match(probe: &IrisTemplate, t: &IrisTemplate, max_rotation: i32) -> bool {
+    (-max_rotation..=max_rotation).any(|k| {
+        let (hd, common) = masked_code_distance_counts(&probe.rotate(k), t);
+        common > 0 && u64::from(hd) * 10_000 < 3_450 * u64::from(common)
+    })
+}
+
+fn enroll(cluster: &Cluster, count: usize, seed: u64) -> BTreeMap<RecordKey, IrisTemplate> {
+    let path = cluster.path("enrol.ndjson");
+    privmatch(&[
+        "iris",
+        "synth",
+        &count.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "-o",
+        &path.display().to_string(),
+    ])
+    .expect_success();
+    cluster.enroll(&path, &[]).expect_success();
+    by_key(&read_ndjson(&path))
+}
+
+fn probe_line(t: &IrisTemplate) -> String {
+    serde_json::json!({"eye": "left", "iris_codes": t.code.to_base64(), "mask_codes": t.mask.to_base64()})
+        .to_string()
+}
+
+/// Left-eye probes around the threshold: near-duplicates of enrolled templates with flip
+/// rates from 0.30 to 0.38 at rotations within ±15, and strangers.
+fn probes_near_the_threshold(
+    enrolled: &BTreeMap<RecordKey, IrisTemplate>,
+    count: usize,
+    rng: &mut ChaCha20Rng,
+) -> Vec<IrisTemplate> {
+    let lefts: Vec<&IrisTemplate> = enrolled
+        .iter()
+        .filter(|((_, e), _)| e == "left")
+        .map(|(_, t)| t)
+        .collect();
+    (0..count)
+        .map(|k| {
+            if k % 4 == 3 {
+                random_template(rng)
+            } else {
+                let t = lefts[rng.gen_range(0..lefts.len())];
+                near_duplicate(t, rng.gen_range(0.30..0.38), rng.gen_range(-15..=15), rng)
+            }
+        })
+        .collect()
+}
+
+fn expected(enrolled: &BTreeMap<RecordKey, IrisTemplate>, probe: &IrisTemplate) -> Vec<String> {
+    enrolled
+        .iter()
+        .filter(|((_, e), t)| e == "left" && plain_match(probe, t, 15))
+        .map(|((s, _), _)| s.clone())
+        .collect()
+}
+
+#[test]
+fn concurrent_searches_run_in_batches_and_each_caller_gets_the_plaintext_answer() {
+    let cluster = Cluster::start("iris-batch", 94);
+    let enrolled = enroll(&cluster, 120, 94);
+    let mut rng = ChaCha20Rng::seed_from_u64(94);
+    let probes = probes_near_the_threshold(&enrolled, 12, &mut rng);
+    let expectations: Vec<Vec<String>> = probes.iter().map(|p| expected(&enrolled, p)).collect();
+    assert!(
+        expectations.iter().any(|e| !e.is_empty()) && expectations.iter().any(Vec::is_empty),
+        "the probes exercise both outcomes"
+    );
+    // Two rounds of twelve concurrent callers, one probe each.
+    for round in 0..2 {
+        let callers: Vec<_> = probes
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let path = cluster.path(&format!("probe-{round}-{k}.ndjson"));
+                write_lines(&path, &[probe_line(p)]);
+                let input = path.display().to_string();
+                cluster.cli_background(&["iris", "search", "--input", &input, "--json"])
+            })
+            .collect();
+        for (k, caller) in callers.into_iter().enumerate() {
+            let out = caller.wait(Duration::from_secs(240)).expect_success();
+            let line: Value = serde_json::from_str(out.stdout.lines().next().unwrap_or(""))
+                .unwrap_or_else(|e| panic!("probe {k}: {e}: {}", out.stdout));
+            let mut got: Vec<String> = line["matches"]
+                .as_array()
+                .expect("matches")
+                .iter()
+                .map(|m| m["subject"].as_str().expect("subject").to_owned())
+                .collect();
+            got.sort();
+            let mut want = expectations[k].clone();
+            want.sort();
+            assert_eq!(got, want, "probe {k}, round {round}");
+        }
+    }
+    // The coordinator ran some of them together.
+    let sizes: Vec<usize> = cluster
+        .log_lines_with("coordinator.log", "iris batch")
+        .iter()
+        .filter_map(|l| {
+            l.split("probes=")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 24, "{sizes:?}");
+    assert!(
+        sizes.iter().any(|&n| n > 1),
+        "no batch of more than one: {sizes:?}"
+    );
+}
+
+/// One client's search in a batch driven here.
+struct Member {
+    session: [u8; 16],
+    client: PartySecretKey,
+    sealed: [Vec<u8>; 3],
+    params: SearchParams,
+}
+
+fn member(
+    keys: &[PartyPublicKey; 3],
+    probe: &IrisTemplate,
+    params: SearchParams,
+    rng: &mut ChaCha20Rng,
+) -> Member {
+    let session: [u8; 16] = rng.gen();
+    let client = PartySecretKey::generate(rng);
+    let context = ProbeContext {
+        session,
+        eye: Eye::Left,
+        params,
+        sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
+    };
+    let to = ReplyTo {
+        key: client.public_key(),
+        disclosure: Disclosure::SealedOnly,
+    };
+    let sealed = seal_iris_probe_to(probe, &context, &to, keys, rng).expect("seal");
+    Member {
+        session,
+        client,
+        sealed,
+        params,
+    }
+}
+
+/// What the three parties answered to a batch.
+struct BatchAnswers {
+    refused_sqlstate: Vec<Vec<Option<String>>>,
+    sealed: Vec<Vec<Option<Vec<u8>>>>,
+}
+
+/// Drives one identify batch (±15 rotations, left eye) as the coordinator's role; party i is
+/// given the members `at[i]` (normally all of them).
+async fn run_batch(
+    clients: &[Client],
+    members: &[Member],
+    at: [&[usize]; 3],
+    rng: &mut ChaCha20Rng,
+) -> Result<BatchAnswers, tokio_postgres::Error> {
+    let batch: [u8; 16] = rng.gen();
+    let mut messages = Vec::new();
+    let mut refused_sqlstate = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        let sessions: Vec<&[u8]> = at[i].iter().map(|&k| &members[k].session[..]).collect();
+        let probes: Vec<&[u8]> = at[i]
+            .iter()
+            .map(|&k| members[k].sealed[i].as_slice())
+            .collect();
+        let row = client
+            .query_one(
+                "SELECT message, refused_sqlstate FROM privmatch.iris_batch_start($1, 'identify', 15, 'left', $2, $3)",
+                &[&batch.as_slice(), &sessions, &probes],
+            )
+            .await?;
+        messages.push(row.get::<_, Vec<u8>>(0));
+        refused_sqlstate.push(row.get::<_, Vec<Option<String>>>(1));
+    }
+    for k in 0..128 {
+        let mut next = Vec::new();
+        let mut sealed = Vec::new();
+        for (i, client) in clients.iter().enumerate() {
+            let row = client
+                .query_one(
+                    "SELECT message, finished, sealed_outputs FROM privmatch.iris_batch_round($1, $2, $3)",
+                    &[&batch.as_slice(), &k, &messages[(i + 2) % 3]],
+                )
+                .await?;
+            if row.get::<_, bool>(1) {
+                sealed.push(row.get::<_, Vec<Option<Vec<u8>>>>(2));
+            } else {
+                next.push(row.get::<_, Vec<u8>>(0));
+            }
+        }
+        match sealed.len() {
+            0 => messages = next,
+            3 => {
+                return Ok(BatchAnswers {
+                    refused_sqlstate,
+                    sealed,
+                })
+            }
+            n => panic!("{n} of 3 parties finished in round {k}"),
+        }
+    }
+    panic!("the batch did not finish in 128 rounds")
+}
+
+/// Opens member `k`'s outputs as given (`outputs[i]` from party i) with `client`.
+fn open(
+    keys: &[PartyPublicKey; 3],
+    m: &Member,
+    client: &PartySecretKey,
+    outputs: [&[u8]; 3],
+) -> Result<IrisResult, OutputRefused> {
+    let expected = ExpectedSearch {
+        session: m.session,
+        params: m.params,
+        eye: Eye::Left,
+    };
+    open_outputs(&expected, keys, &[None, None, None], client, outputs).map(|o| o.result)
+}
+
+#[test]
+fn a_refused_probe_is_refused_alone_and_a_relay_cannot_swap_answers_or_split_a_batch() {
+    let cluster = Cluster::start("iris-batch-relay", 95);
+    let enrolled = enroll(&cluster, 30, 95);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(95);
+    let identify = SearchParams::new(SearchMode::Identify, 15, 0.345).expect("params");
+    let uniqueness = SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params");
+    let (subject, template) = enrolled
+        .iter()
+        .find(|((_, e), _)| e == "left")
+        .map(|((s, _), t)| (s.clone(), *t))
+        .expect("a left eye");
+    let near = near_duplicate(&template, 0.1, 4, &mut rng);
+    let stranger = random_template(&mut rng);
+    let mut members = vec![
+        member(&keys, &near, identify, &mut rng),
+        // Sealed for uniqueness, in an identify batch: refused at every party.
+        member(&keys, &near, uniqueness, &mut rng),
+        // P2's probe is another member's: refused at P2 only.
+        member(&keys, &stranger, identify, &mut rng),
+        member(&keys, &stranger, identify, &mut rng),
+    ];
+    members[2].sealed[2] = members[0].sealed[2].clone();
+    let all: &[usize] = &[0, 1, 2, 3];
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let answers = run_batch(&clients, &members, [all, all, all], &mut rng)
+            .await
+            .expect("the batch runs");
+        for (i, refused) in answers.refused_sqlstate.iter().enumerate() {
+            assert_eq!(refused[0], None, "P{i}");
+            assert_eq!(refused[1].as_deref(), Some("22023"), "P{i}");
+            assert_eq!(refused[2].is_some(), i == 2, "P{i}: {:?}", refused[2]);
+            assert_eq!(refused[3], None, "P{i}");
+            assert!(answers.sealed[i][1].is_none());
+        }
+        let outputs = |k: usize| -> [&[u8]; 3] {
+            std::array::from_fn(|i| answers.sealed[i][k].as_deref().expect("an output"))
+        };
+        assert_eq!(
+            open(&keys, &members[0], &members[0].client, outputs(0)),
+            Ok(IrisResult::Identified(vec![subject.clone()]))
+        );
+        assert_eq!(
+            open(&keys, &members[3], &members[3].client, outputs(3)),
+            Ok(IrisResult::Identified(vec![]))
+        );
+        // A relay that hands member 3 member 0's outputs: sealed to another key.
+        assert!(matches!(
+            open(&keys, &members[3], &members[3].client, outputs(0)),
+            Err(OutputRefused::Sealed { .. })
+        ));
+        // Even with member 0's key, they are not member 3's session's.
+        assert!(open(&keys, &members[3], &members[0].client, outputs(0)).is_err());
+
+        // A relay that leaves member 3 out at P1 only: the channels disagree, nothing is
+        // computed (fresh members: session ids are single use).
+        let fresh: Vec<Member> = [&near, &stranger]
+            .into_iter()
+            .map(|p| member(&keys, p, identify, &mut rng))
+            .collect();
+        let err = run_batch(&clients, &fresh, [&[0, 1], &[0], &[0, 1]], &mut rng)
+            .await
+            .err()
+            .expect("a split batch fails");
+        let (code, message) = sqlstate_and_message(&err);
+        assert_eq!(code, "08P01", "{message}");
+    });
+}
