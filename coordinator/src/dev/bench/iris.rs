@@ -48,7 +48,7 @@ use privmatch_api::iris::{SearchRequest, SearchStats};
 use privmatch_core::iris::policy::{IrisPolicy, DEFAULT_TAU};
 
 /// Share bytes per enrolled template per party: 12,800 code + 6,400 mask u16 coefficients.
-const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
+pub(super) const SHARE_BYTES_PER_TEMPLATE: u64 = 38_400;
 
 /// Bit flips of the near-duplicate probe (well below the threshold).
 const PROBE_FLIP_RATE: f64 = 0.1;
@@ -75,6 +75,11 @@ pub struct IrisBenchArgs {
     /// Per-call timeout of the parties' search functions, in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub timeout: f64,
+    /// Measure batches of these sizes instead (e.g. `1,8,32,64`): time and share bytes read
+    /// per probe, against the plaintext matcher on the same probes, and with 1 a batch of one
+    /// against a single search, interleaved (`bench/iris_batch.rs`).
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
 }
 
 /// The synthetic templates of a seed: subject ids and plaintexts, in order.
@@ -169,7 +174,7 @@ fn memory_bandwidth(mib: usize) -> f64 {
 /// The plaintext matcher: per template the minimum fractional Hamming distance over
 /// rotations −max..=max (query rotations precomputed, compared exactly as integer ratios),
 /// matched against τ = numerator / 10,000. Returns the matching indices and the time taken.
-fn plaintext_matches(
+pub(super) fn plaintext_matches(
     probe: &IrisTemplate,
     templates: &[(String, IrisTemplate)],
     max_rotation: i32,
@@ -263,16 +268,16 @@ struct Figures {
 }
 
 /// Everything a configuration needs besides its rotation.
-struct Setup<'a> {
-    parties: &'a Parties,
-    keys: [PartyPublicKey; 3],
+pub(super) struct Setup<'a> {
+    pub(super) parties: &'a Parties,
+    pub(super) keys: [PartyPublicKey; 3],
     /// The client that signs the probes, if the configuration names one.
-    client: Option<ClientCredential>,
-    prefix: &'a str,
-    templates: &'a [(String, IrisTemplate)],
+    pub(super) client: Option<ClientCredential>,
+    pub(super) prefix: &'a str,
+    pub(super) templates: &'a [(String, IrisTemplate)],
     probe: IrisTemplate,
     original: usize,
-    args: &'a IrisBenchArgs,
+    pub(super) args: &'a IrisBenchArgs,
 }
 
 async fn run_configuration(
@@ -538,6 +543,9 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     .await
     .context("warm-up search")?;
     let warm_up = warm_up.elapsed().as_secs_f64();
+    if !args.batch.is_empty() {
+        return super::iris_batch::run_batches(&setup, &args.batch, &mut rng).await;
+    }
     let mut figures = Vec::new();
     for max_rotation in [0, MAX_ROTATION] {
         figures.push(run_configuration(&setup, max_rotation, &mut rng).await?);

@@ -12,6 +12,7 @@
 pub mod face;
 pub mod face_scale;
 pub mod iris;
+pub mod iris_batch;
 pub mod paillier;
 pub mod stats;
 
