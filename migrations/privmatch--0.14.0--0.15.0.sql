@@ -1,7 +1,7 @@
 -- privmatch 0.14.0 -> 0.15.0 (ALTER EXTENSION privmatch UPDATE TO '0.15.0').
 --
 -- What 0.15.0 changes (issue 36, many users at once): iris searches run in batches
--- (docs/protocols/iris.md §14). Searches the coordinator groups because their callers declared
+-- (docs/protocols/iris.md §13.3). Searches the coordinator groups because their callers declared
 -- the same mode, rotation range and eye run as one protocol session: one scan of the templates
 -- with every probe's rotations as one block, the comparison and OR rounds carrying every
 -- probe, and each probe's output signed and sealed to its own client. So:

@@ -205,7 +205,7 @@ pub struct SearchBody {
     pub eyes: Vec<EyeProbeBody>,
     /// The mode and rotation range the probes were sealed with, declared so that the
     /// coordinator may run this search in a batch with others that declare the same
-    /// (docs/protocols/iris.md §14; the threshold is the parties' policy). They are what the
+    /// (docs/protocols/iris.md §13.3; the threshold is the parties' policy). They are what the
     /// coordinator could tell from a search's rounds and message sizes anyway; each party
     /// refuses a probe sealed with other ones. Absent: the search runs alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -131,7 +131,7 @@ enum CoordinatorAction {
         #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_BODY_BYTES)]
         max_body_bytes: usize,
         /// API requests served at once; more are refused with 429 (retry shortly).
-        #[arg(long, default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
+        #[arg(long, env = "PRIVMATCH_MAX_IN_FLIGHT", default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
         max_in_flight: usize,
         /// Most iris searches run as one batch (1: every search alone). A batch also holds
         /// at most 2^28 comparisons at a party (fewer searches over a large template set).

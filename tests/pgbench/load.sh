@@ -6,7 +6,10 @@
 #   tests/pgbench/load.sh [--target local|compose] [--clients 1,2,4,8,16] [--duration SECONDS]
 #                         [--scripts iris-enroll,iris-identify,...] [--iris N] [--faces N]
 #                         [--report FILE] [--keep] [--fault party|coordinator]
-#                         [--link-delay-ms MS]
+#                         [--link-delay-ms MS] [--max-rotation N]
+#
+# --max-rotation (iris searches; default 15): probes try rotations −N..=N (0: the memory-bound
+# case a batch shares the most; 15: the deployed 31 rotations, compute-bound).
 #
 # --link-delay-ms (local only): every link between the coordinator and a party gets MS of
 # one-way delay, both ways (`privmatch cluster up --link-delay-ms`: a relay in front of each
@@ -28,7 +31,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/tests/pgbench
 PM=${PRIVMATCH_BIN:-$ROOT/target/release/privmatch}
 
-target=local clients=1,2,4,8,16 duration=10 keep=0 report="" fault="" link_delay_ms=0
+target=local clients=1,2,4,8,16 duration=10 keep=0 report="" fault="" link_delay_ms=0 max_rotation=15
 # Searches first, so that every level of a search script sees the same template set.
 scripts=iris-identify,iris-uniqueness,iris-enroll,face-verify,face-identify,face-enroll
 iris_base=1000 face_base=200
@@ -44,18 +47,24 @@ while [ $# -gt 0 ]; do
     --keep) keep=1; shift ;;
     --fault) fault=$2; shift 2 ;;
     --link-delay-ms) link_delay_ms=$2; shift 2 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    --max-rotation) max_rotation=$2; shift 2 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "load.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case $target in local | compose) ;; *) echo "load.sh: --target is local or compose" >&2; exit 2 ;; esac
 case $fault in "" | party | coordinator) ;; *) echo "load.sh: --fault is party or coordinator" >&2; exit 2 ;; esac
 [ -z "$fault" ] || [ "$target" = compose ] || { echo "load.sh: --fault needs --target compose" >&2; exit 2; }
+[[ "$max_rotation" =~ ^[0-9]+$ ]] && [ "$max_rotation" -le 15 ] || { echo "load.sh: --max-rotation is 0 to 15" >&2; exit 2; }
 [[ "$link_delay_ms" =~ ^[0-9]+$ ]] || { echo "load.sh: --link-delay-ms is a whole number of milliseconds" >&2; exit 2; }
 [ "$link_delay_ms" = 0 ] || [ "$target" = local ] || { echo "load.sh: --link-delay-ms is built for --target local only (compose: not yet)" >&2; exit 2; }
 [ -x "$PM" ] || { echo "load.sh: no CLI at $PM: run scripts/setup.sh first" >&2; exit 1; }
 command -v pgbench >/dev/null || { echo "load.sh: pgbench is missing (Debian: postgresql-15)" >&2; exit 1; }
 
+# The coordinator serves 32 API requests at once by default; a level of more clients needs
+# more (their searches wait in batches, which costs little).
+most=$(echo "${clients//,/ }" | tr ' ' '\n' | sort -n | tail -1)
+[ "$most" -le 32 ] || export PRIVMATCH_MAX_IN_FLIGHT=$((most * 2 + 16))
 work=${PRIVMATCH_LOAD_DIR:-/tmp/privmatch-load-$target}
 rm -rf "$work"
 mkdir -p "$work/logs"
@@ -175,7 +184,8 @@ seal() {
       "$PM" "${cfg[@]}" iris seal --for enroll --input "$input" --out "$out" 2>/dev/null ;;
     iris-identify | iris-uniqueness)
       lines iris-base.ndjson "$n" >"$input"
-      "$PM" "${cfg[@]}" iris seal --for "${kind#iris-}" --front-door 0 --input "$input" --out "$out" 2>/dev/null ;;
+      "$PM" "${cfg[@]}" iris seal --for "${kind#iris-}" --front-door 0 --max-rotation "$max_rotation" \
+        --input "$input" --out "$out" 2>/dev/null ;;
     face-enroll)
       "$PM" face synth --subjects "$n" --dim 128 --seed $((1000 + level)) --prefix "load-$level-" \
         --out "$input" >/dev/null
@@ -202,6 +212,17 @@ guess() {
 
 # --- the runs --------------------------------------------------------------------------------
 
+# The coordinator's log (local target): its "iris batch" lines say how many searches each batch
+# ran (docs/protocols/iris.md §13.3). Lines now, and the batches logged after line $1.
+coordinator_log_lines() {
+  if [ "$target" = local ] && [ -f "$home/coordinator.log" ]; then wc -l <"$home/coordinator.log"; else echo 0; fi
+}
+batch_sizes() {
+  if [ "$target" != local ] || [ ! -f "$home/coordinator.log" ]; then echo "-"; return; fi
+  tail -n +"$(($1 + 1))" "$home/coordinator.log" | grep 'iris batch' | sed -n 's/.* probes=\([0-9]*\).*/\1/p' |
+    awk '{ n++; s += $1; if ($1 > m) m = $1 } END { if (n == 0) print "-"; else printf "%d, %.1f / %d\n", n, s / n, m }'
+}
+
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 features=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|vaes|aes|sha_ni' | sort | tr '\n' ' ')
 rows=()
@@ -224,6 +245,7 @@ for kind in ${scripts//,/ }; do
         faulted=$([ "$fault" = party ] && echo p1 || echo coordinator)
         inject_fault "$faulted" &
       fi
+      log_mark=$(coordinator_log_lines)
       out=$(run_pgbench "$c" "$kind" "$level")
       if [ -n "$faulted" ]; then
         wait
@@ -261,7 +283,8 @@ for kind in ${scripts//,/ }; do
     if [ "$kind" = iris-identify ] && [ "$p50" != - ]; then
       identify_p50=$(awk -v a="${identify_p50:-$p50}" -v b="$p50" 'BEGIN { print (b < a ? b : a) }')
     fi
-    rows+=("| $target | $kind | $c | $(printf '%.1f' "${tps:-0}") | $p50 | $p95 | $p99 | $ok | $errors$codes | $note |")
+    batches=$(batch_sizes "$log_mark")
+    rows+=("| $target | $kind | $c | $(printf '%.1f' "${tps:-0}") | $p50 | $p95 | $p99 | $ok | $errors$codes | $batches | $note |")
     echo "${rows[-1]}" >&2
   done
 done
@@ -304,11 +327,11 @@ read -r used outcomes <<<"$(app_sql -F ' ' -c "SELECT (SELECT count(*) FROM priv
 check "each sealed input taken once, with one outcome ($outcomes)" "$r"
 
 {
-  echo "privmatch load test, $(date -u +%Y-%m-%dT%H:%MZ), target $target${fault:+, fault: $fault killed during the 4-client iris-enroll and iris-identify levels}, coordinator–party links $link_delay_ms ms one way, $duration s per level, base $iris_base iris templates (±15 rotations) and $face_base faces (dim 128)"
+  echo "privmatch load test, $(date -u +%Y-%m-%dT%H:%MZ), target $target${fault:+, fault: $fault killed during the 4-client iris-enroll and iris-identify levels}, coordinator–party links $link_delay_ms ms one way, $duration s per level, base $iris_base iris templates (±$max_rotation rotations) and $face_base faces (dim 128)"
   echo "CPU: $cpu ($(nproc) cores; $features)"
   echo
-  echo "| target | script | clients | TPS | p50 ms | p95 ms | p99 ms | ok | errors | transactions: pgbench = outcomes |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| target | script | clients | TPS | p50 ms | p95 ms | p99 ms | ok | errors | batches: count, mean / max searches | transactions: pgbench = outcomes |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   printf '%s\n' "${checks[@]}"

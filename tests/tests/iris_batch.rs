@@ -1,4 +1,4 @@
-//! Issue 36, iris searches in batches (docs/protocols/iris.md §14), end to end against three
+//! Issue 36, iris searches in batches (docs/protocols/iris.md §13.3), end to end against three
 //! real PostgreSQL parties with the engine worker.
 //!
 //! * Through the coordinator: concurrent `privmatch iris search` callers land in batches of

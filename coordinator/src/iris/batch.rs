@@ -1,4 +1,4 @@
-//! Iris searches in batches (docs/protocols/iris.md §14): searches whose clients declared the
+//! Iris searches in batches (docs/protocols/iris.md §13.3): searches whose clients declared the
 //! same mode, rotation range and eye run as one protocol session at the three parties
 //! (`iris_batch_start`, `iris_batch_round`), on the round-driver skeleton of
 //! [`crate::session::driver`], grouped by the generic [`crate::session::batcher`].

@@ -1,5 +1,5 @@
 //! `privmatch bench iris --batch B1,B2,…`: the cost of a search as a function of its batch
-//! (docs/protocols/iris.md §14). For each batch size B and for 1 and 31 rotations, batches of
+//! (docs/protocols/iris.md §13.3). For each batch size B and for 1 and 31 rotations, batches of
 //! B probes (rotated near-duplicates of enrolled templates, each sealed to its own reply key
 //! for its own session) run through the coordinator's batch driver
 //! ([`crate::iris::batch::run_batch`]); every answer is opened with its probe's key and checked
