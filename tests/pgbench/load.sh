@@ -219,7 +219,8 @@ coordinator_log_lines() {
 }
 batch_sizes() {
   if [ "$target" != local ] || [ ! -f "$home/coordinator.log" ]; then echo "-"; return; fi
-  tail -n +"$(($1 + 1))" "$home/coordinator.log" | grep 'iris batch' | sed -n 's/.* probes=\([0-9]*\).*/\1/p' |
+  # (awk, not grep: a level without a batch is no error)
+  tail -n +"$(($1 + 1))" "$home/coordinator.log" | awk '/iris batch/' | sed -n 's/.* probes=\([0-9]*\).*/\1/p' |
     awk '{ n++; s += $1; if ($1 > m) m = $1 } END { if (n == 0) print "-"; else printf "%d, %.1f / %d\n", n, s / n, m }'
 }
 

@@ -463,6 +463,11 @@ fn bound_session(id: &SessionId, params: &SearchParams, eye: Eye, digest: &[u8; 
     let mut h = Sha256::new();
     h.update(b"privmatch iris search v1");
     h.update(id);
+    bind_search(h, params, eye, digest)
+}
+
+/// Ends a binding hash with the search's parameters, eye and set digest.
+fn bind_search(mut h: Sha256, params: &SearchParams, eye: Eye, digest: &[u8; 32]) -> SessionId {
     h.update([params.mode().to_byte(), eye.to_byte()]);
     h.update(params.max_rotation().to_le_bytes());
     h.update(params.threshold().numerator().to_le_bytes());
@@ -489,14 +494,7 @@ fn bound_batch(
     for (id, _) in probes {
         h.update(id);
     }
-    h.update([params.mode().to_byte(), eye.to_byte()]);
-    h.update(params.max_rotation().to_le_bytes());
-    h.update(params.threshold().numerator().to_le_bytes());
-    h.update(digest);
-    let full = h.finalize();
-    let mut out = [0u8; SESSION_ID_LEN];
-    out.copy_from_slice(&full[..SESSION_ID_LEN]);
-    out
+    bind_search(h, params, eye, digest)
 }
 
 /// The zero share that stands in for a refused probe of a batch, so the three parties keep

@@ -297,7 +297,11 @@ async fn single_against_batch_of_one(
 }
 
 /// `privmatch bench iris --batch …` (module docs).
-pub(super) async fn run_batches(setup: &Setup<'_>, sizes: &[usize], rng: &mut ChaCha20Rng) -> Result<()> {
+pub(super) async fn run_batches(
+    setup: &Setup<'_>,
+    sizes: &[usize],
+    rng: &mut ChaCha20Rng,
+) -> Result<()> {
     if let Some(&b) = sizes
         .iter()
         .find(|&&b| b == 0 || b > privmatch_core::iris::service::MAX_BATCH_PROBES)

@@ -78,6 +78,15 @@ fn search_error(err: SearchError) -> EngineError {
     EngineError::new(kind, err.to_string())
 }
 
+/// Seconds since the Unix epoch: the wall clock bounds a probe's age (its sealing time is
+/// inside it); a clock before 1970 reads as 0 and refuses every probe rather than accepting
+/// stale ones.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn spi_error(e: pgrx::spi::Error) -> EngineError {
     EngineError::internal(format!("reading the template table: {e}"))
 }
@@ -343,14 +352,16 @@ impl IrisSearch {
         let store = guard
             .as_ref()
             .ok_or_else(|| EngineError::internal("no store"))?;
-        // The wall clock bounds a probe's age (its sealing time is inside it); a clock before
-        // 1970 reads as 0 and refuses every probe rather than accepting stale ones.
-        let unix_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         self.service
             .start(
-                store, keys, session, probe, policy, now, unix_now, interrupt,
+                store,
+                keys,
+                session,
+                probe,
+                policy,
+                now,
+                unix_now(),
+                interrupt,
             )
             .map_err(search_error)
             .map(|r| {
@@ -382,9 +393,6 @@ impl IrisSearch {
         let store = guard
             .as_ref()
             .ok_or_else(|| EngineError::internal("no store"))?;
-        let unix_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         let probes: Vec<([u8; 16], &[u8])> =
             probes.iter().map(|(id, p)| (*id, p.as_slice())).collect();
         let start = BatchStart {
@@ -394,7 +402,7 @@ impl IrisSearch {
             probes: &probes,
         };
         self.service
-            .start_batch(store, keys, &start, policy, now, unix_now, interrupt)
+            .start_batch(store, keys, &start, policy, now, unix_now(), interrupt)
             .map_err(search_error)
             .map(|r| {
                 IrisReply::BatchStarted {
