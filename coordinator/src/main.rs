@@ -142,7 +142,7 @@ enum CoordinatorAction {
         #[arg(long, env = "PRIVMATCH_BATCH_WINDOW_MS", default_value_t = 5)]
         batch_window_ms: u64,
         /// Batches of one kind (eye, mode, rotation range) running at once.
-        #[arg(long, env = "PRIVMATCH_BATCH_IN_FLIGHT", default_value_t = 2)]
+        #[arg(long, env = "PRIVMATCH_BATCH_IN_FLIGHT", default_value_t = 8)]
         batch_in_flight: usize,
     },
     /// Configure the coordinator of a deployment (HOME/coordinator.toml, its TLS certificate)

@@ -667,6 +667,13 @@ impl TamperProxy {
                     "the coordinator was sent the search's {key} (the request's fields: {fields:?})"
                 );
             }
+            // Since 0.15.0 the mode and rotation range are declared for batching (what the
+            // rounds tell anyway); the threshold never.
+            let declared = &request["batch"];
+            assert!(
+                declared.get("threshold").is_none() && declared.get("mode").is_some(),
+                "the batch declaration: {declared}"
+            );
         }
     }
 }
@@ -1161,8 +1168,9 @@ fn an_enroll_if_unique_outcome_changed_in_transit_is_refused() {
 }
 
 /// Issue 35's tracing: one search is found by its session id in all five logs — the client's
-/// (the id it sealed its probe to), the coordinator's (every line of the session carries it)
-/// and the three parties' (DEBUG1, where the operator sets `log_min_messages = debug1`).
+/// (the id it sealed its probe to), the coordinator's and the three parties' (DEBUG1, where the
+/// operator sets `log_min_messages = debug1`), each of which ties it to its batch (0.15.0),
+/// whose every line carries the batch id.
 #[test]
 fn one_search_is_found_by_its_session_id_in_all_five_logs() {
     let cluster = Cluster::start("search-trace", 39);
@@ -1190,22 +1198,37 @@ fn one_search_is_found_by_its_session_id_in_all_five_logs() {
     assert_eq!(sessions.len(), 1, "one probe, one session: {}", out.stderr);
     let session = &sessions[0];
     assert_eq!(session.len(), 32, "a 16-byte session id in hex: {session}");
-    let lines_with = |log: &str| cluster.log_lines_with(log, session);
+    // Since 0.15.0 a search runs in a batch (alone, here): the coordinator's and each party's
+    // line with the search's id name the batch, whose lines carry the batch id.
+    let batch_of = |log: &str| -> Option<String> {
+        cluster.log_lines_with(log, session).iter().find_map(|l| {
+            // The coordinator writes `batch=<hex>`, a party `in batch <hex>`.
+            let at = ["batch=", "in batch "]
+                .iter()
+                .find_map(|m| l.find(m).map(|i| i + m.len()))?;
+            l.get(at..at + 32).map(str::to_owned)
+        })
+    };
     wait_until(
         std::time::Duration::from_secs(20),
         "the session's lines in the coordinator's and the parties' logs",
         || {
-            lines_with("coordinator.log")
+            let Some(batch) = batch_of("coordinator.log") else {
+                return false;
+            };
+            cluster
+                .log_lines_with("coordinator.log", &batch)
                 .iter()
                 .any(|l| l.contains("session finished"))
                 && (0..3).all(|p| {
-                    let lines = lines_with(&format!("p{p}/postgres.log"));
-                    lines
-                        .iter()
-                        .any(|l| l.contains("started (iris_search_start)"))
-                        && lines
-                            .iter()
-                            .any(|l| l.contains("finished (iris_search_round)"))
+                    let log = format!("p{p}/postgres.log");
+                    batch_of(&log).as_deref() == Some(batch.as_str()) && {
+                        let lines = cluster.log_lines_with(&log, &batch);
+                        lines.iter().any(|l| l.contains("(iris_batch_start)"))
+                            && lines
+                                .iter()
+                                .any(|l| l.contains("finished (iris_batch_round)"))
+                    }
                 })
         },
     );

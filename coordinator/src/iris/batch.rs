@@ -354,6 +354,16 @@ pub async fn run_batch(
         members,
         timeout,
     };
+    // Each search's own id beside its batch's: one search is followed from the client's log
+    // to the batch's lines (which carry the batch id).
+    for (k, m) in members.iter().enumerate() {
+        tracing::info!(
+            session = %hex::encode(m.session),
+            batch = %hex::encode(id),
+            at = k,
+            "iris search in batch"
+        );
+    }
     match run_pooled(parties, &batch).await {
         Ok(((outcomes, stats), elapsed)) => {
             tracing::info!(

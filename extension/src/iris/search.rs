@@ -276,6 +276,9 @@ fn iris_batch_start(
         });
         match inner {
             Ok(inner) => {
+                // The search's own id, tied to its batch's: one search is followed from the
+                // client's log through the batch's lines.
+                log_session(F, &id, &format!("in batch {} at {k}", hex::encode(batch)));
                 admitted.push((id, inner));
                 refused.push(None);
             }
