@@ -12,7 +12,7 @@
 //! outputs, sealed by each party to its own client. A probe a party refuses at start is
 //! refused alone: its caller gets that party's error, the others their results.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -389,6 +389,12 @@ pub async fn run_batch(
     }
 }
 
+/// Whether a party refused the batch as holding more comparisons than it takes at once
+/// (core's `SearchError::BatchTooLarge`, whose message ends so).
+fn too_large(result: &Result<SearchOutcome, SearchError>) -> bool {
+    matches!(result, Err(SearchError::Party(p)) if p.message.contains("send smaller batches"))
+}
+
 /// The iris batches of a coordinator ([`BatchRunner`] of [`crate::session::batcher`]):
 /// the parties' pools, the per-call timeout and the last template count seen per eye (a
 /// batch holds at most [`MAX_BATCH_COMPARISONS`] comparisons at a party).
@@ -426,19 +432,34 @@ impl BatchRunner for IrisBatches {
     type Output = SearchOutcome;
     type Error = SearchError;
 
+    /// Runs the batch; one the parties refuse as too large for their template set (this
+    /// coordinator had not seen it yet: its first batches after a start) runs again in halves,
+    /// in order (nothing of it was consumed: a party refuses it before admitting any probe).
     async fn run(
         &self,
         key: IrisBatchKey,
         items: Vec<SearchRequest>,
     ) -> Vec<Result<SearchOutcome, SearchError>> {
-        let results = run_batch(&self.parties, key, &items, self.timeout).await;
-        if let Some(Ok(o)) = results.iter().find(|r| r.is_ok()) {
-            self.entries
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(key.eye, o.stats.entries);
+        let mut out = Vec::with_capacity(items.len());
+        let mut chunks = VecDeque::from([items]);
+        while let Some(chunk) = chunks.pop_front() {
+            let results = run_batch(&self.parties, key, &chunk, self.timeout).await;
+            if chunk.len() > 1 && results.iter().all(too_large) {
+                let mut front = chunk;
+                let back = front.split_off(front.len() / 2);
+                chunks.push_front(back);
+                chunks.push_front(front);
+                continue;
+            }
+            if let Some(Ok(o)) = results.iter().find(|r| r.is_ok()) {
+                self.entries
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key.eye, o.stats.entries);
+            }
+            out.extend(results);
         }
-        results
+        out
     }
 
     fn max_items(&self, key: &IrisBatchKey, policy_max: usize) -> usize {
@@ -464,6 +485,24 @@ impl BatchRunner for IrisBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partys_refusal_of_a_batch_too_large_is_recognised() {
+        let refusal = privmatch_core::iris::service::SearchError::BatchTooLarge {
+            probes: 32,
+            entries: 1_000_000,
+        };
+        let party = |message: String| {
+            Err(SearchError::Party(PartyError {
+                party: PartyIndex::ALL[1],
+                sqlstate: Some("22023".into()),
+                message,
+            }))
+        };
+        assert!(too_large(&party(refusal.to_string())));
+        assert!(!too_large(&party("iris search: something else".into())));
+        assert!(!too_large(&Err(SearchError::Busy)));
+    }
 
     #[test]
     fn batches_stay_within_the_partys_comparison_limit() {

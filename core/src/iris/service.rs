@@ -134,7 +134,8 @@ pub enum SearchError {
     /// A batch without a probe or with more than [`MAX_BATCH_PROBES`].
     #[error("iris search batch of {0} probes: a batch holds 1 to {MAX_BATCH_PROBES} probes")]
     BatchSize(usize),
-    /// A batch whose comparisons exceed [`MAX_BATCH_COMPARISONS`].
+    /// A batch whose comparisons exceed [`MAX_BATCH_COMPARISONS`] (the coordinator recognises
+    /// "send smaller batches" and runs the batch again in halves: keep the words).
     #[error("iris search batch of {probes} probes over {entries} templates: more than {MAX_BATCH_COMPARISONS} comparisons at once; send smaller batches")]
     BatchTooLarge {
         /// Probes in the batch.
