@@ -492,8 +492,16 @@ async fn ensure_enrolled(
     enroll_missing(config, templates).await
 }
 
-/// `privmatch bench iris`.
-pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
+/// The templates of a run, enrolled, and the parties to search them as the coordinator does.
+pub(super) struct Enrolled {
+    parties: Parties,
+    prefix: String,
+    templates: Vec<(String, IrisTemplate)>,
+}
+
+/// Checks the options, synthesises the N templates of the seed and makes sure the parties
+/// hold them (the part `bench iris` and `bench iris --batch` share).
+pub(super) async fn enrolled(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<Enrolled> {
     if args.n == 0 {
         bail!("--n must be at least 1");
     }
@@ -507,45 +515,92 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     let (prefix, templates) = bench_templates(args.n, args.seed)?;
     let operators = configs.operator_parties();
     ensure_enrolled(&configs.client, &operators, &prefix, &templates, args.reuse).await?;
-    let mut rng = ChaCha20Rng::from_rng(rand::rngs::OsRng)
-        .context("the operating system's random source is unavailable")?;
+    Ok(Enrolled {
+        parties,
+        prefix,
+        templates,
+    })
+}
+
+impl Enrolled {
+    /// The templates, in order.
+    pub(super) fn templates(&self) -> &[(String, IrisTemplate)] {
+        &self.templates
+    }
+
+    /// The setup of a run over these templates with `probe`, a near-duplicate of template
+    /// `original`.
+    pub(super) fn setup<'a>(
+        &'a self,
+        configs: &LocalConfigs,
+        args: &'a IrisBenchArgs,
+        probe: IrisTemplate,
+        original: usize,
+    ) -> Result<Setup<'a>> {
+        Ok(Setup {
+            parties: &self.parties,
+            keys: configs.client.pinned_keys()?,
+            client: client_credential(&configs.client)?,
+            prefix: &self.prefix,
+            templates: &self.templates,
+            probe,
+            original,
+            args,
+        })
+    }
+}
+
+/// A near-duplicate of a random template at a random rotation: (probe, original, rotation).
+pub(super) fn near_probe(
+    templates: &[(String, IrisTemplate)],
+    rng: &mut ChaCha20Rng,
+) -> (IrisTemplate, usize, i32) {
     let original = rng.gen_range(0..templates.len());
     let rotation = rng.gen_range(1..=MAX_ROTATION) * if rng.gen_bool(0.5) { 1 } else { -1 };
-    let probe = near_duplicate(&templates[original].1, PROBE_FLIP_RATE, rotation, &mut rng);
+    let probe = near_duplicate(&templates[original].1, PROBE_FLIP_RATE, rotation, rng);
+    (probe, original, rotation)
+}
+
+/// The first search (31 rotations), not counted: it may include the engines loading newly
+/// enrolled templates. Its wall time.
+pub(super) async fn warm_up(setup: &Setup<'_>, rng: &mut ChaCha20Rng) -> Result<f64> {
+    let started = Instant::now();
+    let timeout = Duration::from_secs_f64(setup.args.timeout);
+    let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_TAU)
+        .map_err(|e| anyhow!("{e}"))?;
+    search_once(
+        setup.parties,
+        &setup.probe,
+        params,
+        &setup.keys,
+        setup.client.as_ref(),
+        rng,
+        timeout,
+    )
+    .await
+    .context("warm-up search")?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// A generator seeded from the operating system.
+pub(super) fn os_rng() -> Result<ChaCha20Rng> {
+    ChaCha20Rng::from_rng(rand::rngs::OsRng)
+        .context("the operating system's random source is unavailable")
+}
+
+/// `privmatch bench iris`.
+pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
+    let bench = enrolled(configs, args).await?;
+    let (prefix, templates, parties) = (&bench.prefix, &bench.templates, &bench.parties);
+    let mut rng = os_rng()?;
+    let (probe, original, rotation) = near_probe(templates, &mut rng);
     eprintln!(
         "measuring single-thread memory bandwidth ({} MiB)",
         args.bandwidth_mib
     );
     let bandwidth = memory_bandwidth(args.bandwidth_mib);
-    let setup = Setup {
-        parties: &parties,
-        keys: configs.client.pinned_keys()?,
-        client: client_credential(&configs.client)?,
-        prefix: &prefix,
-        templates: &templates,
-        probe,
-        original,
-        args,
-    };
-    let warm_up = Instant::now();
-    let timeout = Duration::from_secs_f64(args.timeout);
-    let params = SearchParams::new(SearchMode::Identify, MAX_ROTATION, DEFAULT_TAU)
-        .map_err(|e| anyhow!("{e}"))?;
-    search_once(
-        &parties,
-        &probe,
-        params,
-        &setup.keys,
-        setup.client.as_ref(),
-        &mut rng,
-        timeout,
-    )
-    .await
-    .context("warm-up search")?;
-    let warm_up = warm_up.elapsed().as_secs_f64();
-    if !args.batch.is_empty() {
-        return super::iris_batch::run_batches(&setup, &args.batch, &mut rng).await;
-    }
+    let setup = bench.setup(configs, args, probe, original)?;
+    let warm_up = warm_up(&setup, &mut rng).await?;
     let mut figures = Vec::new();
     for max_rotation in [0, MAX_ROTATION] {
         figures.push(run_configuration(&setup, max_rotation, &mut rng).await?);
@@ -574,13 +629,13 @@ pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
     );
     print_figures(&figures, bandwidth, floor_seconds);
     println!("  engines, right after the searches (heap of the rounds still held):");
-    for line in engine_status_lines(&parties).await {
+    for line in engine_status_lines(parties).await {
         println!("{line}");
     }
     // An idle engine returns the rounds' heap after a second without requests.
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     println!("  engines, at rest (2.5 s later):");
-    for line in engine_status_lines(&parties).await {
+    for line in engine_status_lines(parties).await {
         println!("{line}");
     }
     if figures.iter().any(|f| !f.correct) {

@@ -27,9 +27,13 @@ use privmatch_core::wire::session::new_session_id;
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
 
-use super::iris::{plaintext_matches, Setup, SHARE_BYTES_PER_TEMPLATE};
+use super::iris::{
+    enrolled, near_probe, os_rng, plaintext_matches, warm_up, IrisBenchArgs, Setup,
+    SHARE_BYTES_PER_TEMPLATE,
+};
 use crate::cli::keys::{sealing_time, sign_each};
 use crate::dev::bench::stats::median;
+use crate::dev::LocalConfigs;
 use crate::iris::batch::{run_batch, IrisBatchKey};
 use crate::iris::driver::run_search;
 use privmatch_api::iris::SearchRequest;
@@ -296,12 +300,20 @@ async fn single_against_batch_of_one(
     Ok((median(single), median(batched)))
 }
 
-/// `privmatch bench iris --batch …` (module docs).
-pub(super) async fn run_batches(
-    setup: &Setup<'_>,
-    sizes: &[usize],
-    rng: &mut ChaCha20Rng,
-) -> Result<()> {
+/// `privmatch bench iris --batch …` (module docs): the templates enrolled and a warm-up search
+/// as `bench iris` does, then the batches.
+pub async fn run(configs: &LocalConfigs, args: &IrisBenchArgs) -> Result<()> {
+    let bench = enrolled(configs, args).await?;
+    let mut rng = os_rng()?;
+    let (probe, original, _) = near_probe(bench.templates(), &mut rng);
+    let setup = bench.setup(configs, args, probe, original)?;
+    let seconds = warm_up(&setup, &mut rng).await?;
+    eprintln!("warm-up search: {seconds:.3} s (not counted)");
+    run_batches(&setup, &args.batch, &mut rng).await
+}
+
+/// The batches of `sizes`, printed (module docs).
+async fn run_batches(setup: &Setup<'_>, sizes: &[usize], rng: &mut ChaCha20Rng) -> Result<()> {
     if let Some(&b) = sizes
         .iter()
         .find(|&&b| b == 0 || b > privmatch_core::iris::service::MAX_BATCH_PROBES)

@@ -228,6 +228,9 @@ pub async fn run(
 ) -> Result<()> {
     match action {
         BenchAction::Enroll(args) => enroll_bench(&configs()?, args).await,
+        BenchAction::Iris(args) if !args.batch.is_empty() => {
+            iris_batch::run(&configs()?, args).await
+        }
         BenchAction::Iris(args) => iris::run(&configs()?, args).await,
         BenchAction::Face(args) if args.part == "scale" => face_scale::run(args).await,
         BenchAction::Face(args) => face::run(args, configs).await,
