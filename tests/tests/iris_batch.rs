@@ -317,6 +317,34 @@ fn a_refused_probe_is_refused_alone_and_a_relay_cannot_swap_answers_or_split_a_b
         // Even with member 0's key, they are not member 3's session's.
         assert!(open(&keys, &members[3], &members[0].client, outputs(0)).is_err());
 
+        // A probe whose session id was used (member 0, again) is refused alone by the SQL
+        // layer (recorded durably: 42704, in a subtransaction of its own); a fresh one in the
+        // same batch is answered.
+        let fresh_member = member(&keys, &near, identify, &mut rng);
+        let again = [
+            Member {
+                session: members[0].session,
+                client: PartySecretKey::generate(&mut rng),
+                sealed: members[0].sealed.clone(),
+                params: identify,
+            },
+            fresh_member,
+        ];
+        let pair: &[usize] = &[0, 1];
+        let answers = run_batch(&clients, &again, [pair, pair, pair], &mut rng)
+            .await
+            .expect("the batch runs");
+        for (i, refused) in answers.refused_sqlstate.iter().enumerate() {
+            assert_eq!(refused[0].as_deref(), Some("42704"), "P{i}");
+            assert_eq!(refused[1], None, "P{i}");
+        }
+        let outputs: [&[u8]; 3] =
+            std::array::from_fn(|i| answers.sealed[i][1].as_deref().expect("an output"));
+        assert_eq!(
+            open(&keys, &again[1], &again[1].client, outputs),
+            Ok(IrisResult::Identified(vec![subject.clone()]))
+        );
+
         // A relay that leaves member 3 out at P1 only: the channels disagree, nothing is
         // computed (fresh members: session ids are single use).
         let fresh: Vec<Member> = [&near, &stranger]
