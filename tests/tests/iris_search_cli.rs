@@ -667,11 +667,11 @@ impl TamperProxy {
                     "the coordinator was sent the search's {key} (the request's fields: {fields:?})"
                 );
             }
-            // Since 0.15.0 the mode and rotation range are declared for batching (what the
-            // rounds tell anyway); the threshold never.
+            // Since 0.15.0 a search declares its mode and rotation range for batching (what the
+            // rounds tell anyway; enroll-if-unique declares nothing); the threshold never.
             let declared = &request["batch"];
             assert!(
-                declared.get("threshold").is_none() && declared.get("mode").is_some(),
+                declared.get("threshold").is_none(),
                 "the batch declaration: {declared}"
             );
         }
