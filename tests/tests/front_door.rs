@@ -461,6 +461,7 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         "SELECT count(*) FROM privmatch.iris_templates",
         "SELECT count(*) FROM privmatch.face_templates",
         "SELECT privmatch.iris_search_abort('\\x00'::bytea)",
+        "SELECT * FROM privmatch.iris_batch_round('\\x00'::bytea, 0, '\\x00'::bytea)",
         "SELECT privmatch.iris_delete('iris-000', NULL)",
         "SELECT * FROM privmatch.engine_status()",
     ] {
