@@ -50,6 +50,22 @@
 //! i sends exactly one message, to party i+1, and receives exactly one, from party i−1** (all
 //! the sub-protocols have this shape).
 //!
+//! **Batches.** B probes of the same parameters and eye run as one session: the query block
+//! holds the B·R rotations ([`PreparedQuery::batch`], probe b's at b·R..(b+1)·R), so the scan
+//! reads each template share once per batch and comparison k = e·B·R + b·R + r. Reshare and
+//! lift/compare carry all B·N·R comparisons in the same 15 rounds; Identify transposes into R
+//! planes of B·N bits (⌈log2 R⌉ rounds), Uniqueness reduces B groups of N·R bits side by side
+//! (⌈log2(R·N)⌉ rounds). A batch has exactly the rounds of one search, and each probe's
+//! output is what it would be alone.
+//!
+//! **In-batch uniqueness** (iris-mpc's intra-batch matching, [BGK+24] §6 deployment notes):
+//! a batch of enrol-if-unique requests appends the requests' own enrolment shares as B more
+//! entries (N + B in all, in batch order), and probe b's OR group keeps the enrolled entries
+//! and requests 0..b − 1 only ([`IrisMatchSession::start_enrolment_batch_with_dots`]; the
+//! other bits are a public zero). Two requests of one person in one batch: the later is not
+//! unique whatever the earlier's own outcome, so at most one of them is enrolled. Rounds: those
+//! of a uniqueness search over N + B entries.
+//!
 //! **Communication** (measured by the in-process driver of the tests, N = 1,000, R = 31):
 //! 1,136,412 bytes sent per party in 21 rounds, ≈ 36.7 bytes per party per comparison:
 //! reshare 4, lift and compare ≈ 32.5 (the wrap bits of c and m, the 32-bit sum with its
@@ -227,6 +243,9 @@ struct Core {
     num_rotations: usize,
     /// Probes in the batch (B ≥ 1; module docs, "Batches").
     num_probes: usize,
+    /// The last `batch_rows` entries are the batch's own enrolment requests (module docs,
+    /// "In-batch uniqueness"); 0 for a search batch.
+    batch_rows: usize,
     /// Messages sent so far; the state waits for the message of round `sent − 1`.
     sent: u32,
     bytes_sent: usize,
@@ -324,7 +343,8 @@ impl Core {
                 }
             }
             SearchMode::Uniqueness => {
-                let program = OrTreeProgram::new(probe_groups(&bits, n, b, r)?, self.party);
+                let groups = probe_groups(&bits, n, b, r, self.batch_rows)?;
+                let program = OrTreeProgram::new(groups, self.party);
                 match Session::start(&self.ctx, LABEL_OR, program)? {
                     Step::Send(s, out) => self.emit(Phase::Or(s), out),
                     Step::Done(bits) => self.enter_open(bits),
@@ -406,12 +426,17 @@ fn rotation_planes(
 
 /// Gathers entry-major bits (bit k = e·B·R + b·R + r) into B groups, one per probe, each of
 /// its N·R bits (order within a group does not matter to an OR); local. A batch of one is
-/// the input itself.
+/// the input itself. With `batch_rows` > 0 the last `batch_rows` entries are the batch's own
+/// enrolment requests (module docs, "In-batch uniqueness"): probe q's group keeps only the
+/// requests before it (entries below N − batch_rows + q); the others' bits stay a public zero
+/// (every component 0), which an OR ignores, so group lengths and rounds stay those of a
+/// search batch.
 fn probe_groups(
     bits: &BitSliced,
     n: usize,
     b: usize,
     r: usize,
+    batch_rows: usize,
 ) -> Result<Vec<BitSliced>, MpcError> {
     let per_probe = n.checked_mul(r);
     if per_probe.and_then(|pp| pp.checked_mul(b)) != Some(bits.len()) {
@@ -419,7 +444,12 @@ fn probe_groups(
             "match bits do not hold entries × probes × rotations",
         ));
     }
-    if b == 1 {
+    if batch_rows > n || (batch_rows > 0 && batch_rows != b) {
+        return Err(MpcError::InvalidInput(
+            "the batch's own requests are not one entry per probe",
+        ));
+    }
+    if b == 1 && batch_rows == 0 {
         return Ok(vec![bits.clone()]);
     }
     let len = n * r;
@@ -427,9 +457,14 @@ fn probe_groups(
     let bit = |words: &[u64], k: usize| (words[k / WORD_BITS] >> (k % WORD_BITS)) & 1;
     (0..b)
         .map(|q| {
+            let compared = if batch_rows == 0 {
+                n
+            } else {
+                n - batch_rows + q
+            };
             let mut ga = vec![0u64; w];
             let mut gb = vec![0u64; w];
-            for e in 0..n {
+            for e in 0..compared {
                 for j in 0..r {
                     let k = (e * b + q) * r + j;
                     let t = e * r + j;
@@ -553,6 +588,35 @@ impl IrisMatchSession {
         dots: DotShares,
         num_probes: usize,
     ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
+        Self::start_rows(keys, config, dots, num_probes, 0)
+    }
+
+    /// As [`IrisMatchSession::start_batch_with_dots`] for a batch of enrol-if-unique requests
+    /// (module docs, "In-batch uniqueness"; uniqueness mode only): the last `num_probes`
+    /// entries of `dots` are the requests' own enrolment shares in batch order, and probe b is
+    /// compared with the enrolled entries and with requests 0..b only, so of two requests of
+    /// one person in a batch at most the earlier can be unique.
+    pub fn start_enrolment_batch_with_dots(
+        keys: &MpcContext,
+        config: &MatchConfig,
+        dots: DotShares,
+        num_probes: usize,
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
+        if config.mode != SearchMode::Uniqueness || dots.num_entries < num_probes {
+            return Err(MatchError::InvalidInput(
+                "an enrolment batch is a uniqueness search over its own requests too",
+            ));
+        }
+        Self::start_rows(keys, config, dots, num_probes, num_probes)
+    }
+
+    fn start_rows(
+        keys: &MpcContext,
+        config: &MatchConfig,
+        dots: DotShares,
+        num_probes: usize,
+        batch_rows: usize,
+    ) -> Result<Step<Self, Vec<MatchOutput>>, MatchError> {
         let r = config.num_rotations();
         if r == 0 || num_probes == 0 || Some(dots.num_rotations) != num_probes.checked_mul(r) {
             return Err(MatchError::InvalidInput(
@@ -590,6 +654,7 @@ impl IrisMatchSession {
             num_entries: dots.num_entries,
             num_rotations: r,
             num_probes,
+            batch_rows,
             sent: 0,
             bytes_sent: 0,
         };
@@ -997,6 +1062,83 @@ mod tests {
                     SearchMode::Uniqueness => MatchOutput::Unique(want.is_empty()),
                 };
                 prop_assert_eq!(got, &expected);
+            }
+        }
+    }
+
+    /// Runs one enrolment batch (module docs, "In-batch uniqueness") of `requests` over
+    /// `templates`: each request is both a probe and, as entry N + k, a row.
+    fn run_enrolment_batch(
+        templates: &[IrisTemplate],
+        requests: &[IrisTemplate],
+        config: &MatchConfig,
+        rng: &mut ChaCha20Rng,
+    ) -> ([Vec<MatchOutput>; 3], usize) {
+        let rows: Vec<IrisTemplate> = templates.iter().chain(requests).copied().collect();
+        let db = share_db(&rows, rng);
+        let shares: Vec<[IrisShare; 3]> = requests
+            .iter()
+            .map(|p| share_query_template(p, rng).expect("share probe"))
+            .collect();
+        let ks = keys(9, [9; 16]);
+        let starts = P.map(|p| {
+            let i = p.as_usize();
+            let m = ShareMatrix::new(&db[i].0, &db[i].1).expect("matrix");
+            let mine: Vec<IrisShare> = shares.iter().map(|s| s[i].clone()).collect();
+            let query = PreparedQuery::batch(&mine, config.max_rotation).expect("query");
+            let dots = scan(DotKernel::detect(), &m, &query).expect("scan");
+            IrisMatchSession::start_enrolment_batch_with_dots(&ks[i], config, dots, mine.len())
+                .expect("start")
+        });
+        let (outs, trace) = drive_batch(starts).expect("run");
+        (outs, trace.len())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(10))]
+
+        /// An enrolment batch answers request b "unique" exactly when the plaintext matcher
+        /// finds no enrolled template and no earlier request of the batch within τ; requests
+        /// are near-duplicates (flip rates around τ) of enrolled templates or of earlier
+        /// requests, so all outcomes occur.
+        #[test]
+        fn enrolment_batches_match_the_plaintext_reference(
+            seed in any::<u64>(),
+            batch in 1usize..=5,
+            entries in 0usize..=6,
+            max_rotation in 0i32..=2,
+        ) {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let templates: Vec<IrisTemplate> =
+                (0..entries).map(|_| random_template(&mut rng)).collect();
+            let mut requests: Vec<IrisTemplate> = Vec::new();
+            for _ in 0..batch {
+                let pool = templates.len() + requests.len();
+                let request = if pool == 0 || rng.gen_bool(0.25) {
+                    random_template(&mut rng)
+                } else {
+                    let k = rng.gen_range(0..pool);
+                    let base = templates.get(k).unwrap_or_else(|| &requests[k - templates.len()]);
+                    let rate = rng.gen_range(0.30..0.39);
+                    near_duplicate(base, rate, rng.gen_range(-max_rotation..=max_rotation), &mut rng)
+                };
+                requests.push(request);
+            }
+            let cfg = config(SearchMode::Uniqueness, max_rotation);
+            let (outs, rounds) = run_enrolment_batch(&templates, &requests, &cfg, &mut rng);
+            prop_assert_eq!(
+                rounds as u32,
+                expected_rounds(SearchMode::Uniqueness, entries + batch, max_rotation, &cfg.threshold)
+            );
+            for out in &outs {
+                prop_assert_eq!(out, &outs[0]);
+            }
+            for (b, got) in outs[0].iter().enumerate() {
+                let matched = templates
+                    .iter()
+                    .chain(&requests[..b])
+                    .any(|t| plain_match(&requests[b], t, max_rotation));
+                prop_assert_eq!(got, &MatchOutput::Unique(!matched), "request {}", b);
             }
         }
     }

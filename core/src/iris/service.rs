@@ -43,8 +43,10 @@ use sha2::{Digest, Sha256};
 use crate::crypto::party_sign::PartySigningKey;
 use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
+use crate::iris::binding::check_envelope_hashes;
+use crate::iris::dot::{DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
-use crate::iris::enroll::{BundleError, Eye};
+use crate::iris::enroll::{open_iris_enrollment, BundleError, Eye};
 use crate::iris::matcher::{IrisMatchSession, MatchConfig, MatchError, MatchOutput};
 use crate::iris::mpc::binary::{MpcContext, Step};
 use crate::iris::output::{output_sealer, seal_output, IrisOutput, IrisResult};
@@ -131,6 +133,9 @@ pub enum SearchError {
     /// The store could not be scanned.
     #[error("iris search: {0}")]
     Store(#[from] StoreError),
+    /// An enrolment batch whose enrolments are not one per probe, or not a uniqueness batch.
+    #[error("iris enrolment batch: {0}")]
+    EnrolmentBatch(&'static str),
     /// A batch without a probe or with more than [`MAX_BATCH_PROBES`].
     #[error("iris search batch of {0} probes: a batch holds 1 to {MAX_BATCH_PROBES} probes")]
     BatchSize(usize),
@@ -238,6 +243,20 @@ pub struct BatchStart<'a> {
     pub eye: Eye,
     /// Each search's session id and this party's sealed probe, in batch order.
     pub probes: &'a [(SessionId, &'a [u8])],
+    /// Empty for a batch of searches; for a batch of enrol-if-unique requests, each
+    /// request's enrolment in batch order (one per probe): each probe is also compared with
+    /// the requests before it ([`crate::iris::matcher`], "In-batch uniqueness").
+    pub enrolments: &'a [BatchEnrolment<'a>],
+}
+
+/// One enrol-if-unique request of a batch: the record whose uniqueness its probe asks.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEnrolment<'a> {
+    /// This party's sealed enrolment envelope of the record (one template of the batch's eye).
+    pub envelope: &'a [u8],
+    /// h0 ‖ h1 ‖ h2 of the record's three envelopes ([`crate::iris::binding`]): bound into the
+    /// batch's session, so the three parties compare the probes with the same requests.
+    pub hashes: &'a [u8],
 }
 
 /// What a batch start returns to the coordinator.
@@ -481,21 +500,41 @@ fn bind_search(mut h: Sha256, params: &SearchParams, eye: Eye, digest: &[u8; 32]
 
 /// The channel and PRF session id of a batch (module docs, "Batches"): as
 /// [`bound_session`], over the batch id and every probe's session id in batch order.
-fn bound_batch(
-    batch: &SessionId,
-    probes: &[(SessionId, &[u8])],
-    params: &SearchParams,
-    eye: Eye,
-    digest: &[u8; 32],
-) -> SessionId {
+fn bound_batch(batch: &BatchStart<'_>, digest: &[u8; 32]) -> SessionId {
     let mut h = Sha256::new();
     h.update(b"privmatch iris batch v1");
-    h.update(batch);
-    h.update((probes.len() as u64).to_le_bytes());
-    for (id, _) in probes {
+    h.update(batch.batch);
+    h.update((batch.probes.len() as u64).to_le_bytes());
+    for (id, _) in batch.probes {
         h.update(id);
     }
-    bind_search(h, params, eye, digest)
+    // An enrolment batch binds its requests' envelope hashes too (a search batch is
+    // bound exactly as before: the domain is unchanged for it).
+    if !batch.enrolments.is_empty() {
+        h.update(b"enrolments");
+        for enrolment in batch.enrolments {
+            h.update(enrolment.hashes);
+        }
+    }
+    bind_search(h, &batch.params, batch.eye, digest)
+}
+
+/// Opens one enrol-if-unique request's envelope at party `me`: its own share of the one
+/// record inside, of the batch's eye, under the hashes the batch binds.
+fn open_batch_enrolment(
+    keys: &PartyKeys,
+    eye: Eye,
+    enrolment: &BatchEnrolment<'_>,
+) -> Result<IrisShare, SearchError> {
+    check_envelope_hashes(keys.me, enrolment.envelope, enrolment.hashes)
+        .map_err(|_| SearchError::EnrolmentBatch("an envelope does not match its hashes"))?;
+    let mut bundles = open_iris_enrollment(keys.me, &keys.secret, enrolment.envelope)?;
+    match (bundles.pop(), bundles.is_empty()) {
+        (Some(bundle), true) if bundle.eye == eye => Ok(bundle.share),
+        _ => Err(SearchError::EnrolmentBatch(
+            "an envelope does not hold exactly one record of the batch's eye",
+        )),
+    }
 }
 
 /// The zero share that stands in for a refused probe of a batch, so the three parties keep
@@ -600,6 +639,7 @@ impl SearchService {
             search,
             vec![probe.share],
             vec![slot],
+            Vec::new(),
             now,
             interrupt,
         )
@@ -629,7 +669,15 @@ impl SearchService {
         if count == 0 || count > MAX_BATCH_PROBES {
             return Err(SearchError::BatchSize(count));
         }
-        let entries = store.len_of(batch.eye);
+        let enrolling = !batch.enrolments.is_empty();
+        if enrolling
+            && (batch.enrolments.len() != count || batch.params.mode() != SearchMode::Uniqueness)
+        {
+            return Err(SearchError::EnrolmentBatch(
+                "one enrolment per probe, in a uniqueness batch",
+            ));
+        }
+        let entries = store.len_of(batch.eye) + if enrolling { count } else { 0 };
         let comparisons = entries
             .saturating_mul(count)
             .saturating_mul(2 * batch.params.max_rotation().max(0) as usize + 1);
@@ -644,8 +692,27 @@ impl SearchService {
         let mut shares = Vec::with_capacity(count);
         let mut slots = Vec::with_capacity(count);
         let mut refused = Vec::with_capacity(count);
-        for (id, sealed) in batch.probes {
-            match self.accept_probe(keys, batch, id, sealed, &policy, unix_now) {
+        let mut rows = Vec::with_capacity(batch.enrolments.len());
+        for (k, (id, sealed)) in batch.probes.iter().enumerate() {
+            // A request whose envelope does not open here is refused here, and its row is a
+            // zero share: the later probes' comparisons with it are then noise at this
+            // party's share, which can only make them "not unique" (fail-safe).
+            let row = batch
+                .enrolments
+                .get(k)
+                .map(|e| open_batch_enrolment(keys, batch.eye, e));
+            let accepted = match row {
+                Some(Err(why)) => {
+                    rows.push(zero_share(me));
+                    Err(why)
+                }
+                Some(Ok(share)) => {
+                    rows.push(share);
+                    self.accept_probe(keys, batch, id, sealed, &policy, unix_now)
+                }
+                None => self.accept_probe(keys, batch, id, sealed, &policy, unix_now),
+            };
+            match accepted {
                 Ok((share, slot)) => {
                     shares.push(share);
                     slots.push(slot);
@@ -661,18 +728,12 @@ impl SearchService {
         let order = store.canonical(batch.eye);
         let search = Launch {
             id: batch.batch,
-            bound: bound_batch(
-                &batch.batch,
-                batch.probes,
-                &batch.params,
-                batch.eye,
-                &order.digest,
-            ),
+            bound: bound_batch(batch, &order.digest),
             params: batch.params,
             eye: batch.eye,
             order,
         };
-        let start = self.launch(store, keys, search, shares, slots, now, interrupt)?;
+        let start = self.launch(store, keys, search, shares, slots, rows, now, interrupt)?;
         Ok(BatchStartReply { start, refused })
     }
 
@@ -715,6 +776,7 @@ impl SearchService {
         search: Launch,
         shares: Vec<IrisShare>,
         probes: Vec<ProbeSlot>,
+        rows: Vec<IrisShare>,
         now: Instant,
         interrupt: &Interrupt,
     ) -> Result<StartReply, SearchError> {
@@ -747,12 +809,15 @@ impl SearchService {
             session: session_hex(&id),
             source,
         };
-        let (state, payload) = if order.subjects.is_empty() {
+        let (state, payload) = if order.subjects.is_empty() && rows.is_empty() {
             (State::Empty(params.mode()), Vec::new())
         } else {
             let query = PreparedQuery::batch(&shares, params.max_rotation())
                 .map_err(|e| protocol(e.into()))?;
-            let dots = store.scan(eye, &order, &*self.backend, &query, interrupt)?;
+            let mut dots = store.scan(eye, &order, &*self.backend, &query, interrupt)?;
+            if !rows.is_empty() {
+                dots = self.append_rows(dots, &rows, &query, interrupt)?;
+            }
             let ctx = MpcContext::new(me, bound, with_next.prf(), with_prev.prf());
             let config = MatchConfig {
                 max_rotation: params.max_rotation(),
@@ -760,9 +825,12 @@ impl SearchService {
                 mode: params.mode(),
                 entitled: PartyIndex::ALL.to_vec(),
             };
-            match IrisMatchSession::start_batch_with_dots(&ctx, &config, dots, shares.len())
-                .map_err(protocol)?
-            {
+            let started = if rows.is_empty() {
+                IrisMatchSession::start_batch_with_dots(&ctx, &config, dots, shares.len())
+            } else {
+                IrisMatchSession::start_enrolment_batch_with_dots(&ctx, &config, dots, shares.len())
+            };
+            match started.map_err(protocol)? {
                 Step::Send(session, out) => (State::Running(Box::new(session)), out.payload),
                 Step::Done(_) => {
                     return Err(protocol(MatchError::InvalidInput(
@@ -795,6 +863,28 @@ impl SearchService {
             digest,
             message,
         })
+    }
+
+    /// The dot products of `dots` followed by those of an enrolment batch's own requests
+    /// (`rows`, in batch order) with the same query block: entries N..N + B of the batch.
+    fn append_rows(
+        &self,
+        mut dots: DotShares,
+        rows: &[IrisShare],
+        query: &PreparedQuery,
+        interrupt: &Interrupt,
+    ) -> Result<DotShares, SearchError> {
+        let codes: Vec<u16> = rows.iter().flat_map(|r| r.code.iter().copied()).collect();
+        let masks: Vec<u16> = rows.iter().flat_map(|r| r.mask.iter().copied()).collect();
+        let matrix = ShareMatrix::new(&codes, &masks).map_err(StoreError::Dot)?;
+        let own = self
+            .backend
+            .scan(&matrix, query, interrupt)
+            .map_err(StoreError::Dot)?;
+        dots.num_entries += rows.len();
+        dots.code.extend_from_slice(&own.code);
+        dots.mask.extend_from_slice(&own.mask);
+        Ok(dots)
     }
 
     /// Runs round `round` of search `id` with the sealed message of party i−1. Any failure

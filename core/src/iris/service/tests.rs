@@ -746,6 +746,22 @@ impl World {
         eye: Eye,
         p: SearchParams,
     ) -> (Vec<BatchStartReply>, Vec<Vec<Result<SealedOutput, String>>>) {
+        self.run_enrolment_batch(probes, &[], eye, p)
+    }
+
+    /// As [`World::run_batch`] for a batch of enrol-if-unique requests: `envelopes[k]` is
+    /// request k's three sealed enrolment envelopes (empty: a search batch).
+    fn run_enrolment_batch(
+        &mut self,
+        probes: &[BatchedProbe],
+        envelopes: &[[Vec<u8>; 3]],
+        eye: Eye,
+        p: SearchParams,
+    ) -> (Vec<BatchStartReply>, Vec<Vec<Result<SealedOutput, String>>>) {
+        let hashes: Vec<[u8; crate::iris::binding::ENVELOPE_HASHES_LEN]> = envelopes
+            .iter()
+            .map(|e| crate::iris::binding::envelope_hashes([&e[0], &e[1], &e[2]]))
+            .collect();
         let batch = self.session();
         let now = Instant::now();
         let starts: Vec<BatchStartReply> = self
@@ -757,7 +773,16 @@ impl World {
                     .iter()
                     .map(|b| (b.id, b.sealed[i].as_slice()))
                     .collect();
+                let enrolments: Vec<BatchEnrolment<'_>> = envelopes
+                    .iter()
+                    .zip(&hashes)
+                    .map(|(e, h)| BatchEnrolment {
+                        envelope: &e[i],
+                        hashes: h,
+                    })
+                    .collect();
                 let start = BatchStart {
+                    enrolments: &enrolments,
                     batch,
                     params: p,
                     eye,
@@ -972,6 +997,7 @@ fn a_batch_refuses_a_used_id_or_more_probes_than_allowed_as_a_whole() {
                 params: p,
                 eye: Eye::Left,
                 probes,
+                enrolments: &[],
             },
             policy_of(p),
             Instant::now(),
@@ -988,4 +1014,129 @@ fn a_batch_refuses_a_used_id_or_more_probes_than_allowed_as_a_whole() {
     assert!(start(&one).is_ok());
     assert!(party.service.abort(&batch_id));
     assert!(matches!(start(&one), Err(SearchError::ReplayedSession(_))));
+}
+
+#[test]
+fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlier_requests() {
+    use crate::iris::enroll::seal_iris_enrollment;
+    use crate::iris::output::IrisResult;
+    let mut w = world(34);
+    let mut enrolled = Vec::new();
+    for i in 0..12 {
+        let t = random_template(&mut w.rng);
+        w.enroll(&format!("s{i:02}"), Eye::Left, &t);
+        enrolled.push(t);
+    }
+    let p = params("uniqueness", 1);
+    let (a, d, e) = (
+        random_template(&mut w.rng),
+        random_template(&mut w.rng),
+        random_template(&mut w.rng),
+    );
+    // (template, eye of its enrolment envelope): A, a noisy rotated A, a noisy copy of an
+    // enrolled template, D, A again, E sealed for the other eye (refused at every party, so
+    // nobody compares with it), a noisy E.
+    let requests = [
+        (a.clone(), Eye::Left),
+        (near_duplicate(&a, 0.1, 1, &mut w.rng), Eye::Left),
+        (near_duplicate(&enrolled[3], 0.1, -1, &mut w.rng), Eye::Left),
+        (d, Eye::Left),
+        (near_duplicate(&a, 0.2, -1, &mut w.rng), Eye::Left),
+        (e.clone(), Eye::Right),
+        (near_duplicate(&e, 0.1, 0, &mut w.rng), Eye::Left),
+    ];
+    let mut probes = Vec::new();
+    let mut envelopes = Vec::new();
+    for (k, (t, eye)) in requests.iter().enumerate() {
+        probes.push(w.batched_probe(t, Eye::Left, p));
+        let (sealed, _) =
+            seal_iris_enrollment(t, &format!("r{k}"), *eye, &w.publics, &mut w.rng).unwrap();
+        envelopes.push(sealed);
+    }
+    let (starts, outputs) = w.run_enrolment_batch(&probes, &envelopes, Eye::Left, p);
+    for s in &starts {
+        for (k, refused) in s.refused.iter().enumerate() {
+            assert_eq!(refused.is_some(), k == 5, "request {k}: {refused:?}");
+        }
+    }
+    let mut earlier: Vec<&IrisTemplate> = Vec::new();
+    for (k, (t, eye)) in requests.iter().enumerate() {
+        if *eye == Eye::Left {
+            let unique = !enrolled
+                .iter()
+                .chain(earlier.iter().copied())
+                .any(|other| plain_match(t, other, 1, 3450));
+            let got = open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client);
+            assert_eq!(got.unwrap(), IrisResult::Unique(unique), "request {k}");
+            earlier.push(t);
+        }
+    }
+    let uniques: Vec<bool> = (0..requests.len())
+        .filter(|&k| k != 5)
+        .map(|k| {
+            open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client).unwrap()
+                == IrisResult::Unique(true)
+        })
+        .collect();
+    assert_eq!(uniques, [true, false, false, true, false, true]);
+
+    // A relay that gives P2 another request's envelope under the announced hashes: P2
+    // refuses that request alone and puts a zero row in its place, never D's share.
+    let probe = w.batched_probe(&requests[1].0, Eye::Left, p);
+    let hashes = crate::iris::binding::envelope_hashes([
+        &envelopes[1][0],
+        &envelopes[1][1],
+        &envelopes[1][2],
+    ]);
+    let party = &w.parties[2];
+    let reply = party
+        .service
+        .start_batch(
+            &party.store,
+            &party.keys,
+            &BatchStart {
+                batch: [9u8; SESSION_ID_LEN],
+                params: p,
+                eye: Eye::Left,
+                probes: &[(probe.id, probe.sealed[2].as_slice())],
+                enrolments: &[BatchEnrolment {
+                    envelope: &envelopes[3][2],
+                    hashes: &hashes,
+                }],
+            },
+            policy_of(p),
+            Instant::now(),
+            SEALED_AT,
+            Interrupt::never(),
+        )
+        .unwrap();
+    let why = reply.refused[0].as_ref().map(ToString::to_string);
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("does not match its hashes")),
+        "{why:?}"
+    );
+    // An enrolment batch is a uniqueness batch with one enrolment per probe.
+    let identify = params("identify", 1);
+    let probe = w.batched_probe(&requests[1].0, Eye::Left, identify);
+    let party = &w.parties[0];
+    let refused = party.service.start_batch(
+        &party.store,
+        &party.keys,
+        &BatchStart {
+            batch: [10u8; SESSION_ID_LEN],
+            params: identify,
+            eye: Eye::Left,
+            probes: &[(probe.id, probe.sealed[0].as_slice())],
+            enrolments: &[BatchEnrolment {
+                envelope: &envelopes[1][0],
+                hashes: &hashes,
+            }],
+        },
+        policy_of(identify),
+        Instant::now(),
+        SEALED_AT,
+        Interrupt::never(),
+    );
+    assert!(matches!(refused, Err(SearchError::EnrolmentBatch(_))));
 }
