@@ -192,6 +192,7 @@ AS $list$
         ('iris_search_abort',         ARRAY['privmatch_coordinator']),
         ('iris_batch_start',          ARRAY['privmatch_coordinator']),
         ('iris_batch_round',          ARRAY['privmatch_coordinator']),
+        ('iris_batch_enroll_start',   ARRAY['privmatch_coordinator']),
         -- the iris threshold policy: read by all, set by an operator-signed command
         ('iris_policy',               ARRAY['privmatch_operator', 'privmatch_coordinator', 'privmatch_application']),
         ('iris_set_policy',           ARRAY['privmatch_operator', 'privmatch_coordinator']),

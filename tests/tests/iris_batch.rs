@@ -12,6 +12,10 @@
 //!   swaps two callers' outputs is caught by the client; a relay that gives one party a
 //!   different batch (a probe left out) makes the parties' channels disagree and the batch
 //!   aborts (08P01) instead of computing something else.
+//! * In-batch uniqueness (docs/protocols/iris.md §13.4): concurrent `privmatch iris enroll
+//!   --if-unique` callers sending the same person (rotated, noisy copies under different
+//!   subjects) land in one batch or in several, and exactly one of them is enrolled, at all
+//!   three parties, every time.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,7 +28,8 @@ use privmatch_core::iris::probe::{seal_iris_probe_to, Disclosure, ProbeContext, 
 use privmatch_core::iris::synth::{near_duplicate, random_template};
 use privmatch_core::iris::template::{masked_code_distance_counts, IrisTemplate};
 use privmatch_e2e::{
-    by_key, privmatch, read_ndjson, sqlstate_and_message, write_lines, Cluster, RecordKey,
+    by_key, enrollment_line, privmatch, read_ndjson, sqlstate_and_message, write_lines, Cluster,
+    RecordKey,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -358,4 +363,92 @@ fn a_refused_probe_is_refused_alone_and_a_relay_cannot_swap_answers_or_split_a_b
         let (code, message) = sqlstate_and_message(&err);
         assert_eq!(code, "08P01", "{message}");
     });
+}
+
+#[test]
+fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several() {
+    let cluster = Cluster::start("iris-enrol-batch", 96);
+    let enrolled = enroll(&cluster, 60, 96);
+    // Another seed than the enrolled set's (`iris synth --seed 96` draws the same templates).
+    let mut rng = ChaCha20Rng::seed_from_u64(9_600);
+    // Two people at once, eight callers each, interleaved: the first request leaves alone and
+    // the rest queue behind it, so copies of a person not enrolled yet share a batch (the
+    // in-batch comparison decides) or land in later ones (the enrolled set decides).
+    let (rounds, people, copies) = (3, 2, 8);
+    for round in 0..rounds {
+        let mut files = Vec::new();
+        for person in 0..people {
+            let t = random_template(&mut rng);
+            for k in 0..copies {
+                let copy = if k == 0 {
+                    t
+                } else {
+                    // Rotated by at most ±7 each, so any two copies are within the ±15
+                    // rotations a search tries.
+                    near_duplicate(&t, 0.08, rng.gen_range(-7..=7), &mut rng)
+                };
+                let path = cluster.path(&format!("r{round}-p{person}-{k}.ndjson"));
+                let subject = format!("r{round}-p{person}-{k}");
+                write_lines(&path, &[enrollment_line(&subject, "left", &copy)]);
+                files.push((k, person, path.display().to_string()));
+            }
+        }
+        files.sort_by_key(|(k, person, _)| (*k, *person));
+        let callers: Vec<_> = files
+            .iter()
+            .map(|(_, _, f)| {
+                cluster.cli_background(&[
+                    "iris",
+                    "enroll",
+                    "--input",
+                    f,
+                    "--if-unique",
+                    "--no-progress",
+                ])
+            })
+            .collect();
+        for caller in callers {
+            caller.wait(Duration::from_secs(300)).expect_success();
+        }
+        for person in 0..people {
+            let prefix = format!("r{round}-p{person}-");
+            let mine = |p: usize| -> Vec<RecordKey> {
+                cluster
+                    .keys(p)
+                    .into_iter()
+                    .filter(|(s, _)| s.starts_with(&prefix))
+                    .collect()
+            };
+            let at_p0 = mine(0);
+            assert_eq!(at_p0.len(), 1, "round {round}, person {person}: {at_p0:?}");
+            assert_eq!(mine(1), at_p0, "round {round}, person {person} at P1");
+            assert_eq!(mine(2), at_p0, "round {round}, person {person} at P2");
+        }
+    }
+    for p in 0..3 {
+        assert_eq!(
+            cluster.keys(p).len(),
+            enrolled.len() + rounds * people,
+            "P{p}"
+        );
+    }
+    // The coordinator ran some of them together, and every request was in a batch.
+    let sizes: Vec<usize> = cluster
+        .log_lines_with("coordinator.log", "iris enrolment batch")
+        .iter()
+        .filter_map(|l| {
+            l.split("requests=")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .collect();
+    assert!(
+        sizes.iter().sum::<usize>() >= rounds * people * copies,
+        "{sizes:?}"
+    );
+    assert!(
+        sizes.iter().any(|&n| n > 1),
+        "no enrolment batch of more than one: {sizes:?}"
+    );
 }

@@ -2,7 +2,8 @@
 //! `--0.3.0--0.4.0.sql`, then `--0.4.0--0.5.0.sql`, then `--0.5.0--0.6.0.sql`, then
 //! `--0.6.0--0.7.0.sql`, then `--0.7.0--0.8.0.sql`, then `--0.8.0--0.9.0.sql`, then
 //! `--0.9.0--0.10.0.sql`, then `--0.10.0--0.11.0.sql`, then `--0.11.0--0.12.0.sql`, then
-//! `--0.12.0--0.13.0.sql`, then `--0.13.0--0.14.0.sql`, then `--0.14.0--0.15.0.sql`): a
+//! `--0.12.0--0.13.0.sql`, then `--0.13.0--0.14.0.sql`, then `--0.14.0--0.15.0.sql`, then
+//! `--0.15.0--0.16.0.sql`): a
 //! party created with the released 0.1.0 schema (the released install scripts are kept in
 //! `tests/upgrade/`), holding an identity (secret key in the 0.1.0 column), pinned peers and
 //! enrolled templates, is upgraded with `ALTER EXTENSION privmatch UPDATE` under the current
@@ -11,7 +12,7 @@
 //! templates, and still search: its engine opens a probe sealed to its (unchanged) public key
 //! and scans every enrolled template. A party created at 0.2.0 must likewise reach the
 //! catalog of a fresh install, and so must parties created at 0.3.0, 0.4.0, 0.5.0, 0.6.0,
-//! 0.7.0, 0.8.0, 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0 and 0.14.0 (the released scripts of each, kept
+//! 0.7.0, 0.8.0, 0.9.0, 0.10.0, 0.11.0, 0.12.0, 0.13.0, 0.14.0 and 0.15.0 (the released scripts of each, kept
 //! verbatim). The 0.10.0 party is a face dealer with θ and its template master key K in the
 //! clear: after the upgrade both are sealed under its key file and open to the values it held.
 //! The 0.12.0 party holds a session of the retired face key pool still running and a finished
@@ -39,7 +40,7 @@ use rand_chacha::ChaCha20Rng;
 
 const PORT: u16 = 16990;
 /// The released install scripts kept in `tests/upgrade/`.
-const OLD_SCRIPTS: [&str; 14] = [
+const OLD_SCRIPTS: [&str; 15] = [
     "privmatch--0.1.0.sql",
     "privmatch--0.2.0.sql",
     "privmatch--0.3.0.sql",
@@ -54,6 +55,7 @@ const OLD_SCRIPTS: [&str; 14] = [
     "privmatch--0.12.0.sql",
     "privmatch--0.13.0.sql",
     "privmatch--0.14.0.sql",
+    "privmatch--0.15.0.sql",
 ];
 
 /// Everything the catalog says about the extension's objects, one line each, sorted.
@@ -294,6 +296,7 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     admin.execute("CREATE DATABASE at_0_12_0");
     admin.execute("CREATE DATABASE at_0_13_0");
     admin.execute("CREATE DATABASE at_0_14_0");
+    admin.execute("CREATE DATABASE at_0_15_0");
 
     // A party at 0.1.0: P1 with its key pair in the identity table, two pinned peers and 20
     // enrolled templates (its Shamir shares).
@@ -448,6 +451,11 @@ fn older_parties_upgrade_to_the_catalog_of_a_fresh_install_and_keep_matching() {
     at_0_14_0.execute("CREATE EXTENSION privmatch VERSION '0.14.0'");
     at_0_14_0.execute("ALTER EXTENSION privmatch UPDATE");
     assert_same_catalog("0.14.0", &catalog(&at_0_14_0), &expected);
+    // A 0.15.0 party: the enrolment batch function is new.
+    let at_0_15_0 = server.client("at_0_15_0");
+    at_0_15_0.execute("CREATE EXTENSION privmatch VERSION '0.15.0'");
+    at_0_15_0.execute("ALTER EXTENSION privmatch UPDATE");
+    assert_same_catalog("0.15.0", &catalog(&at_0_15_0), &expected);
     // A 0.10.0 dealer with θ and K in the clear (the identity of the 0.1.0 party above, whose
     // key file its upgrade wrote): both come out sealed under the key file.
     let at_0_10_0 = server.client("at_0_10_0");

@@ -16,12 +16,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use privmatch_core::iris::binding::envelope_hashes;
 use privmatch_core::iris::enroll::Eye;
 use privmatch_core::iris::params::SearchMode;
 use privmatch_core::iris::service::{MAX_BATCH_COMPARISONS, MAX_BATCH_PROBES};
 use privmatch_core::party::PartyIndex;
 use privmatch_core::wire::session::SessionId;
 use rand::RngCore;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
 use crate::iris::driver::{
@@ -30,8 +32,8 @@ use crate::iris::driver::{
 use crate::parties::{column, Parties, PartyError};
 use crate::session::batcher::{BatchPolicy, BatchRunner, Batcher};
 use crate::session::driver::{
-    at_each, call_with_timeout, relay_ring, run_pooled, RingReply, RingRounds, Rounds, Session,
-    Step, Traffic,
+    at_each, call_with_timeout, relay_ring, run_on, run_pooled, RingReply, RingRounds, Rounds,
+    Session, Step, Traffic,
 };
 use privmatch_api::iris::{SearchRequest, SearchStats};
 
@@ -78,6 +80,9 @@ struct Batch<'a> {
     id: SessionId,
     key: IrisBatchKey,
     members: &'a [SearchRequest],
+    /// Empty for a batch of searches; for a batch of enrol-if-unique requests, each
+    /// member's three sealed enrolment envelopes (docs/protocols/iris.md §13.4).
+    enrolments: &'a [[Vec<u8>; 3]],
     timeout: Duration,
 }
 
@@ -104,21 +109,52 @@ impl Batch<'_> {
             .iter()
             .map(|m| m.probes[party.as_usize()].as_slice())
             .collect();
-        let sql = "SELECT (r).entries, (r).set_digest, (r).message, (r).refused_sqlstate, \
-                   (r).refused \
-                   FROM (SELECT privmatch.iris_batch_start($1, $2, $3, $4, $5, $6) AS r \
-                         OFFSET 0) AS s";
         let mode = self.key.mode.as_str();
         let eye = self.key.eye.as_str();
+        let envelopes: Vec<&[u8]> = self
+            .enrolments
+            .iter()
+            .map(|e| e[party.as_usize()].as_slice())
+            .collect();
+        let hashes: Vec<Vec<u8>> = self
+            .enrolments
+            .iter()
+            .map(|e| envelope_hashes([&e[0], &e[1], &e[2]]).to_vec())
+            .collect();
+        let (function, sql, params): (_, _, Vec<&(dyn ToSql + Sync)>) =
+            if self.enrolments.is_empty() {
+                (
+                    "iris_batch_start",
+                    "SELECT (r).entries, (r).set_digest, (r).message, (r).refused_sqlstate, \
+                     (r).refused \
+                     FROM (SELECT privmatch.iris_batch_start($1, $2, $3, $4, $5, $6) AS r \
+                           OFFSET 0) AS s",
+                    vec![&id, &mode, &self.key.max_rotation, &eye, &sessions, &probes],
+                )
+            } else {
+                (
+                    "iris_batch_enroll_start",
+                    "SELECT (r).entries, (r).set_digest, (r).message, (r).refused_sqlstate, \
+                     (r).refused \
+                     FROM (SELECT privmatch.iris_batch_enroll_start($1, $2, $3, $4, $5, $6, $7) \
+                           AS r OFFSET 0) AS s",
+                    vec![
+                        &id,
+                        &self.key.max_rotation,
+                        &eye,
+                        &sessions,
+                        &probes,
+                        &envelopes,
+                        &hashes,
+                    ],
+                )
+            };
         let row = call_with_timeout::<_, SearchError>(
             party,
             client,
-            "iris_batch_start",
+            function,
             self.timeout,
-            client.query_one(
-                sql,
-                &[&id, &mode, &self.key.max_rotation, &eye, &sessions, &probes],
-            ),
+            client.query_one(sql, &params),
         )
         .await?;
         let columns = || {
@@ -352,6 +388,7 @@ pub async fn run_batch(
         id,
         key,
         members,
+        enrolments: &[],
         timeout,
     };
     // Each search's own id beside its batch's: one search is followed from the client's log
@@ -387,6 +424,48 @@ pub async fn run_batch(
         }
         Err(e) => members.iter().map(|_| Err(e.clone())).collect(),
     }
+}
+
+/// Runs a batch of enrol-if-unique requests (docs/protocols/iris.md §13.4) on the
+/// connections of a distributed transaction that holds the template table's lock: member k's
+/// uniqueness probe is compared with the enrolled templates and with the records of members
+/// 0..k−1 (`enrolments`, each member's three envelopes). One result per member; a failure
+/// of the batch itself is the error.
+pub async fn run_enrolment_batch_on(
+    clients: [&Client; 3],
+    parties: &Parties,
+    key: IrisBatchKey,
+    members: &[SearchRequest],
+    enrolments: &[[Vec<u8>; 3]],
+    timeout: Duration,
+) -> Result<Vec<Result<SearchOutcome, SearchError>>, SearchError> {
+    let mut id = SessionId::default();
+    rand::rngs::OsRng.fill_bytes(&mut id);
+    let batch = Batch {
+        id,
+        key,
+        members,
+        enrolments,
+        timeout,
+    };
+    for (k, m) in members.iter().enumerate() {
+        tracing::info!(
+            session = %hex::encode(m.session),
+            batch = %hex::encode(id),
+            at = k,
+            "iris enroll-if-unique in batch"
+        );
+    }
+    let ((outcomes, stats), elapsed) = run_on(clients, parties, &batch).await?;
+    tracing::info!(
+        eye = key.eye.as_str(),
+        requests = members.len(),
+        entries = stats.entries,
+        rounds = stats.rounds,
+        ms = elapsed.as_secs_f64() * 1e3,
+        "iris enrolment batch"
+    );
+    Ok(outcomes)
 }
 
 /// Whether a party refused the batch as holding more comparisons than it takes at once

@@ -13,26 +13,28 @@ use privmatch_core::wire::envelope::decode_enroll_batch;
 use privmatch_core::wire::session::SessionId;
 use serde::Deserialize;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
 use axum::Extension;
 
 use crate::iris::batch::{IrisBatchKey, IrisBatches};
 use crate::iris::driver::{run_search, SearchError, SearchOutcome};
-use crate::iris::work::{Delete, Enroll, EnrollIfUnique, IfUnique};
+use crate::iris::work::{Delete, Enroll, EnrollIfUnique, EnrollIfUniqueBatch, IfUnique};
 use crate::server::auth::Scope;
 use crate::server::error::{
     bad_request, error_with, parse_json, party_error, party_failure_error, protocol_error, ApiError,
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::session::batcher::Batcher;
+use crate::session::batcher::{BatchRunner, Batcher};
 use privmatch_api::iris::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
     EnrollResponse, EyeReport, SearchBody, SearchResponse,
 };
 use privmatch_api::wire::{check_on_duplicate, default_on_duplicate, to_base64};
 use privmatch_api::ErrorCode;
+use privmatch_core::iris::service::MAX_BATCH_PROBES;
 
 /// The SQL expression counting a party's enrolled iris records (for `GET /v1/status`).
 pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
@@ -41,9 +43,92 @@ pub const RECORDS_SQL: &str = "SELECT privmatch.iris_records()";
 /// task needs the parties' pools and the serve options, which the state holds).
 type Batches = Arc<OnceLock<Batcher<IrisBatches>>>;
 
+/// The enroll-if-unique batches of this coordinator (docs/protocols/iris.md §13.4), started
+/// by the first request when batching is on.
+type EnrolBatches = Arc<OnceLock<Batcher<IrisEnrolBatches>>>;
+
+/// Enrol-if-unique requests of one eye, batched: each batch is one distributed transaction
+/// ([`EnrollIfUniqueBatch`]) with one lock, one enrolment batch and one commit.
+pub struct IrisEnrolBatches {
+    state: SharedState,
+}
+
+/// One request's answer: what was done, and the parties recovery must still complete.
+type EnrolAnswer = (IfUnique, Vec<String>);
+
+impl BatchRunner for IrisEnrolBatches {
+    type Key = Eye;
+    type Item = EnrollIfUnique;
+    type Output = EnrolAnswer;
+    type Error = ApiError;
+
+    /// Runs the batch as one transaction; a batch the parties refuse as too large for their
+    /// template set (nothing of it was written or consumed: the refusal aborts the
+    /// transaction) runs again in halves, in order.
+    async fn run(
+        &self,
+        eye: Eye,
+        items: Vec<EnrollIfUnique>,
+    ) -> Vec<Result<EnrolAnswer, ApiError>> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut chunks = VecDeque::from([items]);
+        while let Some(chunk) = chunks.pop_front() {
+            let count = chunk.len();
+            let work = EnrollIfUniqueBatch {
+                members: chunk,
+                eye,
+                timeout: self.state.options.search_timeout,
+            };
+            match self.state.txns.run(&work).await {
+                Ok(outcome) => {
+                    let pending = outcome.pending_recovery();
+                    out.extend(
+                        outcome
+                            .result
+                            .0
+                            .into_iter()
+                            .map(|r| r.map(|o| (o, pending.clone())).map_err(ApiError::from)),
+                    );
+                }
+                Err(e) => {
+                    let api = ApiError::from(e);
+                    if count > 1 && api.body.error.contains("send smaller batches") {
+                        let mut front = work.members;
+                        let back = front.split_off(count / 2);
+                        chunks.push_front(back);
+                        chunks.push_front(front);
+                        continue;
+                    }
+                    out.extend((0..count).map(|_| {
+                        Err(ApiError {
+                            status: api.status,
+                            body: api.body.clone(),
+                        })
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// The policy's batch size (a batch too large for the parties' set is split, above).
+    fn max_items(&self, _eye: &Eye, policy_max: usize) -> usize {
+        policy_max.clamp(1, MAX_BATCH_PROBES)
+    }
+
+    fn busy(&self) -> ApiError {
+        ApiError::from(SearchError::Busy)
+    }
+
+    fn lost(&self) -> ApiError {
+        protocol_error("the request's batch ended without its answer".into())
+    }
+}
+
 /// The iris routes and the API scope each needs, merged into the coordinator's API.
 pub fn routes() -> ScopedRoutes<SharedState> {
     let batches: Batches = Arc::new(OnceLock::new());
+    let enrol_batches: EnrolBatches = Arc::new(OnceLock::new());
     ScopedRoutes::new()
         .route("/v1/iris/enroll", Scope::Enroll, post(enroll))
         .route("/v1/iris/delete", Scope::Delete, post(delete))
@@ -67,7 +152,11 @@ pub fn routes() -> ScopedRoutes<SharedState> {
             Scope::Enroll,
             post(enroll_if_unique),
         )
-        .map_router(|router| router.layer(Extension(batches)))
+        .map_router(|router| {
+            router
+                .layer(Extension(batches))
+                .layer(Extension(enrol_batches))
+        })
 }
 
 impl From<SearchError> for ApiError {
@@ -211,6 +300,7 @@ async fn search(
 
 async fn enroll_if_unique(
     State(state): State<SharedState>,
+    Extension(batches): Extension<EnrolBatches>,
     body: Bytes,
 ) -> Result<Json<EnrollIfUniqueResponse>, ApiError> {
     let request: EnrollIfUniqueBody = parse_json(&body)?;
@@ -223,9 +313,25 @@ async fn enroll_if_unique(
         search: plan.search,
         timeout: state.options.search_timeout,
     };
-    let outcome = state.txns.run(&work).await?;
-    let pending_recovery = outcome.pending_recovery();
-    let (outcome, sealed_outputs) = match outcome.result {
+    // Every enroll-if-unique probe is sealed for uniqueness with ±15 rotations, so requests
+    // of one eye always batch together (docs/protocols/iris.md §13.4); `--batch-max 1` runs
+    // each alone, in a transaction of its own.
+    let (result, pending_recovery) = if state.options.iris_batches.max_items > 1 {
+        let batcher = batches.get_or_init(|| {
+            Batcher::start(
+                IrisEnrolBatches {
+                    state: state.clone(),
+                },
+                state.options.iris_batches,
+            )
+        });
+        batcher.submit(plan.eye, work).await?
+    } else {
+        let outcome = state.txns.run(&work).await?;
+        let pending = outcome.pending_recovery();
+        (outcome.result, pending)
+    };
+    let (outcome, sealed_outputs) = match result {
         IfUnique::Enrolled { sealed_outputs, .. } => {
             (EnrollIfUniqueOutcome::Enrolled, Some(sealed_outputs))
         }

@@ -10,11 +10,14 @@ use privmatch_core::iris::enroll::Eye;
 use privmatch_core::party::PartyIndex;
 use tokio_postgres::Client;
 
+use crate::iris::batch::{run_enrolment_batch_on, IrisBatchKey};
 use crate::iris::driver::{run_search_on, SearchError};
 use crate::parties::PartyError;
 use crate::txn::work::{Decision, LockMode, TableLock, Txn, TxnError, Work};
 use privmatch_api::iris::EnrollResult;
 use privmatch_api::iris::SearchRequest;
+use privmatch_core::iris::params::SearchMode;
+use privmatch_core::iris::template::MAX_ROTATION;
 
 /// The table iris enrolments and deletions write.
 pub const TEMPLATES: &str = "iris_templates";
@@ -292,4 +295,194 @@ impl Work for EnrollIfUnique {
             sealed_outputs: outcome.sealed_outputs,
         }))
     }
+}
+
+/// Each member's outcome of an [`EnrollIfUniqueBatch`], in batch order: what enroll-if-unique
+/// did with it, or why its request failed alone (a party refused its probe or envelope).
+#[derive(Clone, Debug)]
+pub struct MemberOutcomes(pub Vec<Result<IfUnique, SearchError>>);
+
+/// Outcomes are compared by what they say (the two-phase driver compares parties' answers;
+/// a batch's outcome is decided by the coordinator once, so this only serves the trait).
+impl PartialEq for MemberOutcomes {
+    fn eq(&self, other: &Self) -> bool {
+        format!("{self:?}") == format!("{other:?}")
+    }
+}
+
+/// Enrol-if-unique requests of one eye run as one batch in one distributed transaction
+/// (docs/protocols/iris.md §13.4): the template table's lock is taken once for the batch,
+/// requests whose subject+eye is enrolled are answered "duplicate", the others' uniqueness
+/// probes run as one enrolment batch (each compared with the enrolled set **and** with the
+/// records of the batch's earlier requests, inside the MPC), and every unique record is
+/// enrolled at the three parties in the same transaction: all or none.
+#[derive(Clone, Debug)]
+pub struct EnrollIfUniqueBatch {
+    /// The requests, in batch order (all of `eye`).
+    pub members: Vec<EnrollIfUnique>,
+    /// Their eye.
+    pub eye: Eye,
+    /// Per-call timeout of the search rounds.
+    pub timeout: Duration,
+}
+
+impl EnrollIfUniqueBatch {
+    /// Per member, whether its subject+eye is enrolled (the three parties must agree).
+    async fn enrolled(&self, txn: &Txn<'_>) -> Result<Vec<bool>, TxnError<SearchError>> {
+        let subjects: Vec<&str> = self.members.iter().map(|m| m.subject.as_str()).collect();
+        txn.agreed(|party, client| {
+            let subjects = &subjects;
+            async move {
+                let rows = client
+                    .query(
+                        "SELECT privmatch.iris_enrolled(s, $2) FROM unnest($1::text[]) \
+                         WITH ORDINALITY AS u(s, k) ORDER BY k",
+                        &[subjects, &self.eye.as_str()],
+                    )
+                    .await
+                    .map_err(|e| PartyError::from_pg(party, &e))?;
+                Ok(Some(rows.iter().map(|r| r.get::<_, bool>(0)).collect()))
+            }
+        })
+        .await
+    }
+}
+
+impl Work for EnrollIfUniqueBatch {
+    type Output = MemberOutcomes;
+    type Error = SearchError;
+
+    /// SHARE ROW EXCLUSIVE, as for one request: no other writer until the batch commits.
+    fn lock(&self, _party: PartyIndex) -> Option<TableLock> {
+        Some(TableLock {
+            table: TEMPLATES,
+            mode: LockMode::ShareRowExclusive,
+        })
+    }
+
+    /// Not used: phase one does the work (the enrolment of the unique records is an
+    /// [`Enroll`] of theirs).
+    async fn run_at(
+        &self,
+        _party: PartyIndex,
+        _client: &Client,
+    ) -> Result<Option<MemberOutcomes>, PartyError> {
+        Ok(None)
+    }
+
+    /// Duplicate checks, one enrolment batch, the enrolment of the unique records.
+    async fn phase_one(
+        &self,
+        txn: &Txn<'_>,
+    ) -> Result<Decision<MemberOutcomes>, TxnError<SearchError>> {
+        let enrolled = self.enrolled(txn).await?;
+        let mut outcomes: Vec<Option<Result<IfUnique, SearchError>>> = enrolled
+            .iter()
+            .map(|&e| e.then_some(Ok(IfUnique::AlreadyEnrolled)))
+            .collect();
+        let searched: Vec<usize> = (0..self.members.len()).filter(|&k| !enrolled[k]).collect();
+        let mut winners: Vec<usize> = Vec::new();
+        if !searched.is_empty() {
+            let probes: Vec<SearchRequest> = searched
+                .iter()
+                .map(|&k| self.members[k].search.clone())
+                .collect();
+            let envelopes: Vec<[Vec<u8>; 3]> = searched
+                .iter()
+                .map(|&k| self.members[k].envelopes.clone())
+                .collect();
+            let key = IrisBatchKey {
+                eye: self.eye,
+                mode: SearchMode::Uniqueness,
+                max_rotation: MAX_ROTATION,
+            };
+            let results = run_enrolment_batch_on(
+                txn.clients(),
+                txn.parties(),
+                key,
+                &probes,
+                &envelopes,
+                self.timeout,
+            )
+            .await
+            .map_err(TxnError::Work)?;
+            for (&k, result) in searched.iter().zip(results) {
+                outcomes[k] = Some(match result {
+                    Err(e) => Err(e),
+                    // The one result the coordinator learns, as for one request.
+                    Ok(o) => match o.disclosed_unique {
+                        Some(true) => {
+                            winners.push(k);
+                            Ok(IfUnique::Enrolled {
+                                rows: Vec::new(),
+                                sealed_outputs: o.sealed_outputs,
+                            })
+                        }
+                        Some(false) => Ok(IfUnique::NotUnique {
+                            sealed_outputs: o.sealed_outputs,
+                        }),
+                        None => Err(SearchError::Protocol(
+                            "the uniqueness search disclosed no bit: its probe was not sealed for enroll-if-unique".into(),
+                        )),
+                    },
+                });
+            }
+        }
+        // Two unique requests of one subject+eye (two people under one id: their templates
+        // differ): the earlier is enrolled, the later is a duplicate of it.
+        let mut taken = std::collections::HashSet::new();
+        winners.retain(|&k| {
+            let first = taken.insert(self.members[k].subject.as_str());
+            if !first {
+                outcomes[k] = Some(Ok(IfUnique::AlreadyEnrolled));
+            }
+            first
+        });
+        if winners.is_empty() {
+            return Ok(Decision::Abandon(settled(outcomes)));
+        }
+        let enrol = Enroll {
+            bundles: std::array::from_fn(|p| {
+                winners
+                    .iter()
+                    .map(|&k| self.members[k].envelopes[p].clone())
+                    .collect()
+            }),
+            on_duplicate: "error".into(),
+        };
+        let rows = txn.run_each(&enrol).await?;
+        let expected: Vec<EnrollResult> = winners
+            .iter()
+            .map(|&k| EnrollResult {
+                subject: self.members[k].subject.clone(),
+                eye: self.eye.as_str().to_owned(),
+                enrolled: true,
+            })
+            .collect();
+        if rows != expected {
+            return Err(TxnError::Disagreement(
+                "the envelopes of the unique requests do not hold exactly the announced records"
+                    .into(),
+            ));
+        }
+        for (&k, row) in winners.iter().zip(rows) {
+            if let Some(Ok(IfUnique::Enrolled { rows, .. })) = outcomes[k].as_mut() {
+                rows.push(row);
+            }
+        }
+        Ok(Decision::Commit(settled(outcomes)))
+    }
+}
+
+/// The members' outcomes once every one is settled (a member left unsettled would be a bug:
+/// it gets an error, never a silent success).
+fn settled(filled: Vec<Option<Result<IfUnique, SearchError>>>) -> MemberOutcomes {
+    MemberOutcomes(
+        filled
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Err(SearchError::Protocol("a request was not settled".into())))
+            })
+            .collect(),
+    )
 }

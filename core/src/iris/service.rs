@@ -43,7 +43,6 @@ use sha2::{Digest, Sha256};
 use crate::crypto::party_sign::PartySigningKey;
 use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
-use crate::iris::binding::check_envelope_hashes;
 use crate::iris::dot::{DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{open_iris_enrollment, BundleError, Eye};
@@ -252,10 +251,14 @@ pub struct BatchStart<'a> {
 /// One enrol-if-unique request of a batch: the record whose uniqueness its probe asks.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchEnrolment<'a> {
-    /// This party's sealed enrolment envelope of the record (one template of the batch's eye).
+    /// This party's sealed enrolment envelope of the record (one template of the batch's
+    /// eye), as this party opens it (inside the client's signature, if signed).
     pub envelope: &'a [u8],
-    /// h0 ‖ h1 ‖ h2 of the record's three envelopes ([`crate::iris::binding`]): bound into the
-    /// batch's session, so the three parties compare the probes with the same requests.
+    /// h0 ‖ h1 ‖ h2 of the record's three envelopes as relayed ([`crate::iris::binding`]),
+    /// which the caller has checked against its own
+    /// ([`crate::iris::binding::check_envelope_hashes`]): bound into
+    /// the batch's session, so the three parties compare the probes with the same requests
+    /// or fail to authenticate each other's first message.
     pub hashes: &'a [u8],
 }
 
@@ -520,14 +523,12 @@ fn bound_batch(batch: &BatchStart<'_>, digest: &[u8; 32]) -> SessionId {
 }
 
 /// Opens one enrol-if-unique request's envelope at party `me`: its own share of the one
-/// record inside, of the batch's eye, under the hashes the batch binds.
+/// record inside, of the batch's eye.
 fn open_batch_enrolment(
     keys: &PartyKeys,
     eye: Eye,
     enrolment: &BatchEnrolment<'_>,
 ) -> Result<IrisShare, SearchError> {
-    check_envelope_hashes(keys.me, enrolment.envelope, enrolment.hashes)
-        .map_err(|_| SearchError::EnrolmentBatch("an envelope does not match its hashes"))?;
     let mut bundles = open_iris_enrollment(keys.me, &keys.secret, enrolment.envelope)?;
     match (bundles.pop(), bundles.is_empty()) {
         (Some(bundle), true) if bundle.eye == eye => Ok(bundle.share),

@@ -324,6 +324,7 @@ fn serve_iris(engine: &mut Engine, mut stream: UnixStream, call: IrisCall<'stati
             params,
             eye,
             probes,
+            enrolments,
             policy,
         } => {
             let keys = match engine.refresh_for_batch(probes.len()) {
@@ -334,7 +335,17 @@ fn serve_iris(engine: &mut Engine, mut stream: UnixStream, call: IrisCall<'stati
             engine.requests.spawn(stream, move |stream| {
                 let interrupt = Interrupt::default();
                 let response = watched(stream, &|| interrupt.raise(), || {
-                    iris.start_batch(&keys, batch, params, eye, &probes, policy, now, &interrupt)
+                    iris.start_batch(
+                        &keys,
+                        batch,
+                        params,
+                        eye,
+                        &probes,
+                        &enrolments,
+                        policy,
+                        now,
+                        &interrupt,
+                    )
                 });
                 (!interrupt.is_raised()).then_some(response)
             });

@@ -18,10 +18,12 @@
 
 use pgrx::datum::Array;
 use pgrx::prelude::*;
-use privmatch_core::iris::enroll::Eye;
+use privmatch_core::iris::binding::check_envelope_hashes;
+use privmatch_core::iris::enroll::{Eye, IRIS_ENROLL_PURPOSE};
 use privmatch_core::iris::params::{SearchMode, SearchParams};
 use privmatch_core::iris::probe::{IRIS_PROBE_PURPOSE, PROBE_LIFETIME_SECS};
 use privmatch_core::iris::service::{SearchError, MAX_BATCH_PROBES};
+use privmatch_core::party::PartyIndex;
 
 use crate::budget::BudgetKind;
 use crate::clients;
@@ -231,73 +233,205 @@ fn iris_batch_start(
     ),
 > {
     const F: &str = "iris_batch_start";
-    let batch = parse_session_id(F, "batch_id", batch_id);
-    let bad = |message: String| -> ! {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            message,
-            None,
-        )
-    };
-    let policy = current_policy(F);
-    let params = SearchMode::parse(mode)
-        .and_then(|m| SearchParams::new(m, max_rotation, policy.ratio()))
-        .unwrap_or_else(|e| bad(format!("{F}: {e}")));
-    let eye = Eye::parse(eye).unwrap_or_else(|e| bad(format!("{F}: argument eye: {e}")));
+    let mode = SearchMode::parse(mode).unwrap_or_else(|e| bad_argument(format!("{F}: {e}")));
+    start_batch(
+        F,
+        BatchArguments {
+            batch_id,
+            mode,
+            max_rotation,
+            eye,
+            session_ids: session_ids.iter().collect(),
+            probes: probes.iter().collect(),
+            enrolments: None,
+        },
+    )
+}
+
+/// Starts a batch of enrol-if-unique requests at this party (docs/protocols/iris.md,
+/// "In-batch uniqueness"), inside the coordinator's distributed transaction, which holds the
+/// template table's lock: as `iris_batch_start` in uniqueness mode, and request k also
+/// brings its record's sealed enrolment envelope (`envelopes[k]`, one record of `eye`) and
+/// envelope hashes (`envelope_hashes[k]`, h0 ‖ h1 ‖ h2 as for `iris_enroll_sealed`). Each
+/// envelope is admitted as `iris_enroll_sealed` admits one (client signature, this party's
+/// slot of the hashes) in request k's subtransaction, so a bad envelope refuses its request
+/// alone. The engine compares probe k with the enrolled templates **and with the records of
+/// requests 0..k−1** inside the MPC (the earlier request wins): of two requests of one person
+/// in a batch at most the earlier is unique. Nothing is enrolled here: the coordinator
+/// enrols the unique ones (`iris_enroll_sealed`) in the same transaction.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn iris_batch_enroll_start(
+    batch_id: &[u8],
+    max_rotation: i32,
+    eye: &str,
+    session_ids: Array<'_, &[u8]>,
+    probes: Array<'_, &[u8]>,
+    envelopes: Array<'_, &[u8]>,
+    envelope_hashes: Array<'_, &[u8]>,
+) -> TableIterator<
+    'static,
+    (
+        name!(entries, i64),
+        name!(set_digest, Vec<u8>),
+        name!(message, Vec<u8>),
+        name!(refused_sqlstate, Vec<Option<String>>),
+        name!(refused, Vec<Option<String>>),
+    ),
+> {
+    const F: &str = "iris_batch_enroll_start";
+    let envelopes: Vec<Option<&[u8]>> = envelopes.iter().collect();
+    let hashes: Vec<Option<&[u8]>> = envelope_hashes.iter().collect();
+    if envelopes.len() != probes.len() || hashes.len() != probes.len() {
+        bad_argument(format!(
+            "{F}: {} envelopes and {} envelope_hashes for {} probes: one of each per probe",
+            envelopes.len(),
+            hashes.len(),
+            probes.len()
+        ));
+    }
+    start_batch(
+        F,
+        BatchArguments {
+            batch_id,
+            mode: SearchMode::Uniqueness,
+            max_rotation,
+            eye,
+            session_ids: session_ids.iter().collect(),
+            probes: probes.iter().collect(),
+            enrolments: Some((envelopes, hashes)),
+        },
+    )
+}
+
+/// Raises 22023 with `message`.
+fn bad_argument(message: String) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        message,
+        None,
+    )
+}
+
+/// The arguments of a batch start, as the SQL functions took them.
+struct BatchArguments<'a> {
+    batch_id: &'a [u8],
+    mode: SearchMode,
+    max_rotation: i32,
+    eye: &'a str,
+    session_ids: Vec<Option<&'a [u8]>>,
+    probes: Vec<Option<&'a [u8]>>,
+    /// For an enrolment batch: per probe, the relayed envelope and its hashes.
+    enrolments: Option<(Vec<Option<&'a [u8]>>, Vec<Option<&'a [u8]>>)>,
+}
+
+/// What one request of a batch brings to the engine once admitted: its session id, its
+/// probe inside the client's signature, and for an enrolment batch its envelope (inside the
+/// signature) and hashes.
+type Admission = ([u8; 16], Vec<u8>, Option<(Vec<u8>, Vec<u8>)>);
+
+/// Admits request `k` of an enrolment batch's envelope: client signature (single use by its
+/// bundle ids, no budget) and this party's slot of its hashes.
+fn admit_envelope(f: &str, k: usize, me: PartyIndex, envelope: &[u8], hashes: &[u8]) -> Vec<u8> {
+    let argument = format!("envelopes #{k}");
+    let inner = clients::admit_single_use(f, &argument, IRIS_ENROLL_PURPOSE, me, envelope).inner;
+    if let Err(e) = check_envelope_hashes(me, envelope, hashes) {
+        bad_argument(format!("{f}: envelope_hashes #{k}: {e}"));
+    }
+    inner.to_vec()
+}
+
+/// The common body of `iris_batch_start` and `iris_batch_enroll_start`.
+#[allow(clippy::type_complexity)]
+fn start_batch(
+    f: &str,
+    args: BatchArguments<'_>,
+) -> TableIterator<
+    'static,
+    (
+        name!(entries, i64),
+        name!(set_digest, Vec<u8>),
+        name!(message, Vec<u8>),
+        name!(refused_sqlstate, Vec<Option<String>>),
+        name!(refused, Vec<Option<String>>),
+    ),
+> {
+    let batch = parse_session_id(f, "batch_id", args.batch_id);
+    let policy = current_policy(f);
+    let params = SearchParams::new(args.mode, args.max_rotation, policy.ratio())
+        .unwrap_or_else(|e| bad_argument(format!("{f}: {e}")));
+    let eye =
+        Eye::parse(args.eye).unwrap_or_else(|e| bad_argument(format!("{f}: argument eye: {e}")));
+    let (session_ids, probes) = (args.session_ids, args.probes);
     if session_ids.len() != probes.len() {
-        bad(format!(
-            "{F}: {} session ids for {} probes: one session id per probe",
+        bad_argument(format!(
+            "{f}: {} session ids for {} probes: one session id per probe",
             session_ids.len(),
             probes.len()
         ));
     }
     if probes.is_empty() || probes.len() > MAX_BATCH_PROBES {
-        bad(SearchError::BatchSize(probes.len()).to_string());
+        bad_argument(SearchError::BatchSize(probes.len()).to_string());
     }
     let me = load_identity().index;
-    let session_ids: Vec<Option<&[u8]>> = session_ids.iter().collect();
-    let probes: Vec<Option<&[u8]>> = probes.iter().collect();
-    let mut admitted = Vec::with_capacity(probes.len());
+    let mut admitted: Vec<Admission> = Vec::with_capacity(probes.len());
     let mut refused: Vec<Option<CaughtRefusal>> = Vec::with_capacity(probes.len());
     for (k, (id, probe)) in session_ids.iter().zip(&probes).enumerate() {
-        let id = parse_session_id(F, "session_ids", id.unwrap_or_default());
+        let id = parse_session_id(f, "session_ids", id.unwrap_or_default());
         let probe = probe.unwrap_or_default();
         let inner = in_subtransaction(|| {
             let a = clients::admit(
-                F,
+                f,
                 "probes",
                 IRIS_PROBE_PURPOSE,
                 me,
                 probe,
                 Some(BudgetKind::IrisSearch),
             );
+            let enrolment = args.enrolments.as_ref().map(|(envelopes, hashes)| {
+                let envelope = envelopes[k].unwrap_or_default();
+                let hashes = hashes[k].unwrap_or_default();
+                (admit_envelope(f, k, me, envelope, hashes), hashes.to_vec())
+            });
             record_session(&id);
-            a.inner.to_vec()
+            (a.inner.to_vec(), enrolment)
         });
         match inner {
-            Ok(inner) => {
+            Ok((inner, enrolment)) => {
                 // The search's own id, tied to its batch's: one search is followed from the
                 // client's log through the batch's lines.
-                log_session(F, &id, &format!("in batch {} at {k}", hex::encode(batch)));
-                admitted.push((id, inner));
+                log_session(f, &id, &format!("in batch {} at {k}", hex::encode(batch)));
+                admitted.push((id, inner, enrolment));
                 refused.push(None);
             }
             Err(why) => {
-                log_session(F, &id, &format!("refused in batch at {k}"));
-                admitted.push((id, Vec::new()));
+                log_session(f, &id, &format!("refused in batch at {k}"));
+                // An empty envelope stands in for a refused request's record: the engine
+                // refuses it too and compares the later probes with a zero row.
+                let stand_in = args.enrolments.as_ref().map(|_| (Vec::new(), Vec::new()));
+                admitted.push((id, Vec::new(), stand_in));
                 refused.push(Some(why));
             }
         }
     }
-    log_session(F, &batch, &format!("started with {} probes", probes.len()));
+    log_session(f, &batch, &format!("started with {} probes", probes.len()));
+    let mut enrolments = Vec::new();
+    let probes = admitted
+        .into_iter()
+        .map(|(id, probe, enrolment)| {
+            enrolments.extend(enrolment);
+            (id, probe)
+        })
+        .collect();
     let request = IrisCall::BatchStart {
         batch,
         params,
         eye,
-        probes: admitted,
+        probes,
+        enrolments,
         policy,
     };
-    match call_iris(F, request) {
+    match call_iris(f, request) {
         IrisReply::BatchStarted {
             entries,
             digest,
@@ -317,7 +451,7 @@ fn iris_batch_start(
                 .unzip();
             TableIterator::once((entries as i64, digest.to_vec(), message, states, messages))
         }
-        other => unexpected(F, &other),
+        other => unexpected(f, &other),
     }
 }
 

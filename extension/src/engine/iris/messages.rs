@@ -76,6 +76,10 @@ pub enum IrisCall<'a> {
         eye: Eye,
         /// Each search's session id and this party's sealed probe, in batch order.
         probes: Vec<([u8; 16], Vec<u8>)>,
+        /// Empty for a search batch; for an enrolment batch (`iris_batch_enroll_start`), per
+        /// probe this party's sealed enrolment envelope (as it opens it) and the record's
+        /// envelope hashes h0 ‖ h1 ‖ h2 (checked by the SQL layer).
+        enrolments: Vec<(Vec<u8>, Vec<u8>)>,
         /// This party's iris threshold policy (as for `Start`).
         policy: IrisPolicy,
     },
@@ -126,6 +130,7 @@ impl<'a> IrisCall<'a> {
                 params,
                 eye,
                 probes,
+                enrolments,
                 policy,
             } => {
                 let mut w = Writer::default()
@@ -136,6 +141,10 @@ impl<'a> IrisCall<'a> {
                     .u32(probes.len() as u32);
                 for (id, probe) in &probes {
                     w = w.fixed(id).bytes(probe);
+                }
+                w = w.u32(enrolments.len() as u32);
+                for (envelope, hashes) in &enrolments {
+                    w = w.bytes(envelope).bytes(hashes);
                 }
                 (op::BATCH_START, w.0, Cow::Borrowed(&[][..]))
             }
@@ -198,11 +207,20 @@ impl<'a> IrisCall<'a> {
                 for _ in 0..count {
                     probes.push((r.array()?, r.bytes()?));
                 }
+                let count = r.u32()?;
+                if count > MAX_FRAME_PROBES {
+                    return Err(malformed());
+                }
+                let mut enrolments = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    enrolments.push((r.bytes()?, r.bytes()?));
+                }
                 IrisCall::BatchStart {
                     batch,
                     params,
                     eye,
                     probes,
+                    enrolments,
                     policy,
                 }
             }
@@ -464,6 +482,7 @@ mod tests {
                 .expect("params"),
                 eye: Eye::Right,
                 probes: vec![([7; 16], vec![1, 2]), ([8; 16], Vec::new())],
+                enrolments: vec![(vec![3, 4], vec![5; 96]), (Vec::new(), vec![6; 96])],
                 policy: IrisPolicy::default_policy(),
             },
             IrisCall::BatchRound {

@@ -39,7 +39,7 @@ use privmatch_core::iris::policy::IrisPolicy;
 use privmatch_core::iris::probe::ProbeRefusal;
 use privmatch_core::iris::scan::{Interrupt, ScanBackend};
 use privmatch_core::iris::service::{
-    BatchRound, BatchStart, SealedRound, SearchError, SearchService,
+    BatchEnrolment, BatchRound, BatchStart, SealedRound, SearchError, SearchService,
 };
 use privmatch_core::iris::store::{IrisStore, StoredTemplate};
 use privmatch_core::party::PartyIndex;
@@ -71,7 +71,9 @@ fn search_error(err: SearchError) -> EngineError {
         | SearchError::Channel { .. }
         | SearchError::Protocol { .. } => ErrorKind::Protocol,
         SearchError::TooManySearches(_) => ErrorKind::Busy,
-        SearchError::BatchSize(_) | SearchError::BatchTooLarge { .. } => ErrorKind::BadParameter,
+        SearchError::BatchSize(_)
+        | SearchError::BatchTooLarge { .. }
+        | SearchError::EnrolmentBatch(_) => ErrorKind::BadParameter,
         // Also a scan stopped because its backend hung up (nobody reads that answer).
         SearchError::Store(_) => ErrorKind::Internal,
     };
@@ -385,6 +387,7 @@ impl IrisSearch {
         params: SearchParams,
         eye: Eye,
         probes: &[([u8; 16], Vec<u8>)],
+        enrolments: &[(Vec<u8>, Vec<u8>)],
         policy: IrisPolicy,
         now: Instant,
         interrupt: &Interrupt,
@@ -395,11 +398,16 @@ impl IrisSearch {
             .ok_or_else(|| EngineError::internal("no store"))?;
         let probes: Vec<([u8; 16], &[u8])> =
             probes.iter().map(|(id, p)| (*id, p.as_slice())).collect();
+        let enrolments: Vec<BatchEnrolment<'_>> = enrolments
+            .iter()
+            .map(|(envelope, hashes)| BatchEnrolment { envelope, hashes })
+            .collect();
         let start = BatchStart {
             batch,
             params,
             eye,
             probes: &probes,
+            enrolments: &enrolments,
         };
         self.service
             .start_batch(store, keys, &start, policy, now, unix_now(), interrupt)
