@@ -27,7 +27,7 @@ use crate::server::error::{
 };
 use crate::server::scoped::ScopedRoutes;
 use crate::server::state::SharedState;
-use crate::session::batcher::{BatchRunner, Batcher};
+use crate::session::batcher::{BatchPolicy, BatchRunner, Batcher};
 use privmatch_api::iris::{
     DeleteBody, DeleteResponse, EnrollIfUniqueBody, EnrollIfUniqueOutcome, EnrollIfUniqueResponse,
     EnrollResponse, EyeReport, SearchBody, SearchResponse,
@@ -317,12 +317,19 @@ async fn enroll_if_unique(
     // of one eye always batch together (docs/protocols/iris.md §13.4); `--batch-max 1` runs
     // each alone, in a transaction of its own.
     let (result, pending_recovery) = if state.options.iris_batches.max_items > 1 {
+        // One batch at a time: batches of one eye take the same table lock, so a second
+        // would only wait for it; requests that arrive meanwhile join the next batch, where
+        // they are compared with each other inside the MPC.
+        let policy = BatchPolicy {
+            in_flight: 1,
+            ..state.options.iris_batches
+        };
         let batcher = batches.get_or_init(|| {
             Batcher::start(
                 IrisEnrolBatches {
                     state: state.clone(),
                 },
-                state.options.iris_batches,
+                policy,
             )
         });
         batcher.submit(plan.eye, work).await?

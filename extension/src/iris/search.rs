@@ -313,6 +313,9 @@ fn bad_argument(message: String) -> ! {
     )
 }
 
+/// A `bytea[]` argument, element by element (NULL elements as None).
+type SqlBytes<'a> = Vec<Option<&'a [u8]>>;
+
 /// The arguments of a batch start, as the SQL functions took them.
 struct BatchArguments<'a> {
     batch_id: &'a [u8],
@@ -322,7 +325,7 @@ struct BatchArguments<'a> {
     session_ids: Vec<Option<&'a [u8]>>,
     probes: Vec<Option<&'a [u8]>>,
     /// For an enrolment batch: per probe, the relayed envelope and its hashes.
-    enrolments: Option<(Vec<Option<&'a [u8]>>, Vec<Option<&'a [u8]>>)>,
+    enrolments: Option<(SqlBytes<'a>, SqlBytes<'a>)>,
 }
 
 /// What one request of a batch brings to the engine once admitted: its session id, its

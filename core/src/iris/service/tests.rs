@@ -1037,12 +1037,12 @@ fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlie
     // enrolled template, D, A again, E sealed for the other eye (refused at every party, so
     // nobody compares with it), a noisy E.
     let requests = [
-        (a.clone(), Eye::Left),
+        (a, Eye::Left),
         (near_duplicate(&a, 0.1, 1, &mut w.rng), Eye::Left),
         (near_duplicate(&enrolled[3], 0.1, -1, &mut w.rng), Eye::Left),
         (d, Eye::Left),
         (near_duplicate(&a, 0.2, -1, &mut w.rng), Eye::Left),
-        (e.clone(), Eye::Right),
+        (e, Eye::Right),
         (near_duplicate(&e, 0.1, 0, &mut w.rng), Eye::Left),
     ];
     let mut probes = Vec::new();
