@@ -203,6 +203,24 @@ async fn run_batch(
     at: [&[usize]; 3],
     rng: &mut ChaCha20Rng,
 ) -> Result<BatchAnswers, tokio_postgres::Error> {
+    run_enrolment_batch(clients, members, at, None, rng).await
+}
+
+/// Member k's enrolment: the three envelopes each party is given, and the announced hashes.
+struct Enrolment {
+    given: [Vec<u8>; 3],
+    hashes: Vec<u8>,
+}
+
+/// As [`run_batch`]; with `enrolments`, an enroll-if-unique batch (`iris_batch_enroll_start`,
+/// uniqueness, ±15 rotations) with member k's record `enrolments[k]`.
+async fn run_enrolment_batch(
+    clients: &[Client],
+    members: &[Member],
+    at: [&[usize]; 3],
+    enrolments: Option<&[Enrolment]>,
+    rng: &mut ChaCha20Rng,
+) -> Result<BatchAnswers, tokio_postgres::Error> {
     let batch: [u8; 16] = rng.gen();
     let mut messages = Vec::new();
     let mut refused_sqlstate = Vec::new();
@@ -212,12 +230,28 @@ async fn run_batch(
             .iter()
             .map(|&k| members[k].sealed[i].as_slice())
             .collect();
-        let row = client
-            .query_one(
-                "SELECT message, refused_sqlstate FROM privmatch.iris_batch_start($1, 'identify', 15, 'left', $2, $3)",
-                &[&batch.as_slice(), &sessions, &probes],
-            )
-            .await?;
+        let row = match enrolments {
+            None => {
+                client
+                    .query_one(
+                        "SELECT message, refused_sqlstate FROM privmatch.iris_batch_start($1, 'identify', 15, 'left', $2, $3)",
+                        &[&batch.as_slice(), &sessions, &probes],
+                    )
+                    .await?
+            }
+            Some(records) => {
+                let envelopes: Vec<&[u8]> =
+                    at[i].iter().map(|&k| records[k].given[i].as_slice()).collect();
+                let hashes: Vec<&[u8]> =
+                    at[i].iter().map(|&k| records[k].hashes.as_slice()).collect();
+                client
+                    .query_one(
+                        "SELECT message, refused_sqlstate FROM privmatch.iris_batch_enroll_start($1, 15, 'left', $2, $3, $4, $5)",
+                        &[&batch.as_slice(), &sessions, &probes, &envelopes, &hashes],
+                    )
+                    .await?
+            }
+        };
         messages.push(row.get::<_, Vec<u8>>(0));
         refused_sqlstate.push(row.get::<_, Vec<Option<String>>>(1));
     }
@@ -451,4 +485,79 @@ fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several
         sizes.iter().any(|&n| n > 1),
         "no enrolment batch of more than one: {sizes:?}"
     );
+}
+
+#[test]
+fn an_enrolment_request_refused_at_one_party_is_refused_alone() {
+    use privmatch_core::iris::binding::envelope_hashes;
+    use privmatch_core::iris::enroll::seal_iris_enrollment;
+    let cluster = Cluster::start("iris-enrol-batch-relay", 97);
+    enroll(&cluster, 20, 97);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(9_700);
+    let uniqueness = SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params");
+    let (x, y, z) = (
+        random_template(&mut rng),
+        random_template(&mut rng),
+        random_template(&mut rng),
+    );
+    let y_again = near_duplicate(&y, 0.1, 3, &mut rng);
+    // X; Y, whose probe P2 refuses; a copy of Y; Z, whose envelope P2 refuses.
+    let templates = [x, y, y_again, z];
+    let mut members: Vec<Member> = templates
+        .iter()
+        .map(|t| member(&keys, t, uniqueness, &mut rng))
+        .collect();
+    let mut records: Vec<Enrolment> = templates
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let (sealed, _) =
+                seal_iris_enrollment(t, &format!("relay-{k}"), Eye::Left, &keys, &mut rng)
+                    .expect("seal");
+            let hashes = envelope_hashes([&sealed[0], &sealed[1], &sealed[2]]).to_vec();
+            Enrolment {
+                given: sealed,
+                hashes,
+            }
+        })
+        .collect();
+    // A relay gives P2 member 0's probe in member 1's place (it does not open under member
+    // 1's session: P2 refuses that probe, in the engine), and member 2's envelope in member
+    // 3's place under member 3's hashes (P2 refuses that record: it does not hash to P2's
+    // slot).
+    members[1].sealed[2] = members[0].sealed[2].clone();
+    records[3].given[2] = records[2].given[2].clone();
+    let all: &[usize] = &[0, 1, 2, 3];
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        let answers = run_enrolment_batch(
+            &clients,
+            &members,
+            [all, all, all],
+            Some(&records),
+            &mut rng,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the batch runs: {:?}", sqlstate_and_message(&e)));
+        for (i, refused) in answers.refused_sqlstate.iter().enumerate() {
+            assert_eq!(refused[0], None, "P{i}");
+            assert_eq!(refused[1].is_some(), i == 2, "P{i}: {refused:?}");
+            assert_eq!(refused[2], None, "P{i}");
+            let want = (i == 2).then(|| "22023".to_owned());
+            assert_eq!(refused[3], want, "P{i}");
+        }
+        // Member 1's probe was refused, its record was not: the copy of Y after it is not
+        // unique, X is.
+        for (k, unique) in [(0, true), (2, false)] {
+            let outputs: [&[u8]; 3] = std::array::from_fn(|i| {
+                answers.sealed[i][k]
+                    .as_deref()
+                    .expect("an accepted member's output")
+            });
+            let got = open(&keys, &members[k], &members[k].client, outputs).expect("opens");
+            assert_eq!(got, IrisResult::Unique(unique), "member {k}");
+        }
+        assert!(answers.sealed[2][1].is_none() && answers.sealed[2][3].is_none());
+    });
 }

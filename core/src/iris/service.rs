@@ -696,8 +696,9 @@ impl SearchService {
         let mut rows = Vec::with_capacity(batch.enrolments.len());
         for (k, (id, sealed)) in batch.probes.iter().enumerate() {
             // A request whose envelope does not open here is refused here, and its row is a
-            // zero share: the later probes' comparisons with it are then noise at this
-            // party's share, which can only make them "not unique" (fail-safe).
+            // zero share: the later probes' comparisons with it are then noise, which makes
+            // them "not unique" (docs/protocols/iris.md §13.4, "Refusals": an exclusion step
+            // agreed by the three parties would make it a row that matches nothing).
             let row = batch
                 .enrolments
                 .get(k)

@@ -382,6 +382,23 @@ fn start_batch(
     for (k, (id, probe)) in session_ids.iter().zip(&probes).enumerate() {
         let id = parse_session_id(f, "session_ids", id.unwrap_or_default());
         let probe = probe.unwrap_or_default();
+        // An enrolment's record is admitted apart from its probe: the record takes part in
+        // the later probes' comparisons (entry N + k) unless its envelope itself is refused,
+        // so a refusal of the probe alone (its budget, its session id) changes no other
+        // answer. Its hashes are always the relayed ones: the batch binds them at every party.
+        let (record, record_refused) = match args.enrolments.as_ref() {
+            None => (None, None),
+            Some((envelopes, hashes)) => {
+                let hashes = hashes[k].unwrap_or_default();
+                let envelope = envelopes[k].unwrap_or_default();
+                match in_subtransaction(|| admit_envelope(f, k, me, envelope, hashes)) {
+                    Ok(inner) => (Some((inner, hashes.to_vec())), None),
+                    // An empty envelope stands in: the engine refuses it too and puts a zero
+                    // share in its row (docs/protocols/iris.md §13.4).
+                    Err(why) => (Some((Vec::new(), hashes.to_vec())), Some(why)),
+                }
+            }
+        };
         let inner = in_subtransaction(|| {
             let a = clients::admit(
                 f,
@@ -391,28 +408,20 @@ fn start_batch(
                 probe,
                 Some(BudgetKind::IrisSearch),
             );
-            let enrolment = args.enrolments.as_ref().map(|(envelopes, hashes)| {
-                let envelope = envelopes[k].unwrap_or_default();
-                let hashes = hashes[k].unwrap_or_default();
-                (admit_envelope(f, k, me, envelope, hashes), hashes.to_vec())
-            });
             record_session(&id);
-            (a.inner.to_vec(), enrolment)
+            a.inner.to_vec()
         });
-        match inner {
-            Ok((inner, enrolment)) => {
+        match (inner, record_refused) {
+            (Ok(inner), None) => {
                 // The search's own id, tied to its batch's: one search is followed from the
                 // client's log through the batch's lines.
                 log_session(f, &id, &format!("in batch {} at {k}", hex::encode(batch)));
-                admitted.push((id, inner, enrolment));
+                admitted.push((id, inner, record));
                 refused.push(None);
             }
-            Err(why) => {
+            (Err(why), _) | (Ok(_), Some(why)) => {
                 log_session(f, &id, &format!("refused in batch at {k}"));
-                // An empty envelope stands in for a refused request's record: the engine
-                // refuses it too and compares the later probes with a zero row.
-                let stand_in = args.enrolments.as_ref().map(|_| (Vec::new(), Vec::new()));
-                admitted.push((id, Vec::new(), stand_in));
+                admitted.push((id, Vec::new(), record));
                 refused.push(Some(why));
             }
         }
