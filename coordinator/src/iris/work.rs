@@ -376,6 +376,13 @@ impl Work for EnrollIfUniqueBatch {
         txn: &Txn<'_>,
     ) -> Result<Decision<MemberOutcomes>, TxnError<SearchError>> {
         let enrolled = self.enrolled(txn).await?;
+        if enrolled.len() != self.members.len() {
+            return Err(TxnError::Disagreement(format!(
+                "the parties answered {} duplicate checks for {} requests",
+                enrolled.len(),
+                self.members.len()
+            )));
+        }
         let mut outcomes: Vec<Option<Result<IfUnique, SearchError>>> = enrolled
             .iter()
             .map(|&e| e.then_some(Ok(IfUnique::AlreadyEnrolled)))
