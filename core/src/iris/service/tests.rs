@@ -1080,42 +1080,11 @@ fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlie
         .collect();
     assert_eq!(uniques, [true, false, false, true, false, true]);
 
-    // A relay that gives P2 another request's envelope under the announced hashes: P2
-    // refuses that request alone and puts a zero row in its place, never D's share.
-    let probe = w.batched_probe(&requests[1].0, Eye::Left, p);
     let hashes = crate::iris::binding::envelope_hashes([
         &envelopes[1][0],
         &envelopes[1][1],
         &envelopes[1][2],
     ]);
-    let party = &w.parties[2];
-    let reply = party
-        .service
-        .start_batch(
-            &party.store,
-            &party.keys,
-            &BatchStart {
-                batch: [9u8; SESSION_ID_LEN],
-                params: p,
-                eye: Eye::Left,
-                probes: &[(probe.id, probe.sealed[2].as_slice())],
-                enrolments: &[BatchEnrolment {
-                    envelope: &envelopes[3][2],
-                    hashes: &hashes,
-                }],
-            },
-            policy_of(p),
-            Instant::now(),
-            SEALED_AT,
-            Interrupt::never(),
-        )
-        .unwrap();
-    let why = reply.refused[0].as_ref().map(ToString::to_string);
-    assert!(
-        why.as_deref()
-            .is_some_and(|w| w.contains("does not match its hashes")),
-        "{why:?}"
-    );
     // An enrolment batch is a uniqueness batch with one enrolment per probe.
     let identify = params("identify", 1);
     let probe = w.batched_probe(&requests[1].0, Eye::Left, identify);
