@@ -462,6 +462,7 @@ fn the_front_door_enrols_and_matches_with_sql_like_the_plaintext_references() {
         "SELECT count(*) FROM privmatch.face_templates",
         "SELECT privmatch.iris_search_abort('\\x00'::bytea)",
         "SELECT * FROM privmatch.iris_batch_round('\\x00'::bytea, 0, '\\x00'::bytea)",
+        "SELECT * FROM privmatch.iris_batch_enroll_start('\\x00'::bytea, 15, 'left', '{}', '{}', '{}', '{}')",
         "SELECT privmatch.iris_delete('iris-000', NULL)",
         "SELECT * FROM privmatch.engine_status()",
     ] {

@@ -83,6 +83,8 @@ struct Batch<'a> {
     /// Empty for a batch of searches; for a batch of enrol-if-unique requests, each
     /// member's three sealed enrolment envelopes (docs/protocols/iris.md §13.4).
     enrolments: &'a [[Vec<u8>; 3]],
+    /// h0 ‖ h1 ‖ h2 of each member's envelopes, hashed once for the three parties' starts.
+    enrolment_hashes: Vec<Vec<u8>>,
     timeout: Duration,
 }
 
@@ -116,11 +118,6 @@ impl Batch<'_> {
             .iter()
             .map(|e| e[party.as_usize()].as_slice())
             .collect();
-        let hashes: Vec<Vec<u8>> = self
-            .enrolments
-            .iter()
-            .map(|e| envelope_hashes([&e[0], &e[1], &e[2]]).to_vec())
-            .collect();
         let (function, sql, params): (_, _, Vec<&(dyn ToSql + Sync)>) =
             if self.enrolments.is_empty() {
                 (
@@ -145,7 +142,7 @@ impl Batch<'_> {
                         &sessions,
                         &probes,
                         &envelopes,
-                        &hashes,
+                        &self.enrolment_hashes,
                     ],
                 )
             };
@@ -389,6 +386,7 @@ pub async fn run_batch(
         key,
         members,
         enrolments: &[],
+        enrolment_hashes: Vec::new(),
         timeout,
     };
     // Each search's own id beside its batch's: one search is followed from the client's log
@@ -446,6 +444,10 @@ pub async fn run_enrolment_batch_on(
         key,
         members,
         enrolments,
+        enrolment_hashes: enrolments
+            .iter()
+            .map(|e| envelope_hashes([&e[0], &e[1], &e[2]]).to_vec())
+            .collect(),
         timeout,
     };
     for (k, m) in members.iter().enumerate() {
