@@ -137,6 +137,11 @@ error_codes! {
     KeyClaimConflict = "key_claim_conflict", 503, "40001", true,
         "face: the session id or the stocked dealing was claimed by another session",
         Some("seal the input again (a new session) and retry");
+    /// Iris enroll-if-unique: a request ahead of this one in its batch was refused at some
+    /// parties only, so the comparison with its record is void.
+    EnrolmentBatchVoid = "enrolment_batch_void", 503, "40001", true,
+        "iris enroll-if-unique: a request ahead of this one in its batch was refused at some parties only, so this request's comparison with it is void; nothing was enrolled for it",
+        Some("seal the request again (a new session) and retry: it runs in another batch (`privmatch iris enroll --if-unique` retries by itself)");
     /// A distributed transaction's outcome is left to recovery.
     InDoubt = "in_doubt", 503, "40003", false,
         "a distributed transaction's outcome is left to the coordinator's recovery",

@@ -193,6 +193,8 @@ fn member(
 struct BatchAnswers {
     refused_sqlstate: Vec<Vec<Option<String>>>,
     sealed: Vec<Vec<Option<Vec<u8>>>>,
+    /// Per party, the uniqueness bits disclosed to the coordinator (enrolment batches).
+    disclosed: Vec<Vec<Option<bool>>>,
 }
 
 /// Drives one identify batch (±15 rotations, left eye) as the coordinator's role; party i is
@@ -258,15 +260,17 @@ async fn run_enrolment_batch(
     for k in 0..128 {
         let mut next = Vec::new();
         let mut sealed = Vec::new();
+        let mut disclosed = Vec::new();
         for (i, client) in clients.iter().enumerate() {
             let row = client
                 .query_one(
-                    "SELECT message, finished, sealed_outputs FROM privmatch.iris_batch_round($1, $2, $3)",
+                    "SELECT message, finished, sealed_outputs, disclosed_unique FROM privmatch.iris_batch_round($1, $2, $3)",
                     &[&batch.as_slice(), &k, &messages[(i + 2) % 3]],
                 )
                 .await?;
             if row.get::<_, bool>(1) {
                 sealed.push(row.get::<_, Vec<Option<Vec<u8>>>>(2));
+                disclosed.push(row.get::<_, Vec<Option<bool>>>(3));
             } else {
                 next.push(row.get::<_, Vec<u8>>(0));
             }
@@ -277,6 +281,7 @@ async fn run_enrolment_batch(
                 return Ok(BatchAnswers {
                     refused_sqlstate,
                     sealed,
+                    disclosed,
                 })
             }
             n => panic!("{n} of 3 parties finished in round {k}"),
@@ -489,46 +494,29 @@ fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several
 
 #[test]
 fn an_enrolment_request_refused_at_one_party_is_refused_alone() {
-    use privmatch_core::iris::binding::envelope_hashes;
-    use privmatch_core::iris::enroll::seal_iris_enrollment;
     let cluster = Cluster::start("iris-enrol-batch-relay", 97);
     enroll(&cluster, 20, 97);
     let keys = cluster.party_keys();
     let mut rng = ChaCha20Rng::seed_from_u64(9_700);
-    let uniqueness = SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params");
     let (x, y, z) = (
         random_template(&mut rng),
         random_template(&mut rng),
         random_template(&mut rng),
     );
-    let y_again = near_duplicate(&y, 0.1, 3, &mut rng);
-    // X; Y, whose probe P2 refuses; a copy of Y; Z, whose envelope P2 refuses.
-    let templates = [x, y, y_again, z];
-    let mut members: Vec<Member> = templates
-        .iter()
-        .map(|t| member(&keys, t, uniqueness, &mut rng))
-        .collect();
-    let mut records: Vec<Enrolment> = templates
+    // X; Y, whose probe P2 refuses; Z, whose envelope P2 refuses.
+    let templates = [x, y, z];
+    let (mut members, mut records): (Vec<Member>, Vec<Enrolment>) = templates
         .iter()
         .enumerate()
-        .map(|(k, t)| {
-            let (sealed, _) =
-                seal_iris_enrollment(t, &format!("relay-{k}"), Eye::Left, &keys, &mut rng)
-                    .expect("seal");
-            let hashes = envelope_hashes([&sealed[0], &sealed[1], &sealed[2]]).to_vec();
-            Enrolment {
-                given: sealed,
-                hashes,
-            }
-        })
-        .collect();
+        .map(|(k, t)| enrolment_request(&keys, t, &format!("relay-{k}"), &mut rng))
+        .unzip();
     // A relay gives P2 member 0's probe in member 1's place (it does not open under member
-    // 1's session: P2 refuses that probe, in the engine), and member 2's envelope in member
-    // 3's place under member 3's hashes (P2 refuses that record: it does not hash to P2's
+    // 1's session: P2 refuses that probe, in the engine), and member 1's envelope in member
+    // 2's place under member 2's hashes (P2 refuses that record: it does not hash to P2's
     // slot).
     members[1].sealed[2] = members[0].sealed[2].clone();
-    records[3].given[2] = records[2].given[2].clone();
-    let all: &[usize] = &[0, 1, 2, 3];
+    records[2].given[2] = records[1].given[2].clone();
+    let all: &[usize] = &[0, 1, 2];
     cluster.block_on(async {
         let clients = cluster.clients().await;
         let answers = run_enrolment_batch(
@@ -543,21 +531,161 @@ fn an_enrolment_request_refused_at_one_party_is_refused_alone() {
         for (i, refused) in answers.refused_sqlstate.iter().enumerate() {
             assert_eq!(refused[0], None, "P{i}");
             assert_eq!(refused[1].is_some(), i == 2, "P{i}: {refused:?}");
-            assert_eq!(refused[2], None, "P{i}");
             let want = (i == 2).then(|| "22023".to_owned());
-            assert_eq!(refused[3], want, "P{i}");
+            assert_eq!(refused[2], want, "P{i}");
         }
-        // Member 1's probe was refused, its record was not: the copy of Y after it is not
-        // unique, X is.
-        for (k, unique) in [(0, true), (2, false)] {
-            let outputs: [&[u8]; 3] = std::array::from_fn(|i| {
-                answers.sealed[i][k]
-                    .as_deref()
-                    .expect("an accepted member's output")
-            });
-            let got = open(&keys, &members[k], &members[k].client, outputs).expect("opens");
-            assert_eq!(got, IrisResult::Unique(unique), "member {k}");
-        }
-        assert!(answers.sealed[2][1].is_none() && answers.sealed[2][3].is_none());
+        // X is answered; the requests refused at P2 get no output there. (The comparison of
+        // the requests after member 1 with its record is void: its row is a zero share at
+        // P2 only; the coordinator has their callers retry, `enrolment_batch_void`.)
+        let outputs: [&[u8]; 3] =
+            std::array::from_fn(|i| answers.sealed[i][0].as_deref().expect("X's output"));
+        let got = open(&keys, &members[0], &members[0].client, outputs).expect("opens");
+        assert_eq!(got, IrisResult::Unique(true), "X");
+        assert!(answers.sealed[2][1].is_none() && answers.sealed[2][2].is_none());
+    });
+}
+
+/// An enroll-if-unique request as the CLI makes one: the record's three sealed envelopes and
+/// their hashes, and a uniqueness probe (±15 rotations) that lets the parties disclose its bit
+/// to the coordinator.
+fn enrolment_request(
+    keys: &[PartyPublicKey; 3],
+    t: &IrisTemplate,
+    subject: &str,
+    rng: &mut ChaCha20Rng,
+) -> (Member, Enrolment) {
+    use privmatch_core::iris::binding::envelope_hashes;
+    use privmatch_core::iris::enroll::seal_iris_enrollment;
+    let (given, _) = seal_iris_enrollment(t, subject, Eye::Left, keys, rng).expect("seal");
+    let hashes = envelope_hashes([&given[0], &given[1], &given[2]]).to_vec();
+    let params = SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params");
+    let session: [u8; 16] = rng.gen();
+    let client = PartySecretKey::generate(rng);
+    let context = ProbeContext {
+        session,
+        eye: Eye::Left,
+        params,
+        sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
+    };
+    // The probe names its record, as `privmatch iris enroll --if-unique` seals it.
+    let record = privmatch_core::iris::binding::enrolment_id(
+        hashes.as_slice().try_into().expect("96 bytes"),
+    );
+    let to = ReplyTo {
+        key: client.public_key(),
+        disclosure: Disclosure::UniqueBitForRecord(record),
+    };
+    let sealed = seal_iris_probe_to(t, &context, &to, keys, rng).expect("seal");
+    let member = Member {
+        session,
+        client,
+        sealed,
+        params,
+    };
+    (member, Enrolment { given, hashes })
+}
+
+/// The bit the three parties disclosed to the coordinator for request `k` (they agree).
+fn disclosed_bit(answers: &BatchAnswers, k: usize) -> Option<bool> {
+    let bits: Vec<Option<bool>> = answers.disclosed.iter().map(|d| d[k]).collect();
+    assert!(
+        bits.iter().all(|b| *b == bits[0]),
+        "parties disagree: {bits:?}"
+    );
+    bits[0]
+}
+
+/// A curious coordinator, as a relay that composes enrolment batches itself, tries to learn
+/// whether a victim's enroll-if-unique probe matches a record of its choice — one it relayed
+/// earlier and that was never enrolled — from the uniqueness bit the victim's probe lets the
+/// parties disclose: (1) it replays an earlier request whole (probe and envelope) in front of
+/// the victim; (2) it puts the earlier record in front of the victim with the probe of another
+/// live request. Either way the victim must be answered as if that record were absent
+/// ("unique": nothing enrolled matches it). Before records were bound to their own probes
+/// (privmatch 0.16.0), both answered "not unique": a 1:N oracle on records of the relay's
+/// choice.
+#[test]
+fn a_relay_cannot_compare_an_enrolment_probe_with_records_of_its_choice() {
+    let cluster = Cluster::start("iris-enrol-batch-oracle", 98);
+    enroll(&cluster, 20, 98);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(9_800);
+    let earlier = random_template(&mut rng);
+    let victim = near_duplicate(&earlier, 0.1, 3, &mut rng);
+    let all = |n: usize| -> Vec<usize> { (0..n).collect() };
+    cluster.block_on(async {
+        let clients = cluster.clients().await;
+        // The earlier request runs honestly, alone: unique. The relay does not enrol it (it
+        // holds the transaction: here each call commits on its own, as after a batch whose
+        // enrolment the coordinator left out).
+        let (r_member, r_record) = enrolment_request(&keys, &earlier, "earlier", &mut rng);
+        let (members, records) = (vec![r_member], vec![r_record]);
+        let one = all(1);
+        let answers = run_enrolment_batch(
+            &clients,
+            &members,
+            [&one, &one, &one],
+            Some(&records),
+            &mut rng,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the honest batch runs: {:?}", sqlstate_and_message(&e)));
+        assert_eq!(
+            disclosed_bit(&answers, 0),
+            Some(true),
+            "the earlier request"
+        );
+        let (r_member, r_record) = (&members[0], &records[0]);
+
+        // (1) The earlier request replayed whole in front of the victim.
+        let (v_member, v_record) = enrolment_request(&keys, &victim, "victim-1", &mut rng);
+        let replayed = Member {
+            session: r_member.session,
+            client: r_member.client.clone(),
+            sealed: r_member.sealed.clone(),
+            params: r_member.params,
+        };
+        let replayed_record = Enrolment {
+            given: r_record.given.clone(),
+            hashes: r_record.hashes.clone(),
+        };
+        let two = all(2);
+        let answers = run_enrolment_batch(
+            &clients,
+            &[replayed, v_member],
+            [&two, &two, &two],
+            Some(&[replayed_record, v_record]),
+            &mut rng,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the replaying batch runs: {:?}", sqlstate_and_message(&e)));
+        assert_eq!(
+            disclosed_bit(&answers, 1),
+            Some(true),
+            "a replayed record took part in the victim's comparison"
+        );
+
+        // (2) The earlier record, with another live request's probe, in front of the victim.
+        let stranger = random_template(&mut rng);
+        let (w_member, _) = enrolment_request(&keys, &stranger, "stranger", &mut rng);
+        let (v_member, v_record) = enrolment_request(&keys, &victim, "victim-2", &mut rng);
+        let reused_record = Enrolment {
+            given: r_record.given.clone(),
+            hashes: r_record.hashes.clone(),
+        };
+        let answers = run_enrolment_batch(
+            &clients,
+            &[w_member, v_member],
+            [&two, &two, &two],
+            Some(&[reused_record, v_record]),
+            &mut rng,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the rebinding batch runs: {:?}", sqlstate_and_message(&e)));
+        assert_eq!(
+            disclosed_bit(&answers, 1),
+            Some(true),
+            "another request's record took part in the victim's comparison"
+        );
     });
 }

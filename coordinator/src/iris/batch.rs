@@ -189,6 +189,21 @@ impl Batch<'_> {
         })
     }
 
+    /// In an enrolment batch, the first request refused at some parties but not at all three,
+    /// and the parties that refused it: its record's row is a zero share at those parties and
+    /// its share at the others, so the later probes' comparisons with it are noise
+    /// (docs/protocols/iris.md §13.4) and their answers void. A request refused at all three
+    /// is a zero row everywhere, which matches nothing: it voids nothing.
+    fn split_refusal(
+        &self,
+        refused: &[Vec<Option<(String, String)>>; 3],
+    ) -> Option<(usize, String)> {
+        if self.enrolments.is_empty() {
+            return None;
+        }
+        first_split_refusal(refused, self.members.len())
+    }
+
     /// Each member's outcome from the three parties' refusals and last answers.
     fn outcomes(
         &self,
@@ -207,6 +222,7 @@ impl Batch<'_> {
                 )));
             }
         }
+        let void_after = self.split_refusal(refused);
         Ok((0..n)
             .map(|k| {
                 if let Some((party, (sqlstate, message))) = PartyIndex::ALL
@@ -218,6 +234,11 @@ impl Batch<'_> {
                         sqlstate: Some(sqlstate),
                         message,
                     }));
+                }
+                if let Some((at, parties)) = &void_after {
+                    if k > *at {
+                        return Err(SearchError::BatchVoid(parties.clone()));
+                    }
                 }
                 let mut sealed_outputs: [Vec<u8>; 3] = Default::default();
                 for (party, out) in PartyIndex::ALL.iter().zip(&mut sealed_outputs) {
@@ -470,6 +491,22 @@ pub async fn run_enrolment_batch_on(
     Ok(outcomes)
 }
 
+/// Of `n` requests, the first refused at some parties but not at all three, and those
+/// parties ("P0 and P2").
+fn first_split_refusal(
+    refused: &[Vec<Option<(String, String)>>; 3],
+    n: usize,
+) -> Option<(usize, String)> {
+    (0..n).find_map(|k| {
+        let at: Vec<String> = PartyIndex::ALL
+            .iter()
+            .filter(|p| refused[p.as_usize()].get(k).is_some_and(Option::is_some))
+            .map(|p| p.to_string())
+            .collect();
+        (!at.is_empty() && at.len() < 3).then(|| (k, at.join(" and ")))
+    })
+}
+
 /// Whether a party refused the batch as holding more comparisons than it takes at once
 /// (core's `SearchError::BatchTooLarge`, whose message ends so).
 fn too_large(result: &Result<SearchOutcome, SearchError>) -> bool {
@@ -566,6 +603,29 @@ impl BatchRunner for IrisBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_refused_at_some_parties_only_voids_the_later_ones() {
+        let no = || None;
+        let yes = || Some(("22023".to_owned(), "refused".to_owned()));
+        let refusals = |rows: [[bool; 4]; 3]| {
+            rows.map(|r| r.iter().map(|&x| if x { yes() } else { no() }).collect())
+        };
+        // Refused at all three (request 1): a zero row everywhere, nothing void.
+        let everywhere = refusals([[false, true, false, false]; 3]);
+        assert_eq!(first_split_refusal(&everywhere, 4), None);
+        // Request 2 refused at P0 and P2 only: the requests after it are void.
+        let split = refusals([
+            [false, true, true, false],
+            [false, true, false, false],
+            [false, true, true, true],
+        ]);
+        assert_eq!(
+            first_split_refusal(&split, 4),
+            Some((2, "P0 and P2".into()))
+        );
+        assert_eq!(first_split_refusal(&refusals([[false; 4]; 3]), 4), None);
+    }
 
     #[test]
     fn a_partys_refusal_of_a_batch_too_large_is_recognised() {

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use privmatch_core::crypto::party_sign::PartyVerifyingKey;
 use privmatch_core::crypto::seal::{PartyPublicKey, PartySecretKey};
+use privmatch_core::iris::binding::{enrolment_id, envelope_hashes};
 use privmatch_core::iris::enroll::{
     seal_iris_enrollment, seal_iris_enrollment_batch_on, EnrollRequest, Eye, IRIS_ENROLL_PURPOSE,
 };
@@ -520,16 +521,20 @@ impl IrisClient {
         // signed outputs are sealed to the attempt's reply key, which the client keeps to
         // check the outcome the coordinator reports.
         let mut sent: Option<(String, PartySecretKey)> = None;
+        // The probe names the record it asks to enrol (the enrolment id of the envelopes as
+        // signed for this attempt): in a batch, the parties compare the later requests with
+        // this record only together with this probe (docs/protocols/iris.md §13.4).
         let body = || {
+            let signed = sealer.sign_each(IRIS_ENROLL_PURPOSE, envelopes.clone());
+            let record_id = enrolment_id(&envelope_hashes([&signed[0], &signed[1], &signed[2]]));
             let reply_secret = PartySecretKey::generate(&mut rand::rngs::OsRng);
             let reply = ReplyTo {
                 key: reply_secret.public_key(),
-                disclosure: Disclosure::UniqueBitToCoordinator,
+                disclosure: Disclosure::UniqueBitForRecord(record_id),
             };
             let (session, probes) =
                 seal_probe(sealer, &record.template, record.eye, params, &reply)?;
             sent = Some((session.clone(), reply_secret));
-            let signed = sealer.sign_each(IRIS_ENROLL_PURPOSE, envelopes.clone());
             Ok(EnrollIfUniqueBody {
                 subject: record.subject.clone(),
                 eye: record.eye.as_str().to_owned(),

@@ -132,6 +132,11 @@ pub enum SearchError {
     /// The parties broke the protocol (finished in different rounds, disagree on the result).
     #[error("search protocol error: {0}")]
     Protocol(String),
+    /// Enroll-if-unique: a request ahead of this one in its batch was refused at some
+    /// parties only, so this request's comparison with its record is void (nothing was
+    /// enrolled for it; a new session runs in another batch).
+    #[error("a request ahead of this one in its enrolment batch was refused at {0} only, so the comparison with its record is void and nothing was enrolled; seal the request again and retry")]
+    BatchVoid(String),
     /// As many searches as the coordinator queues for a batch are waiting (retry shortly).
     #[error("too many searches are waiting for a batch at the coordinator; retry shortly")]
     Busy,

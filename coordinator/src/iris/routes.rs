@@ -174,6 +174,7 @@ impl From<SearchError> for ApiError {
             }
             SearchError::Protocol(_) => protocol_error(message),
             SearchError::Busy => error_with(ErrorCode::TooBusy, message),
+            SearchError::BatchVoid(_) => error_with(ErrorCode::EnrolmentBatchVoid, message),
         }
     }
 }

@@ -14,7 +14,13 @@
 //! ([`crate::iris::output`]), and the **disclosure** the client allows: none (the result is
 //! sealed to the reply key only), or, for enroll-if-unique, the uniqueness bit also in the
 //! clear to the coordinator, which must know whether to enrol ([`Disclosure`]). Inside the
-//! sealed plaintext, the coordinator can change neither. A probe of an older layout is refused
+//! sealed plaintext, the coordinator can change neither. Since layout version 4 an
+//! enroll-if-unique probe also names **the record it asks to enrol**, by its enrolment id
+//! ([`crate::iris::binding::enrolment_id`] of the record's envelope hashes): in a batch of
+//! enroll-if-unique requests a party compares later probes with a request's record only when
+//! that request's own probe, naming that record, was admitted with it, so a coordinator cannot
+//! put records of its choice in front of a probe (docs/protocols/iris.md §13.4). Probes that
+//! name no record are still sealed in layout 3. A probe of an older layout is refused
 //! ([`BundleError::UnsupportedProbeVersion`]).
 //!
 //! Plaintext layout (all integers little-endian):
@@ -29,14 +35,16 @@
 //! | 23 | 4 | search parameters ([`SearchParams::to_bytes`]) |
 //! | 27 | 8 | sealed at, seconds since the Unix epoch |
 //! | 35 | 32 | reply key (X25519 public key) |
-//! | 67 | 1 | disclosure: 0 sealed only, 1 the uniqueness bit also to the coordinator |
-//! | 68 | 2·12,800 | code share coefficients (u16) |
+//! | 67 | 1 | disclosure: 0 sealed only, 1 the uniqueness bit also to the coordinator (layout 3); 2 the uniqueness bit to the coordinator, for the record named next (layout 4) |
+//! | 68 | 32 | layout 4 only: the enrolment id of the record the probe asks to enrol |
+//! | 68 (layout 4: 100) | 2·12,800 | code share coefficients (u16) |
 //! | … | 2·6,400 | mask share coefficients (u16) |
 
 use rand_core::{CryptoRng, RngCore};
 
 use crate::crypto::reply::REPLY_KEY_LEN;
 use crate::crypto::seal::{open_sealed_box, seal_to_party, PartyPublicKey, PartySecretKey};
+use crate::iris::binding::{EnrolmentId, HASH_LEN};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{BundleError, Eye};
 use crate::iris::params::{SearchParams, PARAMS_LEN};
@@ -58,33 +66,74 @@ pub const PROBE_LIFETIME_SECS: u64 = 600;
 pub const CLOCK_SKEW_SECS: u64 = 60;
 
 const MAGIC: &[u8; 4] = b"PMPR";
+/// The layout of probes that name no record.
 const VERSION: u8 = 3;
+/// The layout of probes that name the record they ask to enrol.
+const VERSION_WITH_RECORD: u8 = 4;
 const HEADER_LEN: usize = 4 + 1 + 1 + SESSION_ID_LEN + 1 + PARAMS_LEN + 8 + REPLY_KEY_LEN + 1;
-const PLAINTEXT_LEN: usize = HEADER_LEN + 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
+const SHARES_LEN: usize = 2 * (CODE_SHARE_COEFS + MASK_SHARE_COEFS);
+const PLAINTEXT_LEN: usize = HEADER_LEN + SHARES_LEN;
 
 /// What the client allows the parties to disclose besides the output sealed to its reply key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Disclosure {
     /// Nothing: the result is sealed to the reply key only (searches).
     SealedOnly,
-    /// The uniqueness bit also in the clear to the coordinator (`privmatch iris enroll
-    /// --if-unique`: the coordinator must know whether to enrol, and sees whether it does).
-    /// Only with uniqueness searches.
+    /// The uniqueness bit also in the clear to the coordinator, the probe naming no record
+    /// (layout 3; a single enroll-if-unique request's probe before privmatch 0.16.0's
+    /// batches). Only with uniqueness searches; refused in a batch of enroll-if-unique
+    /// requests, where each probe must name its record.
     UniqueBitToCoordinator,
+    /// The uniqueness bit also in the clear to the coordinator, for enrolling the record with
+    /// this enrolment id (`privmatch iris enroll --if-unique`: the coordinator must know
+    /// whether to enrol, and sees whether it does). Only with uniqueness searches. In a batch
+    /// of enroll-if-unique requests, the record takes part in the later probes' comparisons
+    /// only with this probe (module docs).
+    UniqueBitForRecord(EnrolmentId),
 }
 
 impl Disclosure {
+    /// Whether the parties disclose the uniqueness bit to the coordinator.
+    pub fn discloses_bit(self) -> bool {
+        !matches!(self, Disclosure::SealedOnly)
+    }
+
+    /// The record the probe asks to enrol, if it names one.
+    pub fn record(self) -> Option<EnrolmentId> {
+        match self {
+            Disclosure::UniqueBitForRecord(id) => Some(id),
+            _ => None,
+        }
+    }
+
     fn to_byte(self) -> u8 {
         match self {
             Disclosure::SealedOnly => 0,
             Disclosure::UniqueBitToCoordinator => 1,
+            Disclosure::UniqueBitForRecord(_) => 2,
         }
     }
 
-    fn from_byte(b: u8) -> Result<Self, BundleError> {
-        match b {
-            0 => Ok(Disclosure::SealedOnly),
-            1 => Ok(Disclosure::UniqueBitToCoordinator),
+    /// The probe's layout version: 4 for a probe naming a record, else 3.
+    fn layout(self) -> u8 {
+        match self {
+            Disclosure::UniqueBitForRecord(_) => VERSION_WITH_RECORD,
+            _ => VERSION,
+        }
+    }
+
+    /// The disclosure of a probe of layout `version` from its byte and, in layout 4, the
+    /// record field after it.
+    fn decode(version: u8, b: u8, record: &[u8]) -> Result<Self, BundleError> {
+        match (version, b) {
+            (VERSION, 0) => Ok(Disclosure::SealedOnly),
+            (VERSION, 1) => Ok(Disclosure::UniqueBitToCoordinator),
+            (VERSION_WITH_RECORD, 2) => {
+                let id: EnrolmentId = record
+                    .try_into()
+                    .map_err(|_| BundleError::Malformed("probe: short record field"))?;
+                Ok(Disclosure::UniqueBitForRecord(id))
+            }
             _ => Err(BundleError::Malformed("probe: unknown disclosure")),
         }
     }
@@ -135,9 +184,9 @@ impl std::fmt::Debug for IrisProbe {
 
 impl IrisProbe {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(PLAINTEXT_LEN);
+        let mut out = Vec::with_capacity(PLAINTEXT_LEN + HASH_LEN);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        out.push(self.reply.disclosure.layout());
         out.push(self.share.party.as_u8());
         out.extend_from_slice(&self.session);
         out.push(self.eye.to_byte());
@@ -145,6 +194,9 @@ impl IrisProbe {
         out.extend_from_slice(&self.sealed_at.to_le_bytes());
         out.extend_from_slice(self.reply.key.as_bytes());
         out.push(self.reply.disclosure.to_byte());
+        if let Some(record) = self.reply.disclosure.record() {
+            out.extend_from_slice(&record);
+        }
         push_coefs_le(&mut out, &self.share.code);
         push_coefs_le(&mut out, &self.share.mask);
         out
@@ -154,10 +206,13 @@ impl IrisProbe {
         if bytes.len() < 5 || &bytes[..4] != MAGIC {
             return Err(BundleError::Malformed("probe: bad magic"));
         }
-        if bytes[4] != VERSION {
-            return Err(BundleError::UnsupportedProbeVersion(bytes[4]));
-        }
-        if bytes.len() != PLAINTEXT_LEN {
+        let version = bytes[4];
+        let header_len = match version {
+            VERSION => HEADER_LEN,
+            VERSION_WITH_RECORD => HEADER_LEN + HASH_LEN,
+            other => return Err(BundleError::UnsupportedProbeVersion(other)),
+        };
+        if bytes.len() != header_len + SHARES_LEN {
             return Err(BundleError::Malformed(
                 "probe: the length does not match the layout",
             ));
@@ -176,15 +231,19 @@ impl IrisProbe {
         sealed_at.copy_from_slice(&bytes[at..at + 8]);
         let mut key = [0u8; REPLY_KEY_LEN];
         key.copy_from_slice(&bytes[at + 8..at + 8 + REPLY_KEY_LEN]);
-        let disclosure = Disclosure::from_byte(bytes[HEADER_LEN - 1])?;
-        if disclosure == Disclosure::UniqueBitToCoordinator
+        let disclosure = Disclosure::decode(
+            version,
+            bytes[HEADER_LEN - 1],
+            &bytes[HEADER_LEN..header_len],
+        )?;
+        if disclosure.discloses_bit()
             && params.mode() != crate::iris::params::SearchMode::Uniqueness
         {
             return Err(BundleError::Malformed(
                 "probe: a disclosed bit is only for uniqueness searches",
             ));
         }
-        let code_end = HEADER_LEN + 2 * CODE_SHARE_COEFS;
+        let code_end = header_len + 2 * CODE_SHARE_COEFS;
         Ok(IrisProbe {
             session,
             eye,
@@ -196,7 +255,7 @@ impl IrisProbe {
             },
             share: IrisShare {
                 party,
-                code: coefs_from_le_bytes(&bytes[HEADER_LEN..code_end]),
+                code: coefs_from_le_bytes(&bytes[header_len..code_end]),
                 mask: coefs_from_le_bytes(&bytes[code_end..]),
             },
         })
@@ -228,7 +287,7 @@ pub fn seal_iris_probe_to<R: RngCore + CryptoRng>(
     party_keys: &[PartyPublicKey; 3],
     rng: &mut R,
 ) -> Result<[Vec<u8>; 3], BundleError> {
-    if reply.disclosure == Disclosure::UniqueBitToCoordinator
+    if reply.disclosure.discloses_bit()
         && context.params.mode() != crate::iris::params::SearchMode::Uniqueness
     {
         return Err(BundleError::Malformed(
@@ -316,6 +375,10 @@ pub enum ProbeRefusal {
         "the probe was sealed for other search parameters or another eye than its batch declares"
     )]
     NotTheBatch,
+    /// In a batch of enroll-if-unique requests, the probe does not name the record it came
+    /// with (it names another, or none: a probe sealed before privmatch 0.16.0's batches).
+    #[error("the probe does not name the record of its request (an enroll-if-unique probe in a batch must carry its own record's enrolment id: seal it with privmatch 0.16.0 or later)")]
+    NotItsRecord,
     /// The probe's session id was used before (by a search or in another batch).
     #[error("the probe's session id was already used: session ids are single-use")]
     Replayed,
@@ -464,6 +527,69 @@ mod tests {
         assert_eq!(err, BundleError::UnsupportedProbeVersion(2));
         assert!(err.to_string().contains("version 2"), "{err}");
         assert!(err.to_string().contains("reply key"), "{err}");
+    }
+
+    #[test]
+    fn a_probe_naming_its_record_is_layout_4_and_the_others_stay_layout_3() {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let (secrets, publics) = keys(&mut rng);
+        let t = random_template(&mut rng);
+        let ctx = context([5u8; 16], Eye::Left);
+        let p1 = PartyIndex::ALL[1];
+        let plaintext = |sealed: &[u8]| {
+            open_sealed_box(p1, &secrets[1], IRIS_PROBE_PURPOSE, sealed).expect("opens")
+        };
+        let record = [0xabu8; HASH_LEN];
+        let mut layouts = Vec::new();
+        for disclosure in [
+            Disclosure::SealedOnly,
+            Disclosure::UniqueBitToCoordinator,
+            Disclosure::UniqueBitForRecord(record),
+        ] {
+            let reply = ReplyTo {
+                key: PartySecretKey::generate(&mut rng).public_key(),
+                disclosure,
+            };
+            let sealed = seal_iris_probe_to(&t, &ctx, &reply, &publics, &mut rng).unwrap();
+            let probe = open_iris_probe(p1, &secrets[1], &ctx.session, &sealed[1]).unwrap();
+            assert_eq!(probe.reply, reply);
+            assert_eq!(probe.reply.disclosure.record(), disclosure.record());
+            let plain = plaintext(&sealed[1]);
+            layouts.push((plain[4], plain.len()));
+        }
+        assert_eq!(
+            layouts,
+            [
+                (3, PLAINTEXT_LEN),
+                (3, PLAINTEXT_LEN),
+                (4, PLAINTEXT_LEN + HASH_LEN)
+            ]
+        );
+        // A layout-4 probe whose disclosure byte is not "for the record", and a layout-3
+        // probe claiming one, are malformed.
+        let reply = ReplyTo {
+            key: PartySecretKey::generate(&mut rng).public_key(),
+            disclosure: Disclosure::UniqueBitForRecord(record),
+        };
+        let sealed = seal_iris_probe_to(&t, &ctx, &reply, &publics, &mut rng).unwrap();
+        let mut plain = plaintext(&sealed[1]);
+        plain[HEADER_LEN - 1] = 1;
+        let reseal = |plain: &[u8], rng: &mut ChaCha20Rng| {
+            let b = seal_to_party(p1, &publics[1], IRIS_PROBE_PURPOSE, plain, rng);
+            open_iris_probe(p1, &secrets[1], &ctx.session, &b)
+        };
+        assert!(matches!(
+            reseal(&plain, &mut rng),
+            Err(BundleError::Malformed(_))
+        ));
+        plain[HEADER_LEN - 1] = 2;
+        plain[4] = 3;
+        assert!(matches!(
+            reseal(&plain, &mut rng),
+            Err(BundleError::Malformed(_))
+        ));
+        plain[4] = 4;
+        assert!(reseal(&plain, &mut rng).is_ok());
     }
 
     #[test]

@@ -43,6 +43,7 @@ use sha2::{Digest, Sha256};
 use crate::crypto::party_sign::PartySigningKey;
 use crate::crypto::reply::ReplySealer;
 use crate::crypto::seal::{Channel, PairwiseSecrets, PartyKeys, PartyPublicKey, SealError};
+use crate::iris::binding::{enrolment_id, ENVELOPE_HASHES_LEN};
 use crate::iris::dot::{DotShares, ShareMatrix};
 use crate::iris::encoding::{IrisShare, CODE_SHARE_COEFS, MASK_SHARE_COEFS};
 use crate::iris::enroll::{open_iris_enrollment, BundleError, Eye};
@@ -195,7 +196,7 @@ impl fmt::Debug for RoundReply {
 
 /// A party's output of a finished search as the coordinator relays it: signed and sealed to
 /// the client's reply key ([`crate::iris::output`]), and the uniqueness bit in the clear only
-/// when the client's probe allowed it ([`Disclosure::UniqueBitToCoordinator`]).
+/// when the client's probe allowed it ([`Disclosure::discloses_bit`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SealedOutput {
     /// The signed output, sealed to the reply key.
@@ -395,8 +396,8 @@ impl ActiveSearch {
             RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
             RoundReply::Continue(_) => IrisResult::Identified(Vec::new()),
         };
-        let disclosed_unique = match (&result, disclosure) {
-            (IrisResult::Unique(u), Disclosure::UniqueBitToCoordinator) => Some(*u),
+        let disclosed_unique = match &result {
+            IrisResult::Unique(u) if disclosure.discloses_bit() => Some(*u),
             _ => None,
         };
         let output = IrisOutput {
@@ -535,6 +536,21 @@ fn open_batch_enrolment(
         _ => Err(SearchError::EnrolmentBatch(
             "an envelope does not hold exactly one record of the batch's eye",
         )),
+    }
+}
+
+/// Checks that an enroll-if-unique request's admitted probe (`slot`) names the record it came
+/// with: the enrolment id of `enrolment`'s relayed hashes (the caller checked this party's
+/// slot of them against its envelope).
+fn check_probe_names(slot: &ProbeSlot, enrolment: &BatchEnrolment<'_>) -> Result<(), SearchError> {
+    let named = match slot {
+        ProbeSlot::Accepted { disclosure, .. } => disclosure.record(),
+        ProbeSlot::Refused(_) => None,
+    };
+    let hashes: Option<&[u8; ENVELOPE_HASHES_LEN]> = enrolment.hashes.try_into().ok();
+    match (named, hashes) {
+        (Some(named), Some(hashes)) if named == enrolment_id(hashes) => Ok(()),
+        _ => Err(ProbeRefusal::NotItsRecord.into()),
     }
 }
 
@@ -695,24 +711,35 @@ impl SearchService {
         let mut refused = Vec::with_capacity(count);
         let mut rows = Vec::with_capacity(batch.enrolments.len());
         for (k, (id, sealed)) in batch.probes.iter().enumerate() {
-            // A request whose envelope does not open here is refused here, and its row is a
-            // zero share: the later probes' comparisons with it are then noise, which makes
-            // them "not unique" (docs/protocols/iris.md §13.4, "Refusals": an exclusion step
-            // agreed by the three parties would make it a row that matches nothing).
-            let row = batch
-                .enrolments
-                .get(k)
-                .map(|e| open_batch_enrolment(keys, batch.eye, e));
-            let accepted = match row {
-                Some(Err(why)) => {
-                    rows.push(zero_share(me));
-                    Err(why)
-                }
-                Some(Ok(share)) => {
-                    rows.push(share);
-                    self.accept_probe(keys, batch, id, sealed, &policy, unix_now)
-                }
+            // A request's record takes part in the later probes' comparisons only together
+            // with its own probe, admitted here and naming it: otherwise its row is a zero
+            // share (docs/protocols/iris.md §13.4). Refused at all three parties alike (a
+            // replayed request, a record with another request's probe), the row is zero at
+            // each: a public zero, which matches nothing, so a coordinator cannot compare a
+            // probe with records of its choice. Refused at some parties only, the row is
+            // noise and the later probes' answers are void: the coordinator sees the
+            // refusal and has their callers retry (`privmatch iris enroll --if-unique` does).
+            let accepted = match batch.enrolments.get(k) {
                 None => self.accept_probe(keys, batch, id, sealed, &policy, unix_now),
+                Some(enrolment) => {
+                    let admitted =
+                        open_batch_enrolment(keys, batch.eye, enrolment).and_then(|row| {
+                            let (share, slot) =
+                                self.accept_probe(keys, batch, id, sealed, &policy, unix_now)?;
+                            check_probe_names(&slot, enrolment)?;
+                            Ok((row, share, slot))
+                        });
+                    match admitted {
+                        Ok((row, share, slot)) => {
+                            rows.push(row);
+                            Ok((share, slot))
+                        }
+                        Err(why) => {
+                            rows.push(zero_share(me));
+                            Err(why)
+                        }
+                    }
+                }
             };
             match accepted {
                 Ok((share, slot)) => {

@@ -257,8 +257,11 @@ fn iris_batch_start(
 /// slot of the hashes) in request k's subtransaction, so a bad envelope refuses its request
 /// alone. The engine compares probe k with the enrolled templates **and with the records of
 /// requests 0..k−1** inside the MPC (the earlier request wins): of two requests of one person
-/// in a batch at most the earlier is unique. Nothing is enrolled here: the coordinator
-/// enrols the unique ones (`iris_enroll_sealed`) in the same transaction.
+/// in a batch at most the earlier is unique. A record takes part only with its own probe,
+/// admitted here and naming the record's enrolment id; a request refused here, for its probe
+/// or its envelope, leaves a zero row (refused at every party, a row that matches nothing).
+/// Nothing is enrolled here: the coordinator enrols the unique ones (`iris_enroll_sealed`) in
+/// the same transaction.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn iris_batch_enroll_start(
@@ -382,10 +385,11 @@ fn start_batch(
     for (k, (id, probe)) in session_ids.iter().zip(&probes).enumerate() {
         let id = parse_session_id(f, "session_ids", id.unwrap_or_default());
         let probe = probe.unwrap_or_default();
-        // An enrolment's record is admitted apart from its probe: the record takes part in
-        // the later probes' comparisons (entry N + k) unless its envelope itself is refused,
-        // so a refusal of the probe alone (its budget, its session id) changes no other
-        // answer. Its hashes are always the relayed ones: the batch binds them at every party.
+        // An enrolment's record takes part in the later probes' comparisons (entry N + k)
+        // only with its own probe admitted here and naming it (the engine checks the name):
+        // a refusal of either refuses the request and makes its row a zero share
+        // (docs/protocols/iris.md §13.4). Its hashes are always the relayed ones: the batch
+        // binds them at every party.
         let (record, record_refused) = match args.enrolments.as_ref() {
             None => (None, None),
             Some((envelopes, hashes)) => {
@@ -394,7 +398,7 @@ fn start_batch(
                 match in_subtransaction(|| admit_envelope(f, k, me, envelope, hashes)) {
                     Ok(inner) => (Some((inner, hashes.to_vec())), None),
                     // An empty envelope stands in: the engine refuses it too and puts a zero
-                    // share in its row (docs/protocols/iris.md §13.4).
+                    // share in its row.
                     Err(why) => (Some((Vec::new(), hashes.to_vec())), Some(why)),
                 }
             }

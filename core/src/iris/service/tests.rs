@@ -622,6 +622,7 @@ fn every_party_signs_its_output_and_seals_it_to_the_clients_reply_key() {
         ("identify", Disclosure::SealedOnly),
         ("uniqueness", Disclosure::SealedOnly),
         ("uniqueness", Disclosure::UniqueBitToCoordinator),
+        ("uniqueness", Disclosure::UniqueBitForRecord([7; 32])),
     ] {
         let p = params(mode, 15);
         let id = w.session();
@@ -672,7 +673,7 @@ fn every_party_signs_its_output_and_seals_it_to_the_clients_reply_key() {
         // What the coordinator relays: ciphertext, and the bit only where the client allowed it.
         for o in &outputs {
             assert!(!o.sealed.windows(5).any(|x| x == b"alice"));
-            let disclosed = (disclosure == Disclosure::UniqueBitToCoordinator).then_some(false);
+            let disclosed = disclosure.discloses_bit().then_some(false);
             assert_eq!(o.disclosed_unique, disclosed);
         }
         let expected = ExpectedSearch {
@@ -713,15 +714,56 @@ struct BatchedProbe {
     sealed: Vec<Vec<u8>>,
 }
 
+impl BatchedProbe {
+    /// The same sealed probe again (as a relay replays it).
+    fn clone_for_test(&self) -> BatchedProbe {
+        BatchedProbe {
+            id: self.id,
+            client: self.client.clone(),
+            sealed: self.sealed.clone(),
+        }
+    }
+}
+
 impl World {
     /// Seals `probe` as a client of its own would (own session id, own reply key).
     fn batched_probe(&mut self, probe: &IrisTemplate, eye: Eye, p: SearchParams) -> BatchedProbe {
-        use crate::iris::probe::{seal_iris_probe_to, Disclosure, ReplyTo};
+        self.probe_disclosing(probe, eye, p, crate::iris::probe::Disclosure::SealedOnly)
+    }
+
+    /// An enroll-if-unique request as the CLI seals one: the record's three envelopes (of
+    /// `envelope_eye`) and a uniqueness probe of `eye` naming that record.
+    fn enrolment_request(
+        &mut self,
+        t: &IrisTemplate,
+        subject: &str,
+        envelope_eye: Eye,
+        p: SearchParams,
+    ) -> (BatchedProbe, [Vec<u8>; 3]) {
+        use crate::iris::binding::{enrolment_id, envelope_hashes};
+        use crate::iris::enroll::seal_iris_enrollment;
+        use crate::iris::probe::Disclosure;
+        let (sealed, _) =
+            seal_iris_enrollment(t, subject, envelope_eye, &self.publics, &mut self.rng).unwrap();
+        let id = enrolment_id(&envelope_hashes([&sealed[0], &sealed[1], &sealed[2]]));
+        let probe = self.probe_disclosing(t, Eye::Left, p, Disclosure::UniqueBitForRecord(id));
+        (probe, sealed)
+    }
+
+    /// As [`World::batched_probe`], allowing `disclosure`.
+    fn probe_disclosing(
+        &mut self,
+        probe: &IrisTemplate,
+        eye: Eye,
+        p: SearchParams,
+        disclosure: crate::iris::probe::Disclosure,
+    ) -> BatchedProbe {
+        use crate::iris::probe::{seal_iris_probe_to, ReplyTo};
         let id = self.session();
         let client = PartySecretKey::generate(&mut self.rng);
         let reply = ReplyTo {
             key: client.public_key(),
-            disclosure: Disclosure::SealedOnly,
+            disclosure,
         };
         let sealed = seal_iris_probe_to(
             probe,
@@ -1018,7 +1060,6 @@ fn a_batch_refuses_a_used_id_or_more_probes_than_allowed_as_a_whole() {
 
 #[test]
 fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlier_requests() {
-    use crate::iris::enroll::seal_iris_enrollment;
     use crate::iris::output::IrisResult;
     let mut w = world(34);
     let mut enrolled = Vec::new();
@@ -1048,9 +1089,8 @@ fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlie
     let mut probes = Vec::new();
     let mut envelopes = Vec::new();
     for (k, (t, eye)) in requests.iter().enumerate() {
-        probes.push(w.batched_probe(t, Eye::Left, p));
-        let (sealed, _) =
-            seal_iris_enrollment(t, &format!("r{k}"), *eye, &w.publics, &mut w.rng).unwrap();
+        let (probe, sealed) = w.enrolment_request(t, &format!("r{k}"), *eye, p);
+        probes.push(probe);
         envelopes.push(sealed);
     }
     let (starts, outputs) = w.run_enrolment_batch(&probes, &envelopes, Eye::Left, p);
@@ -1108,4 +1148,55 @@ fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlie
         Interrupt::never(),
     );
     assert!(matches!(refused, Err(SearchError::EnrolmentBatch(_))));
+}
+
+#[test]
+fn a_record_is_compared_only_with_its_own_probe_admitted() {
+    use crate::iris::output::IrisResult;
+    use crate::iris::probe::{Disclosure, ProbeRefusal};
+    let mut w = world(35);
+    for i in 0..6 {
+        let t = random_template(&mut w.rng);
+        w.enroll(&format!("s{i}"), Eye::Left, &t);
+    }
+    let p = params("uniqueness", 1);
+    let (r, stranger) = (random_template(&mut w.rng), random_template(&mut w.rng));
+    let victim = near_duplicate(&r, 0.1, 1, &mut w.rng);
+    let (r_probe, r_envelopes) = w.enrolment_request(&r, "earlier", Eye::Left, p);
+    let (w_probe, _) = w.enrolment_request(&stranger, "stranger", Eye::Left, p);
+    let unbound = w.probe_disclosing(&r, Eye::Left, p, Disclosure::UniqueBitToCoordinator);
+    // R's record in front of a near-duplicate of R, with: R's own probe (the honest batch);
+    // another request's probe; a probe naming no record; R's own probe used before.
+    for (case, probe) in [
+        ("its own probe", r_probe.clone_for_test()),
+        ("another request's probe", w_probe),
+        ("a probe naming no record", unbound),
+        ("its own probe replayed", r_probe),
+    ] {
+        let (v_probe, v_envelopes) = w.enrolment_request(&victim, "victim", Eye::Left, p);
+        let probes = [probe, v_probe];
+        let envelopes = [r_envelopes.clone(), v_envelopes];
+        let (starts, outputs) = w.run_enrolment_batch(&probes, &envelopes, Eye::Left, p);
+        let honest = case == "its own probe";
+        for s in &starts {
+            assert_eq!(s.refused[0].is_none(), honest, "{case}: {:?}", s.refused[0]);
+            assert!(s.refused[1].is_none(), "{case}");
+        }
+        if !honest {
+            let why = starts[0].refused[0].as_ref().unwrap();
+            let named = matches!(
+                why,
+                SearchError::ProbeRefused(ProbeRefusal::NotItsRecord | ProbeRefusal::Replayed)
+            );
+            assert!(named, "{case}: {why}");
+        }
+        // With its own probe, R's record makes the victim "not unique"; otherwise it is left
+        // out at all three parties alike (a zero row matches nothing): the victim is unique.
+        let got = open_batched(&w, &probes, &outputs, 1, Eye::Left, p, &probes[1].client);
+        assert_eq!(got.unwrap(), IrisResult::Unique(!honest), "{case}");
+        for o in &outputs {
+            let bit = o[1].as_ref().expect("the victim's output").disclosed_unique;
+            assert_eq!(bit, Some(!honest), "{case}: the disclosed bit");
+        }
+    }
 }
