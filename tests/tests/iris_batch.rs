@@ -689,3 +689,136 @@ fn a_relay_cannot_compare_an_enrolment_probe_with_records_of_its_choice() {
         );
     });
 }
+
+/// A malicious client sends an enroll-if-unique request whose envelope for P2 does not open
+/// there (the other two are fine), and an honest caller's request of a new person lands
+/// behind it in the same batch (the test holds the template table's lock at P0 while a
+/// blocker's batch waits, so both queue for the next batch, the malicious one first). The
+/// malicious request is refused at P2 only, so its row is noise in the honest request's
+/// comparison: the coordinator must not answer that "not unique". It voids the answer
+/// (`enrolment_batch_void`), the CLI retries with a fresh probe in another batch, and the
+/// honest person is enrolled at all three parties. (With the voiding disabled, the honest
+/// request is answered "not unique" and nothing is enrolled: the first 0.16.0 build.)
+#[test]
+fn a_request_refused_at_one_party_cannot_make_the_later_ones_not_unique() {
+    use privmatch_api::wire::to_base64;
+    use privmatch_core::iris::binding::{enrolment_id, envelope_hashes};
+    use privmatch_core::iris::enroll::seal_iris_enrollment;
+    let cluster = Cluster::start("iris-enrol-batch-void", 99);
+    enroll(&cluster, 20, 99);
+    let keys = cluster.party_keys();
+    let mut rng = ChaCha20Rng::seed_from_u64(9_900);
+    let (blocker, malicious, honest) = (
+        random_template(&mut rng),
+        random_template(&mut rng),
+        random_template(&mut rng),
+    );
+    // The malicious request: P2's envelope altered after sealing (it does not open at P2);
+    // the hashes the coordinator computes, and the probe's record id, cover what is sent.
+    let (mut envelopes, _) =
+        seal_iris_enrollment(&malicious, "mallory", Eye::Left, &keys, &mut rng).expect("seal");
+    let last = envelopes[2].len() - 1;
+    envelopes[2][last] ^= 1;
+    let record = enrolment_id(&envelope_hashes([
+        &envelopes[0],
+        &envelopes[1],
+        &envelopes[2],
+    ]));
+    let session: [u8; 16] = rng.gen();
+    let params = SearchParams::new(SearchMode::Uniqueness, 15, 0.345).expect("params");
+    let context = ProbeContext {
+        session,
+        eye: Eye::Left,
+        params,
+        sealed_at: privmatch_coordinator::cli::keys::sealing_time(),
+    };
+    let to = ReplyTo {
+        key: PartySecretKey::generate(&mut rng).public_key(),
+        disclosure: Disclosure::UniqueBitForRecord(record),
+    };
+    let probes = seal_iris_probe_to(&malicious, &context, &to, &keys, &mut rng).expect("seal");
+    let body = serde_json::json!({
+        "subject": "mallory",
+        "eye": "left",
+        "session": hex::encode(session),
+        "probes": probes.iter().map(|p| to_base64(p)).collect::<Vec<_>>(),
+        "envelopes": envelopes.iter().map(|e| to_base64(e)).collect::<Vec<_>>(),
+    });
+    let file = |name: &str, t: &IrisTemplate| {
+        let path = cluster.path(&format!("{name}.ndjson"));
+        write_lines(&path, &[enrollment_line(name, "left", t)]);
+        path.display().to_string()
+    };
+    let (blocker_file, honest_file) = (file("blocker", &blocker), file("honest", &honest));
+    let if_unique = |f: &str| {
+        cluster.cli_background(&[
+            "iris",
+            "enroll",
+            "--input",
+            f,
+            "--if-unique",
+            "--no-progress",
+        ])
+    };
+    let (malicious_answer, honest_out) = std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            cluster.block_on(async {
+                let p0 = cluster.connect(0).await;
+                p0.batch_execute(
+                    "BEGIN; LOCK TABLE privmatch.iris_templates IN SHARE ROW EXCLUSIVE MODE",
+                )
+                .await
+                .expect("lock");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                p0.batch_execute("COMMIT").await.expect("unlock");
+            })
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let blocked = if_unique(&blocker_file);
+        std::thread::sleep(Duration::from_millis(1_500));
+        let malicious = s.spawn(|| {
+            cluster.post_bytes("/v1/iris/enroll-if-unique", body.to_string().into_bytes())
+        });
+        std::thread::sleep(Duration::from_millis(1_000));
+        let honest = if_unique(&honest_file);
+        holder.join().expect("lock holder");
+        blocked.wait(Duration::from_secs(120)).expect_success();
+        let answer = malicious.join().expect("malicious request");
+        (answer, honest.wait(Duration::from_secs(120)))
+    });
+    let (status, answer) = malicious_answer;
+    assert_ne!(status, 200, "the malicious request was answered: {answer}");
+    assert!(answer.to_string().contains("P2"), "{answer}");
+    let honest_out = honest_out.expect_success();
+    // Both queued behind the blocker and ran as one batch, the malicious request first.
+    let in_batch = cluster.log_lines_with("coordinator.log", "iris enroll-if-unique in batch");
+    let batch_of = |session: &str| {
+        in_batch
+            .iter()
+            .find(|l| l.contains(session))
+            .and_then(|l| l.split("batch=").nth(1))
+            .map(|rest| {
+                rest.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+    };
+    let malicious_batch = batch_of(&hex::encode(session)).expect("the malicious request's batch");
+    let shared = in_batch
+        .iter()
+        .filter(|l| l.contains(&malicious_batch))
+        .count();
+    assert_eq!(
+        shared, 2,
+        "the malicious and the honest request share a batch: {in_batch:#?}"
+    );
+    for party in 0..3 {
+        assert_eq!(
+            cluster.subject_count(party, "honest"),
+            1,
+            "P{party}: the honest person is enrolled ({honest_out})"
+        );
+        assert_eq!(cluster.subject_count(party, "mallory"), 0, "P{party}");
+    }
+}
