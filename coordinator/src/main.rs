@@ -134,7 +134,7 @@ enum CoordinatorAction {
         #[arg(long, env = "PRIVMATCH_MAX_IN_FLIGHT", default_value_t = privmatch_coordinator::server::state::MAX_IN_FLIGHT)]
         max_in_flight: usize,
         /// Most iris searches run as one batch (1: every search alone). A batch also holds
-        /// at most 2^28 comparisons at a party (fewer searches over a large template set).
+        /// at most 2^24 comparisons at a party (fewer searches over a large template set).
         #[arg(long, env = "PRIVMATCH_BATCH_MAX", default_value_t = 32)]
         batch_max: usize,
         /// Longest an iris search waits for others to join its batch while another batch of

@@ -414,6 +414,7 @@ fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several
     // the rest queue behind it, so copies of a person not enrolled yet share a batch (the
     // in-batch comparison decides) or land in later ones (the enrolled set decides).
     let (rounds, people, copies) = (3, 2, 8);
+    let mut in_batch_refusals = 0;
     for round in 0..rounds {
         let mut files = Vec::new();
         for person in 0..people {
@@ -447,7 +448,13 @@ fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several
             })
             .collect();
         for caller in callers {
-            caller.wait(Duration::from_secs(300)).expect_success();
+            let out = caller.wait(Duration::from_secs(300)).expect_success();
+            // Why a copy was refused: an enrolled copy, or an earlier copy of its batch (the
+            // parties' signed output says which; the coordinator is told only "not unique").
+            in_batch_refusals += out
+                .stdout
+                .matches("but an earlier request sent at the same time")
+                .count();
         }
         for person in 0..people {
             let prefix = format!("r{round}-p{person}-");
@@ -486,9 +493,19 @@ fn concurrent_enrolments_of_one_person_enrol_exactly_one_in_one_batch_or_several
         sizes.iter().sum::<usize>() >= rounds * people * copies,
         "{sizes:?}"
     );
+    // Copies of a person not enrolled yet shared a batch: the later ones were told so.
+    assert!(
+        in_batch_refusals > 0,
+        "no refusal named an earlier request of its batch"
+    );
     assert!(
         sizes.iter().any(|&n| n > 1),
         "no enrolment batch of more than one: {sizes:?}"
+    );
+    // Copies of a person not enrolled yet shared a batch: the later ones were told so.
+    assert!(
+        in_batch_refusals > 0,
+        "no refusal named an earlier request of its batch"
     );
 }
 

@@ -175,6 +175,7 @@ async fn drive(
             return Ok(match opened.result {
                 IrisResult::Identified(s) => Outcome::Subjects(s),
                 IrisResult::Unique(u) => Outcome::Unique(u),
+                IrisResult::MatchesEarlierRequest => panic!("a search is in no enrolment batch"),
             });
         }
         assert!(

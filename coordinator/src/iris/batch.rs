@@ -648,9 +648,11 @@ mod tests {
     #[test]
     fn batches_stay_within_the_partys_comparison_limit() {
         assert_eq!(probes_for(1_000, 31, 32), 32);
-        assert_eq!(probes_for(100_000, 31, 64), 64);
-        // 1M × 31 rotations: 8 probes make 248 M comparisons, 9 would pass 2^28.
-        assert_eq!(probes_for(1_000_000, 31, 32), 8);
+        assert_eq!(probes_for(100_000, 1, 64), 64);
+        // 100,000 × 31 rotations: 5 probes make 15.5 M comparisons, 6 would pass 2^24
+        // (about 2 GiB of working memory at a party).
+        assert_eq!(probes_for(100_000, 31, 64), 5);
+        assert_eq!(probes_for(1_000_000, 31, 32), 1);
         assert_eq!(probes_for(100_000_000, 31, 32), 1);
         assert_eq!(probes_for(0, 1, 500), MAX_BATCH_PROBES);
     }

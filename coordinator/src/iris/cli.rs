@@ -358,21 +358,26 @@ async fn enroll_if_unique(config: &Config, args: &EnrollArgs) -> Result<()> {
     let mut totals = IfUniqueTotals::default();
     while let Some(record) = rx.recv().await {
         let record = record?;
-        let outcome = client
+        let answer = client
             .enroll_if_unique(&record, params)
             .await
             .map_err(|failure| record_failure(&record, failure, &totals))?;
-        if outcome == EnrollIfUniqueOutcome::NotUnique {
+        if answer.outcome == EnrollIfUniqueOutcome::NotUnique {
+            let why = if answer.matched_earlier_request {
+                "matches no enrolled template but an earlier request sent at the same time (the same person twice in one batch)"
+            } else {
+                "matches an enrolled template"
+            };
             bar.suspend(|| {
                 println!(
-                    "line {}: {:?} ({} eye): not enrolled: matches an enrolled template",
+                    "line {}: {:?} ({} eye): not enrolled: {why}",
                     record.line,
                     record.subject,
                     record.eye.as_str()
                 )
             });
         }
-        totals.count(outcome);
+        totals.count(answer.outcome);
         bar.inc(1);
     }
     bar.finish_and_clear();

@@ -295,6 +295,10 @@ pub fn open_response(
         match opened.result {
             IrisResult::Identified(subjects) => matched.push((eye, subjects)),
             IrisResult::Unique(u) => unique.push((eye, u)),
+            // A search is never in an enrolment batch: no earlier request to match.
+            IrisResult::MatchesEarlierRequest => {
+                return Err("a search answered with an enrolment batch's result".into())
+            }
         }
     }
     response.mode = Some(params.mode());
@@ -322,22 +326,34 @@ pub enum IfUniqueFailure {
     Refused(String),
 }
 
+/// What one enroll-if-unique call did, as the parties' signed outputs confirm it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IfUniqueAnswer {
+    /// Enrolled, not unique, or a duplicate subject+eye.
+    pub outcome: EnrollIfUniqueOutcome,
+    /// Not unique because the record matched no enrolled template but an earlier request of
+    /// its batch (the same person sent at the same time; docs/protocols/iris.md §13.4).
+    pub matched_earlier_request: bool,
+}
+
 /// Checks an enroll-if-unique answer (core's `iris::output`, as [`open_response`] does for a
 /// search): the three parties' outputs of the uniqueness search are opened with the attempt's
 /// reply key `reply`, each checked to be for `expected` (session, parameters, eye), signed
 /// (with `signing_keys`, where pinned) and in agreement, and the bit they give must be the one
 /// the reported outcome implies: `enrolled` needs unique, `not_unique` needs not unique. A
 /// `duplicate` (the subject+eye already enrolled) is decided before any search and carries no
-/// outputs. Refuses, naming what disagrees, an answer the coordinator changed.
+/// outputs. Refuses, naming what disagrees, an answer the coordinator changed. Returns the
+/// parties' result (`None` for a duplicate): for a record not unique, whether it matched an
+/// enrolled template or only an earlier request of its batch.
 pub fn check_if_unique_answer(
     response: &EnrollIfUniqueResponse,
     expected: &ExpectedSearch,
     party_keys: &[PartyPublicKey; 3],
     signing_keys: &[Option<PartyVerifyingKey>; 3],
     reply: &PartySecretKey,
-) -> Result<(), String> {
+) -> Result<Option<IrisResult>, String> {
     let reported = match response.outcome {
-        EnrollIfUniqueOutcome::Duplicate => return Ok(()),
+        EnrollIfUniqueOutcome::Duplicate => return Ok(None),
         EnrollIfUniqueOutcome::Enrolled => "enrolled",
         EnrollIfUniqueOutcome::NotUnique => "not unique",
     };
@@ -355,7 +371,7 @@ pub fn check_if_unique_answer(
         [&sealed[0], &sealed[1], &sealed[2]],
     )
     .map_err(|e| e.to_string())?;
-    let IrisResult::Unique(unique) = opened.result else {
+    let Some(unique) = opened.result.is_unique() else {
         return Err("the parties' outputs of the uniqueness search are not a uniqueness result: refusing the answer".into());
     };
     if unique != (response.outcome == EnrollIfUniqueOutcome::Enrolled) {
@@ -364,7 +380,7 @@ pub fn check_if_unique_answer(
             if unique { "unique" } else { "not unique" }
         ));
     }
-    Ok(())
+    Ok(Some(opened.result))
 }
 
 /// Shares `template` as a probe and seals it to the three parties for a fresh session, with
@@ -504,7 +520,7 @@ impl IrisClient {
         &mut self,
         record: &EnrollRecord,
         params: SearchParams,
-    ) -> Result<EnrollIfUniqueOutcome, IfUniqueFailure> {
+    ) -> Result<IfUniqueAnswer, IfUniqueFailure> {
         let sealer = &mut self.sealer;
         let (envelopes, _) = seal_iris_enrollment(
             &record.template,
@@ -562,7 +578,7 @@ impl IrisClient {
             params,
             eye: record.eye,
         };
-        check_if_unique_answer(
+        let result = check_if_unique_answer(
             &response,
             &expected,
             &self.sealer.keys,
@@ -570,7 +586,10 @@ impl IrisClient {
             &reply,
         )
         .map_err(IfUniqueFailure::Refused)?;
-        Ok(response.outcome)
+        Ok(IfUniqueAnswer {
+            outcome: response.outcome,
+            matched_earlier_request: result == Some(IrisResult::MatchesEarlierRequest),
+        })
     }
 
     /// Deletes a subject's templates (one eye, or both) at the three parties, atomically.
@@ -647,9 +666,15 @@ mod tests {
         let unique = sealed_answer(&secrets, &reply, &expected, true, &mut rng);
         let matched = sealed_answer(&secrets, &reply, &expected, false, &mut rng);
         use EnrollIfUniqueOutcome::{Duplicate, Enrolled, NotUnique};
-        assert_eq!(check(&answer(Enrolled, Some(unique.clone()))), Ok(()));
-        assert_eq!(check(&answer(NotUnique, Some(matched.clone()))), Ok(()));
-        assert_eq!(check(&answer(Duplicate, None)), Ok(()));
+        assert_eq!(
+            check(&answer(Enrolled, Some(unique.clone()))),
+            Ok(Some(IrisResult::Unique(true)))
+        );
+        assert_eq!(
+            check(&answer(NotUnique, Some(matched.clone()))),
+            Ok(Some(IrisResult::Unique(false)))
+        );
+        assert_eq!(check(&answer(Duplicate, None)), Ok(None));
         let flipped = check(&answer(Enrolled, Some(matched))).expect_err("flipped");
         assert!(flipped.contains("reported enrolled"), "{flipped}");
         assert!(

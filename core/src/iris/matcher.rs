@@ -60,11 +60,13 @@
 //!
 //! **In-batch uniqueness** (iris-mpc's intra-batch matching, [BGK+24] §6 deployment notes):
 //! a batch of enrol-if-unique requests appends the requests' own enrolment shares as B more
-//! entries (N + B in all, in batch order), and probe b's OR group keeps the enrolled entries
-//! and requests 0..b − 1 only ([`IrisMatchSession::start_enrolment_batch_with_dots`]; the
-//! other bits are a public zero). Two requests of one person in one batch: the later is not
-//! unique whatever the earlier's own outcome, so at most one of them is enrolled. Rounds: those
-//! of a uniqueness search over N + B entries.
+//! entries (N + B in all, in batch order), and probe b has two OR groups: the enrolled
+//! entries, and requests 0..b − 1 ([`IrisMatchSession::start_enrolment_batch_with_dots`]); the
+//! later requests' bits are left out. The two opened bits say whether it matched the enrolled
+//! set, only an earlier request ([`MatchOutput::MatchesEarlierRequest`]), or nothing. Two
+//! requests of one person in one batch: the later is not unique whatever the earlier's own
+//! outcome, so at most one of them is enrolled. Rounds: those of a uniqueness search over
+//! max(N, B − 1) entries.
 //!
 //! **Communication** (measured by the in-process driver of the tests, N = 1,000, R = 31):
 //! 1,136,412 bytes sent per party in 21 rounds, ≈ 36.7 bytes per party per comparison:
@@ -116,6 +118,10 @@ pub enum MatchOutput {
     Identify(Vec<usize>),
     /// [`SearchMode::Uniqueness`]: `true` if the probe matched no entry.
     Unique(bool),
+    /// In an enrolment batch (module docs, "In-batch uniqueness"): not unique, because the
+    /// probe matched no enrolled entry but the record of an earlier request of its batch.
+    /// (A probe that matches an enrolled entry is `Unique(false)`, whatever else it matches.)
+    MatchesEarlierRequest,
     /// This party is not entitled to the output and learned nothing.
     Withheld,
 }
@@ -354,9 +360,20 @@ impl Core {
     }
 
     /// Each probe's output from the opened bits: B·N entry bits (Identify, probe b's at
-    /// b·N..(b+1)·N) or B OR bits (Uniqueness).
+    /// b·N..(b+1)·N), B OR bits (Uniqueness), or in an enrolment batch 2·B OR bits (probe
+    /// b's: the enrolled entries' at 2b, the earlier requests' at 2b + 1).
     fn outputs(&self, opened: &[bool]) -> Vec<MatchOutput> {
         let n = self.num_entries;
+        if self.batch_rows > 0 {
+            let bit = |k: usize| opened.get(k).copied().unwrap_or(false);
+            return (0..self.num_probes)
+                .map(|q| match (bit(2 * q), bit(2 * q + 1)) {
+                    (true, _) => MatchOutput::Unique(false),
+                    (false, true) => MatchOutput::MatchesEarlierRequest,
+                    (false, false) => MatchOutput::Unique(true),
+                })
+                .collect();
+        }
         (0..self.num_probes)
             .map(|q| match self.mode {
                 SearchMode::Identify => MatchOutput::Identify(
@@ -427,10 +444,10 @@ fn rotation_planes(
 /// Gathers entry-major bits (bit k = e·B·R + b·R + r) into B groups, one per probe, each of
 /// its N·R bits (order within a group does not matter to an OR); local. A batch of one is
 /// the input itself. With `batch_rows` > 0 the last `batch_rows` entries are the batch's own
-/// enrolment requests (module docs, "In-batch uniqueness"): probe q's group keeps only the
-/// requests before it (entries below N − batch_rows + q); the others' bits stay a public zero
-/// (every component 0), which an OR ignores, so group lengths and rounds stay those of a
-/// search batch.
+/// enrolment requests (module docs, "In-batch uniqueness"): probe q gets two groups, its bits
+/// of the enrolled entries (below N − batch_rows) and of the requests before it (entries
+/// N − batch_rows .. N − batch_rows + q), so its output says which of the two it matched.
+/// The sum of the groups' lengths is what one group over both would have: the same AND gates.
 fn probe_groups(
     bits: &BitSliced,
     n: usize,
@@ -452,29 +469,42 @@ fn probe_groups(
     if b == 1 && batch_rows == 0 {
         return Ok(vec![bits.clone()]);
     }
-    let len = n * r;
-    let w = words_for(len);
-    let bit = |words: &[u64], k: usize| (words[k / WORD_BITS] >> (k % WORD_BITS)) & 1;
+    if batch_rows == 0 {
+        return (0..b).map(|q| probe_group(bits, b, r, q, 0..n)).collect();
+    }
+    let enrolled = n - batch_rows;
     (0..b)
-        .map(|q| {
-            let compared = if batch_rows == 0 {
-                n
-            } else {
-                n - batch_rows + q
-            };
-            let mut ga = vec![0u64; w];
-            let mut gb = vec![0u64; w];
-            for e in 0..compared {
-                for j in 0..r {
-                    let k = (e * b + q) * r + j;
-                    let t = e * r + j;
-                    ga[t / WORD_BITS] |= bit(bits.a(), k) << (t % WORD_BITS);
-                    gb[t / WORD_BITS] |= bit(bits.b(), k) << (t % WORD_BITS);
-                }
-            }
-            BitSliced::from_words(len, ga, gb)
+        .flat_map(|q| {
+            [
+                probe_group(bits, b, r, q, 0..enrolled),
+                probe_group(bits, b, r, q, enrolled..enrolled + q),
+            ]
         })
         .collect()
+}
+
+/// Probe q's bits of the entries `entries` (each entry's R rotations), as one group.
+fn probe_group(
+    bits: &BitSliced,
+    b: usize,
+    r: usize,
+    q: usize,
+    entries: std::ops::Range<usize>,
+) -> Result<BitSliced, MpcError> {
+    let len = entries.len() * r;
+    let w = words_for(len);
+    let bit = |words: &[u64], k: usize| (words[k / WORD_BITS] >> (k % WORD_BITS)) & 1;
+    let mut ga = vec![0u64; w];
+    let mut gb = vec![0u64; w];
+    for (t0, e) in entries.enumerate() {
+        for j in 0..r {
+            let k = (e * b + q) * r + j;
+            let t = t0 * r + j;
+            ga[t / WORD_BITS] |= bit(bits.a(), k) << (t % WORD_BITS);
+            gb[t / WORD_BITS] |= bit(bits.b(), k) << (t % WORD_BITS);
+        }
+    }
+    BitSliced::from_words(len, ga, gb)
 }
 
 /// OR of R equal-length bit planes ([TACEO24] §2.3 OR tree, plane-wise): a ∨ b = ¬(¬a ∧ ¬b),
@@ -1128,17 +1158,20 @@ mod tests {
             let (outs, rounds) = run_enrolment_batch(&templates, &requests, &cfg, &mut rng);
             prop_assert_eq!(
                 rounds as u32,
-                expected_rounds(SearchMode::Uniqueness, entries + batch, max_rotation, &cfg.threshold)
+                expected_rounds(SearchMode::Uniqueness, entries.max(batch - 1), max_rotation, &cfg.threshold)
             );
             for out in &outs {
                 prop_assert_eq!(out, &outs[0]);
             }
             for (b, got) in outs[0].iter().enumerate() {
-                let matched = templates
-                    .iter()
-                    .chain(&requests[..b])
-                    .any(|t| plain_match(&requests[b], t, max_rotation));
-                prop_assert_eq!(got, &MatchOutput::Unique(!matched), "request {}", b);
+                let in_set = templates.iter().any(|t| plain_match(&requests[b], t, max_rotation));
+                let earlier = requests[..b].iter().any(|t| plain_match(&requests[b], t, max_rotation));
+                let want = match (in_set, earlier) {
+                    (true, _) => MatchOutput::Unique(false),
+                    (false, true) => MatchOutput::MatchesEarlierRequest,
+                    (false, false) => MatchOutput::Unique(true),
+                };
+                prop_assert_eq!(got, &want, "request {}", b);
             }
         }
     }

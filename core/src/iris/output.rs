@@ -20,7 +20,8 @@
 //! party (1) | session id (16) | parameters (4: mode, max rotation, threshold P u16)
 //! | eye (1) | set digest (32) | entries (u64)
 //! | result: 0 ‖ count (u32) ‖ (length (u32) ‖ subject)* sorted   (identification)
-//!         | 1 ‖ unique (1)                                       (uniqueness)
+//!         | 1 ‖ unique (1: 1 unique, 0 not unique, 2 not unique: it matches only the
+//!             record of an earlier request of its enrolment batch)  (uniqueness)
 //! ```
 //!
 //! Sealed plaintext: `length of the signed message (u32) ‖ signed message ‖ signature (64) ‖
@@ -64,8 +65,24 @@ pub fn padded_len(n: usize) -> usize {
 pub enum IrisResult {
     /// Identification: the matching subjects of the probe's eye (signed sorted).
     Identified(Vec<String>),
-    /// Uniqueness: true when no enrolled template matched.
+    /// Uniqueness: true when no enrolled template matched (in an enrolment batch: nor the
+    /// record of an earlier request of the batch).
     Unique(bool),
+    /// Uniqueness in an enrolment batch: not unique, because no enrolled template matched but
+    /// the record of an earlier request of the same batch did (two requests of one person
+    /// sent at once; docs/protocols/iris.md §13.4).
+    MatchesEarlierRequest,
+}
+
+impl IrisResult {
+    /// For a uniqueness search: whether the probe is unique (`None` for an identification).
+    pub fn is_unique(&self) -> Option<bool> {
+        match self {
+            IrisResult::Unique(u) => Some(*u),
+            IrisResult::MatchesEarlierRequest => Some(false),
+            IrisResult::Identified(_) => None,
+        }
+    }
 }
 
 /// One party's output of one search, as it signs it.
@@ -135,6 +152,10 @@ impl IrisOutput {
                 out.push(1);
                 out.push(u8::from(*u));
             }
+            IrisResult::MatchesEarlierRequest => {
+                out.push(1);
+                out.push(2);
+            }
         }
         out
     }
@@ -166,6 +187,7 @@ impl IrisOutput {
             1 => match c.u8()? {
                 0 => IrisResult::Unique(false),
                 1 => IrisResult::Unique(true),
+                2 => IrisResult::MatchesEarlierRequest,
                 _ => return None,
             },
             _ => return None,
@@ -351,7 +373,7 @@ pub fn open_output(
             IrisResult::Identified(_),
             crate::iris::params::SearchMode::Identify
         ) | (
-            IrisResult::Unique(_),
+            IrisResult::Unique(_) | IrisResult::MatchesEarlierRequest,
             crate::iris::params::SearchMode::Uniqueness
         )
     );
@@ -504,6 +526,7 @@ mod tests {
             IrisResult::Identified(vec!["bob".into(), "alice".into()]),
             IrisResult::Unique(true),
             IrisResult::Unique(false),
+            IrisResult::MatchesEarlierRequest,
         ] {
             let o = output(1, &expected, &result);
             let back = IrisOutput::decode(&o.encode()).expect("decodes");

@@ -34,7 +34,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::OsRng;
@@ -70,9 +71,25 @@ pub const MAX_ACTIVE_SEARCHES: usize = 64;
 /// Probes one batch may hold (module docs, "Batches").
 pub const MAX_BATCH_PROBES: usize = 64;
 
-/// Comparisons (entries × probes × rotations) one batch may hold: its dot-product shares
-/// take 4 bytes each until the comparison ends (1 GiB at this bound).
-pub const MAX_BATCH_COMPARISONS: usize = 1 << 28;
+/// Working memory a search holds per comparison (entry × probe × rotation) at its peak, in
+/// bytes, rounded up: the dot-product shares (4 bytes) and the comparison circuit's state.
+/// Measured: 116 bytes (the engine's peak resident memory over its resident set at rest, one
+/// search over 100,000 templates × 31 rotations, privmatch 0.16.0).
+pub const WORK_BYTES_PER_COMPARISON: usize = 128;
+
+/// Comparisons (entries × probes × rotations) one batch may hold: about 2 GiB of working
+/// memory at [`WORK_BYTES_PER_COMPARISON`]. (Before 0.16.0's memory budget it was 2^28,
+/// 32 GiB: a batch of 8 over 100,000 templates × 31 rotations had three parties on one
+/// 24 GiB host killed by the kernel.)
+pub const MAX_BATCH_COMPARISONS: usize = 1 << 24;
+
+/// The default budget of working memory for all running searches of one party, in MiB
+/// (`privmatch.search_work_mem`): one batch of [`MAX_BATCH_COMPARISONS`].
+pub const DEFAULT_WORK_MEM_MIB: usize = (MAX_BATCH_COMPARISONS * WORK_BYTES_PER_COMPARISON) >> 20;
+
+/// How long a start waits for working memory held by other searches before it is refused
+/// ([`SearchError::NoWorkMemory`]).
+pub const WORK_MEM_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a search call was refused. Never contains share values, distances or keys.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +106,15 @@ pub enum SearchError {
     /// As many searches as allowed are running at this party.
     #[error("iris search: {0} searches are running at this party, the most it runs at once; retry when one ends")]
     TooManySearches(usize),
+    /// The running searches hold the party's working memory for searches
+    /// (`privmatch.search_work_mem`) and did not release enough of it in time.
+    #[error("iris search: the searches running at this party hold its working memory ({budget_mib} MiB, privmatch.search_work_mem) and released too little of it within {waited_secs} s; retry when they end")]
+    NoWorkMemory {
+        /// The budget, in MiB.
+        budget_mib: usize,
+        /// How long the start waited.
+        waited_secs: u64,
+    },
     /// The sealed probe could not be opened or decoded.
     #[error("iris search probe: {0}")]
     Probe(#[from] BundleError),
@@ -182,6 +208,9 @@ pub enum RoundReply {
     Identified(Vec<String>),
     /// Uniqueness output: `true` if the probe matched nobody.
     Unique(bool),
+    /// Enrolment batch output: not unique, because the probe matched no enrolled template
+    /// but the record of an earlier request of its batch.
+    MatchesEarlierRequest,
 }
 
 impl fmt::Debug for RoundReply {
@@ -190,6 +219,7 @@ impl fmt::Debug for RoundReply {
             RoundReply::Continue(m) => write!(f, "Continue({} bytes)", m.len()),
             RoundReply::Identified(s) => write!(f, "Identified({s:?})"),
             RoundReply::Unique(u) => write!(f, "Unique({u})"),
+            RoundReply::MatchesEarlierRequest => write!(f, "MatchesEarlierRequest"),
         }
     }
 }
@@ -338,6 +368,8 @@ struct ActiveSearch {
     /// The round whose message the next call must carry.
     next_round: u32,
     last_used: Instant,
+    /// Its working memory, released with it.
+    _work: WorkReservation,
 }
 
 /// What a start has settled before the scan: the table key, the bound session, the
@@ -348,6 +380,8 @@ struct Launch {
     params: SearchParams,
     eye: Eye,
     order: Arc<CanonicalOrder>,
+    /// The search's working memory, reserved before its scan.
+    work: WorkReservation,
 }
 
 impl ActiveSearch {
@@ -368,6 +402,7 @@ impl ActiveSearch {
                             .collect(),
                     ),
                     MatchOutput::Unique(u) => RoundReply::Unique(u),
+                    MatchOutput::MatchesEarlierRequest => RoundReply::MatchesEarlierRequest,
                     MatchOutput::Withheld => RoundReply::Identified(Vec::new()),
                 };
                 let relayed = match slot {
@@ -393,12 +428,16 @@ impl ActiveSearch {
     ) -> SealedOutput {
         let result = match view {
             RoundReply::Unique(u) => IrisResult::Unique(*u),
+            RoundReply::MatchesEarlierRequest => IrisResult::MatchesEarlierRequest,
             RoundReply::Identified(s) => IrisResult::Identified(s.clone()),
             RoundReply::Continue(_) => IrisResult::Identified(Vec::new()),
         };
+        // The coordinator learns the bit only: not which of the two a non-unique probe matched.
         let disclosed_unique = match &result {
-            IrisResult::Unique(u) if disclosure.discloses_bit() => Some(*u),
-            _ => None,
+            _ if !disclosure.discloses_bit() => None,
+            IrisResult::Unique(u) => Some(*u),
+            IrisResult::MatchesEarlierRequest => Some(false),
+            IrisResult::Identified(_) => None,
         };
         let output = IrisOutput {
             party: self.me,
@@ -421,6 +460,95 @@ pub struct SearchService {
     table: Mutex<SessionTable>,
     backend: Arc<dyn ScanBackend>,
     timeout: Duration,
+    work: Arc<WorkMemory>,
+}
+
+/// The working memory of one party's running searches, counted in comparisons: a start
+/// reserves its comparisons (entries × probes × rotations) before it scans and holds them
+/// until its search ends, is aborted or expires. One search may always run alone, whatever
+/// its size (a search over a large set must not be refused on an idle party); beside others
+/// it waits until the total fits the budget. A bound on memory, where the number of searches
+/// ([`MAX_ACTIVE_SEARCHES`]) is none.
+struct WorkMemory {
+    /// The budget, in comparisons.
+    budget: usize,
+    reserved: AtomicUsize,
+    /// Wakes waiting starts when a reservation is released.
+    released: (Mutex<()>, Condvar),
+}
+
+/// Comparisons reserved by one search; released when dropped (with the search).
+struct WorkReservation {
+    work: Arc<WorkMemory>,
+    comparisons: usize,
+}
+
+impl Drop for WorkReservation {
+    fn drop(&mut self) {
+        self.work
+            .reserved
+            .fetch_sub(self.comparisons, AtomicOrdering::AcqRel);
+        let (lock, wake) = &self.work.released;
+        let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        wake.notify_all();
+    }
+}
+
+impl WorkMemory {
+    fn new(budget_mib: usize) -> Self {
+        WorkMemory {
+            budget: (budget_mib << 20) / WORK_BYTES_PER_COMPARISON,
+            reserved: AtomicUsize::new(0),
+            released: (Mutex::new(()), Condvar::new()),
+        }
+    }
+
+    /// Reserves `comparisons` now if they fit beside the reserved ones (or nothing is
+    /// reserved).
+    fn try_reserve(self: &Arc<Self>, comparisons: usize) -> Option<WorkReservation> {
+        self.reserved
+            .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |held| {
+                let total = held.saturating_add(comparisons);
+                (held == 0 || total <= self.budget).then_some(total)
+            })
+            .ok()
+            .map(|_| WorkReservation {
+                work: Arc::clone(self),
+                comparisons,
+            })
+    }
+
+    /// Reserves `comparisons`, waiting up to `wait` for running searches to release theirs
+    /// (and stopping once `interrupt` is raised).
+    fn reserve(
+        self: &Arc<Self>,
+        comparisons: usize,
+        wait: Duration,
+        interrupt: &Interrupt,
+    ) -> Result<WorkReservation, SearchError> {
+        let deadline = Instant::now() + wait;
+        let (lock, wake) = &self.released;
+        let mut guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = self.try_reserve(comparisons) {
+                return Ok(r);
+            }
+            let now = Instant::now();
+            if now >= deadline || interrupt.is_raised() {
+                return Err(SearchError::NoWorkMemory {
+                    budget_mib: (self.budget * WORK_BYTES_PER_COMPARISON) >> 20,
+                    waited_secs: wait.as_secs(),
+                });
+            }
+            // Bounded waits: a release between the check and the wait, or an interrupt, is
+            // seen within 50 ms.
+            let step = (deadline - now).min(Duration::from_millis(50));
+            guard = wake
+                .wait_timeout(guard, step)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
 }
 
 /// The searches between calls, and the session ids already used.
@@ -572,7 +700,23 @@ impl SearchService {
             table: Mutex::new(SessionTable::default()),
             backend,
             timeout,
+            work: Arc::new(WorkMemory::new(DEFAULT_WORK_MEM_MIB)),
         }
+    }
+
+    /// The same service with a budget of `mib` MiB of working memory for its running
+    /// searches (module docs of [`WorkMemory`]; at least one search always runs).
+    pub fn with_work_mem_mib(mut self, mib: usize) -> Self {
+        self.work = Arc::new(WorkMemory::new(mib));
+        self
+    }
+
+    /// Comparisons the running searches hold of the working-memory budget, and the budget.
+    pub fn work_memory(&self) -> (usize, usize) {
+        (
+            self.work.reserved.load(AtomicOrdering::Acquire),
+            self.work.budget,
+        )
     }
 
     /// The scan backend in use.
@@ -636,6 +780,10 @@ impl SearchService {
         let me = keys.me;
         let probe = open_iris_probe(me, &keys.secret, &id, sealed_probe)?;
         check_probe(&probe, &policy, unix_now)?;
+        let comparisons = store
+            .len_of(probe.eye)
+            .saturating_mul(2 * probe.params.max_rotation().max(0) as usize + 1);
+        let work = self.work.reserve(comparisons, WORK_MEM_WAIT, interrupt)?;
         let order = store.canonical(probe.eye);
         let bound = bound_session(&id, &probe.params, probe.eye, &order.digest);
         let slot = ProbeSlot::Accepted {
@@ -649,6 +797,7 @@ impl SearchService {
             params: probe.params,
             eye: probe.eye,
             order,
+            work,
         };
         self.launch(
             store,
@@ -704,6 +853,7 @@ impl SearchService {
                 entries,
             });
         }
+        let work = self.work.reserve(comparisons, WORK_MEM_WAIT, interrupt)?;
         let _starting = self.admit(batch.batch)?;
         let me = keys.me;
         let mut shares = Vec::with_capacity(count);
@@ -761,6 +911,7 @@ impl SearchService {
             params: batch.params,
             eye: batch.eye,
             order,
+            work,
         };
         let start = self.launch(store, keys, search, shares, slots, rows, now, interrupt)?;
         Ok(BatchStartReply { start, refused })
@@ -815,6 +966,7 @@ impl SearchService {
             params,
             eye,
             order,
+            work,
         } = search;
         let me = keys.me;
         let peer_key =
@@ -885,6 +1037,7 @@ impl SearchService {
                 order,
                 next_round: 0,
                 last_used: now,
+                _work: work,
             },
         );
         Ok(StartReply {

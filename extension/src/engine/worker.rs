@@ -58,6 +58,10 @@ pub static ENGINE_DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"privmatch"));
 /// `privmatch.engine_threads`: scan threads (0 = one per CPU).
 pub static ENGINE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// `privmatch.search_work_mem`: MiB of working memory the running iris searches hold
+/// together (a start waits for it, then 53400; one search always runs).
+pub static SEARCH_WORK_MEM: GucSetting<i32> =
+    GucSetting::<i32>::new(privmatch_core::iris::service::DEFAULT_WORK_MEM_MIB as i32);
 /// `privmatch.search_timeout`: seconds after which an idle search is dropped.
 pub static SEARCH_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(120);
 /// Defines the GUCs and, at server start, registers the engine worker.
@@ -81,6 +85,16 @@ pub fn register() {
         GucFlags::default(),
     );
     register_gpu_gucs();
+    GucRegistry::define_int_guc(
+        c"privmatch.search_work_mem",
+        c"Working memory the privmatch engine's running iris searches hold together.",
+        c"About 128 bytes per comparison (template x probe x rotation). A search start waits up to 30 s for searches to release theirs, then fails with 53400; a search alone always runs. Read when the engine starts.",
+        &SEARCH_WORK_MEM,
+        64,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
     GucRegistry::define_int_guc(
         c"privmatch.search_timeout",
         c"Seconds after which an idle iris search is dropped by the engine.",
@@ -176,7 +190,11 @@ impl Engine {
             None => {}
         }
         Engine {
-            iris: IrisSearch::new(Arc::clone(&scan.backend), timeout),
+            iris: IrisSearch::new(
+                Arc::clone(&scan.backend),
+                timeout,
+                usize::try_from(SEARCH_WORK_MEM.get()).unwrap_or(64),
+            ),
             face: FaceService::new(threads, timeout, &crate::identity::CHANNELS),
             scan,
             state: "starting".into(),

@@ -163,7 +163,7 @@ fn combine(per_eye: &[(Eye, IrisResult)], and: bool) -> Vec<(String, String)> {
         .iter()
         .filter_map(|(eye, r)| match r {
             IrisResult::Identified(s) => Some((*eye, s.clone())),
-            IrisResult::Unique(_) => None,
+            IrisResult::Unique(_) | IrisResult::MatchesEarlierRequest => None,
         })
         .collect();
     combine_matches(&lists, and)

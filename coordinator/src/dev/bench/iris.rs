@@ -252,7 +252,9 @@ async fn search_once(
         .map_err(|e| anyhow!("{e}"))?;
     match opened.result {
         IrisResult::Identified(subjects) => Ok((subjects, outcome.stats)),
-        IrisResult::Unique(_) => bail!("an identify search answered a uniqueness bit"),
+        IrisResult::Unique(_) | IrisResult::MatchesEarlierRequest => {
+            bail!("an identify search answered a uniqueness bit")
+        }
     }
 }
 

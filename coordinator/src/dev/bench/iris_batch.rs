@@ -324,8 +324,19 @@ async fn run_batches(setup: &Setup<'_>, sizes: &[usize], rng: &mut ChaCha20Rng) 
         );
     }
     let mut rows = Vec::new();
+    use privmatch_core::iris::service::MAX_BATCH_COMPARISONS;
     for max_rotation in [0, MAX_ROTATION] {
+        let rotations = 2 * max_rotation.max(0) as usize + 1;
         for &b in sizes {
+            let comparisons = setup.args.n.saturating_mul(rotations).saturating_mul(b);
+            if b > 1 && comparisons > MAX_BATCH_COMPARISONS {
+                // A party refuses it (its working memory, core's `WORK_BYTES_PER_COMPARISON`);
+                // the coordinator never forms it.
+                eprintln!(
+                    "  batch {b:>3}, max_rotation {max_rotation:>2}: skipped, {comparisons} comparisons are more than a batch may hold ({MAX_BATCH_COMPARISONS})"
+                );
+                continue;
+            }
             rows.push(measure(setup, b, max_rotation, rng).await?);
         }
     }

@@ -1102,23 +1102,41 @@ fn an_enrolment_batch_compares_each_request_with_the_enrolled_set_and_the_earlie
     let mut earlier: Vec<&IrisTemplate> = Vec::new();
     for (k, (t, eye)) in requests.iter().enumerate() {
         if *eye == Eye::Left {
-            let unique = !enrolled
-                .iter()
-                .chain(earlier.iter().copied())
-                .any(|other| plain_match(t, other, 1, 3450));
+            let matches = |set: &[&IrisTemplate]| set.iter().any(|o| plain_match(t, o, 1, 3450));
+            let enrolled_refs: Vec<&IrisTemplate> = enrolled.iter().collect();
+            let want = if matches(&enrolled_refs) {
+                IrisResult::Unique(false)
+            } else if matches(&earlier) {
+                IrisResult::MatchesEarlierRequest
+            } else {
+                IrisResult::Unique(true)
+            };
             let got = open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client);
-            assert_eq!(got.unwrap(), IrisResult::Unique(unique), "request {k}");
+            assert_eq!(got.unwrap(), want, "request {k}");
             earlier.push(t);
         }
     }
-    let uniques: Vec<bool> = (0..requests.len())
+    let results: Vec<IrisResult> = (0..requests.len())
         .filter(|&k| k != 5)
-        .map(|k| {
-            open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client).unwrap()
-                == IrisResult::Unique(true)
-        })
+        .map(|k| open_batched(&w, &probes, &outputs, k, Eye::Left, p, &probes[k].client).unwrap())
         .collect();
-    assert_eq!(uniques, [true, false, false, true, false, true]);
+    use IrisResult::{MatchesEarlierRequest as Earlier, Unique};
+    assert_eq!(
+        results,
+        [
+            Unique(true),
+            Earlier,
+            Unique(false),
+            Unique(true),
+            Earlier,
+            Unique(true)
+        ]
+    );
+    // The coordinator is disclosed one bit: not unique, whichever of the two matched.
+    for o in &outputs {
+        assert_eq!(o[1].as_ref().unwrap().disclosed_unique, Some(false));
+        assert_eq!(o[2].as_ref().unwrap().disclosed_unique, Some(false));
+    }
 
     let hashes = crate::iris::binding::envelope_hashes([
         &envelopes[1][0],
@@ -1193,10 +1211,88 @@ fn a_record_is_compared_only_with_its_own_probe_admitted() {
         // With its own probe, R's record makes the victim "not unique"; otherwise it is left
         // out at all three parties alike (a zero row matches nothing): the victim is unique.
         let got = open_batched(&w, &probes, &outputs, 1, Eye::Left, p, &probes[1].client);
-        assert_eq!(got.unwrap(), IrisResult::Unique(!honest), "{case}");
+        let want = if honest {
+            IrisResult::MatchesEarlierRequest
+        } else {
+            IrisResult::Unique(true)
+        };
+        assert_eq!(got.unwrap(), want, "{case}");
         for o in &outputs {
             let bit = o[1].as_ref().expect("the victim's output").disclosed_unique;
             assert_eq!(bit, Some(!honest), "{case}: the disclosed bit");
         }
+    }
+}
+
+#[test]
+fn working_memory_admits_one_search_of_any_size_and_others_only_within_the_budget() {
+    // 1 MiB: 8,192 comparisons.
+    let work = Arc::new(WorkMemory::new(1));
+    assert_eq!(work.budget, 8_192);
+    let stop = Interrupt::default();
+    let big = work
+        .reserve(20_000, Duration::ZERO, &stop)
+        .expect("alone, a search of any size runs");
+    // Beside it nothing fits: refused once the wait is over (here: none).
+    let refused = work.reserve(10, Duration::ZERO, &stop);
+    assert!(
+        matches!(
+            refused,
+            Err(SearchError::NoWorkMemory { budget_mib: 1, .. })
+        ),
+        "{:?}",
+        refused.err()
+    );
+    // A start waiting for memory gets it when the running search ends.
+    let waiter = {
+        let work = Arc::clone(&work);
+        std::thread::spawn(move || {
+            work.reserve(5_000, Duration::from_secs(20), Interrupt::never())
+                .map(|r| r.comparisons)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    drop(big);
+    assert_eq!(waiter.join().expect("waiter").expect("admitted"), 5_000);
+    assert_eq!(work.reserved.load(AtomicOrdering::Acquire), 0);
+    // Two that fit together run together; a raised interrupt ends a wait at once.
+    let a = work.reserve(4_000, Duration::ZERO, &stop).expect("a");
+    let b = work.reserve(4_000, Duration::ZERO, &stop).expect("b");
+    stop.raise();
+    let started = Instant::now();
+    assert!(work.reserve(1_000, Duration::from_secs(20), &stop).is_err());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop((a, b));
+    assert_eq!(work.reserved.load(AtomicOrdering::Acquire), 0);
+}
+
+#[test]
+fn a_search_holds_its_working_memory_until_it_ends_or_is_aborted() {
+    let mut w = world(36);
+    for i in 0..40 {
+        let t = random_template(&mut w.rng);
+        w.enroll(&format!("s{i}"), Eye::Left, &t);
+    }
+    let p = params("identify", 15);
+    let probe = random_template(&mut w.rng);
+    let id = w.session();
+    let sealed =
+        seal_iris_probe(&probe, &context(id, Eye::Left, p), &w.publics, &mut w.rng).unwrap();
+    let starts = start_all(&w.parties, id, &sealed, p);
+    // 40 entries × 31 rotations, held at each party while the search runs.
+    for party in &w.parties {
+        assert_eq!(party.service.work_memory().0, 40 * 31);
+    }
+    w.finish(id, starts.into_iter().map(|s| s.message).collect());
+    for party in &w.parties {
+        assert_eq!(party.service.work_memory().0, 0, "released when it ended");
+    }
+    let id = w.session();
+    let sealed =
+        seal_iris_probe(&probe, &context(id, Eye::Left, p), &w.publics, &mut w.rng).unwrap();
+    start_all(&w.parties, id, &sealed, p);
+    for party in &w.parties {
+        assert!(party.service.abort(&id));
+        assert_eq!(party.service.work_memory().0, 0, "released when aborted");
     }
 }

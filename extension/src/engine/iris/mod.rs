@@ -70,7 +70,7 @@ fn search_error(err: SearchError) -> EngineError {
         SearchError::WrongRound { .. }
         | SearchError::Channel { .. }
         | SearchError::Protocol { .. } => ErrorKind::Protocol,
-        SearchError::TooManySearches(_) => ErrorKind::Busy,
+        SearchError::TooManySearches(_) | SearchError::NoWorkMemory { .. } => ErrorKind::Busy,
         SearchError::BatchSize(_)
         | SearchError::BatchTooLarge { .. }
         | SearchError::EnrolmentBatch(_) => ErrorKind::BadParameter,
@@ -289,12 +289,13 @@ pub struct IrisSearch {
 }
 
 impl IrisSearch {
-    /// No templates loaded yet; searches scan with `backend` and are dropped after `timeout`
-    /// without a request.
-    pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration) -> Self {
+    /// No templates loaded yet; searches scan with `backend`, are dropped after `timeout`
+    /// without a request, and hold at most `work_mem_mib` MiB of working memory together
+    /// (core's `SearchService::with_work_mem_mib`).
+    pub fn new(backend: Arc<dyn ScanBackend>, timeout: Duration, work_mem_mib: usize) -> Self {
         IrisSearch {
             store: Arc::new(RwLock::new(None)),
-            service: Arc::new(SearchService::new(backend, timeout)),
+            service: Arc::new(SearchService::new(backend, timeout).with_work_mem_mib(work_mem_mib)),
         }
     }
 
