@@ -376,8 +376,8 @@ pub enum ProbeRefusal {
     )]
     NotTheBatch,
     /// In a batch of enroll-if-unique requests, the probe does not name the record it came
-    /// with (it names another, or none: a probe sealed before privmatch 0.16.0's batches).
-    #[error("the probe does not name the record of its request (an enroll-if-unique probe in a batch must carry its own record's enrolment id: seal it with privmatch 0.16.0 or later)")]
+    /// with (it names another, or none: a probe of layout 3, sealed by an older client).
+    #[error("the probe does not name the record of its request (an enroll-if-unique probe in a batch must carry its own record's enrolment id, probe layout 4: seal it with a client that names the record)")]
     NotItsRecord,
     /// The probe's session id was used before (by a search or in another batch).
     #[error("the probe's session id was already used: session ids are single-use")]
