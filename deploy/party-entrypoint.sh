@@ -26,7 +26,9 @@
 #                                         from inside the container (default: none; members
 #                                         of privmatch_application only)
 #   PRIVMATCH_COORDINATOR_URL             where the SQL front door reaches the coordinator
-#                                         (default https://coordinator:8443)
+#                                         (default https://coordinator:8443; :8444, the
+#                                         coordinator's delayed relay, when
+#                                         PRIVMATCH_LINK_DELAY_MS is above 0)
 #
 # The volume /var/lib/privmatch holds everything the party keeps:
 #   data/          the PostgreSQL data directory (templates, key material, journals)
@@ -171,9 +173,13 @@ initialise_once() {
 # The SQL front door's settings (docs/front-door.md), rewritten on every start so that a
 # changed PRIVMATCH_COORDINATOR_URL applies; postgresql.conf includes the file.
 front_door_settings() {
+  # With PRIVMATCH_LINK_DELAY_MS, the coordinator's container relays the API on 8444 with that
+  # delay (deploy/coordinator-entrypoint.sh).
+  local api_port=8443
+  [ "${PRIVMATCH_LINK_DELAY_MS:-0}" = 0 ] || api_port=8444
   cat >"$DATA/privmatch-front-door.conf" <<EOF
 # written by the privmatch party entrypoint on every start
-privmatch.coordinator_url = '${PRIVMATCH_COORDINATOR_URL:-https://coordinator:8443}'
+privmatch.coordinator_url = '${PRIVMATCH_COORDINATOR_URL:-https://coordinator:$api_port}'
 privmatch.coordinator_ca_file = '$HOME_DIR/front-door/coordinator-ca.pem'
 privmatch.coordinator_credential_file = '$HOME_DIR/front-door/credential'
 EOF

@@ -11,10 +11,11 @@
 # --max-rotation (iris searches; default 15): probes try rotations −N..=N (0: the memory-bound
 # case a batch shares the most; 15: the deployed 31 rotations, compute-bound).
 #
-# --link-delay-ms (local only): every link between the coordinator and a party gets MS of
-# one-way delay, both ways (`privmatch cluster up --link-delay-ms`: a relay in front of each
-# party and of the coordinator), as if the three organisations and the coordinator ran on
-# hosts apart.
+# --link-delay-ms: every link between the coordinator and a party gets MS of one-way delay,
+# both ways, as if the three organisations and the coordinator ran on hosts apart: local, a
+# relay in front of each party and of the coordinator (`privmatch cluster up
+# --link-delay-ms`); compose, the same relay in the coordinator's container
+# (PRIVMATCH_LINK_DELAY_MS, deploy/coordinator-entrypoint.sh).
 #
 # --fault (compose only): during the 4-client level of iris-enroll and of iris-identify, P1's
 # container (party) or the coordinator's is killed a third of the way in and started again at
@@ -57,7 +58,6 @@ case $fault in "" | party | coordinator) ;; *) echo "load.sh: --fault is party o
 [ -z "$fault" ] || [ "$target" = compose ] || { echo "load.sh: --fault needs --target compose" >&2; exit 2; }
 [[ "$max_rotation" =~ ^[0-9]+$ ]] && [ "$max_rotation" -le 15 ] || { echo "load.sh: --max-rotation is 0 to 15" >&2; exit 2; }
 [[ "$link_delay_ms" =~ ^[0-9]+$ ]] || { echo "load.sh: --link-delay-ms is a whole number of milliseconds" >&2; exit 2; }
-[ "$link_delay_ms" = 0 ] || [ "$target" = local ] || { echo "load.sh: --link-delay-ms is built for --target local only (compose: not yet)" >&2; exit 2; }
 [ -x "$PM" ] || { echo "load.sh: no CLI at $PM: run scripts/setup.sh first" >&2; exit 1; }
 command -v pgbench >/dev/null || { echo "load.sh: pgbench is missing (Debian: postgresql-15)" >&2; exit 1; }
 
@@ -111,6 +111,9 @@ else
   export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-privmatch-load}
   export PRIVMATCH_API_PORT=${PRIVMATCH_API_PORT:-18543}
   export PRIVMATCH_SECRETS_DIR=$work/secrets PRIVMATCH_CLIENT_DIR=$work/client
+  export PRIVMATCH_LINK_DELAY_MS=$link_delay_ms
+  # The images deploy/images.sh builds carry the workspace version (as deploy/smoke.sh uses).
+  export PRIVMATCH_TAG=${PRIVMATCH_TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)}
   cfg=(--config "$work/client/privmatch.toml")
   target_up() {
     PRIVMATCH_LOCAL_BASE=${PRIVMATCH_LOCAL_BASE:-1} bash "$ROOT/deploy/images.sh" --prebuilt >&2
@@ -212,15 +215,20 @@ guess() {
 
 # --- the runs --------------------------------------------------------------------------------
 
-# The coordinator's log (local target): its "iris batch" lines say how many searches each batch
-# ran (docs/protocols/iris.md §13.3). Lines now, and the batches logged after line $1.
-coordinator_log_lines() {
-  if [ "$target" = local ] && [ -f "$home/coordinator.log" ]; then wc -l <"$home/coordinator.log"; else echo 0; fi
+# The coordinator's log (the local cluster's file, or the compose container's output): its "iris
+# batch" lines say how many searches each batch ran (docs/protocols/iris.md §13.3). Lines now,
+# and the batches logged after line $1.
+coordinator_log() {
+  if [ "$target" = local ]; then
+    cat "$home/coordinator.log" 2>/dev/null || true
+  else
+    compose logs --no-color coordinator 2>/dev/null || true
+  fi
 }
+coordinator_log_lines() { coordinator_log | wc -l; }
 batch_sizes() {
-  if [ "$target" != local ] || [ ! -f "$home/coordinator.log" ]; then echo "-"; return; fi
   # (awk, not grep: a level without a batch is no error)
-  tail -n +"$(($1 + 1))" "$home/coordinator.log" | awk '/iris batch/' | sed -n 's/.* probes=\([0-9]*\).*/\1/p' |
+  coordinator_log | tail -n +"$(($1 + 1))" | awk '/iris batch/' | sed -n 's/.* probes=\([0-9]*\).*/\1/p' |
     awk '{ n++; s += $1; if ($1 > m) m = $1 } END { if (n == 0) print "-"; else printf "%d, %.1f / %d\n", n, s / n, m }'
 }
 

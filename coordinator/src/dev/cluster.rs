@@ -96,7 +96,7 @@ pub enum ClusterAction {
     /// The relay of `up --link-delay-ms` (started by `up`; runs until stopped).
     #[command(hide = true)]
     DelayProxy {
-        /// A delayed link, `LISTEN=TARGET` (ip:port each); repeated.
+        /// A delayed link, `LISTEN=TARGET` (ip:port=host:port); repeated.
         #[arg(long = "link", required = true)]
         links: Vec<Link>,
         /// The one-way delay in milliseconds.
@@ -1054,12 +1054,12 @@ async fn up(
         for operator in &operators {
             links.push(Link {
                 listen: loopback(delayed(operator.port)?),
-                target: loopback(operator.port),
+                target: loopback(operator.port).to_string(),
             });
         }
         links.push(Link {
             listen: loopback(delayed(listen.port())?),
-            target: listen,
+            target: listen.to_string(),
         });
         start_relay(runner, home, &links, link_delay_ms).await?;
     }

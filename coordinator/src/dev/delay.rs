@@ -31,30 +31,40 @@ pub const CHUNK: usize = 64 * 1024;
 pub const IN_FLIGHT_CHUNKS: usize = 1024;
 
 /// One delayed link: connections to `listen` are relayed to `target`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
     /// Where the relay listens.
     pub listen: SocketAddr,
-    /// Where it connects for each accepted connection.
-    pub target: SocketAddr,
+    /// Where it connects for each accepted connection: `host:port`, the host an address or a
+    /// name resolved at each connection (a container restarted with a new address is still
+    /// reached under its name).
+    pub target: String,
 }
 
 impl std::str::FromStr for Link {
     type Err = String;
 
-    /// Parses `LISTEN=TARGET`, both `host:port` socket addresses.
+    /// Parses `LISTEN=TARGET`: an `ip:port` to listen on and a `host:port` to relay to.
     fn from_str(text: &str) -> Result<Link, String> {
         let (listen, target) = text
             .split_once('=')
-            .ok_or_else(|| format!("a link is LISTEN=TARGET (two ip:port), got {text:?}"))?;
-        let parse = |what: &str, s: &str| {
-            s.trim()
-                .parse::<SocketAddr>()
-                .map_err(|e| format!("the link's {what} {s:?} is not an ip:port: {e}"))
-        };
+            .ok_or_else(|| format!("a link is LISTEN=TARGET (ip:port=host:port), got {text:?}"))?;
+        let listen = listen
+            .trim()
+            .parse::<SocketAddr>()
+            .map_err(|e| format!("the link's listen address {listen:?} is not an ip:port: {e}"))?;
+        let target = target.trim();
+        let port_ok = target
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(format!(
+                "the link's target {target:?} is not a host:port (a port of 0 to 65535)"
+            ));
+        }
         Ok(Link {
-            listen: parse("listen address", listen)?,
-            target: parse("target", target)?,
+            listen,
+            target: target.to_owned(),
         })
     }
 }
@@ -67,7 +77,7 @@ pub async fn serve(links: &[Link], one_way: Duration) -> Result<()> {
         let listener = TcpListener::bind(link.listen)
             .await
             .with_context(|| format!("cannot listen on {} for the delayed link", link.listen))?;
-        listeners.push((listener, link.target));
+        listeners.push((listener, link.target.clone()));
     }
     let mut accepting = tokio::task::JoinSet::new();
     for (listener, target) in listeners {
@@ -82,11 +92,7 @@ pub async fn serve(links: &[Link], one_way: Duration) -> Result<()> {
 /// Accepts connections on `listener` and relays each to `target` on a task of its own. A
 /// failed accept (out of file descriptors, say) is logged and retried after a pause: the links
 /// stay up.
-pub async fn accept_loop(
-    listener: TcpListener,
-    target: SocketAddr,
-    one_way: Duration,
-) -> Result<()> {
+pub async fn accept_loop(listener: TcpListener, target: String, one_way: Duration) -> Result<()> {
     loop {
         let (inbound, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -96,8 +102,9 @@ pub async fn accept_loop(
                 continue;
             }
         };
+        let target = target.clone();
         tokio::spawn(async move {
-            if let Err(e) = relay(inbound, target, one_way).await {
+            if let Err(e) = relay(inbound, &target, one_way).await {
                 tracing::debug!("delayed link {peer} -> {target} closed: {e:#}");
             }
         });
@@ -105,7 +112,7 @@ pub async fn accept_loop(
 }
 
 /// Relays one connection both ways with `one_way` added in each direction.
-async fn relay(inbound: TcpStream, target: SocketAddr, one_way: Duration) -> Result<()> {
+async fn relay(inbound: TcpStream, target: &str, one_way: Duration) -> Result<()> {
     // The connection to the target is made at once: a real link's handshake would take a
     // round trip, but the protocols carried here (TLS, PostgreSQL's start-up) pay that on
     // their own first messages, which are delayed.
@@ -178,7 +185,7 @@ mod tests {
     async fn delayed(target: SocketAddr, one_way: Duration) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(accept_loop(listener, target, one_way));
+        tokio::spawn(accept_loop(listener, target.to_string(), one_way));
         addr
     }
 
@@ -227,6 +234,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_target_named_by_host_name_is_resolved_and_reached() {
+        let echo = echo_server().await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = listener.local_addr().expect("addr");
+        let target = format!("localhost:{}", echo.port());
+        tokio::spawn(accept_loop(listener, target, Duration::from_millis(5)));
+        let mut stream = TcpStream::connect(proxy).await.expect("connect");
+        stream.write_all(b"by name").await.expect("write");
+        let mut back = [0u8; 7];
+        stream.read_exact(&mut back).await.expect("read");
+        assert_eq!(&back, b"by name");
+    }
+
+    #[tokio::test]
     async fn the_end_of_stream_is_passed_on() {
         let proxy = delayed(echo_server().await, Duration::from_millis(5)).await;
         let mut stream = TcpStream::connect(proxy).await.expect("connect");
@@ -261,8 +282,20 @@ mod tests {
     fn links_parse_strictly() {
         let link: Link = "127.0.0.1:15450=127.0.0.1:15430".parse().expect("a link");
         assert_eq!(link.listen.port(), 15450);
-        assert_eq!(link.target.port(), 15430);
-        for bad in ["", "127.0.0.1:1", "a=b", "127.0.0.1:1=", "=127.0.0.1:1"] {
+        assert_eq!(link.target, "127.0.0.1:15430");
+        let named: Link = "0.0.0.0:15432=p0:5432".parse().expect("a link to a name");
+        assert_eq!(named.target, "p0:5432");
+        for bad in [
+            "",
+            "127.0.0.1:1",
+            "a=b",
+            "127.0.0.1:1=",
+            "=127.0.0.1:1",
+            "p0:1=p0:2",
+            "127.0.0.1:1=p0",
+            "127.0.0.1:1=p0:99999",
+            "127.0.0.1:1=:5432",
+        ] {
             assert!(bad.parse::<Link>().is_err(), "{bad:?}");
         }
     }

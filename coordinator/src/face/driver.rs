@@ -303,15 +303,71 @@ pub fn check_sealed_outputs(
 
 crate::session_error!(FaceSessionError);
 
+// P2's dealings are called in the select list, not in FROM: a set-returning function in FROM
+// has PostgreSQL collect all its rows in a tuplestore first, which spills to a temporary file
+// beyond `work_mem` (4 MB by default) — every dealing of a large set was written to disk and
+// read back (and sorted again for an ORDER BY) before its first byte left P2. In the select
+// list each row goes out as it is made; the rows arrive in chunk order, which
+// [`dealt_halves`] checks.
 /// P2's dealing for one face session (the session id and the list).
-pub const DEAL_SESSION_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
-       FROM privmatch.face_dealer_identify($1, $2) ORDER BY chunk";
+pub const DEAL_SESSION_SQL: &str = "SELECT privmatch.face_dealer_identify($1, $2)";
 /// P2's dealing ahead of time under a stock id ([`crate::face::stock`]).
-pub const DEAL_STOCK_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
-       FROM privmatch.face_dealer_stock($1, $2) ORDER BY chunk";
+pub const DEAL_STOCK_SQL: &str = "SELECT privmatch.face_dealer_stock($1, $2)";
 /// P2's dealing for a verification, from its session id.
-pub const DEAL_VERIFY_SQL: &str = "SELECT chunk, envelope_p0, envelope_p1 \
-       FROM privmatch.face_dealer_verify($1) ORDER BY chunk";
+pub const DEAL_VERIFY_SQL: &str = "SELECT privmatch.face_dealer_verify($1)";
+
+/// One row of a dealing (chunk, envelope for P0, envelope for P1) as the composite value the
+/// select-list call answers, in PostgreSQL's binary record format: a count of fields, then
+/// per field its type oid, its length (−1: NULL) and its bytes.
+struct DealtRow {
+    chunk: i32,
+    envelopes: [Vec<u8>; 2],
+}
+
+impl<'a> tokio_postgres::types::FromSql<'a> for DealtRow {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let mut rest = raw;
+        let mut take = |n: usize| -> Result<&'a [u8], String> {
+            if rest.len() < n {
+                return Err("a dealt row ends early".to_owned());
+            }
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            Ok(head)
+        };
+        let word = |b: &[u8]| i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let fields = word(take(4)?);
+        if fields != 3 {
+            return Err(format!("a dealt row has {fields} fields, not 3").into());
+        }
+        let mut field = |want: Type| -> Result<&'a [u8], String> {
+            let oid = u32::from_be_bytes(take(4)?.try_into().map_err(|_| "short oid")?);
+            if oid != want.oid() {
+                return Err(format!(
+                    "a dealt row's field has type oid {oid}, not {want}"
+                ));
+            }
+            let len = word(take(4)?);
+            let len = usize::try_from(len).map_err(|_| "a dealt row's field is NULL")?;
+            take(len)
+        };
+        let chunk = field(Type::INT4)?;
+        let chunk = word(chunk.get(..4).ok_or("short chunk number")?);
+        let p0 = field(Type::BYTEA)?.to_vec();
+        let p1 = field(Type::BYTEA)?.to_vec();
+        if !rest.is_empty() {
+            return Err("a dealt row has bytes after its fields".into());
+        }
+        Ok(DealtRow {
+            chunk,
+            envelopes: [p0, p1],
+        })
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::RECORD
+    }
+}
 
 /// P2's dealing `sql` ([`DEAL_SESSION_SQL`] or [`DEAL_STOCK_SQL`]) under `id` for the
 /// templates `ids` (16 bytes each): each evaluator's sealed key half, in chunks.
@@ -341,15 +397,24 @@ pub async fn deal_at(
     dealt_halves(what, rows)
 }
 
-/// The key halves in P2's answer `rows` (of the call `what`), per evaluator in chunk order.
+/// The key halves in P2's answer `rows` (of the call `what`), per evaluator in chunk order
+/// (the rows must come numbered 0, 1, …: a missing or repeated chunk would fail at the
+/// evaluators, this says so sooner).
 fn dealt_halves(what: &str, rows: Vec<Row>) -> Result<[Vec<Vec<u8>>; 2], FaceSessionError> {
     let p2 = PartyIndex::ALL[2];
     let mut halves = [Vec::new(), Vec::new()];
-    for row in rows {
-        for (b, half) in halves.iter_mut().enumerate() {
-            let chunk: Option<Vec<u8>> =
-                column(p2, &row, b + 1).map_err(FaceSessionError::Party)?;
-            half.push(chunk.unwrap_or_default());
+    for (k, row) in rows.iter().enumerate() {
+        let dealt: DealtRow = column(p2, row, 0)
+            .map_err(FaceSessionError::Party)?
+            .ok_or_else(|| FaceSessionError::Protocol(format!("P2 dealt a NULL row ({what})")))?;
+        if usize::try_from(dealt.chunk).ok() != Some(k) {
+            return Err(FaceSessionError::Protocol(format!(
+                "P2 dealt chunk {} where chunk {k} was due ({what})",
+                dealt.chunk
+            )));
+        }
+        for (half, envelope) in halves.iter_mut().zip(dealt.envelopes) {
+            half.push(envelope);
         }
     }
     if halves[0].is_empty() {
@@ -982,6 +1047,56 @@ pub async fn run_face_session(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_postgres::types::FromSql;
+
+    /// A composite (int4, bytea, bytea) in PostgreSQL's binary record format.
+    fn record(fields: &[(Type, Option<&[u8]>)]) -> Vec<u8> {
+        let mut out = (fields.len() as i32).to_be_bytes().to_vec();
+        for (ty, value) in fields {
+            out.extend_from_slice(&ty.oid().to_be_bytes());
+            match value {
+                Some(v) => {
+                    out.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    out.extend_from_slice(v);
+                }
+                None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn dealt_rows_decode_from_the_binary_record_and_refuse_anything_else() {
+        let chunk = 7i32.to_be_bytes();
+        let good = record(&[
+            (Type::INT4, Some(&chunk)),
+            (Type::BYTEA, Some(b"to P0")),
+            (Type::BYTEA, Some(b"")),
+        ]);
+        let row = DealtRow::from_sql(&Type::RECORD, &good).expect("a dealt row");
+        assert_eq!(row.chunk, 7);
+        assert_eq!(row.envelopes, [b"to P0".to_vec(), Vec::new()]);
+        let bad = [
+            record(&[(Type::INT4, Some(&chunk)), (Type::BYTEA, Some(b"x"))]),
+            record(&[
+                (Type::INT4, Some(&chunk)),
+                (Type::TEXT, Some(b"x")),
+                (Type::BYTEA, Some(b"y")),
+            ]),
+            record(&[
+                (Type::INT4, Some(&chunk)),
+                (Type::BYTEA, None),
+                (Type::BYTEA, Some(b"y")),
+            ]),
+            good[..good.len() - 1].to_vec(),
+            [good.as_slice(), b"!"].concat(),
+            Vec::new(),
+        ];
+        for (i, raw) in bad.iter().enumerate() {
+            assert!(DealtRow::from_sql(&Type::RECORD, raw).is_err(), "case {i}");
+        }
+        assert!(DealtRow::accepts(&Type::RECORD) && !DealtRow::accepts(&Type::BYTEA));
+    }
 
     fn open(n: i32, digest: u8) -> OpenReply {
         OpenReply {

@@ -48,6 +48,9 @@ pub struct StockStatus {
     /// Wall time of the last finished refill (P2's dealing and both deliveries), in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refill_ms: Option<f64>,
+    /// Of it, P2's `face_dealer_stock` (dealing, sealing, answering the rows), in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_deal_ms: Option<f64>,
     /// Sealed bytes of the last stocked dealing per evaluator (P0, P1): the preprocessing an
     /// identification over its list consumes.
     #[serde(default)]
@@ -62,6 +65,7 @@ struct State {
     ready: Option<Stocked>,
     refilling: bool,
     last_refill_ms: Option<f64>,
+    last_deal_ms: Option<f64>,
     last_key_bytes: [u64; 2],
     last_error: Option<String>,
 }
@@ -96,6 +100,7 @@ impl FaceStock {
                 .map_or(0, |s| (s.ids.len() / 16) as i64),
             refilling: state.refilling,
             last_refill_ms: state.last_refill_ms,
+            last_deal_ms: state.last_deal_ms,
             last_key_bytes: state.last_key_bytes,
             last_error: state.last_error.clone(),
         }
@@ -134,8 +139,14 @@ impl FaceStock {
             state.refilling = false;
             state.last_refill_ms = Some(started.elapsed().as_secs_f64() * 1e3);
             match result {
-                Ok((id, generation, key_bytes)) => {
+                Ok(Refilled {
+                    id,
+                    generation,
+                    key_bytes,
+                    deal_ms,
+                }) => {
                     state.ready = Some(Stocked::new(id, ids, generation));
+                    state.last_deal_ms = Some(deal_ms);
                     state.last_key_bytes = key_bytes;
                     state.last_error = None;
                 }
@@ -150,24 +161,36 @@ impl FaceStock {
     }
 }
 
+/// What one refill made.
+struct Refilled {
+    /// The stock id.
+    id: [u8; 16],
+    /// P2's configuration generation, read before it dealt.
+    generation: i64,
+    /// Sealed bytes each evaluator received.
+    key_bytes: [u64; 2],
+    /// Wall time of P2's dealing call (ms); the rest of the refill is the delivery.
+    deal_ms: f64,
+}
+
 /// One refill: P2 deals for `ids` under a fresh stock id, P0 and P1 keep their halves.
-/// Returns the stock id, P2's configuration generation (read before it dealt) and the
-/// sealed bytes each evaluator received.
 async fn refill(
     parties: &Parties,
     ids: &[u8],
     timeout: Duration,
-) -> Result<([u8; 16], i64, [u64; 2]), FaceSessionError> {
+) -> Result<Refilled, FaceSessionError> {
     let mut id = [0u8; 16];
     rand::rngs::OsRng.fill_bytes(&mut id);
     let [e0, e1, e2] = parties.all();
     let dealer = e2.connect().await.map_err(FaceSessionError::Party)?;
+    let dealing = Instant::now();
     let dealt = async {
         let generation = dealer_generation(&dealer, timeout).await?;
         let halves = deal_at(&dealer, DEAL_STOCK_SQL, &id, ids, timeout).await?;
         Ok::<_, FaceSessionError>((generation, halves))
     }
     .await;
+    let deal_ms = dealing.elapsed().as_secs_f64() * 1e3;
     e2.give_back(dealer).await;
     let (generation, [k0, k1]) = dealt?;
     let sealed_len = |half: &[Vec<u8>]| half.iter().map(|c| c.len() as u64).sum::<u64>();
@@ -186,7 +209,12 @@ async fn refill(
     e1.give_back(c1).await;
     a?;
     b?;
-    Ok((id, generation, key_bytes))
+    Ok(Refilled {
+        id,
+        generation,
+        key_bytes,
+        deal_ms,
+    })
 }
 
 /// `face_masked_stock` at `party`: its half of the dealing under stock id `id`.

@@ -77,9 +77,12 @@ pub fn seal_template_seeds<R: RngCore + CryptoRng>(
     plain.push(VERSION);
     plain.push(party as u8);
     plain.extend_from_slice(&count.to_le_bytes());
+    let seeder = master.seeder();
     for id in ids {
+        let mut seeds = seeder.seeds(id);
         plain.extend_from_slice(id);
-        plain.extend_from_slice(&master.template_seeds(id)[party]);
+        plain.extend_from_slice(&seeds[party]);
+        zeroize::Zeroize::zeroize(&mut seeds);
     }
     let sealed = to_evaluator
         .channel(seeds_channel(ids))
@@ -196,8 +199,13 @@ pub fn open_identification_key_chunks(
     let mut plain = Vec::new();
     for chunk in chunks {
         let mut part = channel.open(0, chunk)?;
-        plain.extend_from_slice(&part);
-        zeroize::Zeroize::zeroize(&mut part);
+        if plain.is_empty() {
+            // The first (often the only) chunk is taken as it is: no copy of tens of MB.
+            plain = part;
+        } else {
+            plain.extend_from_slice(&part);
+            zeroize::Zeroize::zeroize(&mut part);
+        }
     }
     let keys = IdentificationKeys::decode(party, &plain);
     zeroize::Zeroize::zeroize(&mut plain);

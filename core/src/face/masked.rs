@@ -159,15 +159,14 @@ impl TemplateMaskMaster {
     /// HKDF-SHA256 expand (PRF) of the master key with info = label ‖ id, 32 bytes, seed_0 ‖
     /// seed_1. Deterministic, so the dealer keeps no per-template state.
     pub fn template_seeds(&self, id: &[u8; BUNDLE_ID_LEN]) -> [[u8; 16]; 2] {
-        let hk = Hkdf::<Sha256>::new(Some(MASK_INFO), &self.key);
-        let mut okm = [0u8; 32];
-        // 32 bytes is far below HKDF-SHA256's limit of 255 · 32, so expand cannot fail.
-        let _ = hk.expand_multi_info(&[MASK_INFO, id], &mut okm);
-        let mut seeds = [[0u8; 16]; 2];
-        seeds[0].copy_from_slice(&okm[..16]);
-        seeds[1].copy_from_slice(&okm[16..]);
-        okm.zeroize();
-        seeds
+        self.seeder().seeds(id)
+    }
+
+    /// [`TemplateMaskMaster::template_seeds`] for many ids: HKDF's extract step (two HMAC key
+    /// schedules and a compression) made once, each id then costs its expand alone — a
+    /// dealing derives the seeds of every compared template.
+    pub fn seeder(&self) -> TemplateSeeder {
+        TemplateSeeder(Hkdf::<Sha256>::new(Some(MASK_INFO), &self.key))
     }
 
     /// The randomness of the dealing `keys_for` against the template list with digest
@@ -191,15 +190,40 @@ impl TemplateMaskMaster {
         seed.zeroize();
         rng
     }
+}
+
+/// The template seeds of one master key ([`TemplateMaskMaster::seeder`]), HKDF extracted once.
+pub struct TemplateSeeder(Hkdf<Sha256>);
+
+impl TemplateSeeder {
+    /// The two evaluators' mask seeds of the template `id`
+    /// ([`TemplateMaskMaster::template_seeds`]).
+    pub fn seeds(&self, id: &[u8; BUNDLE_ID_LEN]) -> [[u8; 16]; 2] {
+        let mut okm = [0u8; 32];
+        // 32 bytes is far below HKDF-SHA256's limit of 255 · 32, so expand cannot fail.
+        let _ = self.0.expand_multi_info(&[MASK_INFO, id], &mut okm);
+        let mut seeds = [[0u8; 16]; 2];
+        seeds[0].copy_from_slice(&okm[..16]);
+        seeds[1].copy_from_slice(&okm[16..]);
+        okm.zeroize();
+        seeds
+    }
 
     /// δy = δy_0 + δy_1 of the template `id` into `out` (l words) — the dealer's view.
     fn template_mask(&self, id: &[u8; BUNDLE_ID_LEN], scratch: &mut [u32], out: &mut [u32]) {
-        let seeds = self.template_seeds(id);
+        let mut seeds = self.seeds(id);
         expand_template_mask(&seeds[0], out);
         expand_template_mask(&seeds[1], scratch);
         for (o, s) in out.iter_mut().zip(scratch.iter()) {
             *o = o.wrapping_add(*s);
         }
+        seeds.zeroize();
+    }
+}
+
+impl std::fmt::Debug for TemplateSeeder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TemplateSeeder(<secret>)")
     }
 }
 
@@ -542,8 +566,9 @@ fn deal_piece(
     };
     let mut scratch = vec![0u32; l];
     let mut delta_y = vec![0u32; l];
+    let seeder = master.seeder();
     for id in ids {
-        master.template_mask(id, &mut scratch, &mut delta_y);
+        seeder.template_mask(id, &mut scratch, &mut delta_y);
         deal_comparison(delta_x, &delta_y, offset, &mut rng, &mut piece);
     }
     delta_y.zeroize();

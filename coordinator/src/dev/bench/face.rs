@@ -115,6 +115,12 @@ pub struct FaceBenchArgs {
     /// Cluster and scale: 1:N identifications (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub identifies: usize,
+    /// Cluster: identifications run back to back after the timed ones, without waiting for
+    /// the background refill: the sustained rate under continuous load, dealing included
+    /// (nothing is dealt ahead beyond the one dealing the stock holds in steady state).
+    /// 0: skip.
+    #[arg(long, default_value_t = 0)]
+    pub continuous: usize,
     /// Scale: numbers of templates (comma-separated); the dimension is `--dim`.
     #[arg(long, value_delimiter = ',', default_values_t = vec![10_000usize, 100_000])]
     pub scale_n: Vec<usize>,
@@ -207,6 +213,9 @@ pub struct ClusterFigures {
     /// Median wall time of the background refill before each timed identification: P2's
     /// dealing for the list and its delivery to P0 and P1 (ms).
     pub refill_median_ms: f64,
+    /// Of the refill, P2's dealing call (dealing, sealing, the rows answered), median (ms);
+    /// the rest is the delivery to P0 and P1.
+    pub deal_median_ms: f64,
     /// Identify wall time, median (s).
     pub identify_median_s: f64,
     /// Comparisons per second of identification.
@@ -220,6 +229,16 @@ pub struct ClusterFigures {
     pub identify_fixed_bytes: [i64; 2],
     /// Bytes the dealer sent each evaluator per comparison (sealed key half / N).
     pub preprocessing_bytes_per_comparison: [f64; 2],
+    /// Identifications of the continuous run (`--continuous`), back to back.
+    pub continuous: usize,
+    /// Of them, those that found a dealing made ahead of time.
+    pub continuous_stocked: usize,
+    /// Wall time of the continuous run (s).
+    pub continuous_seconds: f64,
+    /// Comparisons per second sustained by the continuous run, dealing included.
+    pub sustained_rate: f64,
+    /// `sustained_rate` over `identify_rate` (the online rate of the same run).
+    pub sustained_over_online: f64,
     /// Answers that disagreed with the plaintext reference (must be 0).
     pub wrong: usize,
 }
@@ -633,8 +652,27 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
     let mut dealt = [0u64; 2];
     let mut plaintext_identify = Duration::MAX;
     let mut refill_ms = Vec::with_capacity(args.identifies);
+    let mut deal_ms = Vec::with_capacity(args.identifies);
     let mut identify_first_s = 0.0;
     let mut identify_stocked = 0;
+    // Whether an identification's bench-set matches equal the plaintext 1:N's (a difference
+    // is printed), and the plaintext scan's time.
+    let check = |probe: &[i32], matches: &[String], what: &str| {
+        let (expected, time) = plaintext_scan(metric, probe, &templates, theta);
+        let expected: Vec<&str> = expected
+            .iter()
+            .map(|&j| records[j].subject.as_str())
+            .collect();
+        let ours: Vec<&str> = matches
+            .iter()
+            .map(String::as_str)
+            .filter(|s| s.starts_with(&format!("{prefix}-")))
+            .collect();
+        if ours != expected {
+            eprintln!("  WRONG: {what}: privmatch {ours:?}, plaintext {expected:?}");
+        }
+        (ours == expected, time)
+    };
     // Identification 0 deals on its path (no dealing was made ahead of time for this list
     // yet) and is reported apart; before each later one the bench waits for the coordinator's
     // background refill, as a deployment between identifications does.
@@ -645,6 +683,9 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
             let status = client.stock().await.context("face stock")?;
             if let Some(ms) = status.last_refill_ms {
                 refill_ms.push(ms);
+            }
+            if let Some(ms) = status.last_deal_ms {
+                deal_ms.push(ms);
             }
             if let Some(e) = &status.last_error {
                 eprintln!("  the last refill of the face stock failed: {e}");
@@ -672,21 +713,9 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
             Some(status) if answer.stocked => status.last_key_bytes,
             _ => answer.key_bytes,
         };
-        let (expected, time) = plaintext_scan(metric, &probe, &templates, theta);
+        let (agrees, time) = check(&probe, &matches, &format!("identification {k}"));
         plaintext_identify = plaintext_identify.min(time);
-        let expected: Vec<&str> = expected
-            .iter()
-            .map(|&j| records[j].subject.as_str())
-            .collect();
-        let ours: Vec<&str> = matches
-            .iter()
-            .map(String::as_str)
-            .filter(|s| s.starts_with(&format!("{prefix}-")))
-            .collect();
-        if ours != expected {
-            wrong += 1;
-            eprintln!("  WRONG: identification {k}: privmatch {ours:?}, plaintext {expected:?}");
-        }
+        wrong += usize::from(!agrees);
         eprintln!(
             "  identification {k}: {seconds:.3} s over {compared} templates, {} match(es), {}",
             matches.len(),
@@ -697,8 +726,39 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
             }
         );
     }
+    // Continuous load: back to back, each identification claims whatever the refill after
+    // the one before it has delivered by then (or deals on its path).
+    let started = Instant::now();
+    let mut continuous_stocked = 0;
+    let mut checking = Duration::ZERO;
+    for k in 0..args.continuous {
+        let i = rng.gen_range(0..args.n);
+        let probe = quantize(dim, &synth.recapture(i as u64))?;
+        let answer = client
+            .identify_answer(&probe)
+            .await
+            .with_context(|| format!("continuous identification {k}"))?;
+        continuous_stocked += usize::from(answer.stocked);
+        let checked = Instant::now();
+        let (agrees, _) = check(
+            &probe,
+            &answer.matches,
+            &format!("continuous identification {k}"),
+        );
+        wrong += usize::from(!agrees);
+        checking += checked.elapsed();
+    }
+    // The plaintext checks ran inside the timed loop: their time is not the system's.
+    let continuous_seconds = started.elapsed().saturating_sub(checking).as_secs_f64();
     let identify_median_s = median(identify_seconds);
     let refill_median_ms = median(refill_ms);
+    let deal_median_ms = median(deal_ms);
+    let identify_rate = comparisons as f64 / identify_median_s.max(1e-12);
+    let sustained_rate = if args.continuous == 0 {
+        0.0
+    } else {
+        (args.continuous as f64 * comparisons as f64) / continuous_seconds.max(1e-12)
+    };
     let plaintext_identify_s = plaintext_identify.as_secs_f64();
     let per_comparison_plain = plaintext_identify_s / args.n as f64;
     Ok(ClusterFigures {
@@ -718,13 +778,19 @@ async fn cluster(args: &FaceBenchArgs, configs: &LocalConfigs) -> Result<Cluster
         identify_first_s,
         identify_stocked,
         refill_median_ms,
+        deal_median_ms,
         identify_median_s,
-        identify_rate: comparisons as f64 / identify_median_s.max(1e-12),
+        identify_rate,
         plaintext_identify_s,
         identify_over_plaintext: identify_median_s
             / (per_comparison_plain * comparisons.max(1) as f64).max(1e-12),
         identify_fixed_bytes: sent.map(|b| b as i64 - 8 * comparisons),
         preprocessing_bytes_per_comparison: dealt.map(|b| b as f64 / comparisons.max(1) as f64),
+        continuous: args.continuous,
+        continuous_stocked,
+        continuous_seconds,
+        sustained_rate,
+        sustained_over_online: sustained_rate / identify_rate.max(1e-12),
         wrong,
     })
 }
@@ -767,8 +833,8 @@ fn print_cluster(f: &ClusterFigures) {
         f.identifies
     );
     println!(
-        "  of them dealt ahead of time: {} of {} (the refill before each, off the path: median {:.1} ms of P2 dealing and delivery); the first identification, dealing on its path: {:.3} s",
-        f.identify_stocked, f.identifies, f.refill_median_ms, f.identify_first_s
+        "  of them dealt ahead of time: {} of {} (the refill before each, off the path: median {:.1} ms, of which P2's dealing call {:.1} ms and the delivery to P0 and P1 the rest); the first identification, dealing on its path: {:.3} s",
+        f.identify_stocked, f.identifies, f.refill_median_ms, f.deal_median_ms, f.identify_first_s
     );
     println!(
         "  bytes per identification per evaluator (P0, P1): online {:?} + 8 per comparison (z_b, o_b), beyond them {:?} (the sealed masked probe vector 4·l = {} and headers); from the dealer {:.1} / {:.1} per comparison",
@@ -778,6 +844,16 @@ fn print_cluster(f: &ClusterFigures) {
         f.preprocessing_bytes_per_comparison[0],
         f.preprocessing_bytes_per_comparison[1]
     );
+    if f.continuous > 0 {
+        println!(
+            "  continuous load: {} identifications back to back in {:.2} s ({} of them found a dealing made ahead of time): {:.0} comparisons/s sustained, dealing included = {:.3} of the online rate",
+            f.continuous,
+            f.continuous_seconds,
+            f.continuous_stocked,
+            f.sustained_rate,
+            f.sustained_over_online
+        );
+    }
     println!(
         "  check: {}",
         if f.wrong == 0 {
