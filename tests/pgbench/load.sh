@@ -93,12 +93,12 @@ if [ "$target" = local ]; then
     PGPASSWORD=$app_password PGSSLMODE=require \
       psql -h 127.0.0.1 -p $port -U $app -d privmatch -Atq -v ON_ERROR_STOP=1 "$@"
   }
-  # run_pgbench CLIENTS SCRIPT LEVEL: pgbench's output on stdout, its per-transaction log in
-  # $work/logs/txn.log.
+  # run_pgbench CLIENTS SCRIPT LEVEL [LENGTH]: pgbench's output on stdout, its per-transaction
+  # log in $work/logs/txn.log; LENGTH is pgbench's option (default: -T the duration).
   run_pgbench() {
     rm -f "$work"/logs/pgbench_log.*
     (cd "$work/logs" && PGPASSWORD=$app_password PGSSLMODE=require \
-      pgbench -h 127.0.0.1 -p $port -U $app -n -c "$1" -j "$1" -T "$duration" -D level="$3" \
+      pgbench -h 127.0.0.1 -p $port -U $app -n -c "$1" -j "$1" ${4:--T $duration} -D level="$3" \
       -f "$HERE/$2.pgbench" -l privmatch 2>&1) || true
     cat "$work"/logs/pgbench_log.* >"$work/logs/txn.log" 2>/dev/null || : >"$work/logs/txn.log"
   }
@@ -136,7 +136,7 @@ else
   }
   run_pgbench() {
     compose exec -T -e PGPASSWORD="$app_password" -e PGSSLMODE=require p0 sh -c \
-      "cd /tmp/pgbench && rm -f pgbench_log.* && pgbench -h 127.0.0.1 -U $app -n -c $1 -j $1 -T $duration -D level=$3 -f /tmp/pgbench/$2.pgbench -l privmatch 2>&1" || true
+      "cd /tmp/pgbench && rm -f pgbench_log.* && pgbench -h 127.0.0.1 -U $app -n -c $1 -j $1 ${4:--T $duration} -D level=$3 -f /tmp/pgbench/$2.pgbench -l privmatch 2>&1" || true
     compose exec -T p0 sh -c 'cat /tmp/pgbench/pgbench_log.* 2>/dev/null' >"$work/logs/txn.log" || true
   }
   operator_key=(--operator-key "$work/p2.key")
@@ -241,6 +241,16 @@ empty_levels=""  # levels that recorded no outcome at all (pgbench did nothing)
 for kind in ${scripts//,/ }; do
   [ -f "$HERE/$kind.pgbench" ] || fail "no script $HERE/$kind.pgbench"
   rate=$(guess "$kind")
+  # Searches warm up first, unreported: an engine's first search of a set loads it (13 s at
+  # 100,000 iris templates), which is no steady-state latency.
+  case $kind in
+    iris-identify | iris-uniqueness | face-identify | face-verify)
+      level=$((level + 1))
+      say "$kind: warming up (2 searches, not reported)"
+      seal "$kind" "$level" 2
+      run_pgbench 1 "$kind" "$level" "-t 2" >"$work/logs/warm-up-$kind.out"
+      ;;
+  esac
   for c in ${clients//,/ }; do
     # A level whose staging table ran dry (a client aborted) is run again with more inputs.
     for attempt in 1 2 3; do

@@ -536,12 +536,49 @@ impl IrisBatches {
     }
 }
 
+impl IrisBatches {
+    /// The templates the last batch of `key`'s eye compared with (0 before the first).
+    fn entries_of(&self, key: &IrisBatchKey) -> i64 {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key.eye)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 /// The most probes a batch of `rotations` rotations over `entries` templates may hold at a
 /// party, within `policy_max` and the party's limits.
 pub fn probes_for(entries: i64, rotations: usize, policy_max: usize) -> usize {
     let per_probe = (entries.max(1) as usize).saturating_mul(rotations.max(1));
     let most = policy_max.clamp(1, MAX_BATCH_PROBES);
     (MAX_BATCH_COMPARISONS / per_probe).clamp(1, most)
+}
+
+/// Comparisons per probe from which a batch's pass over the template shares, not its rounds,
+/// is what batching saves: 100,000 templates at one rotation (or 3,226 at 31). Below it,
+/// batches in flight overlap their rounds' round trips (the 10 ms link runs of
+/// BENCHMARKS.md); from it, [`LARGE_SET_IN_FLIGHT`] batch runs at a time, so that the
+/// requests arriving meanwhile gather into one larger batch (one pass for all of them)
+/// instead of several small ones that each read every share.
+pub const LARGE_SET_COMPARISONS: usize = 100_000;
+
+/// Batches of one key in flight over a large set ([`LARGE_SET_COMPARISONS`]). Measured at
+/// 100,000 templates without rotations, 16 clients through the front door on 2 vCPUs
+/// (BENCHMARKS.md): 1 in flight 4.9 TPS in batches of 8.0, 2 in flight 3.3 TPS (3.6), 8 in
+/// flight 2.5 TPS (1.9), against 1.3 TPS for one client.
+pub const LARGE_SET_IN_FLIGHT: usize = 1;
+
+/// The batches of `rotations` rotations over `entries` templates that may run at once, within
+/// `policy_in_flight` ([`LARGE_SET_COMPARISONS`]).
+pub fn in_flight_for(entries: i64, rotations: usize, policy_in_flight: usize) -> usize {
+    let per_probe = (entries.max(0) as usize).saturating_mul(rotations.max(1));
+    if per_probe >= LARGE_SET_COMPARISONS {
+        policy_in_flight.clamp(1, LARGE_SET_IN_FLIGHT)
+    } else {
+        policy_in_flight.max(1)
+    }
 }
 
 impl BatchRunner for IrisBatches {
@@ -581,14 +618,11 @@ impl BatchRunner for IrisBatches {
     }
 
     fn max_items(&self, key: &IrisBatchKey, policy_max: usize) -> usize {
-        let entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key.eye)
-            .copied()
-            .unwrap_or(0);
-        probes_for(entries, key.rotations(), policy_max)
+        probes_for(self.entries_of(key), key.rotations(), policy_max)
+    }
+
+    fn in_flight(&self, key: &IrisBatchKey, policy_in_flight: usize) -> usize {
+        in_flight_for(self.entries_of(key), key.rotations(), policy_in_flight)
     }
 
     fn busy(&self) -> SearchError {
@@ -655,5 +689,13 @@ mod tests {
         assert_eq!(probes_for(1_000_000, 31, 32), 1);
         assert_eq!(probes_for(100_000_000, 31, 32), 1);
         assert_eq!(probes_for(0, 1, 500), MAX_BATCH_PROBES);
+        // Batches in flight: the policy's below a large set, one from it.
+        assert_eq!(in_flight_for(0, 31, 8), 8);
+        assert_eq!(in_flight_for(1_000, 31, 8), 8);
+        assert_eq!(in_flight_for(99_999, 1, 8), 8);
+        assert_eq!(in_flight_for(100_000, 1, 8), 1);
+        assert_eq!(in_flight_for(10_000, 31, 8), 1);
+        assert_eq!(in_flight_for(100_000, 31, 1), 1);
+        assert_eq!(in_flight_for(1_000, 1, 0), 1);
     }
 }

@@ -50,6 +50,14 @@ pub trait BatchRunner: Send + Sync + 'static {
     /// (the runner may lower it, e.g. for a large template set).
     fn max_items(&self, key: &Self::Key, policy_max: usize) -> usize;
 
+    /// The most batches of `key` that may run at once now (at least 1), at most
+    /// `policy_in_flight`. Several in flight overlap one batch's rounds with another's
+    /// (latency-bound: small sets, delayed links); fewer make each batch larger where one
+    /// pass over a large set is the cost a batch shares. By default the policy's.
+    fn in_flight(&self, _key: &Self::Key, policy_in_flight: usize) -> usize {
+        policy_in_flight
+    }
+
     /// The error of a request refused because its queue is full.
     fn busy(&self) -> Self::Error;
 
@@ -105,12 +113,19 @@ impl<R: BatchRunner> Queue<R> {
         }
     }
 
-    /// The jobs of the next batch, if one may leave at `now` (module docs).
-    fn ready(&mut self, now: Instant, policy: &BatchPolicy, max: usize) -> Option<Vec<Job<R>>> {
+    /// The jobs of the next batch, if one may leave at `now` (module docs), at most `max`
+    /// of them while fewer than `in_flight` batches run.
+    fn ready(
+        &mut self,
+        now: Instant,
+        policy: &BatchPolicy,
+        max: usize,
+        in_flight: usize,
+    ) -> Option<Vec<Job<R>>> {
         // Callers that went away while queued are dropped first.
         self.jobs.retain(|j| !j.reply.is_closed());
         let oldest = self.jobs.front()?.arrived;
-        if self.running >= policy.in_flight.max(1) {
+        if self.running >= in_flight.max(1) {
             return None;
         }
         let leaves = self.running == 0 || self.jobs.len() >= max || now >= oldest + policy.window;
@@ -121,9 +136,10 @@ impl<R: BatchRunner> Queue<R> {
         Some(self.jobs.drain(..n).collect())
     }
 
-    /// When the oldest queued request's window ends, if it waits for one.
-    fn deadline(&self, policy: &BatchPolicy) -> Option<Instant> {
-        if self.running >= policy.in_flight.max(1) {
+    /// When the oldest queued request's window ends, if it waits for one (and may leave then:
+    /// fewer than `in_flight` batches run).
+    fn deadline(&self, policy: &BatchPolicy, in_flight: usize) -> Option<Instant> {
+        if self.running >= in_flight.max(1) {
             return None;
         }
         self.jobs.front().map(|j| j.arrived + policy.window)
@@ -171,6 +187,13 @@ impl<R: BatchRunner> Batcher<R> {
     }
 }
 
+/// The batches of `key` that may run at once: the runner's choice within the policy's.
+fn in_flight_of<R: BatchRunner>(runner: &R, key: &R::Key, policy: &BatchPolicy) -> usize {
+    runner
+        .in_flight(key, policy.in_flight.max(1))
+        .clamp(1, policy.in_flight.max(1))
+}
+
 /// The batching task: queues requests by key, sends batches off as the policy allows and
 /// counts the running ones down as they end.
 async fn form_batches<R: BatchRunner>(
@@ -187,7 +210,8 @@ async fn form_batches<R: BatchRunner>(
         #[allow(clippy::iter_over_hash_type)]
         for (key, queue) in queues.iter_mut() {
             let max = runner.max_items(key, policy.max_items.max(1)).max(1);
-            while let Some(batch) = queue.ready(now, &policy, max) {
+            let in_flight = in_flight_of(&*runner, key, &policy);
+            while let Some(batch) = queue.ready(now, &policy, max, in_flight) {
                 queue.running += 1;
                 tokio::spawn(run_batch(
                     runner.clone(),
@@ -201,7 +225,10 @@ async fn form_batches<R: BatchRunner>(
         if !open && queues.is_empty() {
             return;
         }
-        let deadline = queues.values().filter_map(|q| q.deadline(&policy)).min();
+        let deadline = queues
+            .iter()
+            .filter_map(|(key, q)| q.deadline(&policy, in_flight_of(&*runner, key, &policy)))
+            .min();
         tokio::select! {
             job = inbox.recv(), if open => match job {
                 Some(job) => {
@@ -286,6 +313,15 @@ mod tests {
             policy_max
         }
 
+        /// The key "narrow" runs one batch at a time; "wide" asks for more than the policy.
+        fn in_flight(&self, key: &&'static str, policy_in_flight: usize) -> usize {
+            match *key {
+                "narrow" => 1,
+                "wide" => policy_in_flight * 4,
+                _ => policy_in_flight,
+            }
+        }
+
         fn busy(&self) -> &'static str {
             "busy"
         }
@@ -365,6 +401,51 @@ mod tests {
         // Another key is not held behind it.
         assert_eq!(b.submit("other", 3).await, Ok(6));
         assert_eq!(batches.lock().unwrap().len(), 3);
+    }
+
+    /// Submits 1 alone, then `rest` one every 10 ms (twice the window) while it runs (each
+    /// batch takes 100 ms); returns when all are answered.
+    async fn one_then_more(b: &Batcher<Doubler>, key: &'static str, rest: std::ops::Range<u32>) {
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(key, 1).await })
+        };
+        let mut more = Vec::new();
+        for i in rest {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let b = b.clone();
+            more.push(tokio::spawn(async move { b.submit(key, i).await }));
+        }
+        for m in more {
+            assert!(m.await.unwrap().is_ok());
+        }
+        assert_eq!(first.await.unwrap(), Ok(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_runner_may_run_fewer_batches_at_once_than_the_policy_never_more() {
+        // Policy: 4 in flight. "k" uses them: each newcomer leaves alone after the window.
+        let (b, batches) = batcher(policy(8, 4));
+        one_then_more(&b, "k", 20..23).await;
+        assert_eq!(
+            batches.lock().unwrap().clone(),
+            vec![vec![1], vec![20], vec![21], vec![22]]
+        );
+        // "narrow": one at a time, so the newcomers wait for the first and leave together.
+        let (b, batches) = batcher(policy(8, 4));
+        one_then_more(&b, "narrow", 20..23).await;
+        assert_eq!(
+            batches.lock().unwrap().clone(),
+            vec![vec![1], vec![20, 21, 22]]
+        );
+        // "wide" asks for 16 and is held to the policy's 4: the fourth and fifth newcomers
+        // wait for the first batch to end and leave together.
+        let (b, batches) = batcher(policy(8, 4));
+        one_then_more(&b, "wide", 20..25).await;
+        assert_eq!(
+            batches.lock().unwrap().clone(),
+            vec![vec![1], vec![20], vec![21], vec![22], vec![23, 24]]
+        );
     }
 
     #[tokio::test(start_paused = true)]
