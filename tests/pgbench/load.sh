@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
     --fault) fault=$2; shift 2 ;;
     --link-delay-ms) link_delay_ms=$2; shift 2 ;;
     --max-rotation) max_rotation=$2; shift 2 ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "load.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
